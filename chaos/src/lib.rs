@@ -1,0 +1,1 @@
+//! Failure drills against a running cloud. Arrives with issue 7.

@@ -1,0 +1,322 @@
+//! `gangway job …`: the tenant's client. Tables for people, `--json` for
+//! machines; every error says what to do next.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use gangway_shared::api::{Job, JobMode, JobSpec, JobState, Priority, TopologyLevel, TopologySpec};
+use gangway_shared::client::{Client, ListQuery};
+use uuid::Uuid;
+
+#[derive(Args, Debug, Clone)]
+pub struct Conn {
+    /// The API's URL (until the global tier exists, a region's URL).
+    #[arg(long, env = "GANGWAY_URL", global = true)]
+    url: Option<String>,
+    /// The tenant to act as.
+    #[arg(long, env = "GANGWAY_TENANT", default_value = "acme", global = true)]
+    tenant: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+impl Conn {
+    fn client(&self) -> anyhow::Result<Client> {
+        let url = self.url.clone().context(
+            "no API URL: pass --url or set GANGWAY_URL (`source .gangway/env` after `gangway dev up`)",
+        )?;
+        Ok(Client::new(url, self.tenant.clone()))
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JobCommand {
+    /// Submit a job: `gangway job submit --gpus 8 --gpu-type h100 -- python train.py`.
+    Submit {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(flatten)]
+        spec: SubmitArgs,
+    },
+    /// Show one job.
+    Get {
+        #[command(flatten)]
+        conn: Conn,
+        id: Uuid,
+    },
+    /// List jobs, newest first.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+        /// Only jobs in this state.
+        #[arg(long)]
+        state: Option<JobState>,
+        /// At most this many jobs.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Cancel a job (its workers get SIGTERM, then SIGKILL).
+    Cancel {
+        #[command(flatten)]
+        conn: Conn,
+        id: Uuid,
+    },
+    /// A job's timeline.
+    Events {
+        #[command(flatten)]
+        conn: Conn,
+        id: Uuid,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// A JSON job spec; flags below override its fields.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    #[arg(long)]
+    name: Option<String>,
+    /// Total GPUs.
+    #[arg(long)]
+    gpus: Option<i64>,
+    #[arg(long)]
+    gpu_type: Option<String>,
+    /// GPUs per worker process (default 1).
+    #[arg(long)]
+    gpus_per_worker: Option<i64>,
+    #[arg(long)]
+    priority: Option<Priority>,
+    /// Estimated run time in seconds.
+    #[arg(long)]
+    estimated_duration_s: Option<i64>,
+    /// Hard run-time limit in seconds.
+    #[arg(long)]
+    max_duration_s: Option<i64>,
+    /// `gang` (all workers together) or `array` (independent workers).
+    #[arg(long)]
+    mode: Option<String>,
+    /// The gang must fit in one domain of this level: nvlink, leaf, spine.
+    #[arg(long)]
+    require: Option<TopologyLevel>,
+    /// The level the gang would like.
+    #[arg(long)]
+    prefer: Option<TopologyLevel>,
+    /// Environment for every worker, KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Idempotency key (default: a fresh one, so a retried call never
+    /// makes two jobs only if you pass the same key again).
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// The command each worker runs.
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+impl SubmitArgs {
+    fn spec(&self) -> anyhow::Result<JobSpec> {
+        let mut spec = match &self.file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                serde_json::from_str::<JobSpec>(&text)
+                    .with_context(|| format!("{} is not a valid job spec", path.display()))?
+            }
+            None => JobSpec {
+                name: String::new(),
+                gpus: 0,
+                gpu_type: String::new(),
+                priority: Priority::Normal,
+                estimated_duration_s: 3600,
+                max_duration_s: None,
+                command: Vec::new(),
+                env: BTreeMap::new(),
+                gpus_per_worker: None,
+                mode: JobMode::Gang,
+                topology: TopologySpec::default(),
+            },
+        };
+        if let Some(v) = &self.name {
+            spec.name = v.clone();
+        }
+        if let Some(v) = self.gpus {
+            spec.gpus = v;
+        }
+        if let Some(v) = &self.gpu_type {
+            spec.gpu_type = v.clone();
+        }
+        if self.gpus_per_worker.is_some() {
+            spec.gpus_per_worker = self.gpus_per_worker;
+        }
+        if let Some(v) = self.priority {
+            spec.priority = v;
+        }
+        if let Some(v) = self.estimated_duration_s {
+            spec.estimated_duration_s = v;
+        }
+        if self.max_duration_s.is_some() {
+            spec.max_duration_s = self.max_duration_s;
+        }
+        match self.mode.as_deref() {
+            None => {}
+            Some("gang") => spec.mode = JobMode::Gang,
+            Some("array") => spec.mode = JobMode::Array,
+            Some(other) => bail!("unknown mode {other:?}: use gang or array"),
+        }
+        if self.require.is_some() {
+            spec.topology.required = self.require;
+        }
+        if self.prefer.is_some() {
+            spec.topology.preferred = self.prefer;
+        }
+        for kv in &self.env {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
+            spec.env.insert(k.to_string(), v.to_string());
+        }
+        if !self.command.is_empty() {
+            spec.command = self.command.clone();
+        }
+        if spec.name.is_empty() {
+            spec.name = spec
+                .command
+                .first()
+                .map(|c| c.rsplit('/').next().unwrap_or(c).to_string())
+                .unwrap_or_else(|| "job".into());
+        }
+        if spec.gpus == 0 {
+            bail!("say how many GPUs: --gpus N");
+        }
+        if spec.gpu_type.is_empty() {
+            bail!("say which GPU type: --gpu-type h100 (see the region's capacity for the types it has)");
+        }
+        if spec.command.is_empty() {
+            bail!("say what to run after `--`, for example: -- python train.py");
+        }
+        Ok(spec)
+    }
+}
+
+pub async fn run(cmd: JobCommand) -> anyhow::Result<()> {
+    match cmd {
+        JobCommand::Submit { conn, spec } => {
+            let client = conn.client()?;
+            let key = spec
+                .idempotency_key
+                .clone()
+                .unwrap_or_else(|| Uuid::new_v4().to_string());
+            let job = client.submit(&spec.spec()?, Some(&key)).await?;
+            print_jobs(&conn, &[job], true)
+        }
+        JobCommand::Get { conn, id } => {
+            let job = conn.client()?.get(id).await?;
+            print_jobs(&conn, &[job], true)
+        }
+        JobCommand::List { conn, state, limit } => {
+            let list = conn
+                .client()?
+                .list(&ListQuery {
+                    state,
+                    limit: Some(limit),
+                    cursor: None,
+                })
+                .await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
+            print_jobs(&conn, &list.jobs, false)
+        }
+        JobCommand::Cancel { conn, id } => {
+            let job = conn.client()?.cancel(id).await?;
+            print_jobs(&conn, &[job], true)
+        }
+        JobCommand::Events { conn, id } => {
+            let events = conn.client()?.events(id).await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&events)?);
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = events
+                .events
+                .iter()
+                .map(|e| {
+                    vec![
+                        e.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+                        e.kind.clone(),
+                        e.message.clone(),
+                    ]
+                })
+                .collect();
+            print!("{}", table(&["AT", "EVENT", "DETAIL"], &rows));
+            Ok(())
+        }
+    }
+}
+
+fn print_jobs(conn: &Conn, jobs: &[Job], single: bool) -> anyhow::Result<()> {
+    if conn.json {
+        if single && jobs.len() == 1 {
+            println!("{}", serde_json::to_string_pretty(&jobs[0])?);
+        } else {
+            println!("{}", serde_json::to_string_pretty(jobs)?);
+        }
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            let nodes: std::collections::BTreeSet<&str> =
+                j.workers.iter().filter_map(|w| w.node.as_deref()).collect();
+            vec![
+                j.id.to_string(),
+                j.name.clone(),
+                j.state.to_string(),
+                format!("{}×{}", j.spec.gpus, j.spec.gpu_type),
+                j.region.clone(),
+                nodes.len().to_string(),
+                j.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(
+            &["ID", "NAME", "STATE", "GPUS", "REGION", "NODES", "REASON"],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+/// Left-aligned columns separated by two spaces.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{:<w$}  ", c, w = widths[i]));
+            }
+        }
+        out.push_str(s.trim_end());
+        out.push('\n');
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}

@@ -1,0 +1,87 @@
+//! `gangway`: the one binary. Servers (`region`, `agent`), the local cloud
+//! (`dev up`) and the tenant client (`job …`).
+//!
+//! # Layout
+//! - `main.rs`: the command line and dispatch.
+//! - `servers.rs`: `gangway region` and `gangway agent`.
+//! - `dev.rs`: `gangway dev up`, the local cloud launcher.
+//! - `jobs_cli.rs`: `gangway job …`, tables and `--json`.
+//! - `signals.rs`: Ctrl-C / SIGTERM as a cancellation token.
+
+mod dev;
+mod jobs_cli;
+mod servers;
+mod signals;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "gangway",
+    version,
+    about = "Gangway: a multi-region GPU cloud control plane"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one region's control plane (API, scheduler, reconcilers).
+    Region(servers::RegionArgs),
+    /// Run a node agent (a simulated fleet from a fleet file).
+    Agent(servers::AgentArgs),
+    /// The local cloud.
+    Dev {
+        #[command(subcommand)]
+        command: dev::DevCommand,
+    },
+    /// Submit and inspect jobs.
+    Job {
+        #[command(subcommand)]
+        command: jobs_cli::JobCommand,
+    },
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("GANGWAY_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,refinery_core=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Region(args) => {
+                init_tracing();
+                servers::run_region(args).await
+            }
+            Command::Agent(args) => {
+                init_tracing();
+                servers::run_agent(args).await
+            }
+            Command::Dev { command } => {
+                init_tracing();
+                dev::run(command).await
+            }
+            Command::Job { command } => jobs_cli::run(command).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! The real executor: one process per worker, in its own process group.
+//!
+//! The worker is the leader of a new process group, so SIGTERM and SIGKILL go
+//! to the group and reach whatever the worker started. When the leader ends,
+//! stragglers left in its group get SIGKILL too: a worker that has exited
+//! must not keep holding its GPUs.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+
+use tokio::process::Child;
+use tokio::time::sleep;
+
+use super::{sleep_opt, Control, Exit, WorkerSpec, MAX_DURATION_EXCEEDED, STOPPED};
+
+/// Why a worker could not be started; reported as exit code 127.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StartError {
+    #[error("empty command")]
+    EmptyCommand,
+    #[error("cannot create {}: {source}", path.display())]
+    WorkDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open {}: {source}", path.display())]
+    Log {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The exit code reported for a worker that could not be started, as a
+/// shell reports a command it cannot find.
+pub(crate) const CANNOT_START_EXIT_CODE: i32 = 127;
+
+/// The directory a worker runs in and logs to.
+pub(crate) fn worker_dir(work_dir: &Path, spec: &WorkerSpec) -> PathBuf {
+    work_dir
+        .join("jobs")
+        .join(spec.key.job_id.to_string())
+        .join(format!(
+            "rank-{}-attempt-{}",
+            spec.key.rank, spec.key.attempt
+        ))
+}
+
+/// Starts the worker and supervises it until it ends.
+pub(crate) async fn run(spec: &WorkerSpec, work_dir: &Path, control: &Control) -> Exit {
+    match start(spec, work_dir).await {
+        Ok(child) => supervise(child, spec, control).await,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start worker");
+            Exit {
+                exit_code: Some(CANNOT_START_EXIT_CODE),
+                signal: None,
+                message: Some(format!("cannot start: {e}")),
+            }
+        }
+    }
+}
+
+async fn start(spec: &WorkerSpec, work_dir: &Path) -> Result<Child, StartError> {
+    let (program, args) = spec.command.split_first().ok_or(StartError::EmptyCommand)?;
+    let dir = worker_dir(work_dir, spec);
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|source| StartError::WorkDir {
+            path: dir.clone(),
+            source,
+        })?;
+    let stdout = append(&dir.join("stdout.log"))?;
+    let stderr = append(&dir.join("stderr.log"))?;
+
+    let gpus = spec
+        .gpus
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args)
+        .current_dir(&dir)
+        .envs(&spec.env)
+        .env("GANGWAY_JOB_ID", spec.key.job_id.to_string())
+        .env("RANK", spec.key.rank.to_string())
+        .env("WORLD_SIZE", spec.world_size.to_string())
+        .env("LOCAL_RANK", spec.local_rank.to_string())
+        .env("MASTER_ADDR", &spec.master_addr)
+        .env("MASTER_PORT", spec.master_port.to_string())
+        .env("CUDA_VISIBLE_DEVICES", gpus)
+        .env("GANGWAY_NODE_ID", &spec.node_id)
+        .env("GANGWAY_ATTEMPT", spec.key.attempt.to_string())
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .process_group(0);
+    let mut cmd = tokio::process::Command::from(cmd);
+    // The task that spawned the worker reaps it; dropping the handle (say, on
+    // an agent crash) must not kill a training run.
+    cmd.kill_on_drop(false);
+    cmd.spawn().map_err(|source| StartError::Spawn {
+        program: program.clone(),
+        source,
+    })
+}
+
+fn append(path: &Path) -> Result<File, StartError> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|source| StartError::Log {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+async fn supervise(mut child: Child, spec: &WorkerSpec, control: &Control) -> Exit {
+    // A child that has not been waited for always has an id.
+    let pgid = child.id().expect("unreaped child has a pid") as libc::pid_t;
+    tracing::info!(pid = pgid, "worker started");
+
+    let reason = tokio::select! {
+        status = child.wait() => return ended(status, pgid, None),
+        _ = control.stop.cancelled() => STOPPED,
+        _ = control.kill.cancelled() => STOPPED,
+        _ = sleep_opt(spec.max_duration) => MAX_DURATION_EXCEEDED,
+    };
+
+    tracing::info!(
+        reason,
+        grace_s = spec.grace.as_secs_f64(),
+        "sending SIGTERM"
+    );
+    signal_group(pgid, libc::SIGTERM);
+    tokio::select! {
+        status = child.wait() => return ended(status, pgid, Some(reason.to_string())),
+        _ = sleep(spec.grace) => {}
+        _ = control.kill.cancelled() => {}
+    }
+    tracing::warn!(reason, "worker outlived its grace period: sending SIGKILL");
+    signal_group(pgid, libc::SIGKILL);
+    let status = child.wait().await;
+    ended(
+        status,
+        pgid,
+        Some(format!("{reason} (killed after grace period)")),
+    )
+}
+
+/// The exit of a reaped leader; any process left in its group is killed.
+fn ended(status: io::Result<ExitStatus>, pgid: libc::pid_t, reason: Option<String>) -> Exit {
+    // The group id cannot be reused while any member lives, so this reaches
+    // only the worker's own stragglers (or no one).
+    signal_group(pgid, libc::SIGKILL);
+    match status {
+        Ok(status) => {
+            let message = reason.unwrap_or_else(|| match (status.code(), status.signal()) {
+                (Some(code), _) => format!("exited with code {code}"),
+                (None, Some(sig)) => format!("ended by signal {sig}"),
+                (None, None) => "exited".to_string(),
+            });
+            Exit {
+                exit_code: status.code(),
+                signal: status.signal(),
+                message: Some(message),
+            }
+        }
+        Err(e) => Exit {
+            exit_code: None,
+            signal: None,
+            message: Some(format!("cannot wait for worker: {e}")),
+        },
+    }
+}
+
+fn signal_group(pgid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill(2) has no memory-safety preconditions. A negative pid
+    // addresses the process group; `pgid` is > 0 (it came from a spawn).
+    let rc = unsafe { libc::kill(-pgid, signal) };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            tracing::warn!(pgid, signal, error = %err, "cannot signal worker process group");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::executor::test_support::spec;
+
+    fn sh(script: &str) -> WorkerSpec {
+        spec(&["sh", "-c", script])
+    }
+
+    async fn wait_for_file(path: &Path) {
+        for _ in 0..200 {
+            if path.exists() {
+                return;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{} never appeared", path.display());
+    }
+
+    /// Whether any process of the group still runs. Zombies do not count:
+    /// an orphan is reaped by init, whenever init gets to it.
+    fn group_alive(pgid: libc::pid_t) -> bool {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            panic!("needs /proc");
+        };
+        entries.flatten().any(|entry| {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                return false;
+            };
+            // pid (comm) state ppid pgrp ...; comm may hold spaces.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string()
+        })
+    }
+
+    #[tokio::test]
+    async fn sets_the_worker_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = sh(
+            "echo $RANK $WORLD_SIZE $LOCAL_RANK $CUDA_VISIBLE_DEVICES $GANGWAY_JOB_ID > out; \
+             echo $MASTER_ADDR $MASTER_PORT $GANGWAY_NODE_ID $GANGWAY_ATTEMPT $EXTRA >> out",
+        );
+        // The assignment's env comes first; the contract's names win.
+        spec.env.insert("RANK".into(), "99".into());
+        spec.env.insert("EXTRA".into(), "from-env".into());
+        let exit = run(&spec, dir.path(), &Control::default()).await;
+        assert_eq!(exit.exit_code, Some(0), "{exit:?}");
+
+        let out = std::fs::read_to_string(worker_dir(dir.path(), &spec).join("out")).unwrap();
+        assert_eq!(
+            out,
+            format!(
+                "1 4 1 2,3 {}\n10.0.0.7 29500 node-a 0 from-env\n",
+                spec.key.job_id
+            )
+        );
+        assert!(worker_dir(dir.path(), &spec)
+            .ends_with(format!("jobs/{}/rank-1-attempt-0", spec.key.job_id)));
+    }
+
+    #[tokio::test]
+    async fn reports_the_exit_code_and_keeps_the_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = sh("echo hello; echo oops >&2; exit 3");
+        let exit = run(&spec, dir.path(), &Control::default()).await;
+        assert_eq!(exit.exit_code, Some(3));
+        assert_eq!(exit.signal, None);
+        let wd = worker_dir(dir.path(), &spec);
+        assert_eq!(
+            std::fs::read_to_string(wd.join("stdout.log")).unwrap(),
+            "hello\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(wd.join("stderr.log")).unwrap(),
+            "oops\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stop_sends_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = sh("echo $$ > pid; sleep 60");
+        let ready = worker_dir(dir.path(), &spec).join("pid");
+        let control = Control::default();
+        let task = tokio::spawn({
+            let (spec, control, work_dir) = (spec.clone(), control.clone(), dir.path().to_owned());
+            async move { run(&spec, &work_dir, &control).await }
+        });
+        wait_for_file(&ready).await;
+        sleep(Duration::from_millis(20)).await;
+        let started = Instant::now();
+        control.stop.cancel();
+        let exit = task.await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(exit.exit_code, None);
+        assert_eq!(exit.signal, Some(libc::SIGTERM));
+        assert_eq!(exit.message.as_deref(), Some(STOPPED));
+        // The shell's `sleep` child was in the group and got the signal too.
+        let pgid: libc::pid_t = std::fs::read_to_string(&ready)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(!group_alive(pgid));
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_ignores_sigterm_gets_sigkill_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = sh("trap '' TERM; echo $$ > ready; sleep 60");
+        spec.grace = Duration::from_millis(300);
+        let ready = worker_dir(dir.path(), &spec).join("ready");
+        let control = Control::default();
+        let task = tokio::spawn({
+            let (spec, control, work_dir) = (spec.clone(), control.clone(), dir.path().to_owned());
+            async move { run(&spec, &work_dir, &control).await }
+        });
+        wait_for_file(&ready).await;
+        sleep(Duration::from_millis(20)).await;
+        let started = Instant::now();
+        control.stop.cancel();
+        let exit = task.await.unwrap();
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert_eq!(exit.exit_code, None);
+        assert_eq!(exit.signal, Some(libc::SIGKILL));
+        assert_eq!(
+            exit.message.as_deref(),
+            Some("stopped (killed after grace period)")
+        );
+        let pgid: libc::pid_t = std::fs::read_to_string(&ready)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(!group_alive(pgid));
+    }
+
+    #[tokio::test]
+    async fn a_missing_command_reports_127() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&["gangway-no-such-command-xyz", "--flag"]);
+        let exit = run(&spec, dir.path(), &Control::default()).await;
+        assert_eq!(exit.exit_code, Some(127));
+        assert_eq!(exit.signal, None);
+        let message = exit.message.unwrap();
+        assert!(
+            message.starts_with("cannot start: gangway-no-such-command-xyz"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn max_duration_stops_the_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = sh("sleep 60");
+        spec.max_duration = Some(Duration::from_millis(200));
+        let exit = run(&spec, dir.path(), &Control::default()).await;
+        assert_eq!(exit.signal, Some(libc::SIGTERM));
+        assert_eq!(exit.message.as_deref(), Some(MAX_DURATION_EXCEEDED));
+    }
+}

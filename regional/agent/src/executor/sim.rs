@@ -1,0 +1,108 @@
+//! The simulated executor: no process, only a timer.
+
+use tokio::time::sleep;
+
+use super::{Control, Exit, WorkerSpec, MAX_DURATION_EXCEEDED, STOPPED};
+
+const SIGTERM: i32 = 15;
+
+/// Runs for `spec.run_for` and exits 0, unless `max_duration` is shorter or
+/// a stop comes first; either ends it at once as if by SIGTERM.
+pub(crate) async fn run(spec: &WorkerSpec, control: &Control) -> Exit {
+    let limited = matches!(spec.max_duration, Some(max) if max < spec.run_for);
+    let lasts = match spec.max_duration {
+        Some(max) if limited => max,
+        _ => spec.run_for,
+    };
+    let terminated = |message: &str| Exit {
+        exit_code: None,
+        signal: Some(SIGTERM),
+        message: Some(message.to_string()),
+    };
+    tokio::select! {
+        _ = sleep(lasts) => {
+            if limited {
+                terminated(MAX_DURATION_EXCEEDED)
+            } else {
+                Exit {
+                    exit_code: Some(0),
+                    signal: None,
+                    message: Some("simulated run finished".to_string()),
+                }
+            }
+        }
+        _ = control.stop.cancelled() => terminated(STOPPED),
+        _ = control.kill.cancelled() => terminated(STOPPED),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::executor::test_support::spec;
+    use crate::executor::WorkerSpec;
+    use gangway_shared::agent::Assignment;
+
+    fn sim_spec(estimated_s: i64, max_s: Option<i64>, time_factor: f64) -> WorkerSpec {
+        let base = spec(&["train"]);
+        let a = Assignment {
+            job_id: base.key.job_id,
+            rank: 0,
+            attempt: 1,
+            desired: gangway_shared::agent::Desired::Run,
+            node_id: "node-a".into(),
+            gpus: vec![0],
+            world_size: 1,
+            local_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            command: vec!["train".into()],
+            env: Default::default(),
+            estimated_duration_s: estimated_s,
+            max_duration_s: max_s,
+            grace_period_s: 30,
+        };
+        WorkerSpec::from_assignment(&a, crate::ExecutorKind::Sim, time_factor)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finishes_after_the_scaled_estimated_duration() {
+        let spec = sim_spec(100, None, 0.01);
+        assert_eq!(spec.run_for, Duration::from_secs(1));
+        let control = Control::default();
+        let start = tokio::time::Instant::now();
+        let exit = run(&spec, &control).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(exit.exit_code, Some(0));
+        assert_eq!(exit.signal, None);
+        assert_eq!(exit.message.as_deref(), Some("simulated run finished"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_ends_it_at_once_with_sigterm() {
+        let spec = sim_spec(100, None, 0.01);
+        let control = Control::default();
+        let task = tokio::spawn({
+            let control = control.clone();
+            async move { run(&spec, &control).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        control.stop.cancel();
+        let exit = task.await.unwrap();
+        assert_eq!(exit.exit_code, None);
+        assert_eq!(exit.signal, Some(15));
+        assert_eq!(exit.message.as_deref(), Some(STOPPED));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_duration_is_scaled_too() {
+        let spec = sim_spec(100, Some(50), 0.01);
+        let start = tokio::time::Instant::now();
+        let exit = run(&spec, &Control::default()).await;
+        assert_eq!(start.elapsed(), Duration::from_millis(500));
+        assert_eq!(exit.signal, Some(15));
+        assert_eq!(exit.message.as_deref(), Some(MAX_DURATION_EXCEEDED));
+    }
+}

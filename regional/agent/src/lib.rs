@@ -1,0 +1,42 @@
+//! The node agent: registers its nodes with a region, syncs with it on a
+//! fixed interval, and starts and stops the workers the region assigns.
+//!
+//! The agent pulls. Each sync reports every worker it runs or saw exit and
+//! gets back the full list of workers the region wants on its nodes; the
+//! agent acts on the difference. Nothing is persisted: a new process gets a
+//! new boot id, which tells the region that the workers of the previous boot
+//! are gone.
+//!
+//! # Layout
+//! - [`config`]: [`AgentConfig`] and [`ExecutorKind`].
+//! - [`fleet`]: [`nodes_from_fleet`], the simulated nodes an agent serves
+//!   when it has no real GPUs.
+//! - `agent`: [`run`], the register → sync → reconcile loop and ordered
+//!   shutdown.
+//! - `region`: the HTTP client for the region's agent endpoints, and the
+//!   capped exponential backoff used while the region is away.
+//! - `workers`: the table of this boot's workers keyed by
+//!   (job, rank, attempt); reconciling it against assignments and turning it
+//!   into reports. Pure bookkeeping over executor handles.
+//! - `executor`: one task per worker. `executor::real` runs a process in
+//!   its own process group (SIGTERM, then SIGKILL after the grace period);
+//!   `executor::sim` only waits out the job's scaled estimated duration.
+//!
+//! # The worker contract
+//! A real worker runs `command` (looked up on `PATH`) in
+//! `work_dir/jobs/{job_id}/rank-{rank}-attempt-{attempt}`, with stdout and
+//! stderr appended to `stdout.log` and `stderr.log` there. Its environment is
+//! the agent's, then the assignment's `env`, then (overriding) `GANGWAY_JOB_ID`,
+//! `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`,
+//! `CUDA_VISIBLE_DEVICES`, `GANGWAY_NODE_ID` and `GANGWAY_ATTEMPT`.
+
+mod agent;
+pub mod config;
+mod executor;
+pub mod fleet;
+mod region;
+mod workers;
+
+pub use agent::run;
+pub use config::{AgentConfig, ExecutorKind};
+pub use fleet::nodes_from_fleet;

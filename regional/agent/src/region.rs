@@ -1,0 +1,121 @@
+//! The region's agent endpoints, and the backoff used while it is away.
+
+use std::time::Duration;
+
+use gangway_shared::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncResponse};
+use gangway_shared::client::{post_json, ClientError};
+use gangway_shared::error::codes;
+
+/// No single request may hold up the loop longer than this.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Clone, Debug)]
+pub(crate) struct RegionClient {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl RegionClient {
+    pub fn new(base: &str) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()?;
+        Ok(RegionClient {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+        })
+    }
+
+    pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {
+        let url = format!("{}/internal/v1/agents/register", self.base);
+        post_json(&self.http, &url, req).await
+    }
+
+    /// `agent_id` has been checked to need no escaping in a path.
+    pub async fn sync(
+        &self,
+        agent_id: &str,
+        req: &SyncRequest,
+    ) -> Result<SyncResponse, ClientError> {
+        let url = format!("{}/internal/v1/agents/{agent_id}/sync", self.base);
+        post_json(&self.http, &url, req).await
+    }
+}
+
+/// The region has forgotten this agent or this boot: register again.
+pub(crate) fn must_reregister(e: &ClientError) -> bool {
+    matches!(e.code(), Some(codes::UNKNOWN_AGENT | codes::STALE_BOOT))
+}
+
+/// Worth retrying as it is: the region is unreachable, overloaded or
+/// restarting. Anything else is a rejection that a retry alone will not fix.
+pub(crate) fn is_transient(e: &ClientError) -> bool {
+    match e {
+        ClientError::Transport { .. } => true,
+        ClientError::Api { status, .. } | ClientError::Unexpected { status, .. } => {
+            status.is_server_error() || status.as_u16() == 429
+        }
+    }
+}
+
+/// Capped exponential backoff with jitter: each delay is drawn from
+/// [d/2, d), where d doubles from `MIN` to `MAX`. The jitter keeps a fleet of
+/// agents from retrying in lockstep after a region restart; it comes from a
+/// seed (the boot id), so a run can be replayed.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    current: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    pub const MIN: Duration = Duration::from_millis(100);
+    pub const MAX: Duration = Duration::from_secs(5);
+
+    pub fn new(seed: u64) -> Self {
+        Backoff {
+            current: Self::MIN,
+            // xorshift must not start at zero.
+            rng: seed | 1,
+        }
+    }
+
+    pub fn reset(&mut self) {
+        self.current = Self::MIN;
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.current;
+        self.current = (self.current * 2).min(Self::MAX);
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let half = d / 2;
+        let fraction = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        half + half.mul_f64(fraction)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_and_resets() {
+        let mut b = Backoff::new(42);
+        let mut caps = Vec::new();
+        for _ in 0..10 {
+            let before = b.current;
+            let d = b.next_delay();
+            assert!(d >= before / 2 && d < before, "{d:?} for {before:?}");
+            caps.push(before);
+        }
+        assert_eq!(caps[0], Backoff::MIN);
+        assert_eq!(caps[1], Backoff::MIN * 2);
+        assert_eq!(*caps.last().unwrap(), Backoff::MAX);
+        b.reset();
+        assert!(b.next_delay() < Backoff::MIN);
+    }
+}

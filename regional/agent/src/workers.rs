@@ -1,0 +1,365 @@
+//! This boot's workers, reconciled against the region's assignments.
+//!
+//! Every worker ever launched in this boot stays in the table, keyed by
+//! (job, rank, attempt), so no key is launched twice. An exit is reported on
+//! every sync until the region stops listing the worker; then it is
+//! *retired*: no longer reported, but remembered, so that a region that
+//! lists it again (after a restore, say) hears the same exit instead of
+//! getting a second run.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use gangway_shared::agent::{Assignment, Desired, WorkerReport, WorkerStatus};
+use tokio::time::Instant;
+
+use crate::executor::{Executor, Exit, WorkerHandle, WorkerKey};
+
+#[derive(Debug)]
+enum State {
+    Running {
+        handle: WorkerHandle,
+        /// A stop has been requested; the worker is on its way out.
+        stopping: bool,
+    },
+    Exited {
+        exit: Exit,
+        /// The region no longer lists it: not reported.
+        retired: bool,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct Workers {
+    executor: Executor,
+    /// The nodes this agent serves; assignments for others are ignored.
+    nodes: Vec<String>,
+    table: BTreeMap<WorkerKey, State>,
+}
+
+impl Workers {
+    pub fn new(executor: Executor, nodes: Vec<String>) -> Self {
+        Workers {
+            executor,
+            nodes,
+            table: BTreeMap::new(),
+        }
+    }
+
+    /// Moves workers whose task has ended from running to exited.
+    pub async fn collect_exits(&mut self) {
+        for state in self.table.values_mut() {
+            let State::Running { handle, .. } = state else {
+                continue;
+            };
+            if !handle.task.is_finished() {
+                continue;
+            }
+            // Finished, so this does not wait.
+            let exit = match (&mut handle.task).await {
+                Ok(exit) => exit,
+                Err(e) => Exit {
+                    exit_code: None,
+                    signal: None,
+                    message: Some(format!("agent lost the worker: {e}")),
+                },
+            };
+            *state = State::Exited {
+                exit,
+                retired: false,
+            };
+        }
+    }
+
+    /// What to tell the region: every running worker and every exit it has
+    /// not yet acknowledged (by no longer listing the worker).
+    pub fn reports(&self) -> Vec<WorkerReport> {
+        self.table
+            .iter()
+            .filter_map(|(key, state)| {
+                let status = match state {
+                    State::Running { .. } => WorkerStatus::Running,
+                    State::Exited { retired: true, .. } => return None,
+                    State::Exited { exit, .. } => exit.status(),
+                };
+                Some(WorkerReport {
+                    job_id: key.job_id,
+                    rank: key.rank,
+                    attempt: key.attempt,
+                    status,
+                })
+            })
+            .collect()
+    }
+
+    /// Acts on the difference between the region's full list of wanted
+    /// workers and ours. Idempotent: the same list twice changes nothing.
+    pub fn reconcile(&mut self, assignments: &[Assignment]) {
+        // A key listed twice is stopped if either listing says so.
+        let mut wanted: BTreeMap<WorkerKey, &Assignment> = BTreeMap::new();
+        for a in assignments {
+            let entry = wanted.entry(WorkerKey::of(a)).or_insert(a);
+            if a.desired == Desired::Stop {
+                *entry = a;
+            }
+        }
+
+        for (key, a) in &wanted {
+            match (a.desired, self.table.get_mut(key)) {
+                (Desired::Run, None) => {
+                    if !self.nodes.contains(&a.node_id) {
+                        tracing::warn!(
+                            job_id = %key.job_id,
+                            node_id = %a.node_id,
+                            "assignment for a node this agent does not serve: ignored"
+                        );
+                        continue;
+                    }
+                    let handle = self.executor.launch(self.executor.spec(a));
+                    self.table.insert(
+                        *key,
+                        State::Running {
+                            handle,
+                            stopping: false,
+                        },
+                    );
+                }
+                (Desired::Stop, Some(State::Running { handle, stopping })) => {
+                    if !*stopping {
+                        tracing::info!(job_id = %key.job_id, worker = %key, "region asks to stop worker");
+                        handle.control.stop.cancel();
+                        *stopping = true;
+                    }
+                }
+                (_, Some(State::Exited { retired, .. })) => {
+                    if *retired {
+                        tracing::warn!(job_id = %key.job_id, worker = %key, "region lists a retired worker again: reporting its exit again");
+                        *retired = false;
+                    }
+                }
+                (Desired::Stop, None) => {
+                    // Never launched in this boot (the region placed it and
+                    // changed its mind before we started it, or we restarted):
+                    // report it ended, so the region can free its GPUs.
+                    if self.nodes.contains(&a.node_id) {
+                        self.table.insert(
+                            *key,
+                            State::Exited {
+                                exit: Exit {
+                                    exit_code: None,
+                                    signal: None,
+                                    message: Some("stopped before it started".into()),
+                                },
+                                retired: false,
+                            },
+                        );
+                    }
+                }
+                (Desired::Run, Some(State::Running { .. })) => {}
+            }
+        }
+
+        for (key, state) in &mut self.table {
+            if wanted.contains_key(key) {
+                continue;
+            }
+            match state {
+                State::Running { handle, stopping } => {
+                    if !*stopping {
+                        tracing::info!(job_id = %key.job_id, worker = %key, "region no longer lists worker: stopping it");
+                        handle.control.stop.cancel();
+                        *stopping = true;
+                    }
+                }
+                State::Exited { retired, .. } => *retired = true,
+            }
+        }
+    }
+
+    /// Stops every running worker: SIGTERM, SIGKILL after its grace period,
+    /// and SIGKILL for all that remain once `deadline` has passed.
+    pub async fn shutdown(mut self, deadline: Duration) {
+        let mut running: Vec<(WorkerKey, WorkerHandle)> = Vec::new();
+        for (key, state) in std::mem::take(&mut self.table) {
+            if let State::Running { handle, .. } = state {
+                handle.control.stop.cancel();
+                running.push((key, handle));
+            }
+        }
+        if running.is_empty() {
+            return;
+        }
+        tracing::info!(workers = running.len(), "stopping workers");
+        let until = Instant::now() + deadline;
+        for (_, handle) in &mut running {
+            let _ = tokio::time::timeout_at(until, &mut handle.task).await;
+        }
+        let left: Vec<_> = running
+            .into_iter()
+            .filter(|(_, handle)| !handle.task.is_finished())
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            workers = left.len(),
+            "workers outlived the shutdown deadline: killing them"
+        );
+        let until = Instant::now() + Duration::from_secs(2);
+        for (key, mut handle) in left {
+            handle.control.kill.cancel();
+            if tokio::time::timeout_at(until, &mut handle.task)
+                .await
+                .is_err()
+            {
+                tracing::error!(job_id = %key.job_id, worker = %key, "worker did not end after SIGKILL");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gangway_shared::agent::Assignment;
+    use tokio::sync::Notify;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::config::ExecutorKind;
+
+    fn sim_workers() -> Workers {
+        let executor = Executor {
+            kind: ExecutorKind::Sim,
+            time_factor: 1.0,
+            work_dir: std::env::temp_dir(),
+            agent_id: "agent-test".into(),
+            exited: Arc::new(Notify::new()),
+        };
+        Workers::new(executor, vec!["node-a".into()])
+    }
+
+    fn assignment(job_id: Uuid, desired: Desired, estimated_s: i64) -> Assignment {
+        Assignment {
+            job_id,
+            rank: 0,
+            attempt: 0,
+            desired,
+            node_id: "node-a".into(),
+            gpus: vec![0, 1],
+            world_size: 1,
+            local_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            command: vec!["train".into()],
+            env: Default::default(),
+            estimated_duration_s: estimated_s,
+            max_duration_s: None,
+            grace_period_s: 30,
+        }
+    }
+
+    fn statuses(workers: &Workers) -> Vec<(Uuid, WorkerStatus)> {
+        workers
+            .reports()
+            .into_iter()
+            .map(|r| (r.job_id, r.status))
+            .collect()
+    }
+
+    async fn settle() {
+        // Lets worker tasks observe a cancellation.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn finished() -> WorkerStatus {
+        WorkerStatus::Exited {
+            exit_code: Some(0),
+            signal: None,
+            message: Some("simulated run finished".into()),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn runs_once_reports_the_exit_until_unlisted_and_never_relaunches() {
+        let mut w = sim_workers();
+        let job = Uuid::new_v4();
+        let run = vec![assignment(job, Desired::Run, 10)];
+
+        w.reconcile(&run);
+        w.reconcile(&run);
+        assert_eq!(statuses(&w), vec![(job, WorkerStatus::Running)]);
+
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        settle().await;
+        w.collect_exits().await;
+        assert_eq!(statuses(&w), vec![(job, finished())]);
+
+        // Still listed: the exit is reported again, and nothing relaunches.
+        w.reconcile(&run);
+        w.collect_exits().await;
+        assert_eq!(statuses(&w), vec![(job, finished())]);
+
+        // Unlisted: forgotten.
+        w.reconcile(&[]);
+        assert_eq!(statuses(&w), vec![]);
+
+        // Listed again by mistake: the same exit, not a second run.
+        w.reconcile(&run);
+        assert_eq!(statuses(&w), vec![(job, finished())]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_workers_the_region_stops_or_no_longer_lists() {
+        let mut w = sim_workers();
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        w.reconcile(&[
+            assignment(a, Desired::Run, 1000),
+            assignment(b, Desired::Run, 1000),
+        ]);
+        w.reconcile(&[assignment(a, Desired::Stop, 1000)]);
+        settle().await;
+        w.collect_exits().await;
+        let stopped = WorkerStatus::Exited {
+            exit_code: None,
+            signal: Some(15),
+            message: Some("stopped".into()),
+        };
+        let mut got = statuses(&w);
+        got.sort_by_key(|(id, _)| *id);
+        let mut want = vec![(a, stopped.clone()), (b, stopped)];
+        want.sort_by_key(|(id, _)| *id);
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_for_an_unknown_worker_is_reported_ended_and_a_foreign_node_launches_nothing() {
+        let mut w = sim_workers();
+        let mut foreign = assignment(Uuid::new_v4(), Desired::Run, 10);
+        foreign.node_id = "node-z".into();
+        let never_started = Uuid::new_v4();
+        w.reconcile(&[assignment(never_started, Desired::Stop, 10), foreign]);
+        let got = statuses(&w);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].0, never_started);
+        assert!(matches!(
+            got[0].1,
+            WorkerStatus::Exited {
+                exit_code: None,
+                ..
+            }
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_ends_sim_workers() {
+        let mut w = sim_workers();
+        w.reconcile(&[assignment(Uuid::new_v4(), Desired::Run, 1000)]);
+        let started = Instant::now();
+        w.shutdown(Duration::from_secs(10)).await;
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+}

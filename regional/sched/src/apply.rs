@@ -1,0 +1,87 @@
+//! [`apply`]: the snapshot a plan leaves behind, for the simulator and tests.
+
+use std::collections::BTreeMap;
+
+use crate::types::{Placement, Plan, Request, Snapshot};
+
+/// The snapshot after `plan` is carried out on `snapshot`: placed GPUs leave
+/// their nodes' free lists, placed units leave the queue and their tenants'
+/// usage grows.
+///
+/// It models the regional commit: each placement is checked against the
+/// state it meets (its unit still queued, every GPU still free on a node of
+/// the snapshot) and is skipped whole when it does not fit, so a stale or
+/// hand-made plan can never double-book a GPU. The generation goes up by one
+/// when anything was applied.
+pub fn apply(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
+    let mut next = snapshot.clone();
+    // The first entry of each node id counts, as in `plan`.
+    let mut node_at: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, node) in snapshot.nodes.iter().enumerate() {
+        node_at.entry(node.id.as_str()).or_insert(i);
+    }
+    // Queued units by (job, ranks), oldest entry first.
+    let mut queued: BTreeMap<(&str, &[u32]), Vec<usize>> = BTreeMap::new();
+    for (i, req) in snapshot.queue.iter().enumerate().rev() {
+        queued
+            .entry((req.job.as_str(), req.ranks.as_slice()))
+            .or_default()
+            .push(i);
+    }
+    let mut placed = vec![false; snapshot.queue.len()];
+    let mut applied = false;
+    for placement in &plan.placements {
+        let Some(slots) = queued.get_mut(&(placement.job.as_str(), placement.ranks.as_slice()))
+        else {
+            continue;
+        };
+        let Some(&q) = slots.last() else { continue };
+        let req = &snapshot.queue[q];
+        if !fits(&next, &node_at, req, placement) {
+            continue;
+        }
+        slots.pop();
+        placed[q] = true;
+        applied = true;
+        for w in &placement.workers {
+            let node = &mut next.nodes[node_at[w.node.as_str()]];
+            node.free.retain(|g| !w.gpus.contains(g));
+        }
+        let used = next
+            .usage
+            .entry((req.tenant.clone(), req.gpu_type.clone()))
+            .or_insert(0);
+        *used = used.saturating_add(u32::try_from(req.gpus()).unwrap_or(u32::MAX));
+    }
+    let mut i = 0;
+    next.queue.retain(|_| {
+        i += 1;
+        !placed[i - 1]
+    });
+    if applied {
+        next.generation += 1;
+    }
+    next
+}
+
+/// Whether `placement` can be carried out on `state` for `req`: one worker per
+/// rank, `gpus_per_worker` distinct free GPUs each, no GPU used twice.
+fn fits(state: &Snapshot, node_at: &BTreeMap<&str, usize>, req: &Request, placement: &Placement) -> bool {
+    if placement.workers.len() != req.ranks.len() {
+        return false;
+    }
+    let mut used: Vec<(usize, u32)> = Vec::new();
+    for w in &placement.workers {
+        let Some(&n) = node_at.get(w.node.as_str()) else {
+            return false;
+        };
+        if w.gpus.len() != req.gpus_per_worker as usize
+            || !w.gpus.iter().all(|g| state.nodes[n].free.contains(g))
+        {
+            return false;
+        }
+        used.extend(w.gpus.iter().map(|&g| (n, g)));
+    }
+    used.sort_unstable();
+    used.windows(2).all(|p| p[0] != p[1])
+}

@@ -1,0 +1,392 @@
+//! Worked examples of the placement rules.
+
+use std::collections::BTreeMap;
+
+use crate::types::*;
+use crate::{apply, plan};
+
+/// `spines × leaves × nodes` nodes of `gpus` GPUs, ids `s0-l0-n0`; every
+/// node its own NVLink domain unless `rack_nvlink`.
+fn fleet(ty: &str, spines: u32, leaves: u32, nodes: u32, gpus: u32, rack_nvlink: bool) -> Vec<Node> {
+    let mut out = Vec::new();
+    for s in 0..spines {
+        for l in 0..leaves {
+            for n in 0..nodes {
+                let spine = format!("{ty}-s{s}");
+                let leaf = format!("{spine}-l{l}");
+                let id = format!("{leaf}-n{n:02}");
+                out.push(Node {
+                    nvlink_domain: if rack_nvlink { leaf.clone() } else { id.clone() },
+                    id,
+                    spine,
+                    leaf,
+                    gpu_type: ty.into(),
+                    gpus,
+                    free: (0..gpus).collect(),
+                    schedulable: true,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request {
+    Request {
+        job: job.into(),
+        ranks: (0..workers).collect(),
+        tenant: "acme".into(),
+        gpu_type: "h100".into(),
+        gpus_per_worker: gpw,
+        required,
+        preferred: Level::Nvlink,
+        priority: 0,
+        seq: 0,
+    }
+}
+
+fn snap(nodes: Vec<Node>, queue: Vec<Request>) -> Snapshot {
+    Snapshot {
+        generation: 7,
+        nodes,
+        queue,
+        ..Snapshot::default()
+    }
+}
+
+fn nodes_of(p: &Placement) -> Vec<&str> {
+    let mut v: Vec<&str> = p.workers.iter().map(|w| w.node.as_str()).collect();
+    v.dedup();
+    v
+}
+
+#[test]
+fn eight_gpus_fill_one_node() {
+    let s = snap(fleet("h100", 1, 2, 2, 8, false), vec![req("j", 1, 8, Level::Region)]);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(p.generation, 7);
+    assert!(p.waiting.is_empty());
+    let pl = &p.placements[0];
+    assert_eq!(pl.level, Level::Nvlink);
+    assert_eq!(
+        pl.workers,
+        vec![WorkerPlacement {
+            rank: 0,
+            node: "h100-s0-l0-n00".into(),
+            gpus: (0..8).collect()
+        }]
+    );
+}
+
+#[test]
+fn sixteen_single_gpu_workers_land_on_two_nodes_of_one_leaf() {
+    let s = snap(fleet("h100", 2, 2, 4, 8, false), vec![req("j", 16, 1, Level::Region)]);
+    let p = plan(&s, &Policy::default());
+    let pl = &p.placements[0];
+    assert_eq!(pl.level, Level::Leaf);
+    assert_eq!(nodes_of(pl), vec!["h100-s0-l0-n00", "h100-s0-l0-n01"]);
+    // Ranks follow node order: 0..8 on the first node, 8..16 on the second.
+    for (i, w) in pl.workers.iter().enumerate() {
+        assert_eq!(w.rank, i as u32);
+        assert_eq!(w.gpus, vec![i as u32 % 8]);
+    }
+}
+
+#[test]
+fn best_fit_picks_the_partly_used_node() {
+    let mut nodes = fleet("h100", 1, 1, 3, 8, false);
+    nodes[1].free = vec![4, 5, 6, 7];
+    nodes[2].free = vec![1, 2, 3, 5, 6, 7];
+    let s = snap(nodes, vec![req("j", 1, 4, Level::Nvlink)]);
+    let p = plan(&s, &Policy::default());
+    let w = &p.placements[0].workers[0];
+    assert_eq!((w.node.as_str(), w.gpus.clone()), ("h100-s0-l0-n01", vec![4, 5, 6, 7]));
+}
+
+#[test]
+fn best_fit_leaf_keeps_the_emptier_leaf_whole() {
+    let mut nodes = fleet("h100", 1, 2, 4, 8, false);
+    nodes[4].free.clear(); // leaf 1 has 3 free nodes, leaf 0 has 4
+    let s = snap(nodes, vec![req("j", 2, 8, Level::Region)]);
+    let pl = &plan(&s, &Policy::default()).placements[0];
+    assert_eq!(pl.level, Level::Leaf);
+    assert_eq!(nodes_of(pl), vec!["h100-s0-l1-n01", "h100-s0-l1-n02"]);
+}
+
+#[test]
+fn required_leaf_waits_rather_than_spread() {
+    // Two leaves with one free node each: 16 GPUs exist, but not in one leaf.
+    let mut nodes = fleet("h100", 1, 2, 2, 8, false);
+    nodes[0].free.clear();
+    nodes[2].free.clear();
+    let s = snap(nodes.clone(), vec![req("j", 2, 8, Level::Leaf)]);
+    let p = plan(&s, &Policy::default());
+    assert!(p.placements.is_empty());
+    assert_eq!(
+        p.waiting,
+        vec![Waiting {
+            job: "j".into(),
+            ranks: vec![0, 1],
+            reason: WaitReason::NoCapacity {
+                required: Level::Leaf,
+                free_gpus: 16
+            }
+        }]
+    );
+    // Allowed to spread over the spine, it goes.
+    let s = snap(nodes, vec![req("j", 2, 8, Level::Spine)]);
+    let pl = &plan(&s, &Policy::default()).placements[0];
+    assert_eq!(pl.level, Level::Spine);
+    assert_eq!(nodes_of(pl), vec!["h100-s0-l0-n01", "h100-s0-l1-n01"]);
+}
+
+#[test]
+fn spread_fills_the_largest_child_then_best_fits_the_rest() {
+    // Leaf 0: 3 free nodes, leaf 1: 2, leaf 2: 1. Four 8-GPU workers fit no leaf.
+    let mut nodes = fleet("h100", 1, 3, 3, 8, false);
+    nodes[3].free.clear();
+    nodes[6].free.clear();
+    nodes[7].free.clear();
+    let s = snap(nodes, vec![req("j", 4, 8, Level::Spine)]);
+    let pl = &plan(&s, &Policy::default()).placements[0];
+    assert_eq!(pl.level, Level::Spine);
+    // Leaf 0 filled (3), then the last worker on the smallest leaf that fits (leaf 2).
+    assert_eq!(
+        nodes_of(pl),
+        vec!["h100-s0-l0-n00", "h100-s0-l0-n01", "h100-s0-l0-n02", "h100-s0-l2-n02"]
+    );
+    let ranks: Vec<u32> = pl.workers.iter().map(|w| w.rank).collect();
+    assert_eq!(ranks, vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn nvl72_rack_holds_a_32_gpu_gang_at_nvlink_level() {
+    let mut nodes = fleet("gb200", 1, 2, 18, 4, true);
+    nodes.extend(fleet("h100", 1, 1, 2, 8, false));
+    let mut r = req("j", 8, 4, Level::Nvlink);
+    r.gpu_type = "gb200".into();
+    let p = plan(&snap(nodes, vec![r]), &Policy::default());
+    let pl = &p.placements[0];
+    assert_eq!(pl.level, Level::Nvlink);
+    let expected: Vec<String> = (0..8).map(|n| format!("gb200-s0-l0-n{n:02}")).collect();
+    assert_eq!(nodes_of(pl), expected.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(pl.workers.iter().all(|w| w.gpus == vec![0, 1, 2, 3]));
+}
+
+#[test]
+fn quota_counts_placements_made_earlier_in_the_pass() {
+    let mut s = snap(
+        fleet("h100", 1, 1, 4, 8, false),
+        vec![req("a", 1, 8, Level::Region), req("b", 1, 8, Level::Region), req("c", 1, 4, Level::Region)],
+    );
+    for (i, r) in s.queue.iter_mut().enumerate() {
+        r.seq = i as u64;
+    }
+    s.quotas.insert(("acme".into(), "h100".into()), 16);
+    s.usage.insert(("acme".into(), "h100".into()), 4);
+    // Another tenant's quota does not apply.
+    s.quotas.insert(("globex".into(), "h100".into()), 0);
+    let p = plan(&s, &Policy::default());
+    let placed: Vec<&str> = p.placements.iter().map(|p| p.job.as_str()).collect();
+    assert_eq!(placed, vec!["a", "c"]);
+    assert_eq!(
+        p.waiting[0].reason,
+        WaitReason::OverQuota {
+            gpu_type: "h100".into(),
+            quota: 16,
+            in_use: 12,
+            requested: 8
+        }
+    );
+    assert_eq!(p.waiting[0].reason.code(), "over_quota");
+}
+
+#[test]
+fn higher_priority_then_older_goes_first() {
+    let nodes = fleet("h100", 1, 1, 1, 8, false);
+    let mut old = req("old", 1, 8, Level::Region);
+    old.seq = 1;
+    let mut young = req("young", 1, 8, Level::Region);
+    young.seq = 2;
+    let mut urgent = req("urgent", 1, 8, Level::Region);
+    urgent.seq = 3;
+    urgent.priority = 5;
+    let p = plan(&snap(nodes.clone(), vec![young.clone(), old.clone()]), &Policy::default());
+    assert_eq!(p.placements[0].job, "old");
+    assert_eq!(p.waiting[0].job, "young");
+    let p = plan(&snap(nodes, vec![young, old, urgent]), &Policy::default());
+    assert_eq!(p.placements[0].job, "urgent");
+    let waiting: Vec<&str> = p.waiting.iter().map(|w| w.job.as_str()).collect();
+    assert_eq!(waiting, vec!["old", "young"]);
+}
+
+#[test]
+fn a_blocked_big_gang_does_not_block_smaller_units() {
+    let nodes = fleet("h100", 1, 1, 2, 8, false);
+    let mut big = req("big", 3, 8, Level::Region);
+    big.priority = 1;
+    let small = req("small", 1, 8, Level::Region);
+    let p = plan(&snap(nodes, vec![big, small]), &Policy::default());
+    assert_eq!(p.placements[0].job, "small");
+    assert_eq!(p.waiting[0].job, "big");
+}
+
+#[test]
+fn failed_shapes_are_remembered_without_changing_results() {
+    // Leaves of 2 free nodes: 3-node gangs at leaf level fail, 2-node ones fit.
+    let nodes = fleet("h100", 1, 3, 2, 8, false);
+    let mut queue = Vec::new();
+    for (i, w) in [3u32, 2, 4, 2, 3, 1].into_iter().enumerate() {
+        let mut r = req(&format!("j{i}"), w, 8, Level::Leaf);
+        r.seq = i as u64;
+        queue.push(r);
+    }
+    let p = plan(&snap(nodes, queue), &Policy::default());
+    let placed: Vec<&str> = p.placements.iter().map(|p| p.job.as_str()).collect();
+    assert_eq!(placed, vec!["j1", "j3", "j5"]);
+    let waiting: Vec<&str> = p.waiting.iter().map(|w| w.job.as_str()).collect();
+    assert_eq!(waiting, vec!["j0", "j2", "j4"]);
+}
+
+#[test]
+fn array_workers_are_separate_units() {
+    let nodes = fleet("h100", 1, 1, 1, 8, false);
+    let queue = (0..3)
+        .map(|r| Request {
+            ranks: vec![r],
+            ..req("arr", 1, 4, Level::Nvlink)
+        })
+        .collect();
+    let p = plan(&snap(nodes, queue), &Policy::default());
+    assert_eq!(p.placements.len(), 2);
+    assert_eq!(p.placements[1].workers[0].gpus, vec![4, 5, 6, 7]);
+    assert_eq!(p.waiting[0].ranks, vec![2]);
+}
+
+#[test]
+fn unschedulable_and_other_type_nodes_are_not_used() {
+    let mut nodes = fleet("h100", 1, 1, 2, 8, false);
+    nodes[0].schedulable = false;
+    nodes.extend(fleet("a100", 1, 1, 2, 8, false));
+    let p = plan(&snap(nodes, vec![req("j", 2, 8, Level::Region)]), &Policy::default());
+    assert_eq!(
+        p.waiting[0].reason,
+        WaitReason::NoCapacity {
+            required: Level::Region,
+            free_gpus: 8
+        }
+    );
+    let mut r = req("k", 1, 1, Level::Region);
+    r.gpu_type = "b200".into();
+    let p = plan(&snap(vec![], vec![r]), &Policy::default());
+    assert_eq!(
+        p.waiting[0].reason,
+        WaitReason::NoCapacity {
+            required: Level::Region,
+            free_gpus: 0
+        }
+    );
+}
+
+#[test]
+fn bad_input_waits_as_invalid_and_never_panics() {
+    let mut nodes = fleet("h100", 1, 1, 2, 8, false);
+    // A repeated id counts once; a free list with junk is cleaned.
+    nodes.push(nodes[0].clone());
+    nodes[1].free = vec![7, 3, 3, 99];
+    let mut dup = req("dup", 2, 1, Level::Region);
+    dup.ranks = vec![1, 1];
+    let queue = vec![
+        req("none", 0, 8, Level::Region),
+        req("zero", 1, 0, Level::Region),
+        dup,
+        req("huge", u16::MAX as u32, u32::MAX, Level::Region),
+        req("ok", 1, 2, Level::Nvlink),
+        req("ok2", 1, 8, Level::Nvlink),
+    ];
+    let p = plan(&snap(nodes, queue), &Policy::default());
+    let codes: Vec<(&str, &str)> = p.waiting.iter().map(|w| (w.job.as_str(), w.reason.code())).collect();
+    assert_eq!(
+        codes,
+        vec![
+            ("dup", "invalid_request"),
+            ("huge", "no_capacity"),
+            ("none", "invalid_request"),
+            ("zero", "invalid_request")
+        ]
+    );
+    assert_eq!(p.placements[0].workers[0].node, "h100-s0-l0-n01");
+    assert_eq!(p.placements[0].workers[0].gpus, vec![3, 7]);
+    assert_eq!(p.placements[1].workers[0].node, "h100-s0-l0-n00");
+}
+
+#[test]
+fn max_placements_stops_the_pass() {
+    let nodes = fleet("h100", 1, 1, 4, 8, false);
+    let queue = (0..4).map(|i| req(&format!("j{i}"), 1, 8, Level::Region)).collect();
+    let policy = Policy {
+        max_placements: Some(2),
+    };
+    let p = plan(&snap(nodes, queue), &policy);
+    assert_eq!(p.placements.len(), 2);
+    assert!(p.waiting.is_empty());
+}
+
+#[test]
+fn apply_carries_out_the_plan_and_replanning_adds_nothing() {
+    let mut s = snap(
+        fleet("h100", 1, 2, 2, 8, false),
+        vec![req("a", 3, 4, Level::Region), req("b", 4, 8, Level::Region)],
+    );
+    s.queue[1].seq = 1;
+    s.usage.insert(("acme".into(), "h100".into()), 1);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(p.placements.len(), 1);
+    let next = apply(&s, &p);
+    assert_eq!(next.generation, 8);
+    assert_eq!(next.queue.len(), 1);
+    assert_eq!(next.queue[0].job, "b");
+    assert_eq!(next.usage[&("acme".to_string(), "h100".to_string())], 13);
+    let free: u32 = next.nodes.iter().map(|n| n.free.len() as u32).sum();
+    assert_eq!(free, 32 - 12);
+    let again = plan(&next, &Policy::default());
+    assert!(again.placements.is_empty());
+    // Applying the same plan twice changes nothing the second time.
+    assert_eq!(apply(&next, &p), next);
+}
+
+#[test]
+fn preferred_is_informational() {
+    let mut r = req("j", 2, 8, Level::Region);
+    r.preferred = Level::Nvlink;
+    let pl = &plan(&snap(fleet("h100", 1, 1, 2, 8, false), vec![r.clone()]), &Policy::default()).placements[0];
+    assert_eq!(pl.level, Level::Leaf);
+    assert!(pl.level > r.preferred);
+}
+
+#[test]
+fn wait_reasons_serialize_with_their_code() {
+    #[derive(serde::Serialize)]
+    struct Wrap {
+        reason: WaitReason,
+    }
+    let text = toml::to_string(&Wrap {
+        reason: WaitReason::NoCapacity {
+            required: Level::Spine,
+            free_gpus: 3,
+        },
+    })
+    .unwrap();
+    assert!(text.contains("code = \"no_capacity\"") && text.contains("required = \"spine\""), "{text}");
+}
+
+#[test]
+fn snapshot_quota_keys_are_tenant_then_type() {
+    let mut quotas = BTreeMap::new();
+    quotas.insert(("acme".to_string(), "h100".to_string()), 0u32);
+    let s = Snapshot {
+        quotas,
+        ..snap(fleet("h100", 1, 1, 1, 8, false), vec![req("j", 1, 1, Level::Region)])
+    };
+    assert_eq!(plan(&s, &Policy::default()).waiting[0].reason.code(), "over_quota");
+}

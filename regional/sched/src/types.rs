@@ -1,0 +1,288 @@
+//! The data the core takes in (a [`Snapshot`]) and gives back (a [`Plan`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A level of the fabric, from the tightest to the widest. The order of the
+/// variants is the order of preference: `Nvlink < Leaf < Spine < Region`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// One NVLink domain: a node, or a whole rack such as a GB200 NVL72.
+    #[serde(alias = "node")]
+    Nvlink,
+    /// One leaf switch (a rack, or a rail group).
+    Leaf,
+    /// One spine (a pod).
+    Spine,
+    /// Anywhere in the region.
+    Region,
+}
+
+impl Level {
+    /// Every level, tightest first.
+    pub const ALL: [Level; 4] = [Level::Nvlink, Level::Leaf, Level::Spine, Level::Region];
+
+    /// The level's wire name: `nvlink`, `leaf`, `spine` or `region`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Nvlink => "nvlink",
+            Level::Leaf => "leaf",
+            Level::Spine => "spine",
+            Level::Region => "region",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A string that names no [`Level`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseLevelError(pub String);
+
+impl fmt::Display for ParseLevelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown topology level {:?}: expected one of nvlink (or node), leaf, spine, region",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for ParseLevelError {}
+
+impl FromStr for Level {
+    type Err = ParseLevelError;
+
+    /// Accepts the wire names and `node` as another name for `nvlink`.
+    fn from_str(s: &str) -> Result<Level, ParseLevelError> {
+        match s {
+            "nvlink" | "node" => Ok(Level::Nvlink),
+            "leaf" => Ok(Level::Leaf),
+            "spine" => Ok(Level::Spine),
+            "region" => Ok(Level::Region),
+            _ => Err(ParseLevelError(s.to_string())),
+        }
+    }
+}
+
+/// One machine as the scheduler sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// Unique within the snapshot; when an id repeats, only its first entry counts.
+    pub id: String,
+    pub spine: String,
+    pub leaf: String,
+    pub nvlink_domain: String,
+    pub gpu_type: String,
+    pub gpus: u32,
+    /// Free GPU indices, sorted. Indices `>= gpus` and repeats are ignored.
+    pub free: Vec<u32>,
+    /// False for cordoned, draining, unhealthy or spare nodes.
+    pub schedulable: bool,
+}
+
+/// One unit to place whole: a gang, or one worker of an array job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Job id.
+    pub job: String,
+    /// The worker ranks this unit covers (a gang: `0..W`; an array worker:
+    /// `[r]`). Workers = `ranks.len()`.
+    pub ranks: Vec<u32>,
+    pub tenant: String,
+    pub gpu_type: String,
+    /// Each worker is one process on one node with this many GPUs.
+    pub gpus_per_worker: u32,
+    /// The whole unit must lie inside one domain of this level
+    /// (`Region` = anywhere).
+    pub required: Level,
+    /// Informational: a caller can report a placement whose level is above it.
+    pub preferred: Level,
+    /// Higher goes first.
+    pub priority: i32,
+    /// Submission order; lower is older and goes first among equal priorities.
+    pub seq: u64,
+}
+
+impl Request {
+    /// GPUs the whole unit needs.
+    pub fn gpus(&self) -> u64 {
+        self.ranks.len() as u64 * u64::from(self.gpus_per_worker)
+    }
+}
+
+/// Everything one planning pass looks at.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The state's version; a plan is only valid against this generation.
+    pub generation: i64,
+    pub nodes: Vec<Node>,
+    /// Queued units, in any order (the pass sorts them).
+    pub queue: Vec<Request>,
+    /// (tenant, gpu_type) -> the most GPUs that tenant may hold; absent = unlimited.
+    pub quotas: BTreeMap<(String, String), u32>,
+    /// (tenant, gpu_type) -> GPUs allocated now.
+    pub usage: BTreeMap<(String, String), u32>,
+}
+
+/// Knobs of a pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Stop the pass after this many placements; units not reached yet appear
+    /// in neither list of the plan. `None` = no limit.
+    pub max_placements: Option<usize>,
+}
+
+/// The result of one pass: what to start, and why the rest waits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The snapshot generation the plan was computed at.
+    pub generation: i64,
+    /// In the order they were decided (the queue order).
+    pub placements: Vec<Placement>,
+    /// In queue order.
+    pub waiting: Vec<Waiting>,
+}
+
+/// One unit placed whole.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub job: String,
+    pub ranks: Vec<u32>,
+    /// The level of the single domain that holds every worker.
+    pub level: Level,
+    /// One per rank, in topology order; ranks on one node are contiguous.
+    pub workers: Vec<WorkerPlacement>,
+}
+
+/// Where one worker runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerPlacement {
+    pub rank: u32,
+    pub node: String,
+    /// GPU indices on that node, ascending.
+    pub gpus: Vec<u32>,
+}
+
+/// One unit that was not placed in this pass.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub job: String,
+    pub ranks: Vec<u32>,
+    pub reason: WaitReason,
+}
+
+/// Why a unit waits. Serialized with its [`WaitReason::code`] as `code`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum WaitReason {
+    /// Placing it would take the tenant past its quota for the GPU type.
+    OverQuota {
+        gpu_type: String,
+        quota: u32,
+        in_use: u32,
+        requested: u32,
+    },
+    /// No single domain of the required level (or below) has room for it now.
+    NoCapacity {
+        required: Level,
+        /// Schedulable free GPUs of the type in the whole region.
+        free_gpus: u32,
+    },
+    /// The unit can never be placed as written (no ranks, a repeated rank,
+    /// or zero GPUs per worker). The API should have refused it.
+    Invalid { detail: String },
+}
+
+impl WaitReason {
+    /// A stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            WaitReason::OverQuota { .. } => "over_quota",
+            WaitReason::NoCapacity { .. } => "no_capacity",
+            WaitReason::Invalid { .. } => "invalid_request",
+        }
+    }
+}
+
+impl fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WaitReason::OverQuota {
+                gpu_type,
+                quota,
+                in_use,
+                requested,
+            } => write!(
+                f,
+                "over quota: needs {requested} {gpu_type} GPUs but the tenant already holds \
+                 {in_use} of its {quota}"
+            ),
+            WaitReason::NoCapacity {
+                required,
+                free_gpus,
+            } => write!(
+                f,
+                "no capacity: no single {required} domain has room for all workers now \
+                 ({free_gpus} schedulable GPUs of this type free in the region)"
+            ),
+            WaitReason::Invalid { detail } => write!(f, "invalid request: {detail}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Wrap {
+        level: Level,
+    }
+
+    #[test]
+    fn level_names_round_trip() {
+        for level in Level::ALL {
+            assert_eq!(level.as_str().parse::<Level>(), Ok(level));
+            assert_eq!(level.to_string(), level.as_str());
+            let text = toml::to_string(&Wrap { level }).unwrap();
+            assert_eq!(text.trim(), format!("level = \"{}\"", level.as_str()));
+            assert_eq!(toml::from_str::<Wrap>(&text).unwrap().level, level);
+        }
+        assert_eq!("node".parse::<Level>(), Ok(Level::Nvlink));
+        assert_eq!(toml::from_str::<Wrap>("level = \"node\"").unwrap().level, Level::Nvlink);
+        assert!("rack".parse::<Level>().unwrap_err().to_string().contains("rack"));
+        assert!(Level::Nvlink < Level::Leaf && Level::Spine < Level::Region);
+    }
+
+    #[test]
+    fn wait_reasons_have_codes_and_messages() {
+        let q = WaitReason::OverQuota {
+            gpu_type: "h100".into(),
+            quota: 16,
+            in_use: 12,
+            requested: 8,
+        };
+        assert_eq!(q.code(), "over_quota");
+        assert!(q.to_string().contains("needs 8 h100 GPUs"), "{q}");
+        let c = WaitReason::NoCapacity {
+            required: Level::Leaf,
+            free_gpus: 3,
+        };
+        assert_eq!(c.code(), "no_capacity");
+        assert!(c.to_string().contains("no single leaf domain"), "{c}");
+    }
+}

@@ -1,0 +1,171 @@
+//! The job endpoints under `/v1`.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use gangway_shared::api::{JobEvents, JobList, JobSpec, JobState, RegionStatus};
+use gangway_shared::client::IDEMPOTENCY_KEY_HEADER;
+use gangway_shared::error::codes;
+use gangway_shared::ids::{job_id_for_key, valid_idempotency_key};
+use serde::Deserialize;
+use tracing::instrument;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::extract::{JobId, Json, Query, Tenant};
+use super::AppState;
+use crate::store::{ListFilter, NewJob, SubmitOutcome};
+use crate::validate::{check_fits, check_spec};
+
+const DEFAULT_PAGE: i64 = 50;
+const MAX_PAGE: i64 = 500;
+
+#[instrument(skip_all, fields(region = %state.store.region(), tenant = %tenant))]
+pub async fn submit(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let key = match headers.get(IDEMPOTENCY_KEY_HEADER) {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(k) if valid_idempotency_key(k) => Some(k.to_string()),
+            _ => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    codes::INVALID_IDEMPOTENCY_KEY,
+                    "Idempotency-Key must be 1–255 printable ASCII characters",
+                ))
+            }
+        },
+    };
+    let spec: JobSpec = serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!("invalid job spec: {e}"),
+        )
+    })?;
+    check_spec(&spec)?;
+    let fleet = state.store.fleet_shape(&spec.gpu_type).await?;
+    check_fits(&spec, &fleet)?;
+
+    let id = match &key {
+        Some(k) => job_id_for_key(&tenant, k),
+        None => Uuid::new_v4(),
+    };
+    let new = NewJob {
+        id,
+        tenant: tenant.clone(),
+        idempotency_key: key,
+        spec: serde_json::to_value(&spec).expect("a JobSpec always serializes"),
+        name: spec.name.clone(),
+        mode: spec.mode,
+        gpu_type: spec.gpu_type.clone(),
+        gpus: spec.gpus as i32,
+        gpus_per_worker: spec.gpus_per_worker() as i32,
+        workers: spec.workers() as i32,
+        priority: spec.priority.rank() as i16,
+        required: spec.topology.required(),
+        preferred: spec.topology.preferred(),
+    };
+    let outcome = state.store.submit(&new).await?;
+    let (job, replayed) = match outcome {
+        SubmitOutcome::Created(job) => {
+            metrics::counter!("gangway_jobs_submitted_total").increment(1);
+            state.wake_scheduler();
+            (job, false)
+        }
+        SubmitOutcome::Replayed(job) => (job, true),
+    };
+    let mut resp = (StatusCode::CREATED, axum::Json(job)).into_response();
+    if replayed {
+        resp.headers_mut().insert(
+            "idempotent-replayed",
+            "true".parse().expect("static header"),
+        );
+    }
+    Ok(resp)
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    JobId(id): JobId,
+) -> Result<axum::Json<gangway_shared::api::Job>, ApiError> {
+    Ok(axum::Json(state.store.get_job(&tenant, id).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    state: Option<String>,
+    limit: Option<i64>,
+    cursor: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Query(params): Query<ListParams>,
+) -> Result<axum::Json<JobList>, ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, m);
+    let job_state = params
+        .state
+        .as_deref()
+        .map(str::parse::<JobState>)
+        .transpose()
+        .map_err(bad)?;
+    let limit = params.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(bad(format!("limit must be between 1 and {MAX_PAGE}")));
+    }
+    let before_seq = params
+        .cursor
+        .as_deref()
+        .map(|c| c.parse::<i64>().map_err(|_| bad("malformed cursor".into())))
+        .transpose()?;
+    let filter = ListFilter {
+        state: job_state,
+        before_seq,
+        limit,
+    };
+    let (jobs, next) = state.store.list_jobs(&tenant, &filter).await?;
+    Ok(axum::Json(JobList {
+        jobs,
+        next_cursor: next.map(|s| s.to_string()),
+    }))
+}
+
+pub async fn cancel(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    JobId(id): JobId,
+) -> Result<axum::Json<gangway_shared::api::Job>, ApiError> {
+    let job = state.store.cancel_job(&tenant, id).await?;
+    state.wake_scheduler();
+    Ok(axum::Json(job))
+}
+
+pub async fn events(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    JobId(id): JobId,
+) -> Result<axum::Json<JobEvents>, ApiError> {
+    let events = state.store.job_events(&tenant, id).await?;
+    Ok(axum::Json(JobEvents { job_id: id, events }))
+}
+
+pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionStatus>, ApiError> {
+    let (capacity, queued, running) = state.store.capacity(state.config.agent_timeout).await?;
+    let generation = state.store.generation().await?;
+    Ok(axum::Json(RegionStatus {
+        region: state.store.region().to_string(),
+        leader: state.is_leader(),
+        generation,
+        queued_jobs: queued,
+        running_jobs: running,
+        capacity,
+    }))
+}

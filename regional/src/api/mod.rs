@@ -1,0 +1,114 @@
+//! The regional HTTP API: `/v1` for jobs (called by tenants' clients, later
+//! through the global tier) and `/internal/v1` for node agents.
+//!
+//! # Layout
+//! - `mod.rs`: [`AppState`] and [`app`], the router with its layers.
+//! - `jobs.rs`, `agents.rs`: handlers.
+//! - `extract.rs`: extractors whose rejections are our JSON errors.
+//! - `error.rs`: [`ApiError`], the one mapping from internal errors.
+
+mod agents;
+pub mod error;
+mod extract;
+mod jobs;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use gangway_shared::error::codes;
+use tokio::sync::Notify;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+pub use error::ApiError;
+
+use crate::config::RegionConfig;
+use crate::store::Store;
+
+/// Largest body a tenant may send.
+const PUBLIC_BODY_LIMIT: usize = 1024 * 1024;
+/// Largest body an agent may send (registering thousands of nodes).
+const AGENT_BODY_LIMIT: usize = 64 * 1024 * 1024;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub config: Arc<RegionConfig>,
+    /// Wakes the scheduling loop early (new job, freed GPUs).
+    pub sched_wakeup: Arc<Notify>,
+    /// Whether this replica holds the scheduling leadership.
+    pub leader: Arc<AtomicBool>,
+}
+
+impl AppState {
+    pub fn new(store: Store, config: RegionConfig) -> Self {
+        AppState {
+            store,
+            config: Arc::new(config),
+            sched_wakeup: Arc::new(Notify::new()),
+            leader: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub fn wake_scheduler(&self) {
+        self.sched_wakeup.notify_one();
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::Relaxed)
+    }
+}
+
+/// The router, with every layer, for the server and for tests.
+pub fn app(state: AppState) -> Router {
+    let request_id = HeaderName::from_static("x-request-id");
+    let public = Router::new()
+        .route("/v1/jobs", post(jobs::submit).get(jobs::list))
+        .route("/v1/jobs/{id}", get(jobs::get))
+        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/v1/jobs/{id}/events", get(jobs::events))
+        .route("/v1/region", get(jobs::region))
+        .layer(DefaultBodyLimit::max(PUBLIC_BODY_LIMIT));
+    let internal = Router::new()
+        .route("/internal/v1/agents/register", post(agents::register))
+        .route("/internal/v1/agents/{agent_id}/sync", post(agents::sync))
+        .layer(DefaultBodyLimit::max(AGENT_BODY_LIMIT));
+    Router::new()
+        .merge(public)
+        .merge(internal)
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, codes::NOT_FOUND, "no such endpoint")
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method",
+            )
+        })
+        .with_state(state)
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                codes::INTERNAL,
+                "internal error",
+            )
+            .into_response()
+        }))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(30),
+        ))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(TraceLayer::new_for_http())
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+}

@@ -1,0 +1,71 @@
+//! Scheduling leadership through a PostgreSQL advisory lock.
+//!
+//! The lock lives on one dedicated connection: if the process dies or the
+//! connection breaks, PostgreSQL releases it and another replica takes over.
+//! Leadership is an optimisation, not the safety net: two leaders for a
+//! moment would only waste work, because every plan commits against the
+//! scheduling generation.
+
+use tokio_postgres::{Client, NoTls};
+
+/// Advisory lock key of the scheduling leader ("gangway-leader").
+const LEADER_LOCK_KEY: i64 = 0x6761_6e67_6c65_6164;
+
+pub struct Leadership {
+    client: Client,
+    held: bool,
+}
+
+impl Leadership {
+    /// Opens the dedicated connection (not yet leader).
+    pub async fn connect(url: &str) -> Result<Self, tokio_postgres::Error> {
+        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(error = %e, "leader connection closed");
+            }
+        });
+        Ok(Leadership {
+            client,
+            held: false,
+        })
+    }
+
+    /// Tries to become leader; returns whether this replica now leads.
+    pub async fn try_acquire(&mut self) -> Result<bool, tokio_postgres::Error> {
+        if self.held {
+            return self.still_held().await;
+        }
+        let row = self
+            .client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK_KEY])
+            .await?;
+        self.held = row.get(0);
+        Ok(self.held)
+    }
+
+    /// Checks that the connection holding the lock is alive.
+    pub async fn still_held(&mut self) -> Result<bool, tokio_postgres::Error> {
+        if self.client.is_closed() {
+            self.held = false;
+            return Ok(false);
+        }
+        self.client.simple_query("SELECT 1").await?;
+        Ok(self.held)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// Gives leadership up (on shutdown), so a peer takes over at once.
+    pub async fn release(&mut self) {
+        if self.held {
+            let _ = self
+                .client
+                .execute("SELECT pg_advisory_unlock($1)", &[&LEADER_LOCK_KEY])
+                .await;
+            self.held = false;
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! The regional control plane: one region's API, scheduling loop and store.
+//!
+//! # Layout
+//! - [`config`]: [`RegionConfig`], every knob with its unit.
+//! - [`store`]: the PostgreSQL store (schema in `migrations/`).
+//! - [`api`]: the axum router (`/v1` jobs, `/internal/v1` agents).
+//! - [`scheduler`]: the leader's loop around the pure `gangway-sched` core.
+//! - [`leader`]: leadership through a PostgreSQL advisory lock.
+//! - [`validate`]: job spec validation.
+//! - [`telemetry`]: the Prometheus recorder and metric descriptions.
+
+pub mod api;
+pub mod config;
+pub mod leader;
+pub mod scheduler;
+pub mod store;
+pub mod telemetry;
+pub mod validate;
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use api::{app, AppState};
+pub use config::RegionConfig;
+pub use store::Store;
+
+/// Connects to the database (waiting up to `db_wait` for it), migrates,
+/// and returns the state the server runs on.
+pub async fn prepare(config: RegionConfig, db_wait: Duration) -> anyhow::Result<AppState> {
+    let store = Store::connect(&config.database_url, &config.region, config.pool_size)?;
+    let deadline = tokio::time::Instant::now() + db_wait;
+    loop {
+        match store.migrate().await {
+            Ok(()) => break,
+            Err(e) if e.is_unavailable() && tokio::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "waiting for the database");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(anyhow::anyhow!("cannot prepare the region's database: {e}")),
+        }
+    }
+    Ok(AppState::new(store, config))
+}
+
+/// Serves the regional control plane until `shutdown`: stops accepting,
+/// finishes in-flight requests, then stops the scheduling loop.
+pub async fn serve(state: AppState, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(state.config.listen).await?;
+    tracing::info!(region = %state.store.region(), addr = %listener.local_addr()?, "region listening");
+    serve_on(listener, state, shutdown).await
+}
+
+/// Like [`serve`], on a listener the caller bound.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let tracker = TaskTracker::new();
+    let loops = shutdown.child_token();
+    tracker.spawn(scheduler::run_loop(state.clone(), loops.clone()));
+    let server_shutdown = shutdown.clone();
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
+        .await?;
+    loops.cancel();
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}

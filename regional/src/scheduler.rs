@@ -1,0 +1,172 @@
+//! The scheduling loop: snapshot → plan (pure core) → generation-checked
+//! commit. Only the leader runs passes; see [`crate::leader`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use gangway_sched::{plan, Policy, Snapshot};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::api::AppState;
+use crate::leader::Leadership;
+use crate::store::{Store, StoreError};
+
+/// What one pass did.
+#[derive(Clone, Debug, Default)]
+pub struct PassOutcome {
+    /// Units (gangs or array workers) placed.
+    pub placements: usize,
+    pub placed_workers: usize,
+    /// Units left waiting.
+    pub waiting: usize,
+    /// The plan lost a race and was discarded.
+    pub stale: bool,
+}
+
+/// Runs one scheduling pass against the store.
+pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutcome, StoreError> {
+    let started = Instant::now();
+    let data = store.snapshot(agent_timeout).await?;
+    let snapshot = data.snapshot;
+    let (snapshot, planned) = tokio::task::spawn_blocking(move || {
+        let p = plan(&snapshot, &Policy::default());
+        (snapshot, p)
+    })
+    .await
+    .expect("the planner does not panic");
+    record_fleet_metrics(&snapshot);
+    let mut outcome = PassOutcome {
+        placements: planned.placements.len(),
+        waiting: planned.waiting.len(),
+        ..Default::default()
+    };
+    if planned.placements.is_empty() {
+        // Nothing to commit: leave the generation alone so that a plan
+        // another replica is applying right now does not go stale for nothing.
+        metrics::counter!("gangway_schedule_passes_total", "outcome" => "idle").increment(1);
+        metrics::histogram!("gangway_schedule_pass_seconds")
+            .record(started.elapsed().as_secs_f64());
+        return Ok(outcome);
+    }
+    match store.apply_plan(&planned).await {
+        Ok(applied) => {
+            outcome.placed_workers = applied.placed_workers;
+            let now = Utc::now();
+            for p in &planned.placements {
+                metrics::counter!("gangway_placements_total", "level" => p.level.as_str())
+                    .increment(1);
+                if let Some(at) = data.submitted_at.get(&p.job) {
+                    let wait = (now - *at).num_milliseconds().max(0) as f64 / 1000.0;
+                    metrics::histogram!("gangway_queue_wait_seconds").record(wait);
+                }
+            }
+            metrics::counter!("gangway_schedule_passes_total", "outcome" => "committed")
+                .increment(1);
+        }
+        Err(StoreError::StalePlan(why)) => {
+            tracing::debug!(%why, "plan rejected as stale");
+            metrics::counter!("gangway_schedule_passes_total", "outcome" => "stale").increment(1);
+            outcome.stale = true;
+        }
+        Err(e) => {
+            metrics::counter!("gangway_schedule_passes_total", "outcome" => "error").increment(1);
+            return Err(e);
+        }
+    }
+    metrics::histogram!("gangway_schedule_pass_seconds").record(started.elapsed().as_secs_f64());
+    Ok(outcome)
+}
+
+fn record_fleet_metrics(s: &Snapshot) {
+    let mut by_type: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for n in &s.nodes {
+        let e = by_type.entry(n.gpu_type.as_str()).or_default();
+        e.0 += (n.gpus as u64).saturating_sub(n.free.len() as u64);
+        if n.schedulable {
+            e.1 += n.free.len() as u64;
+        }
+    }
+    for (t, (allocated, free)) in by_type {
+        metrics::gauge!("gangway_gpus_allocated", "gpu_type" => t.to_string())
+            .set(allocated as f64);
+        metrics::gauge!("gangway_gpus_free", "gpu_type" => t.to_string()).set(free as f64);
+    }
+    metrics::gauge!("gangway_queue_depth").set(s.queue.len() as f64);
+}
+
+/// Competes for leadership and, while leader, runs passes until `shutdown`.
+pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
+    let span = tracing::info_span!("scheduler", region = %state.store.region());
+    async move {
+        let cfg = state.config.clone();
+        let mut leadership: Option<Leadership> = None;
+        loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            // (Re)connect the leadership connection when needed.
+            if leadership.as_ref().is_none_or(|l| l.is_closed()) {
+                state.leader.store(false, Ordering::Relaxed);
+                match Leadership::connect(&cfg.database_url).await {
+                    Ok(l) => leadership = Some(l),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot open the leader connection");
+                        sleep_or_cancel(cfg.leader_retry_interval, &shutdown).await;
+                        continue;
+                    }
+                }
+            }
+            let l = leadership.as_mut().expect("connected above");
+            let leading = match l.try_acquire().await {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "leadership check failed");
+                    false
+                }
+            };
+            let was = state.leader.swap(leading, Ordering::Relaxed);
+            if leading != was {
+                tracing::info!(leader = leading, "scheduling leadership changed");
+                metrics::gauge!("gangway_scheduler_leader").set(if leading { 1.0 } else { 0.0 });
+            }
+            if !leading {
+                sleep_or_cancel(cfg.leader_retry_interval, &shutdown).await;
+                continue;
+            }
+            match run_pass(&state.store, cfg.agent_timeout).await {
+                Ok(o) if o.stale => continue, // replan at once on fresh state
+                Ok(o) if o.placements > 0 => {
+                    tracing::debug!(
+                        placements = o.placements,
+                        waiting = o.waiting,
+                        "pass committed"
+                    );
+                    continue; // more may fit now that these are out of the queue
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "scheduling pass failed"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = state.sched_wakeup.notified() => {}
+                _ = tokio::time::sleep(cfg.schedule_interval) => {}
+            }
+        }
+        if let Some(mut l) = leadership {
+            l.release().await;
+        }
+        state.leader.store(false, Ordering::Relaxed);
+    }
+    .instrument(span)
+    .await
+}
+
+async fn sleep_or_cancel(d: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(d) => {}
+    }
+}

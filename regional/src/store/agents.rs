@@ -1,0 +1,350 @@
+//! Agents: registration (the fleet as agents see it) and sync (worker
+//! reports in, assignments out).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gangway_shared::agent::{
+    Assignment, Desired, RegisterRequest, SyncRequest, WorkerReport, WorkerStatus,
+};
+use gangway_shared::api::JobSpec;
+use serde_json::json;
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+use super::jobs::{insert_event, settle_job};
+use super::{Result, Store, StoreError};
+
+/// What a sync did.
+#[derive(Clone, Debug, Default)]
+pub struct SyncOutcome {
+    pub assignments: Vec<Assignment>,
+    /// GPUs were released: the scheduler has new room.
+    pub freed_gpus: bool,
+}
+
+/// The port rank 0 listens on for the gang's rendezvous, derived from the
+/// job id so every worker computes the same one.
+pub fn master_port(job_id: Uuid) -> u16 {
+    let b = job_id.as_bytes();
+    20_000 + (u16::from_be_bytes([b[0], b[1]]) % 20_000)
+}
+
+impl Store {
+    /// Records an agent and its nodes. A new boot id means the agent's
+    /// workers from before are gone: workers it was stopping are done, and
+    /// the rest will be launched again from its assignments.
+    pub async fn register_agent(&self, req: &RegisterRequest) -> Result<()> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let previous: Option<Uuid> = tx
+            .query_opt(
+                "SELECT boot_id FROM agents WHERE agent_id = $1 FOR UPDATE",
+                &[&req.agent_id],
+            )
+            .await?
+            .map(|r| r.get(0));
+        tx.execute(
+            "INSERT INTO agents (agent_id, boot_id, executor) VALUES ($1, $2, $3)
+             ON CONFLICT (agent_id) DO UPDATE
+               SET boot_id = EXCLUDED.boot_id, executor = EXCLUDED.executor,
+                   registered_at = now(), last_sync_at = now()",
+            &[&req.agent_id, &req.boot_id, &req.executor],
+        )
+        .await?;
+
+        let node_ids: Vec<&str> = req.nodes.iter().map(|n| n.node_id.as_str()).collect();
+        let col = |f: fn(&gangway_shared::agent::AgentNode) -> &str| -> Vec<&str> {
+            req.nodes.iter().map(f).collect()
+        };
+        let spines = col(|n| &n.spine);
+        let leaves = col(|n| &n.leaf);
+        let domains = col(|n| &n.nvlink_domain);
+        let types = col(|n| &n.gpu_type);
+        let addrs = col(|n| &n.address);
+        let spares: Vec<bool> = req.nodes.iter().map(|n| n.spare).collect();
+        tx.execute(
+            "INSERT INTO nodes (node_id, agent_id, spine, leaf, nvlink_domain, gpu_type, address, spare)
+             SELECT n, $2, s, l, d, t, a, sp
+             FROM unnest($1::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bool[])
+                  AS x(n, s, l, d, t, a, sp)
+             ON CONFLICT (node_id) DO UPDATE
+               SET agent_id = EXCLUDED.agent_id, spine = EXCLUDED.spine, leaf = EXCLUDED.leaf,
+                   nvlink_domain = EXCLUDED.nvlink_domain, gpu_type = EXCLUDED.gpu_type,
+                   address = EXCLUDED.address, spare = EXCLUDED.spare",
+            &[
+                &node_ids,
+                &req.agent_id,
+                &spines,
+                &leaves,
+                &domains,
+                &types,
+                &addrs,
+                &spares,
+            ],
+        )
+        .await?;
+        let mut g_nodes = Vec::new();
+        let mut g_index = Vec::new();
+        let mut g_uuid = Vec::new();
+        for n in &req.nodes {
+            for g in &n.gpus {
+                g_nodes.push(n.node_id.as_str());
+                g_index.push(g.index as i32);
+                g_uuid.push(g.uuid.as_str());
+            }
+        }
+        tx.execute(
+            "INSERT INTO gpus (node_id, gpu_index, uuid)
+             SELECT * FROM unnest($1::text[], $2::int[], $3::text[])
+             ON CONFLICT (node_id, gpu_index) DO UPDATE SET uuid = EXCLUDED.uuid",
+            &[&g_nodes, &g_index, &g_uuid],
+        )
+        .await?;
+
+        if previous.is_some_and(|p| p != req.boot_id) {
+            // Workers being stopped died with the old boot: they are done.
+            let gone = tx
+                .query(
+                    "SELECT w.job_id, w.rank FROM workers w JOIN nodes n USING (node_id)
+                     WHERE n.agent_id = $1 AND w.state = 'stopping'",
+                    &[&req.agent_id],
+                )
+                .await?;
+            let mut jobs = BTreeSet::new();
+            for row in &gone {
+                let (job, rank): (Uuid, i32) = (row.get(0), row.get(1));
+                finish_worker(&tx, job, rank, "cancelled", None, None, "agent restarted").await?;
+                jobs.insert(job);
+            }
+            for job in jobs {
+                settle_job(&tx, job).await?;
+            }
+            // Running workers will be launched again: they are assigned now.
+            tx.execute(
+                "UPDATE workers w SET state = 'assigned' FROM nodes n
+                 WHERE n.node_id = w.node_id AND n.agent_id = $1 AND w.state = 'running'",
+                &[&req.agent_id],
+            )
+            .await?;
+        }
+        tx.execute(
+            "UPDATE sched_state SET generation = generation + 1 WHERE id = 1",
+            &[],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Applies an agent's reports and returns what should run on its nodes.
+    pub async fn sync_agent(
+        &self,
+        agent_id: &str,
+        req: &SyncRequest,
+        grace_period_s: u64,
+    ) -> Result<SyncOutcome> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let boot: Uuid = tx
+            .query_opt(
+                "UPDATE agents SET last_sync_at = now() WHERE agent_id = $1 RETURNING boot_id",
+                &[&agent_id],
+            )
+            .await?
+            .ok_or(StoreError::UnknownAgent)?
+            .get(0);
+        if boot != req.boot_id {
+            return Err(StoreError::StaleBoot);
+        }
+        let freed_gpus = apply_reports(&tx, agent_id, &req.workers).await?;
+        let assignments = load_assignments(&tx, agent_id, grace_period_s).await?;
+        tx.commit().await?;
+        Ok(SyncOutcome {
+            assignments,
+            freed_gpus,
+        })
+    }
+}
+
+/// Applies worker reports; returns whether any GPUs were released.
+async fn apply_reports(
+    tx: &Transaction<'_>,
+    agent_id: &str,
+    reports: &[WorkerReport],
+) -> Result<bool> {
+    if reports.is_empty() {
+        return Ok(false);
+    }
+    let job_ids: Vec<Uuid> = reports.iter().map(|r| r.job_id).collect();
+    let ranks: Vec<i32> = reports.iter().map(|r| r.rank as i32).collect();
+    // Current state of every reported worker that sits on this agent's nodes.
+    let rows = tx
+        .query(
+            "SELECT w.job_id, w.rank, w.attempt, w.state::text
+             FROM unnest($1::uuid[], $2::int[]) AS r(job_id, rank)
+             JOIN workers w ON w.job_id = r.job_id AND w.rank = r.rank
+             JOIN nodes n ON n.node_id = w.node_id
+             WHERE n.agent_id = $3
+             FOR UPDATE OF w",
+            &[&job_ids, &ranks, &agent_id],
+        )
+        .await?;
+    let mut current: BTreeMap<(Uuid, i32), (i32, String)> = BTreeMap::new();
+    for row in &rows {
+        current.insert((row.get(0), row.get(1)), (row.get(2), row.get(3)));
+    }
+    let mut touched = BTreeSet::new();
+    let mut freed = false;
+    for report in reports {
+        let key = (report.job_id, report.rank as i32);
+        let Some((attempt, state)) = current.get(&key) else {
+            continue;
+        };
+        if *attempt != report.attempt {
+            continue; // about an earlier placement
+        }
+        match &report.status {
+            WorkerStatus::Running => {
+                if state == "assigned" {
+                    tx.execute(
+                        "UPDATE workers SET state = 'running', started_at = coalesce(started_at, now())
+                         WHERE job_id = $1 AND rank = $2",
+                        &[&key.0, &key.1],
+                    )
+                    .await?;
+                    touched.insert(key.0);
+                }
+            }
+            WorkerStatus::Exited {
+                exit_code,
+                signal,
+                message,
+            } => {
+                if !matches!(state.as_str(), "assigned" | "running" | "stopping") {
+                    continue; // already recorded
+                }
+                let outcome = if state == "stopping" {
+                    "cancelled"
+                } else if *exit_code == Some(0) {
+                    "succeeded"
+                } else {
+                    "failed"
+                };
+                let message = message
+                    .clone()
+                    .unwrap_or_else(|| match (exit_code, signal) {
+                        (Some(c), _) => format!("exited with code {c}"),
+                        (None, Some(s)) => format!("killed by signal {s}"),
+                        (None, None) => "exited".to_string(),
+                    });
+                finish_worker(tx, key.0, key.1, outcome, *exit_code, *signal, &message).await?;
+                if outcome == "failed" {
+                    insert_event(
+                        tx,
+                        key.0,
+                        "worker_exited",
+                        &format!("worker {} failed: {message}", key.1),
+                        json!({"rank": key.1, "exit_code": exit_code, "signal": signal}),
+                    )
+                    .await?;
+                }
+                freed = true;
+                touched.insert(key.0);
+            }
+        }
+    }
+    for job in touched {
+        settle_job(tx, job).await?;
+    }
+    Ok(freed)
+}
+
+/// Ends a worker and releases its GPUs.
+async fn finish_worker(
+    tx: &Transaction<'_>,
+    job_id: Uuid,
+    rank: i32,
+    state: &str,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    message: &str,
+) -> Result<()> {
+    tx.execute(
+        "UPDATE workers SET state = $3::text::worker_state, exit_code = $4, signal = $5,
+                message = $6, finished_at = now()
+         WHERE job_id = $1 AND rank = $2",
+        &[&job_id, &rank, &state, &exit_code, &signal, &message],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE allocations SET released_at = now(), release_reason = $3
+         WHERE job_id = $1 AND rank = $2 AND released_at IS NULL",
+        &[&job_id, &rank, &state],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn load_assignments(
+    tx: &Transaction<'_>,
+    agent_id: &str,
+    grace_period_s: u64,
+) -> Result<Vec<Assignment>> {
+    let rows = tx
+        .query(
+            "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
+                    w.local_rank, j.workers, j.mode::text AS mode, j.spec,
+                    n.address, m.address AS master_addr
+             FROM workers w
+             JOIN nodes n ON n.node_id = w.node_id
+             JOIN jobs j ON j.job_id = w.job_id
+             LEFT JOIN workers w0 ON w0.job_id = w.job_id AND w0.rank = 0
+             LEFT JOIN nodes m ON m.node_id = w0.node_id
+             WHERE n.agent_id = $1 AND w.state IN ('assigned', 'running', 'stopping')
+             ORDER BY w.job_id, w.rank",
+            &[&agent_id],
+        )
+        .await?;
+    let mut specs: BTreeMap<Uuid, Option<JobSpec>> = BTreeMap::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let job_id: Uuid = row.get("job_id");
+        let spec = specs
+            .entry(job_id)
+            .or_insert_with(|| serde_json::from_value(row.get("spec")).ok());
+        let Some(spec) = spec else { continue };
+        let state: String = row.get("state");
+        let mode: String = row.get("mode");
+        let gpus: Vec<i32> = row.get("gpus");
+        let rank: i32 = row.get("rank");
+        let own_addr: String = row.get("address");
+        let gang = mode == "gang";
+        out.push(Assignment {
+            job_id,
+            rank: rank as u32,
+            attempt: row.get("attempt"),
+            desired: if state == "stopping" {
+                Desired::Stop
+            } else {
+                Desired::Run
+            },
+            node_id: row.get("node_id"),
+            gpus: gpus.into_iter().map(|g| g as u32).collect(),
+            world_size: row.get::<_, i32>("workers") as u32,
+            local_rank: row.get::<_, Option<i32>>("local_rank").unwrap_or(0) as u32,
+            master_addr: if gang {
+                row.get::<_, Option<String>>("master_addr")
+                    .unwrap_or(own_addr)
+            } else {
+                own_addr
+            },
+            master_port: master_port(job_id),
+            command: spec.command.clone(),
+            env: spec.env.clone(),
+            estimated_duration_s: spec.estimated_duration_s,
+            max_duration_s: spec.max_duration_s,
+            grace_period_s,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,408 @@
+//! Jobs: submit, read, list, cancel, and the job-level state machine that
+//! worker exits drive.
+
+use std::collections::BTreeMap;
+
+use gangway_shared::api::{Job, JobEvent, JobMode, JobState, TopologyLevel, Worker};
+use serde_json::json;
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+use super::rows::{event_from_row, job_from_row, worker_from_row, JOB_COLUMNS, WORKER_COLUMNS};
+use super::{Result, Store, StoreError};
+
+/// A validated job, ready to store.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub id: Uuid,
+    pub tenant: String,
+    pub idempotency_key: Option<String>,
+    /// The spec as accepted (returned verbatim, compared on retries).
+    pub spec: serde_json::Value,
+    pub name: String,
+    pub mode: JobMode,
+    pub gpu_type: String,
+    pub gpus: i32,
+    pub gpus_per_worker: i32,
+    pub workers: i32,
+    pub priority: i16,
+    pub required: TopologyLevel,
+    pub preferred: TopologyLevel,
+}
+
+#[derive(Clone, Debug)]
+pub enum SubmitOutcome {
+    Created(Job),
+    /// A retry of an earlier create with the same key and spec.
+    Replayed(Job),
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ListFilter {
+    pub state: Option<JobState>,
+    /// Only jobs submitted before this sequence number (the cursor).
+    pub before_seq: Option<i64>,
+    pub limit: i64,
+}
+
+fn mode_str(mode: JobMode) -> &'static str {
+    match mode {
+        JobMode::Gang => "gang",
+        JobMode::Array => "array",
+    }
+}
+
+impl Store {
+    /// Stores a new job with its workers and its first event, or returns the
+    /// job an earlier create with the same idempotency key made.
+    pub async fn submit(&self, job: &NewJob) -> Result<SubmitOutcome> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let inserted = tx
+            .execute(
+                "INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
+                                   gpus, gpus_per_worker, workers, priority,
+                                   required_level, preferred_level)
+                 VALUES ($1, $2, $3, $4, $5, $6::text::job_mode, $7, $8, $9, $10, $11,
+                         $12::text::topology_level, $13::text::topology_level)
+                 ON CONFLICT DO NOTHING",
+                &[
+                    &job.id,
+                    &job.tenant,
+                    &job.idempotency_key,
+                    &job.spec,
+                    &job.name,
+                    &mode_str(job.mode),
+                    &job.gpu_type,
+                    &job.gpus,
+                    &job.gpus_per_worker,
+                    &job.workers,
+                    &job.priority,
+                    &job.required.as_str(),
+                    &job.preferred.as_str(),
+                ],
+            )
+            .await?;
+        if inserted == 0 {
+            tx.rollback().await?;
+            // The id is derived from (tenant, key), so a conflict is a retry
+            // of the same key, or (astronomically unlikely) a collision.
+            let existing = self.load_job_row(&conn, &job.tenant, job.id).await?;
+            let same_key = existing.1.as_deref() == job.idempotency_key.as_deref();
+            if same_key && existing.2 == job.spec {
+                let full = self.get_job(&job.tenant, job.id).await?;
+                return Ok(SubmitOutcome::Replayed(full));
+            }
+            return Err(StoreError::KeyReused);
+        }
+        tx.execute(
+            "INSERT INTO workers (job_id, rank) SELECT $1, r FROM generate_series(0, $2 - 1) AS r",
+            &[&job.id, &job.workers],
+        )
+        .await?;
+        insert_event(
+            &tx,
+            job.id,
+            "queued",
+            &format!(
+                "queued: {} × {} GPU worker(s) of {} ({} GPUs, {})",
+                job.workers,
+                job.gpus_per_worker,
+                job.gpu_type,
+                job.gpus,
+                mode_str(job.mode)
+            ),
+            json!({"gpus": job.gpus, "gpu_type": job.gpu_type, "workers": job.workers}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(SubmitOutcome::Created(
+            self.get_job(&job.tenant, job.id).await?,
+        ))
+    }
+
+    /// (job_id, idempotency_key, spec) of a tenant's job.
+    async fn load_job_row(
+        &self,
+        conn: &tokio_postgres::Client,
+        tenant: &str,
+        id: Uuid,
+    ) -> Result<(Uuid, Option<String>, serde_json::Value)> {
+        let row = conn
+            .query_opt(
+                "SELECT job_id, idempotency_key, spec FROM jobs WHERE job_id = $1 AND tenant = $2",
+                &[&id, &tenant],
+            )
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        Ok((row.get(0), row.get(1), row.get(2)))
+    }
+
+    /// A tenant's job. Another tenant's job is [`StoreError::NotFound`].
+    pub async fn get_job(&self, tenant: &str, id: Uuid) -> Result<Job> {
+        let conn = self.conn().await?;
+        let row = conn
+            .query_opt(
+                &format!("SELECT {JOB_COLUMNS} FROM jobs j WHERE j.job_id = $1 AND j.tenant = $2"),
+                &[&id, &tenant],
+            )
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let mut workers = self.load_workers(&conn, &[id]).await?;
+        Ok(job_from_row(
+            &row,
+            self.region(),
+            workers.remove(&id).unwrap_or_default(),
+        ))
+    }
+
+    async fn load_workers(
+        &self,
+        conn: &tokio_postgres::Client,
+        ids: &[Uuid],
+    ) -> Result<BTreeMap<Uuid, Vec<Worker>>> {
+        let rows = conn
+            .query(
+                &format!(
+                    "SELECT {WORKER_COLUMNS} FROM workers w WHERE w.job_id = ANY($1)
+                     ORDER BY w.job_id, w.rank"
+                ),
+                &[&ids],
+            )
+            .await?;
+        let mut out: BTreeMap<Uuid, Vec<Worker>> = BTreeMap::new();
+        for row in &rows {
+            let (job, worker) = worker_from_row(row);
+            out.entry(job).or_default().push(worker);
+        }
+        Ok(out)
+    }
+
+    /// A page of a tenant's jobs, newest first, and the cursor of the next
+    /// page (the last job's sequence number) when there may be more.
+    pub async fn list_jobs(
+        &self,
+        tenant: &str,
+        filter: &ListFilter,
+    ) -> Result<(Vec<Job>, Option<i64>)> {
+        let conn = self.conn().await?;
+        let state = filter.state.map(|s| s.as_str());
+        let rows = conn
+            .query(
+                &format!(
+                    "SELECT {JOB_COLUMNS}, j.seq FROM jobs j
+                     WHERE j.tenant = $1
+                       AND ($2::text IS NULL OR j.state = $2::text::job_state)
+                       AND ($3::bigint IS NULL OR j.seq < $3)
+                     ORDER BY j.seq DESC LIMIT $4"
+                ),
+                &[&tenant, &state, &filter.before_seq, &filter.limit],
+            )
+            .await?;
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.get("job_id")).collect();
+        let mut workers = self.load_workers(&conn, &ids).await?;
+        let next = if rows.len() as i64 == filter.limit {
+            rows.last().map(|r| r.get::<_, i64>("seq"))
+        } else {
+            None
+        };
+        let jobs = rows
+            .iter()
+            .map(|r| {
+                let id: Uuid = r.get("job_id");
+                job_from_row(r, self.region(), workers.remove(&id).unwrap_or_default())
+            })
+            .collect();
+        Ok((jobs, next))
+    }
+
+    pub async fn job_events(&self, tenant: &str, id: Uuid) -> Result<Vec<JobEvent>> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT e.event_id, e.at, e.kind, e.message, e.detail
+                 FROM job_events e JOIN jobs j USING (job_id)
+                 WHERE e.job_id = $1 AND j.tenant = $2 ORDER BY e.event_id",
+                &[&id, &tenant],
+            )
+            .await?;
+        if rows.is_empty() {
+            // Every stored job has its `queued` event: no rows means no job.
+            return Err(StoreError::NotFound);
+        }
+        Ok(rows.iter().map(event_from_row).collect())
+    }
+
+    /// Asks for a job to stop. Queued work is cancelled at once; placed
+    /// workers are told to stop and the job ends when their agents report
+    /// them gone (so their GPUs are free for real). Cancelling a finished
+    /// job changes nothing.
+    pub async fn cancel_job(&self, tenant: &str, id: Uuid) -> Result<Job> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let row = tx
+            .query_opt(
+                "SELECT state::text FROM jobs WHERE job_id = $1 AND tenant = $2 FOR UPDATE",
+                &[&id, &tenant],
+            )
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let state: String = row.get(0);
+        if !matches!(
+            state.as_str(),
+            "succeeded" | "failed" | "cancelled" | "cancelling"
+        ) {
+            tx.execute(
+                "UPDATE jobs SET state = 'cancelling', reason = 'cancelled' WHERE job_id = $1",
+                &[&id],
+            )
+            .await?;
+            tx.execute(
+                "UPDATE workers SET state = 'cancelled', finished_at = now(),
+                        message = 'cancelled before it was placed'
+                 WHERE job_id = $1 AND state = 'pending'",
+                &[&id],
+            )
+            .await?;
+            let stopping = tx
+                .execute(
+                    "UPDATE workers SET state = 'stopping'
+                     WHERE job_id = $1 AND state IN ('assigned', 'running')",
+                    &[&id],
+                )
+                .await?;
+            insert_event(
+                &tx,
+                id,
+                "cancel_requested",
+                &format!("cancel requested; stopping {stopping} worker(s)"),
+                json!({"stopping_workers": stopping}),
+            )
+            .await?;
+            settle_job(&tx, id).await?;
+        }
+        tx.commit().await?;
+        drop(conn);
+        self.get_job(tenant, id).await
+    }
+}
+
+pub(super) async fn insert_event(
+    tx: &Transaction<'_>,
+    job_id: Uuid,
+    kind: &str,
+    message: &str,
+    detail: serde_json::Value,
+) -> Result<()> {
+    tx.execute(
+        "INSERT INTO job_events (job_id, kind, message, detail) VALUES ($1, $2, $3, $4)",
+        &[&job_id, &kind, &message, &detail],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Moves a job to the state its workers imply. Idempotent: call it after any
+/// change to a job's workers, inside the same transaction.
+pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()> {
+    let row = tx
+        .query_one(
+            "SELECT j.state::text AS state, j.mode::text AS mode, j.reason,
+                    count(*) FILTER (WHERE w.state = 'pending')    AS pending,
+                    count(*) FILTER (WHERE w.state = 'assigned')   AS assigned,
+                    count(*) FILTER (WHERE w.state = 'running')    AS running,
+                    count(*) FILTER (WHERE w.state = 'stopping')   AS stopping,
+                    count(*) FILTER (WHERE w.state = 'succeeded')  AS succeeded,
+                    count(*) FILTER (WHERE w.state = 'failed')     AS failed,
+                    count(*) AS total
+             FROM jobs j JOIN workers w USING (job_id)
+             WHERE j.job_id = $1
+             GROUP BY j.job_id",
+            &[&job_id],
+        )
+        .await?;
+    let state: String = row.get("state");
+    let mode: String = row.get("mode");
+    let reason: Option<String> = row.get("reason");
+    let n = |c: &str| row.get::<_, i64>(c);
+    let (pending, assigned, running, stopping) =
+        (n("pending"), n("assigned"), n("running"), n("stopping"));
+    let (succeeded, failed, total) = (n("succeeded"), n("failed"), n("total"));
+    if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
+        return Ok(());
+    }
+
+    // A gang lives and dies together: one failed worker stops the rest.
+    if mode == "gang" && failed > 0 && reason.is_none() && state != "cancelling" {
+        tx.execute(
+            "UPDATE jobs SET reason = 'worker_failed' WHERE job_id = $1",
+            &[&job_id],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE workers SET state = 'stopping' WHERE job_id = $1 AND state IN ('assigned', 'running')",
+            &[&job_id],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE workers SET state = 'cancelled', finished_at = now(),
+                    message = 'gang stopped: another worker failed'
+             WHERE job_id = $1 AND state = 'pending'",
+            &[&job_id],
+        )
+        .await?;
+        return Box::pin(settle_job(tx, job_id)).await;
+    }
+
+    let active = pending + assigned + running + stopping;
+    if active == 0 {
+        let (final_state, final_reason) = if state == "cancelling" {
+            ("cancelled", "cancelled".to_string())
+        } else if failed > 0 {
+            ("failed", reason.unwrap_or_else(|| "worker_failed".into()))
+        } else {
+            ("succeeded", "succeeded".to_string())
+        };
+        tx.execute(
+            "UPDATE jobs SET state = $2::text::job_state, reason = $3, finished_at = now()
+             WHERE job_id = $1",
+            &[&job_id, &final_state, &final_reason],
+        )
+        .await?;
+        insert_event(
+            tx,
+            job_id,
+            "finished",
+            &format!(
+                "{final_state} ({final_reason}): {succeeded} of {total} worker(s) succeeded, {failed} failed"
+            ),
+            json!({"state": final_state, "reason": final_reason,
+                   "succeeded": succeeded, "failed": failed}),
+        )
+        .await?;
+        return Ok(());
+    }
+
+    let started = match mode.as_str() {
+        // A gang runs once every worker has started.
+        "gang" => running == total,
+        // An array job runs once any worker has started.
+        _ => running > 0 || succeeded + failed > 0,
+    };
+    if state == "starting" && started {
+        tx.execute(
+            "UPDATE jobs SET state = 'running', started_at = now() WHERE job_id = $1",
+            &[&job_id],
+        )
+        .await?;
+        insert_event(
+            tx,
+            job_id,
+            "started",
+            &format!("started: {running} worker(s) running"),
+            json!({"running": running}),
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! The region's PostgreSQL store: the source of truth for the region.
+//!
+//! # What is persisted, and why
+//! - `sched_state.generation`: the scheduling generation. A plan records the
+//!   generation it was computed at and commits only if it is still current,
+//!   so a stale plan (another scheduler won the race) is rejected whole.
+//! - `jobs` and `workers`: tenants' intent (the accepted spec, kept verbatim
+//!   for idempotent retries) and each worker's progress. Idempotency keys are
+//!   unique per tenant; a keyed job's id is derived from (tenant, key).
+//! - `allocations`: one row per GPU per placement, live until released. A
+//!   partial unique index forbids two live rows on one GPU (invariant 1);
+//!   released rows are the allocation intervals that metering bills.
+//! - `job_events`: the timeline tenants read.
+//! - `agents`, `nodes`, `gpus`: the fleet as agents registered it, plus the
+//!   operator's intent per node (`operator_state`). Liveness is the agent's
+//!   last sync; an agent can always tell us again what it has.
+//! - `quotas`: operator-set caps per tenant and GPU type.
+//!
+//! # Layout
+//! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
+//! - `jobs.rs`: submit, get, list, cancel, events.
+//! - `agents.rs`: agent registration and sync (reports in, assignments out).
+//! - `plans.rs`: the scheduler's snapshot and the generation-checked commit.
+//! - `rows.rs`: row → domain conversions.
+
+mod agents;
+mod jobs;
+mod plans;
+mod rows;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+pub use agents::SyncOutcome;
+pub use jobs::{ListFilter, NewJob, SubmitOutcome};
+pub use plans::{ApplyOutcome, FleetShape, SnapshotData};
+
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+/// Advisory lock key held while migrations run ("gangway-migrate").
+const MIGRATION_LOCK_KEY: i64 = 0x6761_6e67_6d69_6772;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The statement failed; whether it applied depends on `maybe_applied`.
+    #[error("database error: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("no database connection: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("migrations failed: {0}")]
+    Migration(String),
+    #[error("not found")]
+    NotFound,
+    /// An idempotency key was used before with a different spec.
+    #[error("idempotency key reused with a different spec")]
+    KeyReused,
+    /// The agent is not registered (it should register again).
+    #[error("unknown agent")]
+    UnknownAgent,
+    /// The report comes from an earlier boot of the agent.
+    #[error("report from an earlier boot")]
+    StaleBoot,
+    /// The plan's generation is no longer current, or one of its placements
+    /// no longer applies; nothing was written.
+    #[error("stale plan: {0}")]
+    StalePlan(String),
+}
+
+impl StoreError {
+    /// Whether this error is a lost serialization race that is safe to retry.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Db(e) => matches!(
+                e.code(),
+                Some(&SqlState::T_R_SERIALIZATION_FAILURE) | Some(&SqlState::T_R_DEADLOCK_DETECTED)
+            ),
+            _ => false,
+        }
+    }
+
+    /// Whether the database is unreachable (as opposed to a query bug).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Pool(_) => true,
+            StoreError::Db(e) => e.is_closed() || e.code().is_none(),
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// One region's store. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    region: String,
+}
+
+impl Store {
+    /// Connects to `url` (a libpq-style connection string) with a pool of
+    /// `max_size` connections. Does not touch the schema.
+    pub fn connect(url: &str, region: &str, max_size: usize) -> anyhow::Result<Store> {
+        let pg: tokio_postgres::Config = url.parse()?;
+        let mgr = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(max_size)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()?;
+        Ok(Store {
+            pool,
+            region: region.to_string(),
+        })
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    pub(crate) async fn conn(&self) -> Result<deadpool_postgres::Object> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Applies the embedded migrations under an advisory lock, so replicas
+    /// starting together migrate once. Safe to run on every start.
+    pub async fn migrate(&self) -> Result<()> {
+        let mut conn = self.conn().await?;
+        conn.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
+            .await?;
+        let client: &mut tokio_postgres::Client = &mut conn;
+        let result = embedded::migrations::runner()
+            .run_async(client)
+            .await
+            .map(|_| ())
+            .map_err(|e| StoreError::Migration(e.to_string()));
+        conn.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
+            .await?;
+        result
+    }
+
+    /// Sets a tenant's cap on GPUs of one type allocated at once.
+    pub async fn set_quota(&self, tenant: &str, gpu_type: &str, max_gpus: i32) -> Result<()> {
+        let conn = self.conn().await?;
+        conn.execute(
+            "INSERT INTO quotas (tenant, gpu_type, max_gpus) VALUES ($1, $2, $3)
+             ON CONFLICT (tenant, gpu_type) DO UPDATE SET max_gpus = EXCLUDED.max_gpus",
+            &[&tenant, &gpu_type, &max_gpus],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The current scheduling generation.
+    pub async fn generation(&self) -> Result<i64> {
+        let conn = self.conn().await?;
+        let row = conn
+            .query_one("SELECT generation FROM sched_state WHERE id = 1", &[])
+            .await?;
+        Ok(row.get(0))
+    }
+}

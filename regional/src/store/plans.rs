@@ -1,0 +1,464 @@
+//! The scheduler's side of the store: a consistent snapshot in, a
+//! generation-checked plan out.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use gangway_sched::{Level, Node, Plan, Request, Snapshot};
+use gangway_shared::api::GpuTypeCapacity;
+use serde_json::json;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::IsolationLevel;
+use uuid::Uuid;
+
+use super::jobs::insert_event;
+use super::{Result, Store, StoreError};
+
+/// A snapshot plus what the applier needs that the core does not.
+#[derive(Clone, Debug)]
+pub struct SnapshotData {
+    pub snapshot: Snapshot,
+    /// Submission time of every queued job (for the queue-wait metric).
+    pub submitted_at: BTreeMap<String, DateTime<Utc>>,
+}
+
+/// What a committed plan did.
+#[derive(Clone, Debug, Default)]
+pub struct ApplyOutcome {
+    pub generation: i64,
+    pub placed_workers: usize,
+}
+
+/// One non-spare node as the validator sees it.
+#[derive(Clone, Debug)]
+pub struct FleetShape {
+    pub spine: String,
+    pub leaf: String,
+    pub nvlink_domain: String,
+    pub gpus: u32,
+}
+
+fn level_from_db(s: &str) -> Level {
+    match s {
+        "nvlink" => Level::Nvlink,
+        "leaf" => Level::Leaf,
+        "spine" => Level::Spine,
+        _ => Level::Region,
+    }
+}
+
+impl Store {
+    /// Reads everything the scheduler core needs, in one repeatable-read
+    /// transaction so the parts agree. Nodes whose agent has not synced for
+    /// `agent_timeout` are not schedulable.
+    pub async fn snapshot(&self, agent_timeout: Duration) -> Result<SnapshotData> {
+        let mut conn = self.conn().await?;
+        let tx = conn
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let generation: i64 = tx
+            .query_one("SELECT generation FROM sched_state WHERE id = 1", &[])
+            .await?
+            .get(0);
+        let timeout_s = agent_timeout.as_secs_f64();
+        let node_rows = tx
+            .query(
+                "SELECT n.node_id, n.spine, n.leaf, n.nvlink_domain, n.gpu_type,
+                        (NOT n.spare AND n.operator_state = 'active'
+                         AND a.last_sync_at > now() - make_interval(secs => $1)) AS schedulable,
+                        array_agg(g.gpu_index ORDER BY g.gpu_index) AS gpus
+                 FROM nodes n
+                 JOIN agents a ON a.agent_id = n.agent_id
+                 JOIN gpus g ON g.node_id = n.node_id
+                 GROUP BY n.node_id, a.last_sync_at
+                 ORDER BY n.node_id",
+                &[&timeout_s],
+            )
+            .await?;
+        let live = tx
+            .query(
+                "SELECT node_id, array_agg(gpu_index) FROM allocations
+                 WHERE released_at IS NULL GROUP BY node_id",
+                &[],
+            )
+            .await?;
+        let mut used: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for row in &live {
+            used.insert(row.get(0), row.get(1));
+        }
+        let nodes = node_rows
+            .iter()
+            .map(|row| {
+                let id: String = row.get("node_id");
+                let all: Vec<i32> = row.get("gpus");
+                let taken = used.get(&id);
+                let free = all
+                    .iter()
+                    .filter(|g| !taken.is_some_and(|t| t.contains(g)))
+                    .map(|&g| g as u32)
+                    .collect();
+                Node {
+                    id,
+                    spine: row.get("spine"),
+                    leaf: row.get("leaf"),
+                    nvlink_domain: row.get("nvlink_domain"),
+                    gpu_type: row.get("gpu_type"),
+                    gpus: all.len() as u32,
+                    free,
+                    schedulable: row.get("schedulable"),
+                }
+            })
+            .collect();
+
+        let queue_rows = tx
+            .query(
+                "SELECT j.job_id, j.tenant, j.gpu_type, j.gpus_per_worker, j.priority, j.seq,
+                        j.mode::text AS mode, j.required_level::text AS required,
+                        j.preferred_level::text AS preferred, j.created_at,
+                        array_agg(w.rank ORDER BY w.rank) AS ranks
+                 FROM workers w JOIN jobs j ON j.job_id = w.job_id
+                 WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
+                 GROUP BY j.job_id",
+                &[],
+            )
+            .await?;
+        let mut queue = Vec::new();
+        let mut submitted_at = BTreeMap::new();
+        for row in &queue_rows {
+            let job: Uuid = row.get("job_id");
+            let job = job.to_string();
+            let ranks: Vec<i32> = row.get("ranks");
+            let mode: String = row.get("mode");
+            let base = Request {
+                job: job.clone(),
+                ranks: Vec::new(),
+                tenant: row.get("tenant"),
+                gpu_type: row.get("gpu_type"),
+                gpus_per_worker: row.get::<_, i32>("gpus_per_worker") as u32,
+                required: level_from_db(row.get("required")),
+                preferred: level_from_db(row.get("preferred")),
+                priority: row.get::<_, i16>("priority") as i32,
+                seq: row.get::<_, i64>("seq") as u64,
+            };
+            if mode == "gang" {
+                queue.push(Request {
+                    ranks: ranks.iter().map(|&r| r as u32).collect(),
+                    ..base
+                });
+            } else {
+                // Each worker of an array job is placed on its own.
+                for r in ranks {
+                    queue.push(Request {
+                        ranks: vec![r as u32],
+                        ..base.clone()
+                    });
+                }
+            }
+            submitted_at.insert(job, row.get("created_at"));
+        }
+
+        let mut quotas = BTreeMap::new();
+        for row in tx
+            .query("SELECT tenant, gpu_type, max_gpus FROM quotas", &[])
+            .await?
+        {
+            quotas.insert((row.get(0), row.get(1)), row.get::<_, i32>(2).max(0) as u32);
+        }
+        let mut usage = BTreeMap::new();
+        for row in tx
+            .query(
+                "SELECT tenant, gpu_type, count(*) FROM allocations
+                 WHERE released_at IS NULL GROUP BY tenant, gpu_type",
+                &[],
+            )
+            .await?
+        {
+            usage.insert((row.get(0), row.get(1)), row.get::<_, i64>(2) as u32);
+        }
+        tx.commit().await?;
+        Ok(SnapshotData {
+            snapshot: Snapshot {
+                generation,
+                nodes,
+                queue,
+                quotas,
+                usage,
+            },
+            submitted_at,
+        })
+    }
+
+    /// Commits a plan in one transaction, only if the generation it was
+    /// computed at is still current and every placement still applies.
+    /// Otherwise nothing is written and [`StoreError::StalePlan`] returned.
+    pub async fn apply_plan(&self, plan: &Plan) -> Result<ApplyOutcome> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let bumped = tx
+            .query_opt(
+                "UPDATE sched_state SET generation = generation + 1
+                 WHERE id = 1 AND generation = $1 RETURNING generation",
+                &[&plan.generation],
+            )
+            .await?;
+        let Some(bumped) = bumped else {
+            return Err(StoreError::StalePlan(format!(
+                "plan computed at generation {} is no longer current",
+                plan.generation
+            )));
+        };
+        let generation: i64 = bumped.get(0);
+        if plan.placements.is_empty() {
+            tx.commit().await?;
+            return Ok(ApplyOutcome {
+                generation,
+                placed_workers: 0,
+            });
+        }
+
+        // Workers: pending → assigned, with their node, GPUs and local rank.
+        let mut w_job = Vec::new();
+        let mut w_rank = Vec::new();
+        let mut w_node = Vec::new();
+        let mut w_gpus = Vec::new();
+        let mut w_local = Vec::new();
+        let mut job_ids = Vec::new();
+        for p in &plan.placements {
+            let job = parse_job(&p.job)?;
+            job_ids.push(job);
+            let mut per_node: BTreeMap<&str, i32> = BTreeMap::new();
+            for w in &p.workers {
+                let local = per_node.entry(w.node.as_str()).or_insert(0);
+                w_job.push(job);
+                w_rank.push(w.rank as i32);
+                w_node.push(w.node.as_str());
+                w_gpus.push(format!(
+                    "{{{}}}",
+                    w.gpus
+                        .iter()
+                        .map(|g| g.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ));
+                w_local.push(*local);
+                *local += 1;
+            }
+        }
+        let updated = tx
+            .query(
+                "UPDATE workers w
+                 SET state = 'assigned', attempt = w.attempt + 1, node_id = x.node,
+                     gpus = x.gpus::int[], local_rank = x.local_rank
+                 FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::int[])
+                      AS x(job_id, rank, node, gpus, local_rank)
+                 WHERE w.job_id = x.job_id AND w.rank = x.rank AND w.state = 'pending'
+                 RETURNING w.job_id, w.rank, w.attempt",
+                &[&w_job, &w_rank, &w_node, &w_gpus, &w_local],
+            )
+            .await?;
+        if updated.len() != w_job.len() {
+            return Err(StoreError::StalePlan(format!(
+                "{} of {} placed workers are no longer pending",
+                w_job.len() - updated.len(),
+                w_job.len()
+            )));
+        }
+        let attempts: BTreeMap<(Uuid, i32), i32> = updated
+            .iter()
+            .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+            .collect();
+
+        // One allocation row per GPU; the unique index refuses a GPU that is
+        // already held, whatever this code believes.
+        let meta_rows = tx
+            .query(
+                "SELECT job_id, tenant, gpu_type FROM jobs WHERE job_id = ANY($1)",
+                &[&job_ids],
+            )
+            .await?;
+        let meta: BTreeMap<Uuid, (String, String)> = meta_rows
+            .iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2))))
+            .collect();
+        let mut a_job = Vec::new();
+        let mut a_rank = Vec::new();
+        let mut a_attempt = Vec::new();
+        let mut a_node = Vec::new();
+        let mut a_gpu = Vec::new();
+        let mut a_tenant = Vec::new();
+        let mut a_type = Vec::new();
+        for p in &plan.placements {
+            let job = parse_job(&p.job)?;
+            let (tenant, gpu_type) = meta
+                .get(&job)
+                .ok_or_else(|| StoreError::StalePlan(format!("job {job} vanished")))?;
+            for w in &p.workers {
+                for &g in &w.gpus {
+                    a_job.push(job);
+                    a_rank.push(w.rank as i32);
+                    a_attempt.push(attempts[&(job, w.rank as i32)]);
+                    a_node.push(w.node.as_str());
+                    a_gpu.push(g as i32);
+                    a_tenant.push(tenant.as_str());
+                    a_type.push(gpu_type.as_str());
+                }
+            }
+        }
+        let insert = tx
+            .execute(
+                "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant,
+                                          gpu_type, generation)
+                 SELECT j, r, a, n, g, t, ty, $8
+                 FROM unnest($1::uuid[], $2::int[], $3::int[], $4::text[], $5::int[],
+                             $6::text[], $7::text[]) AS x(j, r, a, n, g, t, ty)",
+                &[
+                    &a_job,
+                    &a_rank,
+                    &a_attempt,
+                    &a_node,
+                    &a_gpu,
+                    &a_tenant,
+                    &a_type,
+                    &generation,
+                ],
+            )
+            .await;
+        if let Err(e) = insert {
+            if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
+                return Err(StoreError::StalePlan(
+                    "a planned GPU is already allocated".to_string(),
+                ));
+            }
+            return Err(e.into());
+        }
+
+        tx.execute(
+            "UPDATE jobs SET state = 'starting' WHERE job_id = ANY($1) AND state = 'queued'",
+            &[&job_ids],
+        )
+        .await?;
+        for p in &plan.placements {
+            let job = parse_job(&p.job)?;
+            let mut nodes: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+            for w in &p.workers {
+                nodes.entry(w.node.as_str()).or_default().extend(&w.gpus);
+            }
+            let gpus: usize = nodes.values().map(Vec::len).sum();
+            let ranks = if p.ranks.len() == 1 {
+                format!("worker {}", p.ranks[0])
+            } else {
+                format!("{} workers", p.ranks.len())
+            };
+            insert_event(
+                &tx,
+                job,
+                "placed",
+                &format!(
+                    "placed {ranks}: {gpus} GPUs on {} node(s) within one {} domain",
+                    nodes.len(),
+                    p.level.as_str()
+                ),
+                json!({
+                    "level": p.level.as_str(),
+                    "ranks": p.ranks,
+                    "nodes": nodes.iter().map(|(n, g)| json!({"node": n, "gpus": g})).collect::<Vec<_>>(),
+                    "generation": generation,
+                }),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(ApplyOutcome {
+            generation,
+            placed_workers: w_job.len(),
+        })
+    }
+
+    /// The region's non-spare nodes with GPUs of `gpu_type` (for validating
+    /// that a job could ever fit).
+    pub async fn fleet_shape(&self, gpu_type: &str) -> Result<Vec<FleetShape>> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT n.spine, n.leaf, n.nvlink_domain, count(*) AS gpus
+                 FROM nodes n JOIN gpus g ON g.node_id = n.node_id
+                 WHERE n.gpu_type = $1 AND NOT n.spare
+                 GROUP BY n.node_id",
+                &[&gpu_type],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| FleetShape {
+                spine: r.get(0),
+                leaf: r.get(1),
+                nvlink_domain: r.get(2),
+                gpus: r.get::<_, i64>(3) as u32,
+            })
+            .collect())
+    }
+}
+
+impl Store {
+    /// Capacity per GPU type and job counts, for `GET /v1/region` and metrics.
+    pub async fn capacity(
+        &self,
+        agent_timeout: Duration,
+    ) -> Result<(Vec<GpuTypeCapacity>, u64, u64)> {
+        let conn = self.conn().await?;
+        let timeout_s = agent_timeout.as_secs_f64();
+        let rows = conn
+            .query(
+                "SELECT n.gpu_type,
+                        count(DISTINCT n.node_id) AS nodes,
+                        count(*) FILTER (WHERE NOT n.spare AND n.operator_state = 'active'
+                            AND a.last_sync_at > now() - make_interval(secs => $1)) AS schedulable,
+                        count(al.alloc_id) AS allocated,
+                        count(*) FILTER (WHERE NOT n.spare AND n.operator_state = 'active'
+                            AND a.last_sync_at > now() - make_interval(secs => $1)
+                            AND al.alloc_id IS NULL) AS free,
+                        count(*) FILTER (WHERE n.spare) AS spare
+                 FROM nodes n
+                 JOIN agents a ON a.agent_id = n.agent_id
+                 JOIN gpus g ON g.node_id = n.node_id
+                 LEFT JOIN allocations al ON al.node_id = g.node_id
+                      AND al.gpu_index = g.gpu_index AND al.released_at IS NULL
+                 GROUP BY n.gpu_type ORDER BY n.gpu_type",
+                &[&timeout_s],
+            )
+            .await?;
+        let n = |r: &tokio_postgres::Row, c: &str| r.get::<_, i64>(c) as u32;
+        let caps = rows
+            .iter()
+            .map(|r| GpuTypeCapacity {
+                gpu_type: r.get("gpu_type"),
+                nodes: n(r, "nodes"),
+                schedulable: n(r, "schedulable"),
+                allocated: n(r, "allocated"),
+                free: n(r, "free"),
+                spare: n(r, "spare"),
+            })
+            .collect();
+        let counts = conn
+            .query_one(
+                "SELECT count(*) FILTER (WHERE state = 'queued'),
+                        count(*) FILTER (WHERE state IN ('starting', 'running', 'cancelling'))
+                 FROM jobs WHERE state NOT IN ('succeeded', 'failed', 'cancelled')",
+                &[],
+            )
+            .await?;
+        Ok((
+            caps,
+            counts.get::<_, i64>(0) as u64,
+            counts.get::<_, i64>(1) as u64,
+        ))
+    }
+}
+
+fn parse_job(id: &str) -> Result<Uuid> {
+    Uuid::parse_str(id).map_err(|_| StoreError::StalePlan(format!("bad job id {id}")))
+}

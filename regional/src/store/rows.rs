@@ -1,0 +1,73 @@
+//! Row → domain conversions. Columns are read by name.
+
+use std::str::FromStr;
+
+use gangway_shared::api::{Job, JobEvent, JobSpec, JobState, Worker, WorkerState};
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+/// Columns every job query selects, in the shape [`job_from_row`] reads.
+pub(super) const JOB_COLUMNS: &str = "j.job_id, j.tenant, j.spec, j.name, j.state::text AS state, \
+     j.reason, j.created_at, j.started_at, j.finished_at";
+
+pub(super) const WORKER_COLUMNS: &str = "w.job_id, w.rank, w.state::text AS state, w.node_id, \
+     w.gpus, w.exit_code";
+
+pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job {
+    let spec: serde_json::Value = row.get("spec");
+    let state: String = row.get("state");
+    Job {
+        id: row.get("job_id"),
+        tenant: row.get("tenant"),
+        region: region.to_string(),
+        name: row.get("name"),
+        // The spec and state were written by this code; a row that does not
+        // decode is a bug, and panicking here would take the server down,
+        // so fall back to something visible instead.
+        state: JobState::from_str(&state).unwrap_or(JobState::Failed),
+        spec: serde_json::from_value::<JobSpec>(spec).unwrap_or_else(|_| JobSpec {
+            name: row.get("name"),
+            gpus: 0,
+            gpu_type: String::new(),
+            priority: Default::default(),
+            estimated_duration_s: 0,
+            max_duration_s: None,
+            command: Vec::new(),
+            env: Default::default(),
+            gpus_per_worker: None,
+            mode: Default::default(),
+            topology: Default::default(),
+        }),
+        created_at: row.get("created_at"),
+        started_at: row.get("started_at"),
+        finished_at: row.get("finished_at"),
+        reason: row.get("reason"),
+        workers,
+    }
+}
+
+pub(super) fn worker_from_row(row: &Row) -> (Uuid, Worker) {
+    let state: String = row.get("state");
+    let gpus: Vec<i32> = row.get("gpus");
+    let rank: i32 = row.get("rank");
+    (
+        row.get("job_id"),
+        Worker {
+            rank: rank as u32,
+            state: WorkerState::from_str(&state).unwrap_or(WorkerState::Failed),
+            node: row.get("node_id"),
+            gpus: gpus.into_iter().map(|g| g as u32).collect(),
+            exit_code: row.get("exit_code"),
+        },
+    )
+}
+
+pub(super) fn event_from_row(row: &Row) -> JobEvent {
+    JobEvent {
+        seq: row.get("event_id"),
+        at: row.get("at"),
+        kind: row.get("kind"),
+        message: row.get("message"),
+        detail: row.get("detail"),
+    }
+}

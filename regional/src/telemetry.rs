@@ -1,0 +1,58 @@
+//! Prometheus metrics, served on their own listener so rate limits and
+//! API load never get in their way.
+//!
+//! Names carry the `gangway_` prefix; labels come from small fixed sets
+//! (GPU type, topology level, outcome), never from ids.
+
+use std::net::SocketAddr;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+/// Installs the global recorder and serves `/metrics` on `addr`.
+pub fn install_prometheus(addr: SocketAddr) -> anyhow::Result<()> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets(&[
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            300.0, 900.0, 3600.0,
+        ])?
+        .install()?;
+    describe();
+    Ok(())
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        "gangway_gpus_allocated",
+        "GPUs allocated to jobs, by GPU type"
+    );
+    describe_gauge!(
+        "gangway_gpus_free",
+        "GPUs free on schedulable nodes, by GPU type"
+    );
+    describe_gauge!(
+        "gangway_queue_depth",
+        "Units (gangs or array workers) waiting for GPUs"
+    );
+    describe_gauge!(
+        "gangway_scheduler_leader",
+        "1 while this replica leads scheduling"
+    );
+    describe_histogram!(
+        "gangway_queue_wait_seconds",
+        Unit::Seconds,
+        "Submission to placement"
+    );
+    describe_histogram!(
+        "gangway_schedule_pass_seconds",
+        Unit::Seconds,
+        "One scheduling pass"
+    );
+    describe_counter!("gangway_placements_total", "Placements by topology level");
+    describe_counter!(
+        "gangway_schedule_passes_total",
+        "Scheduling passes by outcome"
+    );
+    describe_counter!("gangway_jobs_submitted_total", "Jobs accepted");
+}

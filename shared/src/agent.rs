@@ -1,0 +1,121 @@
+//! The protocol between a region and its node agents.
+//!
+//! Agents pull: each `sync` reports what runs on the agent's nodes and gets
+//! back what should run there. Both sides are idempotent: a lost or repeated
+//! sync changes nothing, and an agent keeps reporting an exit until the
+//! region stops listing that worker.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// One GPU of a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentGpu {
+    pub index: u32,
+    /// The GPU's UUID (from NVML), or a stable synthetic one when simulated.
+    pub uuid: String,
+}
+
+/// A node as its agent describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentNode {
+    pub node_id: String,
+    pub spine: String,
+    pub leaf: String,
+    pub nvlink_domain: String,
+    pub gpu_type: String,
+    /// Held in the spare pool rather than scheduled.
+    pub spare: bool,
+    /// Address other workers reach this node at (`MASTER_ADDR`).
+    pub address: String,
+    pub gpus: Vec<AgentGpu>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    pub agent_id: String,
+    /// New on every agent start: tells the region the agent's workers from
+    /// any earlier boot are gone.
+    pub boot_id: Uuid,
+    /// `real` or `sim`.
+    pub executor: String,
+    pub nodes: Vec<AgentNode>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    pub region: String,
+    /// How often to sync, in milliseconds.
+    pub sync_interval_ms: u64,
+}
+
+/// What became of a worker, as the agent saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum WorkerStatus {
+    Running,
+    Exited {
+        /// The exit code, when the process exited by itself.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        /// The signal that ended it, if one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        /// Why it ended, in words (for the timeline).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    pub job_id: Uuid,
+    pub rank: u32,
+    /// The placement attempt this report is about; reports about an older
+    /// attempt are ignored.
+    pub attempt: i32,
+    #[serde(flatten)]
+    pub status: WorkerStatus,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncRequest {
+    pub boot_id: Uuid,
+    pub workers: Vec<WorkerReport>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Desired {
+    Run,
+    Stop,
+}
+
+/// A worker the region wants on one of the agent's nodes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub job_id: Uuid,
+    pub rank: u32,
+    pub attempt: i32,
+    pub desired: Desired,
+    pub node_id: String,
+    pub gpus: Vec<u32>,
+    pub world_size: u32,
+    pub local_rank: u32,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub estimated_duration_s: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_duration_s: Option<i64>,
+    /// Seconds between SIGTERM and SIGKILL when stopping.
+    pub grace_period_s: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncResponse {
+    pub assignments: Vec<Assignment>,
+}

@@ -1,0 +1,407 @@
+//! The job API: what tenants send and what they get back.
+//!
+//! Field names here are part of the public contract (see the brief): `name`,
+//! `gpus`, `gpu_type`, `priority`, `estimated_duration_s`, `command` in a
+//! spec; `id`, `state`, `region` in a job.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Most GPUs one job may ask for. Larger numbers are typos, not jobs.
+pub const MAX_JOB_GPUS: i64 = 100_000;
+/// Most GPUs one worker (one process on one node) may hold.
+pub const MAX_GPUS_PER_WORKER: i64 = 72;
+/// Longest `estimated_duration_s` / `max_duration_s` accepted: one year.
+pub const MAX_DURATION_S: i64 = 366 * 24 * 3600;
+/// Longest job name.
+pub const MAX_NAME_LEN: usize = 200;
+/// Most arguments in `command`, and most entries in `env`.
+pub const MAX_ARGS: usize = 4096;
+
+/// A job as submitted.
+///
+/// Numbers are signed on the wire so that a negative count is reported as
+/// `invalid_gpus`, not as a generic decoding failure.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    /// Total GPUs of the job (all workers together).
+    pub gpus: i64,
+    pub gpu_type: String,
+    #[serde(default)]
+    pub priority: Priority,
+    /// The tenant's estimate of the run time, in seconds. The simulated
+    /// executor runs this long (scaled by its time factor).
+    pub estimated_duration_s: i64,
+    /// Hard limit on the run time, in seconds; the job is stopped after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_duration_s: Option<i64>,
+    /// The argv run once per worker.
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// GPUs per worker (one process on one node). Default 1: one process per
+    /// GPU, as `torchrun --nproc-per-node` would start them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_worker: Option<i64>,
+    #[serde(default)]
+    pub mode: JobMode,
+    #[serde(default)]
+    pub topology: TopologySpec,
+}
+
+impl JobSpec {
+    pub fn gpus_per_worker(&self) -> i64 {
+        self.gpus_per_worker.unwrap_or(1)
+    }
+
+    /// Workers the job runs (only meaningful once validated).
+    pub fn workers(&self) -> i64 {
+        let per = self.gpus_per_worker();
+        if per > 0 {
+            self.gpus / per
+        } else {
+            0
+        }
+    }
+}
+
+/// How a job's workers start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobMode {
+    /// All workers start together or none do (distributed training).
+    #[default]
+    Gang,
+    /// Independent workers, each placed and run on its own as capacity
+    /// allows; the job is done when all are.
+    Array,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    Low,
+    #[default]
+    Normal,
+    High,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
+
+    /// The scheduler's numeric priority (higher first).
+    pub fn rank(self) -> i32 {
+        match self {
+            Priority::Low => 0,
+            Priority::Normal => 1,
+            Priority::High => 2,
+        }
+    }
+}
+
+impl FromStr for Priority {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "low" => Ok(Priority::Low),
+            "normal" => Ok(Priority::Normal),
+            "high" => Ok(Priority::High),
+            _ => Err(format!("unknown priority {s:?} (low, normal, high)")),
+        }
+    }
+}
+
+/// A level of the fabric, from closest to widest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TopologyLevel {
+    /// One NVLink domain: a node, or a whole rack on NVL72-style systems.
+    #[serde(alias = "node")]
+    Nvlink,
+    /// One leaf switch (rack or rail group).
+    Leaf,
+    /// One spine (pod).
+    Spine,
+    /// Anywhere in the region.
+    Region,
+}
+
+impl TopologyLevel {
+    pub const ALL: [TopologyLevel; 4] = [
+        TopologyLevel::Nvlink,
+        TopologyLevel::Leaf,
+        TopologyLevel::Spine,
+        TopologyLevel::Region,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TopologyLevel::Nvlink => "nvlink",
+            TopologyLevel::Leaf => "leaf",
+            TopologyLevel::Spine => "spine",
+            TopologyLevel::Region => "region",
+        }
+    }
+}
+
+impl fmt::Display for TopologyLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TopologyLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "nvlink" | "node" => Ok(TopologyLevel::Nvlink),
+            "leaf" => Ok(TopologyLevel::Leaf),
+            "spine" => Ok(TopologyLevel::Spine),
+            "region" => Ok(TopologyLevel::Region),
+            _ => Err(format!(
+                "unknown topology level {s:?} (nvlink, leaf, spine, region)"
+            )),
+        }
+    }
+}
+
+/// Where a job's workers may go. `required`: the whole gang must sit in one
+/// domain of this level (the job waits rather than spread). `preferred`: the
+/// level it would like; placement always tries the closest level first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologySpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<TopologyLevel>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred: Option<TopologyLevel>,
+}
+
+impl TopologySpec {
+    pub fn required(&self) -> TopologyLevel {
+        self.required.unwrap_or(TopologyLevel::Region)
+    }
+    pub fn preferred(&self) -> TopologyLevel {
+        self.preferred
+            .unwrap_or(TopologyLevel::Nvlink)
+            .min(self.required())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Accepted, waiting for GPUs.
+    Queued,
+    /// GPUs allocated, agents launching the workers.
+    Starting,
+    /// Every worker of the gang (or at least one worker of an array job)
+    /// has started.
+    Running,
+    /// Cancel requested; workers are being stopped.
+    Cancelling,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Queued,
+        JobState::Starting,
+        JobState::Running,
+        JobState::Cancelling,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Cancelling => "cancelling",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| format!("unknown job state {s:?}"))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerState {
+    /// Not placed yet (array jobs place workers one by one).
+    Pending,
+    /// GPUs allocated; the agent has not reported it started.
+    Assigned,
+    Running,
+    /// Told to stop; waiting for the agent to report the exit.
+    Stopping,
+    Succeeded,
+    Failed,
+    /// Stopped before or while running because of a cancel.
+    Cancelled,
+}
+
+impl WorkerState {
+    pub const ALL: [WorkerState; 7] = [
+        WorkerState::Pending,
+        WorkerState::Assigned,
+        WorkerState::Running,
+        WorkerState::Stopping,
+        WorkerState::Succeeded,
+        WorkerState::Failed,
+        WorkerState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Pending => "pending",
+            WorkerState::Assigned => "assigned",
+            WorkerState::Running => "running",
+            WorkerState::Stopping => "stopping",
+            WorkerState::Succeeded => "succeeded",
+            WorkerState::Failed => "failed",
+            WorkerState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            WorkerState::Succeeded | WorkerState::Failed | WorkerState::Cancelled
+        )
+    }
+}
+
+impl FromStr for WorkerState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        WorkerState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| format!("unknown worker state {s:?}"))
+    }
+}
+
+/// One worker: one process on one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Worker {
+    pub rank: u32,
+    pub state: WorkerState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: Uuid,
+    pub tenant: String,
+    pub region: String,
+    pub name: String,
+    pub state: JobState,
+    pub spec: JobSpec,
+    pub created_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Why the job ended (or is ending): `succeeded`, `worker_failed`,
+    /// `cancelled`, `max_duration_exceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub workers: Vec<Worker>,
+}
+
+/// One entry of a job's timeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobEvent {
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    /// `queued`, `placed`, `started`, `worker_exited`, `cancel_requested`,
+    /// `finished`.
+    pub kind: String,
+    pub message: String,
+    #[serde(default)]
+    pub detail: serde_json::Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobEvents {
+    pub job_id: Uuid,
+    pub events: Vec<JobEvent>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobList {
+    pub jobs: Vec<Job>,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// GPUs of one type in a region, as its agents registered them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuTypeCapacity {
+    pub gpu_type: String,
+    pub nodes: u32,
+    /// GPUs on nodes that may take work now.
+    pub schedulable: u32,
+    pub allocated: u32,
+    pub free: u32,
+    /// GPUs on spare nodes (held back for replacements).
+    pub spare: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionStatus {
+    pub region: String,
+    /// Whether this replica currently holds the scheduling leadership.
+    pub leader: bool,
+    pub generation: i64,
+    pub queued_jobs: u64,
+    pub running_jobs: u64,
+    pub capacity: Vec<GpuTypeCapacity>,
+}

@@ -1,0 +1,213 @@
+//! A typed HTTP client for the job API.
+//!
+//! Until the global tier exists, it talks to a region directly and names the
+//! tenant in the `X-Gangway-Tenant` header.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::api::{Job, JobEvents, JobList, JobSpec, JobState, RegionStatus};
+use crate::error::ErrorBody;
+
+/// The header that names the tenant on the regional API.
+pub const TENANT_HEADER: &str = "x-gangway-tenant";
+/// The header that carries the idempotency key of a create.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error body.
+    #[error("{status}: {} ({})", body.message, body.code)]
+    Api { status: StatusCode, body: ErrorBody },
+    /// The request may or may not have reached the server.
+    #[error("cannot reach {url}: {source}")]
+    Transport {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The server answered something that is not our JSON.
+    #[error("unexpected answer from {url} ({status}): {text}")]
+    Unexpected {
+        url: String,
+        status: StatusCode,
+        text: String,
+    },
+}
+
+impl ClientError {
+    /// The stable error code, when the server sent one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { body, .. } => Some(&body.code),
+            _ => None,
+        }
+    }
+
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Api { status, .. } | ClientError::Unexpected { status, .. } => {
+                Some(*status)
+            }
+            ClientError::Transport { .. } => None,
+        }
+    }
+}
+
+/// Filters for listing jobs.
+#[derive(Clone, Debug, Default)]
+pub struct ListQuery {
+    pub state: Option<JobState>,
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    tenant: String,
+}
+
+impl Client {
+    /// A client for `base` (for example `http://127.0.0.1:8443`) acting as
+    /// `tenant`.
+    pub fn new(base: impl Into<String>, tenant: impl Into<String>) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("reqwest client with static configuration");
+        Client {
+            http,
+            base: base.into().trim_end_matches('/').to_string(),
+            tenant: tenant.into(),
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Submits a job. The same `idempotency_key` and spec always yield the
+    /// same job.
+    pub async fn submit(
+        &self,
+        spec: &JobSpec,
+        idempotency_key: Option<&str>,
+    ) -> Result<Job, ClientError> {
+        let mut req = self.request(Method::POST, "/v1/jobs").json(spec);
+        if let Some(key) = idempotency_key {
+            req = req.header(IDEMPOTENCY_KEY_HEADER, key);
+        }
+        self.send(req).await
+    }
+
+    pub async fn get(&self, id: Uuid) -> Result<Job, ClientError> {
+        self.send(self.request(Method::GET, &format!("/v1/jobs/{id}")))
+            .await
+    }
+
+    pub async fn list(&self, query: &ListQuery) -> Result<JobList, ClientError> {
+        let mut params: Vec<(&str, String)> = Vec::new();
+        if let Some(state) = query.state {
+            params.push(("state", state.as_str().to_string()));
+        }
+        if let Some(limit) = query.limit {
+            params.push(("limit", limit.to_string()));
+        }
+        if let Some(cursor) = &query.cursor {
+            params.push(("cursor", cursor.clone()));
+        }
+        self.send(self.request(Method::GET, "/v1/jobs").query(&params))
+            .await
+    }
+
+    pub async fn cancel(&self, id: Uuid) -> Result<Job, ClientError> {
+        self.send(self.request(Method::POST, &format!("/v1/jobs/{id}/cancel")))
+            .await
+    }
+
+    pub async fn events(&self, id: Uuid) -> Result<JobEvents, ClientError> {
+        self.send(self.request(Method::GET, &format!("/v1/jobs/{id}/events")))
+            .await
+    }
+
+    pub async fn region_status(&self) -> Result<RegionStatus, ClientError> {
+        self.send(self.request(Method::GET, "/v1/region")).await
+    }
+
+    /// Sends a raw body; for tests of malformed input.
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> Result<serde_json::Value, ClientError> {
+        let req = self
+            .request(Method::POST, path)
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body);
+        self.send(req).await
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{}", self.base, path))
+            .header(TENANT_HEADER, &self.tenant)
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<T, ClientError> {
+        send_json(req, &self.base).await
+    }
+}
+
+/// Sends a request and decodes our JSON answer or our JSON error.
+pub async fn send_json<T: DeserializeOwned>(
+    req: reqwest::RequestBuilder,
+    base: &str,
+) -> Result<T, ClientError> {
+    let resp = req.send().await.map_err(|source| ClientError::Transport {
+        url: base.to_string(),
+        source,
+    })?;
+    let status = resp.status();
+    let url = resp.url().to_string();
+    let bytes = resp
+        .bytes()
+        .await
+        .map_err(|source| ClientError::Transport {
+            url: url.clone(),
+            source,
+        })?;
+    if status.is_success() {
+        return serde_json::from_slice(&bytes).map_err(|e| ClientError::Unexpected {
+            url,
+            status,
+            text: format!("{e}: {}", String::from_utf8_lossy(&bytes)),
+        });
+    }
+    match serde_json::from_slice::<ErrorBody>(&bytes) {
+        Ok(body) => Err(ClientError::Api { status, body }),
+        Err(_) => Err(ClientError::Unexpected {
+            url,
+            status,
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+        }),
+    }
+}
+
+/// POSTs `body` as JSON to `url` and decodes the answer.
+pub async fn post_json<B: Serialize, T: DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+    body: &B,
+) -> Result<T, ClientError> {
+    send_json(http.post(url).json(body), url).await
+}

@@ -1,0 +1,54 @@
+//! The one error body every Gangway API returns, and its stable codes.
+//!
+//! A `code` never changes meaning once shipped; clients match on it. The
+//! `message` is for people and may be reworded.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// Stable machine-readable error codes.
+pub mod codes {
+    /// The body is not valid JSON (400).
+    pub const MALFORMED_JSON: &str = "malformed_json";
+    /// The body is JSON but not a valid document for this endpoint: a
+    /// missing or unknown field, a wrong type (422).
+    pub const INVALID_SPEC: &str = "invalid_spec";
+    /// `gpus` or `gpus_per_worker` is zero, negative, absurd, or does not
+    /// divide (422).
+    pub const INVALID_GPUS: &str = "invalid_gpus";
+    /// No node of this region has GPUs of that type (422).
+    pub const UNKNOWN_GPU_TYPE: &str = "unknown_gpu_type";
+    /// The job is larger than the region could ever hold (422).
+    pub const EXCEEDS_REGION_CAPACITY: &str = "exceeds_region_capacity";
+    /// No domain at the required topology level could ever hold the gang (422).
+    pub const UNSATISFIABLE_TOPOLOGY: &str = "unsatisfiable_topology";
+    /// A query parameter is malformed (400).
+    pub const INVALID_QUERY: &str = "invalid_query";
+    /// The tenant header is missing or malformed (400).
+    pub const INVALID_TENANT: &str = "invalid_tenant";
+    /// The `Idempotency-Key` header is malformed (400).
+    pub const INVALID_IDEMPOTENCY_KEY: &str = "invalid_idempotency_key";
+    /// The key was used before with a different body (422).
+    pub const IDEMPOTENCY_KEY_REUSED: &str = "idempotency_key_reused";
+    /// The requested thing does not exist, or belongs to someone else (404).
+    pub const NOT_FOUND: &str = "not_found";
+    /// The body is larger than the limit (413).
+    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
+    /// The body's content type is not `application/json` (415).
+    pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported_media_type";
+    /// An agent that the region does not know (re-register) (404).
+    pub const UNKNOWN_AGENT: &str = "unknown_agent";
+    /// An agent reported from an old boot (409).
+    pub const STALE_BOOT: &str = "stale_boot";
+    /// The database is unreachable or overloaded; retry later (503).
+    pub const UNAVAILABLE: &str = "unavailable";
+    /// A bug on our side (500). Never returned for bad input.
+    pub const INTERNAL: &str = "internal";
+}

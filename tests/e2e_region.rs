@@ -1,0 +1,465 @@
+//! End to end across real processes: a `gangway region` on a real,
+//! throwaway PostgreSQL, and a `gangway agent` serving a simulated fleet,
+//! driven over HTTP as a tenant would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gangway_shared::api::{Job, JobMode, JobSpec, JobState, WorkerState};
+use gangway_shared::client::{Client, ListQuery};
+use uuid::Uuid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gangway");
+
+/// One spine, one leaf, 3 nodes × 8 h100, the last a spare: 16 schedulable GPUs.
+const FLEET: &str = r#"
+[[spine]]
+  [[spine.leaf]]
+  nodes = 3
+  gpu_type = "h100"
+  gpus_per_node = 8
+  spares = 1
+"#;
+
+/// A child process killed when the test ends, however it ends.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Cloud {
+    dir: tempfile::TempDir,
+    db: String,
+    port: u16,
+    region: Option<Proc>,
+    _agent: Proc,
+    client: Client,
+}
+
+impl Cloud {
+    async fn start(executor: &str) -> Cloud {
+        let db = gangway_devkit::fresh_database("e2e").await;
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = dir.path().join("fleet.toml");
+        std::fs::write(&fleet, FLEET).unwrap();
+        let port = gangway_devkit::free_port();
+        let region = spawn_region(dir.path(), &db, port);
+        let agent = Proc(
+            Command::new(BIN)
+                .args(["agent", "--region", "test", "--agent-id", "test-agent"])
+                .arg("--region-url")
+                .arg(format!("http://127.0.0.1:{port}"))
+                .arg("--fleet")
+                .arg(&fleet)
+                .args(["--executor", executor, "--time-factor", "0.05"])
+                .arg("--work-dir")
+                .arg(dir.path().join("agent"))
+                .env("GANGWAY_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file(dir.path(), "agent.log"))
+                .spawn()
+                .unwrap(),
+        );
+        let client = Client::new(format!("http://127.0.0.1:{port}"), "acme");
+        let cloud = Cloud {
+            dir,
+            db,
+            port,
+            region: Some(region),
+            _agent: agent,
+            client,
+        };
+        cloud.wait_capacity().await;
+        cloud
+    }
+
+    async fn wait_capacity(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(s) = self.client.region_status().await {
+                if s.capacity.iter().any(|c| c.schedulable == 16) {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "region never saw the agent's GPUs; logs in {}",
+                self.dir.path().display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn tenant(&self, tenant: &str) -> Client {
+        Client::new(format!("http://127.0.0.1:{}", self.port), tenant)
+    }
+
+    /// Kills the control plane without warning and starts it again on the
+    /// same database and port.
+    async fn restart_region(&mut self) {
+        let mut old = self.region.take().unwrap();
+        old.0.kill().unwrap();
+        old.0.wait().unwrap();
+        self.region = Some(spawn_region(self.dir.path(), &self.db, self.port));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.client.region_status().await.is_err() {
+            assert!(Instant::now() < deadline, "region did not come back");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn allocated_gpus(&self) -> u32 {
+        let s = self.client.region_status().await.unwrap();
+        s.capacity.iter().map(|c| c.allocated).sum()
+    }
+}
+
+fn log_file(dir: &Path, name: &str) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(name))
+        .unwrap()
+}
+
+fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
+    Proc(
+        Command::new(BIN)
+            .args(["region", "--name", "test", "--database-url", db])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--schedule-interval-ms",
+                "100",
+                "--agent-sync-interval-ms",
+                "200",
+            ])
+            .args(["--grace-period-s", "2"])
+            .env("GANGWAY_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file(dir, "region.log"))
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn spec(gpus: i64, estimated_s: i64, command: &[&str]) -> JobSpec {
+    JobSpec {
+        name: "e2e".into(),
+        gpus,
+        gpu_type: "h100".into(),
+        priority: Default::default(),
+        estimated_duration_s: estimated_s,
+        max_duration_s: None,
+        command: command.iter().map(|s| s.to_string()).collect(),
+        env: Default::default(),
+        gpus_per_worker: None,
+        mode: JobMode::Gang,
+        topology: Default::default(),
+    }
+}
+
+async fn wait_state(client: &Client, id: Uuid, want: JobState) -> Job {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let job = client.get(id).await.unwrap();
+        if job.state == want {
+            return job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id} stuck in {} waiting for {want}: {job:?}",
+            job.state
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_job_goes_queued_running_succeeded_on_the_agents() {
+    let cloud = Cloud::start("sim").await;
+    // 20 s estimated × time factor 0.05 = about a second of simulated run.
+    let job = cloud
+        .client
+        .submit(&spec(8, 20, &["train"]), Some("first"))
+        .await
+        .unwrap();
+    assert_eq!(job.state, JobState::Queued);
+    assert_eq!(job.region, "test");
+    wait_state(&cloud.client, job.id, JobState::Running).await;
+    let done = wait_state(&cloud.client, job.id, JobState::Succeeded).await;
+    assert_eq!(done.reason.as_deref(), Some("succeeded"));
+    assert!(done
+        .workers
+        .iter()
+        .all(|w| w.state == WorkerState::Succeeded));
+    // A whole 8-GPU gang fits on one node: one NVLink domain.
+    let nodes: std::collections::BTreeSet<_> =
+        done.workers.iter().filter_map(|w| w.node.clone()).collect();
+    assert_eq!(nodes.len(), 1);
+
+    let events = cloud.client.events(job.id).await.unwrap().events;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["queued", "placed", "started", "finished"]);
+    assert_eq!(events[1].detail["level"], "nvlink");
+    assert_eq!(cloud.allocated_gpus().await, 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_job_frees_its_gpus_for_the_next() {
+    let cloud = Cloud::start("sim").await;
+    let big = cloud
+        .client
+        .submit(&spec(16, 3600, &["train"]), None)
+        .await
+        .unwrap();
+    wait_state(&cloud.client, big.id, JobState::Running).await;
+    assert_eq!(cloud.allocated_gpus().await, 16);
+    let next = cloud
+        .client
+        .submit(&spec(8, 3600, &["train"]), None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        cloud.client.get(next.id).await.unwrap().state,
+        JobState::Queued
+    );
+
+    cloud.client.cancel(big.id).await.unwrap();
+    let cancelled = wait_state(&cloud.client, big.id, JobState::Cancelled).await;
+    assert!(cancelled
+        .workers
+        .iter()
+        .all(|w| w.state == WorkerState::Cancelled));
+    wait_state(&cloud.client, next.id, JobState::Running).await;
+    assert_eq!(cloud.allocated_gpus().await, 8);
+    // Cancelling again changes nothing.
+    let again = cloud.client.cancel(big.id).await.unwrap();
+    assert_eq!(again.state, JobState::Cancelled);
+}
+
+#[tokio::test]
+async fn the_real_executor_runs_the_command_with_the_contract_env_and_reports_exit_codes() {
+    let cloud = Cloud::start("real").await;
+    let out: PathBuf = cloud.dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut ok = spec(
+        4,
+        60,
+        &[
+            "sh",
+            "-c",
+            "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $CUDA_VISIBLE_DEVICES $MASTER_ADDR $GANGWAY_JOB_ID\" > \"$OUT/rank-$RANK\"",
+        ],
+    );
+    ok.gpus_per_worker = Some(2);
+    ok.env
+        .insert("OUT".into(), out.to_string_lossy().into_owned());
+    let job = cloud.client.submit(&ok, None).await.unwrap();
+    let done = wait_state(&cloud.client, job.id, JobState::Succeeded).await;
+    for w in &done.workers {
+        let line = std::fs::read_to_string(out.join(format!("rank-{}", w.rank))).unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let gpus: Vec<String> = w.gpus.iter().map(|g| g.to_string()).collect();
+        assert_eq!(f[0], w.rank.to_string());
+        assert_eq!(f[1], "2", "WORLD_SIZE is the worker count");
+        assert_eq!(f[3], gpus.join(","), "CUDA_VISIBLE_DEVICES");
+        assert_eq!(f[4], "127.0.0.1");
+        assert_eq!(f[5], job.id.to_string());
+    }
+
+    let failing = cloud
+        .client
+        .submit(&spec(1, 60, &["sh", "-c", "exit 3"]), None)
+        .await
+        .unwrap();
+    let failed = wait_state(&cloud.client, failing.id, JobState::Failed).await;
+    assert_eq!(failed.workers[0].exit_code, Some(3));
+    assert_eq!(failed.reason.as_deref(), Some("worker_failed"));
+
+    // Cancel stops a real process (SIGTERM) and frees its GPUs.
+    let sleeper = cloud
+        .client
+        .submit(&spec(2, 600, &["sleep", "600"]), None)
+        .await
+        .unwrap();
+    wait_state(&cloud.client, sleeper.id, JobState::Running).await;
+    cloud.client.cancel(sleeper.id).await.unwrap();
+    wait_state(&cloud.client, sleeper.id, JobState::Cancelled).await;
+    assert_eq!(cloud.allocated_gpus().await, 0);
+}
+
+#[tokio::test]
+async fn an_array_job_runs_each_worker_on_its_own() {
+    let cloud = Cloud::start("real").await;
+    let mut s = spec(3, 60, &["sh", "-c", "exit $RANK"]);
+    s.mode = JobMode::Array;
+    let job = cloud.client.submit(&s, None).await.unwrap();
+    let done = wait_state(&cloud.client, job.id, JobState::Failed).await;
+    let codes: Vec<Option<i32>> = done.workers.iter().map(|w| w.exit_code).collect();
+    assert_eq!(codes, [Some(0), Some(1), Some(2)]);
+    assert_eq!(done.workers[0].state, WorkerState::Succeeded);
+    assert_eq!(done.workers[2].state, WorkerState::Failed);
+    let placed = cloud
+        .client
+        .events(job.id)
+        .await
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.kind == "placed")
+        .count();
+    assert_eq!(placed, 3, "each worker is placed on its own");
+}
+
+#[tokio::test]
+async fn a_region_restarted_mid_run_keeps_its_jobs_and_allocations() {
+    let mut cloud = Cloud::start("sim").await;
+    let job = cloud
+        .client
+        .submit(&spec(8, 3600, &["train"]), Some("keep-me"))
+        .await
+        .unwrap();
+    let before = wait_state(&cloud.client, job.id, JobState::Running).await;
+    cloud.restart_region().await;
+    let after = cloud.client.get(job.id).await.unwrap();
+    assert_eq!(after.state, JobState::Running);
+    assert_eq!(after.workers, before.workers, "same nodes and GPUs");
+    assert_eq!(cloud.allocated_gpus().await, 8);
+    // The retried create finds the same job after the restart.
+    let retried = cloud
+        .client
+        .submit(&spec(8, 3600, &["train"]), Some("keep-me"))
+        .await
+        .unwrap();
+    assert_eq!(retried.id, job.id);
+    // And the restarted region still drives the agent.
+    cloud.client.cancel(job.id).await.unwrap();
+    wait_state(&cloud.client, job.id, JobState::Cancelled).await;
+    assert_eq!(cloud.allocated_gpus().await, 0);
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
+    let cloud = Cloud::start("sim").await;
+    let c = &cloud.client;
+    let code = |r: Result<serde_json::Value, gangway_shared::client::ClientError>| {
+        let e = r.unwrap_err();
+        (
+            e.status().unwrap().as_u16(),
+            e.code().unwrap_or("none").to_string(),
+        )
+    };
+    let valid = r#""name":"x","gpu_type":"h100","estimated_duration_s":60,"command":["true"]"#;
+    let cases: Vec<(String, u16, &str)> = vec![
+        ("{not json".into(), 400, "malformed_json"),
+        ("".into(), 400, "malformed_json"),
+        (r#"{"name":"x"}"#.into(), 422, "invalid_spec"),
+        (r#"[1,2,3]"#.into(), 422, "invalid_spec"),
+        (format!(r#"{{"gpus":0,{valid}}}"#), 422, "invalid_gpus"),
+        (format!(r#"{{"gpus":-8,{valid}}}"#), 422, "invalid_gpus"),
+        (format!(r#"{{"gpus":1000000000,{valid}}}"#), 422, "invalid_gpus"),
+        (format!(r#"{{"gpus":99999999999999999999999,{valid}}}"#), 422, "invalid_spec"),
+        (format!(r#"{{"gpus":1.5,{valid}}}"#), 422, "invalid_spec"),
+        (format!(r#"{{"gpus":6,"gpus_per_worker":4,{valid}}}"#), 422, "invalid_gpus"),
+        (format!(r#"{{"gpus":17,{valid}}}"#), 422, "exceeds_region_capacity"),
+        (format!(r#"{{"gpus":16,"gpus_per_worker":16,{valid}}}"#), 422, "exceeds_region_capacity"),
+        (format!(r#"{{"gpus":16,"topology":{{"required":"nvlink"}},{valid}}}"#), 422, "unsatisfiable_topology"),
+        (format!(r#"{{"gpus":8,"surprise":true,{valid}}}"#), 422, "invalid_spec"),
+        (format!(r#"{{"gpus":8,"priority":"urgent",{valid}}}"#), 422, "invalid_spec"),
+        (r#"{"gpus":8,"name":"x","gpu_type":"tpu","estimated_duration_s":60,"command":["true"]}"#.into(), 422, "unknown_gpu_type"),
+        (r#"{"gpus":8,"name":"x","gpu_type":"h100","estimated_duration_s":60,"command":[]}"#.into(), 422, "invalid_spec"),
+        (r#"{"gpus":8,"name":"x","gpu_type":"h100","estimated_duration_s":-5,"command":["x"]}"#.into(), 422, "invalid_spec"),
+        (r#"{"gpus":8,"name":"x","gpu_type":"h100","estimated_duration_s":5,"command":["x"],"env":{"RANK":"0"}}"#.into(), 422, "invalid_spec"),
+    ];
+    for (body, status, want) in cases {
+        let got = code(
+            c.post_raw("/v1/jobs", "application/json", body.clone())
+                .await,
+        );
+        assert_eq!(got, (status, want.to_string()), "body {body}");
+    }
+    // Wrong content type, and a body over the limit.
+    let e = c
+        .post_raw("/v1/jobs", "text/plain", "{}")
+        .await
+        .unwrap_err();
+    assert_eq!(e.status().unwrap().as_u16(), 415);
+    let huge = format!(r#"{{"name":"{}"}}"#, "x".repeat(2 * 1024 * 1024));
+    let e = c
+        .post_raw("/v1/jobs", "application/json", huge)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status().unwrap().as_u16(), 413);
+    // Headers: a bad idempotency key, a missing tenant.
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{}/v1/jobs", cloud.port);
+    let r = http
+        .post(&url)
+        .header("x-gangway-tenant", "acme")
+        .header("idempotency-key", "")
+        .json(&spec(1, 60, &["true"]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["code"],
+        "invalid_idempotency_key"
+    );
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["code"],
+        "invalid_tenant"
+    );
+    // Unknown and malformed ids are 404s; so is another tenant's job.
+    assert_eq!(
+        c.get(Uuid::new_v4()).await.unwrap_err().code(),
+        Some("not_found")
+    );
+    let r = http
+        .get(format!("{url}/not-a-uuid"))
+        .header("x-gangway-tenant", "acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let bad_query = c
+        .list(&ListQuery {
+            limit: Some(100_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_query.code(), Some("invalid_query"));
+
+    // Nothing was stored, and the server is fine.
+    let list = c.list(&ListQuery::default()).await.unwrap();
+    assert!(list.jobs.is_empty(), "{:?}", list.jobs);
+    let mine = c.submit(&spec(1, 60, &["true"]), None).await.unwrap();
+    let other = cloud.tenant("globex");
+    assert_eq!(
+        other.get(mine.id).await.unwrap_err().code(),
+        Some("not_found")
+    );
+    assert_eq!(
+        other.cancel(mine.id).await.unwrap_err().code(),
+        Some("not_found")
+    );
+    assert_eq!(
+        other.events(mine.id).await.unwrap_err().code(),
+        Some("not_found")
+    );
+    assert!(other
+        .list(&ListQuery::default())
+        .await
+        .unwrap()
+        .jobs
+        .is_empty());
+}
