@@ -463,3 +463,42 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         .jobs
         .is_empty());
 }
+
+#[tokio::test]
+async fn a_tenant_over_its_quota_waits_while_others_run() {
+    let cloud = Cloud::start("sim").await;
+    cloud.client.set_quota("acme", "h100", 8).await.unwrap();
+    let a = cloud
+        .client
+        .submit(&spec(8, 3600, &["t"]), None)
+        .await
+        .unwrap();
+    let b = cloud
+        .client
+        .submit(&spec(8, 3600, &["t"]), None)
+        .await
+        .unwrap();
+    let globex = cloud.tenant("globex");
+    let g = globex.submit(&spec(8, 3600, &["t"]), None).await.unwrap();
+    wait_state(&cloud.client, a.id, JobState::Running).await;
+    wait_state(&globex, g.id, JobState::Running).await;
+    assert_eq!(
+        cloud.client.get(b.id).await.unwrap().state,
+        JobState::Queued
+    );
+    // Raising the cap lets the waiting job in once GPUs free up.
+    globex.cancel(g.id).await.unwrap();
+    cloud.client.set_quota("acme", "h100", 16).await.unwrap();
+    wait_state(&cloud.client, b.id, JobState::Running).await;
+    let quotas = cloud.client.list_quotas().await.unwrap().quotas;
+    assert_eq!(quotas.len(), 1);
+    assert_eq!(quotas[0].max_gpus, 16);
+    let bad = cloud
+        .client
+        .set_quota("acme", "h100", -1)
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Some("invalid_gpus"));
+    cloud.client.delete_quota("acme", "h100").await.unwrap();
+    assert!(cloud.client.list_quotas().await.unwrap().quotas.is_empty());
+}

@@ -14,17 +14,17 @@ use uuid::Uuid;
 pub struct Conn {
     /// The API's URL (until the global tier exists, a region's URL).
     #[arg(long, env = "GANGWAY_URL", global = true)]
-    url: Option<String>,
+    pub url: Option<String>,
     /// The tenant to act as.
     #[arg(long, env = "GANGWAY_TENANT", default_value = "acme", global = true)]
-    tenant: String,
+    pub tenant: String,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
-    json: bool,
+    pub json: bool,
 }
 
 impl Conn {
-    fn client(&self) -> anyhow::Result<Client> {
+    pub fn client(&self) -> anyhow::Result<Client> {
         let url = self.url.clone().context(
             "no API URL: pass --url or set GANGWAY_URL (`source .gangway/env` after `gangway dev up`)",
         )?;

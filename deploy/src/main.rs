@@ -6,8 +6,10 @@
 //! - `servers.rs`: `gangway region` and `gangway agent`.
 //! - `dev.rs`: `gangway dev up`, the local cloud launcher.
 //! - `jobs_cli.rs`: `gangway job …`, tables and `--json`.
+//! - `admin_cli.rs`: `gangway admin …` (quotas).
 //! - `signals.rs`: Ctrl-C / SIGTERM as a cancellation token.
 
+mod admin_cli;
 mod dev;
 mod jobs_cli;
 mod servers;
@@ -36,6 +38,11 @@ enum Command {
     Dev {
         #[command(subcommand)]
         command: dev::DevCommand,
+    },
+    /// Operator commands.
+    Admin {
+        #[command(subcommand)]
+        command: admin_cli::AdminCommand,
     },
     /// Submit and inspect jobs.
     Job {
@@ -75,6 +82,7 @@ fn main() -> std::process::ExitCode {
                 dev::run(command).await
             }
             Command::Job { command } => jobs_cli::run(command).await,
+            Command::Admin { command } => admin_cli::run(command).await,
         }
     });
     match result {

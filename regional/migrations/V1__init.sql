@@ -5,10 +5,13 @@
 -- may be scheduled (a node registered), moves it forward. A plan computed at
 -- an older generation is rejected whole.
 CREATE TABLE sched_state (
-    id          smallint PRIMARY KEY CHECK (id = 1),
-    generation  bigint   NOT NULL
+    id             smallint PRIMARY KEY CHECK (id = 1),
+    generation     bigint   NOT NULL,
+    -- Moves forward whenever the set of nodes or GPUs changes, so replicas
+    -- know when their cached view of the fleet's shape is out of date.
+    fleet_version  bigint   NOT NULL
 );
-INSERT INTO sched_state (id, generation) VALUES (1, 0);
+INSERT INTO sched_state (id, generation, fleet_version) VALUES (1, 0, 0);
 
 CREATE TABLE agents (
     agent_id       text        PRIMARY KEY,

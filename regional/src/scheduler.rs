@@ -24,16 +24,27 @@ pub struct PassOutcome {
     pub waiting: usize,
     /// The plan lost a race and was discarded.
     pub stale: bool,
+    /// Time spent reading the snapshot, planning, and committing.
+    pub phases: Phases,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Phases {
+    pub snapshot: Duration,
+    pub plan: Duration,
+    pub commit: Duration,
 }
 
 /// Runs one scheduling pass against the store.
 pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutcome, StoreError> {
     let started = Instant::now();
     let data = store.snapshot(agent_timeout).await?;
+    let snapshot_took = started.elapsed();
     let snapshot = data.snapshot;
-    let (snapshot, planned) = tokio::task::spawn_blocking(move || {
+    let (snapshot, planned, plan_took) = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
         let p = plan(&snapshot, &Policy::default());
-        (snapshot, p)
+        (snapshot, p, t.elapsed())
     })
     .await
     .expect("the planner does not panic");
@@ -41,8 +52,17 @@ pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutc
     let mut outcome = PassOutcome {
         placements: planned.placements.len(),
         waiting: planned.waiting.len(),
+        phases: Phases {
+            snapshot: snapshot_took,
+            plan: plan_took,
+            commit: Duration::ZERO,
+        },
         ..Default::default()
     };
+    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "snapshot")
+        .record(snapshot_took.as_secs_f64());
+    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "plan")
+        .record(plan_took.as_secs_f64());
     if planned.placements.is_empty() {
         // Nothing to commit: leave the generation alone so that a plan
         // another replica is applying right now does not go stale for nothing.
@@ -51,7 +71,12 @@ pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutc
             .record(started.elapsed().as_secs_f64());
         return Ok(outcome);
     }
-    match store.apply_plan(&planned).await {
+    let commit_started = Instant::now();
+    let applied = store.apply_plan(&planned).await;
+    outcome.phases.commit = commit_started.elapsed();
+    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "commit")
+        .record(outcome.phases.commit.as_secs_f64());
+    match applied {
         Ok(applied) => {
             outcome.placed_workers = applied.placed_workers;
             let now = Utc::now();

@@ -49,6 +49,11 @@ fn describe() {
         Unit::Seconds,
         "One scheduling pass"
     );
+    describe_histogram!(
+        "gangway_schedule_phase_seconds",
+        Unit::Seconds,
+        "One phase of a scheduling pass: snapshot, plan or commit"
+    );
     describe_counter!("gangway_placements_total", "Placements by topology level");
     describe_counter!(
         "gangway_schedule_passes_total",

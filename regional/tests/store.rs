@@ -56,8 +56,10 @@ async fn register_fleet(store: &Store, leaves: usize, nodes: usize) {
 }
 
 fn job(tenant: &str, gpus: i32, per: i32) -> NewJob {
-    let spec = serde_json::json!({"name": "t", "gpus": gpus, "gpu_type": "h100",
-        "estimated_duration_s": 60, "command": ["true"], "gpus_per_worker": per});
+    let spec = serde_json::from_value(serde_json::json!({"name": "t", "gpus": gpus,
+        "gpu_type": "h100", "estimated_duration_s": 60, "command": ["true"],
+        "gpus_per_worker": per}))
+    .unwrap();
     NewJob {
         id: Uuid::new_v4(),
         tenant: tenant.into(),
@@ -265,7 +267,7 @@ async fn idempotent_submit_returns_the_same_job_and_refuses_a_different_spec() {
         SubmitOutcome::Created(_) => panic!("second job created"),
     }
     let mut other = j.clone();
-    other.spec["gpus"] = serde_json::json!(4);
+    other.spec.gpus = 4;
     assert!(matches!(
         store.submit(&other).await,
         Err(StoreError::KeyReused)

@@ -405,3 +405,23 @@ pub struct RegionStatus {
     pub running_jobs: u64,
     pub capacity: Vec<GpuTypeCapacity>,
 }
+
+/// A tenant's cap on GPUs of one type allocated at once in a region.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    pub tenant: String,
+    pub gpu_type: String,
+    pub max_gpus: u32,
+}
+
+/// Body of `PUT /v1/admin/quotas/{tenant}/{gpu_type}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaUpdate {
+    pub max_gpus: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaList {
+    pub quotas: Vec<Quota>,
+}

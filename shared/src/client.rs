@@ -10,7 +10,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::api::{Job, JobEvents, JobList, JobSpec, JobState, RegionStatus};
+use crate::api::{
+    Job, JobEvents, JobList, JobSpec, JobState, Quota, QuotaList, QuotaUpdate, RegionStatus,
+};
 use crate::error::ErrorBody;
 
 /// The header that names the tenant on the regional API.
@@ -140,6 +142,36 @@ impl Client {
         self.send(self.request(Method::GET, "/v1/region")).await
     }
 
+    /// Sets `tenant`'s cap on GPUs of `gpu_type` (operators).
+    pub async fn set_quota(
+        &self,
+        tenant: &str,
+        gpu_type: &str,
+        max_gpus: i64,
+    ) -> Result<Quota, ClientError> {
+        let req = self
+            .request(
+                Method::PUT,
+                &format!("/v1/admin/quotas/{tenant}/{gpu_type}"),
+            )
+            .json(&QuotaUpdate { max_gpus });
+        self.send(req).await
+    }
+
+    pub async fn list_quotas(&self) -> Result<QuotaList, ClientError> {
+        self.send(self.request(Method::GET, "/v1/admin/quotas"))
+            .await
+    }
+
+    /// Removes a cap. Answers 204 with no body.
+    pub async fn delete_quota(&self, tenant: &str, gpu_type: &str) -> Result<(), ClientError> {
+        let req = self.request(
+            Method::DELETE,
+            &format!("/v1/admin/quotas/{tenant}/{gpu_type}"),
+        );
+        self.send::<serde_json::Value>(req).await.map(|_| ())
+    }
+
     /// Sends a raw body; for tests of malformed input.
     pub async fn post_raw(
         &self,
@@ -186,6 +218,13 @@ pub async fn send_json<T: DeserializeOwned>(
             url: url.clone(),
             source,
         })?;
+    if status == StatusCode::NO_CONTENT {
+        return serde_json::from_slice(b"null").map_err(|e| ClientError::Unexpected {
+            url,
+            status,
+            text: e.to_string(),
+        });
+    }
     if status.is_success() {
         return serde_json::from_slice(&bytes).map_err(|e| ClientError::Unexpected {
             url,

@@ -458,12 +458,12 @@ mod tests {
     #[test]
     fn spines_are_numbered_across_blocks_and_widen() {
         let text = "[[spine]]\ncount = 99\n[[spine.leaf]]\nnodes = 1\ngpu_type = \"h100\"\ngpus_per_node = 8\n\
-                    [[spine]]\ncount = 2\n[[spine.leaf]]\nnodes = 100\ngpu_type = \"a100\"\ngpus_per_node = 8\n";
+                    [[spine]]\ncount = 2\n[[spine.leaf]]\nnodes = 101\ngpu_type = \"a100\"\ngpus_per_node = 8\n";
         let nodes = FleetFile::parse(text).unwrap().expand("r");
         assert_eq!(nodes[0].node_id, "r-s000-l00-n00");
         assert_eq!(nodes[98].node_id, "r-s098-l00-n00");
         assert_eq!(nodes[99].node_id, "r-s099-l00-n000");
-        assert_eq!(nodes.last().unwrap().node_id, "r-s100-l00-n099");
+        assert_eq!(nodes.last().unwrap().node_id, "r-s100-l00-n100");
     }
 
     #[test]

@@ -36,7 +36,9 @@ impl Lcg {
 }
 
 fn fleet(name: &str) -> Vec<Node> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/fleets").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/fleets")
+        .join(name);
     let file = FleetFile::load(&path).unwrap_or_else(|e| panic!("{e}"));
     file.expand(file.region_or("us-east"))
         .into_iter()
@@ -53,33 +55,35 @@ fn fleet(name: &str) -> Vec<Node> {
         .collect()
 }
 
-/// Allocates `percent` % of the schedulable GPUs the way running jobs would:
-/// nodes in a shuffled order, each taking a job of 8 (60 %), 4, 2 or 1 GPUs,
-/// so some nodes are full, some partly used and the rest whole.
+/// Allocates `percent` % of the schedulable GPUs the way a running fleet
+/// looks: a quarter of the free GPUs sit on partly used nodes (1–7 free), the
+/// rest on whole free nodes, all other nodes full; which node is which is
+/// shuffled by a seeded LCG, so leaves and spines are mixed.
 fn allocate(nodes: &mut [Node], percent: u32, seed: u64) {
-    let total: u32 = nodes.iter().filter(|n| n.schedulable).map(|n| n.gpus).sum();
-    let target = total / 100 * percent;
     let mut rng = Lcg(seed);
     let mut order: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].schedulable).collect();
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i as u32 + 1) as usize);
     }
-    let mut allocated = 0;
-    let mut cursor = 0;
-    while allocated < target {
-        let node = &mut nodes[order[cursor % order.len()]];
-        cursor += 1;
-        let want = match rng.below(20) {
-            0..=11 => 8,
-            12..=14 => 4,
-            15..=16 => 2,
-            _ => 1,
-        }
-        .min(target - allocated)
-        .min(node.free.len() as u32);
-        // Jobs take the lowest free GPUs, like the scheduler does.
-        node.free.drain(..want as usize);
-        allocated += want;
+    let total: u32 = order.iter().map(|&i| nodes[i].gpus).sum();
+    let free_target = total / 100 * (100 - percent);
+    let mut partial_free = free_target / 4;
+    let mut whole_free = free_target - partial_free;
+    for &i in &order {
+        let node = &mut nodes[i];
+        let gpus = node.gpus;
+        let keep = if whole_free >= gpus {
+            whole_free -= gpus;
+            gpus
+        } else if partial_free > 0 {
+            let k = (1 + rng.below(gpus - 1)).min(partial_free);
+            partial_free -= k;
+            k
+        } else {
+            0
+        };
+        // Jobs took the lowest GPUs, as the scheduler hands them out.
+        node.free.drain(..(gpus - keep) as usize);
     }
 }
 
@@ -159,7 +163,10 @@ fn decisions(c: &mut Criterion) {
             let mut group = c.benchmark_group(format!("decision/{fleet_name}/{percent}%"));
             for gpus in [8, 64, 512, 2048] {
                 let snap = snapshot(nodes.clone(), vec![gang("gang", gpus, 0)]);
-                describe(&format!("decision/{fleet_name}/{percent}%/{gpus}"), &plan(&snap, &policy));
+                describe(
+                    &format!("decision/{fleet_name}/{percent}%/{gpus}"),
+                    &plan(&snap, &policy),
+                );
                 group.bench_with_input(BenchmarkId::from_parameter(gpus), &snap, |b, snap| {
                     b.iter(|| plan(black_box(snap), &policy))
                 });
@@ -178,10 +185,15 @@ fn full_pass(c: &mut Criterion) {
         let mut nodes = base.clone();
         allocate(&mut nodes, percent, 42);
         let snap = snapshot(nodes, philly_queue(5_000, 7));
-        describe(&format!("pass/h100-40k/{percent}%/5000"), &plan(&snap, &policy));
-        group.bench_with_input(BenchmarkId::new(format!("{percent}%"), 5000), &snap, |b, snap| {
-            b.iter(|| plan(black_box(snap), &policy))
-        });
+        describe(
+            &format!("pass/h100-40k/{percent}%/5000"),
+            &plan(&snap, &policy),
+        );
+        group.bench_with_input(
+            BenchmarkId::new(format!("{percent}%"), 5000),
+            &snap,
+            |b, snap| b.iter(|| plan(black_box(snap), &policy)),
+        );
     }
     group.finish();
 }

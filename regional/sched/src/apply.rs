@@ -66,7 +66,12 @@ pub fn apply(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
 
 /// Whether `placement` can be carried out on `state` for `req`: one worker per
 /// rank, `gpus_per_worker` distinct free GPUs each, no GPU used twice.
-fn fits(state: &Snapshot, node_at: &BTreeMap<&str, usize>, req: &Request, placement: &Placement) -> bool {
+fn fits(
+    state: &Snapshot,
+    node_at: &BTreeMap<&str, usize>,
+    req: &Request,
+    placement: &Placement,
+) -> bool {
     if placement.workers.len() != req.ranks.len() {
         return false;
     }

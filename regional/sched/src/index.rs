@@ -2,9 +2,11 @@
 //! placements update incrementally.
 //!
 //! Built once per pass, only for the GPU types the queue asks for. Nodes are
-//! sorted into topology order (spine, leaf, NVLink domain, node id), so every
-//! domain's members are one contiguous range and, inside a parent, children
-//! are in id order. Each domain keeps:
+//! put in topology order (spine, leaf, NVLink domain, node id; sorted only
+//! when they do not arrive so), so every domain's members are one contiguous
+//! range and, inside a parent, children are in id order. A domain is known by
+//! its whole path, so two spines may both name a leaf `rack-a`. Each domain
+//! keeps:
 //! - `free`: its free GPUs;
 //! - `hist`: how many of its nodes have exactly `f` free GPUs, so its
 //!   capacity for any worker size is `Σ hist[f] · ⌊f / gpus_per_worker⌋`
@@ -49,7 +51,9 @@ pub(crate) struct Domains<'a> {
     pub rank: Vec<u32>,
     /// `hist[d * stride + f]` = nodes of domain `d` with `f` free GPUs.
     pub hist: Vec<u32>,
-    pub by_free: BTreeSet<(u32, u32, u32)>,
+    /// `(free, rank, dom)` of every domain; built on the first search of the
+    /// level, since a pass may never search some levels.
+    pub by_free: Option<BTreeSet<(u32, u32, u32)>>,
 }
 
 impl Domains<'_> {
@@ -60,6 +64,66 @@ impl Domains<'_> {
     fn push(&mut self, parent: u32, first_child: u32) {
         self.parent.push(parent);
         self.children.push(first_child..first_child);
+    }
+
+    /// Fills `rank` once `ids` are complete. `ids_sorted`: the ids already
+    /// increase with the index.
+    fn rank_ids(&mut self, ids_sorted: bool) {
+        let n = self.len() as u32;
+        self.rank = (0..n).collect();
+        if !ids_sorted {
+            let mut order: Vec<u32> = (0..n).collect();
+            order.sort_by(|&a, &b| {
+                self.ids[a as usize]
+                    .cmp(self.ids[b as usize])
+                    .then(a.cmp(&b))
+            });
+            for (r, &dom) in order.iter().enumerate() {
+                self.rank[dom as usize] = r as u32;
+            }
+        }
+    }
+
+    /// Builds `by_free` if no search has yet.
+    fn ensure_by_free(&mut self) {
+        if self.by_free.is_none() {
+            self.by_free = Some(self.sorted_by_free());
+        }
+    }
+
+    fn sorted_by_free(&self) -> BTreeSet<(u32, u32, u32)> {
+        let n = self.len();
+        let mut order = vec![0u32; n];
+        for (dom, &r) in self.rank.iter().enumerate() {
+            order[r as usize] = dom as u32;
+        }
+        // Counting sort by free GPUs (stable, so ranks stay in order); the
+        // set then bulk-builds from sorted input in linear time.
+        let max = self.free.iter().copied().max().unwrap_or(0) as usize;
+        let mut entries: Vec<(u32, u32, u32)>;
+        if max <= 4 * n + 1024 {
+            let mut start = vec![0u32; max + 2];
+            for &f in &self.free {
+                start[f as usize + 1] += 1;
+            }
+            for i in 1..start.len() {
+                start[i] += start[i - 1];
+            }
+            entries = vec![(0, 0, 0); n];
+            for &dom in &order {
+                let f = self.free[dom as usize];
+                let at = &mut start[f as usize];
+                entries[*at as usize] = (f, self.rank[dom as usize], dom);
+                *at += 1;
+            }
+        } else {
+            entries = order
+                .iter()
+                .map(|&d| (self.free[d as usize], self.rank[d as usize], d))
+                .collect();
+            entries.sort_unstable();
+        }
+        entries.into_iter().collect()
     }
 }
 
@@ -87,12 +151,13 @@ fn clean_free(node: &Node) -> Cow<'_, [u32]> {
     }
 }
 
-/// Which entries of `nodes` count: the first entry of each id.
-pub(crate) fn first_of_each_id(nodes: &[Node]) -> Vec<bool> {
-    let mut keep = vec![true; nodes.len()];
+/// Which entries of `nodes` count: the first entry of each id. `None` when
+/// all do (ids strictly increasing, the usual case).
+pub(crate) fn first_of_each_id(nodes: &[Node]) -> Option<Vec<bool>> {
     if nodes.windows(2).all(|w| w[0].id < w[1].id) {
-        return keep;
+        return None;
     }
+    let mut keep = vec![true; nodes.len()];
     let mut order: Vec<usize> = (0..nodes.len()).collect();
     order.sort_by(|&a, &b| nodes[a].id.cmp(&nodes[b].id).then(a.cmp(&b)));
     for w in order.windows(2) {
@@ -100,46 +165,93 @@ pub(crate) fn first_of_each_id(nodes: &[Node]) -> Vec<bool> {
             keep[w[1]] = false;
         }
     }
-    keep
+    Some(keep)
+}
+
+/// Where `node` starts new domains after `prev`, in topology order: `None`
+/// when it does not come strictly after `prev` (the input needs sorting);
+/// else how many levels change, 3 = new spine, 2 = new leaf, 1 = new NVLink
+/// domain, 0 = same NVLink domain.
+fn boundary(prev: &Node, node: &Node) -> Option<u8> {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let steps = [
+        (&prev.spine, &node.spine),
+        (&prev.leaf, &node.leaf),
+        (&prev.nvlink_domain, &node.nvlink_domain),
+        (&prev.id, &node.id),
+    ];
+    for (i, (a, b)) in steps.into_iter().enumerate() {
+        match a.cmp(b) {
+            Less => return Some(3u8.saturating_sub(i as u8)),
+            Equal => {}
+            Greater => return None,
+        }
+    }
+    None
+}
+
+fn topology_order(a: &&Node, b: &&Node) -> std::cmp::Ordering {
+    (&a.spine, &a.leaf, &a.nvlink_domain, &a.id).cmp(&(&b.spine, &b.leaf, &b.nvlink_domain, &b.id))
 }
 
 impl<'a> TypeIndex<'a> {
-    /// Builds the tree from the schedulable nodes of one type (any order).
+    /// Builds the tree from the schedulable nodes of one type (any order;
+    /// ids unique). Nodes that already come in topology order, as fleet
+    /// files and id-ordered queries give them, are not sorted.
     pub fn build(mut nodes: Vec<&'a Node>) -> TypeIndex<'a> {
-        // Adaptive sort: near-linear when the nodes arrive in id order.
-        nodes.sort_by(|a, b| {
-            (&a.spine, &a.leaf, &a.nvlink_domain, &a.id).cmp(&(
-                &b.spine,
-                &b.leaf,
-                &b.nvlink_domain,
-                &b.id,
-            ))
-        });
+        if let Some(index) = Self::build_sorted(&nodes) {
+            return index;
+        }
+        nodes.sort_by(topology_order);
+        nodes.dedup_by(|a, b| a.id == b.id);
+        Self::build_sorted(&nodes).unwrap_or_else(|| unreachable!("sorted nodes with unique ids"))
+    }
+
+    /// Builds the tree if `nodes` are strictly in topology order.
+    fn build_sorted(nodes: &[&'a Node]) -> Option<TypeIndex<'a>> {
         let mut levels: [Domains<'a>; 4] = Default::default();
         let mut slots: Vec<Slot<'a>> = Vec::with_capacity(nodes.len());
-        let mut prev: Option<&Node> = None;
+        let nv = &mut levels[Level::Nvlink.index()];
+        nv.ids.reserve(nodes.len());
+        nv.parent.reserve(nodes.len());
+        nv.children.reserve(nodes.len());
+        // Whether each level's ids increase with the domain index, so a
+        // domain's rank is its index. Inside one parent they always do.
+        let mut ids_sorted = [true; 4];
         levels[Level::Region.index()].ids.push("");
         levels[Level::Region.index()].push(0, 0);
-        for node in nodes {
-            let new_spine = prev.is_none_or(|p| p.spine != node.spine);
-            let new_leaf = new_spine || prev.is_some_and(|p| p.leaf != node.leaf);
-            let new_nvlink = new_leaf || prev.is_some_and(|p| p.nvlink_domain != node.nvlink_domain);
-            if new_spine {
+        let mut prev: Option<&Node> = None;
+        for &node in nodes {
+            let step = match prev {
+                None => 3,
+                Some(p) => boundary(p, node)?,
+            };
+            if step >= 3 {
                 let n = levels[Level::Leaf.index()].len() as u32;
                 let d = &mut levels[Level::Spine.index()];
                 d.ids.push(&node.spine);
                 d.push(0, n);
             }
-            if new_leaf {
+            if step >= 2 {
                 let parent = levels[Level::Spine.index()].len() as u32 - 1;
                 let n = levels[Level::Nvlink.index()].len() as u32;
                 let d = &mut levels[Level::Leaf.index()];
+                if step >= 3 && d.ids.last().is_some_and(|&last| last >= node.leaf.as_str()) {
+                    ids_sorted[Level::Leaf.index()] = false;
+                }
                 d.ids.push(&node.leaf);
                 d.push(parent, n);
             }
-            if new_nvlink {
+            if step >= 1 {
                 let parent = levels[Level::Leaf.index()].len() as u32 - 1;
                 let d = &mut levels[Level::Nvlink.index()];
+                if step >= 2
+                    && d.ids
+                        .last()
+                        .is_some_and(|&last| last >= node.nvlink_domain.as_str())
+                {
+                    ids_sorted[Level::Nvlink.index()] = false;
+                }
                 d.ids.push(&node.nvlink_domain);
                 d.push(parent, slots.len() as u32);
             }
@@ -152,17 +264,15 @@ impl<'a> TypeIndex<'a> {
             prev = Some(node);
         }
         // Close the child ranges: each domain's children end where the next begins.
-        let counts = [
+        let ends = [
             slots.len(),
             levels[0].len(),
             levels[1].len(),
             levels[2].len(),
         ];
-        for (l, &end) in counts.iter().enumerate() {
-            let d = &mut levels[l];
+        for (d, &end) in levels.iter_mut().zip(&ends) {
             for i in 0..d.children.len() {
-                let next = d.children.get(i + 1).map_or(end as u32, |r| r.start);
-                d.children[i].end = next;
+                d.children[i].end = d.children.get(i + 1).map_or(end as u32, |r| r.start);
             }
         }
         let stride = slots.iter().map(|s| s.free.len()).max().unwrap_or(0) + 1;
@@ -179,22 +289,14 @@ impl<'a> TypeIndex<'a> {
                 dom = if l < 2 { d.parent[dom as usize] } else { 0 };
             }
         }
-        for d in &mut levels {
-            let mut order: Vec<u32> = (0..d.len() as u32).collect();
-            if !d.ids.windows(2).all(|w| w[0] < w[1]) {
-                order.sort_by(|&a, &b| d.ids[a as usize].cmp(d.ids[b as usize]).then(a.cmp(&b)));
-            }
-            d.rank = vec![0; d.len()];
-            for (r, &dom) in order.iter().enumerate() {
-                d.rank[dom as usize] = r as u32;
-            }
-            d.by_free = (0..d.len() as u32).map(|i| (d.free[i as usize], d.rank[i as usize], i)).collect();
+        for (d, sorted) in levels.iter_mut().zip(ids_sorted) {
+            d.rank_ids(sorted);
         }
-        TypeIndex {
+        Some(TypeIndex {
             stride,
             slots,
             levels,
-        }
+        })
     }
 
     /// Free GPUs of this type in the region.
@@ -215,10 +317,11 @@ impl<'a> TypeIndex<'a> {
 
     /// The best-fit domain of `level` that can take `workers` workers of `gpw`
     /// GPUs: the fewest free GPUs, then the lowest id.
-    pub fn best_fit(&self, level: Level, workers: u64, gpw: u32) -> Option<u32> {
+    pub fn best_fit(&mut self, level: Level, workers: u64, gpw: u32) -> Option<u32> {
         let need = u32::try_from(workers * u64::from(gpw)).ok()?;
-        let d = &self.levels[level.index()];
-        d.by_free
+        self.levels[level.index()].ensure_by_free();
+        let by_free = self.levels[level.index()].by_free.as_ref()?;
+        by_free
             .range((need, 0, 0)..)
             .map(|&(_, _, dom)| dom)
             .find(|&dom| self.capacity(level, dom, gpw) >= workers)
@@ -228,7 +331,14 @@ impl<'a> TypeIndex<'a> {
     /// appending `(slot, workers on it)` to `out`. Best fit at every level: a
     /// child that can take all that remains takes it (the smallest such);
     /// otherwise the largest child is filled and the rest goes on.
-    pub fn distribute(&self, level: Level, dom: u32, workers: u64, gpw: u32, out: &mut Vec<(u32, u64)>) {
+    pub fn distribute(
+        &self,
+        level: Level,
+        dom: u32,
+        workers: u64,
+        gpw: u32,
+        out: &mut Vec<(u32, u64)>,
+    ) {
         let range = self.levels[level.index()].children[dom as usize].clone();
         let child_level = match level {
             Level::Nvlink => None,
@@ -279,13 +389,19 @@ impl<'a> TypeIndex<'a> {
                 if t.last() != Some(&dom) {
                     t.push(dom);
                 }
-                dom = if l < 2 { self.levels[l].parent[dom as usize] } else { 0 };
+                dom = if l < 2 {
+                    self.levels[l].parent[dom as usize]
+                } else {
+                    0
+                };
             }
         }
         for (l, t) in touched.iter().enumerate() {
             let d = &mut self.levels[l];
-            for &dom in t {
-                d.by_free.remove(&(d.free[dom as usize], d.rank[dom as usize], dom));
+            if let Some(set) = &mut d.by_free {
+                for &dom in t {
+                    set.remove(&(d.free[dom as usize], d.rank[dom as usize], dom));
+                }
             }
         }
         let stride = self.stride;
@@ -306,8 +422,10 @@ impl<'a> TypeIndex<'a> {
         }
         for (l, t) in touched.iter().enumerate() {
             let d = &mut self.levels[l];
-            for &dom in t {
-                d.by_free.insert((d.free[dom as usize], d.rank[dom as usize], dom));
+            if let Some(set) = &mut d.by_free {
+                for &dom in t {
+                    set.insert((d.free[dom as usize], d.rank[dom as usize], dom));
+                }
             }
         }
     }

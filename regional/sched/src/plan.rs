@@ -12,16 +12,35 @@ use crate::types::{
 /// first), then job id, then ranks; the remaining fields only make the order
 /// total, so a permuted queue gives the same plan.
 fn queue_order(a: &Request, b: &Request) -> Ordering {
-    (Reverse(a.priority), a.seq, &a.job, a.ranks.first(), &a.ranks)
-        .cmp(&(Reverse(b.priority), b.seq, &b.job, b.ranks.first(), &b.ranks))
+    (
+        Reverse(a.priority),
+        a.seq,
+        &a.job,
+        a.ranks.first(),
+        &a.ranks,
+    )
+        .cmp(&(
+            Reverse(b.priority),
+            b.seq,
+            &b.job,
+            b.ranks.first(),
+            &b.ranks,
+        ))
         .then_with(|| {
-            (&a.tenant, &a.gpu_type, a.gpus_per_worker, a.required, a.preferred).cmp(&(
-                &b.tenant,
-                &b.gpu_type,
-                b.gpus_per_worker,
-                b.required,
-                b.preferred,
-            ))
+            (
+                &a.tenant,
+                &a.gpu_type,
+                a.gpus_per_worker,
+                a.required,
+                a.preferred,
+            )
+                .cmp(&(
+                    &b.tenant,
+                    &b.gpu_type,
+                    b.gpus_per_worker,
+                    b.required,
+                    b.preferred,
+                ))
         })
 }
 
@@ -60,10 +79,22 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
     let wanted: BTreeSet<&str> = order.iter().map(|r| r.gpu_type.as_str()).collect();
     let keep = first_of_each_id(&snapshot.nodes);
     let mut by_type: BTreeMap<&str, Vec<_>> = wanted.iter().map(|&t| (t, Vec::new())).collect();
-    for (node, keep) in snapshot.nodes.iter().zip(keep) {
-        if keep && node.schedulable {
-            if let Some(v) = by_type.get_mut(node.gpu_type.as_str()) {
-                v.push(node);
+    let only = match wanted.len() {
+        1 => wanted.first().copied(),
+        _ => None,
+    };
+    for (i, node) in snapshot.nodes.iter().enumerate() {
+        if !node.schedulable || keep.as_ref().is_some_and(|k| !k[i]) {
+            continue;
+        }
+        let ty = node.gpu_type.as_str();
+        match only {
+            // One type queued (the common case): no map lookup per node.
+            Some(t) if t != ty => {}
+            _ => {
+                if let Some(v) = by_type.get_mut(ty) {
+                    v.push(node);
+                }
             }
         }
     }
@@ -141,7 +172,11 @@ fn sat(v: u64) -> u32 {
 }
 
 /// Places one valid request whole, or returns `None` and leaves the index as it was.
-fn place<'a>(index: &mut TypeIndex, memo: &mut FailMemo<'a>, req: &'a Request) -> Option<Placement> {
+fn place<'a>(
+    index: &mut TypeIndex,
+    memo: &mut FailMemo<'a>,
+    req: &'a Request,
+) -> Option<Placement> {
     let workers = req.ranks.len() as u64;
     let gpw = req.gpus_per_worker;
     let failed = memo
@@ -172,7 +207,10 @@ fn place<'a>(index: &mut TypeIndex, memo: &mut FailMemo<'a>, req: &'a Request) -
     index.distribute(level, dom, workers, gpw, &mut picks);
     let placed: u64 = picks.iter().map(|&(_, w)| w).sum();
     if placed != workers {
-        debug_assert!(false, "domain capacity promised {workers} workers, found {placed}");
+        debug_assert!(
+            false,
+            "domain capacity promised {workers} workers, found {placed}"
+        );
         return None;
     }
     // Topology order, so ranks on one node (and one leaf, one spine) are contiguous.

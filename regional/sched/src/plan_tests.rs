@@ -7,7 +7,14 @@ use crate::{apply, plan};
 
 /// `spines × leaves × nodes` nodes of `gpus` GPUs, ids `s0-l0-n0`; every
 /// node its own NVLink domain unless `rack_nvlink`.
-fn fleet(ty: &str, spines: u32, leaves: u32, nodes: u32, gpus: u32, rack_nvlink: bool) -> Vec<Node> {
+fn fleet(
+    ty: &str,
+    spines: u32,
+    leaves: u32,
+    nodes: u32,
+    gpus: u32,
+    rack_nvlink: bool,
+) -> Vec<Node> {
     let mut out = Vec::new();
     for s in 0..spines {
         for l in 0..leaves {
@@ -16,7 +23,11 @@ fn fleet(ty: &str, spines: u32, leaves: u32, nodes: u32, gpus: u32, rack_nvlink:
                 let leaf = format!("{spine}-l{l}");
                 let id = format!("{leaf}-n{n:02}");
                 out.push(Node {
-                    nvlink_domain: if rack_nvlink { leaf.clone() } else { id.clone() },
+                    nvlink_domain: if rack_nvlink {
+                        leaf.clone()
+                    } else {
+                        id.clone()
+                    },
                     id,
                     spine,
                     leaf,
@@ -62,7 +73,10 @@ fn nodes_of(p: &Placement) -> Vec<&str> {
 
 #[test]
 fn eight_gpus_fill_one_node() {
-    let s = snap(fleet("h100", 1, 2, 2, 8, false), vec![req("j", 1, 8, Level::Region)]);
+    let s = snap(
+        fleet("h100", 1, 2, 2, 8, false),
+        vec![req("j", 1, 8, Level::Region)],
+    );
     let p = plan(&s, &Policy::default());
     assert_eq!(p.generation, 7);
     assert!(p.waiting.is_empty());
@@ -80,7 +94,10 @@ fn eight_gpus_fill_one_node() {
 
 #[test]
 fn sixteen_single_gpu_workers_land_on_two_nodes_of_one_leaf() {
-    let s = snap(fleet("h100", 2, 2, 4, 8, false), vec![req("j", 16, 1, Level::Region)]);
+    let s = snap(
+        fleet("h100", 2, 2, 4, 8, false),
+        vec![req("j", 16, 1, Level::Region)],
+    );
     let p = plan(&s, &Policy::default());
     let pl = &p.placements[0];
     assert_eq!(pl.level, Level::Leaf);
@@ -100,7 +117,10 @@ fn best_fit_picks_the_partly_used_node() {
     let s = snap(nodes, vec![req("j", 1, 4, Level::Nvlink)]);
     let p = plan(&s, &Policy::default());
     let w = &p.placements[0].workers[0];
-    assert_eq!((w.node.as_str(), w.gpus.clone()), ("h100-s0-l0-n01", vec![4, 5, 6, 7]));
+    assert_eq!(
+        (w.node.as_str(), w.gpus.clone()),
+        ("h100-s0-l0-n01", vec![4, 5, 6, 7])
+    );
 }
 
 #[test]
@@ -153,7 +173,12 @@ fn spread_fills_the_largest_child_then_best_fits_the_rest() {
     // Leaf 0 filled (3), then the last worker on the smallest leaf that fits (leaf 2).
     assert_eq!(
         nodes_of(pl),
-        vec!["h100-s0-l0-n00", "h100-s0-l0-n01", "h100-s0-l0-n02", "h100-s0-l2-n02"]
+        vec![
+            "h100-s0-l0-n00",
+            "h100-s0-l0-n01",
+            "h100-s0-l0-n02",
+            "h100-s0-l2-n02"
+        ]
     );
     let ranks: Vec<u32> = pl.workers.iter().map(|w| w.rank).collect();
     assert_eq!(ranks, vec![0, 1, 2, 3]);
@@ -169,7 +194,10 @@ fn nvl72_rack_holds_a_32_gpu_gang_at_nvlink_level() {
     let pl = &p.placements[0];
     assert_eq!(pl.level, Level::Nvlink);
     let expected: Vec<String> = (0..8).map(|n| format!("gb200-s0-l0-n{n:02}")).collect();
-    assert_eq!(nodes_of(pl), expected.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        nodes_of(pl),
+        expected.iter().map(String::as_str).collect::<Vec<_>>()
+    );
     assert!(pl.workers.iter().all(|w| w.gpus == vec![0, 1, 2, 3]));
 }
 
@@ -177,7 +205,11 @@ fn nvl72_rack_holds_a_32_gpu_gang_at_nvlink_level() {
 fn quota_counts_placements_made_earlier_in_the_pass() {
     let mut s = snap(
         fleet("h100", 1, 1, 4, 8, false),
-        vec![req("a", 1, 8, Level::Region), req("b", 1, 8, Level::Region), req("c", 1, 4, Level::Region)],
+        vec![
+            req("a", 1, 8, Level::Region),
+            req("b", 1, 8, Level::Region),
+            req("c", 1, 4, Level::Region),
+        ],
     );
     for (i, r) in s.queue.iter_mut().enumerate() {
         r.seq = i as u64;
@@ -211,7 +243,10 @@ fn higher_priority_then_older_goes_first() {
     let mut urgent = req("urgent", 1, 8, Level::Region);
     urgent.seq = 3;
     urgent.priority = 5;
-    let p = plan(&snap(nodes.clone(), vec![young.clone(), old.clone()]), &Policy::default());
+    let p = plan(
+        &snap(nodes.clone(), vec![young.clone(), old.clone()]),
+        &Policy::default(),
+    );
     assert_eq!(p.placements[0].job, "old");
     assert_eq!(p.waiting[0].job, "young");
     let p = plan(&snap(nodes, vec![young, old, urgent]), &Policy::default());
@@ -268,7 +303,10 @@ fn unschedulable_and_other_type_nodes_are_not_used() {
     let mut nodes = fleet("h100", 1, 1, 2, 8, false);
     nodes[0].schedulable = false;
     nodes.extend(fleet("a100", 1, 1, 2, 8, false));
-    let p = plan(&snap(nodes, vec![req("j", 2, 8, Level::Region)]), &Policy::default());
+    let p = plan(
+        &snap(nodes, vec![req("j", 2, 8, Level::Region)]),
+        &Policy::default(),
+    );
     assert_eq!(
         p.waiting[0].reason,
         WaitReason::NoCapacity {
@@ -305,7 +343,11 @@ fn bad_input_waits_as_invalid_and_never_panics() {
         req("ok2", 1, 8, Level::Nvlink),
     ];
     let p = plan(&snap(nodes, queue), &Policy::default());
-    let codes: Vec<(&str, &str)> = p.waiting.iter().map(|w| (w.job.as_str(), w.reason.code())).collect();
+    let codes: Vec<(&str, &str)> = p
+        .waiting
+        .iter()
+        .map(|w| (w.job.as_str(), w.reason.code()))
+        .collect();
     assert_eq!(
         codes,
         vec![
@@ -323,7 +365,9 @@ fn bad_input_waits_as_invalid_and_never_panics() {
 #[test]
 fn max_placements_stops_the_pass() {
     let nodes = fleet("h100", 1, 1, 4, 8, false);
-    let queue = (0..4).map(|i| req(&format!("j{i}"), 1, 8, Level::Region)).collect();
+    let queue = (0..4)
+        .map(|i| req(&format!("j{i}"), 1, 8, Level::Region))
+        .collect();
     let policy = Policy {
         max_placements: Some(2),
     };
@@ -359,7 +403,11 @@ fn apply_carries_out_the_plan_and_replanning_adds_nothing() {
 fn preferred_is_informational() {
     let mut r = req("j", 2, 8, Level::Region);
     r.preferred = Level::Nvlink;
-    let pl = &plan(&snap(fleet("h100", 1, 1, 2, 8, false), vec![r.clone()]), &Policy::default()).placements[0];
+    let pl = &plan(
+        &snap(fleet("h100", 1, 1, 2, 8, false), vec![r.clone()]),
+        &Policy::default(),
+    )
+    .placements[0];
     assert_eq!(pl.level, Level::Leaf);
     assert!(pl.level > r.preferred);
 }
@@ -377,7 +425,10 @@ fn wait_reasons_serialize_with_their_code() {
         },
     })
     .unwrap();
-    assert!(text.contains("code = \"no_capacity\"") && text.contains("required = \"spine\""), "{text}");
+    assert!(
+        text.contains("code = \"no_capacity\"") && text.contains("required = \"spine\""),
+        "{text}"
+    );
 }
 
 #[test]
@@ -386,7 +437,28 @@ fn snapshot_quota_keys_are_tenant_then_type() {
     quotas.insert(("acme".to_string(), "h100".to_string()), 0u32);
     let s = Snapshot {
         quotas,
-        ..snap(fleet("h100", 1, 1, 1, 8, false), vec![req("j", 1, 1, Level::Region)])
+        ..snap(
+            fleet("h100", 1, 1, 1, 8, false),
+            vec![req("j", 1, 1, Level::Region)],
+        )
     };
-    assert_eq!(plan(&s, &Policy::default()).waiting[0].reason.code(), "over_quota");
+    assert_eq!(
+        plan(&s, &Policy::default()).waiting[0].reason.code(),
+        "over_quota"
+    );
+}
+
+#[test]
+fn domains_are_told_apart_by_their_whole_path() {
+    // Both spines name their rack "rack-a"; each has one free node. A gang
+    // that must stay in one leaf may not combine the two racks.
+    let mut nodes = fleet("h100", 2, 1, 2, 8, false);
+    for n in &mut nodes {
+        n.leaf = "rack-a".into();
+    }
+    nodes[0].free.clear();
+    nodes[2].free.clear();
+    let s = snap(nodes, vec![req("j", 2, 8, Level::Leaf)]);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(p.waiting[0].reason.code(), "no_capacity");
 }

@@ -263,8 +263,15 @@ mod tests {
             assert_eq!(toml::from_str::<Wrap>(&text).unwrap().level, level);
         }
         assert_eq!("node".parse::<Level>(), Ok(Level::Nvlink));
-        assert_eq!(toml::from_str::<Wrap>("level = \"node\"").unwrap().level, Level::Nvlink);
-        assert!("rack".parse::<Level>().unwrap_err().to_string().contains("rack"));
+        assert_eq!(
+            toml::from_str::<Wrap>("level = \"node\"").unwrap().level,
+            Level::Nvlink
+        );
+        assert!("rack"
+            .parse::<Level>()
+            .unwrap_err()
+            .to_string()
+            .contains("rack"));
         assert!(Level::Nvlink < Level::Leaf && Level::Spine < Level::Region);
     }
 

@@ -7,7 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gangway_sched::{apply, plan, Level, Node, Placement, Plan, Policy, Request, Snapshot, WaitReason};
+use gangway_sched::{
+    apply, plan, Level, Node, Placement, Plan, Policy, Request, Snapshot, WaitReason,
+};
 use proptest::prelude::*;
 
 const TYPES: [&str; 3] = ["a", "b", "c"]; // no node ever has type "c"
@@ -15,7 +17,11 @@ const TYPES: [&str; 3] = ["a", "b", "c"]; // no node ever has type "c"
 /// One node's shape before ids: (spine, leaf, nvlink domain, type, gpus).
 fn fleet() -> impl Strategy<Value = Vec<Node>> {
     // spines → leaves → NVLink domains → nodes, each 1..=3 (nodes 1..=2).
-    let leaf = (0usize..2, prop::sample::select(vec![1u32, 2, 4, 8]), prop::collection::vec(1usize..=2, 1..=3));
+    let leaf = (
+        0usize..2,
+        prop::sample::select(vec![1u32, 2, 4, 8]),
+        prop::collection::vec(1usize..=2, 1..=3),
+    );
     let spine = prop::collection::vec(leaf, 1..=3);
     prop::collection::vec(spine, 1..=2)
         .prop_flat_map(|spines| {
@@ -30,18 +36,27 @@ fn fleet() -> impl Strategy<Value = Vec<Node>> {
                 }
             }
             let per_node = (any::<u8>(), prop::bool::weighted(0.9));
-            (Just(shapes.clone()), prop::collection::vec(per_node, shapes.len()))
+            (
+                Just(shapes.clone()),
+                prop::collection::vec(per_node, shapes.len()),
+                any::<bool>(),
+            )
         })
-        .prop_map(|(shapes, states)| {
+        .prop_map(|(shapes, states, local_names)| {
             shapes
                 .into_iter()
                 .zip(states)
                 .map(|((s, l, v, m, ty, gpus), (mask, schedulable))| {
                     let spine = format!("s{s}");
-                    let leaf = format!("{spine}-l{l}");
-                    let nvlink_domain = format!("{leaf}-v{v}");
+                    // Local names repeat across parents ("l0" in every spine),
+                    // so id order and topology order differ.
+                    let (leaf, nvlink_domain) = if local_names {
+                        (format!("l{l}"), format!("v{v}"))
+                    } else {
+                        (format!("{spine}-l{l}"), format!("{spine}-l{l}-v{v}"))
+                    };
                     Node {
-                        id: format!("{nvlink_domain}-n{m}"),
+                        id: format!("s{s}-l{l}-v{v}-n{m}"),
                         spine,
                         leaf,
                         nvlink_domain,
@@ -74,17 +89,19 @@ fn queue() -> impl Strategy<Value = Vec<Request>> {
     prop::collection::vec(one, 0..=12).prop_map(|reqs| {
         reqs.into_iter()
             .enumerate()
-            .map(|(i, (w, array, tenant, ty, gpw, required, preferred, priority, seq))| Request {
-                job: format!("j{i:02}"),
-                ranks: if array { vec![w] } else { (0..w).collect() },
-                tenant: format!("t{tenant}"),
-                gpu_type: ty.to_string(),
-                gpus_per_worker: gpw,
-                required,
-                preferred,
-                priority,
-                seq,
-            })
+            .map(
+                |(i, (w, array, tenant, ty, gpw, required, preferred, priority, seq))| Request {
+                    job: format!("j{i:02}"),
+                    ranks: if array { vec![w] } else { (0..w).collect() },
+                    tenant: format!("t{tenant}"),
+                    gpu_type: ty.to_string(),
+                    gpus_per_worker: gpw,
+                    required,
+                    preferred,
+                    priority,
+                    seq,
+                },
+            )
             .collect()
     })
 }
@@ -139,29 +156,54 @@ struct Ref<'a> {
 
 impl Ref<'_> {
     fn cap(&self, members: &[usize], gpw: u32) -> u32 {
-        members.iter().map(|&i| self.free[i].len() as u32 / gpw).sum()
+        members
+            .iter()
+            .map(|&i| self.free[i].len() as u32 / gpw)
+            .sum()
     }
 
-    fn spread(&self, members: &[usize], level: Level, want: u32, gpw: u32, out: &mut Vec<(usize, u32)>) {
+    fn spread(
+        &self,
+        members: &[usize],
+        level: Level,
+        want: u32,
+        gpw: u32,
+        out: &mut Vec<(usize, u32)>,
+    ) {
         // children: (cap, id, members)
         let mut children: Vec<(u32, String, Vec<usize>)> = match below(level) {
-            None => members.iter().map(|&i| (self.cap(&[i], gpw), self.nodes[i].id.clone(), vec![i])).collect(),
+            None => members
+                .iter()
+                .map(|&i| (self.cap(&[i], gpw), self.nodes[i].id.clone(), vec![i]))
+                .collect(),
             Some(l) => {
                 let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
                 for &i in members {
-                    groups.entry(domain(&self.nodes[i], l).1.to_string()).or_default().push(i);
+                    groups
+                        .entry(domain(&self.nodes[i], l).1.to_string())
+                        .or_default()
+                        .push(i);
                 }
-                groups.into_iter().map(|(id, m)| (self.cap(&m, gpw), id, m)).collect()
+                groups
+                    .into_iter()
+                    .map(|(id, m)| (self.cap(&m, gpw), id, m))
+                    .collect()
             }
         };
         children.retain(|c| c.0 > 0);
         let mut left = want;
         while left > 0 {
-            let fit = children.iter().filter(|c| c.0 >= left).min_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            let fit = children
+                .iter()
+                .filter(|c| c.0 >= left)
+                .min_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
             let (take, id) = match fit {
                 Some(c) => (left, c.1.clone()),
                 None => {
-                    let big = children.iter().max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1))).unwrap();
+                    let big = children
+                        .iter()
+                        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+                        .unwrap();
                     (big.0, big.1.clone())
                 }
             };
@@ -179,7 +221,12 @@ impl Ref<'_> {
 fn reference(s: &Snapshot) -> Plan {
     let mut queue: Vec<&Request> = s.queue.iter().collect();
     queue.sort_by(|a, b| {
-        (std::cmp::Reverse(a.priority), a.seq, &a.job, a.ranks[0]).cmp(&(std::cmp::Reverse(b.priority), b.seq, &b.job, b.ranks[0]))
+        (std::cmp::Reverse(a.priority), a.seq, &a.job, a.ranks[0]).cmp(&(
+            std::cmp::Reverse(b.priority),
+            b.seq,
+            &b.job,
+            b.ranks[0],
+        ))
     });
     let mut r = Ref {
         nodes: &s.nodes,
@@ -211,8 +258,9 @@ fn reference(s: &Snapshot) -> Plan {
                 continue;
             }
         }
-        let eligible: Vec<usize> =
-            (0..s.nodes.len()).filter(|&i| s.nodes[i].schedulable && s.nodes[i].gpu_type == req.gpu_type).collect();
+        let eligible: Vec<usize> = (0..s.nodes.len())
+            .filter(|&i| s.nodes[i].schedulable && s.nodes[i].gpu_type == req.gpu_type)
+            .collect();
         let mut chosen = None;
         for level in Level::ALL.into_iter().filter(|&l| l <= req.required) {
             let mut groups: BTreeMap<Vec<&str>, (&str, Vec<usize>)> = BTreeMap::new();
@@ -241,7 +289,12 @@ fn reference(s: &Snapshot) -> Plan {
         r.spread(&members, level, w, gpw, &mut picks);
         let topo = |i: usize| {
             let n = &s.nodes[i];
-            (n.spine.clone(), n.leaf.clone(), n.nvlink_domain.clone(), n.id.clone())
+            (
+                n.spine.clone(),
+                n.leaf.clone(),
+                n.nvlink_domain.clone(),
+                n.id.clone(),
+            )
         };
         picks.sort_by_key(|&(i, _)| topo(i));
         let mut ranks = req.ranks.iter();
@@ -286,23 +339,41 @@ fn check_invariants(s: &Snapshot, p: &Plan) -> Result<(), TestCaseError> {
             let n = nodes[w.node.as_str()];
             prop_assert!(n.schedulable && n.gpu_type == req.gpu_type);
             prop_assert_eq!(w.gpus.len() as u32, req.gpus_per_worker);
-            prop_assert!(domain(n, pl.level).0 == domain(first, pl.level).0, "one {} domain", pl.level);
+            prop_assert!(
+                domain(n, pl.level).0 == domain(first, pl.level).0,
+                "one {} domain",
+                pl.level
+            );
             for &g in &w.gpus {
                 prop_assert!(n.free.contains(&g), "GPU {}:{} was not free", n.id, g);
-                prop_assert!(used.insert((n.id.as_str(), g)), "GPU {}:{} placed twice", n.id, g);
+                prop_assert!(
+                    used.insert((n.id.as_str(), g)),
+                    "GPU {}:{} placed twice",
+                    n.id,
+                    g
+                );
             }
         }
-        *placed_gpus.entry((&req.tenant, &req.gpu_type)).or_default() += req.ranks.len() as u32 * req.gpus_per_worker;
+        *placed_gpus.entry((&req.tenant, &req.gpu_type)).or_default() +=
+            req.ranks.len() as u32 * req.gpus_per_worker;
     }
     for ((tenant, ty), placed) in placed_gpus {
         if let Some(&q) = s.quotas.get(&(tenant.to_string(), ty.to_string())) {
-            let before = s.usage.get(&(tenant.to_string(), ty.to_string())).copied().unwrap_or(0);
+            let before = s
+                .usage
+                .get(&(tenant.to_string(), ty.to_string()))
+                .copied()
+                .unwrap_or(0);
             prop_assert!(before + placed <= q, "quota of {}/{} exceeded", tenant, ty);
         }
     }
     // Every queued unit is either placed or waiting, exactly once.
-    let mut seen: Vec<&str> =
-        p.placements.iter().map(|x| x.job.as_str()).chain(p.waiting.iter().map(|x| x.job.as_str())).collect();
+    let mut seen: Vec<&str> = p
+        .placements
+        .iter()
+        .map(|x| x.job.as_str())
+        .chain(p.waiting.iter().map(|x| x.job.as_str()))
+        .collect();
     seen.sort();
     let all: Vec<&str> = queue.keys().copied().collect();
     prop_assert_eq!(seen, all);

@@ -48,8 +48,11 @@ pub async fn submit(
         )
     })?;
     check_spec(&spec)?;
-    let fleet = state.store.fleet_shape(&spec.gpu_type).await?;
-    check_fits(&spec, &fleet)?;
+    let fleet = state.fleet_shape().await?;
+    check_fits(
+        &spec,
+        fleet.get(&spec.gpu_type).map(Vec::as_slice).unwrap_or(&[]),
+    )?;
 
     let id = match &key {
         Some(k) => job_id_for_key(&tenant, k),
@@ -59,7 +62,6 @@ pub async fn submit(
         id,
         tenant: tenant.clone(),
         idempotency_key: key,
-        spec: serde_json::to_value(&spec).expect("a JobSpec always serializes"),
         name: spec.name.clone(),
         mode: spec.mode,
         gpu_type: spec.gpu_type.clone(),
@@ -69,6 +71,7 @@ pub async fn submit(
         priority: spec.priority.rank() as i16,
         required: spec.topology.required(),
         preferred: spec.topology.preferred(),
+        spec,
     };
     let outcome = state.store.submit(&new).await?;
     let (job, replayed) = match outcome {

@@ -3,17 +3,19 @@
 //!
 //! # Layout
 //! - `mod.rs`: [`AppState`] and [`app`], the router with its layers.
-//! - `jobs.rs`, `agents.rs`: handlers.
+//! - `jobs.rs`, `agents.rs`, `admin.rs`: handlers.
 //! - `extract.rs`: extractors whose rejections are our JSON errors.
 //! - `error.rs`: [`ApiError`], the one mapping from internal errors.
 
+mod admin;
 mod agents;
 pub mod error;
 mod extract;
 mod jobs;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
@@ -31,7 +33,7 @@ use tower_http::trace::TraceLayer;
 pub use error::ApiError;
 
 use crate::config::RegionConfig;
-use crate::store::Store;
+use crate::store::{FleetShape, Store, StoreError};
 
 /// Largest body a tenant may send.
 const PUBLIC_BODY_LIMIT: usize = 1024 * 1024;
@@ -46,7 +48,12 @@ pub struct AppState {
     pub sched_wakeup: Arc<Notify>,
     /// Whether this replica holds the scheduling leadership.
     pub leader: Arc<AtomicBool>,
+    /// The fleet's shape by GPU type, for validating submissions, with the
+    /// fleet version it was read at.
+    fleet: Arc<Mutex<Option<(i64, Arc<FleetByType>)>>>,
 }
+
+type FleetByType = BTreeMap<String, Vec<FleetShape>>;
 
 impl AppState {
     pub fn new(store: Store, config: RegionConfig) -> Self {
@@ -55,7 +62,23 @@ impl AppState {
             config: Arc::new(config),
             sched_wakeup: Arc::new(Notify::new()),
             leader: Arc::new(AtomicBool::new(false)),
+            fleet: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// The fleet's shape, re-read only when its version moved (one
+    /// single-row read per call otherwise).
+    pub async fn fleet_shape(&self) -> Result<Arc<FleetByType>, StoreError> {
+        let version = self.store.fleet_version().await?;
+        if let Some((v, shape)) = self.fleet.lock().expect("fleet cache lock").as_ref() {
+            if *v == version {
+                return Ok(shape.clone());
+            }
+        }
+        let (version, shape) = self.store.fleet_shape().await?;
+        let shape = Arc::new(shape);
+        *self.fleet.lock().expect("fleet cache lock") = Some((version, shape.clone()));
+        Ok(shape)
     }
 
     pub fn wake_scheduler(&self) {
@@ -76,6 +99,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/region", get(jobs::region))
+        .route("/v1/admin/quotas", get(admin::list_quotas))
+        .route(
+            "/v1/admin/quotas/{tenant}/{gpu_type}",
+            axum::routing::put(admin::put_quota).delete(admin::delete_quota),
+        )
         .layer(DefaultBodyLimit::max(PUBLIC_BODY_LIMIT));
     let internal = Router::new()
         .route("/internal/v1/agents/register", post(agents::register))

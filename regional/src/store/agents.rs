@@ -128,7 +128,8 @@ impl Store {
             .await?;
         }
         tx.execute(
-            "UPDATE sched_state SET generation = generation + 1 WHERE id = 1",
+            "UPDATE sched_state
+             SET generation = generation + 1, fleet_version = fleet_version + 1 WHERE id = 1",
             &[],
         )
         .await?;

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use gangway_shared::api::{Job, JobEvent, JobMode, JobState, TopologyLevel, Worker};
+use gangway_shared::api::{
+    Job, JobEvent, JobMode, JobSpec, JobState, TopologyLevel, Worker, WorkerState,
+};
 use serde_json::json;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
@@ -18,7 +20,7 @@ pub struct NewJob {
     pub tenant: String,
     pub idempotency_key: Option<String>,
     /// The spec as accepted (returned verbatim, compared on retries).
-    pub spec: serde_json::Value,
+    pub spec: JobSpec,
     pub name: String,
     pub mode: JobMode,
     pub gpu_type: String,
@@ -56,21 +58,23 @@ impl Store {
     /// Stores a new job with its workers and its first event, or returns the
     /// job an earlier create with the same idempotency key made.
     pub async fn submit(&self, job: &NewJob) -> Result<SubmitOutcome> {
+        let spec = serde_json::to_value(&job.spec).expect("a JobSpec always serializes");
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
         let inserted = tx
-            .execute(
+            .query_opt(
                 "INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
                                    gpus, gpus_per_worker, workers, priority,
                                    required_level, preferred_level)
                  VALUES ($1, $2, $3, $4, $5, $6::text::job_mode, $7, $8, $9, $10, $11,
                          $12::text::topology_level, $13::text::topology_level)
-                 ON CONFLICT DO NOTHING",
+                 ON CONFLICT DO NOTHING
+                 RETURNING created_at",
                 &[
                     &job.id,
                     &job.tenant,
                     &job.idempotency_key,
-                    &job.spec,
+                    &spec,
                     &job.name,
                     &mode_str(job.mode),
                     &job.gpu_type,
@@ -83,18 +87,18 @@ impl Store {
                 ],
             )
             .await?;
-        if inserted == 0 {
+        let Some(inserted) = inserted else {
             tx.rollback().await?;
             // The id is derived from (tenant, key), so a conflict is a retry
             // of the same key, or (astronomically unlikely) a collision.
             let existing = self.load_job_row(&conn, &job.tenant, job.id).await?;
             let same_key = existing.1.as_deref() == job.idempotency_key.as_deref();
-            if same_key && existing.2 == job.spec {
+            if same_key && existing.2 == spec {
                 let full = self.get_job(&job.tenant, job.id).await?;
                 return Ok(SubmitOutcome::Replayed(full));
             }
             return Err(StoreError::KeyReused);
-        }
+        };
         tx.execute(
             "INSERT INTO workers (job_id, rank) SELECT $1, r FROM generate_series(0, $2 - 1) AS r",
             &[&job.id, &job.workers],
@@ -116,9 +120,28 @@ impl Store {
         )
         .await?;
         tx.commit().await?;
-        Ok(SubmitOutcome::Created(
-            self.get_job(&job.tenant, job.id).await?,
-        ))
+        // Everything a new job's JSON holds is known here: no read back.
+        Ok(SubmitOutcome::Created(Job {
+            id: job.id,
+            tenant: job.tenant.clone(),
+            region: self.region().to_string(),
+            name: job.name.clone(),
+            state: JobState::Queued,
+            spec: job.spec.clone(),
+            created_at: inserted.get(0),
+            started_at: None,
+            finished_at: None,
+            reason: None,
+            workers: (0..job.workers as u32)
+                .map(|rank| Worker {
+                    rank,
+                    state: WorkerState::Pending,
+                    node: None,
+                    gpus: Vec::new(),
+                    exit_code: None,
+                })
+                .collect(),
+        }))
     }
 
     /// (job_id, idempotency_key, spec) of a tenant's job.

@@ -93,6 +93,8 @@ impl StoreError {
     }
 }
 
+pub use gangway_shared::api::Quota;
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// One region's store. Cheap to clone.
@@ -161,6 +163,37 @@ impl Store {
         )
         .await?;
         Ok(())
+    }
+
+    /// Every quota, ordered by tenant and GPU type.
+    pub async fn list_quotas(&self) -> Result<Vec<Quota>> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT tenant, gpu_type, max_gpus FROM quotas ORDER BY tenant, gpu_type",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Quota {
+                tenant: r.get(0),
+                gpu_type: r.get(1),
+                max_gpus: r.get::<_, i32>(2) as u32,
+            })
+            .collect())
+    }
+
+    /// Removes a cap; returns whether there was one.
+    pub async fn delete_quota(&self, tenant: &str, gpu_type: &str) -> Result<bool> {
+        let conn = self.conn().await?;
+        let n = conn
+            .execute(
+                "DELETE FROM quotas WHERE tenant = $1 AND gpu_type = $2",
+                &[&tenant, &gpu_type],
+            )
+            .await?;
+        Ok(n > 0)
     }
 
     /// The current scheduling generation.

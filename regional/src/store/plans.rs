@@ -12,7 +12,6 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
-use super::jobs::insert_event;
 use super::{Result, Store, StoreError};
 
 /// A snapshot plus what the applier needs that the core does not.
@@ -341,8 +340,11 @@ impl Store {
             &[&job_ids],
         )
         .await?;
+        // One `placed` event per placement, in one statement.
+        let mut e_job = Vec::with_capacity(plan.placements.len());
+        let mut e_msg = Vec::with_capacity(plan.placements.len());
+        let mut e_detail = Vec::with_capacity(plan.placements.len());
         for p in &plan.placements {
-            let job = parse_job(&p.job)?;
             let mut nodes: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
             for w in &p.workers {
                 nodes.entry(w.node.as_str()).or_default().extend(&w.gpus);
@@ -353,24 +355,25 @@ impl Store {
             } else {
                 format!("{} workers", p.ranks.len())
             };
-            insert_event(
-                &tx,
-                job,
-                "placed",
-                &format!(
-                    "placed {ranks}: {gpus} GPUs on {} node(s) within one {} domain",
-                    nodes.len(),
-                    p.level.as_str()
-                ),
-                json!({
-                    "level": p.level.as_str(),
-                    "ranks": p.ranks,
-                    "nodes": nodes.iter().map(|(n, g)| json!({"node": n, "gpus": g})).collect::<Vec<_>>(),
-                    "generation": generation,
-                }),
-            )
-            .await?;
+            e_job.push(parse_job(&p.job)?);
+            e_msg.push(format!(
+                "placed {ranks}: {gpus} GPUs on {} node(s) within one {} domain",
+                nodes.len(),
+                p.level.as_str()
+            ));
+            e_detail.push(json!({
+                "level": p.level.as_str(),
+                "ranks": p.ranks,
+                "nodes": nodes.iter().map(|(n, g)| json!({"node": n, "gpus": g})).collect::<Vec<_>>(),
+                "generation": generation,
+            }));
         }
+        tx.execute(
+            "INSERT INTO job_events (job_id, kind, message, detail)
+             SELECT j, 'placed', m, d FROM unnest($1::uuid[], $2::text[], $3::jsonb[]) AS x(j, m, d)",
+            &[&e_job, &e_msg, &e_detail],
+        )
+        .await?;
         tx.commit().await?;
         Ok(ApplyOutcome {
             generation,
@@ -378,28 +381,49 @@ impl Store {
         })
     }
 
-    /// The region's non-spare nodes with GPUs of `gpu_type` (for validating
-    /// that a job could ever fit).
-    pub async fn fleet_shape(&self, gpu_type: &str) -> Result<Vec<FleetShape>> {
+    /// The fleet's version: it moves whenever nodes or GPUs change.
+    pub async fn fleet_version(&self) -> Result<i64> {
         let conn = self.conn().await?;
-        let rows = conn
+        let row = conn
+            .query_one("SELECT fleet_version FROM sched_state WHERE id = 1", &[])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// The region's non-spare nodes by GPU type (for validating that a job
+    /// could ever fit), with the fleet version they were read at.
+    pub async fn fleet_shape(&self) -> Result<(i64, BTreeMap<String, Vec<FleetShape>>)> {
+        let mut conn = self.conn().await?;
+        let tx = conn
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let version: i64 = tx
+            .query_one("SELECT fleet_version FROM sched_state WHERE id = 1", &[])
+            .await?
+            .get(0);
+        let rows = tx
             .query(
-                "SELECT n.spine, n.leaf, n.nvlink_domain, count(*) AS gpus
+                "SELECT n.gpu_type, n.spine, n.leaf, n.nvlink_domain, count(*) AS gpus
                  FROM nodes n JOIN gpus g ON g.node_id = n.node_id
-                 WHERE n.gpu_type = $1 AND NOT n.spare
+                 WHERE NOT n.spare
                  GROUP BY n.node_id",
-                &[&gpu_type],
+                &[],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| FleetShape {
-                spine: r.get(0),
-                leaf: r.get(1),
-                nvlink_domain: r.get(2),
-                gpus: r.get::<_, i64>(3) as u32,
-            })
-            .collect())
+        tx.commit().await?;
+        let mut by_type: BTreeMap<String, Vec<FleetShape>> = BTreeMap::new();
+        for r in &rows {
+            by_type.entry(r.get(0)).or_default().push(FleetShape {
+                spine: r.get(1),
+                leaf: r.get(2),
+                nvlink_domain: r.get(3),
+                gpus: r.get::<_, i64>(4) as u32,
+            });
+        }
+        Ok((version, by_type))
     }
 }
 

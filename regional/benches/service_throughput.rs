@@ -1,0 +1,274 @@
+//! Jobs accepted, placed and committed per second by the regional service on
+//! a real PostgreSQL (durable settings: fsync on), over its HTTP API.
+//!
+//! `cargo bench -p gangway-regional --bench service_throughput`
+//! Environment: `JOBS` (default 5000), `CONCURRENCY` (default 16),
+//! `FLEET` (default deploy/fleets/h100-10k.toml).
+//!
+//! Not a criterion bench: one run of a whole pipeline, timed in phases.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use gangway_devkit::{PgCluster, PgOptions};
+use gangway_regional::{AppState, RegionConfig};
+use gangway_shared::agent::{AgentGpu, AgentNode, RegisterRequest};
+use gangway_shared::api::{JobMode, JobSpec};
+use gangway_shared::client::Client;
+use gangway_shared::fleet::FleetFile;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Sizes like the Philly trace: mostly 1 GPU, some 2/4/8, a few 16/32.
+fn size(i: usize) -> i64 {
+    match i % 100 {
+        0..=79 => 1,
+        80..=84 => 2,
+        85..=89 => 4,
+        90..=96 => 8,
+        97..=98 => 16,
+        _ => 32,
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let jobs = env_or("JOBS", 5000);
+    let concurrency = env_or("CONCURRENCY", 16);
+    let fleet_path = std::env::var("FLEET").unwrap_or_else(|_| {
+        format!(
+            "{}/../deploy/fleets/h100-10k.toml",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    });
+    let fleet = FleetFile::load(&fleet_path)?;
+    let nodes: Vec<AgentNode> = fleet
+        .expand("bench")
+        .into_iter()
+        .map(|n| AgentNode {
+            gpus: (0..n.gpus)
+                .map(|i| AgentGpu {
+                    index: i,
+                    uuid: format!("GPU-{}-{i}", n.node_id),
+                })
+                .collect(),
+            node_id: n.node_id,
+            spine: n.spine,
+            leaf: n.leaf,
+            nvlink_domain: n.nvlink_domain,
+            gpu_type: n.gpu_type,
+            spare: n.spare,
+            address: "127.0.0.1".into(),
+        })
+        .collect();
+    let backlog_nodes = nodes.clone();
+    let gpus: usize = nodes
+        .iter()
+        .filter(|n| !n.spare)
+        .map(|n| n.gpus.len())
+        .sum();
+
+    let dir = tempfile::Builder::new()
+        .prefix("gangway-bench-")
+        .tempdir_in("/tmp")?;
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let mut pg = PgCluster::init_or_open(&dir.path().join("pg"), PgOptions::default())?;
+    pg.start()?;
+
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        pg.create_database("bench").await?;
+        let url = pg.connection_string("bench");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr: SocketAddr = listener.local_addr()?;
+        let mut cfg = RegionConfig::new("bench", addr, &url);
+        cfg.pool_size = concurrency + 4;
+        cfg.schedule_interval = Duration::from_millis(50);
+        cfg.agent_timeout = Duration::from_secs(3600);
+        let state: AppState = gangway_regional::prepare(cfg, Duration::from_secs(30)).await?;
+        state
+            .store
+            .register_agent(&RegisterRequest {
+                agent_id: "bench-agent".into(),
+                boot_id: Uuid::new_v4(),
+                executor: "sim".into(),
+                nodes,
+            })
+            .await?;
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(gangway_regional::serve_on(
+            listener,
+            state.clone(),
+            shutdown.clone(),
+        ));
+        let base = format!("http://{addr}");
+        // Wait for leadership so the loop places as jobs arrive.
+        while !state.is_leader() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        println!(
+            "fleet {fleet_path}: {gpus} schedulable GPUs; {jobs} jobs, {concurrency} concurrent clients"
+        );
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for c in 0..concurrency {
+            let client = Client::new(base.clone(), format!("tenant-{}", c % 8));
+            tasks.push(tokio::spawn(async move {
+                let mut i = c;
+                while i < jobs {
+                    let spec = JobSpec {
+                        name: format!("bench-{i}"),
+                        gpus: size(i),
+                        gpu_type: "h100".into(),
+                        priority: Default::default(),
+                        estimated_duration_s: 3600,
+                        max_duration_s: None,
+                        command: vec!["train".into()],
+                        env: Default::default(),
+                        gpus_per_worker: Some(size(i).min(8)),
+                        mode: JobMode::Gang,
+                        topology: Default::default(),
+                    };
+                    client
+                        .submit(&spec, Some(&format!("bench-{i}")))
+                        .await
+                        .expect("submit");
+                    i += concurrency;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await?;
+        }
+        let submitted = started.elapsed();
+        // Wait until the loop has placed every job that fits.
+        let status_client = Client::new(base.clone(), "tenant-0");
+        let mut last = u64::MAX;
+        let mut stable = 0;
+        loop {
+            let s = status_client.region_status().await?;
+            let queued = s.queued_jobs;
+            if queued == 0 || (queued == last && { stable += 1; stable } > 10) {
+                break;
+            }
+            if queued != last {
+                stable = 0;
+            }
+            last = queued;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let placed_at = started.elapsed();
+        let s = status_client.region_status().await?;
+        let allocated: u32 = s.capacity.iter().map(|c| c.allocated).sum();
+        let placed_jobs = jobs as u64 - s.queued_jobs;
+        println!(
+            "submit over HTTP:          {:>8.0} jobs/s  ({jobs} in {:.2} s)",
+            jobs as f64 / submitted.as_secs_f64(),
+            submitted.as_secs_f64()
+        );
+        println!(
+            "submitted and placed:      {:>8.0} jobs/s  ({placed_jobs} placed, {allocated} GPUs, all done at {:.2} s)",
+            placed_jobs as f64 / placed_at.as_secs_f64(),
+            placed_at.as_secs_f64()
+        );
+
+        shutdown.cancel();
+        server.await??;
+
+        // The scheduling pipeline alone: a backlog placed by back-to-back
+        // passes (snapshot, plan, generation-checked commit).
+        pg.create_database("backlog").await?;
+        let store = gangway_regional::Store::connect(
+            &pg.connection_string("backlog"),
+            "bench",
+            concurrency + 4,
+        )?;
+        store.migrate().await?;
+        store
+            .register_agent(&RegisterRequest {
+                agent_id: "bench-agent".into(),
+                boot_id: Uuid::new_v4(),
+                executor: "sim".into(),
+                nodes: backlog_nodes,
+            })
+            .await?;
+        let mut submits = Vec::new();
+        for c in 0..concurrency {
+            let store = store.clone();
+            submits.push(tokio::spawn(async move {
+                let mut i = c;
+                while i < jobs {
+                    let g = size(i) as i32;
+                    let per = g.min(8);
+                    let new = gangway_regional::store::NewJob {
+                        id: Uuid::new_v4(),
+                        tenant: format!("tenant-{}", i % 8),
+                        idempotency_key: None,
+                        spec: serde_json::from_value(serde_json::json!({"name": "b", "gpus": g,
+                            "gpu_type": "h100", "estimated_duration_s": 3600, "command": ["t"],
+                            "gpus_per_worker": per}))
+                        .expect("spec"),
+                        name: "b".into(),
+                        mode: JobMode::Gang,
+                        gpu_type: "h100".into(),
+                        gpus: g,
+                        gpus_per_worker: per,
+                        workers: g / per,
+                        priority: 1,
+                        required: gangway_shared::api::TopologyLevel::Region,
+                        preferred: gangway_shared::api::TopologyLevel::Nvlink,
+                    };
+                    store.submit(&new).await.expect("submit");
+                    i += concurrency;
+                }
+            }));
+        }
+        for t in submits {
+            t.await?;
+        }
+        let started = Instant::now();
+        let mut passes = 0;
+        let mut placed = 0;
+        let mut slowest = Duration::ZERO;
+        loop {
+            let t = Instant::now();
+            let o = gangway_regional::scheduler::run_pass(&store, Duration::from_secs(3600)).await?;
+            slowest = slowest.max(t.elapsed());
+            if o.placements > 0 {
+                println!(
+                    "  pass {passes}: {} placed, {} waiting; snapshot {:.0} ms, plan {:.0} ms, commit {:.0} ms",
+                    o.placements,
+                    o.waiting,
+                    o.phases.snapshot.as_secs_f64() * 1000.0,
+                    o.phases.plan.as_secs_f64() * 1000.0,
+                    o.phases.commit.as_secs_f64() * 1000.0
+                );
+            }
+            passes += 1;
+            placed += o.placements;
+            if o.placements == 0 && !o.stale {
+                break;
+            }
+        }
+        let took = started.elapsed();
+        println!(
+            "backlog placed by passes:  {:>8.0} jobs/s  ({placed} jobs in {passes} passes, {:.2} s; slowest pass {:.0} ms)",
+            placed as f64 / took.as_secs_f64(),
+            took.as_secs_f64(),
+            slowest.as_secs_f64() * 1000.0
+        );
+        anyhow::Ok(())
+    })?;
+    pg.stop()?;
+    Ok(())
+}
