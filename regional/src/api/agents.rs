@@ -9,6 +9,7 @@ use tracing::instrument;
 use super::error::ApiError;
 use super::extract::Json;
 use super::AppState;
+use crate::store::retry_races;
 
 /// Most nodes one agent may register (a 40,000-GPU region has 5,000).
 const MAX_NODES_PER_AGENT: usize = 20_000;
@@ -36,7 +37,7 @@ pub async fn register(
             return Err(bad("too many GPUs on one node"));
         }
     }
-    state.store.register_agent(&req).await?;
+    retry_races(|| state.store.register_agent(&req)).await?;
     tracing::info!(nodes = req.nodes.len(), "agent registered");
     state.wake_scheduler();
     Ok(axum::Json(RegisterResponse {
@@ -50,10 +51,8 @@ pub async fn sync(
     Path(agent_id): Path<String>,
     Json(req): Json<SyncRequest>,
 ) -> Result<axum::Json<SyncResponse>, ApiError> {
-    let outcome = state
-        .store
-        .sync_agent(&agent_id, &req, state.config.grace_period.as_secs())
-        .await?;
+    let grace = state.config.grace_period.as_secs();
+    let outcome = retry_races(|| state.store.sync_agent(&agent_id, &req, grace)).await?;
     if outcome.freed_gpus {
         state.wake_scheduler();
     }

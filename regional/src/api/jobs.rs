@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::extract::{JobId, Json, Query, Tenant};
 use super::AppState;
-use crate::store::{ListFilter, NewJob, SubmitOutcome};
+use crate::store::{retry_races, ListFilter, NewJob, SubmitOutcome};
 use crate::validate::{check_fits, check_spec};
 
 const DEFAULT_PAGE: i64 = 50;
@@ -146,7 +146,7 @@ pub async fn cancel(
     Tenant(tenant): Tenant,
     JobId(id): JobId,
 ) -> Result<axum::Json<gangway_shared::api::Job>, ApiError> {
-    let job = state.store.cancel_job(&tenant, id).await?;
+    let job = retry_races(|| state.store.cancel_job(&tenant, id)).await?;
     state.wake_scheduler();
     Ok(axum::Json(job))
 }

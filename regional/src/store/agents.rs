@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
-use super::jobs::{insert_event, settle_job};
+use super::jobs::{insert_event, lock_jobs, settle_job};
 use super::{Result, Store, StoreError};
 
 /// What a sync did.
@@ -110,11 +110,11 @@ impl Store {
                     &[&req.agent_id],
                 )
                 .await?;
-            let mut jobs = BTreeSet::new();
+            let jobs: BTreeSet<Uuid> = gone.iter().map(|r| r.get(0)).collect();
+            lock_jobs(&tx, &jobs.iter().copied().collect::<Vec<_>>()).await?;
             for row in &gone {
                 let (job, rank): (Uuid, i32) = (row.get(0), row.get(1));
                 finish_worker(&tx, job, rank, "cancelled", None, None, "agent restarted").await?;
-                jobs.insert(job);
             }
             for job in jobs {
                 settle_job(&tx, job).await?;
@@ -178,6 +178,12 @@ async fn apply_reports(
     }
     let job_ids: Vec<Uuid> = reports.iter().map(|r| r.job_id).collect();
     let ranks: Vec<i32> = reports.iter().map(|r| r.rank as i32).collect();
+    // Lock order, everywhere: jobs (by id), then their workers. Cancel and
+    // plan commits take the same order, so they never deadlock with a sync.
+    let mut locked: Vec<Uuid> = job_ids.clone();
+    locked.sort();
+    locked.dedup();
+    lock_jobs(tx, &locked).await?;
     // Current state of every reported worker that sits on this agent's nodes.
     let rows = tx
         .query(

@@ -310,6 +310,18 @@ impl Store {
     }
 }
 
+/// Locks jobs' rows in id order (the one lock order; see `agents.rs`).
+pub(super) async fn lock_jobs(tx: &Transaction<'_>, ids: &[Uuid]) -> Result<()> {
+    if !ids.is_empty() {
+        tx.query(
+            "SELECT 1 FROM jobs WHERE job_id = ANY($1) ORDER BY job_id FOR UPDATE",
+            &[&ids],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 pub(super) async fn insert_event(
     tx: &Transaction<'_>,
     job_id: Uuid,

@@ -97,6 +97,27 @@ pub use gangway_shared::api::Quota;
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// Runs `op` again (at most three more times, with a short backoff) when it
+/// lost a serialization or deadlock race, which rolls back and is safe to
+/// repeat. Anything else is returned as it is.
+pub async fn retry_races<T, F, Fut>(mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        match op().await {
+            Err(e) if e.is_retryable() && attempt < 3 => {
+                attempt += 1;
+                tracing::debug!(error = %e, attempt, "retrying after a lost race");
+                tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// One region's store. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {

@@ -12,6 +12,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
+use super::jobs::lock_jobs;
 use super::{Result, Store, StoreError};
 
 /// A snapshot plus what the applier needs that the core does not.
@@ -247,6 +248,10 @@ impl Store {
                 *local += 1;
             }
         }
+        let mut locked = job_ids.clone();
+        locked.sort();
+        locked.dedup();
+        lock_jobs(&tx, &locked).await?;
         let updated = tx
             .query(
                 "UPDATE workers w
