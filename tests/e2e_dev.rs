@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gangway_shared::api::{JobMode, JobSpec, JobState};
+use gangway_shared::api::JobState;
 use gangway_shared::client::{Client, ListQuery};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gangway");
@@ -90,44 +90,107 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
     let dev = DevUp::start(&state);
     let env = read_env(&state);
     assert_eq!(env["GANGWAY_REGIONS"], "us-east,us-west,eu-central");
-    for region in ["US_EAST", "US_WEST", "EU_CENTRAL"] {
-        let url = &env[&format!("GANGWAY_REGION_{region}_URL")];
-        let status = Client::new(url.clone(), "acme")
-            .region_status()
-            .await
-            .unwrap();
+    assert!(env["GANGWAY_URL"].starts_with("https://"));
+    for var in [
+        "GANGWAY_CA_CERT",
+        "GANGWAY_TOKEN",
+        "GANGWAY_TOKEN_GLOBEX",
+        "GANGWAY_ADMIN_TOKEN",
+    ] {
+        assert!(!env[var].is_empty(), "{var} in the env file");
+    }
+    let ca = std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap();
+    let client = Client::public(
+        env["GANGWAY_URL"].clone(),
+        env["GANGWAY_TOKEN"].clone(),
+        Some(&ca),
+    )
+    .unwrap();
+    let regions = client.regions().await.unwrap().regions;
+    assert_eq!(regions.len(), 3);
+    for r in &regions {
+        assert!(r.healthy, "{} healthy", r.name);
+        let status = r.status.as_ref().unwrap();
         let h100 = status
             .capacity
             .iter()
             .find(|c| c.gpu_type == "h100")
             .unwrap();
-        assert_eq!(h100.schedulable, 48, "{region}: the dev fleet's H100s");
+        assert_eq!(h100.schedulable, 48, "{}: the dev fleet's H100s", r.name);
     }
-    let client = Client::new(env["GANGWAY_URL"].clone(), env["GANGWAY_TENANT"].clone());
-    let spec = JobSpec {
-        name: "hello".into(),
-        gpus: 16,
-        gpu_type: "h100".into(),
-        priority: Default::default(),
-        estimated_duration_s: 60,
-        max_duration_s: None,
-        command: vec!["sh".into(), "-c".into(), "test \"$WORLD_SIZE\" = 16".into()],
-        env: Default::default(),
-        gpus_per_worker: None,
-        mode: JobMode::Gang,
-        topology: Default::default(),
-    };
-    let job = client.submit(&spec, Some("hello-1")).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let j = client.get(job.id).await.unwrap();
-        if j.state == JobState::Succeeded {
-            break;
-        }
-        assert!(!j.state.is_terminal(), "job ended {}: {j:?}", j.state);
-        assert!(Instant::now() < deadline, "job stuck in {}", j.state);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // The CLI, as the README shows it: submit --wait through global →
+    // region → agent, with everything taken from the env file.
+    let out = Command::new(BIN)
+        .args([
+            "job",
+            "submit",
+            "--wait",
+            "--json",
+            "--gpus",
+            "16",
+            "--gpu-type",
+            "h100",
+        ])
+        .args(["--idempotency-key", "hello-1", "--name", "hello"])
+        .args(["--", "sh", "-c", "test \"$WORLD_SIZE\" = 16"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("GANGWAY_STATE_DIR", &state)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job: gangway_shared::api::Job = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(job.state, JobState::Succeeded);
+    let progress = String::from_utf8_lossy(&out.stderr);
+    for step in ["queued", "placed", "started", "finished"] {
+        assert!(progress.contains(step), "--wait showed {step}: {progress}");
     }
+    // A failing job: --wait exits 3.
+    let out = Command::new(BIN)
+        .args([
+            "job",
+            "submit",
+            "--wait",
+            "--gpus",
+            "1",
+            "--gpu-type",
+            "a100",
+            "--",
+            "false",
+        ])
+        .env("GANGWAY_STATE_DIR", &state)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Another tenant sees none of it.
+    let globex = Client::public(
+        env["GANGWAY_URL"].clone(),
+        env["GANGWAY_TOKEN_GLOBEX"].clone(),
+        Some(&ca),
+    )
+    .unwrap();
+    assert!(globex
+        .list(&ListQuery::default())
+        .await
+        .unwrap()
+        .jobs
+        .is_empty());
+    assert_eq!(
+        globex.get(job.id).await.unwrap_err().code(),
+        Some("not_found")
+    );
+
     dev.interrupt();
     assert!(!state.join("env").exists(), "env file removed on stop");
     for r in ["us-east", "us-west", "eu-central"] {
@@ -140,8 +203,9 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
     let env2 = read_env(&state);
     assert_eq!(env2["GANGWAY_URL"], env["GANGWAY_URL"]);
     let jobs = client.list(&ListQuery::default()).await.unwrap().jobs;
-    assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0].id, job.id);
-    assert_eq!(jobs[0].state, JobState::Succeeded);
+    assert_eq!(jobs.len(), 2);
+    assert!(jobs
+        .iter()
+        .any(|j| j.id == job.id && j.state == JobState::Succeeded));
     dev.interrupt();
 }

@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gangway_auth::jwt::{claims_for, Role, SigningKey};
 use gangway_shared::api::{Job, JobMode, JobSpec, JobState, WorkerState};
 use gangway_shared::client::{Client, ListQuery};
+use gangway_shared::tokens;
 use uuid::Uuid;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gangway");
@@ -33,6 +35,7 @@ impl Drop for Proc {
 }
 
 struct Cloud {
+    key: SigningKey,
     dir: tempfile::TempDir,
     db: String,
     port: u16,
@@ -48,9 +51,15 @@ impl Cloud {
         let fleet = dir.path().join("fleet.toml");
         std::fs::write(&fleet, FLEET).unwrap();
         let port = gangway_devkit::free_port();
+        // Regions accept only tokens signed by this key: the global tier's
+        // (role service) and their agents' (role agent, naming the region).
+        let key = SigningKey::generate("e2e-service");
+        std::fs::write(dir.path().join("service.pub.pem"), key.public_pem()).unwrap();
         let region = spawn_region(dir.path(), &db, port);
+        let agent_token = token(&key, Role::Agent, Some("test"));
         let agent = Proc(
             Command::new(BIN)
+                .env("GANGWAY_AGENT_TOKEN", agent_token)
                 .args(["agent", "--region", "test", "--agent-id", "test-agent"])
                 .arg("--region-url")
                 .arg(format!("http://127.0.0.1:{port}"))
@@ -65,8 +74,13 @@ impl Cloud {
                 .spawn()
                 .unwrap(),
         );
-        let client = Client::new(format!("http://127.0.0.1:{port}"), "acme");
+        let client = Client::new(format!("http://127.0.0.1:{port}"), "acme").with_token(token(
+            &key,
+            Role::Service,
+            None,
+        ));
         let cloud = Cloud {
+            key,
             dir,
             db,
             port,
@@ -96,7 +110,11 @@ impl Cloud {
     }
 
     fn tenant(&self, tenant: &str) -> Client {
-        Client::new(format!("http://127.0.0.1:{}", self.port), tenant)
+        Client::new(format!("http://127.0.0.1:{}", self.port), tenant).with_token(token(
+            &self.key,
+            Role::Service,
+            None,
+        ))
     }
 
     /// Kills the control plane without warning and starts it again on the
@@ -127,10 +145,28 @@ fn log_file(dir: &Path, name: &str) -> std::fs::File {
         .unwrap()
 }
 
+fn token(key: &SigningKey, role: Role, region: Option<&str>) -> String {
+    key.sign(&claims_for(
+        role,
+        "e2e",
+        None,
+        region,
+        tokens::ISSUER,
+        tokens::REGION_AUDIENCE,
+        Duration::from_secs(3600),
+    ))
+    .unwrap()
+}
+
 fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
     Proc(
         Command::new(BIN)
             .args(["region", "--name", "test", "--database-url", db])
+            .arg("--service-key")
+            .arg(format!(
+                "e2e-service={}",
+                dir.join("service.pub.pem").display()
+            ))
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args([
                 "--schedule-interval-ms",
@@ -160,6 +196,7 @@ fn spec(gpus: i64, estimated_s: i64, command: &[&str]) -> JobSpec {
         gpus_per_worker: None,
         mode: JobMode::Gang,
         topology: Default::default(),
+        region: None,
     }
 }
 
@@ -399,8 +436,10 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     // Headers: a bad idempotency key, a missing tenant.
     let http = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{}/v1/jobs", cloud.port);
+    let service = token(&cloud.key, Role::Service, None);
     let r = http
         .post(&url)
+        .bearer_auth(&service)
         .header("x-gangway-tenant", "acme")
         .header("idempotency-key", "")
         .json(&spec(1, 60, &["true"]))
@@ -412,7 +451,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         r.json::<serde_json::Value>().await.unwrap()["code"],
         "invalid_idempotency_key"
     );
-    let r = http.get(&url).send().await.unwrap();
+    let r = http.get(&url).bearer_auth(&service).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 400);
     assert_eq!(
         r.json::<serde_json::Value>().await.unwrap()["code"],
@@ -425,6 +464,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     );
     let r = http
         .get(format!("{url}/not-a-uuid"))
+        .bearer_auth(&service)
         .header("x-gangway-tenant", "acme")
         .send()
         .await
@@ -501,4 +541,57 @@ async fn a_tenant_over_its_quota_waits_while_others_run() {
     assert_eq!(bad.code(), Some("invalid_gpus"));
     cloud.client.delete_quota("acme", "h100").await.unwrap();
     assert!(cloud.client.list_quotas().await.unwrap().quotas.is_empty());
+}
+
+#[tokio::test]
+async fn a_region_refuses_callers_without_a_service_or_agent_token() {
+    let cloud = Cloud::start("sim").await;
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{}", cloud.port);
+    let code = |r: reqwest::Response| async move {
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap();
+        (status, body["code"].as_str().unwrap_or("").to_string())
+    };
+    // No token at all.
+    let r = http
+        .get(format!("{base}/v1/jobs"))
+        .header("x-gangway-tenant", "acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code(r).await, (401, "missing_token".to_string()));
+    // A token signed by some other key.
+    let stranger = SigningKey::generate("e2e-service");
+    let r = http
+        .get(format!("{base}/v1/jobs"))
+        .bearer_auth(token(&stranger, Role::Service, None))
+        .header("x-gangway-tenant", "acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code(r).await, (401, "bad_signature".to_string()));
+    // An agent token may not use the job API...
+    let agent = token(&cloud.key, Role::Agent, Some("test"));
+    let r = http
+        .get(format!("{base}/v1/jobs"))
+        .bearer_auth(&agent)
+        .header("x-gangway-tenant", "acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code(r).await, (403, "forbidden".to_string()));
+    // ...and an agent of another region may not sync here.
+    let other = token(&cloud.key, Role::Agent, Some("elsewhere"));
+    let r = http
+        .post(format!("{base}/internal/v1/agents/x/sync"))
+        .bearer_auth(&other)
+        .json(&serde_json::json!({"boot_id": Uuid::new_v4(), "workers": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code(r).await, (403, "forbidden".to_string()));
+    // Health needs nothing.
+    let r = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
 }

@@ -1,8 +1,10 @@
 //! `gangway admin …`: operator commands.
 
 use clap::Subcommand;
+use reqwest::Method;
 
-use crate::jobs_cli::{table, Conn};
+use crate::conn::Conn;
+use crate::jobs_cli::table;
 
 #[derive(Subcommand, Debug)]
 pub enum AdminCommand {
@@ -37,51 +39,90 @@ pub enum QuotaCommand {
     },
 }
 
-pub async fn run(cmd: AdminCommand) -> anyhow::Result<()> {
+/// Prints the global tier's per-region answer: `{"regions": {name: doc}}`.
+fn print_per_region(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> {
+    if conn.json {
+        println!("{}", serde_json::to_string_pretty(doc)?);
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    if let Some(regions) = doc.get("regions").and_then(|r| r.as_object()) {
+        for (region, v) in regions {
+            if let Some(code) = v.get("code").and_then(|c| c.as_str()) {
+                let msg = v.get("message").and_then(|m| m.as_str()).unwrap_or("");
+                rows.push(vec![
+                    region.clone(),
+                    format!("error {code}: {msg}"),
+                    String::new(),
+                    String::new(),
+                ]);
+                continue;
+            }
+            let quotas: Vec<serde_json::Value> = match v.get("quotas") {
+                Some(list) => list.as_array().cloned().unwrap_or_default(),
+                None if v.get("deleted").is_some() => {
+                    rows.push(vec![
+                        region.clone(),
+                        "deleted".into(),
+                        String::new(),
+                        String::new(),
+                    ]);
+                    continue;
+                }
+                None => vec![v.clone()],
+            };
+            for q in quotas {
+                let f = |k: &str| {
+                    q.get(k)
+                        .map(|x| x.to_string().trim_matches('"').to_string())
+                        .unwrap_or_default()
+                };
+                rows.push(vec![
+                    region.clone(),
+                    f("tenant"),
+                    f("gpu_type"),
+                    f("max_gpus"),
+                ]);
+            }
+        }
+    }
+    print!(
+        "{}",
+        table(&["REGION", "TENANT", "GPU TYPE", "MAX GPUS"], &rows)
+    );
+    Ok(())
+}
+
+pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
     let AdminCommand::Quota { command } = cmd;
-    match command {
+    let (conn, method, path, body) = match command {
         QuotaCommand::Set {
             conn,
             tenant,
             gpu_type,
             max_gpus,
-        } => {
-            let q = conn
-                .client()?
-                .set_quota(&tenant, &gpu_type, max_gpus)
-                .await?;
-            if conn.json {
-                println!("{}", serde_json::to_string_pretty(&q)?);
-            } else {
-                println!(
-                    "{}: at most {} {} GPUs at once",
-                    q.tenant, q.max_gpus, q.gpu_type
-                );
-            }
-        }
-        QuotaCommand::List { conn } => {
-            let list = conn.client()?.list_quotas().await?;
-            if conn.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                let rows: Vec<Vec<String>> = list
-                    .quotas
-                    .iter()
-                    .map(|q| vec![q.tenant.clone(), q.gpu_type.clone(), q.max_gpus.to_string()])
-                    .collect();
-                print!("{}", table(&["TENANT", "GPU TYPE", "MAX GPUS"], &rows));
-            }
-        }
+        } => (
+            conn,
+            Method::PUT,
+            format!("/v1/admin/quotas/{tenant}/{gpu_type}"),
+            Some(serde_json::json!({ "max_gpus": max_gpus })),
+        ),
+        QuotaCommand::List { conn } => (conn, Method::GET, "/v1/admin/quotas".to_string(), None),
         QuotaCommand::Delete {
             conn,
             tenant,
             gpu_type,
-        } => {
-            conn.client()?.delete_quota(&tenant, &gpu_type).await?;
-            if !conn.json {
-                println!("{tenant}: no cap on {gpu_type} GPUs");
-            }
-        }
-    }
-    Ok(())
+        } => (
+            conn,
+            Method::DELETE,
+            format!("/v1/admin/quotas/{tenant}/{gpu_type}"),
+            None,
+        ),
+    };
+    let doc = conn
+        .admin_client()?
+        .call_json(method, &path, body.as_ref())
+        .await?;
+    print_per_region(&conn, &doc)?;
+    Ok(0)
 }

@@ -2,8 +2,10 @@
 //!
 //! Per region: a private PostgreSQL cluster (system binaries, run as user
 //! `postgres` when started as root), a `gangway region` process and a
-//! `gangway agent` process serving a simulated fleet. State lives under the
-//! state dir; starting again on the same dir resumes with the data kept.
+//! `gangway agent` process serving a simulated fleet. In front of them, one
+//! `gangway global` on HTTPS with a dev CA. State (databases, CA, signing
+//! keys, logs) lives under the state dir; starting again on the same dir
+//! resumes with the data and keys kept.
 
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
@@ -13,8 +15,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
+use gangway_auth::dev::DevMaterial;
+use gangway_auth::jwt::{claims_for, Role};
 use gangway_devkit::{free_port, PgCluster, PgOptions};
 use gangway_shared::client::Client;
+use gangway_shared::tokens;
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
@@ -54,7 +59,18 @@ pub struct UpArgs {
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct DevState {
     regions: BTreeMap<String, RegionPorts>,
+    #[serde(default)]
+    global: GlobalPorts,
 }
+
+#[derive(Debug, Default, Clone, Copy, Serialize, Deserialize)]
+struct GlobalPorts {
+    api: u16,
+    metrics: u16,
+}
+
+/// How long the tokens written to the env file live.
+const DEV_TOKEN_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct RegionPorts {
@@ -115,16 +131,31 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             }
         }
     }
+    for p in [&mut state.global.api, &mut state.global.metrics] {
+        if *p == 0 || !port_free(*p) {
+            *p = free_port();
+        }
+    }
     std::fs::write(&state_file, serde_json::to_vec_pretty(&state)?)?;
+    let auth = DevMaterial::load_or_create(&dir)
+        .map_err(|e| anyhow::anyhow!("cannot prepare the dev CA and keys: {e}"))?;
 
     let shutdown = shutdown_token();
     let mut runs: Vec<RegionRun> = Vec::new();
-    let result = start_all(&args, &dir, &exe, &fleet, &state, &mut runs).await;
+    let mut global: Option<Child> = None;
+    let result = async {
+        start_all(&args, &dir, &exe, &fleet, &state, &auth, &mut runs).await?;
+        global = Some(start_global(&dir, &exe, &state, &auth, &runs).await?);
+        anyhow::Ok(())
+    }
+    .await;
     if let Err(e) = result {
+        terminate(global.take()).await;
         stop_all(&mut runs).await;
         return Err(e);
     }
-    let env_file = write_env(&dir, &runs)?;
+    let tokens = Tokens::mint(&auth)?;
+    let env_file = write_env(&dir, &runs, state.global, &auth, &tokens)?;
     println!();
     let rows: Vec<Vec<String>> = runs
         .iter()
@@ -141,7 +172,11 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         "{}",
         table(&["REGION", "API", "METRICS", "POSTGRES"], &rows)
     );
-    println!("\nReady. In another shell:\n  source {}\n  gangway job submit --gpus 8 --gpu-type h100 -- sh -c 'echo rank $RANK of $WORLD_SIZE'\nLogs: {}/logs. Ctrl-C stops everything.", env_file.display(), dir.display());
+    println!(
+        "\nGlobal tier: https://127.0.0.1:{} (metrics http://127.0.0.1:{}/metrics)",
+        state.global.api, state.global.metrics
+    );
+    println!("\nReady. In another shell:\n  source {}\n  gangway job submit --wait --gpus 8 --gpu-type h100 -- sh -c 'echo rank $RANK of $WORLD_SIZE'\nLogs: {}/logs. Ctrl-C stops everything.", env_file.display(), dir.display());
 
     // Run until Ctrl-C or until a process dies under us.
     let died = loop {
@@ -152,8 +187,15 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         if let Some(what) = find_dead(&mut runs) {
             break Some(what);
         }
+        if let Some(g) = global.as_mut() {
+            if let Ok(Some(status)) = g.try_wait() {
+                global = None;
+                break Some(format!("the global tier exited ({status})"));
+            }
+        }
     };
     println!("stopping…");
+    terminate(global.take()).await;
     stop_all(&mut runs).await;
     let _ = std::fs::remove_file(dir.join("env"));
     match died {
@@ -171,8 +213,14 @@ async fn start_all(
     exe: &Path,
     fleet: &Path,
     state: &DevState,
+    auth: &DevMaterial,
     runs: &mut Vec<RegionRun>,
 ) -> anyhow::Result<()> {
+    let service_key = format!(
+        "{}={}",
+        auth.service_key.kid(),
+        dir.join("keys/service-signing.pub.pem").display()
+    );
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
     for name in &args.regions {
@@ -220,9 +268,24 @@ async fn start_all(
                 &format!("127.0.0.1:{}", ports.metrics),
                 "--database-url",
                 &db,
+                "--service-key",
+                &service_key,
             ],
+            &[],
             &logs.join(format!("{name}-region.log")),
         )?);
+        let agent_token = auth
+            .service_key
+            .sign(&claims_for(
+                Role::Agent,
+                &format!("{name}-agent-0"),
+                None,
+                Some(name),
+                tokens::ISSUER,
+                tokens::REGION_AUDIENCE,
+                DEV_TOKEN_TTL,
+            ))
+            .map_err(|e| anyhow::anyhow!("cannot sign the agent token: {e}"))?;
         println!(
             "{name}: starting the node agent ({} executor)",
             args.executor
@@ -247,19 +310,33 @@ async fn start_all(
                 "--work-dir",
                 &work_dir.to_string_lossy(),
             ],
+            &[("GANGWAY_AGENT_TOKEN", agent_token.as_str())],
             &logs.join(format!("{name}-agent.log")),
         )?);
     }
     for run in runs.iter_mut() {
-        wait_ready(run).await?;
+        wait_ready(run, auth).await?;
         println!("{}: ready", run.name);
     }
     Ok(())
 }
 
 /// Waits until the region answers and its agent has registered GPUs.
-async fn wait_ready(run: &mut RegionRun) -> anyhow::Result<()> {
-    let client = Client::new(format!("http://127.0.0.1:{}", run.ports.api), "acme");
+async fn wait_ready(run: &mut RegionRun, auth: &DevMaterial) -> anyhow::Result<()> {
+    let token = auth
+        .service_key
+        .sign(&claims_for(
+            Role::Service,
+            "gangway-dev",
+            None,
+            None,
+            tokens::ISSUER,
+            tokens::REGION_AUDIENCE,
+            Duration::from_secs(600),
+        ))
+        .map_err(|e| anyhow::anyhow!("cannot sign a service token: {e}"))?;
+    let client =
+        Client::new(format!("http://127.0.0.1:{}", run.ports.api), "acme").with_token(token);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Ok(status) = client.region_status().await {
@@ -280,7 +357,7 @@ async fn wait_ready(run: &mut RegionRun) -> anyhow::Result<()> {
     }
 }
 
-fn spawn(exe: &Path, args: &[&str], log: &Path) -> anyhow::Result<Child> {
+fn spawn(exe: &Path, args: &[&str], env: &[(&str, &str)], log: &Path) -> anyhow::Result<Child> {
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -288,6 +365,7 @@ fn spawn(exe: &Path, args: &[&str], log: &Path) -> anyhow::Result<Child> {
         .with_context(|| format!("cannot open log {}", log.display()))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
@@ -353,14 +431,130 @@ async fn terminate(child: Option<Child>) {
     }
 }
 
-fn write_env(dir: &Path, runs: &[RegionRun]) -> anyhow::Result<PathBuf> {
+/// The dev tokens written to the env file.
+struct Tokens {
+    acme: String,
+    globex: String,
+    admin: String,
+}
+
+impl Tokens {
+    fn mint(auth: &DevMaterial) -> anyhow::Result<Tokens> {
+        let sign = |role, sub: &str, tenant: Option<&str>| {
+            auth.tenant_key
+                .sign(&claims_for(
+                    role,
+                    sub,
+                    tenant,
+                    None,
+                    tokens::ISSUER,
+                    tokens::PUBLIC_AUDIENCE,
+                    DEV_TOKEN_TTL,
+                ))
+                .map_err(|e| anyhow::anyhow!("cannot sign a dev token: {e}"))
+        };
+        Ok(Tokens {
+            acme: sign(Role::Tenant, "acme-dev", Some("acme"))?,
+            globex: sign(Role::Tenant, "globex-dev", Some("globex"))?,
+            admin: sign(Role::Admin, "operator", None)?,
+        })
+    }
+}
+
+/// Starts the global tier over HTTPS and waits until it sees every region.
+async fn start_global(
+    dir: &Path,
+    exe: &Path,
+    state: &DevState,
+    auth: &DevMaterial,
+    runs: &[RegionRun],
+) -> anyhow::Result<Child> {
+    println!(
+        "global: starting the public API on https://127.0.0.1:{}",
+        state.global.api
+    );
+    let mut args: Vec<String> = vec![
+        "global".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{}", state.global.api),
+        "--metrics-listen".into(),
+        format!("127.0.0.1:{}", state.global.metrics),
+        "--tls-cert".into(),
+        auth.server_cert.to_string_lossy().into_owned(),
+        "--tls-key".into(),
+        auth.server_key.to_string_lossy().into_owned(),
+        "--tenant-key".into(),
+        format!(
+            "{}={}",
+            auth.tenant_key.kid(),
+            dir.join("keys/tenant-signing.pub.pem").display()
+        ),
+        "--service-signing-key".into(),
+        format!(
+            "{}={}",
+            auth.service_key.kid(),
+            dir.join("keys/service-signing.pem").display()
+        ),
+    ];
+    for r in runs {
+        args.push("--region".into());
+        args.push(format!("{}=http://127.0.0.1:{}", r.name, r.ports.api));
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut child = spawn(exe, &argv, &[], &dir.join("logs/global.log"))?;
+    let ca = std::fs::read(&auth.ca_cert)?;
+    let token = Tokens::mint(auth)?.acme;
+    let client = Client::public(
+        format!("https://127.0.0.1:{}", state.global.api),
+        token,
+        Some(&ca),
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(list) = client.regions().await {
+            if list.regions.iter().all(|r| r.healthy) {
+                println!("global: ready");
+                return Ok(child);
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!(
+                "the global tier exited ({status}); see {}/logs/global.log",
+                dir.display()
+            );
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill().await;
+            bail!("the global tier did not see every region healthy within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn write_env(
+    dir: &Path,
+    runs: &[RegionRun],
+    global: GlobalPorts,
+    auth: &DevMaterial,
+    tokens: &Tokens,
+) -> anyhow::Result<PathBuf> {
     let mut s = String::from("# Written by `gangway dev up`; source it in a shell.\n");
-    let first = &runs[0];
     s.push_str(&format!(
-        "export GANGWAY_URL=http://127.0.0.1:{}\n",
-        first.ports.api
+        "export GANGWAY_URL=https://127.0.0.1:{}\n",
+        global.api
     ));
-    s.push_str("export GANGWAY_TENANT=acme\n");
+    s.push_str(&format!(
+        "export GANGWAY_CA_CERT={}\n",
+        auth.ca_cert.display()
+    ));
+    s.push_str(&format!("export GANGWAY_TOKEN={}\n", tokens.acme));
+    s.push_str(&format!("export GANGWAY_TOKEN_GLOBEX={}\n", tokens.globex));
+    s.push_str(&format!("export GANGWAY_ADMIN_TOKEN={}\n", tokens.admin));
+    s.push_str(&format!(
+        "export GANGWAY_GLOBAL_METRICS_URL=http://127.0.0.1:{}/metrics\n",
+        global.metrics
+    ));
     let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
     s.push_str(&format!("export GANGWAY_REGIONS={}\n", names.join(",")));
     for r in runs {
@@ -377,6 +571,7 @@ fn write_env(dir: &Path, runs: &[RegionRun]) -> anyhow::Result<PathBuf> {
     let path = dir.join("env");
     let tmp = dir.join("env.tmp");
     std::fs::write(&tmp, s)?;
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     std::fs::rename(&tmp, &path)?;
     Ok(path)
 }

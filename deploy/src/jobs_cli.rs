@@ -7,30 +7,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use gangway_shared::api::{Job, JobMode, JobSpec, JobState, Priority, TopologyLevel, TopologySpec};
-use gangway_shared::client::{Client, ListQuery};
+use gangway_shared::client::ListQuery;
+
+use crate::conn::Conn;
 use uuid::Uuid;
-
-#[derive(Args, Debug, Clone)]
-pub struct Conn {
-    /// The API's URL (until the global tier exists, a region's URL).
-    #[arg(long, env = "GANGWAY_URL", global = true)]
-    pub url: Option<String>,
-    /// The tenant to act as.
-    #[arg(long, env = "GANGWAY_TENANT", default_value = "acme", global = true)]
-    pub tenant: String,
-    /// Print JSON instead of tables.
-    #[arg(long, global = true)]
-    pub json: bool,
-}
-
-impl Conn {
-    pub fn client(&self) -> anyhow::Result<Client> {
-        let url = self.url.clone().context(
-            "no API URL: pass --url or set GANGWAY_URL (`source .gangway/env` after `gangway dev up`)",
-        )?;
-        Ok(Client::new(url, self.tenant.clone()))
-    }
-}
 
 #[derive(Subcommand, Debug)]
 pub enum JobCommand {
@@ -40,6 +20,12 @@ pub enum JobCommand {
         conn: Conn,
         #[command(flatten)]
         spec: SubmitArgs,
+    },
+    /// Why a job waits (or what it is doing).
+    Explain {
+        #[command(flatten)]
+        conn: Conn,
+        id: Uuid,
     },
     /// Show one job.
     Get {
@@ -54,9 +40,15 @@ pub enum JobCommand {
         /// Only jobs in this state.
         #[arg(long)]
         state: Option<JobState>,
+        /// Only jobs with this name.
+        #[arg(long)]
+        name: Option<String>,
         /// At most this many jobs.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Continue after this cursor (from the previous page).
+        #[arg(long)]
+        cursor: Option<String>,
     },
     /// Cancel a job (its workers get SIGTERM, then SIGKILL).
     Cancel {
@@ -107,10 +99,17 @@ pub struct SubmitArgs {
     /// Environment for every worker, KEY=VALUE (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
-    /// Idempotency key (default: a fresh one, so a retried call never
-    /// makes two jobs only if you pass the same key again).
+    /// Idempotency key. The CLI always sends one (a fresh one by default);
+    /// pass your own to make a retried submit safe across invocations.
     #[arg(long)]
     idempotency_key: Option<String>,
+    /// Pin the job to a region.
+    #[arg(long)]
+    region: Option<String>,
+    /// Wait for the job to end, showing its progress. Exit status: 0 when
+    /// it succeeded, 3 when it failed, 4 when it was cancelled.
+    #[arg(long)]
+    wait: bool,
     /// The command each worker runs.
     #[arg(last = true)]
     command: Vec<String>,
@@ -137,6 +136,7 @@ impl SubmitArgs {
                 gpus_per_worker: None,
                 mode: JobMode::Gang,
                 topology: TopologySpec::default(),
+                region: None,
             },
         };
         if let Some(v) = &self.name {
@@ -181,6 +181,9 @@ impl SubmitArgs {
         if !self.command.is_empty() {
             spec.command = self.command.clone();
         }
+        if self.region.is_some() {
+            spec.region = self.region.clone();
+        }
         if spec.name.is_empty() {
             spec.name = spec
                 .command
@@ -201,7 +204,12 @@ impl SubmitArgs {
     }
 }
 
-pub async fn run(cmd: JobCommand) -> anyhow::Result<()> {
+/// Exit status when `--wait` saw the job fail.
+pub const EXIT_JOB_FAILED: u8 = 3;
+/// Exit status when `--wait` saw the job cancelled.
+pub const EXIT_JOB_CANCELLED: u8 = 4;
+
+pub async fn run(cmd: JobCommand) -> anyhow::Result<u8> {
     match cmd {
         JobCommand::Submit { conn, spec } => {
             let client = conn.client()?;
@@ -210,51 +218,124 @@ pub async fn run(cmd: JobCommand) -> anyhow::Result<()> {
                 .clone()
                 .unwrap_or_else(|| Uuid::new_v4().to_string());
             let job = client.submit(&spec.spec()?, Some(&key)).await?;
-            print_jobs(&conn, &[job], true)
+            if !spec.wait {
+                print_jobs(&conn, &[job], true)?;
+                return Ok(0);
+            }
+            eprintln!(
+                "submitted {} to {} (idempotency key {key})",
+                job.id, job.region
+            );
+            let done = wait_for(&client, job.id).await?;
+            print_jobs(&conn, std::slice::from_ref(&done), true)?;
+            Ok(match done.state {
+                JobState::Succeeded => 0,
+                JobState::Cancelled => EXIT_JOB_CANCELLED,
+                _ => EXIT_JOB_FAILED,
+            })
         }
         JobCommand::Get { conn, id } => {
             let job = conn.client()?.get(id).await?;
-            print_jobs(&conn, &[job], true)
+            print_jobs(&conn, &[job], true)?;
+            Ok(0)
         }
-        JobCommand::List { conn, state, limit } => {
+        JobCommand::Explain { conn, id } => {
+            let e = conn.client()?.explain(id).await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&e)?);
+            } else {
+                println!("{} is {} ({}): {}", e.job_id, e.state, e.code, e.message);
+            }
+            Ok(0)
+        }
+        JobCommand::List {
+            conn,
+            state,
+            name,
+            limit,
+            cursor,
+        } => {
             let list = conn
                 .client()?
                 .list(&ListQuery {
+                    name,
                     state,
                     limit: Some(limit),
-                    cursor: None,
+                    cursor,
                 })
                 .await?;
             if conn.json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
-                return Ok(());
+                return Ok(0);
             }
-            print_jobs(&conn, &list.jobs, false)
+            print_jobs(&conn, &list.jobs, false)?;
+            if !list.unavailable_regions.is_empty() {
+                eprintln!(
+                    "warning: regions not answering, their jobs are missing: {}",
+                    list.unavailable_regions.join(", ")
+                );
+            }
+            if let Some(c) = list.next_cursor {
+                eprintln!("more: gangway job list --cursor {c}");
+            }
+            Ok(0)
         }
         JobCommand::Cancel { conn, id } => {
             let job = conn.client()?.cancel(id).await?;
-            print_jobs(&conn, &[job], true)
+            print_jobs(&conn, &[job], true)?;
+            Ok(0)
         }
         JobCommand::Events { conn, id } => {
             let events = conn.client()?.events(id).await?;
             if conn.json {
                 println!("{}", serde_json::to_string_pretty(&events)?);
-                return Ok(());
+                return Ok(0);
             }
-            let rows: Vec<Vec<String>> = events
-                .events
-                .iter()
-                .map(|e| {
-                    vec![
-                        e.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
-                        e.kind.clone(),
-                        e.message.clone(),
-                    ]
-                })
-                .collect();
+            let rows: Vec<Vec<String>> = events.events.iter().map(event_row).collect();
             print!("{}", table(&["AT", "EVENT", "DETAIL"], &rows));
-            Ok(())
+            Ok(0)
         }
+    }
+}
+
+fn event_row(e: &gangway_shared::api::JobEvent) -> Vec<String> {
+    vec![
+        e.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+        e.kind.clone(),
+        e.message.clone(),
+    ]
+}
+
+/// Follows a job until it ends, printing each new event on stderr.
+async fn wait_for(client: &gangway_shared::client::Client, id: Uuid) -> anyhow::Result<Job> {
+    let mut seen = 0usize;
+    let mut failures = 0u32;
+    loop {
+        let step = async {
+            let events = client.events(id).await?;
+            let job = client.get(id).await?;
+            anyhow::Ok((events, job))
+        };
+        match step.await {
+            Ok((events, job)) => {
+                failures = 0;
+                for e in events.events.iter().skip(seen) {
+                    let r = event_row(e);
+                    eprintln!("{}  {:<16} {}", r[0], r[1], r[2]);
+                }
+                seen = seen.max(events.events.len());
+                if job.state.is_terminal() {
+                    return Ok(job);
+                }
+            }
+            // Keep following through a blip; give up after a minute.
+            Err(e) if failures < 60 => {
+                failures += 1;
+                tracing::debug!(error = %e, "waiting: will retry");
+            }
+            Err(e) => return Err(e.context("lost track of the job; `gangway job get` it later")),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
 
@@ -319,4 +400,57 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         line(row.iter().map(String::as_str).collect());
     }
     out
+}
+
+/// `gangway regions`: health and capacity per region.
+pub async fn regions(conn: &Conn) -> anyhow::Result<u8> {
+    let list = conn.client()?.regions().await?;
+    if conn.json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(0);
+    }
+    let mut rows = Vec::new();
+    for r in &list.regions {
+        let health = if r.healthy { "healthy" } else { "UNREACHABLE" };
+        match &r.status {
+            Some(s) if !s.capacity.is_empty() => {
+                for c in &s.capacity {
+                    rows.push(vec![
+                        r.name.clone(),
+                        health.to_string(),
+                        c.gpu_type.clone(),
+                        c.free.to_string(),
+                        c.allocated.to_string(),
+                        c.schedulable.to_string(),
+                        s.queued_jobs.to_string(),
+                    ]);
+                }
+            }
+            _ => rows.push(vec![
+                r.name.clone(),
+                health.to_string(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]),
+        }
+    }
+    print!(
+        "{}",
+        table(
+            &[
+                "REGION",
+                "HEALTH",
+                "GPU TYPE",
+                "FREE",
+                "ALLOCATED",
+                "SCHEDULABLE",
+                "QUEUED JOBS"
+            ],
+            &rows
+        )
+    );
+    Ok(0)
 }

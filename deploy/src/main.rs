@@ -1,4 +1,4 @@
-//! `gangway`: the one binary. Servers (`region`, `agent`), the local cloud
+//! `gangway`: the one binary. Servers (`global`, `region`, `agent`), the local cloud
 //! (`dev up`) and the tenant client (`job …`).
 //!
 //! # Layout
@@ -7,9 +7,11 @@
 //! - `dev.rs`: `gangway dev up`, the local cloud launcher.
 //! - `jobs_cli.rs`: `gangway job …`, tables and `--json`.
 //! - `admin_cli.rs`: `gangway admin …` (quotas).
+//! - `conn.rs`: URL, token and CA for the client commands.
 //! - `signals.rs`: Ctrl-C / SIGTERM as a cancellation token.
 
 mod admin_cli;
+mod conn;
 mod dev;
 mod jobs_cli;
 mod servers;
@@ -32,6 +34,8 @@ struct Cli {
 enum Command {
     /// Run one region's control plane (API, scheduler, reconcilers).
     Region(servers::RegionArgs),
+    /// Run the global tier (public HTTPS API).
+    Global(servers::GlobalArgs),
     /// Run a node agent (a simulated fleet from a fleet file).
     Agent(servers::AgentArgs),
     /// The local cloud.
@@ -48,6 +52,11 @@ enum Command {
     Job {
         #[command(subcommand)]
         command: jobs_cli::JobCommand,
+    },
+    /// Every region's health and capacity.
+    Regions {
+        #[command(flatten)]
+        conn: conn::Conn,
     },
 }
 
@@ -71,22 +80,27 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Region(args) => {
                 init_tracing();
-                servers::run_region(args).await
+                servers::run_region(args).await.map(|()| 0)
+            }
+            Command::Global(args) => {
+                init_tracing();
+                servers::run_global(args).await.map(|()| 0)
             }
             Command::Agent(args) => {
                 init_tracing();
-                servers::run_agent(args).await
+                servers::run_agent(args).await.map(|()| 0)
             }
             Command::Dev { command } => {
                 init_tracing();
-                dev::run(command).await
+                dev::run(command).await.map(|()| 0)
             }
             Command::Job { command } => jobs_cli::run(command).await,
             Command::Admin { command } => admin_cli::run(command).await,
+            Command::Regions { conn } => jobs_cli::regions(&conn).await,
         }
     });
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => std::process::ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE

@@ -41,6 +41,27 @@ pub struct RegionArgs {
     /// Seconds to wait for the database at start-up.
     #[arg(long, default_value_t = 60)]
     pub database_wait_s: u64,
+    /// A public key (PEM) that verifies service and agent tokens, as
+    /// KEY_ID=PATH; repeat it while keys rotate.
+    #[arg(long = "service-key", value_name = "KID=PATH")]
+    pub service_keys: Vec<String>,
+    /// Accept calls without tokens (benchmarks only; never in production).
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+}
+
+/// Reads `KID=PATH` key arguments into (kid, PEM) pairs.
+pub fn read_keys(args: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    args.iter()
+        .map(|a| {
+            let (kid, path) = a
+                .split_once('=')
+                .with_context(|| format!("{a:?} is not KEY_ID=PATH"))?;
+            let pem =
+                std::fs::read_to_string(path).with_context(|| format!("cannot read key {path}"))?;
+            Ok((kid.to_string(), pem))
+        })
+        .collect()
 }
 
 pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
@@ -52,6 +73,23 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
     config.agent_sync_interval = Duration::from_millis(args.agent_sync_interval_ms);
     config.agent_timeout = Duration::from_secs(args.agent_timeout_s);
     config.grace_period = Duration::from_secs(args.grace_period_s);
+    config.auth = match (args.service_keys.is_empty(), args.insecure_no_auth) {
+        (false, _) => Some(
+            gangway_auth::jwt::Verifier::new(
+                gangway_shared::tokens::ISSUER,
+                gangway_shared::tokens::REGION_AUDIENCE,
+                &read_keys(&args.service_keys)?,
+            )
+            .map_err(|e| anyhow::anyhow!("--service-key: {e}"))?,
+        ),
+        (true, true) => {
+            tracing::warn!("--insecure-no-auth: this region accepts calls from anyone");
+            None
+        }
+        (true, false) => anyhow::bail!(
+            "pass --service-key KID=PATH (the public key that signs the global tier's and agents' tokens), or --insecure-no-auth for a benchmark"
+        ),
+    };
     let shutdown = shutdown_token();
     let state =
         gangway_regional::prepare(config, Duration::from_secs(args.database_wait_s)).await?;
@@ -89,6 +127,9 @@ pub struct AgentArgs {
     /// Address workers of this agent's nodes reach each other at.
     #[arg(long, default_value = "127.0.0.1")]
     pub address: String,
+    /// The agent token (role agent, naming this region) for the region.
+    #[arg(long, env = "GANGWAY_AGENT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
@@ -109,6 +150,102 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         time_factor: args.time_factor,
         work_dir: args.work_dir,
         default_sync_interval: Duration::from_secs(1),
+        token: args.token,
     };
     gangway_agent::run(config, shutdown_token()).await
+}
+
+#[derive(Args, Debug)]
+pub struct GlobalArgs {
+    /// Address of the public HTTPS API.
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    pub listen: SocketAddr,
+    /// Address of the Prometheus /metrics listener.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// TLS certificate chain (PEM).
+    #[arg(long)]
+    pub tls_cert: PathBuf,
+    /// TLS private key (PEM).
+    #[arg(long)]
+    pub tls_key: PathBuf,
+    /// A region, as NAME=URL; repeat for each region.
+    #[arg(long = "region", value_name = "NAME=URL", required = true)]
+    pub regions: Vec<String>,
+    /// A public key (PEM) that verifies tenant and admin tokens, as
+    /// KEY_ID=PATH; repeat it while keys rotate.
+    #[arg(long = "tenant-key", value_name = "KID=PATH", required = true)]
+    pub tenant_keys: Vec<String>,
+    /// The private key (PEM) that signs this tier's tokens for regions, as
+    /// KEY_ID=PATH.
+    #[arg(long, value_name = "KID=PATH")]
+    pub service_signing_key: String,
+    /// Requests per second each tenant may make (per replica).
+    #[arg(long, default_value_t = 200)]
+    pub rate_limit: u32,
+    /// Burst each tenant may make above the rate.
+    #[arg(long, default_value_t = 400)]
+    pub rate_burst: u32,
+    /// A tenant's own limit, as TENANT=PER_SECOND[:BURST]; repeatable.
+    #[arg(long = "tenant-rate", value_name = "TENANT=RATE[:BURST]")]
+    pub tenant_rates: Vec<String>,
+}
+
+pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
+    use gangway_global::config::{GlobalConfig, RateLimit, RegionEndpoint};
+    if let Some(addr) = args.metrics_listen {
+        metrics_exporter_prometheus_install(addr)?;
+    }
+    let regions = args
+        .regions
+        .iter()
+        .map(|r| {
+            let (name, url) = r
+                .split_once('=')
+                .with_context(|| format!("--region {r:?} is not NAME=URL"))?;
+            Ok(RegionEndpoint {
+                name: name.to_string(),
+                url: url.to_string(),
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (kid, path) = args
+        .service_signing_key
+        .split_once('=')
+        .context("--service-signing-key is not KEY_ID=PATH")?;
+    let pem = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+    let service_key = gangway_auth::jwt::SigningKey::from_pem(kid, &pem)
+        .map_err(|e| anyhow::anyhow!("--service-signing-key: {e}"))?;
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+    };
+    let mut config = GlobalConfig::new(
+        read(&args.tls_cert)?,
+        read(&args.tls_key)?,
+        regions,
+        read_keys(&args.tenant_keys)?,
+        service_key,
+    );
+    config.default_rate = RateLimit {
+        per_second: args.rate_limit,
+        burst: args.rate_burst,
+    };
+    for t in &args.tenant_rates {
+        let (tenant, rate) = t
+            .split_once('=')
+            .with_context(|| format!("--tenant-rate {t:?} is not TENANT=RATE[:BURST]"))?;
+        let (per, burst) = rate.split_once(':').unwrap_or((rate, rate));
+        config.tenant_rates.insert(
+            tenant.to_string(),
+            RateLimit {
+                per_second: per.parse().with_context(|| format!("bad rate in {t:?}"))?,
+                burst: burst
+                    .parse()
+                    .with_context(|| format!("bad burst in {t:?}"))?,
+            },
+        );
+    }
+    let listener = std::net::TcpListener::bind(args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    gangway_global::serve(listener, config, shutdown_token()).await
 }

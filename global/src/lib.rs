@@ -1,1 +1,70 @@
-//! The stateless global tier (public API, auth, idempotency routing). Arrives with issue 3.
+//! The stateless global tier: the public HTTPS API tenants meet.
+//!
+//! It authenticates tenants (ES256 JWTs), rate-limits them per tenant,
+//! routes each request to the region that owns the job (or, for a new job,
+//! to the region chosen for it), and merges regions' answers. It keeps no
+//! state of its own: any replica answers any request the same way.
+//!
+//! # Layout
+//! - [`config`]: [`GlobalConfig`].
+//! - [`auth`]: the `Caller` extractors (JWT, role, per-tenant rate limit).
+//! - [`ratelimit`]: per-tenant token buckets (governor).
+//! - [`regions`]: the region set: service tokens, forwarding, health.
+//! - [`routing`]: rendezvous order and the choice of a region for a job.
+//! - [`api`]: the router and handlers.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod ratelimit;
+pub mod regions;
+pub mod routing;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use api::{app, GlobalState};
+pub use config::GlobalConfig;
+
+/// Serves the global tier over HTTPS on `listener` until `shutdown`; then
+/// stops accepting, gives in-flight requests up to 10 s, and stops the
+/// health poller.
+pub async fn serve(
+    listener: std::net::TcpListener,
+    config: GlobalConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tls = gangway_auth::tls::server_config(&config.tls_cert_pem, &config.tls_key_pem)
+        .map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
+    let state = GlobalState::new(config)?;
+    let tracker = TaskTracker::new();
+    let loops = shutdown.child_token();
+    tracker.spawn(regions::poll_health(state.regions.clone(), loops.clone()));
+    // Answer only once the regions' health is known.
+    state.regions.refresh_all().await;
+
+    let handle = axum_server::Handle::new();
+    let h = handle.clone();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        s.cancelled().await;
+        h.graceful_shutdown(Some(Duration::from_secs(10)));
+    });
+    listener.set_nonblocking(true)?;
+    tracing::info!(addr = %listener.local_addr()?, "global tier listening (https)");
+    axum_server::from_tcp_rustls(
+        listener,
+        axum_server::tls_rustls::RustlsConfig::from_config(Arc::clone(&tls)),
+    )?
+    .handle(handle)
+    .serve(app(state).into_make_service())
+    .await?;
+    loops.cancel();
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}

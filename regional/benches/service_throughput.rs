@@ -138,6 +138,7 @@ fn main() -> anyhow::Result<()> {
                         gpus_per_worker: Some(size(i).min(8)),
                         mode: JobMode::Gang,
                         topology: Default::default(),
+                        region: None,
                     };
                     client
                         .submit(&spec, Some(&format!("bench-{i}")))

@@ -77,7 +77,7 @@ CREATE TABLE jobs (
     UNIQUE (tenant, idempotency_key),
     CHECK (gpus = workers * gpus_per_worker)
 );
-CREATE INDEX jobs_by_tenant ON jobs (tenant, seq DESC);
+CREATE INDEX jobs_by_tenant ON jobs (tenant, created_at DESC, job_id DESC);
 CREATE INDEX jobs_active ON jobs (state) WHERE state NOT IN ('succeeded', 'failed', 'cancelled');
 
 CREATE TABLE workers (
@@ -143,4 +143,16 @@ CREATE TABLE quotas (
     gpu_type  text    NOT NULL,
     max_gpus  integer NOT NULL CHECK (max_gpus >= 0),
     PRIMARY KEY (tenant, gpu_type)
+);
+
+-- Which region a keyed create goes to, decided once. The global tier claims
+-- a key here, in the key's claim region (the first healthy region in the
+-- rendezvous order of the job id), before sending the create anywhere, so
+-- that concurrent first attempts through different global replicas agree
+-- on one region even when their views of capacity differ (invariant 5).
+CREATE TABLE idempotency_claims (
+    job_id      uuid        PRIMARY KEY,
+    tenant      text        NOT NULL,
+    region      text        NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
 );

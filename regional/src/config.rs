@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RegionConfig {
     /// The region's name, for example `us-east`.
     pub region: String,
@@ -24,6 +24,9 @@ pub struct RegionConfig {
     pub grace_period: Duration,
     /// How often a replica that is not the leader tries to become it.
     pub leader_retry_interval: Duration,
+    /// Verifies the tokens of callers (the global tier, agents). `None`
+    /// lets anyone in: only for benchmarks and `--insecure-no-auth`.
+    pub auth: Option<gangway_auth::jwt::Verifier>,
 }
 
 impl RegionConfig {
@@ -39,6 +42,7 @@ impl RegionConfig {
             agent_timeout: Duration::from_secs(15),
             grace_period: Duration::from_secs(10),
             leader_retry_interval: Duration::from_secs(1),
+            auth: None,
         }
     }
 }

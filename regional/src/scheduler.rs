@@ -195,3 +195,90 @@ async fn sleep_or_cancel(d: Duration, shutdown: &CancellationToken) {
         _ = tokio::time::sleep(d) => {}
     }
 }
+
+/// Why a job is where it is. For work still waiting, this runs the planner
+/// on a fresh snapshot (no commit) and reports what it decided for the job.
+pub async fn explain(
+    store: &Store,
+    tenant: &str,
+    id: uuid::Uuid,
+    agent_timeout: Duration,
+) -> Result<gangway_shared::api::Explanation, StoreError> {
+    use gangway_shared::api::{Explanation, JobState, WorkerState};
+    let job = store.get_job(tenant, id).await?;
+    let pending = job
+        .workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Pending)
+        .count();
+    let done = |code: &str, message: String| {
+        Ok(Explanation {
+            job_id: id,
+            state: job.state,
+            code: code.to_string(),
+            message,
+        })
+    };
+    if job.state.is_terminal() {
+        return done(
+            "finished",
+            format!(
+                "the job ended {} ({})",
+                job.state,
+                job.reason.clone().unwrap_or_default()
+            ),
+        );
+    }
+    if job.state == JobState::Cancelling {
+        return done(
+            "cancelling",
+            "cancel requested; waiting for the agents to report the workers stopped".into(),
+        );
+    }
+    if pending == 0 {
+        let nodes: std::collections::BTreeSet<&str> = job
+            .workers
+            .iter()
+            .filter_map(|w| w.node.as_deref())
+            .collect();
+        let code = if job.state == JobState::Running {
+            "running"
+        } else {
+            "starting"
+        };
+        return done(
+            code,
+            format!(
+                "{} worker(s) placed on {} node(s); {}",
+                job.workers.len(),
+                nodes.len(),
+                if code == "running" {
+                    "all started"
+                } else {
+                    "waiting for the agents to start them"
+                }
+            ),
+        );
+    }
+    let data = store.snapshot(agent_timeout).await?;
+    let job_key = id.to_string();
+    let planned = tokio::task::spawn_blocking(move || plan(&data.snapshot, &Policy::default()))
+        .await
+        .expect("the planner does not panic");
+    if planned.placements.iter().any(|p| p.job == job_key) {
+        return done(
+            "schedulable",
+            format!("{pending} worker(s) waiting; GPUs are free for them and the next scheduling pass places them"),
+        );
+    }
+    match planned.waiting.iter().find(|w| w.job == job_key) {
+        Some(w) => done(
+            w.reason.code(),
+            format!("{pending} worker(s) waiting: {}", w.reason),
+        ),
+        None => done(
+            "schedulable",
+            format!("{pending} worker(s) waiting for the next scheduling pass"),
+        ),
+    }
+}

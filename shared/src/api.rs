@@ -54,6 +54,9 @@ pub struct JobSpec {
     pub mode: JobMode,
     #[serde(default)]
     pub topology: TopologySpec,
+    /// Pin the job to this region; by default the global tier chooses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 impl JobSpec {
@@ -374,12 +377,47 @@ pub struct JobEvents {
     pub events: Vec<JobEvent>,
 }
 
+/// A position in a newest-first listing of jobs: the (creation time, id) of
+/// the last job of a page. Regions and the global tier use the same order,
+/// so the global tier can merge regions' pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub created_at: DateTime<Utc>,
+    pub id: Uuid,
+}
+
+impl Cursor {
+    pub fn of(job: &Job) -> Cursor {
+        Cursor {
+            created_at: job.created_at,
+            id: job.id,
+        }
+    }
+
+    /// An opaque string: `<microseconds since the epoch>_<id>`.
+    pub fn encode(&self) -> String {
+        format!("{}_{}", self.created_at.timestamp_micros(), self.id)
+    }
+
+    pub fn decode(s: &str) -> Option<Cursor> {
+        let (micros, id) = s.split_once('_')?;
+        Some(Cursor {
+            created_at: DateTime::from_timestamp_micros(micros.parse().ok()?)?,
+            id: Uuid::parse_str(id).ok()?,
+        })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobList {
     pub jobs: Vec<Job>,
-    /// Pass as `cursor` to get the next page; absent on the last page.
+    /// Pass as `cursor` to get the next page; absent on the last page
+    /// (see [`Cursor`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
+    /// Regions that did not answer: their jobs are missing from this page.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable_regions: Vec<String>,
 }
 
 /// GPUs of one type in a region, as its agents registered them.
@@ -424,4 +462,34 @@ pub struct QuotaUpdate {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaList {
     pub quotas: Vec<Quota>,
+}
+
+/// Why a job is where it is, in words and a code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Explanation {
+    pub job_id: Uuid,
+    pub state: JobState,
+    /// `running`, `finished`, `starting`, `cancelling`, `over_quota`,
+    /// `no_capacity`, `schedulable` (it would be placed by the next pass).
+    pub code: String,
+    pub message: String,
+}
+
+/// A region as the global tier sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionInfo {
+    pub name: String,
+    pub healthy: bool,
+    /// Milliseconds since the region last answered, if it ever did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<RegionStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionList {
+    pub regions: Vec<RegionInfo>,
 }

@@ -11,7 +11,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::api::{
-    Job, JobEvents, JobList, JobSpec, JobState, Quota, QuotaList, QuotaUpdate, RegionStatus,
+    Explanation, Job, JobEvents, JobList, JobSpec, JobState, Quota, QuotaList, QuotaUpdate,
+    RegionList, RegionStatus,
 };
 use crate::error::ErrorBody;
 
@@ -64,6 +65,7 @@ impl ClientError {
 #[derive(Clone, Debug, Default)]
 pub struct ListQuery {
     pub state: Option<JobState>,
+    pub name: Option<String>,
     pub limit: Option<u32>,
     pub cursor: Option<String>,
 }
@@ -72,22 +74,59 @@ pub struct ListQuery {
 pub struct Client {
     http: reqwest::Client,
     base: String,
-    tenant: String,
+    tenant: Option<String>,
+    token: Option<String>,
 }
 
 impl Client {
-    /// A client for `base` (for example `http://127.0.0.1:8443`) acting as
-    /// `tenant`.
+    /// A client for a region at `base` (for example `http://127.0.0.1:7001`)
+    /// acting as `tenant` through the `X-Gangway-Tenant` header (the global
+    /// tier's way of calling regions; regions also want a service token,
+    /// see [`Client::with_token`]).
     pub fn new(base: impl Into<String>, tenant: impl Into<String>) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("reqwest client with static configuration");
-        Client {
-            http,
-            base: base.into().trim_end_matches('/').to_string(),
-            tenant: tenant.into(),
+        Client::build(base.into(), None)
+            .expect("a client without a custom CA always builds")
+            .with_tenant(tenant)
+    }
+
+    /// A client for the public API at `base` (https), trusting `ca_pem`
+    /// in addition to the system's roots, authenticating with `token`.
+    pub fn public(
+        base: impl Into<String>,
+        token: impl Into<String>,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Self, String> {
+        Ok(Client::build(base.into(), ca_pem)?.with_token(token))
+    }
+
+    fn build(base: String, ca_pem: Option<&[u8]>) -> Result<Self, String> {
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        if let Some(pem) = ca_pem {
+            let cert = reqwest::Certificate::from_pem(pem)
+                .map_err(|e| format!("the CA certificate is not valid PEM: {e}"))?;
+            builder = builder.add_root_certificate(cert);
         }
+        let http = builder
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Client {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            tenant: None,
+            token: None,
+        })
+    }
+
+    /// Names the tenant in the `X-Gangway-Tenant` header.
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// Sends `Authorization: Bearer <token>`.
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
     }
 
     pub fn base(&self) -> &str {
@@ -121,6 +160,9 @@ impl Client {
         if let Some(limit) = query.limit {
             params.push(("limit", limit.to_string()));
         }
+        if let Some(name) = &query.name {
+            params.push(("name", name.clone()));
+        }
         if let Some(cursor) = &query.cursor {
             params.push(("cursor", cursor.clone()));
         }
@@ -136,6 +178,16 @@ impl Client {
     pub async fn events(&self, id: Uuid) -> Result<JobEvents, ClientError> {
         self.send(self.request(Method::GET, &format!("/v1/jobs/{id}/events")))
             .await
+    }
+
+    pub async fn explain(&self, id: Uuid) -> Result<Explanation, ClientError> {
+        self.send(self.request(Method::GET, &format!("/v1/jobs/{id}/explain")))
+            .await
+    }
+
+    /// Every region's health and capacity (global tier).
+    pub async fn regions(&self) -> Result<RegionList, ClientError> {
+        self.send(self.request(Method::GET, "/v1/regions")).await
     }
 
     pub async fn region_status(&self) -> Result<RegionStatus, ClientError> {
@@ -172,6 +224,20 @@ impl Client {
         self.send::<serde_json::Value>(req).await.map(|_| ())
     }
 
+    /// Any JSON endpoint, for documents without a typed method.
+    pub async fn call_json(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<serde_json::Value, ClientError> {
+        let mut req = self.request(method, path);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        self.send(req).await
+    }
+
     /// Sends a raw body; for tests of malformed input.
     pub async fn post_raw(
         &self,
@@ -187,9 +253,14 @@ impl Client {
     }
 
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .request(method, format!("{}{}", self.base, path))
-            .header(TENANT_HEADER, &self.tenant)
+        let mut req = self.http.request(method, format!("{}{}", self.base, path));
+        if let Some(t) = &self.tenant {
+            req = req.header(TENANT_HEADER, t);
+        }
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        req
     }
 
     async fn send<T: DeserializeOwned>(

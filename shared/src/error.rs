@@ -37,6 +37,22 @@ pub mod codes {
     pub const INVALID_IDEMPOTENCY_KEY: &str = "invalid_idempotency_key";
     /// The key was used before with a different body (422).
     pub const IDEMPOTENCY_KEY_REUSED: &str = "idempotency_key_reused";
+    /// A request with the same idempotency key is still being processed;
+    /// retry shortly to get its result (409).
+    pub const IDEMPOTENCY_REQUEST_IN_FLIGHT: &str = "idempotency_request_in_flight";
+    /// The job is pinned to another region than the one asked (422).
+    pub const WRONG_REGION: &str = "wrong_region";
+    /// No region that the tenant may use can take the request now (503).
+    pub const NO_REGION_AVAILABLE: &str = "no_region_available";
+    /// A region did not answer in time or at all (502/503).
+    pub const REGION_UNAVAILABLE: &str = "region_unavailable";
+    /// Too many requests from this tenant; see Retry-After (429).
+    pub const RATE_LIMITED: &str = "rate_limited";
+    /// The token is valid but its role may not do this (403).
+    pub const FORBIDDEN: &str = "forbidden";
+    /// The request has no valid credentials (401); the detail code (for
+    /// example `token_expired`) comes from the authenticator.
+    pub const UNAUTHENTICATED: &str = "unauthenticated";
     /// The requested thing does not exist, or belongs to someone else (404).
     pub const NOT_FOUND: &str = "not_found";
     /// The body is larger than the limit (413).
@@ -49,6 +65,10 @@ pub mod codes {
     pub const STALE_BOOT: &str = "stale_boot";
     /// The database is unreachable or overloaded; retry later (503).
     pub const UNAVAILABLE: &str = "unavailable";
+    /// The endpoint exists but not with this method (405).
+    pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
+    /// The request took longer than the server allows (408).
+    pub const TIMEOUT: &str = "timeout";
     /// A bug on our side (500). Never returned for bad input.
     pub const INTERNAL: &str = "internal";
 }

@@ -6,11 +6,17 @@
 //! - [`agent`]: the protocol between a region and its node agents.
 //! - [`fleet`]: the fleet file format (spines → leaves → nodes → GPUs).
 //! - [`ids`]: job ids derived from (tenant, idempotency key).
-//! - [`client`]: a typed HTTP client for the regional API.
+//! - [`validate`]: spec checks that need no fleet.
+//! - [`tokens`]: token issuer and audiences.
+//! - [`client`]: a typed HTTP client for the job API.
+//! - [`http`]: the API error type and extractors servers share.
 
 pub mod agent;
 pub mod api;
 pub mod client;
 pub mod error;
 pub mod fleet;
+pub mod http;
 pub mod ids;
+pub mod tokens;
+pub mod validate;

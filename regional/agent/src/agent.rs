@@ -50,7 +50,8 @@ struct Agent {
 
 impl Agent {
     fn new(config: AgentConfig, boot_id: Uuid) -> anyhow::Result<Self> {
-        let region = RegionClient::new(&config.region_url).context("building the HTTP client")?;
+        let region = RegionClient::new(&config.region_url, config.token.as_deref())
+            .context("building the HTTP client")?;
         let seed = boot_id.as_u64_pair().0;
         Ok(Agent {
             config,

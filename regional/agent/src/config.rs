@@ -51,6 +51,9 @@ pub struct AgentConfig {
     /// How often to sync when the region's register answer names no
     /// interval (`sync_interval_ms` = 0).
     pub default_sync_interval: Duration,
+    /// The agent token (role agent, naming the region) presented to the
+    /// region; `None` for a region that runs without authentication.
+    pub token: Option<String>,
 }
 
 /// A configuration the agent cannot run with.

@@ -17,10 +17,20 @@ pub(crate) struct RegionClient {
 }
 
 impl RegionClient {
-    pub fn new(base: &str) -> Result<Self, reqwest::Error> {
+    /// A client for the region at `base`, presenting `token` (an agent
+    /// token naming this region) on every call.
+    pub fn new(base: &str, token: Option<&str>) -> Result<Self, reqwest::Error> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = token {
+            if let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")) {
+                v.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, v);
+            }
+        }
         let http = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
+            .default_headers(headers)
             .build()?;
         Ok(RegionClient {
             http,

@@ -181,7 +181,7 @@ fn full_pass(c: &mut Criterion) {
     let base = fleet("h100-40k.toml");
     let mut group = c.benchmark_group("pass/h100-40k");
     group.sample_size(20);
-    for percent in [0, 50] {
+    for percent in [0, 50, 90] {
         let mut nodes = base.clone();
         allocate(&mut nodes, percent, 42);
         let snap = snapshot(nodes, philly_queue(5_000, 7));

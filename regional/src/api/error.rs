@@ -1,44 +1,10 @@
-//! The one place internal errors become API errors. Turning an error into a
-//! response has no side effects beyond a log line for 5xx.
+//! The one place the region's internal errors become API errors.
 
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use gangway_shared::error::{codes, ErrorBody};
+use gangway_shared::error::codes;
+pub use gangway_shared::http::ApiError;
 
 use crate::store::StoreError;
-use crate::validate::Invalid;
-
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-
-    pub fn not_found(what: &str) -> Self {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            codes::NOT_FOUND,
-            format!("{what} not found"),
-        )
-    }
-}
-
-impl From<Invalid> for ApiError {
-    fn from(e: Invalid) -> Self {
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.code, e.message)
-    }
-}
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
@@ -49,6 +15,12 @@ impl From<StoreError> for ApiError {
                 codes::IDEMPOTENCY_KEY_REUSED,
                 "this Idempotency-Key was already used with a different job spec; \
                  use a new key for a new job",
+            ),
+            StoreError::InFlight => ApiError::new(
+                StatusCode::CONFLICT,
+                codes::IDEMPOTENCY_REQUEST_IN_FLIGHT,
+                "a request with this Idempotency-Key is still being processed; \
+                 retry in a moment and you will get its result",
             ),
             StoreError::UnknownAgent => ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -77,16 +49,5 @@ impl From<StoreError> for ApiError {
                 )
             }
         }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody {
-            code: self.code.to_string(),
-            message: self.message,
-            request_id: None,
-        };
-        (self.status, Json(body)).into_response()
     }
 }

@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use gangway_shared::api::{JobEvents, JobList, JobSpec, JobState, RegionStatus};
+use gangway_shared::api::{Cursor, JobEvents, JobList, JobSpec, JobState, RegionStatus};
 use gangway_shared::client::IDEMPOTENCY_KEY_HEADER;
 use gangway_shared::error::codes;
 use gangway_shared::ids::{job_id_for_key, valid_idempotency_key};
@@ -48,6 +48,18 @@ pub async fn submit(
         )
     })?;
     check_spec(&spec)?;
+    if let Some(pinned) = spec.region.as_deref() {
+        if pinned != state.store.region() {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::WRONG_REGION,
+                format!(
+                    "the job is pinned to region {pinned:?}, but this is {:?}",
+                    state.store.region()
+                ),
+            ));
+        }
+    }
     let fleet = state.fleet_shape().await?;
     check_fits(
         &spec,
@@ -104,6 +116,7 @@ pub async fn get(
 #[serde(deny_unknown_fields)]
 pub struct ListParams {
     state: Option<String>,
+    name: Option<String>,
     limit: Option<i64>,
     cursor: Option<String>,
 }
@@ -124,20 +137,22 @@ pub async fn list(
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(bad(format!("limit must be between 1 and {MAX_PAGE}")));
     }
-    let before_seq = params
+    let after = params
         .cursor
         .as_deref()
-        .map(|c| c.parse::<i64>().map_err(|_| bad("malformed cursor".into())))
+        .map(|c| Cursor::decode(c).ok_or_else(|| bad("malformed cursor".into())))
         .transpose()?;
     let filter = ListFilter {
         state: job_state,
-        before_seq,
+        name: params.name,
+        after,
         limit,
     };
     let (jobs, next) = state.store.list_jobs(&tenant, &filter).await?;
     Ok(axum::Json(JobList {
         jobs,
-        next_cursor: next.map(|s| s.to_string()),
+        next_cursor: next.map(|c| c.encode()),
+        unavailable_regions: Vec::new(),
     }))
 }
 
@@ -171,4 +186,41 @@ pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionSt
         running_jobs: running,
         capacity,
     }))
+}
+
+pub async fn explain(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    JobId(id): JobId,
+) -> Result<axum::Json<gangway_shared::api::Explanation>, ApiError> {
+    let e =
+        crate::scheduler::explain(&state.store, &tenant, id, state.config.agent_timeout).await?;
+    Ok(axum::Json(e))
+}
+
+#[derive(Debug, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    pub job_id: Uuid,
+    pub tenant: String,
+    pub region: String,
+}
+
+/// The global tier claims which region a keyed create goes to.
+pub async fn claim(
+    State(state): State<AppState>,
+    Json(req): Json<ClaimRequest>,
+) -> Result<axum::Json<ClaimRequest>, ApiError> {
+    if !gangway_shared::ids::valid_tenant(&req.tenant) || req.region.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            "a claim needs a valid tenant and a region",
+        ));
+    }
+    let region = state
+        .store
+        .claim(req.job_id, &req.tenant, &req.region)
+        .await?;
+    Ok(axum::Json(ClaimRequest { region, ..req }))
 }

@@ -4,11 +4,13 @@
 //! # Layout
 //! - `mod.rs`: [`AppState`] and [`app`], the router with its layers.
 //! - `jobs.rs`, `agents.rs`, `admin.rs`: handlers.
+//! - `auth.rs`: only the global tier and this region's agents get in.
 //! - `extract.rs`: extractors whose rejections are our JSON errors.
 //! - `error.rs`: [`ApiError`], the one mapping from internal errors.
 
 mod admin;
 mod agents;
+mod auth;
 pub mod error;
 mod extract;
 mod jobs;
@@ -16,19 +18,11 @@ mod jobs;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderName, StatusCode};
-use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
-use gangway_shared::error::codes;
 use tokio::sync::Notify;
-use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
 
@@ -92,12 +86,13 @@ impl AppState {
 
 /// The router, with every layer, for the server and for tests.
 pub fn app(state: AppState) -> Router {
-    let request_id = HeaderName::from_static("x-request-id");
     let public = Router::new()
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::get))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
+        .route("/v1/jobs/{id}/explain", get(jobs::explain))
+        .route("/internal/v1/claims", post(jobs::claim))
         .route("/v1/region", get(jobs::region))
         .route("/v1/admin/quotas", get(admin::list_quotas))
         .route(
@@ -109,34 +104,14 @@ pub fn app(state: AppState) -> Router {
         .route("/internal/v1/agents/register", post(agents::register))
         .route("/internal/v1/agents/{agent_id}/sync", post(agents::sync))
         .layer(DefaultBodyLimit::max(AGENT_BODY_LIMIT));
-    Router::new()
+    let router = Router::new()
         .merge(public)
         .merge(internal)
-        .route("/healthz", get(|| async { "ok" }))
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, codes::NOT_FOUND, "no such endpoint")
-        })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "this endpoint does not take that method",
-            )
-        })
-        .with_state(state)
-        .layer(CatchPanicLayer::custom(|_| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                codes::INTERNAL,
-                "internal error",
-            )
-            .into_response()
-        }))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            Duration::from_secs(30),
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_caller,
         ))
-        .layer(PropagateRequestIdLayer::new(request_id.clone()))
-        .layer(TraceLayer::new_for_http())
-        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state);
+    gangway_shared::http::finish_router(router)
 }

@@ -278,7 +278,9 @@ async fn finish_worker(
 ) -> Result<()> {
     tx.execute(
         "UPDATE workers SET state = $3::text::worker_state, exit_code = $4, signal = $5,
-                message = $6, finished_at = now()
+                message = $6, finished_at = now(),
+                started_at = CASE WHEN $4::int IS NOT NULL THEN coalesce(started_at, now())
+                                  ELSE started_at END
          WHERE job_id = $1 AND rank = $2",
         &[&job_id, &rank, &state, &exit_code, &signal, &message],
     )

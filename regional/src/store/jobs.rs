@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use gangway_shared::api::{
-    Job, JobEvent, JobMode, JobSpec, JobState, TopologyLevel, Worker, WorkerState,
+    Cursor, Job, JobEvent, JobMode, JobSpec, JobState, TopologyLevel, Worker, WorkerState,
 };
 use serde_json::json;
 use tokio_postgres::Transaction;
@@ -42,8 +42,10 @@ pub enum SubmitOutcome {
 #[derive(Clone, Debug, Default)]
 pub struct ListFilter {
     pub state: Option<JobState>,
-    /// Only jobs submitted before this sequence number (the cursor).
-    pub before_seq: Option<i64>,
+    /// Only jobs with exactly this name.
+    pub name: Option<String>,
+    /// Only jobs after this position in the newest-first order.
+    pub after: Option<Cursor>,
     pub limit: i64,
 }
 
@@ -61,6 +63,17 @@ impl Store {
         let spec = serde_json::to_value(&job.spec).expect("a JobSpec always serializes");
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
+        if job.idempotency_key.is_some() {
+            // Held until this transaction ends: a concurrent request with
+            // the same key is told to retry rather than left to wait.
+            let got: bool = tx
+                .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&key_lock(job.id)])
+                .await?
+                .get(0);
+            if !got {
+                return Err(StoreError::InFlight);
+            }
+        }
         let inserted = tx
             .query_opt(
                 "INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
@@ -201,41 +214,51 @@ impl Store {
         Ok(out)
     }
 
-    /// A page of a tenant's jobs, newest first, and the cursor of the next
-    /// page (the last job's sequence number) when there may be more.
+    /// A page of a tenant's jobs, newest first (creation time, then id), and
+    /// the cursor of the next page when there may be more.
     pub async fn list_jobs(
         &self,
         tenant: &str,
         filter: &ListFilter,
-    ) -> Result<(Vec<Job>, Option<i64>)> {
+    ) -> Result<(Vec<Job>, Option<Cursor>)> {
         let conn = self.conn().await?;
         let state = filter.state.map(|s| s.as_str());
+        let after_at = filter.after.map(|c| c.created_at);
+        let after_id = filter.after.map(|c| c.id);
         let rows = conn
             .query(
                 &format!(
-                    "SELECT {JOB_COLUMNS}, j.seq FROM jobs j
+                    "SELECT {JOB_COLUMNS} FROM jobs j
                      WHERE j.tenant = $1
                        AND ($2::text IS NULL OR j.state = $2::text::job_state)
-                       AND ($3::bigint IS NULL OR j.seq < $3)
-                     ORDER BY j.seq DESC LIMIT $4"
+                       AND ($3::text IS NULL OR j.name = $3)
+                       AND ($4::timestamptz IS NULL OR (j.created_at, j.job_id) < ($4, $5))
+                     ORDER BY j.created_at DESC, j.job_id DESC LIMIT $6"
                 ),
-                &[&tenant, &state, &filter.before_seq, &filter.limit],
+                &[
+                    &tenant,
+                    &state,
+                    &filter.name,
+                    &after_at,
+                    &after_id,
+                    &filter.limit,
+                ],
             )
             .await?;
         let ids: Vec<Uuid> = rows.iter().map(|r| r.get("job_id")).collect();
         let mut workers = self.load_workers(&conn, &ids).await?;
-        let next = if rows.len() as i64 == filter.limit {
-            rows.last().map(|r| r.get::<_, i64>("seq"))
-        } else {
-            None
-        };
-        let jobs = rows
+        let jobs: Vec<Job> = rows
             .iter()
             .map(|r| {
                 let id: Uuid = r.get("job_id");
                 job_from_row(r, self.region(), workers.remove(&id).unwrap_or_default())
             })
             .collect();
+        let next = if jobs.len() as i64 == filter.limit {
+            jobs.last().map(Cursor::of)
+        } else {
+            None
+        };
         Ok((jobs, next))
     }
 
@@ -308,6 +331,12 @@ impl Store {
         drop(conn);
         self.get_job(tenant, id).await
     }
+}
+
+/// The advisory lock key of a keyed create (from its derived job id).
+fn key_lock(job_id: Uuid) -> i64 {
+    let b = job_id.as_bytes();
+    i64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
 /// Locks jobs' rows in id order (the one lock order; see `agents.rs`).
@@ -390,6 +419,23 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
     }
 
     let active = pending + assigned + running + stopping;
+    if active == 0 && state == "starting" && succeeded + failed > 0 {
+        // Workers ran and ended between two agent syncs: the timeline
+        // still shows that the job started before it finished.
+        tx.execute(
+            "UPDATE jobs SET started_at = now() WHERE job_id = $1",
+            &[&job_id],
+        )
+        .await?;
+        insert_event(
+            tx,
+            job_id,
+            "started",
+            "started (its workers ended before the agent's next report)",
+            json!({"running": 0}),
+        )
+        .await?;
+    }
     if active == 0 {
         let (final_state, final_reason) = if state == "cancelling" {
             ("cancelled", "cancelled".to_string())

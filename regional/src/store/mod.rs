@@ -62,6 +62,10 @@ pub enum StoreError {
     /// The agent is not registered (it should register again).
     #[error("unknown agent")]
     UnknownAgent,
+    /// Another request with the same idempotency key is being handled right
+    /// now; retry shortly.
+    #[error("a request with this idempotency key is in flight")]
+    InFlight,
     /// The report comes from an earlier boot of the agent.
     #[error("report from an earlier boot")]
     StaleBoot,
@@ -215,6 +219,25 @@ impl Store {
             )
             .await?;
         Ok(n > 0)
+    }
+
+    /// Records that the keyed create `job_id` goes to `region`, unless an
+    /// earlier claim said otherwise; returns the region that won.
+    pub async fn claim(&self, job_id: uuid::Uuid, tenant: &str, region: &str) -> Result<String> {
+        let conn = self.conn().await?;
+        let row = conn
+            .query_one(
+                "WITH ins AS (
+                     INSERT INTO idempotency_claims (job_id, tenant, region) VALUES ($1, $2, $3)
+                     ON CONFLICT (job_id) DO NOTHING RETURNING region)
+                 SELECT region FROM ins
+                 UNION ALL
+                 SELECT region FROM idempotency_claims WHERE job_id = $1 AND tenant = $2
+                 LIMIT 1",
+                &[&job_id, &tenant, &region],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 
     /// The current scheduling generation.

@@ -37,6 +37,7 @@ pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job
             gpus_per_worker: None,
             mode: Default::default(),
             topology: Default::default(),
+            region: None,
         }),
         created_at: row.get("created_at"),
         started_at: row.get("started_at"),

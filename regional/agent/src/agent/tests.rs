@@ -127,6 +127,7 @@ fn config(addr: SocketAddr, executor: ExecutorKind, work_dir: &Path) -> AgentCon
         time_factor: 1.0,
         work_dir: work_dir.to_path_buf(),
         default_sync_interval: Duration::from_millis(20),
+        token: None,
     }
 }
 

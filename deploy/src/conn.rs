@@ -1,0 +1,94 @@
+//! How the CLI reaches the API: URL, token and CA certificate from flags,
+//! the environment, or the local cloud's state dir (`.gangway/env`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use gangway_shared::client::Client;
+
+#[derive(Args, Debug, Clone)]
+pub struct Conn {
+    /// The global tier's URL.
+    #[arg(long, env = "GANGWAY_URL", global = true)]
+    pub url: Option<String>,
+    /// Bearer token (a tenant's for `job`, an operator's for `admin`).
+    #[arg(long, env = "GANGWAY_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Operator token for `gangway admin`.
+    #[arg(
+        long,
+        env = "GANGWAY_ADMIN_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+    /// CA certificate (PEM) to trust for the API's TLS certificate.
+    #[arg(long, env = "GANGWAY_CA_CERT", global = true)]
+    pub ca_cert: Option<PathBuf>,
+    /// Where `gangway dev up` keeps its state; its `env` file fills in
+    /// whatever the flags and environment leave out.
+    #[arg(
+        long,
+        env = "GANGWAY_STATE_DIR",
+        default_value = ".gangway",
+        global = true
+    )]
+    pub state_dir: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+fn state_env(dir: &std::path::Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(dir.join("env"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+impl Conn {
+    fn resolve(&self, admin: bool) -> anyhow::Result<Client> {
+        let file = state_env(&self.state_dir);
+        let pick =
+            |flag: &Option<String>, var: &str| flag.clone().or_else(|| file.get(var).cloned());
+        let url = pick(&self.url, "GANGWAY_URL").context(
+            "no API URL: pass --url, set GANGWAY_URL, or run `gangway dev up` and `source .gangway/env`",
+        )?;
+        let (token, var) = if admin {
+            (
+                pick(&self.admin_token, "GANGWAY_ADMIN_TOKEN"),
+                "GANGWAY_ADMIN_TOKEN",
+            )
+        } else {
+            (pick(&self.token, "GANGWAY_TOKEN"), "GANGWAY_TOKEN")
+        };
+        let token = token.with_context(|| format!("no token: set {var} or pass --token"))?;
+        let ca =
+            match self
+                .ca_cert
+                .clone()
+                .or_else(|| file.get("GANGWAY_CA_CERT").map(PathBuf::from))
+            {
+                Some(path) => Some(std::fs::read(&path).with_context(|| {
+                    format!("cannot read the CA certificate {}", path.display())
+                })?),
+                None => None,
+            };
+        Client::public(url, token, ca.as_deref()).map_err(|e| anyhow::anyhow!(e))
+    }
+
+    /// A client acting with the tenant token.
+    pub fn client(&self) -> anyhow::Result<Client> {
+        self.resolve(false)
+    }
+
+    /// A client acting with the operator token.
+    pub fn admin_client(&self) -> anyhow::Result<Client> {
+        self.resolve(true)
+    }
+}

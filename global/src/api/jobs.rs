@@ -1,0 +1,427 @@
+//! Job endpoints: the global tier's routing of each call to a region.
+
+use std::collections::BTreeSet;
+
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::future::join_all;
+use gangway_shared::api::{Cursor, Job, JobList, JobSpec, RegionList};
+use gangway_shared::client::IDEMPOTENCY_KEY_HEADER;
+use gangway_shared::error::codes;
+use gangway_shared::http::{ApiError, JobId, Json, Query};
+use gangway_shared::ids::{job_id_for_key, valid_idempotency_key};
+use gangway_shared::validate::check_spec;
+use serde::Deserialize;
+use tracing::instrument;
+use uuid::Uuid;
+
+use super::GlobalState;
+use crate::auth::TenantCaller;
+use crate::regions::{Answer, Call, Region, Unreachable};
+use crate::routing::{choose, rendezvous, Candidate};
+
+/// A region's answer, passed on as it is.
+pub(super) fn relay(answer: Answer) -> Response {
+    let mut resp = (answer.status, answer.body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+pub(super) fn unavailable(e: &Unreachable) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        codes::REGION_UNAVAILABLE,
+        format!("{e}; retry shortly (creates: with the same Idempotency-Key)"),
+    )
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+struct Claim {
+    job_id: Uuid,
+    tenant: String,
+    region: String,
+}
+
+/// Settles which region a keyed create goes to: the first region in the
+/// job's rendezvous order that answers records the choice (or tells us an
+/// earlier one), so concurrent first attempts through different replicas
+/// agree on one region.
+async fn claim(
+    state: &GlobalState,
+    job_id: Uuid,
+    tenant: &str,
+    chosen: &str,
+    order: &[&str],
+) -> Result<String, ApiError> {
+    let mut last_error = None;
+    for name in order {
+        let Some(region) = state.regions.get(name) else {
+            continue;
+        };
+        let body = serde_json::to_vec(&Claim {
+            job_id,
+            tenant: tenant.to_string(),
+            region: chosen.to_string(),
+        })
+        .expect("a claim serializes");
+        match state
+            .regions
+            .call(
+                region,
+                Method::POST,
+                "/internal/v1/claims",
+                Call {
+                    body: Some(body.into()),
+                    ..Default::default()
+                },
+            )
+            .await
+        {
+            Ok(a) if a.status.is_success() => {
+                let claim: Claim = serde_json::from_slice(&a.body).map_err(|e| {
+                    ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        codes::REGION_UNAVAILABLE,
+                        format!("region {name} answered a claim with {e}"),
+                    )
+                })?;
+                return Ok(claim.region);
+            }
+            Ok(a) => last_error = Some(format!("region {name} refused the claim ({})", a.status)),
+            Err(e) => last_error = Some(e.to_string()),
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        codes::NO_REGION_AVAILABLE,
+        format!(
+            "no region could record where this job goes ({}); retry with the same Idempotency-Key",
+            last_error.unwrap_or_else(|| "none healthy".into())
+        ),
+    ))
+}
+
+#[instrument(skip_all, fields(tenant = %caller.tenant))]
+pub async fn create(
+    State(state): State<GlobalState>,
+    caller: TenantCaller,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let tenant = caller.tenant;
+    let key = match headers.get(IDEMPOTENCY_KEY_HEADER) {
+        None => None,
+        Some(v) => match v.to_str() {
+            Ok(k) if valid_idempotency_key(k) => Some(k.to_string()),
+            _ => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    codes::INVALID_IDEMPOTENCY_KEY,
+                    "Idempotency-Key must be 1–255 printable ASCII characters",
+                ))
+            }
+        },
+    };
+    // Everything that can be checked without a region is checked here, so
+    // bad input never reaches a region and leaves nothing behind.
+    let spec: JobSpec = serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!("invalid job spec: {e}"),
+        )
+    })?;
+    check_spec(&spec)?;
+
+    let job_id = match &key {
+        Some(k) => job_id_for_key(&tenant, k),
+        None => Uuid::new_v4(),
+    };
+    let healthy = state.regions.healthy();
+    let candidates: Vec<&Region> = match spec.region.as_deref() {
+        Some(pinned) => {
+            let Some(region) = state.regions.get(pinned) else {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    codes::WRONG_REGION,
+                    format!("no region named {pinned:?}; GET /v1/regions lists them"),
+                ));
+            };
+            if !healthy.iter().any(|r| r.name == pinned) {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    codes::REGION_UNAVAILABLE,
+                    format!("region {pinned} is not answering; retry later or unpin the job"),
+                ));
+            }
+            vec![region]
+        }
+        None => healthy,
+    };
+    if candidates.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::NO_REGION_AVAILABLE,
+            "no region is answering; retry shortly",
+        ));
+    }
+    let scored: Vec<Candidate> = candidates
+        .iter()
+        .map(|r| Candidate {
+            name: r.name.as_str(),
+            capacity: r.capacity(&spec.gpu_type),
+        })
+        .collect();
+    let chosen = choose(job_id, spec.gpus.max(0) as u32, &scored)
+        .expect("candidates is not empty")
+        .to_string();
+    let target = match &key {
+        Some(_) => {
+            let order = rendezvous(job_id, candidates.iter().map(|r| r.name.as_str()));
+            claim(&state, job_id, &tenant, &chosen, &order).await?
+        }
+        None => chosen,
+    };
+    let region = state.regions.get(&target).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::REGION_UNAVAILABLE,
+            format!("this job was routed to region {target}, which this replica does not know"),
+        )
+    })?;
+    let body = serde_json::to_vec(&spec).expect("a JobSpec serializes");
+    let answer = state
+        .regions
+        .call(
+            region,
+            Method::POST,
+            "/v1/jobs",
+            Call {
+                tenant: Some(&tenant),
+                idempotency_key: key.as_deref(),
+                body: Some(body.into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| unavailable(&e))?;
+    metrics::counter!("gangway_global_creates_total", "status" => answer.status.as_str().to_string())
+        .increment(1);
+    Ok(relay(answer))
+}
+
+/// The region holding `tenant`'s job `id`, with its answer to a GET.
+/// Asks every healthy region at once; a job nobody has is 404, unless a
+/// region that might have it is not answering (503, retry).
+async fn find_owner<'a>(
+    state: &'a GlobalState,
+    tenant: &str,
+    id: Uuid,
+) -> Result<(&'a Region, Answer), ApiError> {
+    let path = format!("/v1/jobs/{id}");
+    let asks = state.regions.list.iter().map(|r| {
+        let path = path.clone();
+        async move {
+            let a = state
+                .regions
+                .call(
+                    r,
+                    Method::GET,
+                    &path,
+                    Call {
+                        tenant: Some(tenant),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            (r, a)
+        }
+    });
+    let mut down = None;
+    for (region, answer) in join_all(asks).await {
+        match answer {
+            Ok(a) if a.status == StatusCode::OK => return Ok((region, a)),
+            Ok(a) if a.status == StatusCode::NOT_FOUND => {}
+            Ok(a) => down = Some(format!("region {} answered {}", region.name, a.status)),
+            Err(e) => down = Some(e.to_string()),
+        }
+    }
+    match down {
+        None => Err(ApiError::not_found("job")),
+        Some(why) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::REGION_UNAVAILABLE,
+            format!("the job was not found in the regions that answered, and {why}; retry shortly"),
+        )),
+    }
+}
+
+pub async fn get(
+    State(state): State<GlobalState>,
+    caller: TenantCaller,
+    JobId(id): JobId,
+) -> Result<Response, ApiError> {
+    let (_, answer) = find_owner(&state, &caller.tenant, id).await?;
+    Ok(relay(answer))
+}
+
+async fn forward_to_owner(
+    state: &GlobalState,
+    tenant: &str,
+    id: Uuid,
+    method: Method,
+    suffix: &str,
+) -> Result<Response, ApiError> {
+    let (region, _) = find_owner(state, tenant, id).await?;
+    let answer = state
+        .regions
+        .call(
+            region,
+            method,
+            &format!("/v1/jobs/{id}/{suffix}"),
+            Call {
+                tenant: Some(tenant),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| unavailable(&e))?;
+    Ok(relay(answer))
+}
+
+pub async fn cancel(
+    State(state): State<GlobalState>,
+    caller: TenantCaller,
+    JobId(id): JobId,
+) -> Result<Response, ApiError> {
+    forward_to_owner(&state, &caller.tenant, id, Method::POST, "cancel").await
+}
+
+pub async fn events(
+    State(state): State<GlobalState>,
+    caller: TenantCaller,
+    JobId(id): JobId,
+) -> Result<Response, ApiError> {
+    forward_to_owner(&state, &caller.tenant, id, Method::GET, "events").await
+}
+
+pub async fn explain(
+    State(state): State<GlobalState>,
+    caller: TenantCaller,
+    JobId(id): JobId,
+) -> Result<Response, ApiError> {
+    forward_to_owner(&state, &caller.tenant, id, Method::GET, "explain").await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // checked here, read by the regions
+pub struct ListParams {
+    state: Option<String>,
+    name: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+const DEFAULT_PAGE: u32 = 50;
+const MAX_PAGE: u32 = 500;
+
+/// Lists the tenant's jobs across every region, newest first, with a cursor
+/// that works across regions (creation time, then id).
+pub async fn list(
+    State(state): State<GlobalState>,
+    caller: TenantCaller,
+    Query(params): Query<ListParams>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let limit = params.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            format!("limit must be between 1 and {MAX_PAGE}"),
+        ));
+    }
+    if let Some(c) = &params.cursor {
+        if Cursor::decode(c).is_none() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                codes::INVALID_QUERY,
+                "malformed cursor; pass back the next_cursor of the previous page",
+            ));
+        }
+    }
+    let tenant = caller.tenant;
+    let query = raw.unwrap_or_default();
+    let state = &state;
+    let asks = state.regions.list.iter().map(|r| {
+        let (tenant, query) = (&tenant, &query);
+        async move {
+            let a = state
+                .regions
+                .call(
+                    r,
+                    Method::GET,
+                    "/v1/jobs",
+                    Call {
+                        tenant: Some(tenant),
+                        query: Some(query),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            (r, a)
+        }
+    });
+    let mut jobs: Vec<Job> = Vec::new();
+    let mut more = false;
+    let mut unavailable_regions = BTreeSet::new();
+    for (region, answer) in join_all(asks).await {
+        match answer {
+            Ok(a) if a.status == StatusCode::OK => match serde_json::from_slice::<JobList>(&a.body)
+            {
+                Ok(page) => {
+                    more |= page.next_cursor.is_some();
+                    jobs.extend(page.jobs);
+                }
+                Err(_) => {
+                    unavailable_regions.insert(region.name.clone());
+                }
+            },
+            // The region refused the query itself: the same for all; pass it on.
+            Ok(a) if a.status.is_client_error() => return Ok(relay(a)),
+            _ => {
+                unavailable_regions.insert(region.name.clone());
+            }
+        }
+    }
+    jobs.sort_by_key(|j| std::cmp::Reverse(Cursor::of(j)));
+    if jobs.len() > limit as usize {
+        jobs.truncate(limit as usize);
+        more = true;
+    }
+    let next_cursor = if more {
+        jobs.last().map(|j| Cursor::of(j).encode())
+    } else {
+        None
+    };
+    Ok(axum::Json(JobList {
+        jobs,
+        next_cursor,
+        unavailable_regions: unavailable_regions.into_iter().collect(),
+    })
+    .into_response())
+}
+
+pub async fn regions(
+    State(state): State<GlobalState>,
+    _caller: TenantCaller,
+) -> axum::Json<RegionList> {
+    axum::Json(RegionList {
+        regions: state.regions.infos(),
+    })
+}

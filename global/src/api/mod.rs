@@ -1,0 +1,67 @@
+//! The public API under `/v1`.
+//!
+//! # Layout
+//! - `mod.rs`: [`GlobalState`] and [`app`].
+//! - `jobs.rs`: jobs (create with idempotency and routing, merged listing,
+//!   forwarding to the owning region) and regions.
+//! - `admin.rs`: operator endpoints.
+//! - `openapi.rs`: the OpenAPI document.
+
+mod admin;
+mod jobs;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post, put};
+use axum::Router;
+use gangway_auth::jwt::Verifier;
+
+use crate::config::{GlobalConfig, TENANT_AUDIENCE, TENANT_ISSUER};
+use crate::ratelimit::RateLimiter;
+use crate::regions::Regions;
+
+/// Largest body a tenant may send.
+const BODY_LIMIT: usize = 1024 * 1024;
+
+#[derive(Clone)]
+pub struct GlobalState {
+    pub verifier: Verifier,
+    pub rate_limiter: Arc<RateLimiter>,
+    pub regions: Arc<Regions>,
+}
+
+impl GlobalState {
+    pub fn new(config: GlobalConfig) -> anyhow::Result<Self> {
+        let verifier = Verifier::new(TENANT_ISSUER, TENANT_AUDIENCE, &config.tenant_keys)
+            .map_err(|e| anyhow::anyhow!("tenant verification keys: {e}"))?;
+        Ok(GlobalState {
+            verifier,
+            rate_limiter: Arc::new(RateLimiter::new(
+                config.default_rate,
+                config.tenant_rates.clone(),
+            )),
+            regions: Arc::new(Regions::new(&config)?),
+        })
+    }
+}
+
+/// The router, with every layer, for the server and for tests.
+pub fn app(state: GlobalState) -> Router {
+    let router = Router::new()
+        .route("/v1/jobs", post(jobs::create).get(jobs::list))
+        .route("/v1/jobs/{id}", get(jobs::get))
+        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/v1/jobs/{id}/events", get(jobs::events))
+        .route("/v1/jobs/{id}/explain", get(jobs::explain))
+        .route("/v1/regions", get(jobs::regions))
+        .route("/v1/admin/quotas", get(admin::list_quotas))
+        .route(
+            "/v1/admin/quotas/{tenant}/{gpu_type}",
+            put(admin::put_quota).delete(admin::delete_quota),
+        )
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state);
+    gangway_shared::http::finish_router(router)
+}

@@ -1,0 +1,263 @@
+//! The regions behind the global tier: forwarding calls with a short-lived
+//! service token, and a view of each region's health and capacity kept
+//! fresh by a background poller.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{Method, StatusCode};
+use futures_util::future::join_all;
+use gangway_auth::jwt::{claims_for, Role, SigningKey};
+use gangway_shared::api::{RegionInfo, RegionStatus};
+use gangway_shared::client::{IDEMPOTENCY_KEY_HEADER, TENANT_HEADER};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::config::{GlobalConfig, RegionEndpoint, SERVICE_AUDIENCE, SERVICE_ISSUER};
+
+/// How long a service token lives; it is renewed at half-life.
+const SERVICE_TOKEN_TTL: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Default, Clone)]
+struct View {
+    last_ok: Option<Instant>,
+    last_error: Option<String>,
+    status: Option<RegionStatus>,
+}
+
+pub struct Region {
+    pub name: String,
+    url: String,
+    view: Mutex<View>,
+}
+
+/// A region's answer: status and raw JSON body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Bytes,
+}
+
+/// The region could not be reached, or did not answer in time.
+#[derive(Debug, thiserror::Error)]
+#[error("region {region} unavailable: {reason}")]
+pub struct Unreachable {
+    pub region: String,
+    pub reason: String,
+}
+
+pub struct Regions {
+    pub list: Vec<Region>,
+    http: reqwest::Client,
+    service_key: SigningKey,
+    token: Mutex<Option<(String, Instant)>>,
+    unhealthy_after: Duration,
+    health_interval: Duration,
+}
+
+/// What a forwarded call carries besides method and path.
+#[derive(Default)]
+pub struct Call<'a> {
+    pub tenant: Option<&'a str>,
+    pub idempotency_key: Option<&'a str>,
+    pub query: Option<&'a str>,
+    pub body: Option<Bytes>,
+}
+
+impl Regions {
+    pub fn new(config: &GlobalConfig) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(config.region_timeout)
+            .pool_max_idle_per_host(64)
+            .build()?;
+        Ok(Regions {
+            list: config
+                .regions
+                .iter()
+                .map(|RegionEndpoint { name, url }| Region {
+                    name: name.clone(),
+                    url: url.trim_end_matches('/').to_string(),
+                    view: Mutex::new(View::default()),
+                })
+                .collect(),
+            http,
+            service_key: config.service_key.clone(),
+            token: Mutex::new(None),
+            unhealthy_after: config.unhealthy_after,
+            health_interval: config.health_interval,
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Region> {
+        self.list.iter().find(|r| r.name == name)
+    }
+
+    /// The token regions accept from the global tier, minted on demand.
+    fn service_token(&self) -> String {
+        let mut t = self.token.lock().expect("token lock");
+        if let Some((token, renew_at)) = t.as_ref() {
+            if Instant::now() < *renew_at {
+                return token.clone();
+            }
+        }
+        let claims = claims_for(
+            Role::Service,
+            "gangway-global",
+            None,
+            None,
+            SERVICE_ISSUER,
+            SERVICE_AUDIENCE,
+            SERVICE_TOKEN_TTL,
+        );
+        let token = self
+            .service_key
+            .sign(&claims)
+            .expect("signing with a loaded key does not fail");
+        *t = Some((token.clone(), Instant::now() + SERVICE_TOKEN_TTL / 2));
+        token
+    }
+
+    /// Sends one call to `region` and returns its answer, whatever the
+    /// status. Only transport failures are errors.
+    pub async fn call(
+        &self,
+        region: &Region,
+        method: Method,
+        path: &str,
+        call: Call<'_>,
+    ) -> Result<Answer, Unreachable> {
+        let mut url = format!("{}{}", region.url, path);
+        if let Some(q) = call.query.filter(|q| !q.is_empty()) {
+            url.push('?');
+            url.push_str(q);
+        }
+        let mut req = self
+            .http
+            .request(method, &url)
+            .bearer_auth(self.service_token());
+        if let Some(t) = call.tenant {
+            req = req.header(TENANT_HEADER, t);
+        }
+        if let Some(k) = call.idempotency_key {
+            req = req.header(IDEMPOTENCY_KEY_HEADER, k);
+        }
+        if let Some(body) = call.body {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        let unreachable = |e: reqwest::Error| Unreachable {
+            region: region.name.clone(),
+            reason: e.to_string(),
+        };
+        let resp = req.send().await.map_err(unreachable)?;
+        let status =
+            StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let body = resp.bytes().await.map_err(unreachable)?;
+        if status.is_server_error() {
+            // A region that answers 5xx is not fit to take work now.
+            region.mark_failed(format!("answered {status}"));
+        } else {
+            region.mark_ok(None);
+        }
+        Ok(Answer { status, body })
+    }
+
+    /// Regions that answered recently, in configuration order.
+    pub fn healthy(&self) -> Vec<&Region> {
+        self.list
+            .iter()
+            .filter(|r| r.is_healthy(self.unhealthy_after))
+            .collect()
+    }
+
+    pub fn infos(&self) -> Vec<RegionInfo> {
+        self.list
+            .iter()
+            .map(|r| {
+                let v = r.view.lock().expect("view lock").clone();
+                RegionInfo {
+                    name: r.name.clone(),
+                    healthy: r.is_healthy(self.unhealthy_after),
+                    last_seen_ms: v.last_ok.map(|t| t.elapsed().as_millis() as u64),
+                    last_error: v.last_error,
+                    status: v.status,
+                }
+            })
+            .collect()
+    }
+
+    /// Refreshes every region's view once, concurrently.
+    pub async fn refresh_all(&self) {
+        let polls = self.list.iter().map(|r| self.refresh(r));
+        join_all(polls).await;
+    }
+
+    async fn refresh(&self, region: &Region) {
+        match self
+            .call(region, Method::GET, "/v1/region", Call::default())
+            .await
+        {
+            Ok(a) if a.status.is_success() => {
+                match serde_json::from_slice::<RegionStatus>(&a.body) {
+                    Ok(status) => region.mark_ok(Some(status)),
+                    Err(e) => region.mark_failed(format!("bad status document: {e}")),
+                }
+            }
+            Ok(a) => region.mark_failed(format!("status answered {}", a.status)),
+            Err(e) => region.mark_failed(e.reason),
+        }
+    }
+}
+
+impl Region {
+    fn mark_ok(&self, status: Option<RegionStatus>) {
+        let mut v = self.view.lock().expect("view lock");
+        v.last_ok = Some(Instant::now());
+        v.last_error = None;
+        if status.is_some() {
+            v.status = status;
+        }
+    }
+
+    fn mark_failed(&self, why: String) {
+        let mut v = self.view.lock().expect("view lock");
+        v.last_error = Some(why);
+        // A failed call ages the region out at once rather than after the
+        // health window: new work avoids it until it answers again.
+        v.last_ok = None;
+    }
+
+    pub fn is_healthy(&self, window: Duration) -> bool {
+        let v = self.view.lock().expect("view lock");
+        v.last_ok.is_some_and(|t| t.elapsed() < window)
+    }
+
+    /// (free, schedulable) GPUs of `gpu_type` as last seen.
+    pub fn capacity(&self, gpu_type: &str) -> Option<(u32, u32)> {
+        let v = self.view.lock().expect("view lock");
+        v.status.as_ref().and_then(|s| {
+            s.capacity
+                .iter()
+                .find(|c| c.gpu_type == gpu_type)
+                .map(|c| (c.free, c.schedulable))
+        })
+    }
+}
+
+/// Polls every region's `/v1/region` until `shutdown`.
+pub async fn poll_health(regions: Arc<Regions>, shutdown: CancellationToken) {
+    let span = tracing::info_span!("region_health");
+    async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(regions.health_interval) => {}
+            }
+            regions.refresh_all().await;
+        }
+    }
+    .instrument(span)
+    .await
+}

@@ -1,0 +1,48 @@
+//! Who may call a region: the global tier (service tokens) on the job and
+//! admin endpoints, and the region's own agents (agent tokens naming this
+//! region) on the agent endpoints. Nothing else.
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use gangway_auth::jwt::Role;
+use gangway_shared::error::codes;
+
+use super::error::ApiError;
+use super::AppState;
+
+pub async fn require_caller(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(verifier) = &state.config.auth else {
+        return next.run(req).await;
+    };
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let claims = match verifier.verify_header(authorization) {
+        Ok(c) => c,
+        Err(e) => {
+            return ApiError::new(StatusCode::UNAUTHORIZED, e.code(), e.to_string()).into_response()
+        }
+    };
+    let agent_endpoint = req.uri().path().starts_with("/internal/v1/agents/");
+    let allowed = if agent_endpoint {
+        claims.role == Role::Agent && claims.region.as_deref() == Some(state.store.region())
+    } else {
+        claims.role == Role::Service
+    };
+    if !allowed {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            codes::FORBIDDEN,
+            if agent_endpoint {
+                "only this region's agents may call agent endpoints"
+            } else {
+                "only the global tier may call this endpoint"
+            },
+        )
+        .into_response();
+    }
+    next.run(req).await
+}

@@ -1,0 +1,518 @@
+//! ES256 JSON Web Tokens: minting with a [`SigningKey`], checking with a
+//! [`Verifier`].
+//!
+//! The verifier parses the token itself and hands only the signature check
+//! to `jsonwebtoken`, so every decision is visible here and in this order:
+//! shape → header (`alg` must be exactly `ES256`, `kid` must name a trusted
+//! key) → signature → claims (issuer, audience, expiry and not-before with
+//! leeway, role rules). The algorithm is never taken from the token to pick
+//! a verification method: that is what makes `alg=none` and the "HS256 keyed
+//! with the public key" attack impossible, not merely rejected.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header};
+use serde::{Deserialize, Serialize};
+
+use crate::error::AuthError;
+
+/// The only algorithm we sign with or accept.
+const ALG: &str = "ES256";
+/// Tokens longer than this are refused before any parsing (a JWT of ours is
+/// well under 1 KiB).
+const MAX_TOKEN_LEN: usize = 8 * 1024;
+/// Default allowance for clock skew between issuer and verifier.
+const DEFAULT_LEEWAY_S: u64 = 30;
+
+/// What a token's holder is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A tenant (AI lab) calling the public API; the token names its tenant.
+    Tenant,
+    /// An operator; may name a tenant to act on its behalf.
+    Admin,
+    /// The global tier calling a region.
+    Service,
+    /// A node agent calling its region; the token names that region.
+    Agent,
+}
+
+impl Role {
+    /// The lowercase name used in tokens.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Tenant => "tenant",
+            Role::Admin => "admin",
+            Role::Service => "service",
+            Role::Agent => "agent",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The claims of a Gangway token. Times are Unix seconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    /// Issuer; must equal the verifier's issuer exactly.
+    pub iss: String,
+    /// Audience (a single string); must equal the verifier's audience exactly.
+    pub aud: String,
+    /// Subject: who holds the token (a user, a service replica, a node id).
+    pub sub: String,
+    /// Expiry.
+    pub exp: i64,
+    /// Not valid before.
+    pub nbf: i64,
+    /// Issued at.
+    pub iat: i64,
+    /// What the holder is.
+    pub role: Role,
+    /// The tenant: required for [`Role::Tenant`], optional for [`Role::Admin`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Agent tokens: the region they may call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+}
+
+/// Claims for a token valid from now for `ttl`.
+pub fn claims_for(
+    role: Role,
+    sub: &str,
+    tenant: Option<&str>,
+    region: Option<&str>,
+    issuer: &str,
+    audience: &str,
+    ttl: Duration,
+) -> Claims {
+    let now = unix_now();
+    let ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+    Claims {
+        iss: issuer.to_owned(),
+        aud: audience.to_owned(),
+        sub: sub.to_owned(),
+        exp: now.saturating_add(ttl),
+        nbf: now,
+        iat: now,
+        role,
+        tenant: tenant.map(str::to_owned),
+        region: region.map(str::to_owned),
+    }
+}
+
+/// A tenant (or region) name: 1–63 characters of `[a-z0-9-]`, not starting
+/// with `-`. The same rule as `gangway_shared::ids::valid_tenant`, kept here
+/// so this crate stays below every other one.
+pub fn valid_tenant(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// An ES256 (ECDSA P-256) private key with its key id.
+#[derive(Clone)]
+pub struct SigningKey {
+    kid: String,
+    private_pem: String,
+    public_pem: String,
+    encoding: EncodingKey,
+}
+
+impl fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the private key.
+        f.debug_struct("SigningKey")
+            .field("kid", &self.kid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SigningKey {
+    /// A fresh random P-256 key.
+    ///
+    /// # Panics
+    /// Only if the system's random source fails.
+    pub fn generate(kid: &str) -> SigningKey {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .expect("generating a P-256 key needs a working system random source");
+        Self::from_pair(kid, &pair).expect("a freshly generated P-256 key is usable")
+    }
+
+    /// Loads a PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`) P-256 key.
+    pub fn from_pem(kid: &str, private_pkcs8_pem: &str) -> Result<Self, AuthError> {
+        let pair = rcgen::KeyPair::from_pem(private_pkcs8_pem).map_err(|e| {
+            AuthError::Key(format!(
+                "key {kid:?}: not a PKCS#8 PEM private key ({e}); expected `-----BEGIN PRIVATE KEY-----`"
+            ))
+        })?;
+        Self::from_pair(kid, &pair)
+    }
+
+    fn from_pair(kid: &str, pair: &rcgen::KeyPair) -> Result<Self, AuthError> {
+        if kid.is_empty() {
+            return Err(AuthError::Key("a signing key needs a non-empty kid".into()));
+        }
+        if pair.algorithm() != &rcgen::PKCS_ECDSA_P256_SHA256 {
+            return Err(AuthError::Key(format!(
+                "key {kid:?} is not an ECDSA P-256 key; tokens are signed with ES256"
+            )));
+        }
+        let private_pem = pair.serialize_pem();
+        let encoding = EncodingKey::from_ec_pem(private_pem.as_bytes())
+            .map_err(|e| AuthError::Key(format!("key {kid:?}: {e}")))?;
+        Ok(SigningKey {
+            kid: kid.to_owned(),
+            private_pem,
+            public_pem: pair.public_key_pem(),
+            encoding,
+        })
+    }
+
+    /// The private key as PKCS#8 PEM. Keep it secret (files: mode 0600).
+    pub fn private_pem(&self) -> String {
+        self.private_pem.clone()
+    }
+
+    /// The public key as SPKI PEM (`-----BEGIN PUBLIC KEY-----`), for verifiers.
+    pub fn public_pem(&self) -> String {
+        self.public_pem.clone()
+    }
+
+    /// The key id that goes into every token's header.
+    pub fn kid(&self) -> &str {
+        &self.kid
+    }
+
+    /// `(kid, public PEM)`, the shape [`Verifier::new`] takes.
+    pub fn verifier_entry(&self) -> (String, String) {
+        (self.kid.clone(), self.public_pem.clone())
+    }
+
+    /// Signs `claims` as a compact JWS with header `{"alg":"ES256","kid":…,"typ":"JWT"}`.
+    pub fn sign(&self, claims: &Claims) -> Result<String, AuthError> {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(self.kid.clone());
+        jsonwebtoken::encode(&header, claims, &self.encoding)
+            .map_err(|e| AuthError::Key(format!("signing with key {:?}: {e}", self.kid)))
+    }
+}
+
+/// Checks tokens against a fixed issuer, audience and set of trusted keys.
+/// Cloning is cheap (the state is behind an `Arc`).
+#[derive(Clone)]
+pub struct Verifier {
+    inner: Arc<Inner>,
+    leeway_s: i64,
+}
+
+struct Inner {
+    issuer: String,
+    audience: String,
+    keys: BTreeMap<String, DecodingKey>,
+}
+
+impl fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Verifier")
+            .field("issuer", &self.inner.issuer)
+            .field("audience", &self.inner.audience)
+            .field("kids", &self.inner.keys.keys().collect::<Vec<_>>())
+            .field("leeway_s", &self.leeway_s)
+            .finish()
+    }
+}
+
+/// The parts of a JOSE header we look at; anything else is ignored except
+/// `crit`, which we must refuse because we understand no extensions.
+#[derive(Deserialize)]
+struct JoseHeader {
+    alg: Option<serde_json::Value>,
+    kid: Option<serde_json::Value>,
+    typ: Option<serde_json::Value>,
+    crit: Option<serde_json::Value>,
+}
+
+impl Verifier {
+    /// A verifier trusting the given `(kid, SPKI public PEM)` keys. Several
+    /// keys means rotation: a token signed by any of them verifies.
+    pub fn new(issuer: &str, audience: &str, keys: &[(String, String)]) -> Result<Self, AuthError> {
+        if issuer.is_empty() || audience.is_empty() {
+            return Err(AuthError::Key(
+                "a verifier needs a non-empty issuer and audience".into(),
+            ));
+        }
+        if keys.is_empty() {
+            return Err(AuthError::Key(
+                "a verifier needs at least one public key".into(),
+            ));
+        }
+        let mut map = BTreeMap::new();
+        for (kid, pem) in keys {
+            if kid.is_empty() {
+                return Err(AuthError::Key("every verification key needs a kid".into()));
+            }
+            let key = DecodingKey::from_ec_pem(pem.as_bytes()).map_err(|e| {
+                AuthError::Key(format!(
+                    "key {kid:?}: not an EC public key PEM ({e}); expected `-----BEGIN PUBLIC KEY-----`"
+                ))
+            })?;
+            // A well-formed P-256 key answers "no" to a zero signature; any
+            // other curve (or garbage) fails to load and answers an error.
+            let zero_sig = URL_SAFE_NO_PAD.encode([0u8; 64]);
+            if jsonwebtoken::crypto::verify(&zero_sig, b"probe", &key, Algorithm::ES256).is_err() {
+                return Err(AuthError::Key(format!(
+                    "key {kid:?} is not an ECDSA P-256 public key; tokens are verified with ES256"
+                )));
+            }
+            if map.insert(kid.clone(), key).is_some() {
+                return Err(AuthError::Key(format!("kid {kid:?} is configured twice")));
+            }
+        }
+        Ok(Verifier {
+            inner: Arc::new(Inner {
+                issuer: issuer.to_owned(),
+                audience: audience.to_owned(),
+                keys: map,
+            }),
+            leeway_s: DEFAULT_LEEWAY_S as i64,
+        })
+    }
+
+    /// Allowed clock skew for `exp` and `nbf`, in seconds (default 30).
+    pub fn leeway(mut self, seconds: u64) -> Self {
+        self.leeway_s = i64::try_from(seconds).unwrap_or(i64::MAX);
+        self
+    }
+
+    /// The issuer this verifier trusts.
+    pub fn issuer(&self) -> &str {
+        &self.inner.issuer
+    }
+
+    /// The audience tokens must name.
+    pub fn audience(&self) -> &str {
+        &self.inner.audience
+    }
+
+    /// Verifies a raw token at the current time.
+    pub fn verify(&self, token: &str) -> Result<Claims, AuthError> {
+        self.verify_at(token, unix_now())
+    }
+
+    /// Verifies the value of an `Authorization` header (`Bearer <jwt>`).
+    pub fn verify_header(&self, authorization: Option<&str>) -> Result<Claims, AuthError> {
+        self.verify(bearer_token(authorization)?)
+    }
+
+    /// Verifies a raw token as if the time were `now` (Unix seconds).
+    pub fn verify_at(&self, token: &str, now: i64) -> Result<Claims, AuthError> {
+        if token.len() > MAX_TOKEN_LEN {
+            return Err(AuthError::Malformed(format!(
+                "the token is longer than {MAX_TOKEN_LEN} bytes"
+            )));
+        }
+        let mut parts = token.split('.');
+        let (Some(header_b64), Some(payload_b64), Some(sig_b64), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(AuthError::Malformed(
+                "expected three base64url parts separated by dots".into(),
+            ));
+        };
+
+        let header: JoseHeader = decode_json(header_b64, "header")?;
+        let alg = match &header.alg {
+            Some(serde_json::Value::String(alg)) => alg.as_str(),
+            Some(other) => return Err(AuthError::UnsupportedAlgorithm(other.to_string())),
+            None => return Err(AuthError::Malformed("the header has no `alg`".into())),
+        };
+        if alg != ALG {
+            return Err(AuthError::UnsupportedAlgorithm(alg.to_owned()));
+        }
+        if header.crit.is_some() {
+            return Err(AuthError::Malformed(
+                "the header has critical extensions (`crit`), which this server does not support"
+                    .into(),
+            ));
+        }
+        match &header.typ {
+            None => {}
+            Some(serde_json::Value::String(t)) if t.eq_ignore_ascii_case("JWT") => {}
+            Some(other) => {
+                return Err(AuthError::Malformed(format!(
+                    "the header's `typ` is {other}, not \"JWT\""
+                )))
+            }
+        }
+        let key = match &header.kid {
+            Some(serde_json::Value::String(kid)) => self
+                .inner
+                .keys
+                .get(kid)
+                .ok_or_else(|| AuthError::UnknownKey(kid.clone()))?,
+            Some(other) => return Err(AuthError::UnknownKey(other.to_string())),
+            None => return Err(AuthError::UnknownKey(String::new())),
+        };
+
+        let signed = &token[..header_b64.len() + 1 + payload_b64.len()];
+        match jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), key, Algorithm::ES256) {
+            Ok(true) => {}
+            // Ok(false): wrong signature; Err: a signature that is not even
+            // base64 or not 64 bytes. Either way it does not verify.
+            Ok(false) | Err(_) => return Err(AuthError::BadSignature),
+        }
+
+        let claims: Claims = decode_json(payload_b64, "payload")?;
+        self.check_claims(&claims, now)?;
+        Ok(claims)
+    }
+
+    fn check_claims(&self, c: &Claims, now: i64) -> Result<(), AuthError> {
+        if c.iss != self.inner.issuer {
+            return Err(AuthError::WrongIssuer {
+                expected: self.inner.issuer.clone(),
+                found: c.iss.clone(),
+            });
+        }
+        if c.aud != self.inner.audience {
+            return Err(AuthError::WrongAudience {
+                expected: self.inner.audience.clone(),
+                found: c.aud.clone(),
+            });
+        }
+        if now > c.exp.saturating_add(self.leeway_s) {
+            return Err(AuthError::Expired { expired_at: c.exp });
+        }
+        if now.saturating_add(self.leeway_s) < c.nbf {
+            return Err(AuthError::NotYetValid { not_before: c.nbf });
+        }
+        if c.sub.is_empty() {
+            return Err(AuthError::BadClaims("`sub` is empty".into()));
+        }
+        if let Some(tenant) = &c.tenant {
+            if !valid_tenant(tenant) {
+                return Err(AuthError::BadClaims(format!(
+                    "tenant {tenant:?} is not a valid name (1-63 characters of a-z, 0-9 and '-', not starting with '-')"
+                )));
+            }
+        }
+        if let Some(region) = &c.region {
+            if !valid_tenant(region) {
+                return Err(AuthError::BadClaims(format!(
+                    "region {region:?} is not a valid name (1-63 characters of a-z, 0-9 and '-', not starting with '-')"
+                )));
+            }
+        }
+        match c.role {
+            Role::Tenant if c.tenant.is_none() => Err(AuthError::BadClaims(
+                "a tenant token must name its tenant (`tenant` claim)".into(),
+            )),
+            Role::Agent if c.region.is_none() => Err(AuthError::BadClaims(
+                "an agent token must name its region (`region` claim)".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Extracts the token from an `Authorization` header value. The scheme is
+/// case-insensitive (RFC 7235).
+fn bearer_token(authorization: Option<&str>) -> Result<&str, AuthError> {
+    let value = authorization.map(str::trim).unwrap_or_default();
+    if value.is_empty() {
+        return Err(AuthError::Missing);
+    }
+    let (scheme, rest) = value.split_once(' ').unwrap_or((value, ""));
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(AuthError::Malformed(
+            "the Authorization header must use the Bearer scheme".into(),
+        ));
+    }
+    let token = rest.trim();
+    if token.is_empty() {
+        return Err(AuthError::Missing);
+    }
+    Ok(token)
+}
+
+/// Decodes one base64url JSON part. Syntax errors are `Malformed`; well-formed
+/// JSON of the wrong shape (a missing claim, a string `exp`) is `BadClaims`.
+fn decode_json<T: serde::de::DeserializeOwned>(part_b64: &str, what: &str) -> Result<T, AuthError> {
+    let bytes = URL_SAFE_NO_PAD
+        .decode(part_b64)
+        .map_err(|_| AuthError::Malformed(format!("the {what} is not base64url")))?;
+    serde_json::from_slice(&bytes).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data if what == "payload" => {
+            AuthError::BadClaims(e.to_string())
+        }
+        _ => AuthError::Malformed(format!("the {what} is not a JSON object ({e})")),
+    })
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_names() {
+        for ok in ["acme", "a", "globex-2", "0", &"a".repeat(63)] {
+            assert!(valid_tenant(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-acme",
+            "Acme",
+            "ac me",
+            "ac_me",
+            "acmé",
+            &"a".repeat(64),
+        ] {
+            assert!(!valid_tenant(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer_token(Some("Bearer abc")), Ok("abc"));
+        assert_eq!(bearer_token(Some("bearer  abc ")), Ok("abc"));
+        assert_eq!(bearer_token(None), Err(AuthError::Missing));
+        assert_eq!(bearer_token(Some("  ")), Err(AuthError::Missing));
+        assert_eq!(bearer_token(Some("Bearer ")), Err(AuthError::Missing));
+        assert_eq!(
+            bearer_token(Some("Basic dXNlcjpwYXNz")).unwrap_err().code(),
+            "malformed_token"
+        );
+        assert_eq!(
+            bearer_token(Some("abc.def.ghi")).unwrap_err().code(),
+            "malformed_token"
+        );
+    }
+
+    #[test]
+    fn debug_hides_private_key() {
+        let key = SigningKey::generate("k1");
+        let shown = format!("{key:?}");
+        assert!(shown.contains("k1") && !shown.contains("PRIVATE"));
+    }
+}

@@ -1,0 +1,35 @@
+//! Authentication for Gangway: who may call which server, and over what.
+//!
+//! Tenants and operators call the global tier with Bearer JWTs; the global
+//! tier calls regions with short-lived service tokens, and node agents call
+//! their region with agent tokens. Every token is ES256 (ECDSA P-256) and
+//! names its signing key with a `kid`, so keys can rotate: a verifier trusts
+//! a set of keys at once. All transport is TLS (rustls with the `ring`
+//! provider); for local clouds a small dev CA issues the server certificate.
+//!
+//! # Layout
+//!
+//! - [`error`]: [`AuthError`], the token-verification failures, each with a
+//!   stable machine-readable [`AuthError::code`] and a message that says what
+//!   to do next.
+//! - [`jwt`]: [`Claims`] and [`Role`], [`SigningKey`] (mint tokens),
+//!   [`Verifier`] (check them: algorithm, key id, signature, time, issuer,
+//!   audience, role-specific claims) and [`claims_for`].
+//! - [`tls`]: [`DevCa`] (a throwaway certificate authority that issues server
+//!   certificates) and the rustls [`server_config`]/[`client_config`]
+//!   builders, plus [`TlsError`].
+//! - [`dev`]: [`DevMaterial`], the CA, server certificate and signing keys of
+//!   a local cloud, created once under a state directory and loaded on every
+//!   later start so tokens and the CA stay valid across restarts.
+//! - `fsutil` (private): atomic, permission-aware file writes.
+
+pub mod dev;
+pub mod error;
+mod fsutil;
+pub mod jwt;
+pub mod tls;
+
+pub use dev::{DevError, DevMaterial, SERVICE_KID, TENANT_KID};
+pub use error::AuthError;
+pub use jwt::{claims_for, valid_tenant, Claims, Role, SigningKey, Verifier};
+pub use tls::{client_config, server_config, DevCa, TlsError};

@@ -1,0 +1,182 @@
+//! Server-side pieces every Gangway HTTP service shares: the one API error
+//! type and extractors whose every rejection is that error.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+
+use crate::error::{codes, ErrorBody};
+
+/// An error answer: a status, a stable code and a message saying what to do.
+/// Turning it into a response has no side effects.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            codes::NOT_FOUND,
+            format!("{what} not found"),
+        )
+    }
+}
+
+impl From<crate::validate::Invalid> for ApiError {
+    fn from(e: crate::validate::Invalid) -> Self {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.code, e.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            code: self.code.to_string(),
+            message: self.message,
+            request_id: None,
+        };
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// `axum::Json`, rejecting with our error codes.
+pub struct Json<T>(pub T);
+
+impl<S, T> FromRequest<S> for Json<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Json(v)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(r: JsonRejection) -> ApiError {
+    match r {
+        JsonRejection::JsonDataError(e) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!("invalid document: {}", e.body_text()),
+        ),
+        JsonRejection::JsonSyntaxError(e) => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::MALFORMED_JSON,
+            format!("malformed JSON: {}", e.body_text()),
+        ),
+        JsonRejection::MissingJsonContentType(_) => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            codes::UNSUPPORTED_MEDIA_TYPE,
+            "send the body as JSON with Content-Type: application/json",
+        ),
+        JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                codes::PAYLOAD_TOO_LARGE,
+                "request body too large",
+            )
+        }
+        other => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::MALFORMED_JSON,
+            format!("cannot read the body: {}", other.body_text()),
+        ),
+    }
+}
+
+/// `axum::extract::Query`, rejecting with `invalid_query`.
+pub struct Query<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for Query<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(v)| Query(v))
+            .map_err(|e: QueryRejection| {
+                ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, e.body_text())
+            })
+    }
+}
+
+/// A job id from the path. A malformed id names no job: 404, like any
+/// job the tenant cannot see.
+pub struct JobId(pub uuid::Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for JobId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let axum::extract::Path(raw) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|_| ApiError::not_found("job"))?;
+        uuid::Uuid::parse_str(&raw)
+            .map(JobId)
+            .map_err(|_| ApiError::not_found("job"))
+    }
+}
+
+/// Adds what every Gangway router has: JSON 404 and 405 answers, panics
+/// caught into a JSON 500, a 30 s timeout, and a request id (`x-request-id`)
+/// set on every request, logged and returned.
+pub fn finish_router(router: axum::Router) -> axum::Router {
+    use axum::http::HeaderName;
+    use tower_http::catch_panic::CatchPanicLayer;
+    use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+    use tower_http::timeout::TimeoutLayer;
+    use tower_http::trace::TraceLayer;
+
+    let request_id = HeaderName::from_static("x-request-id");
+    router
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, codes::NOT_FOUND, "no such endpoint")
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                codes::METHOD_NOT_ALLOWED,
+                "this endpoint does not take that method",
+            )
+        })
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                codes::INTERNAL,
+                "internal error",
+            )
+            .into_response()
+        }))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            std::time::Duration::from_secs(30),
+        ))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(TraceLayer::new_for_http())
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+}
