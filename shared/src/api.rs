@@ -10,6 +10,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 /// Most GPUs one job may ask for. Larger numbers are typos, not jobs.
@@ -27,31 +28,48 @@ pub const MAX_ARGS: usize = 4096;
 ///
 /// Numbers are signed on the wire so that a negative count is reported as
 /// `invalid_gpus`, not as a generic decoding failure.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
+    /// A name for people (1–200 printable characters); not unique.
+    #[schema(min_length = 1, max_length = 200)]
     pub name: String,
     /// Total GPUs of the job (all workers together).
+    #[schema(minimum = 1, maximum = 100000)]
     pub gpus: i64,
+    /// The GPU model, for example `h100`; `GET /v1/regions` lists what each
+    /// region has.
+    #[schema(pattern = "^[a-z0-9-]{1,64}$")]
     pub gpu_type: String,
+    /// Default `normal`.
     #[serde(default)]
     pub priority: Priority,
     /// The tenant's estimate of the run time, in seconds. The simulated
     /// executor runs this long (scaled by its time factor).
+    #[schema(minimum = 1, maximum = 31622400)]
     pub estimated_duration_s: i64,
     /// Hard limit on the run time, in seconds; the job is stopped after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31622400)]
     pub max_duration_s: Option<i64>,
     /// The argv run once per worker.
+    #[schema(min_items = 1, max_items = 4096)]
     pub command: Vec<String>,
+    /// Extra environment variables of every worker. Names are
+    /// `[A-Za-z_][A-Za-z0-9_]*`; `GANGWAY_*` and the variables Gangway sets
+    /// (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`,
+    /// `CUDA_VISIBLE_DEVICES`) are refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// GPUs per worker (one process on one node). Default 1: one process per
     /// GPU, as `torchrun --nproc-per-node` would start them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 72)]
     pub gpus_per_worker: Option<i64>,
+    /// Default `gang`.
     #[serde(default)]
     pub mode: JobMode,
+    /// Default: no requirement, closest placement preferred.
     #[serde(default)]
     pub topology: TopologySpec,
     /// Pin the job to this region; by default the global tier chooses.
@@ -76,7 +94,7 @@ impl JobSpec {
 }
 
 /// How a job's workers start.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum JobMode {
     /// All workers start together or none do (distributed training).
@@ -87,7 +105,9 @@ pub enum JobMode {
     Array,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Priority {
     Low,
@@ -128,7 +148,9 @@ impl FromStr for Priority {
 }
 
 /// A level of the fabric, from closest to widest.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum TopologyLevel {
     /// One NVLink domain: a node, or a whole rack on NVL72-style systems.
@@ -184,7 +206,7 @@ impl FromStr for TopologyLevel {
 /// Where a job's workers may go. `required`: the whole gang must sit in one
 /// domain of this level (the job waits rather than spread). `preferred`: the
 /// level it would like; placement always tries the closest level first.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopologySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -204,7 +226,7 @@ impl TopologySpec {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
     /// Accepted, waiting for GPUs.
@@ -268,7 +290,7 @@ impl FromStr for JobState {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkerState {
     /// Not placed yet (array jobs place workers one by one).
@@ -326,7 +348,7 @@ impl FromStr for WorkerState {
 }
 
 /// One worker: one process on one node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Worker {
     pub rank: u32,
     pub state: WorkerState,
@@ -338,7 +360,7 @@ pub struct Worker {
     pub exit_code: Option<i32>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Job {
     pub id: Uuid,
     pub tenant: String,
@@ -359,7 +381,7 @@ pub struct Job {
 }
 
 /// One entry of a job's timeline.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct JobEvent {
     pub seq: i64,
     pub at: DateTime<Utc>,
@@ -371,7 +393,7 @@ pub struct JobEvent {
     pub detail: serde_json::Value,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct JobEvents {
     pub job_id: Uuid,
     pub events: Vec<JobEvent>,
@@ -408,7 +430,7 @@ impl Cursor {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct JobList {
     pub jobs: Vec<Job>,
     /// Pass as `cursor` to get the next page; absent on the last page
@@ -421,7 +443,7 @@ pub struct JobList {
 }
 
 /// GPUs of one type in a region, as its agents registered them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct GpuTypeCapacity {
     pub gpu_type: String,
     pub nodes: u32,
@@ -433,7 +455,7 @@ pub struct GpuTypeCapacity {
     pub spare: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RegionStatus {
     pub region: String,
     /// Whether this replica currently holds the scheduling leadership.
@@ -445,7 +467,7 @@ pub struct RegionStatus {
 }
 
 /// A tenant's cap on GPUs of one type allocated at once in a region.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Quota {
     pub tenant: String,
     pub gpu_type: String,
@@ -453,19 +475,19 @@ pub struct Quota {
 }
 
 /// Body of `PUT /v1/admin/quotas/{tenant}/{gpu_type}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaUpdate {
     pub max_gpus: i64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct QuotaList {
     pub quotas: Vec<Quota>,
 }
 
 /// Why a job is where it is, in words and a code.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Explanation {
     pub job_id: Uuid,
     pub state: JobState,
@@ -476,7 +498,7 @@ pub struct Explanation {
 }
 
 /// A region as the global tier sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RegionInfo {
     pub name: String,
     pub healthy: bool,
@@ -489,7 +511,7 @@ pub struct RegionInfo {
     pub status: Option<RegionStatus>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RegionList {
     pub regions: Vec<RegionInfo>,
 }

@@ -5,10 +5,15 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// An error answer: a stable `code` for programs, a `message` for people.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
+    /// A stable, machine-readable code (see [`codes`]).
     pub code: String,
+    /// What went wrong and what to do about it, for people; may be reworded.
     pub message: String,
+    /// The request's id, when known (every response also carries it in the
+    /// `x-request-id` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
 }
@@ -29,6 +34,8 @@ pub mod codes {
     pub const EXCEEDS_REGION_CAPACITY: &str = "exceeds_region_capacity";
     /// No domain at the required topology level could ever hold the gang (422).
     pub const UNSATISFIABLE_TOPOLOGY: &str = "unsatisfiable_topology";
+    /// The request is malformed in a way no more specific code covers (400).
+    pub const BAD_REQUEST: &str = "bad_request";
     /// A query parameter is malformed (400).
     pub const INVALID_QUERY: &str = "invalid_query";
     /// The tenant header is missing or malformed (400).
@@ -71,4 +78,36 @@ pub mod codes {
     pub const TIMEOUT: &str = "timeout";
     /// A bug on our side (500). Never returned for bad input.
     pub const INTERNAL: &str = "internal";
+
+    /// Every code above, so documents and tests can list them. A new code
+    /// goes here too.
+    pub const ALL: &[&str] = &[
+        MALFORMED_JSON,
+        INVALID_SPEC,
+        INVALID_GPUS,
+        UNKNOWN_GPU_TYPE,
+        EXCEEDS_REGION_CAPACITY,
+        UNSATISFIABLE_TOPOLOGY,
+        BAD_REQUEST,
+        INVALID_QUERY,
+        INVALID_TENANT,
+        INVALID_IDEMPOTENCY_KEY,
+        IDEMPOTENCY_KEY_REUSED,
+        IDEMPOTENCY_REQUEST_IN_FLIGHT,
+        WRONG_REGION,
+        NO_REGION_AVAILABLE,
+        REGION_UNAVAILABLE,
+        RATE_LIMITED,
+        FORBIDDEN,
+        UNAUTHENTICATED,
+        NOT_FOUND,
+        PAYLOAD_TOO_LARGE,
+        UNSUPPORTED_MEDIA_TYPE,
+        UNKNOWN_AGENT,
+        STALE_BOOT,
+        UNAVAILABLE,
+        METHOD_NOT_ALLOWED,
+        TIMEOUT,
+        INTERNAL,
+    ];
 }

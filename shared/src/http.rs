@@ -124,6 +124,25 @@ where
     }
 }
 
+/// `axum::extract::Path`, rejecting with a JSON 404: a path that does not
+/// decode names nothing that exists.
+pub struct Path<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for Path<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Send,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(v)| Path(v))
+            .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, codes::NOT_FOUND, e.body_text()))
+    }
+}
+
 /// A job id from the path. A malformed id names no job: 404, like any
 /// job the tenant cannot see.
 pub struct JobId(pub uuid::Uuid);
@@ -142,9 +161,60 @@ impl<S: Send + Sync> FromRequestParts<S> for JobId {
     }
 }
 
+/// The stable code for an error status that reached us without one (a
+/// layer's or the framework's own refusal).
+fn code_for_status(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::NOT_FOUND => codes::NOT_FOUND,
+        StatusCode::METHOD_NOT_ALLOWED => codes::METHOD_NOT_ALLOWED,
+        StatusCode::REQUEST_TIMEOUT => codes::TIMEOUT,
+        StatusCode::PAYLOAD_TOO_LARGE => codes::PAYLOAD_TOO_LARGE,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => codes::UNSUPPORTED_MEDIA_TYPE,
+        StatusCode::UNPROCESSABLE_ENTITY => codes::INVALID_SPEC,
+        s if s.is_server_error() => codes::INTERNAL,
+        _ => codes::BAD_REQUEST,
+    }
+}
+
+/// Makes sure every error answer is our JSON: an error response that is
+/// not JSON (a timeout, a framework rejection) gets a JSON body with a code
+/// derived from its status and its text as the message.
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("request refused")
+            .to_string()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, code_for_status(status), message).into_response();
+    for (name, value) in parts.headers.iter() {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
 /// Adds what every Gangway router has: JSON 404 and 405 answers, panics
-/// caught into a JSON 500, a 30 s timeout, and a request id (`x-request-id`)
-/// set on every request, logged and returned.
+/// caught into a JSON 500, a 30 s timeout, JSON bodies on every error, and
+/// a request id (`x-request-id`) set on every request, logged with it and
+/// returned.
 pub fn finish_router(router: axum::Router) -> axum::Router {
     use axum::http::HeaderName;
     use tower_http::catch_panic::CatchPanicLayer;
@@ -176,7 +246,22 @@ pub fn finish_router(router: axum::Router) -> axum::Router {
             StatusCode::REQUEST_TIMEOUT,
             std::time::Duration::from_secs(30),
         ))
+        .layer(axum::middleware::map_response(json_errors))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
-        .layer(TraceLayer::new_for_http())
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+                let id = req
+                    .headers()
+                    .get("x-request-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-");
+                tracing::info_span!(
+                    "request",
+                    method = %req.method(),
+                    path = %req.uri().path(),
+                    request_id = %id
+                )
+            }),
+        )
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
 }

@@ -2,19 +2,22 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{Method, StatusCode};
 use futures_util::future::join_all;
 use gangway_shared::api::{QuotaList, QuotaUpdate};
-use gangway_shared::error::codes;
-use gangway_shared::http::{ApiError, Json, Query};
+use gangway_shared::error::{codes, ErrorBody};
+use gangway_shared::http::{ApiError, Json, Path, Query};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
-use super::GlobalState;
+use super::{openapi, GlobalState};
 use crate::auth::AdminCaller;
 use crate::regions::Call;
 
-#[derive(Debug, Deserialize)]
+/// Which regions an operator call goes to.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RegionParam {
     /// Only this region (default: every region).
@@ -22,8 +25,10 @@ pub struct RegionParam {
 }
 
 /// Each region's answer (a JSON document, or the error it gave).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct PerRegion {
+    /// By region name.
+    #[schema(value_type = BTreeMap<String, openapi::RegionAnswer>)]
     pub regions: BTreeMap<String, serde_json::Value>,
 }
 
@@ -82,6 +87,29 @@ async fn fan_out(
     })
 }
 
+/// List quotas
+///
+/// Every tenant's quotas, as each region (or the one named) holds them.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/quotas",
+    operation_id = "list_quotas",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(RegionParam),
+    responses(
+        (status = 200, description = "Each region's answer, by region name.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "A query parameter is unknown or malformed.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
 pub async fn list_quotas(
     State(state): State<GlobalState>,
     _admin: AdminCaller,
@@ -105,6 +133,40 @@ pub async fn list_quotas(
     Ok(axum::Json(out))
 }
 
+/// Set a quota
+///
+/// Caps the GPUs of one type that the tenant may hold at once, in every
+/// region (or the one named). Each region checks the names and the number;
+/// its refusal (`invalid_spec`, `invalid_gpus`) is its entry in the answer.
+#[utoipa::path(
+    put,
+    path = "/v1/admin/quotas/{tenant}/{gpu_type}",
+    operation_id = "put_quota",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(
+        ("tenant" = String, Path, description = "The tenant."),
+        ("gpu_type" = String, Path, description = "The GPU type, for example `h100`."),
+        RegionParam,
+    ),
+    request_body(content = QuotaUpdate, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Each region's answer, by region name.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "The body is not JSON, or a query parameter is unknown or malformed.",
+            &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors(
+            "The path does not decode.", &[codes::NOT_FOUND]), body = ErrorBody),
+        (status = 413, response = openapi::PayloadTooLarge),
+        (status = 415, response = openapi::UnsupportedMediaType),
+        (status = 422, description = openapi::errors(
+            "The body is not a quota update, or no region has the name given in `region`.",
+            &[codes::INVALID_SPEC, codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
 pub async fn put_quota(
     State(state): State<GlobalState>,
     _admin: AdminCaller,
@@ -119,6 +181,37 @@ pub async fn put_quota(
     ))
 }
 
+/// Remove a quota
+///
+/// The tenant is no longer capped for that GPU type, in every region (or
+/// the one named). A region without that quota answers `not_found` in its
+/// entry.
+#[utoipa::path(
+    delete,
+    path = "/v1/admin/quotas/{tenant}/{gpu_type}",
+    operation_id = "delete_quota",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(
+        ("tenant" = String, Path, description = "The tenant."),
+        ("gpu_type" = String, Path, description = "The GPU type, for example `h100`."),
+        RegionParam,
+    ),
+    responses(
+        (status = 200, description = "Each region's answer, by region name.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "A query parameter is unknown or malformed.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors(
+            "The path does not decode.", &[codes::NOT_FOUND]), body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
 pub async fn delete_quota(
     State(state): State<GlobalState>,
     _admin: AdminCaller,

@@ -6,17 +6,18 @@ use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
-use gangway_shared::api::{Cursor, Job, JobList, JobSpec, RegionList};
+use gangway_shared::api::{Cursor, Job, JobList, JobSpec, JobState, RegionList};
 use gangway_shared::client::IDEMPOTENCY_KEY_HEADER;
-use gangway_shared::error::codes;
+use gangway_shared::error::{codes, ErrorBody};
 use gangway_shared::http::{ApiError, JobId, Json, Query};
 use gangway_shared::ids::{job_id_for_key, valid_idempotency_key};
 use gangway_shared::validate::check_spec;
 use serde::Deserialize;
 use tracing::instrument;
+use utoipa::IntoParams;
 use uuid::Uuid;
 
-use super::GlobalState;
+use super::{openapi, GlobalState};
 use crate::auth::TenantCaller;
 use crate::regions::{Answer, Call, Region, Unreachable};
 use crate::routing::{choose, rendezvous, Candidate};
@@ -105,6 +106,54 @@ async fn claim(
     ))
 }
 
+/// Submit a job
+///
+/// Validates the spec, chooses a region (the pinned one, else by health and
+/// free GPUs of the type) and creates the job there. With an
+/// `Idempotency-Key`, the same key and body give the same job and the same
+/// answer however often they are sent, through any replica.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    operation_id = "create_job",
+    tag = "jobs",
+    security(("bearer" = [])),
+    params(
+        openapi::IdempotencyKey,
+    ),
+    request_body(content = JobSpec, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The job, created now or by an earlier attempt \
+            with the same Idempotency-Key and body.", body = Job),
+        (status = 400, description = openapi::errors(
+            "The body is not JSON, or the Idempotency-Key is malformed.",
+            &[codes::MALFORMED_JSON, codes::INVALID_IDEMPOTENCY_KEY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 409, description = openapi::errors(
+            "A request with this Idempotency-Key is still being processed; retry in a \
+             moment to get its result.",
+            &[codes::IDEMPOTENCY_REQUEST_IN_FLIGHT]), body = ErrorBody),
+        (status = 413, response = openapi::PayloadTooLarge),
+        (status = 415, response = openapi::UnsupportedMediaType),
+        (status = 422, description = openapi::errors(
+            "The spec is invalid or can never run (the message says what to fix), or the \
+             Idempotency-Key was used before with a different body.",
+            &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::UNKNOWN_GPU_TYPE,
+              codes::EXCEEDS_REGION_CAPACITY, codes::UNSATISFIABLE_TOPOLOGY,
+              codes::WRONG_REGION, codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 502, description = openapi::errors(
+            "A region gave an answer that could not be understood; retry with the same \
+             Idempotency-Key.",
+            &[codes::REGION_UNAVAILABLE]), body = ErrorBody),
+        (status = 503, description = openapi::errors(
+            "No region the job may go to is answering now, or its database is \
+             unavailable; retry with the same Idempotency-Key.",
+            &[codes::NO_REGION_AVAILABLE, codes::REGION_UNAVAILABLE, codes::UNAVAILABLE]),
+         body = ErrorBody),
+    )
+)]
 #[instrument(skip_all, fields(tenant = %caller.tenant))]
 pub async fn create(
     State(state): State<GlobalState>,
@@ -260,6 +309,25 @@ async fn find_owner<'a>(
     }
 }
 
+/// Get a job
+///
+/// Its state, spec, region and workers, from the region that owns it.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    operation_id = "get_job",
+    tag = "jobs",
+    security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "The job's id.")),
+    responses(
+        (status = 200, description = "The job.", body = Job),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, response = openapi::JobNotFound),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
 pub async fn get(
     State(state): State<GlobalState>,
     caller: TenantCaller,
@@ -293,6 +361,26 @@ async fn forward_to_owner(
     Ok(relay(answer))
 }
 
+/// Cancel a job
+///
+/// Stops its workers; the job moves to `cancelling`, then `cancelled`.
+/// Cancelling a job that has ended (or is ending) changes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/cancel",
+    operation_id = "cancel_job",
+    tag = "jobs",
+    security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "The job's id.")),
+    responses(
+        (status = 200, description = "The job after the request.", body = Job),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, response = openapi::JobNotFound),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
 pub async fn cancel(
     State(state): State<GlobalState>,
     caller: TenantCaller,
@@ -301,6 +389,25 @@ pub async fn cancel(
     forward_to_owner(&state, &caller.tenant, id, Method::POST, "cancel").await
 }
 
+/// A job's timeline
+///
+/// Queued, placed, started, worker exits, cancel requests, finished: oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/events",
+    operation_id = "job_events",
+    tag = "jobs",
+    security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "The job's id.")),
+    responses(
+        (status = 200, description = "The events.", body = gangway_shared::api::JobEvents),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, response = openapi::JobNotFound),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
 pub async fn events(
     State(state): State<GlobalState>,
     caller: TenantCaller,
@@ -309,6 +416,25 @@ pub async fn events(
     forward_to_owner(&state, &caller.tenant, id, Method::GET, "events").await
 }
 
+/// Why a job is where it is
+///
+/// For a queued job: over quota, no capacity, or placed by the next pass.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/explain",
+    operation_id = "explain_job",
+    tag = "jobs",
+    security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "The job's id.")),
+    responses(
+        (status = 200, description = "The explanation.", body = gangway_shared::api::Explanation),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, response = openapi::JobNotFound),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
 pub async fn explain(
     State(state): State<GlobalState>,
     caller: TenantCaller,
@@ -317,21 +443,49 @@ pub async fn explain(
     forward_to_owner(&state, &caller.tenant, id, Method::GET, "explain").await
 }
 
-#[derive(Debug, Deserialize)]
+/// Filters and paging of `GET /v1/jobs`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)] // checked here, read by the regions
 pub struct ListParams {
+    /// Only jobs in this state.
+    #[param(value_type = Option<JobState>)]
     state: Option<String>,
+    /// Only jobs with exactly this name.
     name: Option<String>,
+    /// Most jobs on one page (default 50).
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
 const DEFAULT_PAGE: u32 = 50;
 const MAX_PAGE: u32 = 500;
 
+/// List jobs
+///
 /// Lists the tenant's jobs across every region, newest first, with a cursor
-/// that works across regions (creation time, then id).
+/// that works across regions (creation time, then id). Regions that do not
+/// answer are named in `unavailable_regions` rather than failing the call.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    operation_id = "list_jobs",
+    tag = "jobs",
+    security(("bearer" = [])),
+    params(ListParams),
+    responses(
+        (status = 200, description = "A page of jobs.", body = JobList),
+        (status = 400, description = openapi::errors(
+            "A query parameter is unknown or malformed.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
 pub async fn list(
     State(state): State<GlobalState>,
     caller: TenantCaller,
@@ -417,6 +571,23 @@ pub async fn list(
     .into_response())
 }
 
+/// List regions
+///
+/// Each region's health and, by GPU type, its capacity, as this replica last
+/// saw them.
+#[utoipa::path(
+    get,
+    path = "/v1/regions",
+    operation_id = "list_regions",
+    tag = "regions",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The regions.", body = RegionList),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
 pub async fn regions(
     State(state): State<GlobalState>,
     _caller: TenantCaller,

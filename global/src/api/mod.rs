@@ -9,6 +9,7 @@
 
 mod admin;
 mod jobs;
+pub mod openapi;
 
 use std::sync::Arc;
 
@@ -61,7 +62,21 @@ pub fn app(state: GlobalState) -> Router {
             put(admin::put_quota).delete(admin::delete_quota),
         )
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
+        .route("/v1/openapi.json", get(openapi::serve))
         .with_state(state);
     gangway_shared::http::finish_router(router)
+}
+
+/// Liveness: the process answers. Needs no token and is never rate-limited.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "meta",
+    responses((status = 200, description = "The replica is up.", body = String,
+               content_type = "text/plain", example = "ok"))
+)]
+async fn healthz() -> &'static str {
+    "ok"
 }

@@ -2,7 +2,7 @@
 //! callers (issue 3), the regional API is reachable only by the operator's
 //! own network.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use gangway_shared::api::{Quota, QuotaList, QuotaUpdate};
 use gangway_shared::error::codes;
@@ -11,6 +11,7 @@ use gangway_shared::ids::valid_tenant;
 use super::error::ApiError;
 use super::extract::Json;
 use super::AppState;
+use gangway_shared::http::Path;
 
 /// Largest cap accepted (larger is a typo).
 const MAX_QUOTA: i64 = 10_000_000;

@@ -1,6 +1,6 @@
 //! The endpoints node agents call.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use gangway_shared::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncResponse};
 use gangway_shared::error::codes;
@@ -10,6 +10,7 @@ use super::error::ApiError;
 use super::extract::Json;
 use super::AppState;
 use crate::store::retry_races;
+use gangway_shared::http::Path;
 
 /// Most nodes one agent may register (a 40,000-GPU region has 5,000).
 const MAX_NODES_PER_AGENT: usize = 20_000;

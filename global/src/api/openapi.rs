@@ -1,0 +1,453 @@
+//! The OpenAPI 3.1 document of the public API, served at
+//! `GET /v1/openapi.json`.
+//!
+//! It is generated from the code: each handler's `#[utoipa::path]` says its
+//! path, parameters, bodies and answers; the schemas come from the API types
+//! themselves (`ToSchema`); the error codes from [`codes::ALL`] and from the
+//! authenticator's [`AuthError`]. The route uses no caller extractor, so it
+//! needs no token and is never rate-limited.
+
+use std::sync::LazyLock;
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use gangway_auth::error::AuthError;
+use gangway_shared::api::{
+    Explanation, GpuTypeCapacity, Job, JobEvent, JobEvents, JobList, JobMode, JobSpec, JobState,
+    Priority, Quota, QuotaList, QuotaUpdate, RegionInfo, RegionList, RegionStatus, TopologyLevel,
+    TopologySpec, Worker, WorkerState,
+};
+use gangway_shared::error::{codes, ErrorBody};
+use serde::Serialize;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::{IntoParams, Modify, OpenApi, ToResponse, ToSchema};
+
+use super::{admin, jobs};
+
+/// Name of the bearer-JWT security scheme; the handlers' `security(...)`
+/// spell it as a literal (the macro takes no constant), and the tests check
+/// they agree.
+pub const BEARER: &str = "bearer";
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Gangway",
+        description = "The public API of Gangway, a multi-region GPU cloud: submit jobs, \
+            follow them, see regions' capacity; operators set quotas.\n\n\
+            Every call except `/healthz` and `/v1/openapi.json` takes a bearer JWT \
+            (`Authorization: Bearer <token>`). Every error is a JSON `ErrorBody` with a \
+            stable `code`. Besides the answers each operation lists, any call may get \
+            400 `bad_request` (refused before reaching the endpoint), 404 `not_found` \
+            (no such endpoint), 405 `method_not_allowed`, 408 `timeout` (it took over \
+            30 s) or 500 `internal`. Every response carries an `x-request-id` header."
+    ),
+    paths(
+        jobs::create,
+        jobs::list,
+        jobs::get,
+        jobs::cancel,
+        jobs::events,
+        jobs::explain,
+        jobs::regions,
+        admin::list_quotas,
+        admin::put_quota,
+        admin::delete_quota,
+        super::healthz,
+        serve,
+    ),
+    components(
+        schemas(
+            JobSpec,
+            Job,
+            Worker,
+            JobEvent,
+            JobEvents,
+            JobList,
+            JobState,
+            WorkerState,
+            JobMode,
+            Priority,
+            TopologyLevel,
+            TopologySpec,
+            Explanation,
+            RegionInfo,
+            RegionList,
+            RegionStatus,
+            GpuTypeCapacity,
+            Quota,
+            QuotaUpdate,
+            QuotaList,
+            ErrorBody,
+        ),
+        responses(
+            Unauthenticated,
+            Forbidden,
+            RateLimited,
+            JobNotFound,
+            RegionUnavailable,
+            PayloadTooLarge,
+            UnsupportedMediaType,
+        )
+    ),
+    modifiers(&BearerScheme, &ErrorCodes, &RequestIds),
+    tags(
+        (name = "jobs", description = "A tenant's jobs, in whichever region runs them."),
+        (name = "regions", description = "Regions, their health and their capacity."),
+        (name = "admin", description = "Operator endpoints; they take an admin token."),
+        (name = "meta", description = "Health and this document; no token needed."),
+    )
+)]
+struct ApiDoc;
+
+/// The document, as the route serves it.
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// Built once: the document depends only on the code.
+static JSON: LazyLock<String> = LazyLock::new(|| {
+    document()
+        .to_json()
+        .expect("the OpenAPI document serializes")
+});
+
+/// This document: every endpoint, schema and error code of the public API.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    operation_id = "openapi",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document.",
+         content_type = "application/json", body = Object),
+    )
+)]
+pub async fn serve() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], JSON.as_str()).into_response()
+}
+
+/// Codes a 401 carries: one per way the authenticator refuses a token.
+pub fn auth_codes() -> Vec<&'static str> {
+    // No wildcard: a new way to refuse a token fails to compile here until
+    // it is listed below, so the document cannot miss its code.
+    let _listed = |e: &AuthError| match e {
+        AuthError::Missing
+        | AuthError::Malformed(_)
+        | AuthError::UnsupportedAlgorithm(_)
+        | AuthError::UnknownKey(_)
+        | AuthError::BadSignature
+        | AuthError::Expired { .. }
+        | AuthError::NotYetValid { .. }
+        | AuthError::WrongAudience { .. }
+        | AuthError::WrongIssuer { .. }
+        | AuthError::BadClaims(_)
+        | AuthError::Key(_) => (),
+    };
+    let none = String::new;
+    [
+        AuthError::Missing,
+        AuthError::Malformed(none()),
+        AuthError::UnsupportedAlgorithm(none()),
+        AuthError::UnknownKey(none()),
+        AuthError::BadSignature,
+        AuthError::Expired { expired_at: 0 },
+        AuthError::NotYetValid { not_before: 0 },
+        AuthError::WrongAudience {
+            expected: none(),
+            found: none(),
+        },
+        AuthError::WrongIssuer {
+            expected: none(),
+            found: none(),
+        },
+        AuthError::BadClaims(none()),
+        AuthError::Key(none()),
+    ]
+    .iter()
+    .map(AuthError::code)
+    .collect()
+}
+
+/// `what`, followed by the codes the answer carries.
+pub(crate) fn errors(what: &str, codes: &[&str]) -> String {
+    let list: Vec<String> = codes.iter().map(|c| format!("`{c}`")).collect();
+    format!("{what} Codes: {}.", list.join(", "))
+}
+
+fn error_response(description: String) -> ResponseBuilder {
+    ResponseBuilder::new().description(description).content(
+        "application/json",
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("ErrorBody")))
+            .build(),
+    )
+}
+
+fn integer_header(description: &str) -> utoipa::openapi::header::Header {
+    HeaderBuilder::new()
+        .schema(Some(
+            ObjectBuilder::new().schema_type(Type::Integer).build(),
+        ))
+        .description(Some(description))
+        .build()
+}
+
+fn string_header(description: &str) -> utoipa::openapi::header::Header {
+    HeaderBuilder::new()
+        .schema(Some(ObjectBuilder::new().schema_type(Type::String).build()))
+        .description(Some(description))
+        .build()
+}
+
+/// 401: no token, or one that does not verify.
+pub struct Unauthenticated;
+
+impl<'r> ToResponse<'r> for Unauthenticated {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "No valid bearer token: it is missing, malformed, not ES256, signed by an \
+             unknown key or not at all, expired, not yet valid, or for another audience or \
+             issuer. The code says which; get a new token.",
+            &auth_codes(),
+        );
+        let response = error_response(text)
+            .header(
+                "WWW-Authenticate",
+                string_header("`Bearer realm=\"gangway\"`"),
+            )
+            .build();
+        ("Unauthenticated", response.into())
+    }
+}
+
+/// 403: a valid token whose role may not call the endpoint.
+pub struct Forbidden;
+
+impl<'r> ToResponse<'r> for Forbidden {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "The token is valid but its role may not call this endpoint: jobs and \
+             regions take tenant tokens, admin endpoints admin tokens.",
+            &[codes::FORBIDDEN],
+        );
+        ("Forbidden", error_response(text).build().into())
+    }
+}
+
+/// 429: the caller's rate limit is spent.
+pub struct RateLimited;
+
+impl<'r> ToResponse<'r> for RateLimited {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "Too many requests from this tenant (or operator); other tenants are not \
+             affected. Retry after the `Retry-After` header's seconds.",
+            &[codes::RATE_LIMITED],
+        );
+        let response = error_response(text)
+            .header(
+                "Retry-After",
+                integer_header("Seconds to wait before retrying."),
+            )
+            .build();
+        ("RateLimited", response.into())
+    }
+}
+
+/// 404 for a job id.
+pub struct JobNotFound;
+
+impl<'r> ToResponse<'r> for JobNotFound {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "No such job for this tenant. A malformed id, an unknown id and another \
+             tenant's job all answer the same.",
+            &[codes::NOT_FOUND],
+        );
+        ("JobNotFound", error_response(text).build().into())
+    }
+}
+
+/// 503 when the region that holds (or might hold) a job does not answer.
+pub struct RegionUnavailable;
+
+impl<'r> ToResponse<'r> for RegionUnavailable {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "A region that holds or might hold the job is not answering, or its \
+             database is unavailable; retry shortly.",
+            &[codes::REGION_UNAVAILABLE, codes::UNAVAILABLE],
+        );
+        ("RegionUnavailable", error_response(text).build().into())
+    }
+}
+
+/// 413: the body is over the limit (1 MiB).
+pub struct PayloadTooLarge;
+
+impl<'r> ToResponse<'r> for PayloadTooLarge {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "The body is larger than 1 MiB.",
+            &[codes::PAYLOAD_TOO_LARGE],
+        );
+        ("PayloadTooLarge", error_response(text).build().into())
+    }
+}
+
+/// 415: the body is not sent as JSON.
+pub struct UnsupportedMediaType;
+
+impl<'r> ToResponse<'r> for UnsupportedMediaType {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "The body must be sent with `Content-Type: application/json`.",
+            &[codes::UNSUPPORTED_MEDIA_TYPE],
+        );
+        ("UnsupportedMediaType", error_response(text).build().into())
+    }
+}
+
+/// One region's answer to an operator call, passed on as the region gave
+/// it: a quota list (list), the quota set (put), `{"deleted": true}`
+/// (delete), or an error (including `region_unavailable` when the region did
+/// not answer).
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // a schema only: admin.rs passes regions' JSON on as it is
+pub enum RegionAnswer {
+    Quotas(QuotaList),
+    Quota(Quota),
+    Deleted(Deleted),
+    Error(ErrorBody),
+}
+
+/// A region deleted the quota.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct Deleted {
+    /// Always `true`.
+    deleted: bool,
+}
+
+/// The header that makes a create safe to retry (parsed in `jobs::create`).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // a parameter's description only
+pub struct IdempotencyKey {
+    /// 1–255 printable ASCII characters, unique per job the tenant means to
+    /// create. Retrying with the same key and body returns the first
+    /// attempt's job, through any replica; keys are kept at least 24 hours.
+    /// The same key with another body is refused (`idempotency_key_reused`).
+    #[param(
+        rename = "Idempotency-Key",
+        value_type = String,
+        required = false,
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[\\x20-\\x7e]+$"
+    )]
+    idempotency_key: Option<String>,
+}
+
+/// Adds the bearer-JWT scheme that operations name in `security`.
+struct BearerScheme;
+
+impl Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            BEARER,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "An ES256 JWT from the Gangway issuer, naming its signing key \
+                         (`kid`), with audience, expiry, a role (`tenant` or `admin`) and, \
+                         for tenants, a `tenant` claim.",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// Describes every stable error code on `ErrorBody.code`.
+struct ErrorCodes;
+
+impl Modify for ErrorCodes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let auth = auth_codes();
+        let all: Vec<&str> = codes::ALL
+            .iter()
+            .copied()
+            .chain(auth.iter().copied())
+            .collect();
+        let quoted = |list: &[&str]| {
+            list.iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let description = format!(
+            "A stable, machine-readable code: clients match on it, and a code never \
+             changes meaning. Each operation's error answers say which codes they carry. \
+             New codes may be added, so treat an unknown code by its HTTP status.\n\n\
+             Codes: {}.\n\nWhy a token was refused (401): {}.",
+            quoted(codes::ALL),
+            quoted(&auth),
+        );
+        let code = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(description))
+            .examples(all)
+            .build();
+        let schema = openapi
+            .components
+            .as_mut()
+            .and_then(|c| c.schemas.get_mut("ErrorBody"));
+        if let Some(RefOr::T(Schema::Object(body))) = schema {
+            body.properties.insert("code".into(), code.into());
+        }
+    }
+}
+
+/// Every answer carries the request's id.
+struct RequestIds;
+
+impl Modify for RequestIds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let add = |response: &mut RefOr<utoipa::openapi::Response>| {
+            if let RefOr::T(r) = response {
+                r.headers.insert(
+                    "x-request-id".into(),
+                    string_header(
+                        "The request's id (the caller's `x-request-id` if it sent one); \
+                         logs name it too.",
+                    )
+                    .into(),
+                );
+            }
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for op in operations.into_iter().flatten() {
+                op.responses.responses.values_mut().for_each(add);
+            }
+        }
+        if let Some(components) = openapi.components.as_mut() {
+            components.responses.values_mut().for_each(add);
+        }
+    }
+}

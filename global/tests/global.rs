@@ -1,0 +1,364 @@
+//! The global tier over real HTTPS in front of two real regions:
+//! authentication, tenant isolation, idempotency across replicas, rate
+//! limits, routing and failure of a region.
+
+mod support;
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use gangway_auth::jwt::Role;
+use gangway_shared::api::{Job, JobList};
+use gangway_shared::client::ListQuery;
+use reqwest::StatusCode;
+use support::{spec, Cloud};
+use uuid::Uuid;
+
+async fn code_of(r: reqwest::Response) -> (u16, String) {
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().await.unwrap_or_default();
+    (status, body["code"].as_str().unwrap_or("").to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_authentication_failure_is_a_401_with_its_code() {
+    let cloud = Cloud::start().await;
+    let http = cloud.http();
+    let url = format!("{}/v1/jobs", cloud.globals[0]);
+    let get = |auth: Option<String>| {
+        let mut r = http.get(&url);
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        r.send()
+    };
+    let good = cloud.token("acme");
+    assert_eq!(
+        get(Some(format!("Bearer {good}"))).await.unwrap().status(),
+        200
+    );
+
+    let mut expired = cloud.claims(Role::Tenant, Some("acme"));
+    expired.exp = expired.iat - 3600;
+    expired.nbf = expired.iat - 7200;
+    let expired = cloud.auth.tenant_key.sign(&expired).unwrap();
+
+    let mut wrong_aud = cloud.claims(Role::Tenant, Some("acme"));
+    wrong_aud.aud = "someone-else".into();
+    let wrong_aud = cloud.auth.tenant_key.sign(&wrong_aud).unwrap();
+
+    // Same signature, different payload.
+    let parts: Vec<&str> = good.split('.').collect();
+    let mut payload: serde_json::Value =
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
+    payload["tenant"] = "globex".into();
+    let tampered = format!(
+        "{}.{}.{}",
+        parts[0],
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(&payload).unwrap()),
+        parts[2]
+    );
+
+    let header_none = URL_SAFE_NO_PAD.encode(br#"{"alg":"none","typ":"JWT","kid":"dev-tenant-1"}"#);
+    let alg_none = format!("{header_none}.{}.", parts[1]);
+
+    // HS256 "signed" with the public key as the HMAC secret.
+    let mut hs = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    hs.kid = Some(cloud.auth.tenant_key.kid().to_string());
+    let hs256 = jsonwebtoken::encode(
+        &hs,
+        &cloud.claims(Role::Tenant, Some("acme")),
+        &jsonwebtoken::EncodingKey::from_secret(cloud.auth.tenant_key.public_pem().as_bytes())
+            .unwrap(),
+    )
+    .unwrap();
+
+    // A token from a key the tier does not know.
+    let stranger = gangway_auth::jwt::SigningKey::generate("dev-tenant-1")
+        .sign(&cloud.claims(Role::Tenant, Some("acme")))
+        .unwrap();
+
+    let cases: Vec<(Option<String>, &str)> = vec![
+        (None, "missing_token"),
+        (Some("Basic YWNtZTpodW50ZXIy".into()), "malformed_token"),
+        (Some("Bearer not-a-jwt".into()), "malformed_token"),
+        (Some(format!("Bearer {expired}")), "token_expired"),
+        (Some(format!("Bearer {wrong_aud}")), "wrong_audience"),
+        (Some(format!("Bearer {tampered}")), "bad_signature"),
+        (Some(format!("Bearer {alg_none}")), "unsupported_algorithm"),
+        (Some(format!("Bearer {hs256}")), "unsupported_algorithm"),
+        (Some(format!("Bearer {stranger}")), "bad_signature"),
+    ];
+    for (auth, want) in cases {
+        let r = get(auth.clone()).await.unwrap();
+        assert!(r.headers().contains_key("www-authenticate"));
+        assert_eq!(code_of(r).await, (401, want.to_string()), "{auth:?}");
+    }
+
+    // Roles: a tenant may not use admin endpoints, an admin not tenant ones.
+    let r = http
+        .get(format!("{}/v1/admin/quotas", cloud.globals[0]))
+        .bearer_auth(&good)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code_of(r).await, (403, "forbidden".to_string()));
+    let r = http
+        .get(format!("{}/v1/admin/quotas", cloud.globals[0]))
+        .bearer_auth(cloud.admin_token())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = get(Some(format!("Bearer {}", cloud.admin_token())))
+        .await
+        .unwrap();
+    assert_eq!(code_of(r).await, (403, "forbidden".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_never_sees_or_touches_another_tenants_jobs() {
+    let cloud = Cloud::start().await;
+    let acme = cloud.client(0, "acme");
+    let globex = cloud.client(1, "globex");
+    let spec: gangway_shared::api::JobSpec = serde_json::from_value(spec(2)).unwrap();
+    let job = acme.submit(&spec, Some("mine")).await.unwrap();
+    let nobody = Uuid::new_v4();
+    for id in [job.id, nobody] {
+        assert_eq!(globex.get(id).await.unwrap_err().code(), Some("not_found"));
+        assert_eq!(
+            globex.cancel(id).await.unwrap_err().code(),
+            Some("not_found")
+        );
+        assert_eq!(
+            globex.events(id).await.unwrap_err().code(),
+            Some("not_found")
+        );
+        assert_eq!(
+            globex.explain(id).await.unwrap_err().code(),
+            Some("not_found")
+        );
+    }
+    assert!(globex
+        .list(&ListQuery::default())
+        .await
+        .unwrap()
+        .jobs
+        .is_empty());
+    // The same key in another tenant is another job.
+    let theirs = globex.submit(&spec, Some("mine")).await.unwrap();
+    assert_ne!(theirs.id, job.id);
+    // Nothing of globex's cancel attempt reached acme's job.
+    let state = acme.get(job.id).await.unwrap().state;
+    assert!(
+        matches!(
+            state,
+            gangway_shared::api::JobState::Queued | gangway_shared::api::JobState::Starting
+        ),
+        "{state}"
+    );
+    assert_eq!(
+        acme.list(&ListQuery::default()).await.unwrap().jobs.len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_keyed_create_makes_one_job_however_it_is_retried() {
+    let cloud = Cloud::start().await;
+    let http = cloud.http();
+    let token = cloud.token("acme");
+    let post = |g: usize, key: &str, body: serde_json::Value| {
+        http.post(format!("{}/v1/jobs", cloud.globals[g]))
+            .bearer_auth(&token)
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+    };
+    // Sequential retries, through both replicas: the same job, the same answer.
+    let first = post(0, "k-seq", spec(4)).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first: Job = first.json().await.unwrap();
+    for g in [0, 1, 1, 0] {
+        let again = post(g, "k-seq", spec(4)).await.unwrap();
+        assert_eq!(again.status(), StatusCode::CREATED);
+        let again: Job = again.json().await.unwrap();
+        assert_eq!(again.id, first.id);
+        assert_eq!(again.region, first.region);
+        assert_eq!(again.spec, first.spec);
+    }
+    // The same key with another body.
+    assert_eq!(
+        code_of(post(1, "k-seq", spec(8)).await.unwrap()).await,
+        (422, "idempotency_key_reused".to_string())
+    );
+    // A refused body is not stored against the key.
+    assert_eq!(
+        code_of(post(0, "k-fixed", spec(0)).await.unwrap()).await,
+        (422, "invalid_gpus".to_string())
+    );
+    assert_eq!(
+        post(1, "k-fixed", spec(2)).await.unwrap().status(),
+        StatusCode::CREATED
+    );
+
+    // 20 concurrent identical creates through both replicas: one job.
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let (http, token, url) = (http.clone(), token.clone(), cloud.globals[i % 2].clone());
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/jobs"))
+                .bearer_auth(&token)
+                .header("idempotency-key", "k-burst")
+                .json(&spec(2))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let body: serde_json::Value = r.json().await.unwrap();
+            (status, body)
+        }));
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        match status {
+            StatusCode::CREATED => {
+                ids.insert(body["id"].as_str().unwrap().to_string());
+            }
+            StatusCode::CONFLICT => {
+                assert_eq!(body["code"], "idempotency_request_in_flight")
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let list: JobList = http
+        .get(format!("{}/v1/jobs?name=t&limit=100", cloud.globals[1]))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list.jobs.len(), 3, "k-seq, k-fixed and k-burst");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_its_rate_limit_a_tenant_gets_429_and_others_do_not_notice() {
+    let cloud = Cloud::start().await;
+    let http = cloud.http();
+    let url = format!("{}/v1/jobs", cloud.globals[0]);
+    let limited = cloud.token("limited");
+    let acme = cloud.token("acme");
+    let mut limited_codes = Vec::new();
+    for _ in 0..8 {
+        let r = http.get(&url).bearer_auth(&limited).send().await.unwrap();
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            let retry: u64 = r.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((1..=2).contains(&retry));
+        }
+        limited_codes.push(code_of(r).await);
+        // The other tenant is never slowed.
+        assert_eq!(
+            http.get(&url)
+                .bearer_auth(&acme)
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    assert!(limited_codes.iter().filter(|c| c.0 == 200).count() >= 3);
+    assert!(limited_codes.contains(&(429, "rate_limited".to_string())));
+    // Health is never limited.
+    for _ in 0..50 {
+        let r = http
+            .get(format!("{}/healthz", cloud.globals[0]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_routed_listed_across_regions_and_survive_a_dead_region() {
+    let cloud = Cloud::start().await;
+    let acme = cloud.client(0, "acme");
+    let mut by_region = std::collections::BTreeMap::new();
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        let s: gangway_shared::api::JobSpec = serde_json::from_value(spec(1)).unwrap();
+        let job = acme.submit(&s, Some(&format!("spread-{i}"))).await.unwrap();
+        *by_region.entry(job.region.clone()).or_insert(0) += 1;
+        ids.push(job.id);
+    }
+    assert_eq!(by_region.len(), 2, "both regions take jobs: {by_region:?}");
+    // Pinned.
+    let mut pinned: gangway_shared::api::JobSpec = serde_json::from_value(spec(1)).unwrap();
+    pinned.region = Some("r2".into());
+    assert_eq!(acme.submit(&pinned, None).await.unwrap().region, "r2");
+    pinned.region = Some("mars".into());
+    assert_eq!(
+        acme.submit(&pinned, None).await.unwrap_err().code(),
+        Some("wrong_region")
+    );
+    // Cursor pagination across regions: pages of 5 cover all 13, newest first.
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = acme
+            .list(&ListQuery {
+                limit: Some(5),
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        seen.extend(page.jobs.iter().map(|j| (j.created_at, j.id)));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 13);
+    assert!(
+        seen.windows(2).all(|w| w[0] > w[1]),
+        "newest first, no repeats"
+    );
+
+    // r1 dies.
+    cloud.regions[0].2.cancel();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let regions = acme.regions().await.unwrap().regions;
+    assert!(!regions.iter().find(|r| r.name == "r1").unwrap().healthy);
+    let list = acme.list(&ListQuery::default()).await.unwrap();
+    assert_eq!(list.unavailable_regions, vec!["r1".to_string()]);
+    // A job of r1 cannot be found now: 503 (retry), not 404.
+    let r1_job = {
+        let mut found = None;
+        for id in &ids {
+            if let Err(e) = acme.get(*id).await {
+                found = Some(e);
+                break;
+            }
+        }
+        found.expect("some job lived in r1")
+    };
+    assert_eq!(r1_job.code(), Some("region_unavailable"));
+    // New jobs go to the survivor.
+    for i in 0..4 {
+        let s: gangway_shared::api::JobSpec = serde_json::from_value(spec(1)).unwrap();
+        let job = acme.submit(&s, Some(&format!("after-{i}"))).await.unwrap();
+        assert_eq!(job.region, "r2");
+    }
+}
