@@ -189,6 +189,10 @@ pub struct GlobalArgs {
     /// A tenant's own limit, as TENANT=PER_SECOND[:BURST]; repeatable.
     #[arg(long = "tenant-rate", value_name = "TENANT=RATE[:BURST]")]
     pub tenant_rates: Vec<String>,
+    /// Regions a tenant may use, as TENANT=REGION[,REGION…]; repeatable.
+    /// Tenants not named may use every region.
+    #[arg(long = "tenant-regions", value_name = "TENANT=REGIONS")]
+    pub tenant_regions: Vec<String>,
 }
 
 pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
@@ -243,6 +247,15 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
                     .parse()
                     .with_context(|| format!("bad burst in {t:?}"))?,
             },
+        );
+    }
+    for t in &args.tenant_regions {
+        let (tenant, regions) = t
+            .split_once('=')
+            .with_context(|| format!("--tenant-regions {t:?} is not TENANT=REGION[,REGION…]"))?;
+        config.tenant_regions.insert(
+            tenant.to_string(),
+            regions.split(',').map(str::to_string).collect(),
         );
     }
     let listener = std::net::TcpListener::bind(args.listen)

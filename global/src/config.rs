@@ -39,6 +39,9 @@ pub struct GlobalConfig {
     /// Every tenant's limit unless `tenant_rates` names it.
     pub default_rate: RateLimit,
     pub tenant_rates: BTreeMap<String, RateLimit>,
+    /// Regions a tenant may run new jobs in; tenants not listed may use
+    /// every region.
+    pub tenant_regions: BTreeMap<String, Vec<String>>,
     /// How long one call to a region may take.
     pub region_timeout: Duration,
     /// How often regions' health and capacity are refreshed.
@@ -66,6 +69,7 @@ impl GlobalConfig {
                 burst: 400,
             },
             tenant_rates: BTreeMap::new(),
+            tenant_regions: BTreeMap::new(),
             region_timeout: Duration::from_secs(10),
             health_interval: Duration::from_millis(1000),
             unhealthy_after: Duration::from_secs(5),

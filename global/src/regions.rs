@@ -16,6 +16,9 @@ use tracing::Instrument;
 
 use crate::config::{GlobalConfig, RegionEndpoint, SERVICE_AUDIENCE, SERVICE_ISSUER};
 
+/// Set by a region on the answer to a retried create.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
 /// How long a service token lives; it is renewed at half-life.
 const SERVICE_TOKEN_TTL: Duration = Duration::from_secs(300);
 
@@ -37,6 +40,8 @@ pub struct Region {
 pub struct Answer {
     pub status: StatusCode,
     pub body: Bytes,
+    /// The region answered a retried create with the original job.
+    pub replayed: bool,
 }
 
 /// The region could not be reached, or did not answer in time.
@@ -154,6 +159,7 @@ impl Regions {
         let resp = req.send().await.map_err(unreachable)?;
         let status =
             StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let replayed = resp.headers().contains_key(REPLAYED_HEADER);
         let body = resp.bytes().await.map_err(unreachable)?;
         if status.is_server_error() {
             // A region that answers 5xx is not fit to take work now.
@@ -161,7 +167,11 @@ impl Regions {
         } else {
             region.mark_ok(None);
         }
-        Ok(Answer { status, body })
+        Ok(Answer {
+            status,
+            body,
+            replayed,
+        })
     }
 
     /// Regions that answered recently, in configuration order.

@@ -183,10 +183,10 @@ async fn a_keyed_create_makes_one_job_however_it_is_retried() {
     for g in [0, 1, 1, 0] {
         let again = post(g, "k-seq", spec(4)).await.unwrap();
         assert_eq!(again.status(), StatusCode::CREATED);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
         let again: Job = again.json().await.unwrap();
-        assert_eq!(again.id, first.id);
-        assert_eq!(again.region, first.region);
-        assert_eq!(again.spec, first.spec);
+        // The same answer as the first time, even once the job moved on.
+        assert_eq!(again, first);
     }
     // The same key with another body.
     assert_eq!(
@@ -310,6 +310,25 @@ async fn jobs_are_routed_listed_across_regions_and_survive_a_dead_region() {
     pinned.region = Some("mars".into());
     assert_eq!(
         acme.submit(&pinned, None).await.unwrap_err().code(),
+        Some("wrong_region")
+    );
+    // A tenant limited to r2 lands there, and may not pin r1.
+    let boxed = cloud.client(0, "boxed");
+    for i in 0..4 {
+        let s: gangway_shared::api::JobSpec = serde_json::from_value(spec(1)).unwrap();
+        assert_eq!(
+            boxed
+                .submit(&s, Some(&format!("b-{i}")))
+                .await
+                .unwrap()
+                .region,
+            "r2"
+        );
+    }
+    let mut to_r1: gangway_shared::api::JobSpec = serde_json::from_value(spec(1)).unwrap();
+    to_r1.region = Some("r1".into());
+    assert_eq!(
+        boxed.submit(&to_r1, None).await.unwrap_err().code(),
         Some("wrong_region")
     );
     // Cursor pagination across regions: pages of 5 cover all 13, newest first.

@@ -29,6 +29,12 @@ pub(super) fn relay(answer: Answer) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    if answer.replayed {
+        resp.headers_mut().insert(
+            crate::regions::REPLAYED_HEADER,
+            HeaderValue::from_static("true"),
+        );
+    }
     resp
 }
 
@@ -190,7 +196,13 @@ pub async fn create(
         Some(k) => job_id_for_key(&tenant, k),
         None => Uuid::new_v4(),
     };
-    let healthy = state.regions.healthy();
+    let allowed = |name: &str| state.tenant_may_use(&tenant, name);
+    let healthy: Vec<&Region> = state
+        .regions
+        .healthy()
+        .into_iter()
+        .filter(|r| allowed(&r.name))
+        .collect();
     let candidates: Vec<&Region> = match spec.region.as_deref() {
         Some(pinned) => {
             let Some(region) = state.regions.get(pinned) else {
@@ -200,6 +212,13 @@ pub async fn create(
                     format!("no region named {pinned:?}; GET /v1/regions lists them"),
                 ));
             };
+            if !allowed(pinned) {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    codes::WRONG_REGION,
+                    format!("your tenant may not use region {pinned}; ask an operator, or unpin the job"),
+                ));
+            }
             if !healthy.iter().any(|r| r.name == pinned) {
                 return Err(ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -215,7 +234,7 @@ pub async fn create(
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             codes::NO_REGION_AVAILABLE,
-            "no region is answering; retry shortly",
+            "no region you may use is answering; retry shortly",
         ));
     }
     let scored: Vec<Candidate> = candidates

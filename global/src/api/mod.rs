@@ -30,6 +30,8 @@ pub struct GlobalState {
     pub verifier: Verifier,
     pub rate_limiter: Arc<RateLimiter>,
     pub regions: Arc<Regions>,
+    /// Regions each listed tenant may use; tenants not listed may use all.
+    pub tenant_regions: Arc<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
 impl GlobalState {
@@ -43,7 +45,15 @@ impl GlobalState {
                 config.tenant_rates.clone(),
             )),
             regions: Arc::new(Regions::new(&config)?),
+            tenant_regions: Arc::new(config.tenant_regions.clone()),
         })
+    }
+
+    /// Whether `tenant` may run new jobs in `region`.
+    pub fn tenant_may_use(&self, tenant: &str, region: &str) -> bool {
+        self.tenant_regions
+            .get(tenant)
+            .is_none_or(|allowed| allowed.iter().any(|r| r == region))
     }
 }
 

@@ -117,6 +117,7 @@ impl Cloud {
                 burst: 3,
             },
         )]);
+        config.tenant_regions = BTreeMap::from([("boxed".to_string(), vec!["r2".to_string()])]);
         let mut globals = Vec::new();
         for _ in 0..2 {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use gangway_shared::api::{
     Cursor, Job, JobEvent, JobMode, JobSpec, JobState, TopologyLevel, Worker, WorkerState,
 };
@@ -107,8 +108,9 @@ impl Store {
             let existing = self.load_job_row(&conn, &job.tenant, job.id).await?;
             let same_key = existing.1.as_deref() == job.idempotency_key.as_deref();
             if same_key && existing.2 == spec {
-                let full = self.get_job(&job.tenant, job.id).await?;
-                return Ok(SubmitOutcome::Replayed(full));
+                // The same answer as the first time (Stripe's rule): the
+                // job as it was created. Its current state is a GET away.
+                return Ok(SubmitOutcome::Replayed(self.as_created(job, existing.3)));
             }
             return Err(StoreError::KeyReused);
         };
@@ -134,14 +136,21 @@ impl Store {
         .await?;
         tx.commit().await?;
         // Everything a new job's JSON holds is known here: no read back.
-        Ok(SubmitOutcome::Created(Job {
+        Ok(SubmitOutcome::Created(
+            self.as_created(job, inserted.get(0)),
+        ))
+    }
+
+    /// The job as its create answered it.
+    fn as_created(&self, job: &NewJob, created_at: DateTime<Utc>) -> Job {
+        Job {
             id: job.id,
             tenant: job.tenant.clone(),
             region: self.region().to_string(),
             name: job.name.clone(),
             state: JobState::Queued,
             spec: job.spec.clone(),
-            created_at: inserted.get(0),
+            created_at,
             started_at: None,
             finished_at: None,
             reason: None,
@@ -154,24 +163,25 @@ impl Store {
                     exit_code: None,
                 })
                 .collect(),
-        }))
+        }
     }
 
-    /// (job_id, idempotency_key, spec) of a tenant's job.
+    /// (job_id, idempotency_key, spec, created_at) of a tenant's job.
     async fn load_job_row(
         &self,
         conn: &tokio_postgres::Client,
         tenant: &str,
         id: Uuid,
-    ) -> Result<(Uuid, Option<String>, serde_json::Value)> {
+    ) -> Result<(Uuid, Option<String>, serde_json::Value, DateTime<Utc>)> {
         let row = conn
             .query_opt(
-                "SELECT job_id, idempotency_key, spec FROM jobs WHERE job_id = $1 AND tenant = $2",
+                "SELECT job_id, idempotency_key, spec, created_at FROM jobs
+                 WHERE job_id = $1 AND tenant = $2",
                 &[&id, &tenant],
             )
             .await?
             .ok_or(StoreError::NotFound)?;
-        Ok((row.get(0), row.get(1), row.get(2)))
+        Ok((row.get(0), row.get(1), row.get(2), row.get(3)))
     }
 
     /// A tenant's job. Another tenant's job is [`StoreError::NotFound`].
