@@ -69,6 +69,8 @@ CREATE TABLE jobs (
     priority             smallint       NOT NULL,
     required_level       topology_level NOT NULL,
     preferred_level      topology_level NOT NULL,
+    -- The tenant's run-time estimate: reservations and backfill use it.
+    estimated_duration_s bigint         NOT NULL CHECK (estimated_duration_s > 0),
     state                job_state      NOT NULL DEFAULT 'queued',
     reason               text,
     created_at           timestamptz    NOT NULL DEFAULT now(),

@@ -99,6 +99,7 @@ fn gang(job: &str, gpus: u32, seq: u64) -> Request {
         preferred: Level::Nvlink,
         priority: 0,
         seq,
+        estimated_duration_s: 3600,
     }
 }
 
@@ -138,6 +139,7 @@ fn snapshot(nodes: Vec<Node>, queue: Vec<Request>) -> Snapshot {
         queue,
         quotas,
         usage: BTreeMap::new(),
+        ..Default::default()
     }
 }
 

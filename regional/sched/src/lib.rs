@@ -40,6 +40,6 @@ pub mod types;
 pub use apply::apply;
 pub use plan::plan;
 pub use types::{
-    Level, Node, ParseLevelError, Placement, Plan, Policy, Request, Snapshot, WaitReason, Waiting,
-    WorkerPlacement,
+    Level, Node, ParseLevelError, Placement, Plan, Policy, PolicyKind, Request, Reservation,
+    Running, Snapshot, WaitReason, Waiting, WorkerPlacement,
 };

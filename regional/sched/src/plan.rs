@@ -116,6 +116,7 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
     let mut memo: FailMemo = BTreeMap::new();
 
     let mut out = Plan {
+        reservations: Vec::new(),
         generation: snapshot.generation,
         placements: Vec::new(),
         waiting: Vec::new(),

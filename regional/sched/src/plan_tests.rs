@@ -53,6 +53,7 @@ fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request {
         preferred: Level::Nvlink,
         priority: 0,
         seq: 0,
+        estimated_duration_s: 0,
     }
 }
 
@@ -370,6 +371,7 @@ fn max_placements_stops_the_pass() {
         .collect();
     let policy = Policy {
         max_placements: Some(2),
+        ..Default::default()
     };
     let p = plan(&snap(nodes, queue), &policy);
     assert_eq!(p.placements.len(), 2);

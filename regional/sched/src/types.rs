@@ -115,6 +115,10 @@ pub struct Request {
     pub priority: i32,
     /// Submission order; lower is older and goes first among equal priorities.
     pub seq: u64,
+    /// The tenant's estimate of the run time, in seconds: what reservations
+    /// and backfill reason with. 0 = unknown (treated as very long).
+    #[serde(default)]
+    pub estimated_duration_s: u64,
 }
 
 impl Request {
@@ -136,6 +140,47 @@ pub struct Snapshot {
     pub quotas: BTreeMap<(String, String), u32>,
     /// (tenant, gpu_type) -> GPUs allocated now.
     pub usage: BTreeMap<(String, String), u32>,
+    /// The time of the snapshot, in seconds on the caller's clock (wall
+    /// time in a region, virtual time in the simulator). The core never
+    /// reads a clock.
+    #[serde(default)]
+    pub now: u64,
+    /// Units holding GPUs now, with when they are expected to end: what
+    /// reservations for waiting gangs are computed from.
+    #[serde(default)]
+    pub running: Vec<Running>,
+}
+
+/// A unit holding GPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Running {
+    pub job: String,
+    pub tenant: String,
+    pub gpu_type: String,
+    pub priority: i32,
+    /// (node id, GPU indices) it holds.
+    pub gpus: Vec<(String, Vec<u32>)>,
+    /// When it is expected to end, on the snapshot's clock (start +
+    /// estimated duration; `now` or earlier if it has overrun).
+    pub expected_end: u64,
+}
+
+/// Which scheduling discipline a pass follows. All three share placement
+/// mechanics; the simulator compares them on one trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Gangway's policy: priority then age; topology-aware best fit; the
+    /// waiting head gets a reservation and the rest backfill around it.
+    #[default]
+    Gangway,
+    /// What a plain Kubernetes setup gives: arrival order, each unit
+    /// placed on the first nodes with room (node id order), no topology
+    /// awareness, nothing reserved (a unit that does not fit is skipped).
+    FifoFirstFit,
+    /// Slurm-like: priority then age, tree-topology placement, EASY
+    /// backfill (only the head of the queue holds a reservation).
+    SlurmBackfill,
 }
 
 /// Knobs of a pass.
@@ -144,6 +189,9 @@ pub struct Policy {
     /// Stop the pass after this many placements; units not reached yet appear
     /// in neither list of the plan. `None` = no limit.
     pub max_placements: Option<usize>,
+    /// The discipline (default: Gangway's).
+    #[serde(default)]
+    pub kind: PolicyKind,
 }
 
 /// The result of one pass: what to start, and why the rest waits.
@@ -155,6 +203,22 @@ pub struct Plan {
     pub placements: Vec<Placement>,
     /// In queue order.
     pub waiting: Vec<Waiting>,
+    /// GPUs held back for waiting gangs, so backfill cannot starve them.
+    #[serde(default)]
+    pub reservations: Vec<Reservation>,
+}
+
+/// GPUs set aside for a waiting unit from an expected start time on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub job: String,
+    pub ranks: Vec<u32>,
+    /// When the unit is expected to be able to start (snapshot clock).
+    pub start: u64,
+    /// The topology level of the domain the reservation sits in.
+    pub level: Level,
+    /// (node id, GPU indices) it will use.
+    pub gpus: Vec<(String, Vec<u32>)>,
 }
 
 /// One unit placed whole.
@@ -205,6 +269,11 @@ pub enum WaitReason {
     /// The unit can never be placed as written (no ranks, a repeated rank,
     /// or zero GPUs per worker). The API should have refused it.
     Invalid { detail: String },
+    /// It holds a reservation and starts when enough GPUs free up.
+    Reserved { start: u64, level: Level },
+    /// It would fit, but only on GPUs reserved for an earlier unit, and it
+    /// would not finish before that unit's reservation starts.
+    BlockedByReservation { job: String, start: u64 },
 }
 
 impl WaitReason {
@@ -214,6 +283,8 @@ impl WaitReason {
             WaitReason::OverQuota { .. } => "over_quota",
             WaitReason::NoCapacity { .. } => "no_capacity",
             WaitReason::Invalid { .. } => "invalid_request",
+            WaitReason::Reserved { .. } => "reserved",
+            WaitReason::BlockedByReservation { .. } => "reserved_for_other",
         }
     }
 }
@@ -240,6 +311,16 @@ impl fmt::Display for WaitReason {
                  ({free_gpus} schedulable GPUs of this type free in the region)"
             ),
             WaitReason::Invalid { detail } => write!(f, "invalid request: {detail}"),
+            WaitReason::Reserved { start, level } => write!(
+                f,
+                "reserved: GPUs in one {level} domain are set aside for it from t={start}s, \
+                 when running jobs are expected to free them"
+            ),
+            WaitReason::BlockedByReservation { job, start } => write!(
+                f,
+                "reserved for job {job}: the free GPUs are held for it from t={start}s and \
+                 this job would not finish before then"
+            ),
         }
     }
 }

@@ -100,6 +100,7 @@ fn queue() -> impl Strategy<Value = Vec<Request>> {
                     preferred,
                     priority,
                     seq,
+                    estimated_duration_s: 0,
                 },
             )
             .collect()
@@ -123,6 +124,7 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
                 queue,
                 quotas: quotas.into_iter().map(k).collect(),
                 usage: usage.into_iter().map(k).collect(),
+                ..Default::default()
             }
         })
 }
@@ -424,7 +426,7 @@ proptest! {
     #[test]
     fn max_placements_gives_a_prefix_of_the_full_plan(s in snapshot(), max in 0usize..4) {
         let full = plan(&s, &Policy::default());
-        let cut = plan(&s, &Policy { max_placements: Some(max) });
+        let cut = plan(&s, &Policy { max_placements: Some(max), ..Default::default() });
         let n = full.placements.len().min(max);
         prop_assert_eq!(&cut.placements[..], &full.placements[..n]);
         check_invariants(&s, &cut).ok();

@@ -79,9 +79,9 @@ impl Store {
             .query_opt(
                 "INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
                                    gpus, gpus_per_worker, workers, priority,
-                                   required_level, preferred_level)
+                                   required_level, preferred_level, estimated_duration_s)
                  VALUES ($1, $2, $3, $4, $5, $6::text::job_mode, $7, $8, $9, $10, $11,
-                         $12::text::topology_level, $13::text::topology_level)
+                         $12::text::topology_level, $13::text::topology_level, $14)
                  ON CONFLICT DO NOTHING
                  RETURNING created_at",
                 &[
@@ -98,6 +98,7 @@ impl Store {
                     &job.priority,
                     &job.required.as_str(),
                     &job.preferred.as_str(),
+                    &job.spec.estimated_duration_s,
                 ],
             )
             .await?;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use gangway_sched::{Level, Node, Plan, Request, Snapshot};
+use gangway_sched::{Level, Node, Plan, Request, Running, Snapshot};
 use gangway_shared::api::GpuTypeCapacity;
 use serde_json::json;
 use tokio_postgres::error::SqlState;
@@ -60,10 +60,15 @@ impl Store {
             .read_only(true)
             .start()
             .await?;
-        let generation: i64 = tx
-            .query_one("SELECT generation FROM sched_state WHERE id = 1", &[])
-            .await?
-            .get(0);
+        let head = tx
+            .query_one(
+                "SELECT generation, extract(epoch FROM now())::bigint FROM sched_state WHERE id = 1",
+                &[],
+            )
+            .await?;
+        let generation: i64 = head.get(0);
+        // The database's clock, so every replica plans on the same time.
+        let now = head.get::<_, i64>(1).max(0) as u64;
         let timeout_s = agent_timeout.as_secs_f64();
         let node_rows = tx
             .query(
@@ -119,6 +124,7 @@ impl Store {
                 "SELECT j.job_id, j.tenant, j.gpu_type, j.gpus_per_worker, j.priority, j.seq,
                         j.mode::text AS mode, j.required_level::text AS required,
                         j.preferred_level::text AS preferred, j.created_at,
+                        j.estimated_duration_s,
                         array_agg(w.rank ORDER BY w.rank) AS ranks
                  FROM workers w JOIN jobs j ON j.job_id = w.job_id
                  WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
@@ -143,6 +149,7 @@ impl Store {
                 preferred: level_from_db(row.get("preferred")),
                 priority: row.get::<_, i16>("priority") as i32,
                 seq: row.get::<_, i64>("seq") as u64,
+                estimated_duration_s: row.get::<_, i64>("estimated_duration_s").max(0) as u64,
             };
             if mode == "gang" {
                 queue.push(Request {
@@ -168,6 +175,45 @@ impl Store {
         {
             quotas.insert((row.get(0), row.get(1)), row.get::<_, i32>(2).max(0) as u32);
         }
+        // What holds GPUs now, and when each is expected to let go (start
+        // plus estimate), for reservations.
+        let running_rows = tx
+            .query(
+                "SELECT a.job_id, j.tenant, j.gpu_type, j.priority,
+                        (extract(epoch FROM min(a.allocated_at))::bigint
+                         + j.estimated_duration_s) AS expected_end,
+                        array_agg(a.node_id ORDER BY a.node_id, a.gpu_index) AS nodes,
+                        array_agg(a.gpu_index ORDER BY a.node_id, a.gpu_index) AS gpus
+                 FROM allocations a JOIN jobs j ON j.job_id = a.job_id
+                 WHERE a.released_at IS NULL
+                 GROUP BY a.job_id, j.tenant, j.gpu_type, j.priority, j.estimated_duration_s
+                 ORDER BY a.job_id",
+                &[],
+            )
+            .await?;
+        let running = running_rows
+            .iter()
+            .map(|row| {
+                let nodes: Vec<String> = row.get("nodes");
+                let gpus: Vec<i32> = row.get("gpus");
+                let mut held: Vec<(String, Vec<u32>)> = Vec::new();
+                for (n, g) in nodes.into_iter().zip(gpus) {
+                    match held.last_mut() {
+                        Some((last, list)) if *last == n => list.push(g as u32),
+                        _ => held.push((n, vec![g as u32])),
+                    }
+                }
+                let job: Uuid = row.get("job_id");
+                Running {
+                    job: job.to_string(),
+                    tenant: row.get("tenant"),
+                    gpu_type: row.get("gpu_type"),
+                    priority: row.get::<_, i16>("priority") as i32,
+                    gpus: held,
+                    expected_end: row.get::<_, i64>("expected_end").max(0) as u64,
+                }
+            })
+            .collect();
         let mut usage = BTreeMap::new();
         for row in tx
             .query(
@@ -187,6 +233,8 @@ impl Store {
                 queue,
                 quotas,
                 usage,
+                now,
+                running,
             },
             submitted_at,
         })
