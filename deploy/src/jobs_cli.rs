@@ -245,6 +245,9 @@ pub async fn run(cmd: JobCommand) -> anyhow::Result<u8> {
                 println!("{}", serde_json::to_string_pretty(&e)?);
             } else {
                 println!("{} is {} ({}): {}", e.job_id, e.state, e.code, e.message);
+                if let Some(at) = e.estimated_start {
+                    println!("estimated start: {}", at.format("%Y-%m-%d %H:%M:%S UTC"));
+                }
             }
             Ok(0)
         }

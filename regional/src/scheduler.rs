@@ -217,6 +217,7 @@ pub async fn explain(
             state: job.state,
             code: code.to_string(),
             message,
+            estimated_start: None,
         })
     };
     if job.state.is_terminal() {

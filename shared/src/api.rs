@@ -492,9 +492,15 @@ pub struct Explanation {
     pub job_id: Uuid,
     pub state: JobState,
     /// `running`, `finished`, `starting`, `cancelling`, `over_quota`,
-    /// `no_capacity`, `schedulable` (it would be placed by the next pass).
+    /// `no_capacity`, `reserved` (GPUs are set aside for it from
+    /// `estimated_start`), `reserved_for_other` (the free GPUs are held for
+    /// an earlier job), `schedulable` (it would be placed by the next pass).
     pub code: String,
     pub message: String,
+    /// When the job is expected to start, where that can be computed (from
+    /// running jobs' estimates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_start: Option<DateTime<Utc>>,
 }
 
 /// A region as the global tier sees it.
