@@ -110,6 +110,10 @@ pub struct SubmitArgs {
     /// it succeeded, 3 when it failed, 4 when it was cancelled.
     #[arg(long)]
     wait: bool,
+    /// Show where the job would go and when it would start, without
+    /// creating it.
+    #[arg(long, conflicts_with = "wait")]
+    dry_run: bool,
     /// The command each worker runs.
     #[arg(last = true)]
     command: Vec<String>,
@@ -213,6 +217,22 @@ pub async fn run(cmd: JobCommand) -> anyhow::Result<u8> {
     match cmd {
         JobCommand::Submit { conn, spec } => {
             let client = conn.client()?;
+            if spec.dry_run {
+                let d = client.dry_run(&spec.spec()?).await?;
+                if conn.json {
+                    println!("{}", serde_json::to_string_pretty(&d)?);
+                } else {
+                    println!("region {}: {} ({})", d.region, d.message, d.code);
+                    for n in &d.nodes {
+                        let gpus: Vec<String> = n.gpus.iter().map(|g| g.to_string()).collect();
+                        println!("  {}  GPUs {}", n.node, gpus.join(","));
+                    }
+                    if let Some(at) = d.estimated_start {
+                        println!("estimated start: {}", at.format("%Y-%m-%d %H:%M:%S UTC"));
+                    }
+                }
+                return Ok(0);
+            }
             let key = spec
                 .idempotency_key
                 .clone()

@@ -381,3 +381,26 @@ async fn jobs_are_routed_listed_across_regions_and_survive_a_dead_region() {
         assert_eq!(job.region, "r2");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_says_where_and_when_without_creating_anything() {
+    let cloud = Cloud::start().await;
+    let acme = cloud.client(0, "acme");
+    let s: gangway_shared::api::JobSpec = serde_json::from_value(spec(8)).unwrap();
+    let d = acme.dry_run(&s).await.unwrap();
+    assert_eq!(d.code, "would_start");
+    assert_eq!(d.level, Some(gangway_shared::api::TopologyLevel::Nvlink));
+    assert_eq!(d.nodes.len(), 1);
+    assert_eq!(d.nodes[0].gpus.len(), 8);
+    // Too big for any domain now (16 GPUs per region): it would wait.
+    let mut big: gangway_shared::api::JobSpec = serde_json::from_value(spec(16)).unwrap();
+    big.topology.required = Some(gangway_shared::api::TopologyLevel::Nvlink);
+    let e = acme.dry_run(&big).await.unwrap_err();
+    assert_eq!(e.code(), Some("unsatisfiable_topology"));
+    assert!(acme
+        .list(&ListQuery::default())
+        .await
+        .unwrap()
+        .jobs
+        .is_empty());
+}

@@ -22,6 +22,7 @@ use tower::ServiceExt;
 /// Every public route of `app()`: (method, path as OpenAPI writes it).
 const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/jobs"),
+    ("post", "/v1/jobs/dry-run"),
     ("get", "/v1/jobs"),
     ("get", "/v1/jobs/{id}"),
     ("post", "/v1/jobs/{id}/cancel"),

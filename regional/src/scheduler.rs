@@ -283,3 +283,108 @@ pub async fn explain(
         ),
     }
 }
+
+/// What submitting `spec` for `tenant` would do now: the planner runs on a
+/// fresh snapshot with the job added at the back of its priority class;
+/// nothing is written.
+pub async fn dry_run(
+    store: &Store,
+    tenant: &str,
+    spec: &gangway_shared::api::JobSpec,
+    agent_timeout: Duration,
+) -> Result<gangway_shared::api::DryRun, StoreError> {
+    use gangway_shared::api::{DryRun, DryRunNode, JobMode, TopologyLevel};
+    const PROBE: &str = "dry-run";
+    let mut data = store.snapshot(agent_timeout).await?;
+    let per = spec.gpus_per_worker() as u32;
+    let workers = spec.workers() as u32;
+    let level = |l: TopologyLevel| match l {
+        TopologyLevel::Nvlink => gangway_sched::Level::Nvlink,
+        TopologyLevel::Leaf => gangway_sched::Level::Leaf,
+        TopologyLevel::Spine => gangway_sched::Level::Spine,
+        TopologyLevel::Region => gangway_sched::Level::Region,
+    };
+    let base = gangway_sched::Request {
+        job: PROBE.to_string(),
+        ranks: (0..workers).collect(),
+        tenant: tenant.to_string(),
+        gpu_type: spec.gpu_type.clone(),
+        gpus_per_worker: per,
+        required: level(spec.topology.required()),
+        preferred: level(spec.topology.preferred()),
+        priority: spec.priority.rank(),
+        seq: u64::MAX,
+        estimated_duration_s: spec.estimated_duration_s.max(0) as u64,
+    };
+    match spec.mode {
+        // An array job starts worker by worker: probe its first worker.
+        JobMode::Array => data.snapshot.queue.push(gangway_sched::Request {
+            ranks: vec![0],
+            ..base
+        }),
+        JobMode::Gang => data.snapshot.queue.push(base),
+    }
+    let planned = tokio::task::spawn_blocking(move || plan(&data.snapshot, &Policy::default()))
+        .await
+        .expect("the planner does not panic");
+    let region = store.region().to_string();
+    if let Some(p) = planned.placements.iter().find(|p| p.job == PROBE) {
+        let mut nodes: Vec<DryRunNode> = Vec::new();
+        for w in &p.workers {
+            match nodes.iter_mut().find(|n| n.node == w.node) {
+                Some(n) => n.gpus.extend(&w.gpus),
+                None => nodes.push(DryRunNode {
+                    node: w.node.clone(),
+                    gpus: w.gpus.clone(),
+                }),
+            }
+        }
+        let lvl = match p.level {
+            gangway_sched::Level::Nvlink => TopologyLevel::Nvlink,
+            gangway_sched::Level::Leaf => TopologyLevel::Leaf,
+            gangway_sched::Level::Spine => TopologyLevel::Spine,
+            gangway_sched::Level::Region => TopologyLevel::Region,
+        };
+        return Ok(DryRun {
+            region,
+            code: "would_start".into(),
+            message: format!(
+                "would start now on {} node(s) within one {} domain",
+                nodes.len(),
+                lvl
+            ),
+            level: Some(lvl),
+            nodes,
+            estimated_start: Some(chrono::Utc::now()),
+            victims: Vec::new(),
+        });
+    }
+    let (code, message, start) = match planned.waiting.iter().find(|w| w.job == PROBE) {
+        Some(w) => {
+            let start = match &w.reason {
+                gangway_sched::WaitReason::Reserved { start, .. } => Some(*start),
+                _ => None,
+            };
+            (
+                w.reason.code().to_string(),
+                format!("would wait: {}", w.reason),
+                start,
+            )
+        }
+        None => (
+            "schedulable".to_string(),
+            "would wait for a later pass".to_string(),
+            None,
+        ),
+    };
+    Ok(DryRun {
+        region,
+        code,
+        message,
+        level: None,
+        nodes: Vec::new(),
+        estimated_start: start
+            .and_then(|s| chrono::DateTime::from_timestamp(s.min(i64::MAX as u64) as i64, 0)),
+        victims: Vec::new(),
+    })
+}

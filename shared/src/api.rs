@@ -503,6 +503,36 @@ pub struct Explanation {
     pub estimated_start: Option<DateTime<Utc>>,
 }
 
+/// What submitting a job would do now, computed without creating it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DryRun {
+    /// The region that would take the job.
+    pub region: String,
+    /// `would_start` when it would be placed by the next pass; otherwise
+    /// why it would wait (the codes of [`Explanation`]).
+    pub code: String,
+    pub message: String,
+    /// The topology level its gang would span, when it would start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<TopologyLevel>,
+    /// Nodes and GPUs it would get, when it would start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<DryRunNode>,
+    /// When it would start, where that can be computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_start: Option<DateTime<Utc>>,
+    /// Jobs that would be preempted to make room (none until the scheduler
+    /// preempts).
+    #[serde(default)]
+    pub victims: Vec<Uuid>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DryRunNode {
+    pub node: String,
+    pub gpus: Vec<u32>,
+}
+
 /// A region as the global tier sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RegionInfo {

@@ -11,7 +11,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::api::{
-    Explanation, Job, JobEvents, JobList, JobSpec, JobState, Quota, QuotaList, QuotaUpdate,
+    DryRun, Explanation, Job, JobEvents, JobList, JobSpec, JobState, Quota, QuotaList, QuotaUpdate,
     RegionList, RegionStatus,
 };
 use crate::error::ErrorBody;
@@ -145,6 +145,12 @@ impl Client {
             req = req.header(IDEMPOTENCY_KEY_HEADER, key);
         }
         self.send(req).await
+    }
+
+    /// What a submit would do now, without creating anything.
+    pub async fn dry_run(&self, spec: &JobSpec) -> Result<DryRun, ClientError> {
+        self.send(self.request(Method::POST, "/v1/jobs/dry-run").json(spec))
+            .await
     }
 
     pub async fn get(&self, id: Uuid) -> Result<Job, ClientError> {

@@ -196,7 +196,51 @@ pub async fn create(
         Some(k) => job_id_for_key(&tenant, k),
         None => Uuid::new_v4(),
     };
-    let allowed = |name: &str| state.tenant_may_use(&tenant, name);
+    let (chosen, candidates) = pick_region(&state, &tenant, &spec, job_id)?;
+    let target = match &key {
+        Some(_) => {
+            let order = rendezvous(job_id, candidates.iter().map(|r| r.name.as_str()));
+            claim(&state, job_id, &tenant, &chosen, &order).await?
+        }
+        None => chosen,
+    };
+    let region = state.regions.get(&target).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::REGION_UNAVAILABLE,
+            format!("this job was routed to region {target}, which this replica does not know"),
+        )
+    })?;
+    let body = serde_json::to_vec(&spec).expect("a JobSpec serializes");
+    let answer = state
+        .regions
+        .call(
+            region,
+            Method::POST,
+            "/v1/jobs",
+            Call {
+                tenant: Some(&tenant),
+                idempotency_key: key.as_deref(),
+                body: Some(body.into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| unavailable(&e))?;
+    metrics::counter!("gangway_global_creates_total", "status" => answer.status.as_str().to_string())
+        .increment(1);
+    Ok(relay(answer))
+}
+
+/// The region a new job should go to (see [`choose`]), and the healthy
+/// regions the tenant may use, in configuration order.
+fn pick_region<'a>(
+    state: &'a GlobalState,
+    tenant: &str,
+    spec: &JobSpec,
+    job_id: Uuid,
+) -> Result<(String, Vec<&'a Region>), ApiError> {
+    let allowed = |name: &str| state.tenant_may_use(tenant, name);
     let healthy: Vec<&Region> = state
         .regions
         .healthy()
@@ -247,39 +291,7 @@ pub async fn create(
     let chosen = choose(job_id, spec.gpus.max(0) as u32, &scored)
         .expect("candidates is not empty")
         .to_string();
-    let target = match &key {
-        Some(_) => {
-            let order = rendezvous(job_id, candidates.iter().map(|r| r.name.as_str()));
-            claim(&state, job_id, &tenant, &chosen, &order).await?
-        }
-        None => chosen,
-    };
-    let region = state.regions.get(&target).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::REGION_UNAVAILABLE,
-            format!("this job was routed to region {target}, which this replica does not know"),
-        )
-    })?;
-    let body = serde_json::to_vec(&spec).expect("a JobSpec serializes");
-    let answer = state
-        .regions
-        .call(
-            region,
-            Method::POST,
-            "/v1/jobs",
-            Call {
-                tenant: Some(&tenant),
-                idempotency_key: key.as_deref(),
-                body: Some(body.into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| unavailable(&e))?;
-    metrics::counter!("gangway_global_creates_total", "status" => answer.status.as_str().to_string())
-        .increment(1);
-    Ok(relay(answer))
+    Ok((chosen, candidates))
 }
 
 /// The region holding `tenant`'s job `id`, with its answer to a GET.
@@ -614,4 +626,66 @@ pub async fn regions(
     axum::Json(RegionList {
         regions: state.regions.infos(),
     })
+}
+
+/// What a create would do now, without creating anything: the region it
+/// would go to, and that region's answer (placement, or why it would wait
+/// and until when).
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/dry-run",
+    operation_id = "dry_run_job",
+    tag = "jobs",
+    security(("bearer" = [])),
+    request_body(content = JobSpec, content_type = "application/json"),
+    responses(
+        (status = 200, description = "What the submit would do.", body = gangway_shared::api::DryRun),
+        (status = 400, description = openapi::errors("The body is not JSON.", &[codes::MALFORMED_JSON]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 413, response = openapi::PayloadTooLarge),
+        (status = 415, response = openapi::UnsupportedMediaType),
+        (status = 422, description = openapi::errors(
+            "The spec is invalid or can never run.",
+            &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::UNKNOWN_GPU_TYPE,
+              codes::EXCEEDS_REGION_CAPACITY, codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION]),
+            body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn dry_run(
+    State(state): State<GlobalState>,
+    caller: TenantCaller,
+    Json(body): Json<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let spec: JobSpec = serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!("invalid job spec: {e}"),
+        )
+    })?;
+    check_spec(&spec)?;
+    let (chosen, _) = pick_region(&state, &caller.tenant, &spec, Uuid::new_v4())?;
+    let region = state
+        .regions
+        .get(&chosen)
+        .expect("pick_region returns a configured region");
+    let body = serde_json::to_vec(&spec).expect("a JobSpec serializes");
+    let answer = state
+        .regions
+        .call(
+            region,
+            Method::POST,
+            "/v1/jobs/dry-run",
+            Call {
+                tenant: Some(&caller.tenant),
+                body: Some(body.into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| unavailable(&e))?;
+    Ok(relay(answer))
 }

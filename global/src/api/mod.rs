@@ -61,6 +61,7 @@ impl GlobalState {
 pub fn app(state: GlobalState) -> Router {
     let router = Router::new()
         .route("/v1/jobs", post(jobs::create).get(jobs::list))
+        .route("/v1/jobs/dry-run", post(jobs::dry_run))
         .route("/v1/jobs/{id}", get(jobs::get))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))

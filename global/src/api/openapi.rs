@@ -47,6 +47,7 @@ pub const BEARER: &str = "bearer";
     ),
     paths(
         jobs::create,
+        jobs::dry_run,
         jobs::list,
         jobs::get,
         jobs::cancel,

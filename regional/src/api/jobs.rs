@@ -224,3 +224,27 @@ pub async fn claim(
         .await?;
     Ok(axum::Json(ClaimRequest { region, ..req }))
 }
+
+/// `POST /v1/jobs/dry-run`: what a submit would do, without creating it.
+pub async fn dry_run(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Json(body): Json<serde_json::Value>,
+) -> Result<axum::Json<gangway_shared::api::DryRun>, ApiError> {
+    let spec: JobSpec = serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!("invalid job spec: {e}"),
+        )
+    })?;
+    check_spec(&spec)?;
+    let fleet = state.fleet_shape().await?;
+    check_fits(
+        &spec,
+        fleet.get(&spec.gpu_type).map(Vec::as_slice).unwrap_or(&[]),
+    )?;
+    let d =
+        crate::scheduler::dry_run(&state.store, &tenant, &spec, state.config.agent_timeout).await?;
+    Ok(axum::Json(d))
+}

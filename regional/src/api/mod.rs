@@ -88,6 +88,7 @@ impl AppState {
 pub fn app(state: AppState) -> Router {
     let public = Router::new()
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
+        .route("/v1/jobs/dry-run", post(jobs::dry_run))
         .route("/v1/jobs/{id}", get(jobs::get))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
