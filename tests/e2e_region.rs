@@ -174,7 +174,7 @@ fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
                 "--agent-sync-interval-ms",
                 "200",
             ])
-            .args(["--grace-period-s", "2"])
+            .args(["--grace-period-s", "2", "--checkpoint-deadline-s", "10"])
             .env("GANGWAY_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file(dir, "region.log"))
@@ -594,4 +594,91 @@ async fn a_region_refuses_callers_without_a_service_or_agent_token() {
     // Health needs nothing.
     let r = http.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
+}
+
+/// A trainer as docs/jobs.md describes it: resumes from
+/// GANGWAY_RESTORE_FROM, checkpoints on SIGUSR1 by writing under a dot-name
+/// and renaming it into place, and otherwise trains forever.
+const TRAINER: &str = r#"
+    echo "attempt $GANGWAY_ATTEMPT restore ${GANGWAY_RESTORE_FROM:-none}" >> "$OUT/rank-$RANK.log"
+    checkpoint() {
+        tmp="$GANGWAY_CHECKPOINT_DIR/.tmp-$RANK-$$"
+        mkdir -p "$tmp" && echo "attempt $GANGWAY_ATTEMPT" > "$tmp/state"
+        mv "$tmp" "$GANGWAY_CHECKPOINT_DIR/ckpt-attempt-$GANGWAY_ATTEMPT-rank-$RANK"
+    }
+    trap 'checkpoint; exit 0' USR1
+    while true; do sleep 0.05; done
+"#;
+
+#[tokio::test]
+async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpoint() {
+    let cloud = Cloud::start("real").await;
+    let out: PathBuf = cloud.dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut s = spec(2, 600, &["sh", "-c", TRAINER]);
+    s.env.insert("OUT".into(), out.to_string_lossy().into_owned());
+    let job = cloud.client.submit(&s, None).await.unwrap();
+    wait_state(&cloud.client, job.id, JobState::Running).await;
+
+    // An operator (through the global tier, here straight to the region)
+    // preempts it.
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("http://127.0.0.1:{}/v1/admin/jobs/{}/preempt", cloud.port, job.id))
+        .bearer_auth(token(&cloud.key, Role::Service, None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+
+    // It checkpoints, stops, requeues and runs again from the checkpoint.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let resumed = loop {
+        let j = cloud.client.get(job.id).await.unwrap();
+        if j.state == JobState::Running && j.preemptions == 1 {
+            break j;
+        }
+        assert!(std::time::Instant::now() < deadline, "never resumed: {j:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let restore = resumed.restore_from.clone().expect("a checkpoint to restore from");
+    assert!(restore.contains("ckpt-attempt-1"), "{restore}");
+    assert!(std::path::Path::new(&restore).join("state").exists());
+    // The second attempt of every rank was told where to resume.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for rank in 0..2 {
+        let log = out.join(format!("rank-{rank}.log"));
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("attempt 2") {
+                assert!(text.contains("attempt 1 restore none"), "{text}");
+                assert!(text.contains(&format!("attempt 2 restore {restore}")), "{text}");
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "rank {rank} not restarted: {text}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let kinds: Vec<String> = cloud
+        .client
+        .events(job.id)
+        .await
+        .unwrap()
+        .events
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    let want = ["queued", "placed", "started", "preempted", "requeued", "placed", "started"];
+    assert_eq!(kinds, want);
+    // Preempting a job that is not running is refused.
+    cloud.client.cancel(job.id).await.unwrap();
+    wait_state(&cloud.client, job.id, JobState::Cancelled).await;
+    let r = http
+        .post(format!("http://127.0.0.1:{}/v1/admin/jobs/{}/preempt", cloud.port, job.id))
+        .bearer_auth(token(&cloud.key, Role::Service, None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 409);
+    assert_eq!(cloud.allocated_gpus().await, 0);
 }

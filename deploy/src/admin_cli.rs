@@ -13,6 +13,22 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: QuotaCommand,
     },
+    /// Act on any tenant's job.
+    Job {
+        #[command(subcommand)]
+        command: JobAdminCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JobAdminCommand {
+    /// Ask a job to checkpoint, stop and requeue; it resumes from its
+    /// newest checkpoint.
+    Preempt {
+        #[command(flatten)]
+        conn: Conn,
+        id: uuid::Uuid,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -94,7 +110,23 @@ fn print_per_region(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> 
 }
 
 pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
-    let AdminCommand::Quota { command } = cmd;
+    let command = match cmd {
+        AdminCommand::Quota { command } => command,
+        AdminCommand::Job {
+            command: JobAdminCommand::Preempt { conn, id },
+        } => {
+            let doc = conn
+                .admin_client()?
+                .call_json(Method::POST, &format!("/v1/admin/jobs/{id}/preempt"), None)
+                .await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                println!("{id}: asked to checkpoint and stop; it requeues and resumes from its newest checkpoint");
+            }
+            return Ok(0);
+        }
+    };
     let (conn, method, path, body) = match command {
         QuotaCommand::Set {
             conn,

@@ -38,6 +38,10 @@ pub struct RegionArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping a worker.
     #[arg(long, default_value_t = 10)]
     pub grace_period_s: u64,
+    /// Seconds a worker asked to checkpoint (SIGUSR1) has before it is
+    /// stopped anyway.
+    #[arg(long, default_value_t = 120)]
+    pub checkpoint_deadline_s: u64,
     /// Seconds to wait for the database at start-up.
     #[arg(long, default_value_t = 60)]
     pub database_wait_s: u64,
@@ -73,6 +77,7 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
     config.agent_sync_interval = Duration::from_millis(args.agent_sync_interval_ms);
     config.agent_timeout = Duration::from_secs(args.agent_timeout_s);
     config.grace_period = Duration::from_secs(args.grace_period_s);
+    config.checkpoint_deadline = Duration::from_secs(args.checkpoint_deadline_s);
     config.auth = match (args.service_keys.is_empty(), args.insecure_no_auth) {
         (false, _) => Some(
             gangway_auth::jwt::Verifier::new(

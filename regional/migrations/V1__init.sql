@@ -44,10 +44,12 @@ CREATE TABLE gpus (
 );
 
 CREATE TYPE job_state AS ENUM
-    ('queued', 'starting', 'running', 'cancelling', 'succeeded', 'failed', 'cancelled');
+    ('queued', 'starting', 'running', 'preempting', 'cancelling', 'succeeded', 'failed',
+     'cancelled');
 CREATE TYPE job_mode AS ENUM ('gang', 'array');
 CREATE TYPE worker_state AS ENUM
-    ('pending', 'assigned', 'running', 'stopping', 'succeeded', 'failed', 'cancelled');
+    ('pending', 'assigned', 'running', 'checkpointing', 'stopping', 'succeeded', 'failed',
+     'cancelled');
 CREATE TYPE topology_level AS ENUM ('nvlink', 'leaf', 'spine', 'region');
 
 CREATE TABLE jobs (
@@ -73,6 +75,11 @@ CREATE TABLE jobs (
     estimated_duration_s bigint         NOT NULL CHECK (estimated_duration_s > 0),
     state                job_state      NOT NULL DEFAULT 'queued',
     reason               text,
+    -- The newest complete checkpoint its workers reported: a restart
+    -- resumes from it (GANGWAY_RESTORE_FROM).
+    restore_from         text,
+    -- How often it was preempted (checkpointed, stopped and requeued).
+    preemptions          integer        NOT NULL DEFAULT 0,
     created_at           timestamptz    NOT NULL DEFAULT now(),
     started_at           timestamptz,
     finished_at          timestamptz,
@@ -101,7 +108,8 @@ CREATE TABLE workers (
     CHECK ((state = 'pending') = (node_id IS NULL) OR state IN ('succeeded', 'failed', 'cancelled'))
 );
 CREATE INDEX workers_pending ON workers (job_id) WHERE state = 'pending';
-CREATE INDEX workers_by_node ON workers (node_id) WHERE state IN ('assigned', 'running', 'stopping');
+CREATE INDEX workers_by_node ON workers (node_id)
+    WHERE state IN ('assigned', 'running', 'checkpointing', 'stopping');
 
 -- One row per GPU per placement. An allocation is live until released_at is
 -- set; the partial unique index makes a GPU held by two live allocations
@@ -133,7 +141,8 @@ CREATE TABLE job_events (
     job_id    uuid        NOT NULL REFERENCES jobs (job_id),
     at        timestamptz NOT NULL DEFAULT clock_timestamp(),
     kind      text        NOT NULL CHECK (kind IN
-        ('queued', 'placed', 'started', 'worker_exited', 'cancel_requested', 'finished')),
+        ('queued', 'placed', 'started', 'worker_exited', 'cancel_requested', 'preempted',
+         'requeued', 'finished')),
     message   text        NOT NULL,
     detail    jsonb       NOT NULL DEFAULT '{}'
 );

@@ -22,6 +22,8 @@ pub struct RegionConfig {
     pub agent_timeout: Duration,
     /// Time between SIGTERM and SIGKILL when a worker is stopped.
     pub grace_period: Duration,
+    /// Time a worker asked to checkpoint has before it is stopped anyway.
+    pub checkpoint_deadline: Duration,
     /// How often a replica that is not the leader tries to become it.
     pub leader_retry_interval: Duration,
     /// Verifies the tokens of callers (the global tier, agents). `None`
@@ -41,6 +43,7 @@ impl RegionConfig {
             agent_sync_interval: Duration::from_millis(1000),
             agent_timeout: Duration::from_secs(15),
             grace_period: Duration::from_secs(10),
+            checkpoint_deadline: Duration::from_secs(120),
             leader_retry_interval: Duration::from_secs(1),
             auth: None,
         }

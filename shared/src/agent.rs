@@ -78,6 +78,11 @@ pub struct WorkerReport {
     pub attempt: i32,
     #[serde(flatten)]
     pub status: WorkerStatus,
+    /// The newest complete checkpoint of the worker's job the agent knows
+    /// of (a directory under `GANGWAY_CHECKPOINT_DIR`, or the simulated
+    /// executor's progress marker): where a restart resumes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,6 +96,10 @@ pub struct SyncRequest {
 pub enum Desired {
     Run,
     Stop,
+    /// Ask the worker to checkpoint (SIGUSR1), wait for a new complete
+    /// checkpoint or the deadline, then stop it: preemption, drains and
+    /// evacuations all use this.
+    Checkpoint,
 }
 
 /// A worker the region wants on one of the agent's nodes.
@@ -113,6 +122,13 @@ pub struct Assignment {
     pub max_duration_s: Option<i64>,
     /// Seconds between SIGTERM and SIGKILL when stopping.
     pub grace_period_s: u64,
+    /// With `Checkpoint`: seconds the worker has to write its checkpoint
+    /// before it is stopped anyway.
+    #[serde(default)]
+    pub checkpoint_deadline_s: u64,
+    /// Set when the worker restarts from a checkpoint (`GANGWAY_RESTORE_FROM`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

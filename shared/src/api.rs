@@ -236,6 +236,9 @@ pub enum JobState {
     /// Every worker of the gang (or at least one worker of an array job)
     /// has started.
     Running,
+    /// Asked to checkpoint and stop (preemption, drain); it requeues once
+    /// its workers are down and resumes from its newest checkpoint.
+    Preempting,
     /// Cancel requested; workers are being stopped.
     Cancelling,
     Succeeded,
@@ -244,10 +247,11 @@ pub enum JobState {
 }
 
 impl JobState {
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
         JobState::Queued,
         JobState::Starting,
         JobState::Running,
+        JobState::Preempting,
         JobState::Cancelling,
         JobState::Succeeded,
         JobState::Failed,
@@ -259,6 +263,7 @@ impl JobState {
             JobState::Queued => "queued",
             JobState::Starting => "starting",
             JobState::Running => "running",
+            JobState::Preempting => "preempting",
             JobState::Cancelling => "cancelling",
             JobState::Succeeded => "succeeded",
             JobState::Failed => "failed",
@@ -298,6 +303,8 @@ pub enum WorkerState {
     /// GPUs allocated; the agent has not reported it started.
     Assigned,
     Running,
+    /// Told to checkpoint and stop; it goes back to pending once down.
+    Checkpointing,
     /// Told to stop; waiting for the agent to report the exit.
     Stopping,
     Succeeded,
@@ -307,10 +314,11 @@ pub enum WorkerState {
 }
 
 impl WorkerState {
-    pub const ALL: [WorkerState; 7] = [
+    pub const ALL: [WorkerState; 8] = [
         WorkerState::Pending,
         WorkerState::Assigned,
         WorkerState::Running,
+        WorkerState::Checkpointing,
         WorkerState::Stopping,
         WorkerState::Succeeded,
         WorkerState::Failed,
@@ -322,6 +330,7 @@ impl WorkerState {
             WorkerState::Pending => "pending",
             WorkerState::Assigned => "assigned",
             WorkerState::Running => "running",
+            WorkerState::Checkpointing => "checkpointing",
             WorkerState::Stopping => "stopping",
             WorkerState::Succeeded => "succeeded",
             WorkerState::Failed => "failed",
@@ -378,6 +387,12 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub workers: Vec<Worker>,
+    /// How often the job was preempted (checkpointed, stopped, requeued).
+    #[serde(default)]
+    pub preemptions: u32,
+    /// The checkpoint its next start resumes from, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<String>,
 }
 
 /// One entry of a job's timeline.

@@ -60,6 +60,8 @@ pub mod codes {
     /// The request has no valid credentials (401); the detail code (for
     /// example `token_expired`) comes from the authenticator.
     pub const UNAUTHENTICATED: &str = "unauthenticated";
+    /// The job is not running, so it cannot be preempted (409).
+    pub const JOB_NOT_RUNNING: &str = "job_not_running";
     /// The requested thing does not exist, or belongs to someone else (404).
     pub const NOT_FOUND: &str = "not_found";
     /// The body is larger than the limit (413).
@@ -100,6 +102,7 @@ pub mod codes {
         RATE_LIMITED,
         FORBIDDEN,
         UNAUTHENTICATED,
+        JOB_NOT_RUNNING,
         NOT_FOUND,
         PAYLOAD_TOO_LARGE,
         UNSUPPORTED_MEDIA_TYPE,

@@ -223,3 +223,62 @@ pub async fn delete_quota(
         fan_out(&state, p.region.as_deref(), Method::DELETE, &path, None).await?,
     ))
 }
+
+/// Asks a job, in whichever region holds it, to checkpoint, stop and
+/// requeue; it resumes from its newest checkpoint.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/jobs/{id}/preempt",
+    operation_id = "preempt_job",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The job's id.")),
+    responses(
+        (status = 200, description = "The job was asked to checkpoint and stop."),
+        (status = 401, response = crate::api::openapi::Unauthenticated),
+        (status = 403, response = crate::api::openapi::Forbidden),
+        (status = 404, response = crate::api::openapi::JobNotFound),
+        (status = 409, description = crate::api::openapi::errors(
+            "The job is not running or starting.", &[codes::JOB_NOT_RUNNING]),
+            body = gangway_shared::error::ErrorBody),
+        (status = 429, response = crate::api::openapi::RateLimited),
+        (status = 503, response = crate::api::openapi::RegionUnavailable),
+    )
+)]
+pub async fn preempt_job(
+    State(state): State<GlobalState>,
+    _admin: AdminCaller,
+    gangway_shared::http::JobId(id): gangway_shared::http::JobId,
+) -> Result<axum::response::Response, ApiError> {
+    let path = format!("/v1/admin/jobs/{id}/preempt");
+    let state = &state;
+    let asks = state.regions.list.iter().map(|r| {
+        let path = path.clone();
+        async move {
+            let a = state
+                .regions
+                .call(r, Method::POST, &path, Call::default())
+                .await;
+            (r, a)
+        }
+    });
+    let mut down = None;
+    for (region, answer) in join_all(asks).await {
+        match answer {
+            Ok(a) if a.status == StatusCode::NOT_FOUND => {}
+            Ok(a) if a.status.is_server_error() => {
+                down = Some(format!("region {} answered {}", region.name, a.status))
+            }
+            Ok(a) => return Ok(super::jobs::relay(a)),
+            Err(e) => down = Some(e.to_string()),
+        }
+    }
+    Err(match down {
+        None => ApiError::not_found("job"),
+        Some(why) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::REGION_UNAVAILABLE,
+            format!("the job was not found in the regions that answered, and {why}; retry shortly"),
+        ),
+    })
+}

@@ -68,6 +68,7 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/jobs/{id}/explain", get(jobs::explain))
         .route("/v1/regions", get(jobs::regions))
         .route("/v1/admin/quotas", get(admin::list_quotas))
+        .route("/v1/admin/jobs/{id}/preempt", post(admin::preempt_job))
         .route(
             "/v1/admin/quotas/{tenant}/{gpu_type}",
             put(admin::put_quota).delete(admin::delete_quota),

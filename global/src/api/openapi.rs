@@ -57,6 +57,7 @@ pub const BEARER: &str = "bearer";
         admin::list_quotas,
         admin::put_quota,
         admin::delete_quota,
+        admin::preempt_job,
         super::healthz,
         serve,
     ),

@@ -62,6 +62,7 @@ impl Workers {
                     exit_code: None,
                     signal: None,
                     message: Some(format!("agent lost the worker: {e}")),
+                    checkpoint: None,
                 },
             };
             *state = State::Exited {
@@ -77,16 +78,17 @@ impl Workers {
         self.table
             .iter()
             .filter_map(|(key, state)| {
-                let status = match state {
-                    State::Running { .. } => WorkerStatus::Running,
+                let (status, checkpoint) = match state {
+                    State::Running { .. } => (WorkerStatus::Running, None),
                     State::Exited { retired: true, .. } => return None,
-                    State::Exited { exit, .. } => exit.status(),
+                    State::Exited { exit, .. } => (exit.status(), exit.checkpoint.clone()),
                 };
                 Some(WorkerReport {
                     job_id: key.job_id,
                     rank: key.rank,
                     attempt: key.attempt,
                     status,
+                    checkpoint,
                 })
             })
             .collect()
@@ -137,7 +139,14 @@ impl Workers {
                         *retired = false;
                     }
                 }
-                (Desired::Stop, None) => {
+                (Desired::Checkpoint, Some(State::Running { handle, stopping })) => {
+                    if !*stopping {
+                        tracing::info!(job_id = %key.job_id, worker = %key, "region asks worker to checkpoint and stop");
+                        handle.control.checkpoint.cancel();
+                        *stopping = true;
+                    }
+                }
+                (Desired::Stop | Desired::Checkpoint, None) => {
                     // Never launched in this boot (the region placed it and
                     // changed its mind before we started it, or we restarted):
                     // report it ended, so the region can free its GPUs.
@@ -149,6 +158,7 @@ impl Workers {
                                     exit_code: None,
                                     signal: None,
                                     message: Some("stopped before it started".into()),
+                                    checkpoint: None,
                                 },
                                 retired: false,
                             },
@@ -257,6 +267,8 @@ mod tests {
             estimated_duration_s: estimated_s,
             max_duration_s: None,
             grace_period_s: 30,
+            checkpoint_deadline_s: 5,
+            restore_from: None,
         }
     }
 

@@ -75,3 +75,32 @@ pub async fn delete_quota(
         Err(ApiError::not_found("quota"))
     }
 }
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Preempted {
+    pub job_id: uuid::Uuid,
+    pub preempted: bool,
+}
+
+/// Asks a job to checkpoint, stop and requeue (operators; the scheduler
+/// does the same for priority and drains).
+pub async fn preempt_job(
+    State(state): State<AppState>,
+    gangway_shared::http::JobId(id): gangway_shared::http::JobId,
+) -> Result<axum::Json<Preempted>, ApiError> {
+    if !state
+        .store
+        .preempt_job(id, "requested by an operator")
+        .await?
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            codes::JOB_NOT_RUNNING,
+            "the job is not running or starting; only those can be preempted",
+        ));
+    }
+    Ok(axum::Json(Preempted {
+        job_id: id,
+        preempted: true,
+    }))
+}

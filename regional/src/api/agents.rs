@@ -9,7 +9,7 @@ use tracing::instrument;
 use super::error::ApiError;
 use super::extract::Json;
 use super::AppState;
-use crate::store::retry_races;
+use crate::store::{retry_races, StopTiming};
 use gangway_shared::http::Path;
 
 /// Most nodes one agent may register (a 40,000-GPU region has 5,000).
@@ -52,8 +52,11 @@ pub async fn sync(
     Path(agent_id): Path<String>,
     Json(req): Json<SyncRequest>,
 ) -> Result<axum::Json<SyncResponse>, ApiError> {
-    let grace = state.config.grace_period.as_secs();
-    let outcome = retry_races(|| state.store.sync_agent(&agent_id, &req, grace)).await?;
+    let timing = StopTiming {
+        grace_period_s: state.config.grace_period.as_secs(),
+        checkpoint_deadline_s: state.config.checkpoint_deadline.as_secs(),
+    };
+    let outcome = retry_races(|| state.store.sync_agent(&agent_id, &req, timing)).await?;
     if outcome.freed_gpus {
         state.wake_scheduler();
     }

@@ -96,6 +96,7 @@ pub fn app(state: AppState) -> Router {
         .route("/internal/v1/claims", post(jobs::claim))
         .route("/v1/region", get(jobs::region))
         .route("/v1/admin/quotas", get(admin::list_quotas))
+        .route("/v1/admin/jobs/{id}/preempt", post(admin::preempt_job))
         .route(
             "/v1/admin/quotas/{tenant}/{gpu_type}",
             axum::routing::put(admin::put_quota).delete(admin::delete_quota),

@@ -105,16 +105,21 @@ impl Store {
             // Workers being stopped died with the old boot: they are done.
             let gone = tx
                 .query(
-                    "SELECT w.job_id, w.rank FROM workers w JOIN nodes n USING (node_id)
-                     WHERE n.agent_id = $1 AND w.state = 'stopping'",
+                    "SELECT w.job_id, w.rank, w.state::text FROM workers w JOIN nodes n USING (node_id)
+                     WHERE n.agent_id = $1 AND w.state IN ('stopping', 'checkpointing')",
                     &[&req.agent_id],
                 )
                 .await?;
             let jobs: BTreeSet<Uuid> = gone.iter().map(|r| r.get(0)).collect();
             lock_jobs(&tx, &jobs.iter().copied().collect::<Vec<_>>()).await?;
             for row in &gone {
-                let (job, rank): (Uuid, i32) = (row.get(0), row.get(1));
-                finish_worker(&tx, job, rank, "cancelled", None, None, "agent restarted").await?;
+                let (job, rank, state): (Uuid, i32, String) = (row.get(0), row.get(1), row.get(2));
+                if state == "checkpointing" {
+                    requeue_worker(&tx, job, rank, "agent restarted").await?;
+                } else {
+                    finish_worker(&tx, job, rank, "cancelled", None, None, "agent restarted")
+                        .await?;
+                }
             }
             for job in jobs {
                 settle_job(&tx, job).await?;
@@ -142,7 +147,7 @@ impl Store {
         &self,
         agent_id: &str,
         req: &SyncRequest,
-        grace_period_s: u64,
+        timing: StopTiming,
     ) -> Result<SyncOutcome> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
@@ -158,7 +163,7 @@ impl Store {
             return Err(StoreError::StaleBoot);
         }
         let freed_gpus = apply_reports(&tx, agent_id, &req.workers).await?;
-        let assignments = load_assignments(&tx, agent_id, grace_period_s).await?;
+        let assignments = load_assignments(&tx, agent_id, timing).await?;
         tx.commit().await?;
         Ok(SyncOutcome {
             assignments,
@@ -227,6 +232,20 @@ async fn apply_reports(
                 signal,
                 message,
             } => {
+                if let Some(ckpt) = &report.checkpoint {
+                    tx.execute(
+                        "UPDATE jobs SET restore_from = $2 WHERE job_id = $1",
+                        &[&key.0, ckpt],
+                    )
+                    .await?;
+                }
+                if state == "checkpointing" {
+                    requeue_worker(tx, key.0, key.1, message.as_deref().unwrap_or("stopped"))
+                        .await?;
+                    freed = true;
+                    touched.insert(key.0);
+                    continue;
+                }
                 if !matches!(state.as_str(), "assigned" | "running" | "stopping") {
                     continue; // already recorded
                 }
@@ -266,6 +285,24 @@ async fn apply_reports(
     Ok(freed)
 }
 
+/// Puts a preempted worker back in the queue and releases its GPUs.
+async fn requeue_worker(tx: &Transaction<'_>, job_id: Uuid, rank: i32, why: &str) -> Result<()> {
+    tx.execute(
+        "UPDATE workers SET state = 'pending', node_id = NULL, gpus = '{}', local_rank = NULL,
+                message = $3
+         WHERE job_id = $1 AND rank = $2",
+        &[&job_id, &rank, &format!("preempted: {why}")],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE allocations SET released_at = now(), release_reason = 'preempted'
+         WHERE job_id = $1 AND rank = $2 AND released_at IS NULL",
+        &[&job_id, &rank],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Ends a worker and releases its GPUs.
 async fn finish_worker(
     tx: &Transaction<'_>,
@@ -294,22 +331,32 @@ async fn finish_worker(
     Ok(())
 }
 
+/// How long workers get when they are stopped.
+#[derive(Clone, Copy, Debug)]
+pub struct StopTiming {
+    /// Between SIGTERM and SIGKILL.
+    pub grace_period_s: u64,
+    /// To write a checkpoint when asked to.
+    pub checkpoint_deadline_s: u64,
+}
+
 async fn load_assignments(
     tx: &Transaction<'_>,
     agent_id: &str,
-    grace_period_s: u64,
+    timing: StopTiming,
 ) -> Result<Vec<Assignment>> {
     let rows = tx
         .query(
             "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
-                    w.local_rank, j.workers, j.mode::text AS mode, j.spec,
+                    w.local_rank, j.workers, j.mode::text AS mode, j.spec, j.restore_from,
                     n.address, m.address AS master_addr
              FROM workers w
              JOIN nodes n ON n.node_id = w.node_id
              JOIN jobs j ON j.job_id = w.job_id
              LEFT JOIN workers w0 ON w0.job_id = w.job_id AND w0.rank = 0
              LEFT JOIN nodes m ON m.node_id = w0.node_id
-             WHERE n.agent_id = $1 AND w.state IN ('assigned', 'running', 'stopping')
+             WHERE n.agent_id = $1
+               AND w.state IN ('assigned', 'running', 'checkpointing', 'stopping')
              ORDER BY w.job_id, w.rank",
             &[&agent_id],
         )
@@ -332,10 +379,10 @@ async fn load_assignments(
             job_id,
             rank: rank as u32,
             attempt: row.get("attempt"),
-            desired: if state == "stopping" {
-                Desired::Stop
-            } else {
-                Desired::Run
+            desired: match state.as_str() {
+                "stopping" => Desired::Stop,
+                "checkpointing" => Desired::Checkpoint,
+                _ => Desired::Run,
             },
             node_id: row.get("node_id"),
             gpus: gpus.into_iter().map(|g| g as u32).collect(),
@@ -352,7 +399,9 @@ async fn load_assignments(
             env: spec.env.clone(),
             estimated_duration_s: spec.estimated_duration_s,
             max_duration_s: spec.max_duration_s,
-            grace_period_s,
+            grace_period_s: timing.grace_period_s,
+            checkpoint_deadline_s: timing.checkpoint_deadline_s,
+            restore_from: row.get("restore_from"),
         });
     }
     Ok(out)

@@ -164,6 +164,8 @@ impl Store {
                     exit_code: None,
                 })
                 .collect(),
+            preemptions: 0,
+            restore_from: None,
         }
     }
 
@@ -324,7 +326,7 @@ impl Store {
             let stopping = tx
                 .execute(
                     "UPDATE workers SET state = 'stopping'
-                     WHERE job_id = $1 AND state IN ('assigned', 'running')",
+                     WHERE job_id = $1 AND state IN ('assigned', 'running', 'checkpointing')",
                     &[&id],
                 )
                 .await?;
@@ -387,6 +389,7 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
                     count(*) FILTER (WHERE w.state = 'assigned')   AS assigned,
                     count(*) FILTER (WHERE w.state = 'running')    AS running,
                     count(*) FILTER (WHERE w.state = 'stopping')   AS stopping,
+                    count(*) FILTER (WHERE w.state = 'checkpointing') AS checkpointing,
                     count(*) FILTER (WHERE w.state = 'succeeded')  AS succeeded,
                     count(*) FILTER (WHERE w.state = 'failed')     AS failed,
                     count(*) AS total
@@ -400,10 +403,41 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
     let mode: String = row.get("mode");
     let reason: Option<String> = row.get("reason");
     let n = |c: &str| row.get::<_, i64>(c);
-    let (pending, assigned, running, stopping) =
-        (n("pending"), n("assigned"), n("running"), n("stopping"));
+    let (pending, assigned, running, stopping, checkpointing) = (
+        n("pending"),
+        n("assigned"),
+        n("running"),
+        n("stopping"),
+        n("checkpointing"),
+    );
     let (succeeded, failed, total) = (n("succeeded"), n("failed"), n("total"));
     if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
+        return Ok(());
+    }
+
+    // A preempted job goes back to the queue once every worker is down.
+    if state == "preempting" {
+        if assigned + running + stopping + checkpointing == 0 {
+            let restore: Option<String> = tx
+                .query_one(
+                    "UPDATE jobs SET state = 'queued' WHERE job_id = $1 RETURNING restore_from",
+                    &[&job_id],
+                )
+                .await?
+                .get(0);
+            let message = match &restore {
+                Some(r) => format!("requeued; resumes from checkpoint {r}"),
+                None => "requeued; no checkpoint, so it starts over".to_string(),
+            };
+            insert_event(
+                tx,
+                job_id,
+                "requeued",
+                &message,
+                json!({"restore_from": restore}),
+            )
+            .await?;
+        }
         return Ok(());
     }
 
@@ -429,7 +463,7 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
         return Box::pin(settle_job(tx, job_id)).await;
     }
 
-    let active = pending + assigned + running + stopping;
+    let active = pending + assigned + running + stopping + checkpointing;
     if active == 0 && state == "starting" && succeeded + failed > 0 {
         // Workers ran and ended between two agent syncs: the timeline
         // still shows that the job started before it finished.
@@ -497,4 +531,48 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
         .await?;
     }
     Ok(())
+}
+
+impl Store {
+    /// Asks a running job to checkpoint, stop and requeue (preemption,
+    /// drains). Returns false when the job is not running or starting.
+    pub async fn preempt_job(&self, id: Uuid, why: &str) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let state: String = tx
+            .query_opt(
+                "SELECT state::text FROM jobs WHERE job_id = $1 FOR UPDATE",
+                &[&id],
+            )
+            .await?
+            .ok_or(StoreError::NotFound)?
+            .get(0);
+        if !matches!(state.as_str(), "starting" | "running") {
+            return Ok(false);
+        }
+        let workers = tx
+            .execute(
+                "UPDATE workers SET state = 'checkpointing'
+                 WHERE job_id = $1 AND state IN ('assigned', 'running')",
+                &[&id],
+            )
+            .await?;
+        tx.execute(
+            "UPDATE jobs SET state = 'preempting', preemptions = preemptions + 1
+             WHERE job_id = $1",
+            &[&id],
+        )
+        .await?;
+        insert_event(
+            &tx,
+            id,
+            "preempted",
+            &format!("preempted ({why}): {workers} worker(s) asked to checkpoint and stop"),
+            json!({"why": why, "workers": workers}),
+        )
+        .await?;
+        settle_job(&tx, id).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
 }

@@ -34,7 +34,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
-pub use agents::SyncOutcome;
+pub use agents::{StopTiming, SyncOutcome};
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use plans::{ApplyOutcome, FleetShape, SnapshotData};
 

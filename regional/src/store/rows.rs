@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 /// Columns every job query selects, in the shape [`job_from_row`] reads.
 pub(super) const JOB_COLUMNS: &str = "j.job_id, j.tenant, j.spec, j.name, j.state::text AS state, \
-     j.reason, j.created_at, j.started_at, j.finished_at";
+     j.reason, j.created_at, j.started_at, j.finished_at, j.preemptions, j.restore_from";
 
 pub(super) const WORKER_COLUMNS: &str = "w.job_id, w.rank, w.state::text AS state, w.node_id, \
      w.gpus, w.exit_code";
@@ -44,6 +44,8 @@ pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job
         finished_at: row.get("finished_at"),
         reason: row.get("reason"),
         workers,
+        preemptions: row.get::<_, i32>("preemptions").max(0) as u32,
+        restore_from: row.get("restore_from"),
     }
 }
 

@@ -148,6 +148,8 @@ fn run_assignment(script: &str) -> Assignment {
         estimated_duration_s: 1,
         max_duration_s: None,
         grace_period_s: 5,
+        checkpoint_deadline_s: 5,
+        restore_from: None,
     }
 }
 

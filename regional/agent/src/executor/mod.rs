@@ -71,6 +71,10 @@ pub(crate) struct WorkerSpec {
     pub max_duration: Option<Duration>,
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// The checkpoint to resume from (`GANGWAY_RESTORE_FROM`).
+    pub restore_from: Option<String>,
+    /// How long a worker asked to checkpoint has before it is stopped.
+    pub checkpoint_deadline: Duration,
 }
 
 impl WorkerSpec {
@@ -94,6 +98,8 @@ impl WorkerSpec {
             run_for: scaled_secs(a.estimated_duration_s, factor),
             max_duration: a.max_duration_s.map(|s| scaled_secs(s, factor)),
             grace: Duration::from_secs(a.grace_period_s),
+            restore_from: a.restore_from.clone(),
+            checkpoint_deadline: Duration::from_secs(a.checkpoint_deadline_s),
         }
     }
 }
@@ -105,11 +111,13 @@ fn scaled_secs(secs: i64, factor: f64) -> Duration {
 }
 
 /// How a worker ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Exit {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub message: Option<String>,
+    /// The newest complete checkpoint when it ended.
+    pub checkpoint: Option<String>,
 }
 
 impl Exit {
@@ -125,6 +133,8 @@ impl Exit {
 /// Why the agent ends a worker that has not ended by itself.
 pub(crate) const STOPPED: &str = "stopped";
 pub(crate) const MAX_DURATION_EXCEEDED: &str = "max_duration_exceeded";
+pub(crate) const CHECKPOINTED: &str = "checkpointed and stopped";
+pub(crate) const CHECKPOINT_DEADLINE: &str = "checkpoint deadline passed; stopped";
 
 /// How the agent tells a worker task to end.
 #[derive(Clone, Debug, Default)]
@@ -133,6 +143,8 @@ pub(crate) struct Control {
     pub stop: CancellationToken,
     /// SIGKILL now (after a SIGTERM, if none was sent yet).
     pub kill: CancellationToken,
+    /// Checkpoint (SIGUSR1), wait for it or the deadline, then stop.
+    pub checkpoint: CancellationToken,
 }
 
 /// A worker task that has been started.
@@ -229,6 +241,8 @@ pub(crate) mod test_support {
             run_for: Duration::from_secs(1),
             max_duration: None,
             grace: Duration::from_secs(5),
+            restore_from: None,
+            checkpoint_deadline: Duration::from_secs(5),
         }
     }
 }

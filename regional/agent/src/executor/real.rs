@@ -10,11 +10,15 @@ use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
 
 use tokio::process::Child;
 use tokio::time::sleep;
 
-use super::{sleep_opt, Control, Exit, WorkerSpec, MAX_DURATION_EXCEEDED, STOPPED};
+use super::{
+    sleep_opt, Control, Exit, WorkerSpec, CHECKPOINTED, CHECKPOINT_DEADLINE, MAX_DURATION_EXCEEDED,
+    STOPPED,
+};
 
 /// Why a worker could not be started; reported as exit code 127.
 #[derive(Debug, thiserror::Error)]
@@ -56,30 +60,67 @@ pub(crate) fn worker_dir(work_dir: &Path, spec: &WorkerSpec) -> PathBuf {
         ))
 }
 
+/// Where a job's checkpoints live on this agent: one directory per job,
+/// shared by its ranks and kept across attempts, so a restart finds them.
+pub(crate) fn checkpoint_dir(work_dir: &Path, spec: &WorkerSpec) -> PathBuf {
+    work_dir
+        .join("checkpoints")
+        .join(spec.key.job_id.to_string())
+}
+
+/// The newest complete checkpoint in `dir`: a directory whose name does
+/// not start with `.` (a checkpoint is written under a dot-name and renamed
+/// into place when whole), newest by modification time, then name.
+pub(crate) fn newest_checkpoint(dir: &Path) -> Option<String> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let modified = e.metadata().ok()?.modified().ok()?;
+            Some((modified, e.file_name(), e.path()))
+        })
+        .max()
+        .map(|(_, _, path)| path.to_string_lossy().into_owned())
+}
+
 /// Starts the worker and supervises it until it ends.
 pub(crate) async fn run(spec: &WorkerSpec, work_dir: &Path, control: &Control) -> Exit {
-    match start(spec, work_dir).await {
-        Ok(child) => supervise(child, spec, control).await,
+    let checkpoints = checkpoint_dir(work_dir, spec);
+    match start(spec, work_dir, &checkpoints).await {
+        Ok(child) => {
+            let mut exit = supervise(child, spec, control, &checkpoints).await;
+            exit.checkpoint = newest_checkpoint(&checkpoints);
+            exit
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot start worker");
             Exit {
                 exit_code: Some(CANNOT_START_EXIT_CODE),
                 signal: None,
                 message: Some(format!("cannot start: {e}")),
+                checkpoint: None,
             }
         }
     }
 }
 
-async fn start(spec: &WorkerSpec, work_dir: &Path) -> Result<Child, StartError> {
+async fn start(
+    spec: &WorkerSpec,
+    work_dir: &Path,
+    checkpoints: &Path,
+) -> Result<Child, StartError> {
     let (program, args) = spec.command.split_first().ok_or(StartError::EmptyCommand)?;
     let dir = worker_dir(work_dir, spec);
-    tokio::fs::create_dir_all(&dir)
-        .await
-        .map_err(|source| StartError::WorkDir {
-            path: dir.clone(),
-            source,
-        })?;
+    for d in [&dir, &checkpoints.to_path_buf()] {
+        tokio::fs::create_dir_all(d)
+            .await
+            .map_err(|source| StartError::WorkDir {
+                path: d.clone(),
+                source,
+            })?;
+    }
     let stdout = append(&dir.join("stdout.log"))?;
     let stderr = append(&dir.join("stderr.log"))?;
 
@@ -102,10 +143,15 @@ async fn start(spec: &WorkerSpec, work_dir: &Path) -> Result<Child, StartError> 
         .env("CUDA_VISIBLE_DEVICES", gpus)
         .env("GANGWAY_NODE_ID", &spec.node_id)
         .env("GANGWAY_ATTEMPT", spec.key.attempt.to_string())
+        .env("GANGWAY_CHECKPOINT_DIR", checkpoints)
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0);
+    match &spec.restore_from {
+        Some(from) => cmd.env("GANGWAY_RESTORE_FROM", from),
+        None => cmd.env_remove("GANGWAY_RESTORE_FROM"),
+    };
     let mut cmd = tokio::process::Command::from(cmd);
     // The task that spawned the worker reaps it; dropping the handle (say, on
     // an agent crash) must not kill a training run.
@@ -127,17 +173,53 @@ fn append(path: &Path) -> Result<File, StartError> {
         })
 }
 
-async fn supervise(mut child: Child, spec: &WorkerSpec, control: &Control) -> Exit {
+async fn supervise(
+    mut child: Child,
+    spec: &WorkerSpec,
+    control: &Control,
+    checkpoints: &Path,
+) -> Exit {
     // A child that has not been waited for always has an id.
     let pgid = child.id().expect("unreaped child has a pid") as libc::pid_t;
     tracing::info!(pid = pgid, "worker started");
 
-    let reason = tokio::select! {
+    let mut reason = tokio::select! {
         status = child.wait() => return ended(status, pgid, None),
         _ = control.stop.cancelled() => STOPPED,
         _ = control.kill.cancelled() => STOPPED,
+        _ = control.checkpoint.cancelled() => CHECKPOINTED,
         _ = sleep_opt(spec.max_duration) => MAX_DURATION_EXCEEDED,
     };
+
+    if reason == CHECKPOINTED {
+        // Ask for a checkpoint, then wait for a new complete one to appear
+        // (or the deadline, or a plain stop), and stop the worker after.
+        let before = newest_checkpoint(checkpoints);
+        tracing::info!(
+            deadline_s = spec.checkpoint_deadline.as_secs_f64(),
+            "sending SIGUSR1: checkpoint now"
+        );
+        signal_group(pgid, libc::SIGUSR1);
+        let deadline = tokio::time::Instant::now() + spec.checkpoint_deadline;
+        loop {
+            tokio::select! {
+                status = child.wait() => {
+                    return ended(status, pgid, Some(CHECKPOINTED.to_string()));
+                }
+                _ = control.stop.cancelled() => { reason = STOPPED; break; }
+                _ = control.kill.cancelled() => { reason = STOPPED; break; }
+                _ = tokio::time::sleep_until(deadline) => {
+                    reason = CHECKPOINT_DEADLINE;
+                    break;
+                }
+                _ = sleep(Duration::from_millis(100)) => {
+                    if newest_checkpoint(checkpoints) != before {
+                        break;
+                    }
+                }
+            }
+        }
+    }
 
     tracing::info!(
         reason,
@@ -176,12 +258,14 @@ fn ended(status: io::Result<ExitStatus>, pgid: libc::pid_t, reason: Option<Strin
                 exit_code: status.code(),
                 signal: status.signal(),
                 message: Some(message),
+                checkpoint: None,
             }
         }
         Err(e) => Exit {
             exit_code: None,
             signal: None,
             message: Some(format!("cannot wait for worker: {e}")),
+            checkpoint: None,
         },
     }
 }
@@ -364,5 +448,72 @@ mod tests {
         let exit = run(&spec, dir.path(), &Control::default()).await;
         assert_eq!(exit.signal, Some(libc::SIGTERM));
         assert_eq!(exit.message.as_deref(), Some(MAX_DURATION_EXCEEDED));
+    }
+
+    /// A trainer that checkpoints on SIGUSR1 the way docs/jobs.md says:
+    /// write under a dot-name, rename into place when whole.
+    const TRAINER: &str = r#"
+        echo "${GANGWAY_RESTORE_FROM:-none}" > restored_from
+        checkpoint() {
+            tmp="$GANGWAY_CHECKPOINT_DIR/.tmp-$$"
+            mkdir -p "$tmp" && echo state > "$tmp/model" && mv "$tmp" "$GANGWAY_CHECKPOINT_DIR/step-$1"
+        }
+        trap 'checkpoint 2' USR1
+        checkpoint 1
+        touch ready
+        while true; do sleep 0.05; done
+    "#;
+
+    #[tokio::test]
+    async fn a_checkpoint_request_waits_for_the_new_checkpoint_then_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = sh(TRAINER);
+        let control = Control::default();
+        let task = {
+            let (spec, control, work) = (spec.clone(), control.clone(), dir.path().to_path_buf());
+            tokio::spawn(async move { run(&spec, &work, &control).await })
+        };
+        wait_for_file(&worker_dir(dir.path(), &spec).join("ready")).await;
+        control.checkpoint.cancel();
+        let exit = task.await.unwrap();
+        assert_eq!(exit.message.as_deref(), Some(CHECKPOINTED), "{exit:?}");
+        let newest = exit.checkpoint.expect("a checkpoint");
+        assert!(newest.ends_with("step-2"), "{newest}");
+        assert!(Path::new(&newest).join("model").exists());
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_ignores_the_request_is_stopped_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = sh("trap '' USR1; touch ready; while true; do sleep 0.05; done");
+        spec.checkpoint_deadline = Duration::from_millis(300);
+        let control = Control::default();
+        let task = {
+            let (spec, control, work) = (spec.clone(), control.clone(), dir.path().to_path_buf());
+            tokio::spawn(async move { run(&spec, &work, &control).await })
+        };
+        wait_for_file(&worker_dir(dir.path(), &spec).join("ready")).await;
+        let asked = Instant::now();
+        control.checkpoint.cancel();
+        let exit = task.await.unwrap();
+        assert!(asked.elapsed() >= Duration::from_millis(300));
+        assert_eq!(
+            exit.message.as_deref(),
+            Some(CHECKPOINT_DEADLINE),
+            "{exit:?}"
+        );
+        assert_eq!(exit.checkpoint, None);
+    }
+
+    #[tokio::test]
+    async fn a_restarted_worker_is_told_where_to_restore_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = sh("echo \"$GANGWAY_RESTORE_FROM\" > restored_from");
+        spec.restore_from = Some("/ckpt/step-7".into());
+        let exit = run(&spec, dir.path(), &Control::default()).await;
+        assert_eq!(exit.exit_code, Some(0));
+        let got =
+            std::fs::read_to_string(worker_dir(dir.path(), &spec).join("restored_from")).unwrap();
+        assert_eq!(got.trim(), "/ckpt/step-7");
     }
 }

@@ -2,22 +2,37 @@
 
 use tokio::time::sleep;
 
-use super::{Control, Exit, WorkerSpec, MAX_DURATION_EXCEEDED, STOPPED};
+use super::{Control, Exit, WorkerSpec, CHECKPOINTED, MAX_DURATION_EXCEEDED, STOPPED};
+
+/// A simulated checkpoint: the fraction of the run done, `sim:0.25`.
+fn progress_of(restore_from: Option<&str>) -> f64 {
+    restore_from
+        .and_then(|r| r.strip_prefix("sim:"))
+        .and_then(|f| f.parse::<f64>().ok())
+        .filter(|f| f.is_finite())
+        .map(|f| f.clamp(0.0, 1.0))
+        .unwrap_or(0.0)
+}
 
 const SIGTERM: i32 = 15;
 
 /// Runs for `spec.run_for` and exits 0, unless `max_duration` is shorter or
 /// a stop comes first; either ends it at once as if by SIGTERM.
 pub(crate) async fn run(spec: &WorkerSpec, control: &Control) -> Exit {
-    let limited = matches!(spec.max_duration, Some(max) if max < spec.run_for);
+    // A restored run only does what its checkpoint had left.
+    let done_before = progress_of(spec.restore_from.as_deref());
+    let remaining = spec.run_for.mul_f64(1.0 - done_before);
+    let limited = matches!(spec.max_duration, Some(max) if max < remaining);
     let lasts = match spec.max_duration {
         Some(max) if limited => max,
-        _ => spec.run_for,
+        _ => remaining,
     };
+    let started = tokio::time::Instant::now();
     let terminated = |message: &str| Exit {
         exit_code: None,
         signal: Some(SIGTERM),
         message: Some(message.to_string()),
+        checkpoint: None,
     };
     tokio::select! {
         _ = sleep(lasts) => {
@@ -28,11 +43,25 @@ pub(crate) async fn run(spec: &WorkerSpec, control: &Control) -> Exit {
                     exit_code: Some(0),
                     signal: None,
                     message: Some("simulated run finished".to_string()),
+                    checkpoint: None,
                 }
             }
         }
         _ = control.stop.cancelled() => terminated(STOPPED),
         _ = control.kill.cancelled() => terminated(STOPPED),
+        _ = control.checkpoint.cancelled() => {
+            // Checkpointing is instant here: record how far the run got.
+            let total = spec.run_for.as_secs_f64();
+            let done = if total > 0.0 {
+                done_before + started.elapsed().as_secs_f64() / total
+            } else {
+                1.0
+            };
+            Exit {
+                checkpoint: Some(format!("sim:{:.6}", done.min(1.0))),
+                ..terminated(CHECKPOINTED)
+            }
+        }
     }
 }
 
@@ -63,6 +92,8 @@ mod tests {
             estimated_duration_s: estimated_s,
             max_duration_s: max_s,
             grace_period_s: 30,
+            checkpoint_deadline_s: 5,
+            restore_from: None,
         };
         WorkerSpec::from_assignment(&a, crate::ExecutorKind::Sim, time_factor)
     }
