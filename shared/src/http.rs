@@ -124,6 +124,35 @@ where
     }
 }
 
+/// The `Idempotency-Key` of a create, if it has one: 1–255 printable
+/// ASCII characters, else 400 `invalid_idempotency_key`.
+pub fn idempotency_key(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
+    match headers.get(crate::client::IDEMPOTENCY_KEY_HEADER) {
+        None => Ok(None),
+        Some(v) => match v.to_str() {
+            Ok(k) if crate::ids::valid_idempotency_key(k) => Ok(Some(k.to_string())),
+            _ => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                codes::INVALID_IDEMPOTENCY_KEY,
+                "Idempotency-Key must be 1–255 printable ASCII characters",
+            )),
+        },
+    }
+}
+
+/// A job spec from a JSON body, with every check that needs no fleet.
+pub fn job_spec(body: serde_json::Value) -> Result<crate::api::JobSpec, ApiError> {
+    let spec: crate::api::JobSpec = serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!("invalid job spec: {e}"),
+        )
+    })?;
+    crate::validate::check_spec(&spec)?;
+    Ok(spec)
+}
+
 /// `axum::extract::Path`, rejecting with a JSON 404: a path that does not
 /// decode names nothing that exists.
 pub struct Path<T>(pub T);

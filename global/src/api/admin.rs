@@ -251,34 +251,6 @@ pub async fn preempt_job(
     gangway_shared::http::JobId(id): gangway_shared::http::JobId,
 ) -> Result<axum::response::Response, ApiError> {
     let path = format!("/v1/admin/jobs/{id}/preempt");
-    let state = &state;
-    let asks = state.regions.list.iter().map(|r| {
-        let path = path.clone();
-        async move {
-            let a = state
-                .regions
-                .call(r, Method::POST, &path, Call::default())
-                .await;
-            (r, a)
-        }
-    });
-    let mut down = None;
-    for (region, answer) in join_all(asks).await {
-        match answer {
-            Ok(a) if a.status == StatusCode::NOT_FOUND => {}
-            Ok(a) if a.status.is_server_error() => {
-                down = Some(format!("region {} answered {}", region.name, a.status))
-            }
-            Ok(a) => return Ok(super::jobs::relay(a)),
-            Err(e) => down = Some(e.to_string()),
-        }
-    }
-    Err(match down {
-        None => ApiError::not_found("job"),
-        Some(why) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::REGION_UNAVAILABLE,
-            format!("the job was not found in the regions that answered, and {why}; retry shortly"),
-        ),
-    })
+    let (_, answer) = super::jobs::ask_every_region(&state, Method::POST, &path, None).await?;
+    Ok(super::jobs::relay(answer))
 }

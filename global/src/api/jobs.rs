@@ -7,11 +7,9 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use gangway_shared::api::{Cursor, Job, JobList, JobSpec, JobState, RegionList};
-use gangway_shared::client::IDEMPOTENCY_KEY_HEADER;
 use gangway_shared::error::{codes, ErrorBody};
-use gangway_shared::http::{ApiError, JobId, Json, Query};
-use gangway_shared::ids::{job_id_for_key, valid_idempotency_key};
-use gangway_shared::validate::check_spec;
+use gangway_shared::http::{idempotency_key, job_spec, ApiError, JobId, Json, Query};
+use gangway_shared::ids::job_id_for_key;
 use serde::Deserialize;
 use tracing::instrument;
 use utoipa::IntoParams;
@@ -168,29 +166,10 @@ pub async fn create(
     Json(body): Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     let tenant = caller.tenant;
-    let key = match headers.get(IDEMPOTENCY_KEY_HEADER) {
-        None => None,
-        Some(v) => match v.to_str() {
-            Ok(k) if valid_idempotency_key(k) => Some(k.to_string()),
-            _ => {
-                return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    codes::INVALID_IDEMPOTENCY_KEY,
-                    "Idempotency-Key must be 1–255 printable ASCII characters",
-                ))
-            }
-        },
-    };
+    let key = idempotency_key(&headers)?;
     // Everything that can be checked without a region is checked here, so
     // bad input never reaches a region and leaves nothing behind.
-    let spec: JobSpec = serde_json::from_value(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            codes::INVALID_SPEC,
-            format!("invalid job spec: {e}"),
-        )
-    })?;
-    check_spec(&spec)?;
+    let spec: JobSpec = job_spec(body)?;
 
     let job_id = match &key {
         Some(k) => job_id_for_key(&tenant, k),
@@ -302,18 +281,30 @@ async fn find_owner<'a>(
     tenant: &str,
     id: Uuid,
 ) -> Result<(&'a Region, Answer), ApiError> {
-    let path = format!("/v1/jobs/{id}");
+    ask_every_region(state, Method::GET, &format!("/v1/jobs/{id}"), Some(tenant)).await
+}
+
+/// Sends the same call to every region at once and returns the first
+/// answer that is not a 404 (nor a region failing): the region that has
+/// the job answers, the others do not know it. Nobody has it → 404, unless
+/// a region did not answer (503: it may be there; retry).
+pub(super) async fn ask_every_region<'a>(
+    state: &'a GlobalState,
+    method: Method,
+    path: &str,
+    tenant: Option<&str>,
+) -> Result<(&'a Region, Answer), ApiError> {
     let asks = state.regions.list.iter().map(|r| {
-        let path = path.clone();
+        let method = method.clone();
         async move {
             let a = state
                 .regions
                 .call(
                     r,
-                    Method::GET,
-                    &path,
+                    method,
+                    path,
                     Call {
-                        tenant: Some(tenant),
+                        tenant,
                         ..Default::default()
                     },
                 )
@@ -324,9 +315,11 @@ async fn find_owner<'a>(
     let mut down = None;
     for (region, answer) in join_all(asks).await {
         match answer {
-            Ok(a) if a.status == StatusCode::OK => return Ok((region, a)),
             Ok(a) if a.status == StatusCode::NOT_FOUND => {}
-            Ok(a) => down = Some(format!("region {} answered {}", region.name, a.status)),
+            Ok(a) if a.status.is_server_error() => {
+                down = Some(format!("region {} answered {}", region.name, a.status))
+            }
+            Ok(a) => return Ok((region, a)),
             Err(e) => down = Some(e.to_string()),
         }
     }
@@ -659,14 +652,7 @@ pub async fn dry_run(
     caller: TenantCaller,
     Json(body): Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    let spec: JobSpec = serde_json::from_value(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            codes::INVALID_SPEC,
-            format!("invalid job spec: {e}"),
-        )
-    })?;
-    check_spec(&spec)?;
+    let spec: JobSpec = job_spec(body)?;
     let (chosen, _) = pick_region(&state, &caller.tenant, &spec, Uuid::new_v4())?;
     let region = state
         .regions

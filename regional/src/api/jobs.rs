@@ -4,9 +4,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use gangway_shared::api::{Cursor, JobEvents, JobList, JobSpec, JobState, RegionStatus};
-use gangway_shared::client::IDEMPOTENCY_KEY_HEADER;
 use gangway_shared::error::codes;
-use gangway_shared::ids::{job_id_for_key, valid_idempotency_key};
+use gangway_shared::http::{idempotency_key, job_spec};
+use gangway_shared::ids::job_id_for_key;
 use serde::Deserialize;
 use tracing::instrument;
 use uuid::Uuid;
@@ -15,7 +15,7 @@ use super::error::ApiError;
 use super::extract::{JobId, Json, Query, Tenant};
 use super::AppState;
 use crate::store::{retry_races, ListFilter, NewJob, SubmitOutcome};
-use crate::validate::{check_fits, check_spec};
+use crate::validate::check_fits;
 
 const DEFAULT_PAGE: i64 = 50;
 const MAX_PAGE: i64 = 500;
@@ -27,27 +27,8 @@ pub async fn submit(
     headers: HeaderMap,
     Json(body): Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    let key = match headers.get(IDEMPOTENCY_KEY_HEADER) {
-        None => None,
-        Some(v) => match v.to_str() {
-            Ok(k) if valid_idempotency_key(k) => Some(k.to_string()),
-            _ => {
-                return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    codes::INVALID_IDEMPOTENCY_KEY,
-                    "Idempotency-Key must be 1–255 printable ASCII characters",
-                ))
-            }
-        },
-    };
-    let spec: JobSpec = serde_json::from_value(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            codes::INVALID_SPEC,
-            format!("invalid job spec: {e}"),
-        )
-    })?;
-    check_spec(&spec)?;
+    let key = idempotency_key(&headers)?;
+    let spec: JobSpec = job_spec(body)?;
     if let Some(pinned) = spec.region.as_deref() {
         if pinned != state.store.region() {
             return Err(ApiError::new(
@@ -231,14 +212,7 @@ pub async fn dry_run(
     Tenant(tenant): Tenant,
     Json(body): Json<serde_json::Value>,
 ) -> Result<axum::Json<gangway_shared::api::DryRun>, ApiError> {
-    let spec: JobSpec = serde_json::from_value(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            codes::INVALID_SPEC,
-            format!("invalid job spec: {e}"),
-        )
-    })?;
-    check_spec(&spec)?;
+    let spec: JobSpec = job_spec(body)?;
     let fleet = state.fleet_shape().await?;
     check_fits(
         &spec,
