@@ -616,7 +616,8 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
     let out: PathBuf = cloud.dir.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
     let mut s = spec(2, 600, &["sh", "-c", TRAINER]);
-    s.env.insert("OUT".into(), out.to_string_lossy().into_owned());
+    s.env
+        .insert("OUT".into(), out.to_string_lossy().into_owned());
     let job = cloud.client.submit(&s, None).await.unwrap();
     wait_state(&cloud.client, job.id, JobState::Running).await;
 
@@ -624,7 +625,10 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
     // preempts it.
     let http = reqwest::Client::new();
     let r = http
-        .post(format!("http://127.0.0.1:{}/v1/admin/jobs/{}/preempt", cloud.port, job.id))
+        .post(format!(
+            "http://127.0.0.1:{}/v1/admin/jobs/{}/preempt",
+            cloud.port, job.id
+        ))
         .bearer_auth(token(&cloud.key, Role::Service, None))
         .send()
         .await
@@ -641,7 +645,10 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
         assert!(std::time::Instant::now() < deadline, "never resumed: {j:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let restore = resumed.restore_from.clone().expect("a checkpoint to restore from");
+    let restore = resumed
+        .restore_from
+        .clone()
+        .expect("a checkpoint to restore from");
     assert!(restore.contains("ckpt-attempt-1"), "{restore}");
     assert!(std::path::Path::new(&restore).join("state").exists());
     // The second attempt of every rank was told where to resume.
@@ -652,10 +659,16 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if text.contains("attempt 2") {
                 assert!(text.contains("attempt 1 restore none"), "{text}");
-                assert!(text.contains(&format!("attempt 2 restore {restore}")), "{text}");
+                assert!(
+                    text.contains(&format!("attempt 2 restore {restore}")),
+                    "{text}"
+                );
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "rank {rank} not restarted: {text}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "rank {rank} not restarted: {text}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -668,13 +681,24 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
         .into_iter()
         .map(|e| e.kind)
         .collect();
-    let want = ["queued", "placed", "started", "preempted", "requeued", "placed", "started"];
+    let want = [
+        "queued",
+        "placed",
+        "started",
+        "preempted",
+        "requeued",
+        "placed",
+        "started",
+    ];
     assert_eq!(kinds, want);
     // Preempting a job that is not running is refused.
     cloud.client.cancel(job.id).await.unwrap();
     wait_state(&cloud.client, job.id, JobState::Cancelled).await;
     let r = http
-        .post(format!("http://127.0.0.1:{}/v1/admin/jobs/{}/preempt", cloud.port, job.id))
+        .post(format!(
+            "http://127.0.0.1:{}/v1/admin/jobs/{}/preempt",
+            cloud.port, job.id
+        ))
         .bearer_auth(token(&cloud.key, Role::Service, None))
         .send()
         .await
