@@ -477,3 +477,72 @@ pub async fn regions(conn: &Conn) -> anyhow::Result<u8> {
     );
     Ok(0)
 }
+
+#[derive(Args, Debug)]
+pub struct UsageArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    /// Start of the period (RFC 3339, e.g. 2026-11-01T00:00:00Z); default 7 days before --to.
+    #[arg(long)]
+    pub from: Option<chrono::DateTime<chrono::Utc>>,
+    /// End of the period, exclusive; default now.
+    #[arg(long)]
+    pub to: Option<chrono::DateTime<chrono::Utc>>,
+    /// hour, day or month.
+    #[arg(long, value_parser = ["hour", "day", "month"])]
+    pub granularity: Option<String>,
+    /// gpu_type, job or region.
+    #[arg(long, value_parser = ["gpu_type", "job", "region"])]
+    pub group_by: Option<String>,
+}
+
+/// `gangway usage`: the tenant's allocated GPU time.
+pub async fn usage(args: UsageArgs) -> anyhow::Result<u8> {
+    use gangway_shared::api::{Granularity, UsageGroup, UsageQuery};
+    let q = UsageQuery {
+        from: args.from,
+        to: args.to,
+        granularity: match args.granularity.as_deref() {
+            Some("hour") => Some(Granularity::Hour),
+            Some("month") => Some(Granularity::Month),
+            Some(_) => Some(Granularity::Day),
+            None => None,
+        },
+        group_by: match args.group_by.as_deref() {
+            Some("job") => Some(UsageGroup::Job),
+            Some("region") => Some(UsageGroup::Region),
+            Some(_) => Some(UsageGroup::GpuType),
+            None => None,
+        },
+    };
+    let u = args.conn.client()?.usage(&q).await?;
+    if args.conn.json {
+        println!("{}", serde_json::to_string_pretty(&u)?);
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = u
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.period_start.format("%Y-%m-%d %H:%M").to_string(),
+                r.key.clone(),
+                format!("{:.2}", r.gpu_seconds / 3600.0),
+            ]
+        })
+        .collect();
+    print!("{}", table(&["PERIOD", u.group_by.as_str().to_uppercase().as_str(), "GPU-HOURS"], &rows));
+    println!(
+        "total {:.2} GPU-hours from {} to {}",
+        u.total_gpu_seconds / 3600.0,
+        u.from.format("%Y-%m-%d %H:%M"),
+        u.to.format("%Y-%m-%d %H:%M")
+    );
+    if !u.unavailable_regions.is_empty() {
+        eprintln!(
+            "warning: regions not answering, their usage is missing: {}",
+            u.unavailable_regions.join(", ")
+        );
+    }
+    Ok(0)
+}

@@ -404,3 +404,48 @@ async fn a_dry_run_says_where_and_when_without_creating_anything() {
         .jobs
         .is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_merged_across_regions_and_private_to_its_tenant() {
+    let cloud = Cloud::start().await;
+    let acme = cloud.client(0, "acme");
+    let globex = cloud.client(1, "globex");
+    let mut ids = Vec::new();
+    for (i, region) in ["r1", "r2"].into_iter().enumerate() {
+        let mut s: gangway_shared::api::JobSpec = serde_json::from_value(spec(2)).unwrap();
+        s.region = Some(region.into());
+        ids.push(acme.submit(&s, Some(&format!("u-{i}"))).await.unwrap().id);
+    }
+    // Wait until both are placed (no agents here: they stay starting).
+    for id in &ids {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while acme.get(*id).await.unwrap().state == gangway_shared::api::JobState::Queued {
+            assert!(std::time::Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let q = gangway_shared::api::UsageQuery {
+        group_by: Some(gangway_shared::api::UsageGroup::Region),
+        ..Default::default()
+    };
+    let u = acme.usage(&q).await.unwrap();
+    let regions: Vec<&str> = u.rows.iter().map(|r| r.key.as_str()).collect();
+    assert!(regions.contains(&"r1") && regions.contains(&"r2"), "{u:?}");
+    // Two GPUs in each region for at least a second.
+    assert!(u.total_gpu_seconds >= 4.0, "{u:?}");
+    assert!(u.unavailable_regions.is_empty());
+    let theirs = globex.usage(&q).await.unwrap();
+    assert!(theirs.rows.is_empty());
+    assert_eq!(theirs.total_gpu_seconds, 0.0);
+    // A window backwards is refused.
+    let bad = gangway_shared::api::UsageQuery {
+        from: Some(chrono::Utc::now()),
+        to: Some(chrono::Utc::now() - chrono::Duration::hours(1)),
+        ..Default::default()
+    };
+    assert_eq!(
+        acme.usage(&bad).await.unwrap_err().code(),
+        Some("invalid_query")
+    );
+}

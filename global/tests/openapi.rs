@@ -23,6 +23,7 @@ use tower::ServiceExt;
 const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/jobs"),
     ("post", "/v1/jobs/dry-run"),
+    ("get", "/v1/usage"),
     ("post", "/v1/admin/jobs/{id}/preempt"),
     ("get", "/v1/jobs"),
     ("get", "/v1/jobs/{id}"),

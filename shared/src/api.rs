@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 /// Most GPUs one job may ask for. Larger numbers are typos, not jobs.
@@ -565,4 +565,123 @@ pub struct RegionInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RegionList {
     pub regions: Vec<RegionInfo>,
+}
+
+/// How usage is bucketed in time.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Granularity {
+    Hour,
+    #[default]
+    Day,
+    Month,
+}
+
+impl Granularity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Granularity::Hour => "hour",
+            Granularity::Day => "day",
+            Granularity::Month => "month",
+        }
+    }
+
+    /// The longest period one query may span at this granularity.
+    pub fn max_span(self) -> chrono::Duration {
+        match self {
+            Granularity::Hour => chrono::Duration::days(31),
+            Granularity::Day => chrono::Duration::days(366),
+            Granularity::Month => chrono::Duration::days(5 * 366),
+        }
+    }
+}
+
+/// What usage rows are keyed by besides their period.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageGroup {
+    Job,
+    #[default]
+    GpuType,
+    Region,
+}
+
+impl UsageGroup {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageGroup::Job => "job",
+            UsageGroup::GpuType => "gpu_type",
+            UsageGroup::Region => "region",
+        }
+    }
+}
+
+/// GPU time allocated to one tenant in one period, for one key.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UsageRow {
+    /// Start of the period (UTC, aligned to the granularity).
+    pub period_start: DateTime<Utc>,
+    /// The job id, GPU type or region name.
+    pub key: String,
+    /// GPU-seconds allocated in the period (one GPU held one second = 1).
+    pub gpu_seconds: f64,
+}
+
+/// A tenant's allocated GPU time. Metering of record (prices, credits,
+/// export) builds on the same allocation intervals (issue 8).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub granularity: Granularity,
+    pub group_by: UsageGroup,
+    pub rows: Vec<UsageRow>,
+    pub total_gpu_seconds: f64,
+    /// Regions that did not answer: their usage is missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable_regions: Vec<String>,
+}
+
+/// The query of `GET /v1/usage`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UsageQuery {
+    /// Start of the period (RFC 3339); default: 7 days before `to`.
+    pub from: Option<DateTime<Utc>>,
+    /// End of the period, exclusive (RFC 3339); default: now.
+    pub to: Option<DateTime<Utc>>,
+    /// `hour` (periods up to 31 days), `day` (default; up to 366 days) or
+    /// `month` (up to 5 years).
+    pub granularity: Option<Granularity>,
+    /// `gpu_type` (default), `job` or `region`.
+    pub group_by: Option<UsageGroup>,
+}
+
+impl UsageQuery {
+    /// The window and grouping asked for, checked; the error says what to
+    /// fix.
+    pub fn resolve(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<(DateTime<Utc>, DateTime<Utc>, Granularity, UsageGroup), String> {
+        let to = self.to.unwrap_or(now);
+        let from = self.from.unwrap_or(to - chrono::Duration::days(7));
+        let granularity = self.granularity.unwrap_or_default();
+        if from >= to {
+            return Err("`from` must be before `to`".into());
+        }
+        if to - from > granularity.max_span() {
+            return Err(format!(
+                "a {} breakdown covers at most {} days; narrow the period or use a coarser granularity",
+                granularity.as_str(),
+                granularity.max_span().num_days()
+            ));
+        }
+        Ok((from, to, granularity, self.group_by.unwrap_or_default()))
+    }
 }

@@ -191,6 +191,15 @@ impl Client {
             .await
     }
 
+    /// The tenant's allocated GPU time.
+    pub async fn usage(
+        &self,
+        query: &crate::api::UsageQuery,
+    ) -> Result<crate::api::Usage, ClientError> {
+        self.send(self.request(Method::GET, "/v1/usage").query(query))
+            .await
+    }
+
     /// Every region's health and capacity (global tier).
     pub async fn regions(&self) -> Result<RegionList, ClientError> {
         self.send(self.request(Method::GET, "/v1/regions")).await

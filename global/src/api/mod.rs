@@ -10,6 +10,7 @@
 mod admin;
 mod jobs;
 pub mod openapi;
+mod usage;
 
 use std::sync::Arc;
 
@@ -67,6 +68,7 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/explain", get(jobs::explain))
         .route("/v1/regions", get(jobs::regions))
+        .route("/v1/usage", get(usage::usage))
         .route("/v1/admin/quotas", get(admin::list_quotas))
         .route("/v1/admin/jobs/{id}/preempt", post(admin::preempt_job))
         .route(

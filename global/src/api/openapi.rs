@@ -54,6 +54,7 @@ pub const BEARER: &str = "bearer";
         jobs::events,
         jobs::explain,
         jobs::regions,
+        super::usage::usage,
         admin::list_quotas,
         admin::put_quota,
         admin::delete_quota,

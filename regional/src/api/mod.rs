@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //! - `mod.rs`: [`AppState`] and [`app`], the router with its layers.
-//! - `jobs.rs`, `agents.rs`, `admin.rs`: handlers.
+//! - `jobs.rs`, `agents.rs`, `admin.rs`, `usage.rs`: handlers.
 //! - `auth.rs`: only the global tier and this region's agents get in.
 //! - `extract.rs`: extractors whose rejections are our JSON errors.
 //! - `error.rs`: [`ApiError`], the one mapping from internal errors.
@@ -14,6 +14,7 @@ mod auth;
 pub mod error;
 mod extract;
 mod jobs;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -95,6 +96,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/jobs/{id}/explain", get(jobs::explain))
         .route("/internal/v1/claims", post(jobs::claim))
         .route("/v1/region", get(jobs::region))
+        .route("/v1/usage", get(usage::usage))
         .route("/v1/admin/quotas", get(admin::list_quotas))
         .route("/v1/admin/jobs/{id}/preempt", post(admin::preempt_job))
         .route(

@@ -22,11 +22,13 @@
 //! - `agents.rs`: agent registration and sync (reports in, assignments out).
 //! - `plans.rs`: the scheduler's snapshot and the generation-checked commit.
 //! - `rows.rs`: row → domain conversions.
+//! - `usage.rs`: a tenant's GPU-seconds per period from the allocations.
 
 mod agents;
 mod jobs;
 mod plans;
 mod rows;
+mod usage;
 
 use std::time::Duration;
 
