@@ -1,21 +1,117 @@
 //! Placement benchmarks on the example fleets (figures in docs/benchmarks.md).
 //!
-//! - `decision/<fleet>/<allocated>%/<gpus>`: one `plan` call with a single
-//!   queued gang of `gpus` GPUs (8 per worker), everything a pass does
-//!   included (index build, placement), on a fleet pre-allocated to 0, 50 or
-//!   90 % by a seeded LCG.
-//! - `pass/h100-40k/<allocated>%/5000`: one `plan` call over 5,000 queued jobs
-//!   whose sizes follow the Philly trace's shape (mostly 1 GPU, some 2–64).
+//! Every fleet is pre-allocated to 0, 50 or 90 % by a seeded LCG, and the
+//! allocated GPUs belong to running units with expected ends over the next
+//! two days, so reservations have something to be computed from.
+//!
+//! - `decision/<fleet>/<allocated>%/<gpus>`: one `plan` call under Gangway's
+//!   policy with a single queued gang of `gpus` GPUs (8 per worker),
+//!   everything a pass does included (index build, placement, and the
+//!   reservation when the gang does not fit).
+//! - `reserve/h100-40k/<allocated>%/<case>`: single gangs that cannot start,
+//!   so the decision is a reservation: `leaf-128` must fit one leaf,
+//!   `region-8192` is larger than the free GPUs.
+//! - `pass/h100-40k/<policy>/<allocated>%`: one `plan` call over 5,000 queued
+//!   jobs whose sizes follow the Philly trace's shape (mostly 1 GPU, some
+//!   2–64), under each policy kind.
 //!
 //! Run: `cargo bench -p gangway-sched --bench placement -- --warm-up-time 1 --measurement-time 3`
+//!
+//! With `GANGWAY_BENCH_CLOCK=thread-cpu` (Linux) the figures are the CPU
+//! time of the benchmark thread instead of wall time: on a shared machine
+//! other processes then only slow it through the caches, not by taking the
+//! CPU away.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::path::Path;
 
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use gangway_sched::{plan, Level, Node, Plan, Policy, Request, Snapshot};
+use gangway_sched::{plan, Level, Node, Plan, Policy, PolicyKind, Request, Running, Snapshot};
 use gangway_shared::fleet::FleetFile;
+
+/// Wall time, or the benchmark thread's CPU time when
+/// `GANGWAY_BENCH_CLOCK=thread-cpu`.
+struct Clock {
+    thread_cpu: bool,
+}
+
+impl Clock {
+    fn from_env() -> Clock {
+        Clock {
+            thread_cpu: std::env::var("GANGWAY_BENCH_CLOCK").as_deref() == Ok("thread-cpu"),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        if self.thread_cpu {
+            thread_cpu_ns()
+        } else {
+            static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+            EPOCH
+                .get_or_init(std::time::Instant::now)
+                .elapsed()
+                .as_nanos() as u64
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn thread_cpu_ns() -> u64 {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut t = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+#[cfg(not(target_os = "linux"))]
+fn thread_cpu_ns() -> u64 {
+    panic!("GANGWAY_BENCH_CLOCK=thread-cpu needs Linux")
+}
+
+impl Measurement for Clock {
+    type Intermediate = u64;
+    type Value = std::time::Duration;
+
+    fn start(&self) -> u64 {
+        self.now_ns()
+    }
+
+    fn end(&self, start: u64) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.now_ns() - start)
+    }
+
+    fn add(&self, a: &Self::Value, b: &Self::Value) -> Self::Value {
+        *a + *b
+    }
+
+    fn zero(&self) -> Self::Value {
+        std::time::Duration::ZERO
+    }
+
+    fn to_f64(&self, v: &Self::Value) -> f64 {
+        v.as_nanos() as f64
+    }
+
+    fn formatter(&self) -> &dyn ValueFormatter {
+        static WALL: WallTime = WallTime;
+        WALL.formatter()
+    }
+}
 
 /// Knuth's MMIX LCG: deterministic, no dependency.
 struct Lcg(u64);
@@ -55,11 +151,17 @@ fn fleet(name: &str) -> Vec<Node> {
         .collect()
 }
 
+/// The snapshot clock in every benchmark.
+const NOW: u64 = 1_000_000;
+
 /// Allocates `percent` % of the schedulable GPUs the way a running fleet
 /// looks: a quarter of the free GPUs sit on partly used nodes (1–7 free), the
 /// rest on whole free nodes, all other nodes full; which node is which is
-/// shuffled by a seeded LCG, so leaves and spines are mixed.
-fn allocate(nodes: &mut [Node], percent: u32, seed: u64) {
+/// shuffled by a seeded LCG, so leaves and spines are mixed. Returns the
+/// running units holding the allocated GPUs: full nodes in gangs of 1–8
+/// nodes (consecutive in the shuffled order, so scattered), partly used
+/// nodes' GPUs in units of 1, 2 or 4; each expected to end within two days.
+fn allocate(nodes: &mut [Node], percent: u32, seed: u64) -> Vec<Running> {
     let mut rng = Lcg(seed);
     let mut order: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].schedulable).collect();
     for i in (1..order.len()).rev() {
@@ -85,6 +187,48 @@ fn allocate(nodes: &mut [Node], percent: u32, seed: u64) {
         // Jobs took the lowest GPUs, as the scheduler hands them out.
         node.free.drain(..(gpus - keep) as usize);
     }
+    let mut running: Vec<Running> = Vec::new();
+    let mut gang_left = 0;
+    for &i in &order {
+        let node = &nodes[i];
+        let used = node.gpus - node.free.len() as u32;
+        if used == 0 {
+            continue;
+        }
+        let end = NOW + 60 + u64::from(rng.below(48 * 3600));
+        let unit = |gpus: Vec<u32>, n: usize| Running {
+            job: format!("run-{n:06}"),
+            tenant: format!("tenant-{}", n % 4),
+            gpu_type: node.gpu_type.clone(),
+            priority: 0,
+            gpus: vec![(node.id.clone(), gpus)],
+            expected_end: end,
+        };
+        if used == node.gpus {
+            // A whole node: the next node of the current gang, or a new gang.
+            match running.last_mut() {
+                Some(r) if gang_left > 0 => {
+                    r.gpus.push((node.id.clone(), (0..used).collect()));
+                    gang_left -= 1;
+                }
+                _ => {
+                    running.push(unit((0..used).collect(), running.len()));
+                    gang_left = rng.below(8);
+                }
+            }
+        } else {
+            gang_left = 0;
+            let mut g = 0;
+            while g < used {
+                let k = [1, 2, 4][rng.below(3) as usize].min(used - g);
+                let mut r = unit((g..g + k).collect(), running.len());
+                r.expected_end = NOW + 60 + u64::from(rng.below(48 * 3600));
+                running.push(r);
+                g += k;
+            }
+        }
+    }
+    running
 }
 
 fn gang(job: &str, gpus: u32, seq: u64) -> Request {
@@ -129,7 +273,7 @@ fn philly_queue(n: usize, seed: u64) -> Vec<Request> {
         .collect()
 }
 
-fn snapshot(nodes: Vec<Node>, queue: Vec<Request>) -> Snapshot {
+fn snapshot(nodes: Vec<Node>, running: Vec<Running>, queue: Vec<Request>) -> Snapshot {
     let mut quotas = BTreeMap::new();
     quotas.insert(("tenant-0".to_string(), "h100".to_string()), 4_000);
     quotas.insert(("tenant-1".to_string(), "h100".to_string()), 8_000);
@@ -139,7 +283,8 @@ fn snapshot(nodes: Vec<Node>, queue: Vec<Request>) -> Snapshot {
         queue,
         quotas,
         usage: BTreeMap::new(),
-        ..Default::default()
+        now: NOW,
+        running,
     }
 }
 
@@ -152,19 +297,32 @@ fn describe(name: &str, p: &Plan) {
     for w in &p.waiting {
         *waits.entry(w.reason.code()).or_default() += 1;
     }
-    eprintln!("{name}: placed {levels:?}, waiting {waits:?}");
+    let reserved: Vec<String> = p
+        .reservations
+        .iter()
+        .map(|r| format!("{} at {} +{}s", r.job, r.level, r.start - NOW))
+        .collect();
+    eprintln!("{name}: placed {levels:?}, waiting {waits:?}, reservations {reserved:?}");
 }
 
-fn decisions(c: &mut Criterion) {
+fn kind_name(kind: PolicyKind) -> &'static str {
+    match kind {
+        PolicyKind::Gangway => "gangway",
+        PolicyKind::SlurmBackfill => "slurm_backfill",
+        PolicyKind::FifoFirstFit => "fifo_first_fit",
+    }
+}
+
+fn decisions(c: &mut Criterion<Clock>) {
     let policy = Policy::default();
     for fleet_name in ["h100-10k", "h100-40k"] {
         let base = fleet(&format!("{fleet_name}.toml"));
         for percent in [0, 50, 90] {
             let mut nodes = base.clone();
-            allocate(&mut nodes, percent, 42);
+            let running = allocate(&mut nodes, percent, 42);
             let mut group = c.benchmark_group(format!("decision/{fleet_name}/{percent}%"));
             for gpus in [8, 64, 512, 2048] {
-                let snap = snapshot(nodes.clone(), vec![gang("gang", gpus, 0)]);
+                let snap = snapshot(nodes.clone(), running.clone(), vec![gang("gang", gpus, 0)]);
                 describe(
                     &format!("decision/{fleet_name}/{percent}%/{gpus}"),
                     &plan(&snap, &policy),
@@ -178,27 +336,64 @@ fn decisions(c: &mut Criterion) {
     }
 }
 
-fn full_pass(c: &mut Criterion) {
+fn reservations(c: &mut Criterion<Clock>) {
     let policy = Policy::default();
     let base = fleet("h100-40k.toml");
-    let mut group = c.benchmark_group("pass/h100-40k");
-    group.sample_size(20);
-    for percent in [0, 50, 90] {
+    for percent in [50, 90] {
         let mut nodes = base.clone();
-        allocate(&mut nodes, percent, 42);
-        let snap = snapshot(nodes, philly_queue(5_000, 7));
-        describe(
-            &format!("pass/h100-40k/{percent}%/5000"),
-            &plan(&snap, &policy),
-        );
-        group.bench_with_input(
-            BenchmarkId::new(format!("{percent}%"), 5000),
-            &snap,
-            |b, snap| b.iter(|| plan(black_box(snap), &policy)),
-        );
+        let running = allocate(&mut nodes, percent, 42);
+        let mut group = c.benchmark_group(format!("reserve/h100-40k/{percent}%"));
+        let mut leaf = gang("gang", 128, 0);
+        leaf.required = Level::Leaf;
+        let region = gang("gang", 8192, 0);
+        for (name, req) in [("leaf-128", leaf), ("region-8192", region)] {
+            let snap = snapshot(nodes.clone(), running.clone(), vec![req]);
+            describe(
+                &format!("reserve/h100-40k/{percent}%/{name}"),
+                &plan(&snap, &policy),
+            );
+            group.bench_with_input(BenchmarkId::from_parameter(name), &snap, |b, snap| {
+                b.iter(|| plan(black_box(snap), &policy))
+            });
+        }
+        group.finish();
     }
-    group.finish();
 }
 
-criterion_group!(benches, decisions, full_pass);
+fn full_pass(c: &mut Criterion<Clock>) {
+    let base = fleet("h100-40k.toml");
+    for kind in [
+        PolicyKind::Gangway,
+        PolicyKind::SlurmBackfill,
+        PolicyKind::FifoFirstFit,
+    ] {
+        let policy = Policy {
+            kind,
+            ..Default::default()
+        };
+        let mut group = c.benchmark_group(format!("pass/h100-40k/{}", kind_name(kind)));
+        group.sample_size(20);
+        for percent in [0, 50, 90] {
+            let mut nodes = base.clone();
+            let running = allocate(&mut nodes, percent, 42);
+            let snap = snapshot(nodes, running, philly_queue(5_000, 7));
+            describe(
+                &format!("pass/h100-40k/{}/{percent}%", kind_name(kind)),
+                &plan(&snap, &policy),
+            );
+            group.bench_with_input(
+                BenchmarkId::from_parameter(format!("{percent}%")),
+                &snap,
+                |b, snap| b.iter(|| plan(black_box(snap), &policy)),
+            );
+        }
+        group.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().with_measurement(Clock::from_env());
+    targets = decisions, reservations, full_pass
+}
 criterion_main!(benches);

@@ -2,11 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::types::{Placement, Plan, Request, Snapshot};
+use crate::types::{Placement, Plan, Request, Running, Snapshot};
 
 /// The snapshot after `plan` is carried out on `snapshot`: placed GPUs leave
-/// their nodes' free lists, placed units leave the queue and their tenants'
-/// usage grows.
+/// their nodes' free lists, placed units leave the queue, join `running`
+/// (expected to end at `now` + their estimate; `u64::MAX`, no known end,
+/// when the estimate is 0) and their tenants' usage grows. Reservations are
+/// not carried: the next pass recomputes them.
 ///
 /// It models the regional commit: each placement is checked against the
 /// state it meets (its unit still queued, every GPU still free on a node of
@@ -52,6 +54,24 @@ pub fn apply(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
             .entry((req.tenant.clone(), req.gpu_type.clone()))
             .or_insert(0);
         *used = used.saturating_add(u32::try_from(req.gpus()).unwrap_or(u32::MAX));
+        let mut gpus: Vec<(String, Vec<u32>)> = Vec::new();
+        for w in &placement.workers {
+            match gpus.last_mut() {
+                Some((node, list)) if *node == w.node => list.extend(&w.gpus),
+                _ => gpus.push((w.node.clone(), w.gpus.clone())),
+            }
+        }
+        next.running.push(Running {
+            job: req.job.clone(),
+            tenant: req.tenant.clone(),
+            gpu_type: req.gpu_type.clone(),
+            priority: req.priority,
+            gpus,
+            expected_end: match req.estimated_duration_s {
+                0 => u64::MAX,
+                d => snapshot.now.saturating_add(d),
+            },
+        });
     }
     let mut i = 0;
     next.queue.retain(|_| {

@@ -14,6 +14,12 @@
 //! - an entry `(free, rank, dom)` in its level's `by_free` set, so the best
 //!   fit (fewest free GPUs, then lowest id) that can hold `need` GPUs is the
 //!   first entry of `by_free.range((need, 0, 0)..)` whose capacity suffices.
+//!
+//! Placements take the lowest free GPUs of a node ([`TypeIndex::take`]);
+//! reservations and the timeline that computes them also hand arbitrary GPUs
+//! back and forth ([`TypeIndex::give`], [`TypeIndex::remove`]), which keep
+//! every count above the node exact, so one index serves the state now and
+//! the hypothetical states of later times.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -24,6 +30,8 @@ use crate::types::{Level, Node};
 /// One schedulable node of the indexed type.
 pub(crate) struct Slot<'a> {
     pub node: &'a Node,
+    /// Where the node is in the snapshot's node list.
+    pub pos: u32,
     /// Usable free GPU indices: sorted, unique, below `node.gpus`.
     pub free: Cow<'a, [u32]>,
     /// How many of `free` (from the front) this pass has handed out.
@@ -36,7 +44,26 @@ impl Slot<'_> {
     pub fn free_count(&self) -> u32 {
         self.free.len() as u32 - self.taken
     }
+
+    /// The free GPU indices, ascending.
+    pub fn free_now(&self) -> &[u32] {
+        &self.free[self.taken as usize..]
+    }
+
+    /// The free list as an owned vector with nothing taken, for edits that
+    /// are not "hand out the lowest".
+    fn owned(&mut self) -> &mut Vec<u32> {
+        let taken = self.taken as usize;
+        self.taken = 0;
+        let v = self.free.to_mut();
+        v.drain(..taken);
+        v
+    }
 }
+
+/// The most GPUs a node may count as free in the histograms; indices at or
+/// above it are never handed back (no real node has that many).
+const MAX_NODE_GPUS: u32 = 1024;
 
 /// All domains of one level.
 #[derive(Default)]
@@ -54,6 +81,8 @@ pub(crate) struct Domains<'a> {
     /// `(free, rank, dom)` of every domain; built on the first search of the
     /// level, since a pass may never search some levels.
     pub by_free: Option<BTreeSet<(u32, u32, u32)>>,
+    /// Scratch for [`TypeIndex::take`]: the level's domains it touches.
+    touched: Vec<u32>,
 }
 
 impl Domains<'_> {
@@ -127,6 +156,9 @@ impl Domains<'_> {
     }
 }
 
+/// The search sets of the four levels, while detached.
+pub(crate) type SearchSets = [Option<BTreeSet<(u32, u32, u32)>>; 4];
+
 /// The topology tree of one GPU type.
 pub(crate) struct TypeIndex<'a> {
     /// Histogram width: the largest free list + 1.
@@ -198,17 +230,18 @@ impl<'a> TypeIndex<'a> {
     /// Builds the tree from the schedulable nodes of one type (any order;
     /// ids unique). Nodes that already come in topology order, as fleet
     /// files and id-ordered queries give them, are not sorted.
-    pub fn build(mut nodes: Vec<&'a Node>) -> TypeIndex<'a> {
+    /// `nodes`: (position in the snapshot, node).
+    pub fn build(mut nodes: Vec<(u32, &'a Node)>) -> TypeIndex<'a> {
         if let Some(index) = Self::build_sorted(&nodes) {
             return index;
         }
-        nodes.sort_by(topology_order);
-        nodes.dedup_by(|a, b| a.id == b.id);
+        nodes.sort_by(|a, b| topology_order(&a.1, &b.1));
+        nodes.dedup_by(|a, b| a.1.id == b.1.id);
         Self::build_sorted(&nodes).unwrap_or_else(|| unreachable!("sorted nodes with unique ids"))
     }
 
     /// Builds the tree if `nodes` are strictly in topology order.
-    fn build_sorted(nodes: &[&'a Node]) -> Option<TypeIndex<'a>> {
+    fn build_sorted(nodes: &[(u32, &'a Node)]) -> Option<TypeIndex<'a>> {
         let mut levels: [Domains<'a>; 4] = Default::default();
         let mut slots: Vec<Slot<'a>> = Vec::with_capacity(nodes.len());
         let nv = &mut levels[Level::Nvlink.index()];
@@ -221,7 +254,7 @@ impl<'a> TypeIndex<'a> {
         levels[Level::Region.index()].ids.push("");
         levels[Level::Region.index()].push(0, 0);
         let mut prev: Option<&Node> = None;
-        for &node in nodes {
+        for &(pos, node) in nodes {
             let step = match prev {
                 None => 3,
                 Some(p) => boundary(p, node)?,
@@ -257,6 +290,7 @@ impl<'a> TypeIndex<'a> {
             }
             slots.push(Slot {
                 node,
+                pos,
                 free: clean_free(node),
                 taken: 0,
                 parent: levels[Level::Nvlink.index()].len() as u32 - 1,
@@ -275,7 +309,13 @@ impl<'a> TypeIndex<'a> {
                 d.children[i].end = d.children.get(i + 1).map_or(end as u32, |r| r.start);
             }
         }
-        let stride = slots.iter().map(|s| s.free.len()).max().unwrap_or(0) + 1;
+        // Wide enough for every count a node can reach when GPUs are handed back.
+        let stride = slots
+            .iter()
+            .map(|s| (s.free.len() as u32).max(s.node.gpus.min(MAX_NODE_GPUS)))
+            .max()
+            .unwrap_or(0) as usize
+            + 1;
         for d in &mut levels {
             d.hist = vec![0; d.len() * stride];
             d.free = vec![0; d.len()];
@@ -319,6 +359,12 @@ impl<'a> TypeIndex<'a> {
     /// GPUs: the fewest free GPUs, then the lowest id.
     pub fn best_fit(&mut self, level: Level, workers: u64, gpw: u32) -> Option<u32> {
         let need = u32::try_from(workers * u64::from(gpw)).ok()?;
+        let d = &self.levels[level.index()];
+        if d.by_free.is_none() && d.free.iter().all(|&f| f < need) {
+            // No domain has the GPUs: no need for the search set (a
+            // multi-node gang never builds the NVLink level's).
+            return None;
+        }
         self.levels[level.index()].ensure_by_free();
         let by_free = self.levels[level.index()].by_free.as_ref()?;
         by_free
@@ -382,7 +428,11 @@ impl<'a> TypeIndex<'a> {
     pub fn take(&mut self, picks: &[(u32, u64)], gpw: u32) {
         // Domains touched at each level; picks are in slot order, so each
         // level's touched domains are non-decreasing and dedupe by neighbour.
-        let mut touched: [Vec<u32>; 4] = Default::default();
+        let mut touched: [Vec<u32>; 4] = self.levels.each_mut().map(|d| {
+            let mut t = std::mem::take(&mut d.touched);
+            t.clear();
+            t
+        });
         for &(slot, _) in picks {
             let mut dom = self.slots[slot as usize].parent;
             for (l, t) in touched.iter_mut().enumerate() {
@@ -420,13 +470,179 @@ impl<'a> TypeIndex<'a> {
                 dom = if l < 2 { d.parent[dom as usize] } else { 0 };
             }
         }
-        for (l, t) in touched.iter().enumerate() {
-            let d = &mut self.levels[l];
+        for (d, t) in self.levels.iter_mut().zip(touched) {
             if let Some(set) = &mut d.by_free {
-                for &dom in t {
+                for &dom in &t {
                     set.insert((d.free[dom as usize], d.rank[dom as usize], dom));
                 }
             }
+            d.touched = t;
         }
+    }
+
+    /// The most free GPUs slot `slot` may have (see [`MAX_NODE_GPUS`]).
+    fn slot_limit(&self, slot: u32) -> u32 {
+        self.slots[slot as usize]
+            .node
+            .gpus
+            .min(self.stride as u32 - 1)
+    }
+
+    /// Hands `gpus` of slot `slot` back as free; returns the ones that were
+    /// not free already (indices out of the node's range are ignored), so
+    /// [`TypeIndex::remove`] can undo exactly this.
+    pub fn give(&mut self, slot: u32, gpus: &[u32]) -> Vec<u32> {
+        let limit = self.slot_limit(slot);
+        let s = &mut self.slots[slot as usize];
+        let old = s.free_count();
+        let now = s.free_now();
+        let mut added: Vec<u32> = gpus
+            .iter()
+            .copied()
+            .filter(|&g| g < s.node.gpus && now.binary_search(&g).is_err())
+            .collect();
+        added.sort_unstable();
+        added.dedup();
+        added.truncate((limit.saturating_sub(old)) as usize);
+        if added.is_empty() {
+            return added;
+        }
+        let v = s.owned();
+        let mut merged = Vec::with_capacity(v.len() + added.len());
+        let (mut i, mut j) = (0, 0);
+        while i < v.len() || j < added.len() {
+            if j == added.len() || (i < v.len() && v[i] < added[j]) {
+                merged.push(v[i]);
+                i += 1;
+            } else {
+                merged.push(added[j]);
+                j += 1;
+            }
+        }
+        *v = merged;
+        let new = v.len() as u32;
+        self.recount(slot, old, new);
+        added
+    }
+
+    /// Takes `gpus` of slot `slot` out of the free set (those not free are
+    /// ignored).
+    pub fn remove(&mut self, slot: u32, gpus: &[u32]) {
+        let s = &mut self.slots[slot as usize];
+        let old = s.free_count();
+        if gpus.is_empty() || old == 0 {
+            return;
+        }
+        let v = s.owned();
+        v.retain(|g| !gpus.contains(g));
+        let new = v.len() as u32;
+        self.recount(slot, old, new);
+    }
+
+    /// Moves slot `slot` from `old` to `new` free GPUs in every domain above it.
+    fn recount(&mut self, slot: u32, old: u32, new: u32) {
+        if old == new {
+            return;
+        }
+        let stride = self.stride;
+        let mut dom = self.slots[slot as usize].parent;
+        for (l, d) in self.levels.iter_mut().enumerate() {
+            let i = dom as usize;
+            if let Some(set) = &mut d.by_free {
+                set.remove(&(d.free[i], d.rank[i], dom));
+            }
+            d.hist[i * stride + old as usize] -= 1;
+            d.hist[i * stride + new as usize] += 1;
+            d.free[i] = d.free[i] - old + new;
+            if let Some(set) = &mut d.by_free {
+                set.insert((d.free[i], d.rank[i], dom));
+            }
+            dom = if l < 2 { d.parent[i] } else { 0 };
+        }
+    }
+
+    /// For each level, the most workers of `gpw` GPUs one domain could take
+    /// if every GPU of its nodes were free: no domain of a level can ever
+    /// hold more, whatever ends.
+    pub fn static_capacity(&self, gpw: u32) -> [u64; 4] {
+        let mut per: [Vec<u64>; 3] = [
+            vec![0; self.levels[0].ids.len()],
+            vec![0; self.levels[1].ids.len()],
+            vec![0; self.levels[2].ids.len()],
+        ];
+        let mut best = [0u64; 4];
+        for (i, s) in self.slots.iter().enumerate() {
+            let cap = u64::from(self.slot_limit(i as u32) / gpw);
+            let nv = s.parent as usize;
+            let leaf = self.levels[0].parent[nv] as usize;
+            let spine = self.levels[1].parent[leaf] as usize;
+            per[0][nv] += cap;
+            per[1][leaf] += cap;
+            per[2][spine] += cap;
+            best[3] += cap;
+        }
+        for (l, v) in per.iter().enumerate() {
+            best[l] = v.iter().copied().max().unwrap_or(0);
+        }
+        best
+    }
+
+    /// The lowest level one domain of which contains every slot listed
+    /// (`Nvlink` for none).
+    pub fn spanned_level(&self, slots: impl IntoIterator<Item = u32>) -> Level {
+        let mut first: Option<[u32; 3]> = None;
+        let mut same = [true; 3];
+        for slot in slots {
+            let nv = self.slots[slot as usize].parent;
+            let leaf = self.levels[0].parent[nv as usize];
+            let spine = self.levels[1].parent[leaf as usize];
+            let path = [nv, leaf, spine];
+            match first {
+                None => first = Some(path),
+                Some(f) => {
+                    for l in 0..3 {
+                        same[l] &= f[l] == path[l];
+                    }
+                }
+            }
+        }
+        match same {
+            [true, ..] => Level::Nvlink,
+            [_, true, _] => Level::Leaf,
+            [_, _, true] => Level::Spine,
+            _ => Level::Region,
+        }
+    }
+
+    /// Takes the levels' search sets out, so a burst of [`TypeIndex::give`]
+    /// and [`TypeIndex::remove`] that will be undone exactly does not
+    /// maintain them; [`TypeIndex::attach_search`] puts them back. No
+    /// [`TypeIndex::best_fit`] in between.
+    pub fn detach_search(&mut self) -> SearchSets {
+        self.levels.each_mut().map(|d| d.by_free.take())
+    }
+
+    /// Puts back what [`TypeIndex::detach_search`] took, once every count is
+    /// as it was then.
+    pub fn attach_search(&mut self, sets: SearchSets) {
+        for (d, set) in self.levels.iter_mut().zip(sets) {
+            d.by_free = set;
+        }
+    }
+
+    /// Domain `dom` of `level` above slot `slot`.
+    pub fn ancestor(&self, slot: u32, level: Level) -> u32 {
+        let nv = self.slots[slot as usize].parent;
+        match level {
+            Level::Nvlink => nv,
+            Level::Leaf => self.levels[0].parent[nv as usize],
+            Level::Spine => self.levels[1].parent[self.levels[0].parent[nv as usize] as usize],
+            Level::Region => 0,
+        }
+    }
+
+    /// The most GPUs slot `slot` may count as free.
+    pub fn limit(&self, slot: u32) -> u32 {
+        self.slot_limit(slot)
     }
 }

@@ -1,40 +1,104 @@
 //! Gangway's scheduler core: a pure function from a [`Snapshot`] of one
-//! region (nodes, free GPUs, queue, quotas, usage) to a [`Plan`] (which units
-//! start where, and why the others wait).
+//! region (nodes, free GPUs, queue, quotas, usage, running units and their
+//! expected ends) to a [`Plan`] (which units start where, which waiting
+//! units hold reservations, and why the others wait).
 //!
 //! No async, no I/O, no clock, no randomness: the same snapshot always gives
 //! the same plan, so the regional service and the trace simulator share it
-//! and a bug reproduces from a saved snapshot.
+//! and a bug reproduces from a saved snapshot. Time comes in as
+//! [`Snapshot::now`].
 //!
 //! # Layout
 //! - [`types`]: the input and output data ([`Snapshot`], [`Request`],
-//!   [`Plan`], [`Placement`], [`WaitReason`], [`Level`]).
-//! - `plan.rs`: [`plan`], one greedy pass in queue order (priority, then age):
-//!   quota check, then the lowest topology level with a domain that fits,
-//!   best fit within it.
-//! - `index.rs`: the per-pass indexes `plan` builds once: per GPU type a
-//!   spine → leaf → NVLink domain → node tree whose free counts and
-//!   free-count histograms placements update incrementally.
+//!   [`Running`], [`Policy`], [`PolicyKind`], [`Plan`], [`Placement`],
+//!   [`Reservation`], [`WaitReason`], [`Level`]).
+//! - `plan.rs`: [`plan`]: queue order, quotas, the rounds of a pass, and
+//!   FIFO's first fit.
+//! - `backfill.rs`: the per-GPU-type state of a pass and the Slurm-like and
+//!   Gangway decisions: start, reserve, or wait (held GPUs, views, holds).
+//! - `timeline.rs`: when a unit that does not fit now could start, replayed
+//!   from expected ends, and on which GPUs.
+//! - `place.rs`: where a unit goes now: best fit (lowest level, tightest
+//!   domain) and first fit in node-id order.
+//! - `index.rs`: the per-pass indexes: per GPU type a spine → leaf → NVLink
+//!   domain → node tree whose free counts and free-count histograms update
+//!   incrementally, in both directions.
 //! - `apply.rs`: [`apply`], the snapshot a plan leaves behind (simulator, tests).
 //!
 //! # Placement rules
-//! 1. Units go in queue order: priority descending, then `seq`, job id, first rank.
-//! 2. A unit is placed whole or not at all; every worker is one process on one
+//! Common to every discipline:
+//! 1. A unit is placed whole or not at all; every worker is one process on one
 //!    node with `gpus_per_worker` GPUs, the lowest free indices of that node.
-//! 3. Level: the lowest of NVLink domain, leaf, spine, region (not above
-//!    `required`) where one domain can hold every worker. Among those domains,
-//!    the best fit: fewest free GPUs of the type, then lowest id, so large
-//!    free blocks stay whole.
-//! 4. Inside the domain, recursively per child: if a child can take all the
-//!    remaining workers, the smallest such child takes them; otherwise the
-//!    largest child (lowest id on ties) is filled and the rest goes on.
-//! 5. Ranks follow topology order, so ranks on one node are contiguous.
-//! 6. A unit that does not fit waits (with a [`WaitReason`]) and the pass goes
-//!    on; reservations and backfill are not part of this version.
+//! 2. A unit that would take its tenant past its quota for the type waits
+//!    ([`WaitReason::OverQuota`]); quotas count what the pass has started,
+//!    and (Slurm-like, Gangway) what it has reserved.
+//! 3. Units that cannot start wait with a [`WaitReason`]; the pass goes on.
+//!    A placement's `level` is the lowest level one domain of which holds
+//!    every worker.
+//!
+//! **Best fit** (Slurm-like and Gangway starts, and where a reservation sits):
+//! the lowest of NVLink domain, leaf, spine, region (not above `required`)
+//! where one domain can hold every worker; among those domains the fewest
+//! free GPUs of the type, then the lowest id, so large free blocks stay
+//! whole. Inside the domain, recursively per child: if a child can take all
+//! the remaining workers, the smallest such child takes them; otherwise the
+//! largest child (lowest id on ties) is filled and the rest goes on. Ranks
+//! follow topology order.
+//!
+//! [`PolicyKind::FifoFirstFit`] (a plain Kubernetes setup):
+//! - Queue order: `seq` (arrival), then job id and ranks; priority ignored.
+//! - First fit, blind to topology: walk the schedulable nodes of the type in
+//!   node-id order, taking as many workers from each as fit, until the unit
+//!   is complete; ranks follow that order. `required` is ignored (waits say
+//!   `required: region`). No reservations: what does not fit is skipped.
+//!
+//! [`PolicyKind::SlurmBackfill`] (Slurm-like, EASY backfill, each GPU type
+//! its own partition):
+//! - Queue order: priority descending, then `seq`, job id, first rank.
+//! - A unit that fits now starts (best fit). The first unit of its type that
+//!   does not gets a reservation ([`Plan::reservations`],
+//!   [`WaitReason::Reserved`]): the earliest time it fits, replaying the
+//!   future (running units free their GPUs at `max(expected_end, now)`;
+//!   units this pass starts at now + estimate; an estimate of 0 or an
+//!   `expected_end` of `u64::MAX` never frees), and the best-fit GPUs at
+//!   that time. A unit whose start no known end allows gets none and does
+//!   not use up the type's reservation.
+//! - The reservation's GPUs that are free now are held back. A later unit
+//!   may use them only if it is expected to end by the reservation's start
+//!   (now + estimate ≤ start; estimate 0 = unknown = never); otherwise it
+//!   starts only where it uses none of them. A unit that would fit but for
+//!   them waits as [`WaitReason::BlockedByReservation`]; otherwise
+//!   [`WaitReason::NoCapacity`]. So a reservation is never delayed by
+//!   backfill.
+//!
+//! [`PolicyKind::Gangway`] (the default): as Slurm-like, and
+//! - reservations for the first four units of each type that cannot start
+//!   (conservative backfill for the head of the queue), each computed on
+//!   what the earlier ones leave: their GPUs count as busy until they are
+//!   expected to end (start + estimate);
+//! - a reservation waits for the level the unit prefers: the earliest time
+//!   one domain of `min(preferred, required)` holds it, or of the lowest
+//!   level one domain of which could ever hold it if that is higher (so a
+//!   gang that prefers a leaf waits for a leaf rather than reserving a
+//!   scattered set that frees sooner); Slurm-like reserves at the earliest
+//!   time at any level up to `required`.
+//!
+//! **Rounds.** Backfill can change where (never when) a reservation would be
+//! computed: a long unit started beside it can make another domain the
+//! tightest at its start. So after a round in which some unit started
+//! around a reservation, the pass forgets its reservations and runs again on
+//! the units still waiting, with what it started counted as running; it
+//! stops after a round that starts nothing around a reservation. Its
+//! reservations and waits are then those of a pass over the resulting
+//! state, and that pass starts nothing. Usually the second round is the last.
+//! [`Plan::placements`] lists the units in the order they were decided.
 
 mod apply;
+mod backfill;
 mod index;
+mod place;
 mod plan;
+mod timeline;
 pub mod types;
 
 pub use apply::apply;

@@ -1,11 +1,14 @@
-//! One greedy planning pass: [`plan`].
+//! One planning pass: [`plan`], in queue order under the policy's discipline.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::backfill::{Outcome, TypeState};
 use crate::index::{first_of_each_id, TypeIndex};
+use crate::place::{self, FirstFit};
+use crate::timeline::Known;
 use crate::types::{
-    Level, Placement, Plan, Policy, Request, Snapshot, WaitReason, Waiting, WorkerPlacement,
+    Level, Plan, Policy, PolicyKind, Request, Reservation, Snapshot, WaitReason, Waiting,
 };
 
 /// The order units are considered in: priority (high first), then seq (old
@@ -44,6 +47,14 @@ fn queue_order(a: &Request, b: &Request) -> Ordering {
         })
 }
 
+/// FIFO's order: arrival (`seq`) only, then job id and ranks so the order
+/// is total.
+fn fifo_order(a: &Request, b: &Request) -> Ordering {
+    (a.seq, &a.job, a.ranks.first(), &a.ranks)
+        .cmp(&(b.seq, &b.job, b.ranks.first(), &b.ranks))
+        .then_with(|| queue_order(a, b))
+}
+
 /// Why a request can never be placed, if it cannot.
 fn invalid(req: &Request) -> Option<String> {
     if req.ranks.is_empty() {
@@ -62,18 +73,17 @@ fn invalid(req: &Request) -> Option<String> {
     None
 }
 
-/// Within one pass capacity only shrinks, so once `W` workers of a shape
-/// found no domain at a level, `W` or more never will in this pass.
-/// Key: (gpu type, gpus per worker); value: smallest failed W per level.
-type FailMemo<'a> = BTreeMap<(&'a str, u32), [u64; 4]>;
-
-/// Computes which queued units to start now and why the others wait.
+/// Computes which queued units to start now, which to reserve GPUs for, and
+/// why the others wait, under `policy.kind` (see the crate's placement rules).
 ///
-/// Greedy in queue order; a unit that does not fit now waits and the pass
-/// goes on. Pure and deterministic: the same snapshot gives the same plan.
+/// Pure and deterministic: the same snapshot gives the same plan.
 pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
+    let kind = policy.kind;
     let mut order: Vec<&Request> = snapshot.queue.iter().collect();
-    order.sort_by(|a, b| queue_order(a, b));
+    match kind {
+        PolicyKind::FifoFirstFit => order.sort_by(|a, b| fifo_order(a, b)),
+        _ => order.sort_by(|a, b| queue_order(a, b)),
+    }
 
     // Index only the GPU types somebody asks for.
     let wanted: BTreeSet<&str> = order.iter().map(|r| r.gpu_type.as_str()).collect();
@@ -93,15 +103,17 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
             Some(t) if t != ty => {}
             _ => {
                 if let Some(v) = by_type.get_mut(ty) {
-                    v.push(node);
+                    v.push((i as u32, node));
                 }
             }
         }
     }
-    let mut indexes: BTreeMap<&str, TypeIndex> = by_type
+    let mut types: BTreeMap<&str, TypeState> = by_type
         .into_iter()
-        .map(|(t, nodes)| (t, TypeIndex::build(nodes)))
+        .map(|(t, nodes)| (t, TypeState::new(t, TypeIndex::build(nodes))))
         .collect();
+    let id_sorted = keep.is_none();
+    let known = Known::new(snapshot.now, &snapshot.nodes, &snapshot.running);
 
     let quotas: BTreeMap<(&str, &str), u32> = snapshot
         .quotas
@@ -113,132 +125,135 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
         .iter()
         .map(|((t, g), &u)| ((t.as_str(), g.as_str()), u64::from(u)))
         .collect();
-    let mut memo: FailMemo = BTreeMap::new();
 
     let mut out = Plan {
-        reservations: Vec::new(),
         generation: snapshot.generation,
-        placements: Vec::new(),
-        waiting: Vec::new(),
+        ..Plan::default()
     };
     let max = policy.max_placements.unwrap_or(usize::MAX);
-    for req in order {
-        if out.placements.len() >= max {
-            break;
-        }
-        let wait = |reason| Waiting {
-            job: req.job.clone(),
-            ranks: req.ranks.clone(),
-            reason,
-        };
-        if let Some(detail) = invalid(req) {
-            out.waiting.push(wait(WaitReason::Invalid { detail }));
-            continue;
-        }
-        let need = req.gpus();
-        let key = (req.tenant.as_str(), req.gpu_type.as_str());
-        let in_use = usage.get(&key).copied().unwrap_or(0);
-        if let Some(&quota) = quotas.get(&key) {
-            if in_use + need > u64::from(quota) {
-                out.waiting.push(wait(WaitReason::OverQuota {
-                    gpu_type: req.gpu_type.clone(),
-                    quota,
-                    in_use: sat(in_use),
-                    requested: sat(need),
-                }));
+    let mut queue = order;
+    // Rounds: a unit started around a reservation can change where the
+    // reservation would be computed (not when), so the pass runs again on
+    // what is left with every reservation recomputed, until a round starts
+    // nothing after a reservation. The last round's reservations and waits
+    // are then exactly what a pass on the resulting state computes, and that
+    // pass starts nothing (usually the second round is the last).
+    loop {
+        out.waiting.clear();
+        out.reservations.clear();
+        // Reserved GPUs count against the tenant's quota for the rest of the
+        // round, so the tenant's own backfill cannot push the reserved unit
+        // over its quota by the time it starts.
+        let mut charged: Vec<((&str, &str), u64)> = Vec::new();
+        let mut left: Vec<&Request> = Vec::new();
+        let mut cut = false;
+        for &req in &queue {
+            if out.placements.len() >= max {
+                cut = true;
+                break;
+            }
+            let wait = |reason| Waiting {
+                job: req.job.clone(),
+                ranks: req.ranks.clone(),
+                reason,
+            };
+            if let Some(detail) = invalid(req) {
+                out.waiting.push(wait(WaitReason::Invalid { detail }));
+                left.push(req);
                 continue;
             }
-        }
-        // Every queued type is indexed; a type no node has gets an empty tree.
-        let placed = match indexes.get_mut(req.gpu_type.as_str()) {
-            Some(index) => place(index, &mut memo, req).ok_or(index.region_free()),
-            None => Err(0),
-        };
-        match placed {
-            Ok(placement) => {
-                *usage.entry(key).or_insert(0) += need;
-                out.placements.push(placement);
+            let need = req.gpus();
+            let key = (req.tenant.as_str(), req.gpu_type.as_str());
+            let in_use = usage.get(&key).copied().unwrap_or(0);
+            if let Some(&quota) = quotas.get(&key) {
+                if in_use + need > u64::from(quota) {
+                    out.waiting.push(wait(WaitReason::OverQuota {
+                        gpu_type: req.gpu_type.clone(),
+                        quota,
+                        in_use: sat(in_use),
+                        requested: sat(need),
+                    }));
+                    left.push(req);
+                    continue;
+                }
             }
-            Err(free_gpus) => out.waiting.push(wait(WaitReason::NoCapacity {
-                required: req.required,
-                free_gpus,
-            })),
+            // Every queued type is indexed; a type no node has gets an empty tree.
+            let Some(ts) = types.get_mut(req.gpu_type.as_str()) else {
+                unreachable!("every queued type has a state")
+            };
+            let outcome = match kind {
+                PolicyKind::FifoFirstFit => first_fit(ts, req, id_sorted),
+                _ => ts.decide(&known, req, kind),
+            };
+            match outcome {
+                Outcome::Start(placement) => {
+                    *usage.entry(key).or_insert(0) += need;
+                    out.placements.push(placement);
+                }
+                Outcome::Reserve(found) => {
+                    *usage.entry(key).or_insert(0) += need;
+                    charged.push((key, need));
+                    out.waiting.push(wait(WaitReason::Reserved {
+                        start: found.start,
+                        level: found.level,
+                    }));
+                    out.reservations.push(Reservation {
+                        job: req.job.clone(),
+                        ranks: req.ranks.clone(),
+                        start: found.start,
+                        level: found.level,
+                        gpus: found
+                            .gpus
+                            .iter()
+                            .map(|(slot, gpus)| {
+                                (ts.index.slots[*slot as usize].node.id.clone(), gpus.clone())
+                            })
+                            .collect(),
+                    });
+                    left.push(req);
+                }
+                Outcome::Wait(reason) => {
+                    out.waiting.push(wait(reason));
+                    left.push(req);
+                }
+            }
         }
+        if cut || !types.values().any(|t| t.backfilled) {
+            break;
+        }
+        for (key, need) in charged {
+            *usage.get_mut(&key).expect("charged") -= need;
+        }
+        for ts in types.values_mut() {
+            ts.reset_round();
+        }
+        queue = left;
     }
     out
 }
 
-fn sat(v: u64) -> u32 {
-    u32::try_from(v).unwrap_or(u32::MAX)
-}
-
-/// Places one valid request whole, or returns `None` and leaves the index as it was.
-fn place<'a>(
-    index: &mut TypeIndex,
-    memo: &mut FailMemo<'a>,
-    req: &'a Request,
-) -> Option<Placement> {
+/// FIFO: first fit in node-id order, blind to topology and to `required`.
+/// `id_sorted`: snapshot positions follow node ids.
+fn first_fit(ts: &mut TypeState, req: &Request, id_sorted: bool) -> Outcome {
     let workers = req.ranks.len() as u64;
     let gpw = req.gpus_per_worker;
-    let failed = memo
-        .entry((req.gpu_type.as_str(), gpw))
-        .or_insert([u64::MAX; 4]);
-    // The whole region is the widest domain: if it cannot, nothing can.
-    if index.capacity(Level::Region, 0, gpw) < workers {
-        for f in failed.iter_mut() {
-            *f = (*f).min(workers);
-        }
-        return None;
-    }
-    let mut chosen = None;
-    for level in Level::ALL.into_iter().filter(|&l| l <= req.required) {
-        if workers >= failed[level.index()] {
-            continue;
-        }
-        match index.best_fit(level, workers, gpw) {
-            Some(dom) => {
-                chosen = Some((level, dom));
-                break;
-            }
-            None => failed[level.index()] = workers,
-        }
-    }
-    let (level, dom) = chosen?;
-    let mut picks = Vec::new();
-    index.distribute(level, dom, workers, gpw, &mut picks);
-    let placed: u64 = picks.iter().map(|&(_, w)| w).sum();
-    if placed != workers {
-        debug_assert!(
-            false,
-            "domain capacity promised {workers} workers, found {placed}"
-        );
-        return None;
-    }
-    // Topology order, so ranks on one node (and one leaf, one spine) are contiguous.
-    picks.sort_unstable();
-    let slots = picks.iter().flat_map(|&(slot, n)| {
-        let s = &index.slots[slot as usize];
-        let start = s.taken as usize;
-        let gpus = &s.free[start..start + (n * u64::from(gpw)) as usize];
-        gpus.chunks(gpw as usize).map(move |chunk| (s, chunk))
-    });
-    let workers_out: Vec<WorkerPlacement> = req
-        .ranks
-        .iter()
-        .zip(slots)
-        .map(|(&rank, (s, chunk))| WorkerPlacement {
-            rank,
-            node: s.node.id.clone(),
-            gpus: chunk.to_vec(),
-        })
-        .collect();
-    index.take(&picks, gpw);
-    Some(Placement {
-        job: req.job.clone(),
-        ranks: req.ranks.clone(),
-        level,
-        workers: workers_out,
-    })
+    let ff = ts
+        .first_fit
+        .get_or_insert_with(|| FirstFit::new(&ts.index, id_sorted));
+    let Some(picks) = ff.find(&ts.index, workers, gpw) else {
+        return Outcome::Wait(WaitReason::NoCapacity {
+            required: Level::Region,
+            free_gpus: ts.index.region_free(),
+        });
+    };
+    let level = ts.index.spanned_level(picks.iter().map(|&(s, _)| s));
+    let placement = place::commit(&mut ts.index, req, level, &picks);
+    ff.update(&ts.index, picks.iter().map(|&(s, _)| s));
+    Outcome::Start(placement)
+}
+
+fn sat(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

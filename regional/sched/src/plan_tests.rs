@@ -464,3 +464,445 @@ fn domains_are_told_apart_by_their_whole_path() {
     let p = plan(&s, &Policy::default());
     assert_eq!(p.waiting[0].reason.code(), "no_capacity");
 }
+
+// ---------------------------------------------------------------------------
+// Reservations and backfill.
+
+fn policy(kind: PolicyKind) -> Policy {
+    Policy {
+        kind,
+        ..Default::default()
+    }
+}
+
+/// A unit holding `gpus` of `node` until `expected_end`.
+fn running(job: &str, node: &str, gpus: Vec<u32>, expected_end: u64) -> Running {
+    Running {
+        job: job.into(),
+        tenant: "other".into(),
+        gpu_type: "h100".into(),
+        priority: 0,
+        gpus: vec![(node.into(), gpus)],
+        expected_end,
+    }
+}
+
+/// Makes the listed nodes busy: each held whole (or the given GPUs) by one
+/// running unit with the given expected end.
+fn busy(s: &mut Snapshot, units: &[(&str, &[u32], u64)]) {
+    for (i, &(node, gpus, end)) in units.iter().enumerate() {
+        let n = s.nodes.iter_mut().find(|n| n.id == node).unwrap();
+        n.free.retain(|g| !gpus.contains(g));
+        s.running
+            .push(running(&format!("run{i}"), node, gpus.to_vec(), end));
+    }
+}
+
+fn with(job: &str, workers: u32, gpw: u32, required: Level, seq: u64, est: u64) -> Request {
+    Request {
+        seq,
+        estimated_duration_s: est,
+        ..req(job, workers, gpw, required)
+    }
+}
+
+fn reason_of<'p>(p: &'p Plan, job: &str) -> &'p WaitReason {
+    &p.waiting.iter().find(|w| w.job == job).unwrap().reason
+}
+
+fn placed_on(p: &Plan, job: &str) -> Vec<(String, Vec<u32>)> {
+    p.placements
+        .iter()
+        .find(|pl| pl.job == job)
+        .unwrap()
+        .workers
+        .iter()
+        .map(|w| (w.node.clone(), w.gpus.clone()))
+        .collect()
+}
+
+const ALL8: &[u32] = &[0, 1, 2, 3, 4, 5, 6, 7];
+
+/// One leaf of five 8-GPU nodes at t=0: n00 busy until 100, n01 until 200,
+/// half of n02 until 5,000, n03 and n04 free. The head needs four whole
+/// nodes: at t=100 there are three, at t=200 four (n00, n01, n03, n04).
+fn easy_example() -> Snapshot {
+    let mut head = with("head", 4, 8, Level::Region, 0, 1_000);
+    head.priority = 1;
+    let mut s = snap(
+        fleet("h100", 1, 1, 5, 8, false),
+        vec![
+            head,
+            with("long", 1, 8, Level::Region, 1, 1_000),
+            with("short", 1, 8, Level::Region, 2, 150),
+            with("small-long", 1, 4, Level::Region, 3, 1_000),
+        ],
+    );
+    busy(
+        &mut s,
+        &[
+            ("h100-s0-l0-n00", ALL8, 100),
+            ("h100-s0-l0-n01", ALL8, 200),
+            ("h100-s0-l0-n02", &[0, 1, 2, 3], 5_000),
+        ],
+    );
+    s
+}
+
+#[test]
+fn easy_backfill_reserves_for_the_head_and_backfills_around_it() {
+    let s = easy_example();
+    let p = plan(&s, &policy(PolicyKind::SlurmBackfill));
+    let head = Reservation {
+        job: "head".into(),
+        ranks: vec![0, 1, 2, 3],
+        start: 200,
+        level: Level::Leaf,
+        gpus: [
+            "h100-s0-l0-n00",
+            "h100-s0-l0-n01",
+            "h100-s0-l0-n03",
+            "h100-s0-l0-n04",
+        ]
+        .iter()
+        .map(|n| (n.to_string(), ALL8.to_vec()))
+        .collect(),
+    };
+    assert_eq!(p.reservations, vec![head.clone()]);
+    assert_eq!(
+        *reason_of(&p, "head"),
+        WaitReason::Reserved {
+            start: 200,
+            level: Level::Leaf
+        }
+    );
+    // Would fit on n04, which the head needs at t=200, and runs past it.
+    assert_eq!(
+        *reason_of(&p, "long"),
+        WaitReason::BlockedByReservation {
+            job: "head".into(),
+            start: 200
+        }
+    );
+    assert_eq!(reason_of(&p, "long").code(), "reserved_for_other");
+    // Ends at t=150, before the head starts: it may use n03 meanwhile.
+    assert_eq!(
+        placed_on(&p, "short"),
+        vec![("h100-s0-l0-n03".to_string(), ALL8.to_vec())]
+    );
+    // Long, but on GPUs the head does not need.
+    assert_eq!(
+        placed_on(&p, "small-long"),
+        vec![("h100-s0-l0-n02".to_string(), vec![4, 5, 6, 7])]
+    );
+
+    // Gangway decides the same, except that the long job gets a reservation
+    // of its own (its second of four): n00 once the head is expected to end.
+    let g = plan(&s, &policy(PolicyKind::Gangway));
+    assert_eq!(g.placements, p.placements);
+    assert_eq!(g.reservations[0], head);
+    assert_eq!(
+        *reason_of(&g, "long"),
+        WaitReason::Reserved {
+            start: 1_200,
+            level: Level::Nvlink
+        }
+    );
+
+    // FIFO has no reservations: the long job takes n03 and the head waits on.
+    let p = plan(&s, &policy(PolicyKind::FifoFirstFit));
+    assert!(p.reservations.is_empty());
+    assert_eq!(
+        placed_on(&p, "long"),
+        vec![("h100-s0-l0-n03".to_string(), ALL8.to_vec())]
+    );
+    assert_eq!(reason_of(&p, "head").code(), "no_capacity");
+}
+
+#[test]
+fn an_unknown_estimate_never_backfills_into_reserved_gpus() {
+    let mut s = easy_example();
+    s.queue[2].estimated_duration_s = 0; // "short" no longer says how long
+    let p = plan(&s, &policy(PolicyKind::SlurmBackfill));
+    assert_eq!(reason_of(&p, "short").code(), "reserved_for_other");
+}
+
+#[test]
+fn a_reservation_starts_now_when_running_units_overran() {
+    let mut s = easy_example();
+    s.now = 300; // n00 and n01 were expected to end at 100 and 200
+    for r in &mut s.queue {
+        r.estimated_duration_s += 300;
+    }
+    let p = plan(&s, &policy(PolicyKind::Gangway));
+    assert_eq!(p.reservations[0].start, 300);
+    assert_eq!(
+        *reason_of(&p, "head"),
+        WaitReason::Reserved {
+            start: 300,
+            level: Level::Leaf
+        }
+    );
+}
+
+#[test]
+fn no_reservation_when_no_known_end_frees_enough() {
+    let mut s = easy_example();
+    for r in &mut s.running {
+        r.expected_end = u64::MAX; // no known end
+    }
+    let p = plan(&s, &policy(PolicyKind::Gangway));
+    assert!(p.reservations.is_empty());
+    assert_eq!(reason_of(&p, "head").code(), "no_capacity");
+    // Nothing reserved, so the long and short jobs start on n03 and n04.
+    assert_eq!(placed_on(&p, "long")[0].0, "h100-s0-l0-n03");
+    assert_eq!(placed_on(&p, "short")[0].0, "h100-s0-l0-n04");
+}
+
+#[test]
+fn fifo_first_fit_spreads_a_gang_that_best_fit_keeps_in_one_leaf() {
+    // Leaf 0: n00 with 4 free GPUs, n01 free; leaf 1: two free nodes.
+    let mut nodes = fleet("h100", 1, 2, 2, 8, false);
+    nodes[0].free = vec![4, 5, 6, 7];
+    let s = snap(nodes, vec![req("gang", 2, 8, Level::Leaf)]);
+    let p = plan(&s, &policy(PolicyKind::FifoFirstFit));
+    let pl = &p.placements[0];
+    // First fit in node-id order, `required = leaf` unknown to it.
+    assert_eq!(nodes_of(pl), vec!["h100-s0-l0-n01", "h100-s0-l1-n00"]);
+    assert_eq!(pl.level, Level::Spine);
+    for kind in [PolicyKind::Gangway, PolicyKind::SlurmBackfill] {
+        let pl = &plan(&s, &policy(kind)).placements[0];
+        assert_eq!(nodes_of(pl), vec!["h100-s0-l1-n00", "h100-s0-l1-n01"]);
+        assert_eq!(pl.level, Level::Leaf);
+    }
+}
+
+#[test]
+fn fifo_goes_by_arrival_and_ignores_priority() {
+    let nodes = fleet("h100", 1, 1, 1, 8, false);
+    let first = with("first", 1, 8, Level::Region, 1, 0);
+    let mut urgent = with("urgent", 1, 8, Level::Region, 2, 0);
+    urgent.priority = 9;
+    let s = snap(nodes, vec![urgent, first]);
+    let p = plan(&s, &policy(PolicyKind::FifoFirstFit));
+    assert_eq!(p.placements[0].job, "first");
+    assert_eq!(
+        *reason_of(&p, "urgent"),
+        WaitReason::NoCapacity {
+            required: Level::Region,
+            free_gpus: 0
+        }
+    );
+    assert_eq!(
+        plan(&s, &policy(PolicyKind::SlurmBackfill)).placements[0].job,
+        "urgent"
+    );
+}
+
+/// Two leaves of two nodes, one free node in leaf 1 now. l0-n00 frees at
+/// t=10, l1-n00 at t=20, l0-n01 at t=30. A 16-GPU gang fits across the
+/// leaves at t=10 but inside one leaf (leaf 1) only at t=20.
+fn two_leaves_freeing() -> Snapshot {
+    let mut s = snap(fleet("h100", 1, 2, 2, 8, false), vec![]);
+    busy(
+        &mut s,
+        &[
+            ("h100-s0-l0-n00", ALL8, 10),
+            ("h100-s0-l1-n00", ALL8, 20),
+            ("h100-s0-l0-n01", ALL8, 30),
+        ],
+    );
+    s
+}
+
+fn reserved_nodes(p: &Plan) -> Vec<&str> {
+    p.reservations[0]
+        .gpus
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect()
+}
+
+#[test]
+fn gangway_reserves_within_one_leaf_for_a_leaf_required_gang() {
+    let mut s = two_leaves_freeing();
+    s.queue = vec![with("gang", 2, 8, Level::Leaf, 0, 100)];
+    let p = plan(&s, &policy(PolicyKind::Gangway));
+    assert_eq!(p.reservations[0].start, 20);
+    assert_eq!(p.reservations[0].level, Level::Leaf);
+    assert_eq!(reserved_nodes(&p), vec!["h100-s0-l1-n00", "h100-s0-l1-n01"]);
+}
+
+#[test]
+fn gangway_waits_for_the_preferred_leaf_where_slurm_reserves_a_scattered_set() {
+    let mut s = two_leaves_freeing();
+    let mut gang = with("gang", 2, 8, Level::Region, 0, 100);
+    gang.preferred = Level::Leaf;
+    s.queue = vec![gang];
+    let slurm = plan(&s, &policy(PolicyKind::SlurmBackfill));
+    assert_eq!(slurm.reservations[0].start, 10);
+    assert_eq!(slurm.reservations[0].level, Level::Spine);
+    assert_eq!(
+        reserved_nodes(&slurm),
+        vec!["h100-s0-l0-n00", "h100-s0-l1-n01"]
+    );
+    let gangway = plan(&s, &policy(PolicyKind::Gangway));
+    assert_eq!(gangway.reservations[0].start, 20);
+    assert_eq!(gangway.reservations[0].level, Level::Leaf);
+    assert_eq!(
+        reserved_nodes(&gangway),
+        vec!["h100-s0-l1-n00", "h100-s0-l1-n01"]
+    );
+}
+
+#[test]
+fn gangway_reserves_for_several_gangs_where_easy_reserves_for_one() {
+    // Leaf 0 frees whole at t=10; leaf 1 has one free node now and frees the
+    // other at t=20. Gang 1 gets leaf 0; gang 2 needs leaf 1 at t=20.
+    let mut s = snap(fleet("h100", 1, 2, 2, 8, false), vec![]);
+    busy(
+        &mut s,
+        &[
+            ("h100-s0-l0-n00", ALL8, 10),
+            ("h100-s0-l0-n01", ALL8, 10),
+            ("h100-s0-l1-n01", ALL8, 20),
+        ],
+    );
+    let mut g1 = with("gang1", 2, 8, Level::Leaf, 0, 100);
+    g1.priority = 2;
+    let mut g2 = with("gang2", 2, 8, Level::Leaf, 1, 100);
+    g2.priority = 1;
+    s.queue = vec![g1, g2, with("long", 1, 8, Level::Region, 2, 1_000)];
+
+    let easy = plan(&s, &policy(PolicyKind::SlurmBackfill));
+    assert_eq!(easy.reservations.len(), 1);
+    assert_eq!(reason_of(&easy, "gang2").code(), "no_capacity");
+    // The long job takes the free node gang 2 needs, delaying it to t=1,000.
+    assert_eq!(placed_on(&easy, "long")[0].0, "h100-s0-l1-n00");
+
+    // Gangway holds leaf 1 for gang 2 too. The long job may not take b0 and
+    // gets the third reservation: l0-n00 once gang 1 is expected to end.
+    let gangway = plan(&s, &policy(PolicyKind::Gangway));
+    let starts: Vec<(&str, u64)> = gangway
+        .reservations
+        .iter()
+        .map(|r| (r.job.as_str(), r.start))
+        .collect();
+    assert_eq!(starts, vec![("gang1", 10), ("gang2", 20), ("long", 110)]);
+    assert!(gangway.placements.is_empty());
+    assert_eq!(
+        gangway.reservations[1].gpus,
+        vec![
+            ("h100-s0-l1-n00".to_string(), ALL8.to_vec()),
+            ("h100-s0-l1-n01".to_string(), ALL8.to_vec())
+        ]
+    );
+}
+
+#[test]
+fn a_long_unit_is_blocked_by_the_reservation_that_holds_what_it_needs() {
+    // As above with a fifth, earlier gang that takes Gangway's spare
+    // reservations: the long job then waits, naming gang 2.
+    let mut s = snap(fleet("h100", 1, 2, 2, 8, false), vec![]);
+    busy(
+        &mut s,
+        &[
+            ("h100-s0-l0-n00", ALL8, 10),
+            ("h100-s0-l0-n01", ALL8, 10),
+            ("h100-s0-l1-n01", ALL8, 20),
+        ],
+    );
+    let mut queue = Vec::new();
+    for (i, job) in ["gang1", "gang2", "gang3", "gang4"].into_iter().enumerate() {
+        let mut g = with(job, 2, 8, Level::Leaf, i as u64, 100);
+        g.priority = 1;
+        queue.push(g);
+    }
+    queue.push(with("long", 1, 8, Level::Region, 9, 1_000));
+    s.queue = queue;
+    let p = plan(&s, &policy(PolicyKind::Gangway));
+    assert_eq!(p.reservations.len(), GANGWAY_MAX);
+    assert_eq!(
+        *reason_of(&p, "long"),
+        WaitReason::BlockedByReservation {
+            job: "gang2".into(),
+            start: 20
+        }
+    );
+}
+
+const GANGWAY_MAX: usize = 4;
+
+#[test]
+fn reserved_gpus_count_against_the_tenant_quota() {
+    let mut s = easy_example();
+    s.quotas.insert(("acme".into(), "h100".into()), 36);
+    let p = plan(&s, &policy(PolicyKind::Gangway));
+    // The head's 32 reserved GPUs leave 4 of acme's 36: the 4-GPU job
+    // starts, and an 8-GPU job would push the head over quota when it
+    // starts. (The figure counts what the pass started too.)
+    assert_eq!(placed_on(&p, "small-long")[0].0, "h100-s0-l0-n02");
+    assert_eq!(
+        *reason_of(&p, "short"),
+        WaitReason::OverQuota {
+            gpu_type: "h100".into(),
+            quota: 36,
+            in_use: 36,
+            requested: 8
+        }
+    );
+}
+
+#[test]
+fn backfill_that_moves_a_reservation_is_planned_again() {
+    // Leaf 0: a0 free, a1 busy until t=10, a2 half busy for good. Leaf 1:
+    // b0 free, b1 and b2 busy until t=10. At t=10 leaf 0 has 20 free GPUs,
+    // leaf 1 24, so the gang's best fit is leaf 0 (a0, a1). The long job
+    // then starts on b0, which leaves leaf 1 with only 16 GPUs at t=10: the
+    // best fit at t=10 is now leaf 1, and a0 is no longer needed. The pass
+    // recomputes its reservations after backfill, so it starts the second
+    // long job on a0 itself rather than leaving that to the next pass.
+    let mut s = snap(fleet("h100", 1, 2, 3, 8, false), vec![]);
+    busy(
+        &mut s,
+        &[
+            ("h100-s0-l0-n01", ALL8, 10),
+            ("h100-s0-l0-n02", &[0, 1, 2, 3], u64::MAX),
+            ("h100-s0-l1-n01", ALL8, 10),
+            ("h100-s0-l1-n02", ALL8, 10),
+        ],
+    );
+    let mut gang = with("gang", 2, 8, Level::Leaf, 0, 100);
+    gang.priority = 1;
+    s.queue = vec![
+        gang,
+        with("long1", 1, 8, Level::Region, 1, 1_000),
+        with("long2", 1, 8, Level::Region, 2, 1_000),
+    ];
+    for kind in [PolicyKind::SlurmBackfill, PolicyKind::Gangway] {
+        let p = plan(&s, &policy(kind));
+        assert_eq!(placed_on(&p, "long1")[0].0, "h100-s0-l1-n00");
+        assert_eq!(placed_on(&p, "long2")[0].0, "h100-s0-l0-n00");
+        assert_eq!(p.reservations[0].start, 10);
+        assert_eq!(reserved_nodes(&p), vec!["h100-s0-l1-n01", "h100-s0-l1-n02"]);
+        let next = apply(&s, &p);
+        let again = plan(&next, &policy(kind));
+        assert!(again.placements.is_empty());
+        assert_eq!(again.reservations, p.reservations);
+    }
+}
+
+#[test]
+fn apply_records_placed_units_as_running() {
+    let mut s = easy_example();
+    s.now = 5;
+    let p = plan(&s, &policy(PolicyKind::Gangway));
+    let next = apply(&s, &p);
+    let short = next.running.iter().find(|r| r.job == "short").unwrap();
+    assert_eq!(short.expected_end, 155);
+    assert_eq!(
+        short.gpus,
+        vec![("h100-s0-l0-n03".to_string(), ALL8.to_vec())]
+    );
+    assert_eq!(short.tenant, "acme");
+}

@@ -116,7 +116,9 @@ pub struct Request {
     /// Submission order; lower is older and goes first among equal priorities.
     pub seq: u64,
     /// The tenant's estimate of the run time, in seconds: what reservations
-    /// and backfill reason with. 0 = unknown (treated as very long).
+    /// and backfill reason with. 0 = unknown: treated as never ending, so
+    /// the unit never backfills onto reserved GPUs and frees nothing in the
+    /// timeline a reservation is computed from.
     #[serde(default)]
     pub estimated_duration_s: u64,
 }
@@ -161,7 +163,9 @@ pub struct Running {
     /// (node id, GPU indices) it holds.
     pub gpus: Vec<(String, Vec<u32>)>,
     /// When it is expected to end, on the snapshot's clock (start +
-    /// estimated duration; `now` or earlier if it has overrun).
+    /// estimated duration). An end at or before `now` (overrun) counts as
+    /// now; `u64::MAX` means no known end (an estimate of 0): its GPUs are
+    /// never counted as freeing.
     pub expected_end: u64,
 }
 
@@ -171,7 +175,9 @@ pub struct Running {
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
     /// Gangway's policy: priority then age; topology-aware best fit; the
-    /// waiting head gets a reservation and the rest backfill around it.
+    /// first four waiting units of each GPU type get reservations, each on
+    /// the domain of its preferred level where it can start soonest, and the
+    /// rest backfill around them.
     #[default]
     Gangway,
     /// What a plain Kubernetes setup gives: arrival order, each unit
@@ -260,7 +266,9 @@ pub enum WaitReason {
         in_use: u32,
         requested: u32,
     },
-    /// No single domain of the required level (or below) has room for it now.
+    /// No single domain of the required level (or below) has room for it now
+    /// (under FIFO, which ignores `required`, the type has too few GPUs:
+    /// `required` is then `region`).
     NoCapacity {
         required: Level,
         /// Schedulable free GPUs of the type in the whole region.

@@ -1,16 +1,35 @@
-//! Property tests of the scheduler core on small random fleets and queues.
+//! Property tests of the scheduler core on small random fleets and queues,
+//! for each of the three disciplines.
 //!
 //! Besides the invariants (no GPU twice, gangs whole, one domain, quotas,
-//! determinism, a second pass on the result adds nothing), every plan is
-//! compared with `reference`, a slow and literal transcription of the
-//! placement rules that shares no code with the indexed implementation.
+//! determinism, a second pass on the result adds nothing), plans without
+//! running units to reason about are compared with `reference` (best fit) or
+//! `fifo_reference` (first fit), slow and literal transcriptions of the
+//! placement rules that share no code with the indexed implementation. On
+//! snapshots with running units and estimates, the reservation rules are
+//! checked: a reservation is never delayed by backfill, and its GPUs are
+//! really free at its start.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use gangway_sched::{
-    apply, plan, Level, Node, Placement, Plan, Policy, Request, Snapshot, WaitReason,
+    apply, plan, Level, Node, Placement, Plan, Policy, PolicyKind, Request, Running, Snapshot,
+    WaitReason,
 };
 use proptest::prelude::*;
+
+const KINDS: [PolicyKind; 3] = [
+    PolicyKind::Gangway,
+    PolicyKind::SlurmBackfill,
+    PolicyKind::FifoFirstFit,
+];
+
+fn policy(kind: PolicyKind) -> Policy {
+    Policy {
+        kind,
+        ..Default::default()
+    }
+}
 
 const TYPES: [&str; 3] = ["a", "b", "c"]; // no node ever has type "c"
 
@@ -74,7 +93,13 @@ fn level() -> impl Strategy<Value = Level> {
     prop::sample::select(Level::ALL.to_vec())
 }
 
-fn queue() -> impl Strategy<Value = Vec<Request>> {
+/// `estimates`: draw run-time estimates (else all 0, unknown).
+fn queue(estimates: bool) -> impl Strategy<Value = Vec<Request>> {
+    let estimate = if estimates {
+        prop_oneof![1 => Just(0u64), 3 => 1u64..=40].boxed()
+    } else {
+        Just(0u64).boxed()
+    };
     let one = (
         1u32..=4,
         any::<bool>(),
@@ -85,33 +110,42 @@ fn queue() -> impl Strategy<Value = Vec<Request>> {
         level(),
         -1i32..=1,
         0u64..4,
+        estimate,
     );
     prop::collection::vec(one, 0..=12).prop_map(|reqs| {
         reqs.into_iter()
             .enumerate()
             .map(
-                |(i, (w, array, tenant, ty, gpw, required, preferred, priority, seq))| Request {
-                    job: format!("j{i:02}"),
-                    ranks: if array { vec![w] } else { (0..w).collect() },
-                    tenant: format!("t{tenant}"),
-                    gpu_type: ty.to_string(),
-                    gpus_per_worker: gpw,
-                    required,
-                    preferred,
-                    priority,
-                    seq,
-                    estimated_duration_s: 0,
+                |(i, (w, array, tenant, ty, gpw, required, preferred, priority, seq, est))| {
+                    Request {
+                        job: format!("j{i:02}"),
+                        ranks: if array { vec![w] } else { (0..w).collect() },
+                        tenant: format!("t{tenant}"),
+                        gpu_type: ty.to_string(),
+                        gpus_per_worker: gpw,
+                        required,
+                        preferred,
+                        priority,
+                        seq,
+                        estimated_duration_s: est,
+                    }
                 },
             )
             .collect()
     })
 }
 
+/// A snapshot with nothing running and no estimates: no reservation can be
+/// computed, so every discipline is a plain greedy pass.
 fn snapshot() -> impl Strategy<Value = Snapshot> {
+    base_snapshot(false)
+}
+
+fn base_snapshot(estimates: bool) -> impl Strategy<Value = Snapshot> {
     let key = || (0usize..2, prop::sample::select(vec!["a", "b"]));
     (
         fleet(),
-        queue(),
+        queue(estimates),
         prop::collection::vec((key(), 0u32..=24), 0..=3),
         prop::collection::vec((key(), 0u32..=12), 0..=3),
         any::<i64>(),
@@ -127,6 +161,146 @@ fn snapshot() -> impl Strategy<Value = Snapshot> {
                 ..Default::default()
             }
         })
+}
+
+/// Knuth's MMIX LCG, to spread one drawn seed over the running units.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// A snapshot whose busy GPUs (every GPU not free) belong to running units
+/// with expected ends around `now` (some overrun, a few unknown), some of
+/// them spanning two nodes, and whose queue carries estimates.
+fn busy_snapshot() -> impl Strategy<Value = Snapshot> {
+    (base_snapshot(true), any::<u64>(), 0u64..=50).prop_map(|(mut s, seed, now)| {
+        let mut rng = Lcg(seed);
+        s.now = now;
+        let mut running: Vec<Running> = Vec::new();
+        for n in &s.nodes {
+            let busy: Vec<u32> = (0..n.gpus).filter(|g| !n.free.contains(g)).collect();
+            let mut rest = busy.as_slice();
+            while !rest.is_empty() {
+                let k = 1 + rng.below(rest.len() as u64) as usize;
+                let (part, tail) = rest.split_at(k);
+                rest = tail;
+                // Now and then the unit continues one on the previous node.
+                let join = rng.below(4) == 0;
+                match running.last_mut() {
+                    Some(r)
+                        if join
+                            && r.gpu_type == n.gpu_type
+                            && r.gpus.len() < 3
+                            && r.gpus.iter().all(|(id, _)| *id != n.id) =>
+                    {
+                        r.gpus.push((n.id.clone(), part.to_vec()));
+                    }
+                    _ => {
+                        let expected_end = match rng.below(20) {
+                            0 => u64::MAX,
+                            _ => (now + rng.below(44)).saturating_sub(3),
+                        };
+                        running.push(Running {
+                            job: format!("r{}", running.len()),
+                            tenant: format!("t{}", rng.below(2)),
+                            gpu_type: n.gpu_type.clone(),
+                            priority: 0,
+                            gpus: vec![(n.id.clone(), part.to_vec())],
+                            expected_end,
+                        });
+                    }
+                }
+            }
+        }
+        s.running = running;
+        s
+    })
+}
+
+/// A gang-heavy snapshot: one type, uniform 8-GPU nodes in 2–6 leaves, most
+/// of them busy (whole or half) with running units ending at different
+/// times, and a queue of 8- and 4-GPU-per-worker gangs that often must stay
+/// in one leaf. Here reservations compete for leaves, which is where
+/// backfill can move them.
+fn gang_snapshot() -> impl Strategy<Value = Snapshot> {
+    (any::<u64>(), 1u32..=2, 2u32..=3, 2u32..=3, 0u64..=20).prop_map(
+        |(seed, spines, leaves, per_leaf, now)| {
+            let mut rng = Lcg(seed);
+            let mut nodes = Vec::new();
+            let mut running = Vec::new();
+            for sp in 0..spines {
+                for l in 0..leaves {
+                    for n in 0..per_leaf {
+                        let id = format!("s{sp}-l{l}-n{n}");
+                        let busy: Vec<u32> = match rng.below(10) {
+                            0..=2 => vec![],
+                            3..=7 => (0..8).collect(),
+                            _ => (0..4).collect(),
+                        };
+                        if !busy.is_empty() {
+                            let expected_end = match rng.below(12) {
+                                0 => u64::MAX,
+                                k => now + k * 3,
+                            };
+                            running.push(Running {
+                                job: format!("r{}", running.len()),
+                                tenant: "t0".into(),
+                                gpu_type: "a".into(),
+                                priority: 0,
+                                gpus: vec![(id.clone(), busy.clone())],
+                                expected_end,
+                            });
+                        }
+                        nodes.push(Node {
+                            nvlink_domain: id.clone(),
+                            spine: format!("s{sp}"),
+                            leaf: format!("s{sp}-l{l}"),
+                            gpu_type: "a".into(),
+                            gpus: 8,
+                            free: (0..8).filter(|g| !busy.contains(g)).collect(),
+                            schedulable: true,
+                            id,
+                        });
+                    }
+                }
+            }
+            let levels = [Level::Leaf, Level::Leaf, Level::Spine, Level::Region];
+            let queue = (0..1 + rng.below(8))
+                .map(|i| Request {
+                    job: format!("j{i:02}"),
+                    ranks: (0..1 + rng.below(3) as u32).collect(),
+                    tenant: format!("t{}", rng.below(2)),
+                    gpu_type: "a".into(),
+                    gpus_per_worker: [8, 8, 4][rng.below(3) as usize],
+                    required: levels[rng.below(4) as usize],
+                    preferred: Level::ALL[rng.below(4) as usize],
+                    priority: rng.below(3) as i32 - 1,
+                    seq: i,
+                    estimated_duration_s: [0, 5, 10, 40, 200][rng.below(5) as usize],
+                })
+                .collect();
+            Snapshot {
+                generation: 1,
+                nodes,
+                queue,
+                now,
+                running,
+                ..Default::default()
+            }
+        },
+    )
+}
+
+/// Either generator with running units.
+fn any_busy_snapshot() -> impl Strategy<Value = Snapshot> {
+    prop_oneof![busy_snapshot(), gang_snapshot()]
 }
 
 // ---------------------------------------------------------------------------
@@ -322,10 +496,113 @@ fn reference(s: &Snapshot) -> Plan {
     out
 }
 
+/// FIFO's rules as written: arrival order; walk the nodes of the type in
+/// id order taking as many workers from each as fit; `required` ignored;
+/// the level is the one actually spanned.
+fn fifo_reference(s: &Snapshot) -> Plan {
+    let mut queue: Vec<&Request> = s.queue.iter().collect();
+    queue.sort_by(|a, b| (a.seq, &a.job, a.ranks[0]).cmp(&(b.seq, &b.job, b.ranks[0])));
+    let mut ids: Vec<usize> = (0..s.nodes.len()).collect();
+    ids.sort_by(|&a, &b| s.nodes[a].id.cmp(&s.nodes[b].id));
+    let mut free: Vec<Vec<u32>> = s.nodes.iter().map(|n| n.free.clone()).collect();
+    let mut usage: BTreeMap<(String, String), u32> = s.usage.clone();
+    let mut out = Plan {
+        generation: s.generation,
+        ..Plan::default()
+    };
+    for req in queue {
+        let w = req.ranks.len() as u32;
+        let gpw = req.gpus_per_worker;
+        let key = (req.tenant.clone(), req.gpu_type.clone());
+        let in_use = usage.get(&key).copied().unwrap_or(0);
+        let waiting = |reason| gangway_sched::Waiting {
+            job: req.job.clone(),
+            ranks: req.ranks.clone(),
+            reason,
+        };
+        if let Some(&quota) = s.quotas.get(&key) {
+            if in_use + w * gpw > quota {
+                out.waiting.push(waiting(WaitReason::OverQuota {
+                    gpu_type: req.gpu_type.clone(),
+                    quota,
+                    in_use,
+                    requested: w * gpw,
+                }));
+                continue;
+            }
+        }
+        let eligible: Vec<usize> = ids
+            .iter()
+            .copied()
+            .filter(|&i| s.nodes[i].schedulable && s.nodes[i].gpu_type == req.gpu_type)
+            .collect();
+        let cap: u32 = eligible.iter().map(|&i| free[i].len() as u32 / gpw).sum();
+        if cap < w {
+            out.waiting.push(waiting(WaitReason::NoCapacity {
+                required: Level::Region,
+                free_gpus: eligible.iter().map(|&i| free[i].len() as u32).sum(),
+            }));
+            continue;
+        }
+        let mut ranks = req.ranks.iter();
+        let mut workers = Vec::new();
+        for &i in &eligible {
+            while workers.len() < w as usize && free[i].len() as u32 >= gpw {
+                let gpus: Vec<u32> = free[i].drain(..gpw as usize).collect();
+                workers.push(gangway_sched::WorkerPlacement {
+                    rank: *ranks.next().unwrap(),
+                    node: s.nodes[i].id.clone(),
+                    gpus,
+                });
+            }
+        }
+        let on: Vec<&Node> = workers
+            .iter()
+            .map(|wp| s.nodes.iter().find(|n| n.id == wp.node).unwrap())
+            .collect();
+        *usage.entry(key).or_insert(0) += w * gpw;
+        out.placements.push(Placement {
+            job: req.job.clone(),
+            ranks: req.ranks.clone(),
+            level: spanned(&on),
+            workers,
+        });
+    }
+    out
+}
+
+/// The lowest level one domain of which holds all of `nodes`.
+fn spanned(nodes: &[&Node]) -> Level {
+    Level::ALL
+        .into_iter()
+        .find(|&l| {
+            nodes
+                .iter()
+                .all(|n| domain(n, l).0 == domain(nodes[0], l).0)
+        })
+        .unwrap_or(Level::Region)
+}
+
 // ---------------------------------------------------------------------------
 
-fn check_invariants(s: &Snapshot, p: &Plan) -> Result<(), TestCaseError> {
-    let nodes: BTreeMap<&str, &Node> = s.nodes.iter().map(|n| (n.id.as_str(), n)).collect();
+fn nodes_by_id(s: &Snapshot) -> BTreeMap<&str, &Node> {
+    let mut nodes = BTreeMap::new();
+    for n in &s.nodes {
+        nodes.entry(n.id.as_str()).or_insert(n);
+    }
+    nodes
+}
+
+/// When a unit started now with this estimate ends (`None`: unknown, never).
+fn end_of(s: &Snapshot, req: &Request) -> Option<u64> {
+    match req.estimated_duration_s {
+        0 => None,
+        d => s.now.checked_add(d).filter(|&e| e != u64::MAX),
+    }
+}
+
+fn check_invariants(s: &Snapshot, p: &Plan, kind: PolicyKind) -> Result<(), TestCaseError> {
+    let nodes = nodes_by_id(s);
     let queue: BTreeMap<&str, &Request> = s.queue.iter().map(|r| (r.job.as_str(), r)).collect();
     let mut used = BTreeSet::new();
     let mut placed_gpus: BTreeMap<(&str, &str), u32> = BTreeMap::new();
@@ -335,17 +612,15 @@ fn check_invariants(s: &Snapshot, p: &Plan) -> Result<(), TestCaseError> {
         prop_assert_eq!(pl.workers.len(), req.ranks.len(), "gang placed whole");
         let ranks: Vec<u32> = pl.workers.iter().map(|w| w.rank).collect();
         prop_assert_eq!(&ranks, &req.ranks, "one worker per rank, in order");
-        prop_assert!(pl.level <= req.required);
-        let first = nodes[pl.workers[0].node.as_str()];
+        if kind != PolicyKind::FifoFirstFit {
+            prop_assert!(pl.level <= req.required);
+        }
+        let on: Vec<&Node> = pl.workers.iter().map(|w| nodes[w.node.as_str()]).collect();
+        prop_assert_eq!(pl.level, spanned(&on), "the level is the one spanned");
         for w in &pl.workers {
             let n = nodes[w.node.as_str()];
             prop_assert!(n.schedulable && n.gpu_type == req.gpu_type);
             prop_assert_eq!(w.gpus.len() as u32, req.gpus_per_worker);
-            prop_assert!(
-                domain(n, pl.level).0 == domain(first, pl.level).0,
-                "one {} domain",
-                pl.level
-            );
             for &g in &w.gpus {
                 prop_assert!(n.free.contains(&g), "GPU {}:{} was not free", n.id, g);
                 prop_assert!(
@@ -379,6 +654,142 @@ fn check_invariants(s: &Snapshot, p: &Plan) -> Result<(), TestCaseError> {
     seen.sort();
     let all: Vec<&str> = queue.keys().copied().collect();
     prop_assert_eq!(seen, all);
+    check_reservations(s, p, kind)
+}
+
+/// Reservations are well formed: as many per type as the discipline keeps,
+/// one `Reserved` wait each, a whole unit inside one domain of its level,
+/// and `BlockedByReservation` names one of them.
+fn check_reservations(s: &Snapshot, p: &Plan, kind: PolicyKind) -> Result<(), TestCaseError> {
+    let nodes = nodes_by_id(s);
+    let queue: BTreeMap<(&str, &[u32]), &Request> = s
+        .queue
+        .iter()
+        .map(|r| ((r.job.as_str(), r.ranks.as_slice()), r))
+        .collect();
+    let most = match kind {
+        PolicyKind::Gangway => 4,
+        PolicyKind::SlurmBackfill => 1,
+        PolicyKind::FifoFirstFit => 0,
+    };
+    let mut per_type: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut from_reservations = Vec::new();
+    for r in &p.reservations {
+        let req = queue[&(r.job.as_str(), r.ranks.as_slice())];
+        *per_type.entry(&req.gpu_type).or_default() += 1;
+        from_reservations.push((r.job.clone(), r.ranks.clone(), r.start, r.level));
+        prop_assert!(r.start >= s.now);
+        prop_assert!(r.level <= req.required);
+        let mut on = Vec::new();
+        let mut total = 0;
+        let mut seen = BTreeSet::new();
+        for (node, gpus) in &r.gpus {
+            let n = nodes[node.as_str()];
+            prop_assert!(n.schedulable && n.gpu_type == req.gpu_type);
+            prop_assert!(
+                !gpus.is_empty() && (gpus.len() as u32).is_multiple_of(req.gpus_per_worker)
+            );
+            for &g in gpus {
+                prop_assert!(g < n.gpus && seen.insert((node.as_str(), g)));
+            }
+            total += gpus.len() as u64;
+            on.push(n);
+        }
+        prop_assert_eq!(total, req.gpus(), "a whole unit is reserved");
+        prop_assert_eq!(spanned(&on), r.level, "inside one domain of its level");
+    }
+    for (ty, n) in per_type {
+        prop_assert!(n <= most, "{} reservations for {} under {:?}", n, ty, kind);
+    }
+    let mut from_waits = Vec::new();
+    for w in &p.waiting {
+        match &w.reason {
+            WaitReason::Reserved { start, level } => {
+                from_waits.push((w.job.clone(), w.ranks.clone(), *start, *level))
+            }
+            WaitReason::BlockedByReservation { job, start } => prop_assert!(
+                p.reservations
+                    .iter()
+                    .any(|r| &r.job == job && r.start == *start),
+                "blocked by a reservation the plan does not hold"
+            ),
+            _ => {}
+        }
+    }
+    prop_assert_eq!(from_waits, from_reservations);
+    Ok(())
+}
+
+/// Every GPU of every reservation is free at its start: free now or held by
+/// a running unit expected to end by then, not held past it by a unit the
+/// plan starts, and not promised to another reservation over the same time.
+/// Together with the first condition this is "a reservation is never delayed
+/// by backfill": each placement either ends (now + estimate) by the
+/// reservation's start or uses none of its GPUs.
+fn check_reserved_gpus_are_free_at_start(s: &Snapshot, p: &Plan) -> Result<(), TestCaseError> {
+    let nodes = nodes_by_id(s);
+    let queue: BTreeMap<(&str, &[u32]), &Request> = s
+        .queue
+        .iter()
+        .map(|r| ((r.job.as_str(), r.ranks.as_slice()), r))
+        .collect();
+    // (node, gpu) -> when its running holder is expected to let go.
+    let mut frees_at: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+    for r in &s.running {
+        for (node, gpus) in &r.gpus {
+            for &g in gpus {
+                frees_at.insert((node.as_str(), g), r.expected_end.max(s.now));
+            }
+        }
+    }
+    let gpu_set = |list: &[(String, Vec<u32>)]| -> BTreeSet<(String, u32)> {
+        list.iter()
+            .flat_map(|(n, gs)| gs.iter().map(move |&g| (n.clone(), g)))
+            .collect()
+    };
+    for r in &p.reservations {
+        let req = queue[&(r.job.as_str(), r.ranks.as_slice())];
+        let mine = gpu_set(&r.gpus);
+        for (node, g) in &mine {
+            let n = nodes[node.as_str()];
+            let free_by_start = n.free.contains(g)
+                || frees_at
+                    .get(&(node.as_str(), *g))
+                    .is_some_and(|&t| t != u64::MAX && t <= r.start);
+            prop_assert!(free_by_start, "{}:{} is not free by t={}", node, g, r.start);
+        }
+        for pl in &p.placements {
+            let preq = queue[&(pl.job.as_str(), pl.ranks.as_slice())];
+            let uses = pl
+                .workers
+                .iter()
+                .any(|w| w.gpus.iter().any(|&g| mine.contains(&(w.node.clone(), g))));
+            let ends_in_time = end_of(s, preq).is_some_and(|e| e <= r.start);
+            prop_assert!(
+                ends_in_time || !uses,
+                "{} started on GPUs reserved for {} from t={} and does not end by then",
+                pl.job,
+                r.job,
+                r.start
+            );
+        }
+        for other in &p.reservations {
+            if std::ptr::eq(other, r) || gpu_set(&other.gpus).is_disjoint(&mine) {
+                continue;
+            }
+            let oreq = queue[&(other.job.as_str(), other.ranks.as_slice())];
+            let ends = |start: u64, q: &Request| match q.estimated_duration_s {
+                0 => u64::MAX,
+                d => start.saturating_add(d),
+            };
+            prop_assert!(
+                ends(r.start, req) <= other.start || ends(other.start, oreq) <= r.start,
+                "{} and {} are promised the same GPUs at once",
+                r.job,
+                other.job
+            );
+        }
+    }
     Ok(())
 }
 
@@ -390,45 +801,79 @@ proptest! {
 
     #[test]
     fn plans_are_valid_and_match_the_reference(s in snapshot()) {
-        let p = plan(&s, &Policy::default());
-        check_invariants(&s, &p)?;
-        prop_assert_eq!(&p, &reference(&s));
-    }
-
-    #[test]
-    fn plans_are_deterministic_and_ignore_input_order(s in snapshot(), seed in any::<u64>()) {
-        let p = plan(&s, &Policy::default());
-        prop_assert_eq!(&p, &plan(&s.clone(), &Policy::default()));
-        // Rotating and reversing the inputs does not change the plan.
-        let mut shuffled = s.clone();
-        let k = (seed as usize) % shuffled.nodes.len().max(1);
-        shuffled.nodes.rotate_left(k);
-        shuffled.queue.reverse();
-        if seed % 2 == 0 {
-            shuffled.nodes.reverse();
+        for kind in KINDS {
+            let p = plan(&s, &policy(kind));
+            check_invariants(&s, &p, kind)?;
+            // Nothing running and no estimates: no start can be computed, so
+            // no reservation, and each discipline is its greedy pass.
+            prop_assert!(p.reservations.is_empty());
+            let expected = match kind {
+                PolicyKind::FifoFirstFit => fifo_reference(&s),
+                _ => reference(&s),
+            };
+            prop_assert_eq!(&p, &expected, "{:?}", kind);
         }
-        prop_assert_eq!(&p, &plan(&shuffled, &Policy::default()));
     }
 
     #[test]
-    fn a_second_pass_on_the_result_places_nothing(s in snapshot()) {
-        let p = plan(&s, &Policy::default());
-        let next = apply(&s, &p);
-        prop_assert_eq!(next.queue.len(), s.queue.len() - p.placements.len());
-        let again = plan(&next, &Policy::default());
-        prop_assert!(again.placements.is_empty(), "placed {:?}", again.placements);
-        // What waited still waits (a capacity wait may turn into a quota wait,
-        // as usage grew).
-        let jobs = |p: &Plan| p.waiting.iter().map(|w| w.job.clone()).collect::<Vec<_>>();
-        prop_assert_eq!(jobs(&again), jobs(&p));
+    fn plans_with_running_units_are_valid(s in any_busy_snapshot()) {
+        for kind in KINDS {
+            let p = plan(&s, &policy(kind));
+            check_invariants(&s, &p, kind)?;
+        }
     }
 
     #[test]
-    fn max_placements_gives_a_prefix_of_the_full_plan(s in snapshot(), max in 0usize..4) {
-        let full = plan(&s, &Policy::default());
-        let cut = plan(&s, &Policy { max_placements: Some(max), ..Default::default() });
-        let n = full.placements.len().min(max);
-        prop_assert_eq!(&cut.placements[..], &full.placements[..n]);
-        check_invariants(&s, &cut).ok();
+    fn a_reservation_is_never_delayed_by_backfill(s in any_busy_snapshot()) {
+        for kind in KINDS {
+            let p = plan(&s, &policy(kind));
+            check_reserved_gpus_are_free_at_start(&s, &p)?;
+        }
+    }
+
+    #[test]
+    fn plans_are_deterministic_and_ignore_input_order(s in any_busy_snapshot(), seed in any::<u64>()) {
+        for kind in KINDS {
+            let p = plan(&s, &policy(kind));
+            prop_assert_eq!(&p, &plan(&s.clone(), &policy(kind)));
+            // Rotating and reversing the inputs does not change the plan.
+            let mut shuffled = s.clone();
+            let k = (seed as usize) % shuffled.nodes.len().max(1);
+            shuffled.nodes.rotate_left(k);
+            shuffled.queue.reverse();
+            shuffled.running.reverse();
+            if seed % 2 == 0 {
+                shuffled.nodes.reverse();
+            }
+            prop_assert_eq!(&p, &plan(&shuffled, &policy(kind)), "{:?}", kind);
+        }
+    }
+
+    #[test]
+    fn a_second_pass_on_the_result_places_nothing(s in any_busy_snapshot()) {
+        for kind in KINDS {
+            let p = plan(&s, &policy(kind));
+            let next = apply(&s, &p);
+            prop_assert_eq!(next.queue.len(), s.queue.len() - p.placements.len());
+            prop_assert_eq!(next.running.len(), s.running.len() + p.placements.len());
+            let again = plan(&next, &policy(kind));
+            prop_assert!(again.placements.is_empty(), "{:?} placed {:?}", kind, again.placements);
+            // What waited still waits (a capacity wait may turn into a quota
+            // wait, as usage grew), and the reservations stand.
+            let jobs = |p: &Plan| p.waiting.iter().map(|w| w.job.clone()).collect::<Vec<_>>();
+            prop_assert_eq!(jobs(&again), jobs(&p));
+            prop_assert_eq!(&again.reservations, &p.reservations, "{:?}", kind);
+        }
+    }
+
+    #[test]
+    fn max_placements_gives_a_prefix_of_the_full_plan(s in any_busy_snapshot(), max in 0usize..4) {
+        for kind in KINDS {
+            let full = plan(&s, &policy(kind));
+            let cut = plan(&s, &Policy { max_placements: Some(max), kind });
+            let n = full.placements.len().min(max);
+            prop_assert_eq!(&cut.placements[..], &full.placements[..n]);
+            check_invariants(&s, &cut, kind).ok();
+        }
     }
 }

@@ -1,0 +1,293 @@
+//! Reservations with backfill: how the Slurm-like and Gangway disciplines
+//! decide one unit, on the state of its GPU type ([`TypeState`]).
+//!
+//! A reservation promises GPUs to a waiting unit from its expected start on.
+//! Those of its GPUs that are free now are *held*: taken out of the index,
+//! so placements do not see them. A later unit that is expected to end by a
+//! reservation's start may use that reservation's held GPUs (it is given
+//! them back for its search, and what it does not take is held again); one
+//! that is not may not. Reserved GPUs that are busy now stay out of the
+//! timeline of later reservations until the reservation is expected to end.
+
+use std::collections::BTreeMap;
+
+use crate::index::TypeIndex;
+use crate::place::{self, Failed, FirstFit, NEVER_FAILED};
+use crate::timeline::{self, earliest_start, Ask, Found, Known, SlotGpus, Timeline, NO_END};
+use crate::types::{Level, Placement, PolicyKind, Request, WaitReason};
+
+/// How many waiting units per GPU type Gangway's discipline reserves for.
+pub(crate) const GANGWAY_RESERVATIONS: usize = 4;
+
+/// The most reservations a discipline holds per GPU type.
+pub(crate) fn max_reservations(kind: PolicyKind) -> usize {
+    match kind {
+        PolicyKind::Gangway => GANGWAY_RESERVATIONS,
+        PolicyKind::SlurmBackfill => 1,
+        PolicyKind::FifoFirstFit => 0,
+    }
+}
+
+/// A reservation of this round, as the type's state keeps it.
+struct Hold {
+    job: String,
+    start: u64,
+    /// Its GPUs that are free now, out of the index.
+    held: Vec<SlotGpus>,
+    count: u64,
+}
+
+/// What one pass knows and has decided about one GPU type.
+pub(crate) struct TypeState<'a> {
+    pub ty: &'a str,
+    pub index: TypeIndex<'a>,
+    /// FIFO's node-id order, built on first use.
+    pub first_fit: Option<FirstFit>,
+    /// Failed shapes per (GPUs per worker, view), a view being the set of
+    /// holds (bit i = `holds[i]`) whose GPUs a unit may use.
+    memo: BTreeMap<(u32, u32), Failed>,
+    /// This round's reservations, in the order they were made.
+    holds: Vec<Hold>,
+    /// Built on the first placement or reservation that needs it.
+    timeline: Option<Timeline<'a>>,
+    /// Per GPUs per worker, [`TypeIndex::static_capacity`].
+    ever: BTreeMap<u32, [u64; 4]>,
+    /// Whether a unit started after a reservation of this round.
+    pub backfilled: bool,
+}
+
+/// How one unit's decision came out.
+pub(crate) enum Outcome {
+    Start(Placement),
+    Reserve(Found),
+    Wait(WaitReason),
+}
+
+/// A fit found in one view: where, and the GPUs it takes.
+struct ViewFit {
+    gpus: Vec<SlotGpus>,
+    placement: Option<Placement>,
+}
+
+impl<'a> TypeState<'a> {
+    pub fn new(ty: &'a str, index: TypeIndex<'a>) -> TypeState<'a> {
+        TypeState {
+            ty,
+            index,
+            first_fit: None,
+            memo: BTreeMap::new(),
+            holds: Vec::new(),
+            timeline: None,
+            ever: BTreeMap::new(),
+            backfilled: false,
+        }
+    }
+
+    /// Free GPUs of the type now, held ones included.
+    pub fn free_gpus(&self) -> u32 {
+        let held: u64 = self.holds.iter().map(|h| h.count).sum();
+        u32::try_from(u64::from(self.index.region_free()) + held).unwrap_or(u32::MAX)
+    }
+
+    /// Forgets this round's reservations (their held GPUs are free again)
+    /// before the pass recomputes them.
+    pub fn reset_round(&mut self) {
+        for h in self.holds.drain(..) {
+            for (slot, gpus) in &h.held {
+                self.index.give(*slot, gpus);
+            }
+        }
+        if let Some(tl) = &mut self.timeline {
+            tl.reserved.clear();
+        }
+        self.memo.clear();
+        self.backfilled = false;
+    }
+
+    /// Decides one valid unit within quota under the Slurm-like or Gangway
+    /// discipline.
+    pub fn decide(&mut self, known: &Known<'a>, req: &Request, kind: PolicyKind) -> Outcome {
+        let end = timeline::end_of(known.now, req.estimated_duration_s);
+        if end.is_some() {
+            self.timeline(known);
+        }
+        let all: u32 = (1u32 << self.holds.len()) - 1;
+        // The holds it ends in time for.
+        let allowed: u32 = self
+            .holds
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| end.is_some_and(|e| e <= h.start))
+            .fold(0, |m, (i, _)| m | 1 << i);
+        let mut fit = self.in_view(req, 0, Some(end));
+        if fit.is_none() && allowed != 0 {
+            fit = self.in_view(req, allowed, Some(end));
+        }
+        if let Some(ViewFit {
+            placement: Some(placement),
+            ..
+        }) = fit
+        {
+            self.backfilled |= !self.holds.is_empty();
+            return Outcome::Start(placement);
+        }
+        if self.holds.len() < max_reservations(kind) {
+            if let Some(found) = self.reserve(known, req, kind) {
+                return Outcome::Reserve(found);
+            }
+        }
+        if allowed != all {
+            if let Some(would) = self.in_view(req, all, None) {
+                // Name the first reservation it may not use whose GPUs it wanted.
+                let blocked = |h: &Hold| {
+                    would.gpus.iter().any(|(slot, gpus)| {
+                        h.held
+                            .iter()
+                            .any(|(s, held)| s == slot && gpus.iter().any(|g| held.contains(g)))
+                    })
+                };
+                let candidates = || {
+                    self.holds
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| allowed & (1 << i) == 0)
+                        .map(|(_, h)| h)
+                };
+                let h = candidates()
+                    .find(|h| blocked(h))
+                    .or_else(|| candidates().next())
+                    .expect("some reservation is not allowed");
+                return Outcome::Wait(WaitReason::BlockedByReservation {
+                    job: h.job.clone(),
+                    start: h.start,
+                });
+            }
+        }
+        Outcome::Wait(WaitReason::NoCapacity {
+            required: req.required,
+            free_gpus: self.free_gpus(),
+        })
+    }
+
+    fn timeline(&mut self, known: &Known<'a>) -> &mut Timeline<'a> {
+        let (ty, index) = (self.ty, &self.index);
+        self.timeline
+            .get_or_insert_with(|| Timeline::new(ty, known, index))
+    }
+
+    /// Best fit for `req` on the free GPUs plus the held GPUs of the holds in
+    /// `mask`. `start`: carry it out, recording its end (`Some(None)`: none
+    /// known) in the timeline, which must exist when the end is known;
+    /// `None`: only say which GPUs it would take.
+    fn in_view(&mut self, req: &Request, mask: u32, start: Option<Option<u64>>) -> Option<ViewFit> {
+        let workers = req.ranks.len() as u64;
+        let gpw = req.gpus_per_worker;
+        let failed = self.memo.entry((gpw, mask)).or_insert(NEVER_FAILED);
+        if place::known_to_fail(failed, workers, req.required) {
+            return None;
+        }
+        let in_mask = |i: usize| mask & (1 << i) != 0;
+        if mask != 0 {
+            let extra: u64 = (self.holds.iter().enumerate())
+                .filter(|(i, _)| in_mask(*i))
+                .map(|(_, h)| h.count)
+                .sum();
+            if u64::from(self.index.region_free()) + extra < workers * u64::from(gpw) {
+                return None;
+            }
+            for (_, h) in self.holds.iter().enumerate().filter(|(i, _)| in_mask(*i)) {
+                for (slot, gpus) in &h.held {
+                    self.index.give(*slot, gpus);
+                }
+            }
+        }
+        let index = &mut self.index;
+        let timeline = &mut self.timeline;
+        let fit = place::best_fit(index, workers, gpw, req.required, Some(failed)).and_then(
+            |(level, dom)| {
+                let picks = place::picks(index, level, dom, workers, gpw)?;
+                // Which GPUs it takes matters only around holds.
+                let gpus = if mask != 0 || start.is_none() {
+                    place::gpus_of(index, &picks, gpw)
+                } else {
+                    Vec::new()
+                };
+                let placement = start.map(|end| {
+                    if let (Some(end), Some(tl)) = (end, timeline.as_mut()) {
+                        tl.record_placed(end, index, &picks, gpw);
+                    }
+                    place::commit(index, req, level, &picks)
+                });
+                Some(ViewFit { gpus, placement })
+            },
+        );
+        if mask != 0 {
+            let taken: &[SlotGpus] = match &fit {
+                Some(f) if f.placement.is_some() => &f.gpus,
+                _ => &[],
+            };
+            for (i, h) in self.holds.iter_mut().enumerate() {
+                if !in_mask(i) {
+                    continue;
+                }
+                for (slot, gpus) in &mut h.held {
+                    if let Some((_, used)) = taken.iter().find(|(s, _)| s == slot) {
+                        gpus.retain(|g| !used.contains(g));
+                    }
+                    self.index.remove(*slot, gpus);
+                }
+                h.held.retain(|(_, g)| !g.is_empty());
+                h.count = h.held.iter().map(|(_, g)| g.len() as u64).sum();
+            }
+        }
+        fit
+    }
+
+    /// Reserves GPUs for `req` where and when it can start soonest, if the
+    /// known ends say it ever can.
+    fn reserve(&mut self, known: &Known<'a>, req: &Request, kind: PolicyKind) -> Option<Found> {
+        let workers = req.ranks.len() as u64;
+        let gpw = req.gpus_per_worker;
+        let index = &self.index;
+        let ever = *self
+            .ever
+            .entry(gpw)
+            .or_insert_with(|| index.static_capacity(gpw));
+        // The lowest level one domain of which could ever hold it.
+        let reachable = Level::ALL
+            .into_iter()
+            .filter(|&l| l <= req.required)
+            .find(|l| ever[l.index()] >= workers)?;
+        let stop = match kind {
+            // Wait for the level it prefers where a domain of it could ever hold it.
+            PolicyKind::Gangway => req.preferred.min(req.required).max(reachable),
+            _ => req.required,
+        };
+        self.timeline(known);
+        let tl = self.timeline.as_mut().expect("just built");
+        let ask = Ask { req, stop, ever };
+        let found = earliest_start(&mut self.index, tl, known, &ask)?;
+        let until = timeline::end_of(found.start, req.estimated_duration_s).unwrap_or(NO_END);
+        let mut held = Vec::new();
+        for (slot, gpus) in &found.gpus {
+            let free = self.index.slots[*slot as usize].free_now();
+            let now: Vec<u32> = gpus
+                .iter()
+                .copied()
+                .filter(|g| free.binary_search(g).is_ok())
+                .collect();
+            tl.reserved.extend(gpus.iter().map(|&g| (*slot, g, until)));
+            if !now.is_empty() {
+                self.index.remove(*slot, &now);
+                held.push((*slot, now));
+            }
+        }
+        self.holds.push(Hold {
+            job: req.job.clone(),
+            start: found.start,
+            count: held.iter().map(|(_, g)| g.len() as u64).sum(),
+            held,
+        });
+        Some(found)
+    }
+}
