@@ -334,9 +334,11 @@ async fn wait_for(client: &gangway_shared::client::Client, id: Uuid) -> anyhow::
     let mut seen = 0usize;
     let mut failures = 0u32;
     loop {
+        // The job first, then its events: a job seen ended has its
+        // `finished` event committed with that state, so it is printed.
         let step = async {
-            let events = client.events(id).await?;
             let job = client.get(id).await?;
+            let events = client.events(id).await?;
             anyhow::Ok((events, job))
         };
         match step.await {
@@ -531,7 +533,17 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<u8> {
             ]
         })
         .collect();
-    print!("{}", table(&["PERIOD", u.group_by.as_str().to_uppercase().as_str(), "GPU-HOURS"], &rows));
+    print!(
+        "{}",
+        table(
+            &[
+                "PERIOD",
+                u.group_by.as_str().to_uppercase().as_str(),
+                "GPU-HOURS"
+            ],
+            &rows
+        )
+    );
     println!(
         "total {:.2} GPU-hours from {} to {}",
         u.total_gpu_seconds / 3600.0,
