@@ -9,13 +9,16 @@
 //! - `admin_cli.rs`: `gangway admin …` (quotas).
 //! - `conn.rs`: URL, token and CA for the client commands.
 //! - `signals.rs`: Ctrl-C / SIGTERM as a cancellation token.
+//! - `sim_cli.rs`: `gangway sim`, the trace simulator's command line.
 
 mod admin_cli;
 mod conn;
 mod dev;
 mod jobs_cli;
+mod loadgen;
 mod servers;
 mod signals;
+mod sim_cli;
 
 use clap::{Parser, Subcommand};
 
@@ -53,6 +56,12 @@ enum Command {
         #[command(subcommand)]
         command: jobs_cli::JobCommand,
     },
+    /// Load generator for job submissions (benchmarks).
+    Loadgen(loadgen::LoadgenArgs),
+    /// Replay a workload trace through the scheduler core.
+    Sim(sim_cli::SimArgs),
+    /// Your allocated GPU time, per period, by GPU type, job or region.
+    Usage(jobs_cli::UsageArgs),
     /// Every region's health and capacity.
     Regions {
         #[command(flatten)]
@@ -97,6 +106,9 @@ fn main() -> std::process::ExitCode {
             Command::Job { command } => jobs_cli::run(command).await,
             Command::Admin { command } => admin_cli::run(command).await,
             Command::Regions { conn } => jobs_cli::regions(&conn).await,
+            Command::Usage(args) => jobs_cli::usage(args).await,
+            Command::Sim(args) => sim_cli::run(args),
+            Command::Loadgen(args) => loadgen::run(args).await,
         }
     });
     match result {

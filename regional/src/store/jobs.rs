@@ -62,28 +62,47 @@ impl Store {
     /// job an earlier create with the same idempotency key made.
     pub async fn submit(&self, job: &NewJob) -> Result<SubmitOutcome> {
         let spec = serde_json::to_value(&job.spec).expect("a JobSpec always serializes");
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await?;
-        if job.idempotency_key.is_some() {
-            // Held until this transaction ends: a concurrent request with
-            // the same key is told to retry rather than left to wait.
-            let got: bool = tx
-                .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&key_lock(job.id)])
-                .await?
-                .get(0);
-            if !got {
-                return Err(StoreError::InFlight);
-            }
-        }
-        let inserted = tx
-            .query_opt(
-                "INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
-                                   gpus, gpus_per_worker, workers, priority,
-                                   required_level, preferred_level, estimated_duration_s)
-                 VALUES ($1, $2, $3, $4, $5, $6::text::job_mode, $7, $8, $9, $10, $11,
-                         $12::text::topology_level, $13::text::topology_level, $14)
-                 ON CONFLICT DO NOTHING
-                 RETURNING created_at",
+        let conn = self.conn().await?;
+        // One statement, so one round trip and one implicit transaction: the
+        // key's lock, the job, its workers and its first event. The lock is
+        // held until the statement ends; a concurrent request with the same
+        // key is told to retry rather than left to wait. Foreign keys are
+        // checked at the end of the statement, after the job row exists.
+        let submit = conn
+            .prepare_cached(
+                "WITH lock AS MATERIALIZED (
+                     SELECT CASE WHEN $15 THEN pg_try_advisory_xact_lock($16) ELSE true END AS got),
+                 job AS (
+                     INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
+                                       gpus, gpus_per_worker, workers, priority,
+                                       required_level, preferred_level, estimated_duration_s)
+                     SELECT $1::uuid, $2::text, $3::text, $4::jsonb, $5::text, $6::text::job_mode,
+                            $7::text, $8::int, $9::int, $10::int, $11::smallint,
+                            $12::text::topology_level, $13::text::topology_level, $14::bigint
+                     FROM lock WHERE lock.got
+                     ON CONFLICT DO NOTHING
+                     RETURNING job_id, created_at),
+                 w AS (
+                     INSERT INTO workers (job_id, rank)
+                     SELECT job.job_id, r FROM job, generate_series(0, $10::int - 1) AS r),
+                 e AS (
+                     INSERT INTO job_events (job_id, kind, message, detail)
+                     SELECT job.job_id, 'queued', $17::text, $18::jsonb FROM job)
+                 SELECT (SELECT got FROM lock), (SELECT created_at FROM job)",
+            )
+            .await?;
+        let message = format!(
+            "queued: {} × {} GPU worker(s) of {} ({} GPUs, {})",
+            job.workers,
+            job.gpus_per_worker,
+            job.gpu_type,
+            job.gpus,
+            mode_str(job.mode)
+        );
+        let detail = json!({"gpus": job.gpus, "gpu_type": job.gpu_type, "workers": job.workers});
+        let row = conn
+            .query_one(
+                &submit,
                 &[
                     &job.id,
                     &job.tenant,
@@ -99,11 +118,17 @@ impl Store {
                     &job.required.as_str(),
                     &job.preferred.as_str(),
                     &job.spec.estimated_duration_s,
+                    &job.idempotency_key.is_some(),
+                    &key_lock(job.id),
+                    &message,
+                    &detail,
                 ],
             )
             .await?;
-        let Some(inserted) = inserted else {
-            tx.rollback().await?;
+        if !row.get::<_, bool>(0) {
+            return Err(StoreError::InFlight);
+        }
+        let Some(created_at) = row.get::<_, Option<DateTime<Utc>>>(1) else {
             // The id is derived from (tenant, key), so a conflict is a retry
             // of the same key, or (astronomically unlikely) a collision.
             let existing = self.load_job_row(&conn, &job.tenant, job.id).await?;
@@ -115,31 +140,8 @@ impl Store {
             }
             return Err(StoreError::KeyReused);
         };
-        tx.execute(
-            "INSERT INTO workers (job_id, rank) SELECT $1, r FROM generate_series(0, $2 - 1) AS r",
-            &[&job.id, &job.workers],
-        )
-        .await?;
-        insert_event(
-            &tx,
-            job.id,
-            "queued",
-            &format!(
-                "queued: {} × {} GPU worker(s) of {} ({} GPUs, {})",
-                job.workers,
-                job.gpus_per_worker,
-                job.gpu_type,
-                job.gpus,
-                mode_str(job.mode)
-            ),
-            json!({"gpus": job.gpus, "gpu_type": job.gpu_type, "workers": job.workers}),
-        )
-        .await?;
-        tx.commit().await?;
         // Everything a new job's JSON holds is known here: no read back.
-        Ok(SubmitOutcome::Created(
-            self.as_created(job, inserted.get(0)),
-        ))
+        Ok(SubmitOutcome::Created(self.as_created(job, created_at)))
     }
 
     /// The job as its create answered it.

@@ -227,8 +227,8 @@ impl Store {
     /// earlier claim said otherwise; returns the region that won.
     pub async fn claim(&self, job_id: uuid::Uuid, tenant: &str, region: &str) -> Result<String> {
         let conn = self.conn().await?;
-        let row = conn
-            .query_one(
+        let claim = conn
+            .prepare_cached(
                 "WITH ins AS (
                      INSERT INTO idempotency_claims (job_id, tenant, region) VALUES ($1, $2, $3)
                      ON CONFLICT (job_id) DO NOTHING RETURNING region)
@@ -236,9 +236,9 @@ impl Store {
                  UNION ALL
                  SELECT region FROM idempotency_claims WHERE job_id = $1 AND tenant = $2
                  LIMIT 1",
-                &[&job_id, &tenant, &region],
             )
             .await?;
+        let row = conn.query_one(&claim, &[&job_id, &tenant, &region]).await?;
         Ok(row.get(0))
     }
 

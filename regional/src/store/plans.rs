@@ -437,10 +437,10 @@ impl Store {
     /// The fleet's version: it moves whenever nodes or GPUs change.
     pub async fn fleet_version(&self) -> Result<i64> {
         let conn = self.conn().await?;
-        let row = conn
-            .query_one("SELECT fleet_version FROM sched_state WHERE id = 1", &[])
+        let version = conn
+            .prepare_cached("SELECT fleet_version FROM sched_state WHERE id = 1")
             .await?;
-        Ok(row.get(0))
+        Ok(conn.query_one(&version, &[]).await?.get(0))
     }
 
     /// The region's non-spare nodes by GPU type (for validating that a job

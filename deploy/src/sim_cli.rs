@@ -1,0 +1,247 @@
+//! `gangway sim`: replays a workload trace through the scheduler core under
+//! each policy and prints the metrics side by side (or as JSON).
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use gangway_sched::PolicyKind;
+use gangway_shared::fleet::FleetFile;
+use gangway_sim::{
+    human_duration, policy_label, render_table, Entitlements, LocalityModel, Metrics, Progress,
+    SimConfig, Simulation, Trace, POLICIES,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyChoice {
+    /// All three, side by side.
+    All,
+    /// Gangway's policy.
+    Gangway,
+    /// FIFO with first fit, no topology awareness (plain Kubernetes).
+    Fifo,
+    /// Slurm-like priority with EASY backfill and tree topology.
+    Slurm,
+}
+
+impl PolicyChoice {
+    fn kinds(self) -> Vec<PolicyKind> {
+        match self {
+            PolicyChoice::All => POLICIES.to_vec(),
+            PolicyChoice::Gangway => vec![PolicyKind::Gangway],
+            PolicyChoice::Fifo => vec![PolicyKind::FifoFirstFit],
+            PolicyChoice::Slurm => vec![PolicyKind::SlurmBackfill],
+        }
+    }
+}
+
+/// Replay a workload trace through the scheduler core.
+#[derive(clap::Args, Debug)]
+pub struct SimArgs {
+    /// The trace: a CSV in the Philly format (timestamp, duration, num_gpus, cluster).
+    #[arg(long)]
+    trace: PathBuf,
+    /// The fleet file (e.g. deploy/fleets/philly.toml).
+    #[arg(long)]
+    fleet: PathBuf,
+    /// Which policies to run on the same trace and seed.
+    #[arg(long, value_enum, default_value = "all")]
+    policy: PolicyChoice,
+    /// Load scaling: inter-arrival times are divided by this factor (1 = as recorded).
+    #[arg(long, default_value_t = 1.0)]
+    load: f64,
+    /// Replay only the first N jobs by submit time.
+    #[arg(long)]
+    max_jobs: Option<usize>,
+    /// Tenant entitlements: a CSV of `tenant,weight` rows after a header
+    /// (e.g. philly_vc_nodes.csv: vc, node num).
+    #[arg(long)]
+    quotas: Option<PathBuf>,
+    /// Also enforce the entitlements as hard quotas (share × fleet GPUs).
+    #[arg(long, requires = "quotas")]
+    quota_caps: bool,
+    /// Seconds of run time between a job's checkpoints (0 = never checkpoint).
+    #[arg(long, default_value_t = 3600)]
+    checkpoint_interval_s: u64,
+    /// Node failures per node per day (0 = none).
+    #[arg(long, default_value_t = 0.0)]
+    node_failure_rate: f64,
+    /// Seconds a failed node stays out of service.
+    #[arg(long, default_value_t = 14_400)]
+    repair_time_s: u64,
+    /// Seed for failures and estimate noise.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Locality table: relative throughput per level, e.g.
+    /// `nvlink=1,leaf=0.75,spine=0.56,region=0.42` (default: V100 calibration).
+    #[arg(long, conflicts_with = "locality_csv")]
+    locality: Option<String>,
+    /// Calibrate the locality table from Gavel's consolidation CSV for the
+    /// fleet's GPU type.
+    #[arg(long)]
+    locality_csv: Option<PathBuf>,
+    /// Noise of runtime estimates: duration × exp(σ·Z) (0 = perfect estimates).
+    #[arg(long, default_value_t = 0.0)]
+    estimate_noise: f64,
+    /// Tenants whose jobs run at low priority (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    low_priority_tenants: Vec<String>,
+    /// Queued units shown to each planning pass (oldest first).
+    #[arg(long, default_value_t = 2000)]
+    queue_window: usize,
+    /// At least this many seconds of virtual time between planning passes
+    /// (a scheduler loop's period; 0 = a pass at every event).
+    #[arg(long, default_value_t = 0)]
+    pass_interval_s: u64,
+    /// Run the policies one after another instead of in parallel threads.
+    #[arg(long)]
+    sequential: bool,
+    /// Print the metrics as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: SimArgs) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let trace = Trace::load(&args.trace)?;
+    let fleet = FleetFile::load(&args.fleet)?;
+    let nodes = fleet.expand(fleet.region_or("sim"));
+    let entitlements = args
+        .quotas
+        .as_ref()
+        .map(Entitlements::load)
+        .transpose()
+        .context("reading --quotas")?;
+    let locality = match (&args.locality, &args.locality_csv) {
+        (Some(spec), _) => LocalityModel::parse(spec)?,
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let gpu_type = nodes
+                .iter()
+                .find(|n| !n.spare)
+                .map(|n| n.gpu_type.as_str())
+                .unwrap_or_default();
+            LocalityModel::from_gavel_csv(&text, gpu_type)?
+        }
+        (None, None) => LocalityModel::default(),
+    };
+    let config = SimConfig {
+        load: args.load,
+        max_jobs: args.max_jobs,
+        checkpoint_interval_s: args.checkpoint_interval_s,
+        node_failure_rate: args.node_failure_rate,
+        repair_time_s: args.repair_time_s,
+        seed: args.seed,
+        entitlements,
+        quota_caps: args.quota_caps,
+        locality,
+        estimate_noise: args.estimate_noise,
+        low_priority_tenants: args
+            .low_priority_tenants
+            .iter()
+            .cloned()
+            .collect::<BTreeSet<_>>(),
+        queue_window: args.queue_window,
+        pass_interval_s: args.pass_interval_s,
+        scheduled_failures: Vec::new(),
+    };
+    let sim = Simulation::new(&trace, &nodes, config)?;
+    let kinds = args.policy.kinds();
+    eprintln!(
+        "replaying {} jobs on {} GPUs under {} ({}), locality {}",
+        sim.summary().jobs,
+        sim.summary().fleet_gpus,
+        kinds
+            .iter()
+            .map(|&k| policy_label(k))
+            .collect::<Vec<_>>()
+            .join(", "),
+        if args.sequential || kinds.len() == 1 {
+            "one after another"
+        } else {
+            "in parallel"
+        },
+        sim.config().locality,
+    );
+    let results: Vec<(Metrics, f64)> = if args.sequential || kinds.len() == 1 {
+        kinds.iter().map(|&k| replay(&sim, k)).collect()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = kinds
+                .iter()
+                .map(|&k| {
+                    let sim = &sim;
+                    s.spawn(move || replay(sim, k))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a simulation thread panicked"))
+                .collect()
+        })
+    };
+    let total_s = started.elapsed().as_secs_f64();
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let doc = serde_json::json!({
+            "workload": sim.summary(),
+            "config": sim.config(),
+            "policies": results.iter().map(|(m, _)| m).collect::<Vec<_>>(),
+            "wall_s": {
+                "total": total_s,
+                "per_policy": results
+                    .iter()
+                    .map(|(m, s)| (policy_label(m.policy).to_string(), *s))
+                    .collect::<std::collections::BTreeMap<_, _>>(),
+            },
+        });
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+    } else {
+        let metrics: Vec<Metrics> = results.iter().map(|(m, _)| m.clone()).collect();
+        write!(
+            out,
+            "{}",
+            render_table(sim.summary(), args.load, args.seed, &metrics)
+        )?;
+        writeln!(
+            out,
+            "wall time: {:.1} s in all ({})",
+            total_s,
+            results
+                .iter()
+                .map(|(m, s)| format!("{} {s:.1} s", policy_label(m.policy)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )?;
+    }
+    Ok(0)
+}
+
+/// One policy's run, with progress on stderr at most every few seconds.
+fn replay(sim: &Simulation, kind: PolicyKind) -> (Metrics, f64) {
+    let started = Instant::now();
+    let mut last = Instant::now();
+    let mut report = |p: &Progress| {
+        if last.elapsed().as_secs_f64() >= 5.0 {
+            last = Instant::now();
+            eprintln!(
+                "  {:<15} t={:>8}  {:>6}/{} jobs done, {} waiting, {} running ({:.0} s)",
+                policy_label(p.policy),
+                human_duration(p.now_s as f64),
+                p.jobs_done,
+                p.jobs_total,
+                p.waiting,
+                p.running,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    };
+    let outcome = sim.run_with_progress(kind, &mut report);
+    let wall = started.elapsed().as_secs_f64();
+    eprintln!("  {:<15} done in {wall:.1} s", policy_label(kind));
+    (outcome.metrics, wall)
+}

@@ -1,0 +1,73 @@
+//! The simulator's options.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::locality::LocalityModel;
+use crate::tenants::Entitlements;
+
+/// How a run is set up; the same config and seed give the same metrics.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimConfig {
+    /// Load scaling: inter-arrival times are divided by this factor
+    /// (1.0 = as recorded, 4.0 = four times as many arrivals per hour).
+    pub load: f64,
+    /// Replay only the first N jobs by submit time.
+    pub max_jobs: Option<usize>,
+    /// Jobs checkpoint every this many seconds of run time since their
+    /// (re)start; a failure loses the work since the last one. 0 = jobs never
+    /// checkpoint and restart from the beginning.
+    pub checkpoint_interval_s: u64,
+    /// Node failures per node per day (exponential inter-failure times over
+    /// the whole fleet, the node drawn uniformly). 0 = none.
+    pub node_failure_rate: f64,
+    /// How long a failed node stays unschedulable, in seconds.
+    pub repair_time_s: u64,
+    /// Seeds the failure stream and the estimate noise.
+    pub seed: u64,
+    /// Guaranteed shares per tenant, for the share-against-entitlement
+    /// metric and (with `quota_caps`) hard caps.
+    pub entitlements: Option<Entitlements>,
+    /// Give each tenant named in `entitlements` a hard quota of
+    /// `floor(share × schedulable GPUs)` GPUs; tenants not named stay uncapped.
+    pub quota_caps: bool,
+    pub locality: LocalityModel,
+    /// Runtime estimates are `duration × exp(σ·Z)`, Z standard normal; 0 =
+    /// perfect estimates.
+    pub estimate_noise: f64,
+    /// Tenants whose jobs run at low priority (all others: normal).
+    pub low_priority_tenants: BTreeSet<String>,
+    /// At most this many queued units (the oldest by priority then arrival)
+    /// are passed to each planning pass; the rest wait their turn.
+    pub queue_window: usize,
+    /// At least this many seconds of virtual time between two planning
+    /// passes, like a scheduler loop's period: events in between are applied
+    /// at once, the pass they call for runs at the period's end. 0 = a pass
+    /// at every event time that may place something.
+    pub pass_interval_s: u64,
+    /// Extra failures at fixed times (seconds of virtual time, node id), on
+    /// top of the random ones: for tests and what-if runs.
+    pub scheduled_failures: Vec<(u64, String)>,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig {
+            load: 1.0,
+            max_jobs: None,
+            checkpoint_interval_s: 3600,
+            node_failure_rate: 0.0,
+            repair_time_s: 4 * 3600,
+            seed: 1,
+            entitlements: None,
+            quota_caps: false,
+            locality: LocalityModel::default(),
+            estimate_noise: 0.0,
+            low_priority_tenants: BTreeSet::new(),
+            queue_window: 2000,
+            pass_interval_s: 0,
+            scheduled_failures: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,872 @@
+//! The event loop: one policy's run over a prepared [`Simulation`].
+//!
+//! Events are arrivals, completions, node failures and repairs. All events
+//! of one virtual second are applied together, then one planning pass runs
+//! (or is skipped when nothing new could fit), and its placements start at
+//! once. The scheduler's snapshot is kept between passes and updated in
+//! place: only what an event or a placement changes is touched.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use gangway_sched::{
+    plan, Level, Node, Placement, Policy, PolicyKind, Request, Running, Snapshot, WaitReason,
+};
+use serde::Serialize;
+
+use crate::metrics::{pct, GangStats, Metrics, Summary, TenantAcc};
+use crate::queue::{QKey, Queue};
+use crate::rng::SplitMix64;
+use crate::workload::{JobSpec, Simulation, STREAM_FAILURES};
+
+/// Where a run is, for progress reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct Progress {
+    pub policy: PolicyKind,
+    /// Virtual time, seconds.
+    pub now_s: u64,
+    pub jobs_done: u64,
+    pub jobs_total: u64,
+    pub waiting: u64,
+    pub running: u64,
+}
+
+/// One job's fate in a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobOutcome {
+    /// Index in submit order (the unit's job id is `j{index}`).
+    pub index: usize,
+    pub tenant: String,
+    /// GPUs it held (the trace's count rounded up to whole nodes).
+    pub gpus: u64,
+    pub submit_s: u64,
+    pub first_start_s: Option<u64>,
+    pub end_s: Option<u64>,
+    /// Times it started (1 + restarts).
+    pub starts: u32,
+    /// Level of its last placement.
+    pub level: Option<Level>,
+    /// GPU-seconds of work thrown away by failures.
+    pub lost_gpu_s: f64,
+    pub rejected: bool,
+}
+
+/// A run's metrics and every job's outcome.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimOutcome {
+    pub metrics: Metrics,
+    pub jobs: Vec<JobOutcome>,
+}
+
+impl Simulation {
+    /// Replays the workload under `policy`.
+    pub fn run(&self, policy: PolicyKind) -> SimOutcome {
+        self.run_with_progress(policy, &mut |_| {})
+    }
+
+    /// As [`Simulation::run`], calling `progress` every few thousand events.
+    pub fn run_with_progress(
+        &self,
+        policy: PolicyKind,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> SimOutcome {
+        let mut run = Run::new(self, policy);
+        run.main_loop(progress);
+        run.finish()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Pending,
+    Queued,
+    Running,
+    Done,
+    Rejected,
+}
+
+/// A job's mutable state in one run.
+#[derive(Clone, Debug)]
+struct JobRun {
+    phase: Phase,
+    /// Bumped on every (re)start; stale completion events carry an old one.
+    attempt: u32,
+    /// Work (full-speed seconds) saved by the last checkpoint before this attempt.
+    saved: f64,
+    start: u64,
+    factor: f64,
+    level: Option<Level>,
+    first_start: Option<u64>,
+    end: Option<u64>,
+    starts: u32,
+    lost_gpu_s: f64,
+    /// (node index, GPU indices) held while running.
+    held: Vec<(u32, Vec<u32>)>,
+    /// Its queue position key while queued.
+    qkey: QKey,
+}
+
+/// Event kinds, in the order they apply within one second: completions
+/// before repairs before failures (a job ending the second its node fails
+/// has finished).
+const EV_COMPLETE: u8 = 0;
+const EV_REPAIR: u8 = 1;
+const EV_FAIL: u8 = 2;
+const EV_RANDOM_FAIL: u8 = 3;
+/// The end of a pass interval with a deferred pass.
+const EV_WAKE: u8 = 4;
+
+/// (time, kind, subject, attempt): completion (job, attempt), repair (node),
+/// failure (node).
+type Event = Reverse<(u64, u8, u32, u32)>;
+
+/// Seqs of first arrivals start here; a requeued gang takes its arrival
+/// index below it, so it goes before every fresh arrival ("at the front").
+const FRESH_SEQ: u64 = 1 << 40;
+
+struct Run<'a> {
+    sim: &'a Simulation,
+    policy: Policy,
+    snap: Snapshot,
+    jobs: Vec<JobRun>,
+    events: BinaryHeap<Event>,
+    next_arrival: usize,
+    queue: Queue,
+    /// Per tenant: its key in the snapshot's usage map.
+    usage_keys: Vec<(String, String)>,
+    /// Position of each running job in `snap.running` (u32::MAX: none).
+    running_at: Vec<u32>,
+    node_up: Vec<bool>,
+    now: u64,
+    last: u64,
+    free: u64,
+    schedulable: u64,
+    allocated: u64,
+    stranded: bool,
+    waiting_units: u64,
+    running_units: u64,
+    done: u64,
+    fail_rng: SplitMix64,
+    fail_clock: f64,
+    /// When the last pass ran, and what the next one owes (with a pass
+    /// interval, passes that come due too soon are deferred).
+    last_pass: Option<u64>,
+    deferred_must_pass: bool,
+    deferred_units: Vec<u32>,
+    wake_pending: bool,
+    tenants: Vec<TenantAcc>,
+    acc: Acc,
+}
+
+#[derive(Default)]
+struct Acc {
+    waiting_s: f64,
+    alloc_while_waiting: f64,
+    sched_while_waiting: f64,
+    stranded_while_waiting: f64,
+    alloc_total: f64,
+    sched_total: f64,
+    gangs: GangStats,
+    in_leaf: u64,
+    in_spine: u64,
+    in_leaf_when_could: u64,
+    lost_failures_gpu_s: f64,
+    node_failures: u64,
+    restarts: u64,
+    passes: u64,
+    skipped: u64,
+    unfinished: u64,
+}
+
+impl<'a> Run<'a> {
+    fn new(sim: &'a Simulation, kind: PolicyKind) -> Run<'a> {
+        let nodes: Vec<Node> = sim
+            .nodes
+            .iter()
+            .map(|n| Node {
+                id: n.node_id.clone(),
+                spine: n.spine.clone(),
+                leaf: n.leaf.clone(),
+                nvlink_domain: n.nvlink_domain.clone(),
+                gpu_type: n.gpu_type.clone(),
+                gpus: n.gpus,
+                free: (0..n.gpus).collect(),
+                schedulable: !n.spare,
+            })
+            .collect();
+        let quotas = sim
+            .quotas
+            .iter()
+            .enumerate()
+            .filter_map(|(t, q)| Some(((sim.tenants[t].clone(), sim.gpu_type.clone()), (*q)?)))
+            .collect();
+        let mut events = BinaryHeap::new();
+        for &(at, node) in &sim.scheduled_failures {
+            events.push(Reverse((at, EV_FAIL, node, 0)));
+        }
+        let jobs = sim
+            .jobs
+            .iter()
+            .map(|j| JobRun {
+                phase: if j.rejected {
+                    Phase::Rejected
+                } else {
+                    Phase::Pending
+                },
+                attempt: 0,
+                saved: 0.0,
+                start: 0,
+                factor: 1.0,
+                level: None,
+                first_start: None,
+                end: None,
+                starts: 0,
+                lost_gpu_s: 0.0,
+                held: Vec::new(),
+                qkey: (Reverse(0), 0, 0),
+            })
+            .collect();
+        let mut tenants = vec![TenantAcc::default(); sim.tenants.len()];
+        for j in &sim.jobs {
+            tenants[j.tenant as usize].jobs += 1;
+        }
+        let mut run = Run {
+            sim,
+            policy: Policy {
+                kind,
+                ..Policy::default()
+            },
+            snap: Snapshot {
+                nodes,
+                quotas,
+                ..Snapshot::default()
+            },
+            jobs,
+            events,
+            next_arrival: 0,
+            queue: Queue::new(sim.config.queue_window),
+            usage_keys: sim
+                .tenants
+                .iter()
+                .map(|t| (t.clone(), sim.gpu_type.clone()))
+                .collect(),
+            running_at: vec![u32::MAX; sim.jobs.len()],
+            node_up: vec![true; sim.nodes.len()],
+            now: 0,
+            last: 0,
+            free: sim.fleet_gpus,
+            schedulable: sim.fleet_gpus,
+            allocated: 0,
+            stranded: false,
+            waiting_units: 0,
+            running_units: 0,
+            done: 0,
+            fail_rng: SplitMix64::derive(sim.config.seed, STREAM_FAILURES, 0),
+            fail_clock: 0.0,
+            last_pass: None,
+            deferred_must_pass: false,
+            deferred_units: Vec::new(),
+            wake_pending: false,
+            tenants,
+            acc: Acc::default(),
+        };
+        run.schedule_random_failure();
+        run
+    }
+
+    fn spec(&self, job: u32) -> &'a JobSpec {
+        &self.sim.jobs[job as usize]
+    }
+
+    /// Draws the next random failure (time and node) from the failure stream,
+    /// which depends on the seed alone, so every policy meets the same ones.
+    fn schedule_random_failure(&mut self) {
+        let rate = self.sim.config.node_failure_rate;
+        if rate <= 0.0 || self.sim.failable.is_empty() {
+            return;
+        }
+        let per_s = rate * self.sim.failable.len() as f64 / 86_400.0;
+        self.fail_clock += self.fail_rng.exp(per_s);
+        let node = self.sim.failable[self.fail_rng.below(self.sim.failable.len() as u64) as usize];
+        let at = self.fail_clock.ceil().min(u64::MAX as f64) as u64;
+        self.events.push(Reverse((at, EV_RANDOM_FAIL, node, 0)));
+    }
+
+    fn live(&self) -> bool {
+        self.next_arrival < self.sim.jobs.len() || self.waiting_units > 0 || self.running_units > 0
+    }
+
+    fn main_loop(&mut self, progress: &mut dyn FnMut(&Progress)) {
+        let mut steps: u64 = 0;
+        while self.live() {
+            let next_arrival = self.next_pending_arrival();
+            let next_event = self.events.peek().map(|Reverse(e)| e.0);
+            let t = match (next_arrival, next_event) {
+                (Some(a), Some(e)) => a.min(e),
+                (Some(a), None) => a,
+                (None, Some(e)) => e,
+                (None, None) => break,
+            };
+            if self.waiting_units > 0
+                && self.running_units == 0
+                && next_arrival.is_none()
+                && self.node_up.iter().all(|&u| u)
+                && !self.wake_pending
+            {
+                // Everything is free and the last pass placed nothing: only
+                // failures could still happen, and they change nothing.
+                self.acc.unfinished = self.waiting_units;
+                break;
+            }
+            self.advance(t);
+            let mut must_pass = false;
+            let mut new_units: Vec<u32> = Vec::new();
+            while let Some(&Reverse((at, kind, a, b))) = self.events.peek() {
+                if at != t {
+                    break;
+                }
+                self.events.pop();
+                match kind {
+                    EV_COMPLETE => must_pass |= self.complete(a, b),
+                    EV_REPAIR => must_pass |= self.repair(a),
+                    EV_FAIL | EV_RANDOM_FAIL => {
+                        if kind == EV_RANDOM_FAIL {
+                            self.schedule_random_failure();
+                        }
+                        must_pass |= self.fail(a, &mut new_units);
+                    }
+                    EV_WAKE => self.wake_pending = false,
+                    _ => unreachable!("unknown event kind {kind}"),
+                }
+            }
+            while let Some(j) = self.next_arrival_at(t) {
+                self.next_arrival += 1;
+                if self.jobs[j as usize].phase == Phase::Pending {
+                    self.enqueue(j, false, &mut new_units);
+                }
+            }
+            self.pass_or_defer(must_pass, new_units);
+            debug_assert_eq!(self.waiting_units as usize, self.queue.len());
+            steps += 1;
+            if steps.is_multiple_of(4096) {
+                progress(&self.progress());
+            }
+        }
+        progress(&self.progress());
+    }
+
+    fn progress(&self) -> Progress {
+        Progress {
+            policy: self.policy.kind,
+            now_s: self.now,
+            jobs_done: self.done,
+            jobs_total: self.sim.jobs.len() as u64,
+            waiting: self.waiting_units,
+            running: self.running_units,
+        }
+    }
+
+    /// The arrival time of the next job not rejected.
+    fn next_pending_arrival(&mut self) -> Option<u64> {
+        while self.next_arrival < self.sim.jobs.len()
+            && self.jobs[self.next_arrival].phase == Phase::Rejected
+        {
+            self.next_arrival += 1;
+        }
+        self.sim.jobs.get(self.next_arrival).map(|j| j.submit)
+    }
+
+    fn next_arrival_at(&mut self, t: u64) -> Option<u32> {
+        match self.next_pending_arrival() {
+            Some(at) if at <= t => Some(self.next_arrival as u32),
+            _ => None,
+        }
+    }
+
+    /// Integrates the (constant) state over `[last, t)` and moves the clock.
+    fn advance(&mut self, t: u64) {
+        let dt = t.saturating_sub(self.last) as f64;
+        if dt > 0.0 {
+            let acc = &mut self.acc;
+            let (alloc, sched) = (self.allocated as f64, self.schedulable as f64);
+            acc.alloc_total += alloc * dt;
+            acc.sched_total += sched * dt;
+            if self.waiting_units > 0 {
+                acc.waiting_s += dt;
+                acc.alloc_while_waiting += alloc * dt;
+                acc.sched_while_waiting += sched * dt;
+                if self.stranded {
+                    acc.stranded_while_waiting += self.free as f64 * dt;
+                }
+            }
+            for (i, t) in self.tenants.iter_mut().enumerate() {
+                t.integrate(dt, self.schedulable, self.sim.shares[i]);
+            }
+        }
+        self.last = t;
+        self.now = t;
+    }
+
+    fn request(&self, job: u32, requeued: bool) -> Request {
+        let spec = self.spec(job);
+        let remaining = (spec.est_work - self.jobs[job as usize].saved).max(1.0);
+        Request {
+            job: format!("j{job}"),
+            ranks: (0..spec.workers).collect(),
+            tenant: self.sim.tenants[spec.tenant as usize].clone(),
+            gpu_type: self.sim.gpu_type.clone(),
+            gpus_per_worker: spec.gpus_per_worker,
+            required: Level::Region,
+            preferred: spec.best,
+            priority: spec.priority,
+            seq: if requeued {
+                u64::from(job)
+            } else {
+                FRESH_SEQ + u64::from(job)
+            },
+            estimated_duration_s: remaining.ceil() as u64,
+        }
+    }
+
+    /// Queues a unit; `new_units` gets it when it entered the window.
+    fn enqueue(&mut self, job: u32, requeued: bool, new_units: &mut Vec<u32>) {
+        let req = self.request(job, requeued);
+        let key = (Reverse(req.priority), req.seq, job);
+        let spec = self.spec(job);
+        let t = &mut self.tenants[spec.tenant as usize];
+        t.waiting_units += 1;
+        t.waiting_gpus += spec.gpus();
+        self.waiting_units += 1;
+        self.jobs[job as usize].phase = Phase::Queued;
+        self.jobs[job as usize].qkey = key;
+        if self.queue.push(key, req, spec.gpus()) {
+            new_units.push(job);
+        }
+    }
+
+    /// Could this queued unit fit now, judging by free counts only?
+    fn could_fit(&self, job: u32, max_node_free: u32) -> bool {
+        let spec = self.spec(job);
+        spec.gpus() <= self.free && spec.gpus_per_worker <= max_node_free && self.under_quota(job)
+    }
+
+    fn max_node_free(&self) -> u32 {
+        self.snap
+            .nodes
+            .iter()
+            .filter(|n| n.schedulable)
+            .map(|n| n.free.len() as u32)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// With a pass interval, a pass that comes due less than an interval
+    /// after the last one waits for the interval's end (what it owes is
+    /// kept); otherwise it runs now.
+    fn pass_or_defer(&mut self, must_pass: bool, mut new_units: Vec<u32>) {
+        let must_pass = must_pass || std::mem::take(&mut self.deferred_must_pass);
+        if !self.deferred_units.is_empty() {
+            let mut owed = std::mem::take(&mut self.deferred_units);
+            owed.append(&mut new_units);
+            new_units = owed;
+        }
+        let interval = self.sim.config.pass_interval_s;
+        let due = self.last_pass.map_or(0, |t| t.saturating_add(interval));
+        if interval > 0 && self.now < due && (must_pass || !new_units.is_empty()) {
+            self.deferred_must_pass = must_pass;
+            self.deferred_units = new_units;
+            if !self.wake_pending {
+                self.wake_pending = true;
+                self.events.push(Reverse((due, EV_WAKE, 0, 0)));
+            }
+            return;
+        }
+        self.schedule(must_pass, new_units);
+    }
+
+    /// Runs planning passes at the current time. A pass runs when capacity
+    /// grew since the last one, or when a unit new to the window could fit
+    /// by free counts; otherwise nothing the last pass left waiting can fit
+    /// now either, and the pass is skipped. After a pass that placed units,
+    /// the window is topped up and the newcomers get a pass of their own.
+    fn schedule(&mut self, mut must_pass: bool, mut new_units: Vec<u32>) {
+        loop {
+            // A newcomer pushed beyond the window again is not new to the core.
+            new_units.retain(|&j| self.queue.windowed(&self.jobs[j as usize].qkey));
+            let Some(min_gpus) = self.queue.min_gpus() else {
+                self.stranded = false;
+                return;
+            };
+            if min_gpus > self.free {
+                // Nothing shown to the core fits even the total free count.
+                self.acc.skipped += u64::from(must_pass || !new_units.is_empty());
+                self.stranded = false;
+                return;
+            }
+            let max_free = self.max_node_free();
+            let fitting_new = new_units.iter().any(|&j| self.could_fit(j, max_free));
+            if !must_pass && !fitting_new {
+                if !new_units.is_empty() {
+                    self.acc.skipped += 1;
+                }
+                // A newcomer that fits the free count but no node is stranded.
+                if new_units
+                    .iter()
+                    .any(|&j| self.spec(j).gpus() <= self.free && self.under_quota(j))
+                {
+                    self.stranded = true;
+                }
+                return;
+            }
+            self.snap.now = self.now;
+            self.snap.generation += 1;
+            self.acc.passes += 1;
+            self.last_pass = Some(self.now);
+            self.snap.queue = std::mem::take(&mut self.queue.requests);
+            let plan = plan(&self.snap, &self.policy);
+            self.queue.requests = std::mem::take(&mut self.snap.queue);
+            let mut placed: BTreeMap<u32, QKey> = BTreeMap::new();
+            for p in &plan.placements {
+                let job = job_index(&p.job);
+                let run = &self.jobs[job as usize];
+                if run.phase == Phase::Queued && !placed.contains_key(&job) {
+                    placed.insert(job, run.qkey);
+                    self.start(job, p);
+                }
+            }
+            self.queue.remove(&placed);
+            let free = self.free;
+            self.stranded = self.queue.min_gpus().is_some_and(|m| m <= free)
+                && plan.waiting.iter().any(|w| {
+                    matches!(
+                        w.reason,
+                        WaitReason::NoCapacity { .. } | WaitReason::Reserved { .. }
+                    ) && self.spec(job_index(&w.job)).gpus() <= free
+                });
+            if placed.is_empty() {
+                return;
+            }
+            new_units.clear();
+            self.queue.top_up(&mut new_units);
+            must_pass = false;
+        }
+    }
+
+    /// Would starting it keep its tenant within a hard quota?
+    fn under_quota(&self, job: u32) -> bool {
+        let spec = self.spec(job);
+        self.sim.quotas[spec.tenant as usize]
+            .is_none_or(|q| self.tenants[spec.tenant as usize].held + spec.gpus() <= u64::from(q))
+    }
+
+    /// Starts a placed unit.
+    fn start(&mut self, job: u32, p: &Placement) {
+        let spec = self.spec(job);
+        if spec.workers > 1 {
+            self.note_gang(job, p);
+        }
+        let now = self.now;
+        let factor = self.sim.config.locality.factor(p.level, spec.best);
+        let gpus = spec.gpus();
+        let mut held: Vec<(u32, Vec<u32>)> = Vec::with_capacity(p.workers.len());
+        for w in &p.workers {
+            let n = self.sim.node_at[w.node.as_str()];
+            let node = &mut self.snap.nodes[n as usize];
+            assert!(
+                node.schedulable && w.gpus.iter().all(|g| node.free.contains(g)),
+                "the core placed {} on GPUs of {} that are not free",
+                p.job,
+                w.node
+            );
+            node.free.retain(|g| !w.gpus.contains(g));
+            match held.last_mut() {
+                Some((last, gs)) if *last == n => gs.extend_from_slice(&w.gpus),
+                _ => held.push((n, w.gpus.clone())),
+            }
+        }
+        let run = &mut self.jobs[job as usize];
+        let remaining = (spec.work - run.saved).max(0.0);
+        let est_remaining = (spec.est_work - run.saved).max(0.0);
+        let end = now + (remaining / factor).ceil() as u64;
+        let expected_end = now + (est_remaining / factor).ceil() as u64;
+        run.phase = Phase::Running;
+        run.attempt += 1;
+        run.start = now;
+        run.factor = factor;
+        run.level = Some(p.level);
+        run.first_start.get_or_insert(now);
+        run.starts += 1;
+        let attempt = run.attempt;
+        let tenant = &self.sim.tenants[spec.tenant as usize];
+        self.running_at[job as usize] = self.snap.running.len() as u32;
+        // `..Default` keeps this building when the core grows new fields.
+        #[allow(clippy::needless_update)]
+        let entry = Running {
+            job: p.job.clone(),
+            tenant: tenant.clone(),
+            gpu_type: self.sim.gpu_type.clone(),
+            priority: spec.priority,
+            gpus: held
+                .iter()
+                .map(|(n, gs)| (self.sim.nodes[*n as usize].node_id.clone(), gs.clone()))
+                .collect(),
+            expected_end,
+            ..Running::default()
+        };
+        self.snap.running.push(entry);
+        self.jobs[job as usize].held = held;
+        let usage_key = &self.usage_keys[spec.tenant as usize];
+        match self.snap.usage.get_mut(usage_key) {
+            Some(u) => *u += gpus as u32,
+            None => {
+                self.snap.usage.insert(usage_key.clone(), gpus as u32);
+            }
+        }
+        let t = &mut self.tenants[spec.tenant as usize];
+        t.held += gpus;
+        t.waiting_units -= 1;
+        t.waiting_gpus -= gpus;
+        self.waiting_units -= 1;
+        self.running_units += 1;
+        self.free -= gpus;
+        self.allocated += gpus;
+        if spec.level_is_spread(p.level) {
+            self.acc.gangs.spread_starts += 1;
+        }
+        self.events.push(Reverse((end, EV_COMPLETE, job, attempt)));
+    }
+
+    /// Gang placement statistics, taken before the gang's GPUs leave the
+    /// free lists (so "a leaf could hold it" sees what this pass left).
+    fn note_gang(&mut self, job: u32, p: &Placement) {
+        let spec = self.spec(job);
+        let mut fits_per_leaf = vec![0u32; self.sim.leaves as usize];
+        for (i, n) in self.snap.nodes.iter().enumerate() {
+            if n.schedulable {
+                fits_per_leaf[self.sim.leaf_of[i] as usize] +=
+                    n.free.len() as u32 / spec.gpus_per_worker;
+            }
+        }
+        let leaf_could = fits_per_leaf.iter().any(|&w| w >= spec.workers);
+        let g = &mut self.acc;
+        g.gangs.multi_node_starts += 1;
+        let in_leaf = p.level <= Level::Leaf;
+        g.in_leaf += u64::from(in_leaf);
+        g.in_spine += u64::from(p.level <= Level::Spine);
+        if leaf_could {
+            g.gangs.leaf_could_hold += 1;
+            g.in_leaf_when_could += u64::from(in_leaf);
+        }
+    }
+
+    /// Frees a unit's GPUs (into its nodes' free lists; only GPUs of nodes in
+    /// service count as free capacity).
+    fn release(&mut self, job: u32) {
+        let spec = self.spec(job);
+        let gpus = spec.gpus();
+        let held = std::mem::take(&mut self.jobs[job as usize].held);
+        for (n, gs) in held {
+            let node = &mut self.snap.nodes[n as usize];
+            node.free.extend_from_slice(&gs);
+            node.free.sort_unstable();
+            if self.node_up[n as usize] {
+                self.free += gs.len() as u64;
+            }
+        }
+        let at = std::mem::replace(&mut self.running_at[job as usize], u32::MAX) as usize;
+        self.snap.running.swap_remove(at);
+        if let Some(moved) = self.snap.running.get(at) {
+            self.running_at[job_index(&moved.job) as usize] = at as u32;
+        }
+        if let Some(u) = self
+            .snap
+            .usage
+            .get_mut(&self.usage_keys[spec.tenant as usize])
+        {
+            *u = u.saturating_sub(gpus as u32);
+        }
+        self.tenants[spec.tenant as usize].held -= gpus;
+        self.allocated -= gpus;
+        self.running_units -= 1;
+    }
+
+    /// A completion event; true when it freed GPUs.
+    fn complete(&mut self, job: u32, attempt: u32) -> bool {
+        let run = &self.jobs[job as usize];
+        if run.phase != Phase::Running || run.attempt != attempt {
+            return false; // killed since; a later attempt has its own event
+        }
+        self.release(job);
+        let run = &mut self.jobs[job as usize];
+        run.phase = Phase::Done;
+        run.end = Some(self.now);
+        self.done += 1;
+        true
+    }
+
+    /// A node fails: it leaves service until repaired, and every gang with a
+    /// worker on it stops and requeues at the front, keeping the work up to
+    /// its last checkpoint. True when a node in service went down.
+    fn fail(&mut self, node: u32, new_units: &mut Vec<u32>) -> bool {
+        let n = node as usize;
+        if !self.node_up[n] || self.sim.nodes[n].spare {
+            return false;
+        }
+        self.acc.node_failures += 1;
+        self.node_up[n] = false;
+        self.snap.nodes[n].schedulable = false;
+        let gpus = u64::from(self.sim.nodes[n].gpus);
+        self.schedulable -= gpus;
+        self.free -= self.snap.nodes[n].free.len() as u64;
+        let victims: Vec<u32> = self
+            .snap
+            .running
+            .iter()
+            .map(|r| job_index(&r.job))
+            .filter(|&j| self.jobs[j as usize].held.iter().any(|(h, _)| *h == node))
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        for &job in &victims {
+            self.kill(job);
+            self.enqueue(job, true, new_units);
+        }
+        let repair_at = self.now.saturating_add(self.sim.config.repair_time_s);
+        self.events.push(Reverse((repair_at, EV_REPAIR, node, 0)));
+        // Pass even when nobody was hit: the free count shrank, so what the
+        // last pass found stranded must be judged again.
+        true
+    }
+
+    /// Stops a running unit after a failure, keeping what its last
+    /// checkpoint saved.
+    fn kill(&mut self, job: u32) {
+        let spec = self.spec(job);
+        let interval = self.sim.config.checkpoint_interval_s;
+        let run = &mut self.jobs[job as usize];
+        let elapsed = self.now - run.start;
+        let (saved, lost_s) = match elapsed.checked_div(interval) {
+            Some(intervals) => {
+                let kept = run.factor * (intervals * interval) as f64;
+                (
+                    (run.saved + kept).min(spec.work),
+                    elapsed - intervals * interval,
+                )
+            }
+            // Never checkpoints: everything since the first start is lost.
+            None => (0.0, elapsed),
+        };
+        let lost = lost_s as f64 * spec.gpus() as f64;
+        run.saved = saved;
+        run.lost_gpu_s += lost;
+        self.acc.lost_failures_gpu_s += lost;
+        self.acc.restarts += 1;
+        self.release(job);
+    }
+
+    /// A node comes back into service; true (capacity grew).
+    fn repair(&mut self, node: u32) -> bool {
+        let n = node as usize;
+        if self.node_up[n] {
+            return false;
+        }
+        self.node_up[n] = true;
+        self.snap.nodes[n].schedulable = true;
+        self.schedulable += u64::from(self.sim.nodes[n].gpus);
+        self.free += self.snap.nodes[n].free.len() as u64;
+        true
+    }
+
+    fn finish(mut self) -> SimOutcome {
+        let sim = self.sim;
+        let mut jct = Vec::new();
+        let mut delay = Vec::new();
+        let mut makespan = 0;
+        let mut outcomes = Vec::with_capacity(sim.jobs.len());
+        for (i, (spec, run)) in sim.jobs.iter().zip(&self.jobs).enumerate() {
+            if let Some(end) = run.end {
+                jct.push((end - spec.submit) as f64);
+                makespan = makespan.max(end);
+            }
+            if let Some(start) = run.first_start {
+                delay.push((start - spec.submit) as f64);
+            }
+            outcomes.push(JobOutcome {
+                index: i,
+                tenant: sim.tenants[spec.tenant as usize].clone(),
+                gpus: spec.gpus(),
+                submit_s: spec.submit,
+                first_start_s: run.first_start,
+                end_s: run.end,
+                starts: run.starts,
+                level: run.level,
+                lost_gpu_s: run.lost_gpu_s,
+                rejected: run.phase == Phase::Rejected,
+            });
+        }
+        if self.acc.unfinished == 0 {
+            self.acc.unfinished = self.waiting_units + self.running_units;
+        }
+        let acc = &self.acc;
+        let tenants: Vec<_> = self
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| t.report(&sim.tenants[i], sim.shares[i]))
+            .collect();
+        let min = tenants
+            .iter()
+            .filter(|t| t.entitlement_pct > 0.0)
+            .filter_map(|t| Some((t.entitlement_fulfilment_pct?, t.tenant.clone())))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        let mut gangs = acc.gangs.clone();
+        let starts = gangs.multi_node_starts as f64;
+        gangs.in_one_leaf_pct = pct(acc.in_leaf as f64, starts);
+        gangs.in_one_spine_pct = pct(acc.in_spine as f64, starts);
+        gangs.in_one_leaf_when_a_leaf_could_pct =
+            pct(acc.in_leaf_when_could as f64, gangs.leaf_could_hold as f64);
+        let metrics = Metrics {
+            policy: self.policy.kind,
+            jobs: sim.jobs.len() as u64,
+            jobs_completed: self.done,
+            jobs_rejected: sim.summary.jobs_rejected,
+            jobs_unfinished: acc.unfinished,
+            fleet_gpus: sim.fleet_gpus,
+            allocation_while_waiting_pct: pct(acc.alloc_while_waiting, acc.sched_while_waiting),
+            utilization_pct: pct(acc.alloc_total, acc.sched_total),
+            hours_with_waiting_jobs: acc.waiting_s / 3600.0,
+            stranded_while_gang_waits_pct: pct(acc.stranded_while_waiting, acc.sched_while_waiting),
+            jct_s: Summary::of(jct),
+            queueing_delay_s: Summary::of(delay),
+            makespan_s: makespan,
+            gangs,
+            gpu_hours: acc.alloc_total / 3600.0,
+            gpu_hours_lost_to_failures: acc.lost_failures_gpu_s / 3600.0,
+            gpu_hours_lost_to_preemption: 0.0,
+            node_failures: acc.node_failures,
+            restarts: acc.restarts,
+            min_entitlement_fulfilment_pct: min.as_ref().map(|m| m.0),
+            min_entitlement_fulfilment_tenant: min.map(|m| m.1),
+            tenants,
+            passes: acc.passes,
+            passes_skipped: acc.skipped,
+        };
+        SimOutcome {
+            metrics,
+            jobs: outcomes,
+        }
+    }
+}
+
+impl JobSpec {
+    fn level_is_spread(&self, placed: Level) -> bool {
+        placed > self.best
+    }
+}
+
+/// `j123` → 123.
+fn job_index(id: &str) -> u32 {
+    id.strip_prefix('j')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the core returned a job id {id:?} the simulator never queued"))
+}

@@ -1,0 +1,216 @@
+//! What a run reports ([`Metrics`]) and the accumulators that build it.
+//!
+//! Time-weighted figures integrate a piecewise-constant state over virtual
+//! time: the state only changes at event times, so each interval between two
+//! consecutive event times adds `value × length`.
+
+use gangway_sched::PolicyKind;
+use serde::Serialize;
+
+/// Mean, median and 99th percentile of a set of durations, in seconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub mean: f64,
+    pub median: f64,
+    pub p99: f64,
+}
+
+impl Summary {
+    /// Median: the middle value (mean of the two middle ones for an even
+    /// count). p99: the nearest-rank 99th percentile. All 0 when empty.
+    pub fn of(mut values: Vec<f64>) -> Summary {
+        if values.is_empty() {
+            return Summary::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let median = if n % 2 == 1 {
+            values[n / 2]
+        } else {
+            (values[n / 2 - 1] + values[n / 2]) / 2.0
+        };
+        let rank = ((0.99 * n as f64).ceil() as usize).clamp(1, n);
+        Summary {
+            mean: values.iter().sum::<f64>() / n as f64,
+            median,
+            p99: values[rank - 1],
+        }
+    }
+}
+
+/// Where multi-node gangs were placed (counted per start, restarts included).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GangStats {
+    /// Starts of units with more than one worker.
+    pub multi_node_starts: u64,
+    /// % of them inside one leaf (or one NVLink domain).
+    pub in_one_leaf_pct: Option<f64>,
+    /// % of them inside one spine.
+    pub in_one_spine_pct: Option<f64>,
+    /// Starts where, at that moment, some leaf had room for the whole gang.
+    pub leaf_could_hold: u64,
+    /// % of those placed inside one leaf.
+    pub in_one_leaf_when_a_leaf_could_pct: Option<f64>,
+    /// Starts placed above their tightest possible level, so slowed down.
+    pub spread_starts: u64,
+}
+
+/// One tenant's share of the fleet against its entitlement.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TenantShare {
+    pub tenant: String,
+    /// Entitled share of the fleet, % (0 when not named in the quotas file).
+    pub entitlement_pct: f64,
+    pub jobs: u64,
+    /// GPU-hours it held (lost work included).
+    pub gpu_hours: f64,
+    /// Hours during which it had work waiting (demand beyond what it held).
+    pub hours_with_demand: f64,
+    /// Its mean share of the schedulable GPUs over those hours, %.
+    pub share_while_demand_pct: Option<f64>,
+    /// `share_while_demand / entitlement` (above 1: it borrowed idle capacity).
+    pub share_vs_entitlement: Option<f64>,
+    /// Over those hours, `∫ min(held, E) / ∫ min(demand, E)` with E its
+    /// entitled GPUs and demand = held + waiting GPUs, %: how much of the
+    /// entitlement it could use it got. 100 = never short of it.
+    pub entitlement_fulfilment_pct: Option<f64>,
+}
+
+/// One policy's results on one trace.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Metrics {
+    pub policy: PolicyKind,
+    /// Jobs replayed (after `max_jobs`), rejected ones included.
+    pub jobs: u64,
+    pub jobs_completed: u64,
+    /// Jobs that could never be placed (larger than the fleet or their quota).
+    pub jobs_rejected: u64,
+    /// Jobs still waiting when nothing could change any more (0 unless the core
+    /// leaves a placeable unit waiting on an idle fleet).
+    pub jobs_unfinished: u64,
+    /// Schedulable GPUs of the fleet (the simulated type, spares excluded).
+    pub fleet_gpus: u64,
+    /// Allocated / schedulable GPUs, time-weighted over the intervals when
+    /// some unit waits, %.
+    pub allocation_while_waiting_pct: Option<f64>,
+    /// Allocated / schedulable GPUs over the whole makespan, %.
+    pub utilization_pct: Option<f64>,
+    /// Hours during which some unit waited.
+    pub hours_with_waiting_jobs: f64,
+    /// Free GPUs while some waiting gang fits in the total free count but in
+    /// no single domain, time-weighted over the intervals when some unit
+    /// waits, as % of the schedulable GPUs.
+    pub stranded_while_gang_waits_pct: Option<f64>,
+    /// Completion time (end − submit).
+    pub jct_s: Summary,
+    /// Queueing delay (first start − submit).
+    pub queueing_delay_s: Summary,
+    /// Last completion, from the first arrival.
+    pub makespan_s: u64,
+    pub gangs: GangStats,
+    /// GPU-hours allocated (useful and lost).
+    pub gpu_hours: f64,
+    pub gpu_hours_lost_to_failures: f64,
+    /// 0 while the core does not preempt.
+    pub gpu_hours_lost_to_preemption: f64,
+    /// Node failures that hit a node in service.
+    pub node_failures: u64,
+    /// Gang restarts after a failure.
+    pub restarts: u64,
+    /// The lowest `entitlement_fulfilment_pct` among entitled tenants.
+    pub min_entitlement_fulfilment_pct: Option<f64>,
+    pub min_entitlement_fulfilment_tenant: Option<String>,
+    pub tenants: Vec<TenantShare>,
+    /// Planning passes run, and event times where a pass was skipped because
+    /// nothing new could fit.
+    pub passes: u64,
+    pub passes_skipped: u64,
+}
+
+pub(crate) fn pct(num: f64, den: f64) -> Option<f64> {
+    (den > 0.0).then(|| 100.0 * num / den)
+}
+
+/// Per-tenant running totals.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TenantAcc {
+    /// GPUs held now, and GPUs of its units waiting now.
+    pub held: u64,
+    pub waiting_gpus: u64,
+    pub waiting_units: u64,
+    pub jobs: u64,
+    pub gpu_s: f64,
+    pub demand_s: f64,
+    pub held_while_demand: f64,
+    pub sched_while_demand: f64,
+    pub got_of_entitlement: f64,
+    pub could_use_of_entitlement: f64,
+}
+
+impl TenantAcc {
+    /// Adds an interval of `dt` seconds in which the state did not change.
+    pub fn integrate(&mut self, dt: f64, schedulable: u64, share: f64) {
+        let held = self.held as f64;
+        self.gpu_s += held * dt;
+        if self.waiting_units > 0 {
+            let entitled = share * schedulable as f64;
+            let demand = held + self.waiting_gpus as f64;
+            self.demand_s += dt;
+            self.held_while_demand += held * dt;
+            self.sched_while_demand += schedulable as f64 * dt;
+            self.got_of_entitlement += held.min(entitled) * dt;
+            self.could_use_of_entitlement += demand.min(entitled) * dt;
+        }
+    }
+
+    pub fn report(&self, tenant: &str, share: f64) -> TenantShare {
+        let mean_share = pct(self.held_while_demand, self.sched_while_demand);
+        TenantShare {
+            tenant: tenant.to_string(),
+            entitlement_pct: 100.0 * share,
+            jobs: self.jobs,
+            gpu_hours: self.gpu_s / 3600.0,
+            hours_with_demand: self.demand_s / 3600.0,
+            share_while_demand_pct: mean_share,
+            share_vs_entitlement: mean_share
+                .filter(|_| share > 0.0)
+                .map(|s| s / (100.0 * share)),
+            entitlement_fulfilment_pct: pct(self.got_of_entitlement, self.could_use_of_entitlement),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_statistics() {
+        let s = Summary::of(vec![4.0, 1.0, 3.0, 2.0]);
+        assert_eq!((s.mean, s.median, s.p99), (2.5, 2.5, 4.0));
+        let s = Summary::of((1..=1000).map(f64::from).collect());
+        assert_eq!((s.median, s.p99), (500.5, 990.0));
+        assert_eq!(Summary::of(vec![]), Summary::default());
+    }
+
+    #[test]
+    fn fulfilment_counts_only_what_the_entitlement_covers() {
+        let mut t = TenantAcc {
+            held: 10,
+            waiting_gpus: 30,
+            waiting_units: 1,
+            ..Default::default()
+        };
+        // Entitled to 25 % of 100 = 25 GPUs; could use 25, got 10.
+        t.integrate(10.0, 100, 0.25);
+        t.held = 40;
+        t.waiting_gpus = 8;
+        // Holds more than its 25: fully served.
+        t.integrate(10.0, 100, 0.25);
+        let r = t.report("a", 0.25);
+        assert_eq!(r.entitlement_fulfilment_pct, Some(100.0 * 35.0 / 50.0));
+        assert_eq!(r.share_while_demand_pct, Some(25.0));
+        assert_eq!(r.share_vs_entitlement, Some(1.0));
+        assert_eq!(r.hours_with_demand, 20.0 / 3600.0);
+    }
+}
