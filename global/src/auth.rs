@@ -187,3 +187,56 @@ impl FromRequestParts<GlobalState> for AdminCaller {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims(exp: i64) -> Claims {
+        Claims {
+            iss: "iss".into(),
+            aud: "aud".into(),
+            sub: "someone".into(),
+            exp,
+            nbf: 0,
+            iat: 0,
+            role: Role::Tenant,
+            tenant: Some("acme".into()),
+            region: None,
+        }
+    }
+
+    #[test]
+    fn a_cached_token_counts_only_before_its_expiry() {
+        let cache = TokenCache::new();
+        cache.insert("Bearer a", &claims(100), 50);
+        assert_eq!(cache.get("Bearer a", 99), Some(claims(100)));
+        // From `exp` on, the verifier decides again (with its leeway).
+        assert_eq!(cache.get("Bearer a", 100), None);
+        assert_eq!(cache.get("Bearer b", 50), None);
+    }
+
+    #[test]
+    fn a_full_cache_drops_expired_tokens_first_and_stays_bounded() {
+        let cache = TokenCache::new();
+        for i in 0..TOKEN_CACHE_MAX {
+            // Half of them expired by t = 20.
+            let exp = if i % 2 == 0 { 10 } else { 1000 };
+            cache.insert(&format!("Bearer {i}"), &claims(exp), 0);
+        }
+        cache.insert("Bearer new", &claims(1000), 20);
+        assert_eq!(cache.get("Bearer 1", 20), Some(claims(1000)));
+        assert_eq!(cache.get("Bearer new", 20), Some(claims(1000)));
+        assert_eq!(
+            cache.map.lock().unwrap().len(),
+            TOKEN_CACHE_MAX / 2 + 1,
+            "expired entries went, live ones stayed"
+        );
+        // Full of live tokens: it starts over rather than grow.
+        let cache = TokenCache::new();
+        for i in 0..=TOKEN_CACHE_MAX {
+            cache.insert(&format!("Bearer {i}"), &claims(1000), 0);
+        }
+        assert!(cache.map.lock().unwrap().len() <= TOKEN_CACHE_MAX);
+    }
+}
