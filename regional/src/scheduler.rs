@@ -134,7 +134,7 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
             }
             // (Re)connect the leadership connection when needed.
             if leadership.as_ref().is_none_or(|l| l.is_closed()) {
-                state.leader.store(false, Ordering::Relaxed);
+                set_leader(&state, false);
                 match Leadership::connect(&cfg.database_url).await {
                     Ok(l) => leadership = Some(l),
                     Err(e) => {
@@ -152,11 +152,7 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
                     false
                 }
             };
-            let was = state.leader.swap(leading, Ordering::Relaxed);
-            if leading != was {
-                tracing::info!(leader = leading, "scheduling leadership changed");
-                metrics::gauge!("gangway_scheduler_leader").set(if leading { 1.0 } else { 0.0 });
-            }
+            set_leader(&state, leading);
             if !leading {
                 sleep_or_cancel(cfg.leader_retry_interval, &shutdown).await;
                 continue;
@@ -183,10 +179,20 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
         if let Some(mut l) = leadership {
             l.release().await;
         }
-        state.leader.store(false, Ordering::Relaxed);
+        set_leader(&state, false);
     }
     .instrument(span)
     .await
+}
+
+/// Records whether this replica leads: the flag `GET /v1/region` reports
+/// and the `gangway_scheduler_leader` gauge, always together.
+fn set_leader(state: &AppState, leading: bool) {
+    let was = state.leader.swap(leading, Ordering::Relaxed);
+    if leading != was {
+        tracing::info!(leader = leading, "scheduling leadership changed");
+    }
+    metrics::gauge!("gangway_scheduler_leader").set(if leading { 1.0 } else { 0.0 });
 }
 
 async fn sleep_or_cancel(d: Duration, shutdown: &CancellationToken) {
