@@ -203,6 +203,7 @@ fn allocate(nodes: &mut [Node], percent: u32, seed: u64) -> Vec<Running> {
             priority: 0,
             gpus: vec![(node.id.clone(), gpus)],
             expected_end: end,
+            ..Default::default()
         };
         if used == node.gpus {
             // A whole node: the next node of the current gang, or a new gang.
@@ -285,6 +286,7 @@ fn snapshot(nodes: Vec<Node>, running: Vec<Running>, queue: Vec<Request>) -> Sna
         usage: BTreeMap::new(),
         now: NOW,
         running,
+        ..Snapshot::default()
     }
 }
 

@@ -71,6 +71,8 @@ pub fn apply(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
                 0 => u64::MAX,
                 d => snapshot.now.saturating_add(d),
             },
+            started: snapshot.now,
+            ..Default::default()
         });
     }
     let mut i = 0;

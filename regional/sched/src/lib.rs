@@ -104,6 +104,7 @@ pub mod types;
 pub use apply::apply;
 pub use plan::plan;
 pub use types::{
-    Level, Node, ParseLevelError, Placement, Plan, Policy, PolicyKind, Request, Reservation,
-    Running, Snapshot, WaitReason, Waiting, WorkerPlacement,
+    Level, Node, ParseLevelError, Placement, Plan, Policy, PolicyKind, PreemptCause, Preemption,
+    PreemptionPolicy, Request, Reservation, Running, Share, Snapshot, WaitReason, Waiting,
+    WorkerPlacement, PREEMPTIBLE_PRIORITY,
 };

@@ -484,6 +484,7 @@ fn running(job: &str, node: &str, gpus: Vec<u32>, expected_end: u64) -> Running 
         priority: 0,
         gpus: vec![(node.into(), gpus)],
         expected_end,
+        ..Default::default()
     }
 }
 

@@ -138,8 +138,14 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     /// Queued units, in any order (the pass sorts them).
     pub queue: Vec<Request>,
-    /// (tenant, gpu_type) -> the most GPUs that tenant may hold; absent = unlimited.
+    /// (tenant, gpu_type) -> the most GPUs that tenant may hold at once, its
+    /// borrowing limit included; absent = unlimited.
     pub quotas: BTreeMap<(String, String), u32>,
+    /// (tenant, gpu_type) -> what fair sharing knows of the tenant for the
+    /// type: guaranteed GPUs, weight, decayed past usage. Absent = nothing
+    /// guaranteed, weight 1, no history.
+    #[serde(default)]
+    pub shares: BTreeMap<(String, String), Share>,
     /// (tenant, gpu_type) -> GPUs allocated now.
     pub usage: BTreeMap<(String, String), u32>,
     /// The time of the snapshot, in seconds on the caller's clock (wall
@@ -152,6 +158,53 @@ pub struct Snapshot {
     #[serde(default)]
     pub running: Vec<Running>,
 }
+
+/// A tenant's terms and history for one GPU type, for fair sharing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Share {
+    /// GPUs the tenant is guaranteed. Capacity it does not use is lent to
+    /// others; while it holds fewer, it may take lent GPUs back by
+    /// preempting borrowers (tenants holding more than their guarantee).
+    #[serde(default)]
+    pub guaranteed: u32,
+    /// Fair-share weight in thousandths (1000 = 1.0; 0 counts as 1000).
+    #[serde(default = "Share::default_weight")]
+    pub weight: u32,
+    /// Past usage, decayed so that history counts but fades: the average
+    /// GPUs of the type held over the recent past, in thousandths (the
+    /// caller chooses the decay; the core only compares).
+    #[serde(default)]
+    pub history: u64,
+}
+
+impl Share {
+    fn default_weight() -> u32 {
+        1000
+    }
+
+    /// The weight in thousandths, never 0.
+    pub fn weight(&self) -> u32 {
+        if self.weight == 0 {
+            1000
+        } else {
+            self.weight
+        }
+    }
+}
+
+impl Default for Share {
+    fn default() -> Share {
+        Share {
+            guaranteed: 0,
+            weight: 1000,
+            history: 0,
+        }
+    }
+}
+
+/// The priority at and below which running units may be preempted for
+/// higher-priority work (the API's `low` is 0, `normal` 1, `high` 2).
+pub const PREEMPTIBLE_PRIORITY: i32 = 0;
 
 /// A unit holding GPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,6 +220,40 @@ pub struct Running {
     /// now; `u64::MAX` means no known end (an estimate of 0): its GPUs are
     /// never counted as freeing.
     pub expected_end: u64,
+    /// When this run started (snapshot clock): the minimum run time before
+    /// it may be preempted counts from here.
+    #[serde(default)]
+    pub started: u64,
+    /// When it last wrote a checkpoint, if it has one from this run or an
+    /// earlier one; work since `max(started, checkpointed)` is what a
+    /// preemption puts at risk.
+    #[serde(default)]
+    pub checkpointed: Option<u64>,
+    /// How often it has been preempted already (the cap counts these).
+    #[serde(default)]
+    pub preemptions: u32,
+    /// Set while it is being preempted (asked to checkpoint and stop): the
+    /// job it makes room for ("" when an operator asked). Such a unit is
+    /// expected to free its GPUs within the checkpoint deadline and is
+    /// never chosen again.
+    #[serde(default)]
+    pub preempted_for: Option<String>,
+}
+
+impl Running {
+    /// GPUs it holds.
+    pub fn gpu_count(&self) -> u64 {
+        self.gpus.iter().map(|(_, g)| g.len() as u64).sum()
+    }
+
+    /// GPU-seconds of work done since its last checkpoint (or start) at
+    /// `now`: what it would lose if stopped without checkpointing.
+    pub fn at_risk_gpu_s(&self, now: u64) -> u64 {
+        let since = self
+            .checkpointed
+            .map_or(self.started, |c| c.max(self.started));
+        now.saturating_sub(since).saturating_mul(self.gpu_count())
+    }
 }
 
 /// Which scheduling discipline a pass follows. All three share placement
@@ -198,6 +285,39 @@ pub struct Policy {
     /// The discipline (default: Gangway's).
     #[serde(default)]
     pub kind: PolicyKind,
+    /// When Gangway's discipline preempts (the others never do).
+    #[serde(default)]
+    pub preemption: PreemptionPolicy,
+}
+
+/// The rules of preemption under [`PolicyKind::Gangway`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PreemptionPolicy {
+    /// Off: nothing is ever preempted by the scheduler.
+    pub enabled: bool,
+    /// A run younger than this (seconds since `started`) is never a victim.
+    pub min_run_s: u64,
+    /// A job preempted this many times is no longer a victim of priority
+    /// preemption (a tenant reclaiming its guarantee still may take it back).
+    pub max_preemptions: u32,
+    /// At most this many victims are chosen in one pass.
+    pub max_victims_per_pass: usize,
+    /// How long a victim has to checkpoint and stop (seconds): its GPUs are
+    /// expected to be free by then.
+    pub checkpoint_deadline_s: u64,
+}
+
+impl Default for PreemptionPolicy {
+    fn default() -> PreemptionPolicy {
+        PreemptionPolicy {
+            enabled: true,
+            min_run_s: 600,
+            max_preemptions: 3,
+            max_victims_per_pass: 32,
+            checkpoint_deadline_s: 120,
+        }
+    }
 }
 
 /// The result of one pass: what to start, and why the rest waits.
@@ -212,6 +332,45 @@ pub struct Plan {
     /// GPUs held back for waiting gangs, so backfill cannot starve them.
     #[serde(default)]
     pub reservations: Vec<Reservation>,
+    /// Running units to ask to checkpoint and stop, to make room for
+    /// waiting ones, in the order they were chosen.
+    #[serde(default)]
+    pub preemptions: Vec<Preemption>,
+}
+
+/// Why a running unit is preempted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptCause {
+    /// A higher-priority unit needs its GPUs (the victim is low priority).
+    Priority,
+    /// Its tenant borrows beyond its guarantee, and a tenant under its own
+    /// guarantee takes the capacity back.
+    Reclaim,
+}
+
+impl PreemptCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptCause::Priority => "priority",
+            PreemptCause::Reclaim => "reclaim",
+        }
+    }
+}
+
+/// One running unit to checkpoint and stop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    /// The victim's job id.
+    pub job: String,
+    /// The waiting job it makes room for.
+    pub for_job: String,
+    pub cause: PreemptCause,
+    /// GPU-seconds since the victim's last checkpoint: lost if it cannot
+    /// checkpoint before the deadline.
+    pub at_risk_gpu_s: u64,
+    /// GPUs it frees.
+    pub gpus: u64,
 }
 
 /// GPUs set aside for a waiting unit from an expected start time on.
@@ -282,6 +441,9 @@ pub enum WaitReason {
     /// It would fit, but only on GPUs reserved for an earlier unit, and it
     /// would not finish before that unit's reservation starts.
     BlockedByReservation { job: String, start: u64 },
+    /// Running units were asked to checkpoint and stop to make room for it;
+    /// their GPUs are expected to be free by `until`.
+    Preempting { victims: Vec<String>, until: u64 },
 }
 
 impl WaitReason {
@@ -293,6 +455,7 @@ impl WaitReason {
             WaitReason::Invalid { .. } => "invalid_request",
             WaitReason::Reserved { .. } => "reserved",
             WaitReason::BlockedByReservation { .. } => "reserved_for_other",
+            WaitReason::Preempting { .. } => "waiting_for_preemption",
         }
     }
 }
@@ -329,6 +492,16 @@ impl fmt::Display for WaitReason {
                 "reserved for job {job}: the free GPUs are held for it from t={start}s and \
                  this job would not finish before then"
             ),
+            WaitReason::Preempting { victims, until } => {
+                let n = victims.len();
+                let jobs = if n == 1 { "job" } else { "jobs" };
+                write!(
+                    f,
+                    "waiting for victims to checkpoint: {n} running {jobs} ({}) asked to \
+                     checkpoint and stop to make room for it, expected to be free by t={until}s",
+                    victims.join(", ")
+                )
+            }
         }
     }
 }

@@ -214,6 +214,7 @@ fn busy_snapshot() -> impl Strategy<Value = Snapshot> {
                             priority: 0,
                             gpus: vec![(n.id.clone(), part.to_vec())],
                             expected_end,
+                            ..Default::default()
                         });
                     }
                 }
@@ -256,6 +257,7 @@ fn gang_snapshot() -> impl Strategy<Value = Snapshot> {
                                 priority: 0,
                                 gpus: vec![(id.clone(), busy.clone())],
                                 expected_end,
+                                ..Default::default()
                             });
                         }
                         nodes.push(Node {
@@ -870,7 +872,7 @@ proptest! {
     fn max_placements_gives_a_prefix_of_the_full_plan(s in any_busy_snapshot(), max in 0usize..4) {
         for kind in KINDS {
             let full = plan(&s, &policy(kind));
-            let cut = plan(&s, &Policy { max_placements: Some(max), kind });
+            let cut = plan(&s, &Policy { max_placements: Some(max), kind, ..Policy::default() });
             let n = full.placements.len().min(max);
             prop_assert_eq!(&cut.placements[..], &full.placements[..n]);
             check_invariants(&s, &cut, kind).ok();

@@ -211,6 +211,7 @@ impl Store {
                     priority: row.get::<_, i16>("priority") as i32,
                     gpus: held,
                     expected_end: row.get::<_, i64>("expected_end").max(0) as u64,
+                    ..Default::default()
                 }
             })
             .collect();
@@ -235,6 +236,7 @@ impl Store {
                 usage,
                 now,
                 running,
+                ..Snapshot::default()
             },
             submitted_at,
         })
