@@ -89,6 +89,14 @@ impl<'a> TypeState<'a> {
         u32::try_from(u64::from(self.index.region_free()) + held).unwrap_or(u32::MAX)
     }
 
+    /// The GPUs held now for `job`'s reservation, if it has one.
+    pub fn held_for(&self, job: &str) -> Vec<SlotGpus> {
+        (self.holds.iter())
+            .filter(|h| h.job == job)
+            .flat_map(|h| h.held.iter().cloned())
+            .collect()
+    }
+
     /// Forgets this round's reservations (their held GPUs are free again)
     /// before the pass recomputes them.
     pub fn reset_round(&mut self) {

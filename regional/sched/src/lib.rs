@@ -14,6 +14,9 @@
 //!   [`Reservation`], [`WaitReason`], [`Level`]).
 //! - `plan.rs`: [`plan`]: queue order, quotas, the rounds of a pass, and
 //!   FIFO's first fit.
+//! - `fair.rs`: Gangway's fair queue order (guarantees, weighted dominant
+//!   share with decayed history).
+//! - `preempt.rs`: which running units to preempt for waiting ones.
 //! - `backfill.rs`: the per-GPU-type state of a pass and the Slurm-like and
 //!   Gangway decisions: start, reserve, or wait (held GPUs, views, holds).
 //! - `timeline.rs`: when a unit that does not fit now could start, replayed
@@ -71,7 +74,15 @@
 //!   [`WaitReason::NoCapacity`]. So a reservation is never delayed by
 //!   backfill.
 //!
-//! [`PolicyKind::Gangway`] (the default): as Slurm-like, and
+//! [`PolicyKind::Gangway`] (the default): as Slurm-like, but
+//! - queue order is fair (`fair.rs`): priority classes first; within a
+//!   class the next unit comes from the tenant fair sharing favours now:
+//!   tenants holding less than their guarantee of the unit's type
+//!   ([`Share::guaranteed`]) first, then the lowest weighted dominant share
+//!   (largest share of any type's capacity, held now plus decayed
+//!   [`Share::history`], over [`Share::weight`]), then the oldest unit;
+//!   re-evaluated after every start or reservation, so one pass interleaves
+//!   tenants; `quotas` stay hard caps (borrowing limits);
 //! - reservations for the first four units of each type that cannot start
 //!   (conservative backfill for the head of the queue), each computed on
 //!   what the earlier ones leave: their GPUs count as busy until they are
@@ -82,6 +93,21 @@
 //!   gang that prefers a leaf waits for a leaf rather than reserving a
 //!   scattered set that frees sooner); Slurm-like reserves at the earliest
 //!   time at any level up to `required`.
+//!
+//! - after the rounds, waiting units may preempt (`preempt.rs`,
+//!   [`Plan::preemptions`], [`WaitReason::Preempting`]): `normal` and
+//!   `high` units preempt `low` ones ([`PreemptCause::Priority`]); a tenant
+//!   under its guarantee takes lent GPUs back from tenants above theirs
+//!   ([`PreemptCause::Reclaim`]). Victims have run
+//!   [`PreemptionPolicy::min_run_s`], priority victims have been preempted
+//!   fewer than [`PreemptionPolicy::max_preemptions`] times; a unit with
+//!   victims in flight takes no more, and one whose reservation starts
+//!   within the checkpoint deadline takes none. Victims are chosen per
+//!   domain, tightest level first: topology-tight before anything, then the
+//!   least GPU-seconds since checkpoint, then the fewest victims; the freed
+//!   GPUs plus free ones (and those of units expected to end by the
+//!   deadline) must hold the whole unit. Running units being preempted
+//!   count as ending by the checkpoint deadline in reservations.
 //!
 //! **Rounds.** Backfill can change where (never when) a reservation would be
 //! computed: a long unit started beside it can make another domain the
@@ -95,9 +121,11 @@
 
 mod apply;
 mod backfill;
+mod fair;
 mod index;
 mod place;
 mod plan;
+mod preempt;
 mod timeline;
 pub mod types;
 

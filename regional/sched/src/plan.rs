@@ -1,14 +1,17 @@
 //! One planning pass: [`plan`], in queue order under the policy's discipline.
 
+use std::borrow::Cow;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::backfill::{Outcome, TypeState};
+use crate::fair::FairOrder;
 use crate::index::{first_of_each_id, TypeIndex};
 use crate::place::{self, FirstFit};
+use crate::preempt;
 use crate::timeline::Known;
 use crate::types::{
-    Level, Plan, Policy, PolicyKind, Request, Reservation, Snapshot, WaitReason, Waiting,
+    Level, Plan, Policy, PolicyKind, Request, Reservation, Running, Snapshot, WaitReason, Waiting,
 };
 
 /// The order units are considered in: priority (high first), then seq (old
@@ -113,7 +116,30 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
         .map(|(t, nodes)| (t, TypeState::new(t, TypeIndex::build(nodes))))
         .collect();
     let id_sorted = keep.is_none();
-    let known = Known::new(snapshot.now, &snapshot.nodes, &snapshot.running);
+    // A unit being preempted is expected to let go of its GPUs by the
+    // checkpoint deadline, whatever its estimate said.
+    let leaving = |r: &Running| r.preempted_for.is_some();
+    let running: Cow<[Running]> = if snapshot.running.iter().any(leaving) {
+        let by = snapshot
+            .now
+            .saturating_add(policy.preemption.checkpoint_deadline_s);
+        Cow::Owned(
+            snapshot
+                .running
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    if leaving(&r) {
+                        r.expected_end = r.expected_end.min(by);
+                    }
+                    r
+                })
+                .collect(),
+        )
+    } else {
+        Cow::Borrowed(&snapshot.running)
+    };
+    let known = Known::new(snapshot.now, &snapshot.nodes, &running);
 
     let quotas: BTreeMap<(&str, &str), u32> = snapshot
         .quotas
@@ -147,7 +173,11 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
         let mut charged: Vec<((&str, &str), u64)> = Vec::new();
         let mut left: Vec<&Request> = Vec::new();
         let mut cut = false;
-        for &req in &queue {
+        let mut order = match kind {
+            PolicyKind::Gangway => Order::Fair(FairOrder::new(snapshot, &queue)),
+            _ => Order::Static(queue.clone().into_iter()),
+        };
+        while let Some(req) = order.next(&usage) {
             if out.placements.len() >= max {
                 cut = true;
                 break;
@@ -227,9 +257,32 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
         for ts in types.values_mut() {
             ts.reset_round();
         }
+        if kind == PolicyKind::Gangway {
+            left.sort_by(|a, b| queue_order(a, b));
+        }
         queue = left;
     }
+    if kind == PolicyKind::Gangway && policy.preemption.enabled {
+        preempt::choose(snapshot, &policy.preemption, &mut types, &mut out);
+    }
     out
+}
+
+/// The order a round draws its units in.
+enum Order<'r> {
+    /// Fixed: FIFO's and the Slurm-like discipline's.
+    Static(std::vec::IntoIter<&'r Request>),
+    /// Gangway's: fair sharing, re-evaluated after each decision.
+    Fair(FairOrder<'r>),
+}
+
+impl<'r> Order<'r> {
+    fn next(&mut self, usage: &BTreeMap<(&str, &str), u64>) -> Option<&'r Request> {
+        match self {
+            Order::Static(it) => it.next(),
+            Order::Fair(fair) => fair.next(usage),
+        }
+    }
 }
 
 /// FIFO: first fit in node-id order, blind to topology and to `required`.
@@ -258,4 +311,8 @@ fn sat(v: u64) -> u32 {
 
 #[cfg(test)]
 #[path = "plan_tests.rs"]
-mod tests;
+pub(crate) mod tests;
+
+#[cfg(test)]
+#[path = "preempt_tests.rs"]
+mod preempt_tests;

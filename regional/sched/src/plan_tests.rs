@@ -7,7 +7,7 @@ use crate::{apply, plan};
 
 /// `spines × leaves × nodes` nodes of `gpus` GPUs, ids `s0-l0-n0`; every
 /// node its own NVLink domain unless `rack_nvlink`.
-fn fleet(
+pub(super) fn fleet(
     ty: &str,
     spines: u32,
     leaves: u32,
@@ -42,7 +42,7 @@ fn fleet(
     out
 }
 
-fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request {
+pub(super) fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request {
     Request {
         job: job.into(),
         ranks: (0..workers).collect(),
@@ -57,7 +57,7 @@ fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request {
     }
 }
 
-fn snap(nodes: Vec<Node>, queue: Vec<Request>) -> Snapshot {
+pub(super) fn snap(nodes: Vec<Node>, queue: Vec<Request>) -> Snapshot {
     Snapshot {
         generation: 7,
         nodes,
@@ -507,7 +507,7 @@ fn with(job: &str, workers: u32, gpw: u32, required: Level, seq: u64, est: u64) 
     }
 }
 
-fn reason_of<'p>(p: &'p Plan, job: &str) -> &'p WaitReason {
+pub(super) fn reason_of<'p>(p: &'p Plan, job: &str) -> &'p WaitReason {
     &p.waiting.iter().find(|w| w.job == job).unwrap().reason
 }
 

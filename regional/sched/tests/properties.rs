@@ -396,7 +396,73 @@ impl Ref<'_> {
     }
 }
 
-fn reference(s: &Snapshot) -> Plan {
+/// Gangway's fair order, written plainly: the highest priority class left;
+/// in it, each tenant's oldest unit; of those, the tenant under its
+/// guarantee of the unit's type first, then the lowest dominant share
+/// (held + history over capacity, over weight, across every type the tenant
+/// holds, has terms for or queues for), then the oldest, then the tenant.
+fn fair_pick(
+    s: &Snapshot,
+    queue: &[&Request],
+    left: &[&Request],
+    usage: &BTreeMap<(String, String), u32>,
+) -> usize {
+    let top = left.iter().map(|r| r.priority).max().expect("not empty");
+    let mut capacity: BTreeMap<&str, u64> = BTreeMap::new();
+    for n in nodes_by_id(s).values() {
+        *capacity.entry(n.gpu_type.as_str()).or_default() += u64::from(n.gpus);
+    }
+    let key = |i: usize| {
+        let u = left[i];
+        let t = u.tenant.as_str();
+        let terms = |g: &str| {
+            s.shares
+                .get(&(t.to_string(), g.to_string()))
+                .copied()
+                .unwrap_or_default()
+        };
+        let held = |g: &str| {
+            u64::from(
+                usage
+                    .get(&(t.to_string(), g.to_string()))
+                    .copied()
+                    .unwrap_or(0),
+            )
+        };
+        let mut types: BTreeSet<&str> = BTreeSet::new();
+        types.extend(s.usage.keys().filter(|k| k.0 == t).map(|k| k.1.as_str()));
+        types.extend(s.shares.keys().filter(|k| k.0 == t).map(|k| k.1.as_str()));
+        types.extend(
+            queue
+                .iter()
+                .filter(|q| q.tenant == t)
+                .map(|q| q.gpu_type.as_str()),
+        );
+        let dominant = types
+            .iter()
+            .filter(|g| capacity.get(*g).copied().unwrap_or(0) > 0)
+            .map(|g| {
+                let amount = u128::from(held(g)) * 1000 + u128::from(terms(g).history);
+                amount * 1_000_000_000 / (u128::from(capacity[g]) * u128::from(terms(g).weight()))
+            })
+            .max()
+            .unwrap_or(0);
+        let under = held(&u.gpu_type) < u64::from(terms(&u.gpu_type).guaranteed);
+        (!under, dominant, u.seq, t.to_string())
+    };
+    // Each tenant's first unit in the top class (left is in queue order).
+    let mut firsts: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, u) in left.iter().enumerate().filter(|(_, u)| u.priority == top) {
+        firsts.entry(u.tenant.as_str()).or_insert(i);
+    }
+    firsts
+        .values()
+        .copied()
+        .min_by_key(|&i| key(i))
+        .expect("a unit in the top class")
+}
+
+fn reference(s: &Snapshot, kind: PolicyKind) -> Plan {
     let mut queue: Vec<&Request> = s.queue.iter().collect();
     queue.sort_by(|a, b| {
         (std::cmp::Reverse(a.priority), a.seq, &a.job, a.ranks[0]).cmp(&(
@@ -415,7 +481,13 @@ fn reference(s: &Snapshot) -> Plan {
         generation: s.generation,
         ..Plan::default()
     };
-    for req in queue {
+    let mut left = queue.clone();
+    while !left.is_empty() {
+        let at = match kind {
+            PolicyKind::Gangway => fair_pick(s, &queue, &left, &usage),
+            _ => 0,
+        };
+        let req = left.remove(at);
         let w = req.ranks.len() as u32;
         let gpw = req.gpus_per_worker;
         let key = (req.tenant.clone(), req.gpu_type.clone());
@@ -679,7 +751,15 @@ fn check_reservations(s: &Snapshot, p: &Plan, kind: PolicyKind) -> Result<(), Te
     for r in &p.reservations {
         let req = queue[&(r.job.as_str(), r.ranks.as_slice())];
         *per_type.entry(&req.gpu_type).or_default() += 1;
-        from_reservations.push((r.job.clone(), r.ranks.clone(), r.start, r.level));
+        // A reserved unit that then chose victims waits for them instead.
+        let preempting = p.waiting.iter().any(|w| {
+            w.job == r.job
+                && w.ranks == r.ranks
+                && matches!(w.reason, WaitReason::Preempting { .. })
+        });
+        if !preempting {
+            from_reservations.push((r.job.clone(), r.ranks.clone(), r.start, r.level));
+        }
         prop_assert!(r.start >= s.now);
         prop_assert!(r.level <= req.required);
         let mut on = Vec::new();
@@ -811,7 +891,7 @@ proptest! {
             prop_assert!(p.reservations.is_empty());
             let expected = match kind {
                 PolicyKind::FifoFirstFit => fifo_reference(&s),
-                _ => reference(&s),
+                _ => reference(&s, kind),
             };
             prop_assert_eq!(&p, &expected, "{:?}", kind);
         }
@@ -863,8 +943,21 @@ proptest! {
             // What waited still waits (a capacity wait may turn into a quota
             // wait, as usage grew), and the reservations stand.
             let jobs = |p: &Plan| p.waiting.iter().map(|w| w.job.clone()).collect::<Vec<_>>();
-            prop_assert_eq!(jobs(&again), jobs(&p));
-            prop_assert_eq!(&again.reservations, &p.reservations, "{:?}", kind);
+            if kind == PolicyKind::Gangway {
+                // Fair sharing orders by what tenants hold, which the first
+                // pass changed: the same units wait, perhaps in another
+                // order, with reservations as valid as ever.
+                let sorted = |p: &Plan| {
+                    let mut v = jobs(p);
+                    v.sort();
+                    v
+                };
+                prop_assert_eq!(sorted(&again), sorted(&p));
+                check_invariants(&next, &again, kind)?;
+            } else {
+                prop_assert_eq!(jobs(&again), jobs(&p));
+                prop_assert_eq!(&again.reservations, &p.reservations, "{:?}", kind);
+            }
         }
     }
 
@@ -876,6 +969,230 @@ proptest! {
             let n = full.placements.len().min(max);
             prop_assert_eq!(&cut.placements[..], &full.placements[..n]);
             check_invariants(&s, &cut, kind).ok();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Preemption (Gangway's discipline).
+
+/// A busy snapshot where running units have every priority, age,
+/// checkpoint and preemption count, some already being preempted, tenants
+/// have guarantees, and the policy's limits vary.
+fn preemption_case() -> impl Strategy<Value = (Snapshot, Policy)> {
+    (
+        any_busy_snapshot(),
+        any::<u64>(),
+        prop_oneof![Just(0u64), 0u64..=1500],
+        0u32..=4,
+        1usize..=8,
+        0u32..=24,
+        0u32..=24,
+    )
+        .prop_map(|(mut s, seed, min_run_s, cap, budget, g0, g1)| {
+            let mut rng = Lcg(seed);
+            s.now += 1000;
+            for r in &mut s.running {
+                r.priority = [0, 0, 0, 1, 2][rng.below(5) as usize];
+                r.started = rng.below(s.now + 1);
+                r.checkpointed = match rng.below(3) {
+                    0 => None,
+                    _ => Some(rng.below(s.now + 1)),
+                };
+                r.preemptions = rng.below(5) as u32;
+                r.tenant = format!("t{}", rng.below(3));
+                if rng.below(8) == 0 {
+                    r.preempted_for = Some(format!("j{:02}", rng.below(8)));
+                }
+                r.expected_end = match rng.below(4) {
+                    0 => u64::MAX,
+                    1 => s.now - rng.below(100),
+                    _ => s.now + rng.below(5000),
+                };
+            }
+            s.usage.clear();
+            for r in &s.running {
+                let n: u64 = r.gpus.iter().map(|(_, g)| g.len() as u64).sum();
+                *s.usage
+                    .entry((r.tenant.clone(), r.gpu_type.clone()))
+                    .or_insert(0) += n as u32;
+            }
+            for q in &mut s.queue {
+                q.priority = [0, 1, 1, 2][rng.below(4) as usize];
+            }
+            let types: BTreeSet<String> = s.nodes.iter().map(|n| n.gpu_type.clone()).collect();
+            for ty in types {
+                for (t, g) in [("t0", g0), ("t1", g1)] {
+                    s.shares.insert(
+                        (t.to_string(), ty.clone()),
+                        gangway_sched::Share {
+                            guaranteed: g,
+                            ..Default::default()
+                        },
+                    );
+                }
+            }
+            let mut policy = policy(PolicyKind::Gangway);
+            policy.preemption.min_run_s = min_run_s;
+            policy.preemption.max_preemptions = cap;
+            policy.preemption.max_victims_per_pass = budget;
+            (s, policy)
+        })
+}
+
+/// Every preemption follows the rules, and freeing the victims (with what
+/// ends by the deadline anyway) lets the unit start.
+fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), TestCaseError> {
+    let rules = &policy.preemption;
+    let until = s.now + rules.checkpoint_deadline_s;
+    let running: BTreeMap<&str, &Running> = s.running.iter().map(|r| (r.job.as_str(), r)).collect();
+    let units: BTreeMap<&str, &Request> = s.queue.iter().map(|r| (r.job.as_str(), r)).collect();
+    prop_assert!(p.preemptions.len() <= rules.max_victims_per_pass);
+    let mut seen = BTreeSet::new();
+    for v in &p.preemptions {
+        prop_assert!(seen.insert(v.job.as_str()), "{} chosen twice", v.job);
+        let r = running[v.job.as_str()];
+        let u = units[v.for_job.as_str()];
+        prop_assert!(r.preempted_for.is_none(), "{} was already leaving", r.job);
+        prop_assert_eq!(&r.gpu_type, &u.gpu_type);
+        prop_assert!(s.now - r.started >= rules.min_run_s, "{} too young", r.job);
+        prop_assert_eq!(v.at_risk_gpu_s, r.at_risk_gpu_s(s.now));
+        match v.cause {
+            gangway_sched::PreemptCause::Priority => {
+                prop_assert!(r.priority <= gangway_sched::PREEMPTIBLE_PRIORITY);
+                prop_assert!(r.priority < u.priority);
+                prop_assert!(r.preemptions < rules.max_preemptions);
+            }
+            gangway_sched::PreemptCause::Reclaim => {
+                prop_assert!(r.tenant != u.tenant);
+                let g = |t: &str| {
+                    s.shares
+                        .get(&(t.to_string(), u.gpu_type.clone()))
+                        .map_or(0, |x| u64::from(x.guaranteed))
+                };
+                prop_assert!(g(&u.tenant) >= u.gpus(), "reclaim beyond the guarantee");
+                // What the victim's tenant holds once the pass's starts are
+                // counted and units already leaving are not.
+                let held = |t: &str| {
+                    let now = u64::from(
+                        s.usage
+                            .get(&(t.to_string(), u.gpu_type.clone()))
+                            .copied()
+                            .unwrap_or(0),
+                    );
+                    let placed: u64 = (p.placements.iter())
+                        .map(|x| units[x.job.as_str()])
+                        .filter(|q| q.tenant == t && q.gpu_type == u.gpu_type)
+                        .map(|q| q.gpus())
+                        .sum();
+                    let leaving: u64 = (s.running.iter())
+                        .filter(|x| {
+                            x.tenant == t && x.gpu_type == u.gpu_type && x.preempted_for.is_some()
+                        })
+                        .map(|x| x.gpu_count())
+                        .sum();
+                    // Units that chose victims count as holding what they wait for.
+                    let waiting_for: BTreeSet<&str> =
+                        p.preemptions.iter().map(|x| x.for_job.as_str()).collect();
+                    let promised: u64 = (waiting_for.iter())
+                        .map(|j| units[j])
+                        .filter(|q| q.tenant == t && q.gpu_type == u.gpu_type)
+                        .map(|q| q.gpus())
+                        .sum();
+                    (now + placed + promised).saturating_sub(leaving)
+                };
+                prop_assert!(
+                    held(&r.tenant) > g(&r.tenant),
+                    "{} was not borrowing",
+                    r.tenant
+                );
+            }
+        }
+        let w = p
+            .waiting
+            .iter()
+            .find(|w| w.job == v.for_job)
+            .expect("the unit waits");
+        match &w.reason {
+            WaitReason::Preempting { victims, until: by } => {
+                prop_assert!(victims.contains(&v.job));
+                prop_assert_eq!(*by, until);
+            }
+            other => prop_assert!(false, "{} waits as {:?}", w.job, other),
+        }
+        // Free the victims of this unit, and what ends by the deadline: it fits.
+        let mine: BTreeSet<&str> = p
+            .preemptions
+            .iter()
+            .filter(|x| x.for_job == v.for_job)
+            .map(|x| x.job.as_str())
+            .collect();
+        let mut next = apply(s, p);
+        let freeing: Vec<Running> = next
+            .running
+            .iter()
+            .filter(|r| {
+                mine.contains(r.job.as_str())
+                    || (r.preempted_for.is_none()
+                        && r.expected_end > s.now
+                        && r.expected_end <= until)
+            })
+            .cloned()
+            .collect();
+        for r in &freeing {
+            for (node, gpus) in &r.gpus {
+                if let Some(n) = next.nodes.iter_mut().find(|n| n.id == *node) {
+                    n.free.extend(gpus.iter().copied().filter(|g| *g < n.gpus));
+                    n.free.sort_unstable();
+                    n.free.dedup();
+                }
+            }
+        }
+        next.running
+            .retain(|r| !freeing.iter().any(|f| f.job == r.job));
+        next.queue = vec![u.clone()];
+        next.quotas.clear();
+        let mut alone = policy.clone();
+        alone.preemption.enabled = false;
+        let again = plan(&next, &alone);
+        prop_assert_eq!(
+            again.placements.len(),
+            1,
+            "{} does not fit after its victims leave",
+            u.job
+        );
+    }
+    for w in &p.waiting {
+        if let WaitReason::Preempting { victims, .. } = &w.reason {
+            for v in victims {
+                let chosen = p
+                    .preemptions
+                    .iter()
+                    .any(|x| x.job == *v && x.for_job == w.job);
+                let in_flight = running
+                    .get(v.as_str())
+                    .is_some_and(|r| r.preempted_for.as_deref() == Some(&w.job));
+                prop_assert!(chosen || in_flight, "{} names {} as a victim", w.job, v);
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+    ))]
+
+    #[test]
+    fn preemptions_follow_the_rules(case in preemption_case()) {
+        let (s, policy) = case;
+        let p = plan(&s, &policy);
+        check_invariants(&s, &p, PolicyKind::Gangway)?;
+        check_preemptions(&s, &p, &policy)?;
+        for kind in [PolicyKind::SlurmBackfill, PolicyKind::FifoFirstFit] {
+            let other = Policy { kind, ..policy.clone() };
+            prop_assert!(plan(&s, &other).preemptions.is_empty());
         }
     }
 }

@@ -1,0 +1,447 @@
+//! Scheduler-driven preemption under Gangway's discipline.
+//!
+//! After a pass has started what fits and reserved for the head of the
+//! queue, waiting units that have a right to preempt choose victims, in
+//! queue order, within [`PreemptionPolicy::max_victims_per_pass`]:
+//!
+//! - **Priority**: a `normal` or `high` unit may preempt running units of
+//!   the preemptible class (priority ≤ [`PREEMPTIBLE_PRIORITY`]) with a
+//!   lower priority, that have been preempted fewer than
+//!   [`PreemptionPolicy::max_preemptions`] times.
+//! - **Reclaim**: a unit whose tenant, once it runs, still holds no more
+//!   than its guarantee of the type may preempt units of other tenants that
+//!   hold more than their own guarantee (borrowers), whatever their
+//!   priority and however often they were preempted before.
+//!
+//! Either way a victim must have run [`PreemptionPolicy::min_run_s`], and a
+//! unit already being preempted is never chosen again. A unit that has
+//! victims in flight chooses no more; it waits as
+//! [`WaitReason::Preempting`]. A unit that starts soon anyway (a
+//! reservation starting within the checkpoint deadline) chooses none.
+//!
+//! **Victim choice.** For each domain, tightest level first up to the
+//! unit's `required` level, candidates touching the domain are taken
+//! greedily (lowest priority, then least work at risk, i.e. GPU-seconds
+//! since their last checkpoint, then fewest GPUs outside the domain) until
+//! the unit's workers fit on the domain's free GPUs plus the freed ones;
+//! then every victim that is not needed is dropped again. Among domains:
+//! a fit at or below the unit's preferred level first (its freed GPUs form
+//! a topology-tight block), then the least work at risk, then the lowest
+//! level, then the fewest victims, then the fewest GPUs freed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+
+use crate::backfill::TypeState;
+use crate::index::TypeIndex;
+use crate::types::{
+    Level, Plan, PreemptCause, Preemption, PreemptionPolicy, Request, Running, Snapshot,
+    WaitReason, PREEMPTIBLE_PRIORITY,
+};
+
+/// A running unit that could be a victim, on one type's index.
+struct Candidate<'s> {
+    run: &'s Running,
+    /// Its position in `snapshot.running`.
+    at: usize,
+    /// GPUs it holds per slot of the type's index.
+    slots: Vec<(u32, u32)>,
+    at_risk: u64,
+}
+
+/// Per type: the candidates; per slot, GPUs of units expected to end by the
+/// deadline anyway; per slot, free GPUs promised to units that preempted.
+type TypeVictims<'s> = (Vec<Candidate<'s>>, Vec<u32>, Vec<u32>);
+
+/// What decides whether victims can be found for a unit: type, GPUs per
+/// worker, workers, required level, priority, and the tenant if it reclaims.
+type Shape<'s> = (&'s str, u32, u64, Level, i32, Option<&'s str>);
+
+/// The victims chosen for one unit.
+struct Choice {
+    /// Indices into the candidate list, in the order they were taken.
+    victims: Vec<usize>,
+    dom: u32,
+    level: Level,
+    /// (not tight, at risk, level, victims, GPUs freed, domain): smaller wins.
+    score: (bool, u64, Level, usize, u64, u32),
+}
+
+/// Adds the pass's preemptions to `out` and turns the waits of the units
+/// they are for into [`WaitReason::Preempting`].
+pub(crate) fn choose(
+    snapshot: &Snapshot,
+    policy: &PreemptionPolicy,
+    types: &mut BTreeMap<&str, TypeState>,
+    out: &mut Plan,
+) {
+    let now = snapshot.now;
+    let until = now.saturating_add(policy.checkpoint_deadline_s);
+    let mut units: BTreeMap<(&str, &[u32]), &Request> = BTreeMap::new();
+    for req in &snapshot.queue {
+        units
+            .entry((req.job.as_str(), req.ranks.as_slice()))
+            .or_insert(req);
+    }
+    // What tenants will hold: now, plus what the pass starts, minus what is
+    // already on its way out.
+    let mut usage: BTreeMap<(&str, &str), u64> = snapshot
+        .usage
+        .iter()
+        .map(|((t, g), &u)| ((t.as_str(), g.as_str()), u64::from(u)))
+        .collect();
+    for p in &out.placements {
+        if let Some(req) = units.get(&(p.job.as_str(), p.ranks.as_slice())) {
+            *usage.entry((&req.tenant, &req.gpu_type)).or_insert(0) += req.gpus();
+        }
+    }
+    let mut in_flight: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for r in &snapshot.running {
+        if let Some(for_job) = &r.preempted_for {
+            in_flight
+                .entry(for_job.as_str())
+                .or_default()
+                .push(r.job.clone());
+            if let Some(u) = usage.get_mut(&(r.tenant.as_str(), r.gpu_type.as_str())) {
+                *u = u.saturating_sub(r.gpu_count());
+            }
+        }
+    }
+    let guaranteed = |tenant: &str, ty: &str| {
+        snapshot
+            .shares
+            .get(&(tenant.to_string(), ty.to_string()))
+            .map_or(0, |s| u64::from(s.guaranteed))
+    };
+
+    let mut budget = policy.max_victims_per_pass;
+    let mut taken: BTreeSet<usize> = BTreeSet::new();
+    // Per type, built on first use: candidates; per slot, GPUs of units
+    // expected to end by the deadline anyway, and free GPUs promised to
+    // units that preempted this pass.
+    let mut per_type: BTreeMap<String, TypeVictims> = BTreeMap::new();
+    // Shapes that found no victims since the last success.
+    let mut failed: BTreeSet<Shape> = BTreeSet::new();
+
+    for w in out.waiting.iter_mut() {
+        if budget == 0 {
+            break;
+        }
+        let Some(&req) = units.get(&(w.job.as_str(), w.ranks.as_slice())) else {
+            continue;
+        };
+        let starts_late = match &w.reason {
+            WaitReason::NoCapacity { .. } | WaitReason::BlockedByReservation { .. } => true,
+            // A reservation at `now` that did not start waits on units
+            // that overran their estimates: no telling when they end.
+            WaitReason::Reserved { start, .. } => *start > until || *start <= now,
+            _ => continue,
+        };
+        if let Some(victims) = in_flight.get(req.job.as_str()) {
+            w.reason = WaitReason::Preempting {
+                victims: victims.clone(),
+                until,
+            };
+            continue;
+        }
+        if !starts_late {
+            continue;
+        }
+        let ty = req.gpu_type.as_str();
+        let need = req.gpus();
+        let by_priority = req.priority > PREEMPTIBLE_PRIORITY;
+        let held = usage.get(&(req.tenant.as_str(), ty)).copied().unwrap_or(0);
+        let reclaim = held + need <= guaranteed(&req.tenant, ty);
+        if !by_priority && !reclaim {
+            continue;
+        }
+        let shape = (
+            ty,
+            req.gpus_per_worker,
+            req.ranks.len() as u64,
+            req.required,
+            req.priority,
+            reclaim.then_some(req.tenant.as_str()),
+        );
+        if failed.contains(&shape) {
+            continue;
+        }
+        let Some(ts) = types.get(ty) else { continue };
+        let (cands, soon, promised) = per_type.entry(ty.to_string()).or_insert_with(|| {
+            let (cands, soon) = candidates(snapshot, ty, &ts.index, until);
+            (cands, soon, vec![0; ts.index.slots.len()])
+        });
+        // Who may be a victim of this unit, and why.
+        let mut cause: Vec<Option<PreemptCause>> = Vec::with_capacity(cands.len());
+        for c in cands.iter() {
+            let r = c.run;
+            let eligible = !taken.contains(&c.at)
+                && r.job != req.job
+                && now.saturating_sub(r.started) >= policy.min_run_s;
+            let why = if !eligible {
+                None
+            } else if by_priority
+                && r.priority <= PREEMPTIBLE_PRIORITY
+                && r.priority < req.priority
+                && r.preemptions < policy.max_preemptions
+            {
+                Some(PreemptCause::Priority)
+            } else if reclaim
+                && r.tenant != req.tenant
+                && usage.get(&(r.tenant.as_str(), ty)).copied().unwrap_or(0)
+                    > guaranteed(&r.tenant, ty)
+            {
+                Some(PreemptCause::Reclaim)
+            } else {
+                None
+            };
+            cause.push(why);
+        }
+        let own: Vec<(u32, Vec<u32>)> = ts.held_for(&req.job);
+        let mut free: Vec<u32> = (ts.index.slots.iter().enumerate())
+            .map(|(s, slot)| (slot.free_count() + soon[s]).saturating_sub(promised[s]))
+            .collect();
+        for (slot, gpus) in &own {
+            free[*slot as usize] += gpus.len() as u32;
+        }
+        let Some(choice) = search(&ts.index, &free, cands, &cause, req) else {
+            failed.insert(shape);
+            continue;
+        };
+        if choice.victims.len() > budget {
+            continue;
+        }
+        failed.clear();
+        // Promise the domain's free GPUs the unit will use, so later units
+        // do not count them too.
+        let range = slots_of(&ts.index, choice.level, choice.dom);
+        let mut freed: BTreeMap<u32, u32> = BTreeMap::new();
+        for &v in &choice.victims {
+            for &(slot, n) in &cands[v].slots {
+                if range.contains(&slot) {
+                    *freed.entry(slot).or_insert(0) += n;
+                }
+            }
+        }
+        let gpw = req.gpus_per_worker;
+        let mut workers = req.ranks.len() as u64;
+        let order = freed
+            .keys()
+            .copied()
+            .chain(range.clone().filter(|s| !freed.contains_key(s)));
+        for slot in order {
+            if workers == 0 {
+                break;
+            }
+            let f = freed.get(&slot).copied().unwrap_or(0);
+            let k = (u64::from(free[slot as usize] + f) / u64::from(gpw)).min(workers);
+            workers -= k;
+            let from_free = (k as u32 * gpw).saturating_sub(f);
+            promised[slot as usize] += from_free;
+        }
+        let mut victims = Vec::new();
+        for &v in &choice.victims {
+            let c = &cands[v];
+            taken.insert(c.at);
+            let gpus = c.run.gpu_count();
+            if let Some(u) = usage.get_mut(&(c.run.tenant.as_str(), ty)) {
+                *u = u.saturating_sub(gpus);
+            }
+            out.preemptions.push(Preemption {
+                job: c.run.job.clone(),
+                for_job: req.job.clone(),
+                cause: cause[v].expect("victims are eligible"),
+                at_risk_gpu_s: c.at_risk,
+                gpus,
+            });
+            victims.push(c.run.job.clone());
+        }
+        *usage.entry((req.tenant.as_str(), ty)).or_insert(0) += need;
+        budget = budget.saturating_sub(victims.len());
+        w.reason = WaitReason::Preempting { victims, until };
+    }
+}
+
+/// The running units of type `ty` that could be victims (not already being
+/// preempted, not expected to end by `until` anyway), with their GPUs on the
+/// type's index; and per slot, the GPUs of units expected to end by `until`
+/// (after `now`: a unit that overran its estimate may run on for long).
+fn candidates<'s>(
+    snapshot: &'s Snapshot,
+    ty: &str,
+    index: &TypeIndex,
+    until: u64,
+) -> (Vec<Candidate<'s>>, Vec<u32>) {
+    let slot_of: BTreeMap<&str, u32> = (index.slots.iter().enumerate())
+        .map(|(s, slot)| (slot.node.id.as_str(), s as u32))
+        .collect();
+    let mut out = Vec::new();
+    let mut soon = vec![0u32; index.slots.len()];
+    for (at, run) in snapshot.running.iter().enumerate() {
+        if run.gpu_type != ty || run.preempted_for.is_some() {
+            continue;
+        }
+        let mut slots: Vec<(u32, u32)> = Vec::new();
+        for (node, gpus) in &run.gpus {
+            if let Some(&s) = slot_of.get(node.as_str()) {
+                let limit = index.limit(s);
+                let n = gpus.iter().filter(|&&g| g < limit).count() as u32;
+                if n > 0 {
+                    slots.push((s, n));
+                }
+            }
+        }
+        if run.expected_end > snapshot.now && run.expected_end <= until {
+            for (s, n) in slots {
+                soon[s as usize] += n;
+            }
+            continue;
+        }
+        if slots.is_empty() {
+            continue;
+        }
+        out.push(Candidate {
+            run,
+            at,
+            slots,
+            at_risk: run.at_risk_gpu_s(snapshot.now),
+        });
+    }
+    (out, soon)
+}
+
+/// The slots under domain `dom` of `level`: a contiguous range.
+fn slots_of(index: &TypeIndex, level: Level, dom: u32) -> Range<u32> {
+    let mut range = dom..dom + 1;
+    for l in (0..=level.index()).rev() {
+        let children = &index.levels[l].children;
+        range = children[range.start as usize].start..children[range.end as usize - 1].end;
+    }
+    range
+}
+
+/// The best set of victims for `req` (see the module's rules), if any.
+fn search(
+    index: &TypeIndex,
+    free: &[u32],
+    cands: &[Candidate],
+    cause: &[Option<PreemptCause>],
+    req: &Request,
+) -> Option<Choice> {
+    let gpw = req.gpus_per_worker;
+    let workers = req.ranks.len() as u64;
+    let tight = req.preferred.min(req.required);
+    let fits = |slot: u32, extra: u32| u64::from((free[slot as usize] + extra) / gpw);
+    let mut best: Option<Choice> = None;
+    for level in Level::ALL.into_iter().filter(|&l| l <= req.required) {
+        if best.as_ref().is_some_and(|b| !b.score.0) && level > tight {
+            break;
+        }
+        // Domains the eligible candidates touch.
+        let mut touching: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, c) in cands.iter().enumerate() {
+            if cause[i].is_none() {
+                continue;
+            }
+            let mut doms: Vec<u32> = c
+                .slots
+                .iter()
+                .map(|&(s, _)| index.ancestor(s, level))
+                .collect();
+            doms.sort_unstable();
+            doms.dedup();
+            for d in doms {
+                touching.entry(d).or_default().push(i);
+            }
+        }
+        for (dom, mut list) in touching {
+            let range = slots_of(index, level, dom);
+            let base: u64 = range.clone().map(|s| fits(s, 0)).sum();
+            if base >= workers {
+                // It fits here without victims (once units expected to end by
+                // the deadline have): not a place to preempt for.
+                continue;
+            }
+            // Quick bound: everything in the domain freed.
+            let mut all: BTreeMap<u32, u32> = BTreeMap::new();
+            for &i in &list {
+                for &(s, n) in &cands[i].slots {
+                    if range.contains(&s) {
+                        *all.entry(s).or_insert(0) += n;
+                    }
+                }
+            }
+            let bound = base
+                + all
+                    .iter()
+                    .map(|(&s, &n)| fits(s, n) - fits(s, 0))
+                    .sum::<u64>();
+            if bound < workers {
+                continue;
+            }
+            let outside = |i: usize| -> u32 {
+                (cands[i].slots.iter())
+                    .filter(|(s, _)| !range.contains(s))
+                    .map(|&(_, n)| n)
+                    .sum()
+            };
+            list.sort_by_key(|&i| {
+                (
+                    cands[i].run.priority,
+                    cands[i].at_risk,
+                    outside(i),
+                    &cands[i].run.job,
+                )
+            });
+            let mut freed: BTreeMap<u32, u32> = BTreeMap::new();
+            let mut fit = base;
+            let mut chosen: Vec<usize> = Vec::new();
+            let add = |freed: &mut BTreeMap<u32, u32>, fit: &mut u64, i: usize, sign: bool| {
+                for &(s, n) in &cands[i].slots {
+                    if !range.contains(&s) {
+                        continue;
+                    }
+                    let f = freed.entry(s).or_insert(0);
+                    let before = fits(s, *f);
+                    if sign {
+                        *f += n;
+                    } else {
+                        *f -= n;
+                    }
+                    let after = fits(s, *f);
+                    *fit = *fit + after - before;
+                }
+            };
+            for &i in &list {
+                add(&mut freed, &mut fit, i, true);
+                chosen.push(i);
+                if fit >= workers {
+                    break;
+                }
+            }
+            // Drop victims that turned out not to be needed, the latest
+            // (most costly) first.
+            for k in (0..chosen.len()).rev() {
+                let i = chosen[k];
+                add(&mut freed, &mut fit, i, false);
+                if fit >= workers {
+                    chosen.remove(k);
+                } else {
+                    add(&mut freed, &mut fit, i, true);
+                }
+            }
+            let at_risk: u64 = chosen.iter().map(|&i| cands[i].at_risk).sum();
+            let gpus: u64 = chosen.iter().map(|&i| cands[i].run.gpu_count()).sum();
+            let score = (level > tight, at_risk, level, chosen.len(), gpus, dom);
+            if best.as_ref().is_none_or(|b| score < b.score) {
+                best = Some(Choice {
+                    victims: chosen,
+                    dom,
+                    level,
+                    score,
+                });
+            }
+        }
+    }
+    best
+}

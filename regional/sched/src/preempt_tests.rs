@@ -1,0 +1,541 @@
+//! Worked examples of fair sharing and preemption (Gangway's discipline).
+
+use std::collections::BTreeMap;
+
+use super::tests::*;
+use crate::plan;
+use crate::types::*;
+
+const NOW: u64 = 10_000;
+
+/// One leaf-local fleet of `nodes` 8-GPU h100 nodes per leaf, 2 leaves.
+fn two_leaves(nodes: u32) -> Vec<Node> {
+    fleet("h100", 1, 2, nodes, 8, false)
+}
+
+/// A running unit of `tenant` at `priority` holding `gpus` on `node`,
+/// started at `started` with a checkpoint at `checkpointed`.
+fn holder(
+    job: &str,
+    tenant: &str,
+    priority: i32,
+    node: &str,
+    gpus: Vec<u32>,
+    started: u64,
+    checkpointed: Option<u64>,
+) -> Running {
+    Running {
+        job: job.into(),
+        tenant: tenant.into(),
+        gpu_type: "h100".into(),
+        priority,
+        gpus: vec![(node.into(), gpus)],
+        expected_end: u64::MAX,
+        started,
+        checkpointed,
+        ..Default::default()
+    }
+}
+
+/// Takes the running units' GPUs off the nodes' free lists and counts
+/// them in usage.
+fn occupy(s: &mut Snapshot, units: Vec<Running>) {
+    for r in &units {
+        for (node, gpus) in &r.gpus {
+            let n = s.nodes.iter_mut().find(|n| n.id == *node).expect("node");
+            n.free.retain(|g| !gpus.contains(g));
+        }
+        *s.usage
+            .entry((r.tenant.clone(), r.gpu_type.clone()))
+            .or_insert(0) += r.gpu_count() as u32;
+    }
+    s.running.extend(units);
+}
+
+fn unit(job: &str, tenant: &str, priority: i32, workers: u32, gpw: u32, seq: u64) -> Request {
+    Request {
+        tenant: tenant.into(),
+        priority,
+        seq,
+        ..req(job, workers, gpw, Level::Region)
+    }
+}
+
+fn full(node: &str) -> Vec<u32> {
+    let _ = node;
+    (0..8).collect()
+}
+
+fn victims(p: &Plan) -> Vec<(&str, &str, PreemptCause)> {
+    p.preemptions
+        .iter()
+        .map(|v| (v.job.as_str(), v.for_job.as_str(), v.cause))
+        .collect()
+}
+
+fn at_now(nodes: Vec<Node>, queue: Vec<Request>) -> Snapshot {
+    Snapshot {
+        now: NOW,
+        ..snap(nodes, queue)
+    }
+}
+
+#[test]
+fn a_normal_job_preempts_a_low_priority_one_and_waits_for_it() {
+    let mut s = at_now(
+        fleet("h100", 1, 1, 1, 8, false),
+        vec![unit("n", "acme", 1, 1, 8, 1)],
+    );
+    let node = s.nodes[0].id.clone();
+    occupy(
+        &mut s,
+        vec![holder(
+            "low",
+            "globex",
+            0,
+            &node,
+            full(&node),
+            0,
+            Some(NOW - 60),
+        )],
+    );
+    let p = plan(&s, &Policy::default());
+    assert!(p.placements.is_empty());
+    assert_eq!(victims(&p), vec![("low", "n", PreemptCause::Priority)]);
+    assert_eq!(p.preemptions[0].at_risk_gpu_s, 60 * 8);
+    assert_eq!(p.preemptions[0].gpus, 8);
+    let reason = reason_of(&p, "n");
+    assert_eq!(reason.code(), "waiting_for_preemption");
+    assert_eq!(
+        *reason,
+        WaitReason::Preempting {
+            victims: vec!["low".into()],
+            until: NOW + 120
+        }
+    );
+    assert!(reason.to_string().contains("checkpoint"), "{reason}");
+
+    // The next pass, with the victim on its way out: no more victims, the
+    // same wait, and nothing else takes the GPUs meanwhile.
+    s.running[0].preempted_for = Some("n".into());
+    let again = plan(&s, &Policy::default());
+    assert!(again.preemptions.is_empty());
+    assert_eq!(reason_of(&again, "n").code(), "waiting_for_preemption");
+}
+
+#[test]
+fn only_the_low_class_is_preempted_for_priority() {
+    let mut s = at_now(
+        fleet("h100", 1, 1, 1, 8, false),
+        vec![unit("h", "acme", 2, 1, 8, 1)],
+    );
+    let node = s.nodes[0].id.clone();
+    occupy(
+        &mut s,
+        vec![holder("normal", "globex", 1, &node, full(&node), 0, None)],
+    );
+    let p = plan(&s, &Policy::default());
+    assert!(p.preemptions.is_empty());
+    assert_eq!(reason_of(&p, "h").code(), "no_capacity");
+    // And low never preempts low.
+    let mut s = at_now(
+        fleet("h100", 1, 1, 1, 8, false),
+        vec![unit("l", "acme", 0, 1, 8, 1)],
+    );
+    occupy(
+        &mut s,
+        vec![holder("low", "globex", 0, &node, full(&node), 0, None)],
+    );
+    assert!(plan(&s, &Policy::default()).preemptions.is_empty());
+}
+
+#[test]
+fn a_young_run_is_not_preempted_before_its_minimum_run_time() {
+    let mut s = at_now(
+        fleet("h100", 1, 1, 1, 8, false),
+        vec![unit("n", "acme", 1, 1, 8, 1)],
+    );
+    let node = s.nodes[0].id.clone();
+    occupy(
+        &mut s,
+        vec![holder(
+            "low",
+            "globex",
+            0,
+            &node,
+            full(&node),
+            NOW - 599,
+            None,
+        )],
+    );
+    assert!(plan(&s, &Policy::default()).preemptions.is_empty());
+    s.running[0].started = NOW - 600;
+    assert_eq!(plan(&s, &Policy::default()).preemptions.len(), 1);
+}
+
+#[test]
+fn a_job_preempted_too_often_is_left_alone() {
+    let mut s = at_now(
+        fleet("h100", 1, 1, 1, 8, false),
+        vec![unit("n", "acme", 1, 1, 8, 1)],
+    );
+    let node = s.nodes[0].id.clone();
+    let mut low = holder("low", "globex", 0, &node, full(&node), 0, None);
+    low.preemptions = 3;
+    occupy(&mut s, vec![low]);
+    assert!(plan(&s, &Policy::default()).preemptions.is_empty());
+    s.running[0].preemptions = 2;
+    assert_eq!(plan(&s, &Policy::default()).preemptions.len(), 1);
+}
+
+#[test]
+fn the_victim_that_loses_least_work_is_chosen() {
+    let mut s = at_now(
+        fleet("h100", 1, 1, 2, 8, false),
+        vec![unit("n", "acme", 1, 1, 8, 1)],
+    );
+    let (a, b) = (s.nodes[0].id.clone(), s.nodes[1].id.clone());
+    occupy(
+        &mut s,
+        vec![
+            holder("stale", "globex", 0, &a, full(&a), 0, Some(NOW - 3000)),
+            holder("fresh", "globex", 0, &b, full(&b), 0, Some(NOW - 30)),
+        ],
+    );
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("fresh", "n", PreemptCause::Priority)]);
+}
+
+#[test]
+fn victims_whose_gpus_form_a_tight_block_win_over_cheaper_scattered_ones() {
+    // A 2-node gang that prefers one leaf. Leaf 0: two nodes held by
+    // costly low units; leaf 1: one node held by a cheap low unit and one
+    // by a normal unit; so the cheap pair is scattered across leaves.
+    let mut s = at_now(two_leaves(2), vec![]);
+    let ids: Vec<String> = s.nodes.iter().map(|n| n.id.clone()).collect();
+    occupy(
+        &mut s,
+        vec![
+            holder("l0a", "globex", 0, &ids[0], full(""), 0, Some(NOW - 1000)),
+            holder("l0b", "globex", 0, &ids[1], full(""), 0, Some(NOW - 1000)),
+            holder("l1a", "globex", 0, &ids[2], full(""), 0, Some(NOW - 10)),
+            holder("l1b", "globex", 1, &ids[3], full(""), 0, None),
+        ],
+    );
+    let mut gang = unit("g", "acme", 1, 2, 8, 1);
+    gang.preferred = Level::Leaf;
+    s.queue.push(gang);
+    let p = plan(&s, &Policy::default());
+    let mut v: Vec<&str> = p.preemptions.iter().map(|v| v.job.as_str()).collect();
+    v.sort();
+    assert_eq!(v, vec!["l0a", "l0b"], "{:?}", p.preemptions);
+
+    // Preferring any placement, the cheaper scattered pair... is not
+    // possible here (l1b is normal): one cheap low unit plus one costly
+    // low unit, the least work at risk.
+    s.queue[0].preferred = Level::Region;
+    let p = plan(&s, &Policy::default());
+    let mut v: Vec<&str> = p.preemptions.iter().map(|v| v.job.as_str()).collect();
+    v.sort();
+    assert_eq!(v, vec!["l0a", "l1a"], "{:?}", p.preemptions);
+}
+
+#[test]
+fn one_victim_is_preferred_to_several_with_the_same_work_at_risk() {
+    let mut s = at_now(
+        fleet("h100", 1, 1, 2, 8, false),
+        vec![unit("n", "acme", 1, 1, 8, 1)],
+    );
+    let (a, b) = (s.nodes[0].id.clone(), s.nodes[1].id.clone());
+    occupy(
+        &mut s,
+        vec![
+            holder(
+                "small0",
+                "globex",
+                0,
+                &a,
+                vec![0, 1, 2, 3],
+                0,
+                Some(NOW - 100),
+            ),
+            holder(
+                "small1",
+                "globex",
+                0,
+                &a,
+                vec![4, 5, 6, 7],
+                0,
+                Some(NOW - 100),
+            ),
+            holder("big", "globex", 0, &b, full(""), 0, Some(NOW - 100)),
+        ],
+    );
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("big", "n", PreemptCause::Priority)]);
+}
+
+#[test]
+fn only_as_many_victims_as_needed() {
+    // 4 GPUs needed; the node has 2 free and three 2-GPU low units.
+    let mut s = at_now(
+        fleet("h100", 1, 1, 1, 8, false),
+        vec![unit("n", "acme", 1, 1, 4, 1)],
+    );
+    let a = s.nodes[0].id.clone();
+    occupy(
+        &mut s,
+        vec![
+            holder("x", "globex", 0, &a, vec![0, 1], 0, Some(NOW - 300)),
+            holder("y", "globex", 0, &a, vec![2, 3], 0, Some(NOW - 100)),
+            holder("z", "globex", 0, &a, vec![4, 5], 0, Some(NOW - 200)),
+        ],
+    );
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("y", "n", PreemptCause::Priority)]);
+}
+
+fn guarantee(s: &mut Snapshot, tenant: &str, gpus: u32) {
+    s.shares.insert(
+        (tenant.into(), "h100".into()),
+        Share {
+            guaranteed: gpus,
+            ..Share::default()
+        },
+    );
+}
+
+#[test]
+fn a_tenant_under_its_guarantee_reclaims_lent_capacity() {
+    // acme is guaranteed 8 and holds nothing; globex (guaranteed 8) borrows
+    // the whole 16-GPU fleet with two normal-priority units.
+    let mut s = at_now(
+        fleet("h100", 1, 1, 2, 8, false),
+        vec![unit("a", "acme", 1, 1, 8, 5)],
+    );
+    let (x, y) = (s.nodes[0].id.clone(), s.nodes[1].id.clone());
+    guarantee(&mut s, "acme", 8);
+    guarantee(&mut s, "globex", 8);
+    occupy(
+        &mut s,
+        vec![
+            holder("g1", "globex", 1, &x, full(""), 0, Some(NOW - 50)),
+            holder("g2", "globex", 1, &y, full(""), 0, Some(NOW - 500)),
+        ],
+    );
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("g1", "a", PreemptCause::Reclaim)]);
+
+    // Once globex is back at its guarantee, nothing more is taken from it.
+    let mut s2 = s.clone();
+    s2.running.remove(0);
+    s2.nodes[0].free = (0..8).collect();
+    s2.usage.insert(("globex".into(), "h100".into()), 8);
+    s2.queue = vec![
+        unit("a1", "acme", 1, 1, 8, 5),
+        unit("a2", "acme", 1, 1, 8, 6),
+    ];
+    let p = plan(&s2, &Policy::default());
+    assert_eq!(p.placements.len(), 1);
+    assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
+
+    // Beyond its own guarantee a tenant does not reclaim: 16 > 8.
+    let mut s3 = s.clone();
+    s3.queue = vec![unit("big", "acme", 1, 2, 8, 5)];
+    assert!(plan(&s3, &Policy::default()).preemptions.is_empty());
+}
+
+#[test]
+fn preemption_stops_at_the_budget_and_can_be_turned_off() {
+    let mut s = at_now(fleet("h100", 1, 1, 4, 8, false), vec![]);
+    let ids: Vec<String> = s.nodes.iter().map(|n| n.id.clone()).collect();
+    let holders = (ids.iter().enumerate())
+        .map(|(i, id)| holder(&format!("low{i}"), "globex", 0, id, full(""), 0, None))
+        .collect();
+    occupy(&mut s, holders);
+    s.queue = (0..4)
+        .map(|i| unit(&format!("n{i}"), "acme", 1, 1, 8, i))
+        .collect();
+    let mut policy = Policy::default();
+    assert_eq!(plan(&s, &policy).preemptions.len(), 4);
+    policy.preemption.max_victims_per_pass = 2;
+    assert_eq!(plan(&s, &policy).preemptions.len(), 2);
+    policy.preemption.enabled = false;
+    assert!(plan(&s, &policy).preemptions.is_empty());
+    for kind in [PolicyKind::FifoFirstFit, PolicyKind::SlurmBackfill] {
+        let p = plan(
+            &s,
+            &Policy {
+                kind,
+                ..Policy::default()
+            },
+        );
+        assert!(p.preemptions.is_empty(), "{kind:?}");
+    }
+}
+
+#[test]
+fn two_waiting_units_never_share_a_victim() {
+    let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
+    let a = s.nodes[0].id.clone();
+    occupy(
+        &mut s,
+        vec![holder("low", "globex", 0, &a, full(""), 0, None)],
+    );
+    s.queue = vec![
+        unit("n0", "acme", 1, 1, 8, 1),
+        unit("n1", "acme", 1, 1, 8, 2),
+    ];
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("low", "n0", PreemptCause::Priority)]);
+    assert_eq!(reason_of(&p, "n1").code(), "no_capacity");
+}
+
+#[test]
+fn fair_share_lets_the_tenant_holding_less_go_first() {
+    // acme already holds 8 of 16 GPUs; globex holds none. Both queue
+    // 1-GPU units, acme's older; only 4 GPUs are free.
+    let mut s = at_now(fleet("h100", 1, 1, 2, 8, false), vec![]);
+    let a = s.nodes[0].id.clone();
+    let b = s.nodes[1].id.clone();
+    occupy(
+        &mut s,
+        vec![
+            holder("acme-run", "acme", 1, &a, full(""), NOW, None),
+            holder("other", "initech", 1, &b, vec![0, 1, 2, 3], NOW, None),
+        ],
+    );
+    s.queue = (0..4)
+        .map(|i| unit(&format!("a{i}"), "acme", 1, 1, 1, i))
+        .chain((0..4).map(|i| unit(&format!("g{i}"), "globex", 1, 1, 1, 10 + i)))
+        .collect();
+    let p = plan(&s, &Policy::default());
+    let mut placed: Vec<&str> = p.placements.iter().map(|x| x.job.as_str()).collect();
+    placed.sort();
+    assert_eq!(placed, vec!["g0", "g1", "g2", "g3"]);
+    // Slurm-like goes by age alone.
+    let p = plan(
+        &s,
+        &Policy {
+            kind: PolicyKind::SlurmBackfill,
+            ..Policy::default()
+        },
+    );
+    let placed: Vec<&str> = p.placements.iter().map(|x| x.job.as_str()).collect();
+    assert_eq!(placed, vec!["a0", "a1", "a2", "a3"]);
+}
+
+#[test]
+fn weights_and_history_shape_the_split() {
+    // An empty 6-GPU node; two tenants queue six 1-GPU units each.
+    let mut s = at_now(fleet("h100", 1, 1, 1, 6, false), vec![]);
+    s.queue = (0..6)
+        .map(|i| unit(&format!("a{i}"), "acme", 1, 1, 1, i))
+        .chain((0..6).map(|i| unit(&format!("g{i}"), "globex", 1, 1, 1, i)))
+        .collect();
+    let count = |p: &Plan, prefix: &str| {
+        p.placements
+            .iter()
+            .filter(|x| x.job.starts_with(prefix))
+            .count()
+    };
+    let p = plan(&s, &Policy::default());
+    assert_eq!((count(&p, "a"), count(&p, "g")), (3, 3));
+    // Weight 2 : 1 → 4 : 2.
+    s.shares.insert(
+        ("acme".into(), "h100".into()),
+        Share {
+            weight: 2000,
+            ..Share::default()
+        },
+    );
+    let p = plan(&s, &Policy::default());
+    assert_eq!((count(&p, "a"), count(&p, "g")), (4, 2));
+    // acme used 2 GPUs on average lately: it gets 2 fewer than by weight
+    // alone would give... with equal weights, 2 : 4.
+    s.shares.insert(
+        ("acme".into(), "h100".into()),
+        Share {
+            history: 2000,
+            ..Share::default()
+        },
+    );
+    let p = plan(&s, &Policy::default());
+    assert_eq!((count(&p, "a"), count(&p, "g")), (2, 4));
+    // A guarantee puts a tenant first up to it, whatever its share.
+    s.shares.insert(
+        ("acme".into(), "h100".into()),
+        Share {
+            history: 2000,
+            guaranteed: 5,
+            ..Share::default()
+        },
+    );
+    let p = plan(&s, &Policy::default());
+    assert_eq!((count(&p, "a"), count(&p, "g")), (5, 1));
+    // Priority still comes first.
+    let mut s2 = s.clone();
+    for u in s2.queue.iter_mut().filter(|u| u.tenant == "globex") {
+        u.priority = 2;
+    }
+    let p = plan(&s2, &Policy::default());
+    assert_eq!((count(&p, "a"), count(&p, "g")), (0, 6));
+}
+
+#[test]
+fn a_reserved_gang_far_from_its_start_preempts_but_one_starting_soon_does_not() {
+    let mut s = at_now(
+        fleet("h100", 1, 1, 2, 8, false),
+        vec![unit("n", "acme", 1, 2, 8, 1)],
+    );
+    s.queue[0].estimated_duration_s = 100;
+    let (a, b) = (s.nodes[0].id.clone(), s.nodes[1].id.clone());
+    let mut low = holder("low", "globex", 0, &a, full(""), 0, None);
+    let mut normal = holder("normal", "globex", 1, &b, full(""), 0, None);
+    low.expected_end = NOW + 5000;
+    normal.expected_end = NOW + 60;
+    occupy(&mut s, vec![low, normal]);
+    // Both nodes free by NOW + 5000: reserved far away, so preempt `low`...
+    // but `normal` cannot be preempted, so the gang waits for it anyway,
+    // and preempting `low` lets it start at NOW + 120 instead of 5000.
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("low", "n", PreemptCause::Priority)]);
+    // With `low` ending within the checkpoint deadline, no preemption.
+    s.running[0].expected_end = NOW + 100;
+    let p = plan(&s, &Policy::default());
+    assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
+    assert_eq!(reason_of(&p, "n").code(), "reserved");
+}
+
+#[test]
+fn a_low_unit_that_overran_its_estimate_is_still_preempted() {
+    let mut s = at_now(
+        fleet("h100", 1, 1, 1, 8, false),
+        vec![unit("n", "acme", 1, 1, 8, 1)],
+    );
+    s.queue[0].estimated_duration_s = 100;
+    let a = s.nodes[0].id.clone();
+    let mut low = holder("low", "globex", 0, &a, full(""), 0, None);
+    low.expected_end = NOW - 500;
+    occupy(&mut s, vec![low]);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("low", "n", PreemptCause::Priority)]);
+}
+
+#[test]
+fn preempting_ignores_running_units_of_other_types_and_unknown_nodes() {
+    let mut nodes = fleet("h100", 1, 1, 1, 8, false);
+    nodes.extend(fleet("a100", 1, 1, 1, 8, false));
+    let mut s = at_now(nodes, vec![unit("n", "acme", 1, 1, 8, 1)]);
+    let a100 = s.nodes[1].id.clone();
+    let h100 = s.nodes[0].id.clone();
+    let mut other = holder("a100-low", "globex", 0, &a100, full(""), 0, None);
+    other.gpu_type = "a100".into();
+    let ghost = holder("ghost", "globex", 0, "no-such-node", full(""), 0, None);
+    let normal = holder("normal", "globex", 1, &h100, full(""), 0, None);
+    occupy(&mut s, vec![other, normal]);
+    s.running.push(ghost);
+    let p = plan(&s, &Policy::default());
+    assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
+    let _ = BTreeMap::<u8, u8>::new();
+}
