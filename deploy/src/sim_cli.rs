@@ -1,13 +1,13 @@
 //! `gangway sim`: replays a workload trace through the scheduler core under
 //! each policy and prints the metrics side by side (or as JSON).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use gangway_sched::PolicyKind;
+use gangway_sched::{PolicyKind, PreemptionPolicy};
 use gangway_shared::fleet::FleetFile;
 use gangway_sim::{
     human_duration, policy_label, render_table, Entitlements, LocalityModel, Metrics, Progress,
@@ -55,13 +55,42 @@ pub struct SimArgs {
     /// Replay only the first N jobs by submit time.
     #[arg(long)]
     max_jobs: Option<usize>,
-    /// Tenant entitlements: a CSV of `tenant,weight` rows after a header
-    /// (e.g. philly_vc_nodes.csv: vc, node num).
+    /// Tenant guarantees: a CSV of `tenant,weight` rows after a header
+    /// (e.g. philly_vc_nodes.csv: vc, node num); each tenant is guaranteed
+    /// its weight's share of the fleet and may borrow beyond it.
     #[arg(long)]
     quotas: Option<PathBuf>,
-    /// Also enforce the entitlements as hard quotas (share × fleet GPUs).
+    /// Also enforce the guarantees as hard quotas (no borrowing).
     #[arg(long, requires = "quotas")]
     quota_caps: bool,
+    /// Fair-share weights, e.g. `a=2,b=0.5` (1 for tenants not named).
+    #[arg(long, value_delimiter = ',')]
+    weights: Vec<String>,
+    /// Half-life of the decayed past usage fair sharing weighs, in seconds
+    /// of virtual time (0 = no history).
+    #[arg(long, default_value_t = 86_400)]
+    history_half_life_s: u64,
+    /// Never preempt (Gangway's policy otherwise preempts low-priority work
+    /// and reclaims lent capacity).
+    #[arg(long)]
+    no_preemption: bool,
+    /// Seconds a run must have run before it may be preempted.
+    #[arg(long, default_value_t = PreemptionPolicy::default().min_run_s)]
+    min_run_s: u64,
+    /// Preemptions after which a job is no longer a victim of priority
+    /// preemption.
+    #[arg(long, default_value_t = PreemptionPolicy::default().max_preemptions)]
+    max_preemptions: u32,
+    /// Victims chosen in one planning pass, at most.
+    #[arg(long, default_value_t = PreemptionPolicy::default().max_victims_per_pass)]
+    max_victims_per_pass: usize,
+    /// Seconds a victim has to checkpoint and stop.
+    #[arg(long, default_value_t = PreemptionPolicy::default().checkpoint_deadline_s)]
+    checkpoint_deadline_s: u64,
+    /// Seconds a victim takes to write its checkpoint on demand (GPU time
+    /// lost); longer than the deadline = it stops without one.
+    #[arg(long, default_value_t = 30)]
+    checkpoint_write_s: u64,
     /// Seconds of run time between a job's checkpoints (0 = never checkpoint).
     #[arg(long, default_value_t = 3600)]
     checkpoint_interval_s: u64,
@@ -91,6 +120,9 @@ pub struct SimArgs {
     /// Queued units shown to each planning pass (oldest first).
     #[arg(long, default_value_t = 2000)]
     queue_window: usize,
+    /// Beyond those, each tenant's oldest this many queued units are shown too.
+    #[arg(long, default_value_t = 32)]
+    queue_window_per_tenant: usize,
     /// At least this many seconds of virtual time between planning passes
     /// (a scheduler loop's period; 0 = a pass at every event).
     #[arg(long, default_value_t = 0)]
@@ -128,6 +160,17 @@ pub fn run(args: SimArgs) -> anyhow::Result<u8> {
         }
         (None, None) => LocalityModel::default(),
     };
+    let mut weights = BTreeMap::new();
+    for spec in &args.weights {
+        let (tenant, w) = spec
+            .split_once('=')
+            .with_context(|| format!("--weights {spec:?}: expected tenant=weight"))?;
+        let w: f64 = w
+            .trim()
+            .parse()
+            .with_context(|| format!("--weights {spec:?}: the weight is not a number"))?;
+        weights.insert(tenant.trim().to_string(), w);
+    }
     let config = SimConfig {
         load: args.load,
         max_jobs: args.max_jobs,
@@ -137,6 +180,16 @@ pub fn run(args: SimArgs) -> anyhow::Result<u8> {
         seed: args.seed,
         entitlements,
         quota_caps: args.quota_caps,
+        weights,
+        history_half_life_s: args.history_half_life_s,
+        preemption: PreemptionPolicy {
+            enabled: !args.no_preemption,
+            min_run_s: args.min_run_s,
+            max_preemptions: args.max_preemptions,
+            max_victims_per_pass: args.max_victims_per_pass,
+            checkpoint_deadline_s: args.checkpoint_deadline_s,
+        },
+        checkpoint_write_s: args.checkpoint_write_s,
         locality,
         estimate_noise: args.estimate_noise,
         low_priority_tenants: args
@@ -145,6 +198,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<u8> {
             .cloned()
             .collect::<BTreeSet<_>>(),
         queue_window: args.queue_window,
+        queue_window_per_tenant: args.queue_window_per_tenant,
         pass_interval_s: args.pass_interval_s,
         scheduled_failures: Vec::new(),
     };

@@ -1,7 +1,8 @@
 //! The simulator's options.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use gangway_sched::PreemptionPolicy;
 use serde::Serialize;
 
 use crate::locality::LocalityModel;
@@ -26,12 +27,29 @@ pub struct SimConfig {
     pub repair_time_s: u64,
     /// Seeds the failure stream and the estimate noise.
     pub seed: u64,
-    /// Guaranteed shares per tenant, for the share-against-entitlement
-    /// metric and (with `quota_caps`) hard caps.
+    /// Guaranteed shares per tenant: each named tenant is guaranteed
+    /// `floor(share × schedulable GPUs)` GPUs (`Share::guaranteed` in the
+    /// snapshot; capacity it leaves idle is lent to others and taken back by
+    /// preemption), and the share-against-entitlement metric uses them.
     pub entitlements: Option<Entitlements>,
-    /// Give each tenant named in `entitlements` a hard quota of
-    /// `floor(share × schedulable GPUs)` GPUs; tenants not named stay uncapped.
+    /// Also give each tenant named in `entitlements` a hard quota equal to
+    /// its guarantee (no borrowing); tenants not named stay uncapped.
     pub quota_caps: bool,
+    /// Fair-share weights per tenant (1.0 when not named).
+    pub weights: BTreeMap<String, f64>,
+    /// Half-life of the decayed past usage fair sharing weighs, in seconds of
+    /// virtual time: each tenant's history is the exponentially weighted
+    /// average of the GPUs it held. 0 = no history.
+    pub history_half_life_s: u64,
+    /// When Gangway's policy preempts (`enabled: false` = never), the
+    /// minimum run time, the cap per job, the victims per pass and the
+    /// checkpoint deadline.
+    pub preemption: PreemptionPolicy,
+    /// Seconds a victim takes to write its checkpoint on demand (GPU time
+    /// lost); a write longer than the policy's deadline does not finish, and
+    /// the victim is stopped at the deadline keeping only its last periodic
+    /// checkpoint.
+    pub checkpoint_write_s: u64,
     pub locality: LocalityModel,
     /// Runtime estimates are `duration × exp(σ·Z)`, Z standard normal; 0 =
     /// perfect estimates.
@@ -41,6 +59,10 @@ pub struct SimConfig {
     /// At most this many queued units (the oldest by priority then arrival)
     /// are passed to each planning pass; the rest wait their turn.
     pub queue_window: usize,
+    /// Beyond those, each tenant's first this many queued units are passed
+    /// too, so that no tenant's work is invisible to fair sharing behind
+    /// another's backlog. 0 = only the plain window.
+    pub queue_window_per_tenant: usize,
     /// At least this many seconds of virtual time between two planning
     /// passes, like a scheduler loop's period: events in between are applied
     /// at once, the pass they call for runs at the period's end. 0 = a pass
@@ -62,10 +84,15 @@ impl Default for SimConfig {
             seed: 1,
             entitlements: None,
             quota_caps: false,
+            weights: BTreeMap::new(),
+            history_half_life_s: 24 * 3600,
+            preemption: PreemptionPolicy::default(),
+            checkpoint_write_s: 30,
             locality: LocalityModel::default(),
             estimate_noise: 0.0,
             low_priority_tenants: BTreeSet::new(),
             queue_window: 2000,
+            queue_window_per_tenant: 32,
             pass_interval_s: 0,
             scheduled_failures: Vec::new(),
         }

@@ -1,16 +1,20 @@
 //! The event loop: one policy's run over a prepared [`Simulation`].
 //!
-//! Events are arrivals, completions, node failures and repairs. All events
-//! of one virtual second are applied together, then one planning pass runs
-//! (or is skipped when nothing new could fit), and its placements start at
-//! once. The scheduler's snapshot is kept between passes and updated in
-//! place: only what an event or a placement changes is touched.
+//! Events are arrivals, completions, preempted victims stopping, node
+//! failures and repairs (and wake-ups: a run reaching the minimum run time
+//! before it may be preempted, the end of a pass interval). All events of
+//! one virtual second are applied together, then one planning pass runs (or
+//! is skipped when nothing new could fit or preempt), its placements start
+//! at once and its victims are asked to checkpoint and stop. The scheduler's
+//! snapshot is kept between passes and updated in place: only what an event
+//! or a placement changes is touched.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use gangway_sched::{
-    plan, Level, Node, Placement, Policy, PolicyKind, Request, Running, Snapshot, WaitReason,
+    plan, Level, Node, Placement, Plan, Policy, PolicyKind, PreemptCause, Preemption, Request,
+    Running, Share, Snapshot, WaitReason, PREEMPTIBLE_PRIORITY,
 };
 use serde::Serialize;
 
@@ -48,6 +52,11 @@ pub struct JobOutcome {
     pub level: Option<Level>,
     /// GPU-seconds of work thrown away by failures.
     pub lost_gpu_s: f64,
+    /// Times the core preempted it.
+    pub preemptions: u32,
+    /// GPU-seconds its preemptions cost (checkpoint writes, and work lost
+    /// when a write could not finish before the deadline).
+    pub lost_to_preemption_gpu_s: f64,
     pub rejected: bool,
 }
 
@@ -57,6 +66,10 @@ pub struct SimOutcome {
     pub metrics: Metrics,
     pub jobs: Vec<JobOutcome>,
 }
+
+/// What computes a pass: [`gangway_sched::plan`], or a stand-in for tests
+/// and what-if experiments.
+pub type Planner<'p> = dyn FnMut(&Snapshot, &Policy) -> Plan + 'p;
 
 impl Simulation {
     /// Replays the workload under `policy`.
@@ -70,7 +83,21 @@ impl Simulation {
         policy: PolicyKind,
         progress: &mut dyn FnMut(&Progress),
     ) -> SimOutcome {
-        let mut run = Run::new(self, policy);
+        self.run_with_planner(policy, &mut plan, progress)
+    }
+
+    /// As [`Simulation::run_with_progress`], with each pass computed by
+    /// `planner` instead of the core: for tests of the simulator's own
+    /// mechanics (say, scripted preemptions) and for experiments. The
+    /// simulator carries out whatever the plan says, checking that every
+    /// placement uses free GPUs and every victim is running.
+    pub fn run_with_planner(
+        &self,
+        policy: PolicyKind,
+        planner: &mut Planner<'_>,
+        progress: &mut dyn FnMut(&Progress),
+    ) -> SimOutcome {
+        let mut run = Run::new(self, policy, planner);
         run.main_loop(progress);
         run.finish()
     }
@@ -81,6 +108,8 @@ enum Phase {
     Pending,
     Queued,
     Running,
+    /// Preempted: writing its checkpoint, still holding its GPUs.
+    Stopping,
     Done,
     Rejected,
 }
@@ -104,29 +133,48 @@ struct JobRun {
     held: Vec<(u32, Vec<u32>)>,
     /// Its queue position key while queued.
     qkey: QKey,
+    /// The seq it is queued with (a preempted job keeps it).
+    seq: u64,
+    preemptions: u32,
+    /// While stopping: when it was asked to.
+    preempt_at: Option<u64>,
+    /// When it last wrote a checkpoint (in an earlier run; the current run's
+    /// periodic ones are computed from `start`).
+    checkpointed: Option<u64>,
+    lost_preempt_gpu_s: f64,
+    /// Counted in `Run::low_pri_gpus` (a priority-preemption candidate).
+    low_counted: bool,
 }
 
 /// Event kinds, in the order they apply within one second: completions
-/// before repairs before failures (a job ending the second its node fails
-/// has finished).
+/// before victims stopping before repairs before failures (a job ending the
+/// second its node fails has finished).
 const EV_COMPLETE: u8 = 0;
-const EV_REPAIR: u8 = 1;
-const EV_FAIL: u8 = 2;
-const EV_RANDOM_FAIL: u8 = 3;
+/// A preempted victim has written its checkpoint (or hit the deadline).
+const EV_STOP: u8 = 1;
+const EV_REPAIR: u8 = 2;
+const EV_FAIL: u8 = 3;
+const EV_RANDOM_FAIL: u8 = 4;
+/// A run reaches the minimum run time and may now be preempted.
+const EV_ELIGIBLE: u8 = 5;
 /// The end of a pass interval with a deferred pass.
-const EV_WAKE: u8 = 4;
+const EV_WAKE: u8 = 6;
 
-/// (time, kind, subject, attempt): completion (job, attempt), repair (node),
-/// failure (node).
+/// (time, kind, subject, attempt): completion, stop and eligibility (job,
+/// attempt), repair (node), failure (node).
 type Event = Reverse<(u64, u8, u32, u32)>;
 
 /// Seqs of first arrivals start here; a requeued gang takes its arrival
 /// index below it, so it goes before every fresh arrival ("at the front").
 const FRESH_SEQ: u64 = 1 << 40;
 
-struct Run<'a> {
+struct Run<'a, 'p> {
     sim: &'a Simulation,
     policy: Policy,
+    planner: &'p mut Planner<'p>,
+    /// Whether the policy may preempt (Gangway's, preemption enabled): then
+    /// passes also run when a waiting unit could preempt.
+    preempting: bool,
     snap: Snapshot,
     jobs: Vec<JobRun>,
     events: BinaryHeap<Event>,
@@ -136,6 +184,18 @@ struct Run<'a> {
     usage_keys: Vec<(String, String)>,
     /// Position of each running job in `snap.running` (u32::MAX: none).
     running_at: Vec<u32>,
+    /// The job of each entry of `snap.running`.
+    running_jobs: Vec<u32>,
+    /// GPUs of running units that priority preemption may take (low
+    /// priority, under the cap, not stopping already); the minimum run time
+    /// is not checked.
+    low_pri_gpus: u64,
+    /// Queued units above the preemptible priority.
+    waiting_high: u64,
+    /// Per tenant: decayed average GPUs held.
+    history: Vec<f64>,
+    /// The history's decay rate per second (ln 2 / half-life; 0 = none).
+    decay: f64,
     node_up: Vec<bool>,
     now: u64,
     last: u64,
@@ -171,6 +231,12 @@ struct Acc {
     in_spine: u64,
     in_leaf_when_could: u64,
     lost_failures_gpu_s: f64,
+    lost_preempt_gpu_s: f64,
+    at_risk_gpu_s: f64,
+    preempt_priority: u64,
+    preempt_reclaim: u64,
+    victims_finished: u64,
+    checkpoint_timeouts: u64,
     node_failures: u64,
     restarts: u64,
     passes: u64,
@@ -178,8 +244,8 @@ struct Acc {
     unfinished: u64,
 }
 
-impl<'a> Run<'a> {
-    fn new(sim: &'a Simulation, kind: PolicyKind) -> Run<'a> {
+impl<'a, 'p> Run<'a, 'p> {
+    fn new(sim: &'a Simulation, kind: PolicyKind, planner: &'p mut Planner<'p>) -> Run<'a, 'p> {
         let nodes: Vec<Node> = sim
             .nodes
             .iter()
@@ -224,33 +290,73 @@ impl<'a> Run<'a> {
                 lost_gpu_s: 0.0,
                 held: Vec::new(),
                 qkey: (Reverse(0), 0, 0),
+                seq: 0,
+                preemptions: 0,
+                preempt_at: None,
+                checkpointed: None,
+                lost_preempt_gpu_s: 0.0,
+                low_counted: false,
             })
             .collect();
+        let shares = sim
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(t, name)| {
+                let share = Share {
+                    guaranteed: u32::try_from(sim.guarantees[t]).unwrap_or(u32::MAX),
+                    weight: sim.weights[t],
+                    history: 0,
+                };
+                ((name.clone(), sim.gpu_type.clone()), share)
+            })
+            .collect();
+        let policy = Policy {
+            kind,
+            preemption: sim.config.preemption.clone(),
+            ..Policy::default()
+        };
+        // Only Gangway's discipline preempts; the others never look at it.
+        let preempting = kind == PolicyKind::Gangway && policy.preemption.enabled;
+        let half_life = sim.config.history_half_life_s;
         let mut tenants = vec![TenantAcc::default(); sim.tenants.len()];
         for j in &sim.jobs {
             tenants[j.tenant as usize].jobs += 1;
         }
         let mut run = Run {
             sim,
-            policy: Policy {
-                kind,
-                ..Policy::default()
-            },
+            policy,
+            planner,
+            preempting,
             snap: Snapshot {
                 nodes,
                 quotas,
+                shares,
                 ..Snapshot::default()
             },
             jobs,
             events,
             next_arrival: 0,
-            queue: Queue::new(sim.config.queue_window),
+            queue: Queue::new(
+                sim.config.queue_window,
+                sim.config.queue_window_per_tenant,
+                sim.jobs.iter().map(|j| j.tenant).collect(),
+            ),
             usage_keys: sim
                 .tenants
                 .iter()
                 .map(|t| (t.clone(), sim.gpu_type.clone()))
                 .collect(),
             running_at: vec![u32::MAX; sim.jobs.len()],
+            running_jobs: Vec::new(),
+            low_pri_gpus: 0,
+            waiting_high: 0,
+            history: vec![0.0; sim.tenants.len()],
+            decay: if half_life == 0 {
+                0.0
+            } else {
+                std::f64::consts::LN_2 / half_life as f64
+            },
             node_up: vec![true; sim.nodes.len()],
             now: 0,
             last: 0,
@@ -328,6 +434,8 @@ impl<'a> Run<'a> {
                 self.events.pop();
                 match kind {
                     EV_COMPLETE => must_pass |= self.complete(a, b),
+                    EV_STOP => must_pass |= self.stop(a, b, &mut new_units),
+                    EV_ELIGIBLE => must_pass |= self.eligible(a, b),
                     EV_REPAIR => must_pass |= self.repair(a),
                     EV_FAIL | EV_RANDOM_FAIL => {
                         if kind == EV_RANDOM_FAIL {
@@ -342,7 +450,7 @@ impl<'a> Run<'a> {
             while let Some(j) = self.next_arrival_at(t) {
                 self.next_arrival += 1;
                 if self.jobs[j as usize].phase == Phase::Pending {
-                    self.enqueue(j, false, &mut new_units);
+                    self.enqueue(j, FRESH_SEQ + u64::from(j), &mut new_units);
                 }
             }
             self.pass_or_defer(must_pass, new_units);
@@ -402,12 +510,21 @@ impl<'a> Run<'a> {
             for (i, t) in self.tenants.iter_mut().enumerate() {
                 t.integrate(dt, self.schedulable, self.sim.shares[i]);
             }
+            if self.decay > 0.0 {
+                // The average of the GPUs held, weighted by exp(-decay × age):
+                // over a constant stretch it moves towards what is held now.
+                let keep = (-self.decay * dt).exp();
+                for (h, t) in self.history.iter_mut().zip(&self.tenants) {
+                    let held = t.held as f64;
+                    *h = held + (*h - held) * keep;
+                }
+            }
         }
         self.last = t;
         self.now = t;
     }
 
-    fn request(&self, job: u32, requeued: bool) -> Request {
+    fn request(&self, job: u32, seq: u64) -> Request {
         let spec = self.spec(job);
         let remaining = (spec.est_work - self.jobs[job as usize].saved).max(1.0);
         Request {
@@ -419,26 +536,27 @@ impl<'a> Run<'a> {
             required: Level::Region,
             preferred: spec.best,
             priority: spec.priority,
-            seq: if requeued {
-                u64::from(job)
-            } else {
-                FRESH_SEQ + u64::from(job)
-            },
+            seq,
             estimated_duration_s: remaining.ceil() as u64,
         }
     }
 
-    /// Queues a unit; `new_units` gets it when it entered the window.
-    fn enqueue(&mut self, job: u32, requeued: bool, new_units: &mut Vec<u32>) {
-        let req = self.request(job, requeued);
+    /// Queues a unit with `seq` (fresh arrivals: `FRESH_SEQ + job`; after a
+    /// failure: `job`, at the front; after a preemption: the seq it had);
+    /// `new_units` gets it when it entered the window.
+    fn enqueue(&mut self, job: u32, seq: u64, new_units: &mut Vec<u32>) {
+        let req = self.request(job, seq);
         let key = (Reverse(req.priority), req.seq, job);
         let spec = self.spec(job);
         let t = &mut self.tenants[spec.tenant as usize];
         t.waiting_units += 1;
         t.waiting_gpus += spec.gpus();
         self.waiting_units += 1;
-        self.jobs[job as usize].phase = Phase::Queued;
-        self.jobs[job as usize].qkey = key;
+        self.waiting_high += u64::from(spec.priority > PREEMPTIBLE_PRIORITY);
+        let run = &mut self.jobs[job as usize];
+        run.phase = Phase::Queued;
+        run.qkey = key;
+        run.seq = seq;
         if self.queue.push(key, req, spec.gpus()) {
             new_units.push(job);
         }
@@ -487,8 +605,11 @@ impl<'a> Run<'a> {
     /// Runs planning passes at the current time. A pass runs when capacity
     /// grew since the last one, or when a unit new to the window could fit
     /// by free counts; otherwise nothing the last pass left waiting can fit
-    /// now either, and the pass is skipped. After a pass that placed units,
-    /// the window is topped up and the newcomers get a pass of their own.
+    /// now either, and the pass is skipped. Under a preempting policy a pass
+    /// also runs when a newcomer could preempt, or when the state changed
+    /// (`must_pass`) and some waiting unit could. After a pass that placed
+    /// units, the window is topped up and the newcomers get a pass of their
+    /// own.
     fn schedule(&mut self, mut must_pass: bool, mut new_units: Vec<u32>) {
         loop {
             // A newcomer pushed beyond the window again is not new to the core.
@@ -497,33 +618,43 @@ impl<'a> Run<'a> {
                 self.stranded = false;
                 return;
             };
+            let preempt = |run: &Self| {
+                run.preempting
+                    && (new_units.iter().any(|&j| run.could_preempt(j))
+                        || (must_pass && run.any_waiting_could_preempt()))
+            };
             if min_gpus > self.free {
-                // Nothing shown to the core fits even the total free count.
-                self.acc.skipped += u64::from(must_pass || !new_units.is_empty());
-                self.stranded = false;
-                return;
-            }
-            let max_free = self.max_node_free();
-            let fitting_new = new_units.iter().any(|&j| self.could_fit(j, max_free));
-            if !must_pass && !fitting_new {
-                if !new_units.is_empty() {
-                    self.acc.skipped += 1;
+                if !preempt(self) {
+                    // Nothing shown to the core fits even the total free
+                    // count, and nothing could make room by preempting.
+                    self.acc.skipped += u64::from(must_pass || !new_units.is_empty());
+                    self.stranded = false;
+                    return;
                 }
-                // A newcomer that fits the free count but no node is stranded.
-                if new_units
-                    .iter()
-                    .any(|&j| self.spec(j).gpus() <= self.free && self.under_quota(j))
-                {
-                    self.stranded = true;
+            } else {
+                let max_free = self.max_node_free();
+                let fitting_new = new_units.iter().any(|&j| self.could_fit(j, max_free));
+                if !must_pass && !fitting_new && !preempt(self) {
+                    if !new_units.is_empty() {
+                        self.acc.skipped += 1;
+                    }
+                    // A newcomer that fits the free count but no node is stranded.
+                    if new_units
+                        .iter()
+                        .any(|&j| self.spec(j).gpus() <= self.free && self.under_quota(j))
+                    {
+                        self.stranded = true;
+                    }
+                    return;
                 }
-                return;
             }
             self.snap.now = self.now;
             self.snap.generation += 1;
             self.acc.passes += 1;
             self.last_pass = Some(self.now);
+            self.refresh_for_pass();
             self.snap.queue = std::mem::take(&mut self.queue.requests);
-            let plan = plan(&self.snap, &self.policy);
+            let plan = (self.planner)(&self.snap, &self.policy);
             self.queue.requests = std::mem::take(&mut self.snap.queue);
             let mut placed: BTreeMap<u32, QKey> = BTreeMap::new();
             for p in &plan.placements {
@@ -534,7 +665,11 @@ impl<'a> Run<'a> {
                     self.start(job, p);
                 }
             }
-            self.queue.remove(&placed);
+            for p in &plan.preemptions {
+                self.preempt(p);
+            }
+            new_units.clear();
+            self.queue.remove(&placed, &mut new_units);
             let free = self.free;
             self.stranded = self.queue.min_gpus().is_some_and(|m| m <= free)
                 && plan.waiting.iter().any(|w| {
@@ -546,9 +681,197 @@ impl<'a> Run<'a> {
             if placed.is_empty() {
                 return;
             }
-            new_units.clear();
-            self.queue.top_up(&mut new_units);
             must_pass = false;
+        }
+    }
+
+    /// Brings what changes with time alone up to date in the snapshot: each
+    /// tenant's decayed history and each running unit's last checkpoint.
+    fn refresh_for_pass(&mut self) {
+        for (t, key) in self.usage_keys.iter().enumerate() {
+            if let Some(share) = self.snap.shares.get_mut(key) {
+                share.history = (self.history[t] * 1000.0).round() as u64;
+            }
+        }
+        if !self.preempting {
+            return; // only preemption looks at checkpoints
+        }
+        let mut running = std::mem::take(&mut self.snap.running);
+        for (entry, &job) in running.iter_mut().zip(&self.running_jobs) {
+            entry.checkpointed = self.checkpointed(job);
+        }
+        self.snap.running = running;
+    }
+
+    /// When the job last wrote a checkpoint, as of now: the last periodic
+    /// one of its current run (every `checkpoint_interval_s` of run time from
+    /// its start, none after it was asked to stop), or else its last one
+    /// from an earlier run.
+    fn checkpointed(&self, job: u32) -> Option<u64> {
+        let run = &self.jobs[job as usize];
+        let interval = self.sim.config.checkpoint_interval_s;
+        let progress_end = run.preempt_at.map_or(self.now, |p| p.min(self.now));
+        match progress_end.saturating_sub(run.start).checked_div(interval) {
+            Some(k) if k > 0 => Some(run.start + k * interval),
+            _ => run.checkpointed,
+        }
+    }
+
+    /// GPUs held beyond their guarantee by tenants other than `tenant`:
+    /// every unit of such a tenant may be a reclaim victim.
+    fn borrowers_gpus(&self, tenant: usize) -> u64 {
+        self.tenants
+            .iter()
+            .enumerate()
+            .filter(|&(u, acc)| u != tenant && acc.held > self.sim.guarantees[u])
+            .map(|(_, acc)| acc.held)
+            .sum()
+    }
+
+    /// Could this queued unit start by preempting, judging by counts only
+    /// (an over-estimate: it costs a pass, never a missed preemption)?
+    /// Priority: it is above the preemptible priority and the free GPUs plus
+    /// those of preemptible low-priority units cover it. Reclaim: its tenant
+    /// is under its guarantee and the free GPUs plus those of tenants beyond
+    /// theirs cover it.
+    fn could_preempt(&self, job: u32) -> bool {
+        let spec = self.spec(job);
+        let gpus = spec.gpus();
+        if spec.priority > PREEMPTIBLE_PRIORITY && self.free + self.low_pri_gpus >= gpus {
+            return true;
+        }
+        let t = spec.tenant as usize;
+        self.tenants[t].held < self.sim.guarantees[t]
+            && self.under_quota(job)
+            && self.free + self.borrowers_gpus(t) >= gpus
+    }
+
+    /// Could some queued unit (in the window or beyond) preempt, by the
+    /// coarser test of counts per tenant?
+    fn any_waiting_could_preempt(&self) -> bool {
+        if self.waiting_high > 0 && self.low_pri_gpus > 0 {
+            return true;
+        }
+        self.tenants.iter().enumerate().any(|(t, acc)| {
+            acc.waiting_units > 0 && acc.held < self.sim.guarantees[t] && self.borrowers_gpus(t) > 0
+        })
+    }
+
+    /// Could this running unit be a victim for some queued unit?
+    fn could_be_victim(&self, job: u32) -> bool {
+        let spec = self.spec(job);
+        let t = spec.tenant as usize;
+        if self.jobs[job as usize].low_counted && self.waiting_high > 0 {
+            return true;
+        }
+        self.tenants[t].held > self.sim.guarantees[t]
+            && self
+                .tenants
+                .iter()
+                .enumerate()
+                .any(|(u, acc)| acc.waiting_units > 0 && acc.held < self.sim.guarantees[u])
+    }
+
+    /// A run reached the minimum run time: true (a pass) when some queued
+    /// unit could now take its GPUs.
+    fn eligible(&mut self, job: u32, attempt: u32) -> bool {
+        let run = &self.jobs[job as usize];
+        run.phase == Phase::Running && run.attempt == attempt && self.could_be_victim(job)
+    }
+
+    /// Carries out one preemption of the plan: the victim is asked to write a
+    /// checkpoint and stop. It keeps its GPUs until the checkpoint is written
+    /// (`checkpoint_write_s`) or the deadline passes, whichever is first.
+    fn preempt(&mut self, p: &Preemption) {
+        let job = job_index(&p.job);
+        assert!(
+            self.jobs[job as usize].phase == Phase::Running,
+            "the core chose {} as a victim for {}, but it is not running (or already stopping)",
+            p.job,
+            p.for_job
+        );
+        let write = self.sim.config.checkpoint_write_s;
+        let deadline = self.policy.preemption.checkpoint_deadline_s;
+        let stop_at = self.now.saturating_add(write.min(deadline));
+        self.uncount_low(job);
+        let run = &mut self.jobs[job as usize];
+        run.phase = Phase::Stopping;
+        run.preempt_at = Some(self.now);
+        run.preemptions += 1;
+        let (preemptions, attempt) = (run.preemptions, run.attempt);
+        match p.cause {
+            PreemptCause::Priority => self.acc.preempt_priority += 1,
+            PreemptCause::Reclaim => self.acc.preempt_reclaim += 1,
+        }
+        self.acc.at_risk_gpu_s += p.at_risk_gpu_s as f64;
+        let tenant = self.spec(job).tenant as usize;
+        self.tenants[tenant].preempted += 1;
+        let entry = &mut self.snap.running[self.running_at[job as usize] as usize];
+        entry.preempted_for = Some(p.for_job.clone());
+        entry.preemptions = preemptions;
+        entry.expected_end = entry.expected_end.min(stop_at);
+        self.events.push(Reverse((stop_at, EV_STOP, job, attempt)));
+    }
+
+    /// A victim's checkpoint is written (or the deadline passed): it frees
+    /// its GPUs and requeues with its seq and priority, to resume from the
+    /// checkpoint. True when it stopped (capacity grew).
+    fn stop(&mut self, job: u32, attempt: u32, new_units: &mut Vec<u32>) -> bool {
+        let run = &self.jobs[job as usize];
+        if run.phase != Phase::Stopping || run.attempt != attempt {
+            return false; // it finished, or a failure stopped it first
+        }
+        let spec = self.spec(job);
+        let gpus = spec.gpus() as f64;
+        let asked = run.preempt_at.expect("a stopping job was asked");
+        let progress = (asked - run.start) as f64 * run.factor;
+        let interval = self.sim.config.checkpoint_interval_s;
+        let written =
+            self.sim.config.checkpoint_write_s <= self.policy.preemption.checkpoint_deadline_s;
+        let now = self.now;
+        let run = &mut self.jobs[job as usize];
+        let lost = if written {
+            // Resumes with everything done until it was asked; the write
+            // itself bought nothing.
+            run.saved = (run.saved + progress).min(spec.work);
+            run.checkpointed = Some(now);
+            (now - asked) as f64 * gpus
+        } else {
+            // No checkpoint in time: back to the last periodic one.
+            self.acc.checkpoint_timeouts += 1;
+            let k = (asked - run.start).checked_div(interval).unwrap_or(0);
+            if k > 0 {
+                run.saved = (run.saved + run.factor * (k * interval) as f64).min(spec.work);
+                run.checkpointed = Some(run.start + k * interval);
+            }
+            (now - run.start - k * interval) as f64 * gpus
+        };
+        run.preempt_at = None;
+        run.lost_preempt_gpu_s += lost;
+        let seq = run.seq;
+        self.acc.lost_preempt_gpu_s += lost;
+        self.release(job);
+        self.enqueue(job, seq, new_units);
+        true
+    }
+
+    /// Counts a running unit as a priority-preemption candidate when it is one.
+    fn count_low(&mut self, job: u32) {
+        let spec = self.spec(job);
+        let run = &mut self.jobs[job as usize];
+        if spec.priority <= PREEMPTIBLE_PRIORITY
+            && run.preemptions < self.policy.preemption.max_preemptions
+        {
+            run.low_counted = true;
+            self.low_pri_gpus += spec.gpus();
+        }
+    }
+
+    fn uncount_low(&mut self, job: u32) {
+        let gpus = self.spec(job).gpus();
+        let run = &mut self.jobs[job as usize];
+        if std::mem::take(&mut run.low_counted) {
+            self.low_pri_gpus -= gpus;
         }
     }
 
@@ -597,8 +920,10 @@ impl<'a> Run<'a> {
         run.first_start.get_or_insert(now);
         run.starts += 1;
         let attempt = run.attempt;
+        let (checkpointed, preemptions) = (run.checkpointed, run.preemptions);
         let tenant = &self.sim.tenants[spec.tenant as usize];
         self.running_at[job as usize] = self.snap.running.len() as u32;
+        self.running_jobs.push(job);
         // `..Default` keeps this building when the core grows new fields.
         #[allow(clippy::needless_update)]
         let entry = Running {
@@ -611,6 +936,10 @@ impl<'a> Run<'a> {
                 .map(|(n, gs)| (self.sim.nodes[*n as usize].node_id.clone(), gs.clone()))
                 .collect(),
             expected_end,
+            started: now,
+            checkpointed,
+            preemptions,
+            preempted_for: None,
             ..Running::default()
         };
         self.snap.running.push(entry);
@@ -627,6 +956,7 @@ impl<'a> Run<'a> {
         t.waiting_units -= 1;
         t.waiting_gpus -= gpus;
         self.waiting_units -= 1;
+        self.waiting_high -= u64::from(spec.priority > PREEMPTIBLE_PRIORITY);
         self.running_units += 1;
         self.free -= gpus;
         self.allocated += gpus;
@@ -634,6 +964,12 @@ impl<'a> Run<'a> {
             self.acc.gangs.spread_starts += 1;
         }
         self.events.push(Reverse((end, EV_COMPLETE, job, attempt)));
+        if self.preempting {
+            self.count_low(job);
+            let eligible = now.saturating_add(self.policy.preemption.min_run_s);
+            self.events
+                .push(Reverse((eligible, EV_ELIGIBLE, job, attempt)));
+        }
     }
 
     /// Gang placement statistics, taken before the gang's GPUs leave the
@@ -675,9 +1011,11 @@ impl<'a> Run<'a> {
         }
         let at = std::mem::replace(&mut self.running_at[job as usize], u32::MAX) as usize;
         self.snap.running.swap_remove(at);
-        if let Some(moved) = self.snap.running.get(at) {
-            self.running_at[job_index(&moved.job) as usize] = at as u32;
+        self.running_jobs.swap_remove(at);
+        if let Some(&moved) = self.running_jobs.get(at) {
+            self.running_at[moved as usize] = at as u32;
         }
+        self.uncount_low(job);
         if let Some(u) = self
             .snap
             .usage
@@ -690,14 +1028,19 @@ impl<'a> Run<'a> {
         self.running_units -= 1;
     }
 
-    /// A completion event; true when it freed GPUs.
+    /// A completion event; true when it freed GPUs. A victim still writing
+    /// its checkpoint when its run ends finishes instead of stopping.
     fn complete(&mut self, job: u32, attempt: u32) -> bool {
         let run = &self.jobs[job as usize];
-        if run.phase != Phase::Running || run.attempt != attempt {
+        if !matches!(run.phase, Phase::Running | Phase::Stopping) || run.attempt != attempt {
             return false; // killed since; a later attempt has its own event
+        }
+        if run.phase == Phase::Stopping {
+            self.acc.victims_finished += 1;
         }
         self.release(job);
         let run = &mut self.jobs[job as usize];
+        run.preempt_at = None;
         run.phase = Phase::Done;
         run.end = Some(self.now);
         self.done += 1;
@@ -729,7 +1072,7 @@ impl<'a> Run<'a> {
             .collect();
         for &job in &victims {
             self.kill(job);
-            self.enqueue(job, true, new_units);
+            self.enqueue(job, u64::from(job), new_units);
         }
         let repair_at = self.now.saturating_add(self.sim.config.repair_time_s);
         self.events.push(Reverse((repair_at, EV_REPAIR, node, 0)));
@@ -738,26 +1081,25 @@ impl<'a> Run<'a> {
         true
     }
 
-    /// Stops a running unit after a failure, keeping what its last
-    /// checkpoint saved.
+    /// Stops a running (or stopping) unit after a failure, keeping what its
+    /// last checkpoint saved: the last periodic one of this run, else what
+    /// it resumed from (a victim still writing its checkpoint loses it).
     fn kill(&mut self, job: u32) {
         let spec = self.spec(job);
         let interval = self.sim.config.checkpoint_interval_s;
+        let now = self.now;
         let run = &mut self.jobs[job as usize];
-        let elapsed = self.now - run.start;
-        let (saved, lost_s) = match elapsed.checked_div(interval) {
-            Some(intervals) => {
-                let kept = run.factor * (intervals * interval) as f64;
-                (
-                    (run.saved + kept).min(spec.work),
-                    elapsed - intervals * interval,
-                )
-            }
-            // Never checkpoints: everything since the first start is lost.
-            None => (0.0, elapsed),
-        };
-        let lost = lost_s as f64 * spec.gpus() as f64;
-        run.saved = saved;
+        let elapsed = now - run.start;
+        // No progress after it was asked to checkpoint.
+        let progress = run.preempt_at.take().map_or(elapsed, |p| p - run.start);
+        // Without periodic checkpoints (interval 0) nothing of this run is kept.
+        let intervals = progress.checked_div(interval).unwrap_or(0);
+        if intervals > 0 {
+            let kept = run.factor * (intervals * interval) as f64;
+            run.saved = (run.saved + kept).min(spec.work);
+            run.checkpointed = Some(run.start + intervals * interval);
+        }
+        let lost = (elapsed - intervals * interval) as f64 * spec.gpus() as f64;
         run.lost_gpu_s += lost;
         self.acc.lost_failures_gpu_s += lost;
         self.acc.restarts += 1;
@@ -801,6 +1143,8 @@ impl<'a> Run<'a> {
                 starts: run.starts,
                 level: run.level,
                 lost_gpu_s: run.lost_gpu_s,
+                preemptions: run.preemptions,
+                lost_to_preemption_gpu_s: run.lost_preempt_gpu_s,
                 rejected: run.phase == Phase::Rejected,
             });
         }
@@ -819,6 +1163,11 @@ impl<'a> Run<'a> {
             .filter(|t| t.entitlement_pct > 0.0)
             .filter_map(|t| Some((t.entitlement_fulfilment_pct?, t.tenant.clone())))
             .min_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        let below = tenants
+            .iter()
+            .filter(|t| t.entitlement_pct > 0.0)
+            .filter_map(|t| Some((t.time_below_90_pct?, t.tenant.clone())))
+            .max_by(|a, b| a.0.total_cmp(&b.0).then_with(|| b.1.cmp(&a.1)));
         let mut gangs = acc.gangs.clone();
         let starts = gangs.multi_node_starts as f64;
         gangs.in_one_leaf_pct = pct(acc.in_leaf as f64, starts);
@@ -842,11 +1191,19 @@ impl<'a> Run<'a> {
             gangs,
             gpu_hours: acc.alloc_total / 3600.0,
             gpu_hours_lost_to_failures: acc.lost_failures_gpu_s / 3600.0,
-            gpu_hours_lost_to_preemption: 0.0,
+            gpu_hours_lost_to_preemption: acc.lost_preempt_gpu_s / 3600.0,
+            preemptions: acc.preempt_priority + acc.preempt_reclaim,
+            preemptions_priority: acc.preempt_priority,
+            preemptions_reclaim: acc.preempt_reclaim,
+            preemption_victims_finished: acc.victims_finished,
+            preemption_checkpoint_timeouts: acc.checkpoint_timeouts,
+            gpu_hours_at_risk_in_preemption: acc.at_risk_gpu_s / 3600.0,
             node_failures: acc.node_failures,
             restarts: acc.restarts,
             min_entitlement_fulfilment_pct: min.as_ref().map(|m| m.0),
             min_entitlement_fulfilment_tenant: min.map(|m| m.1),
+            max_time_below_90_pct: below.as_ref().map(|m| m.0),
+            max_time_below_90_tenant: below.map(|m| m.1),
             tenants,
             passes: acc.passes,
             passes_skipped: acc.skipped,

@@ -30,8 +30,10 @@
 //! - `workload.rs`: [`Simulation::new`], turning trace rows into units
 //!   (workers of whole nodes) and the fleet into scheduler nodes.
 //! - `engine.rs`: the event loop ([`Simulation::run`]): arrivals,
-//!   completions, failures, repairs, planning passes.
-//! - `queue.rs`: the waiting units and the window of them each pass sees.
+//!   completions, failures, repairs, planning passes, preemptions (victims
+//!   checkpoint, stop and requeue).
+//! - `queue.rs`: the waiting units and the window of them each pass sees
+//!   (the first units overall plus each tenant's first).
 //! - `metrics.rs`: [`Metrics`] and the time-weighted accumulators.
 //! - `report.rs`: [`render_table`], policies side by side.
 //! - `rng.rs`: [`SplitMix64`], the seeded PRNG.
@@ -50,7 +52,7 @@ mod trace;
 mod workload;
 
 pub use config::SimConfig;
-pub use engine::{JobOutcome, Progress, SimOutcome};
+pub use engine::{JobOutcome, Planner, Progress, SimOutcome};
 pub use locality::{LocalityError, LocalityModel, V100_SPREAD_RATIO};
 pub use metrics::{GangStats, Metrics, Summary, TenantShare};
 pub use report::{human_duration, policy_label, render_table};

@@ -74,6 +74,12 @@ pub struct TenantShare {
     /// entitled GPUs and demand = held + waiting GPUs, %: how much of the
     /// entitlement it could use it got. 100 = never short of it.
     pub entitlement_fulfilment_pct: Option<f64>,
+    /// Over those hours, the % of the time it held less than 90 % of
+    /// `min(demand, E)`: how often the goal "no tenant below 90 % of its
+    /// entitled share while it has demand" was missed for it.
+    pub time_below_90_pct: Option<f64>,
+    /// Its units preempted (asked to checkpoint and stop), by any cause.
+    pub preempted: u64,
 }
 
 /// One policy's results on one trace.
@@ -111,8 +117,25 @@ pub struct Metrics {
     /// GPU-hours allocated (useful and lost).
     pub gpu_hours: f64,
     pub gpu_hours_lost_to_failures: f64,
-    /// 0 while the core does not preempt.
+    /// GPU time of preempted victims that bought no work: the time spent
+    /// writing the on-demand checkpoint (GPUs held, no progress), plus, when
+    /// the write cannot finish before the deadline, the work since the last
+    /// periodic checkpoint.
     pub gpu_hours_lost_to_preemption: f64,
+    /// Units the core asked to checkpoint and stop, in all and by cause.
+    pub preemptions: u64,
+    pub preemptions_priority: u64,
+    pub preemptions_reclaim: u64,
+    /// Victims whose run ended by itself before their checkpoint was written
+    /// (they finish instead of stopping; counted in `preemptions`).
+    pub preemption_victims_finished: u64,
+    /// Victims whose checkpoint write takes longer than the deadline, so
+    /// they stop without it.
+    pub preemption_checkpoint_timeouts: u64,
+    /// What the core reported at risk for its victims (GPU-seconds since
+    /// their last checkpoints), in GPU-hours: what preemption would have
+    /// cost without on-demand checkpoints.
+    pub gpu_hours_at_risk_in_preemption: f64,
     /// Node failures that hit a node in service.
     pub node_failures: u64,
     /// Gang restarts after a failure.
@@ -120,6 +143,9 @@ pub struct Metrics {
     /// The lowest `entitlement_fulfilment_pct` among entitled tenants.
     pub min_entitlement_fulfilment_pct: Option<f64>,
     pub min_entitlement_fulfilment_tenant: Option<String>,
+    /// The highest `time_below_90_pct` among entitled tenants.
+    pub max_time_below_90_pct: Option<f64>,
+    pub max_time_below_90_tenant: Option<String>,
     pub tenants: Vec<TenantShare>,
     /// Planning passes run, and event times where a pass was skipped because
     /// nothing new could fit.
@@ -145,6 +171,8 @@ pub(crate) struct TenantAcc {
     pub sched_while_demand: f64,
     pub got_of_entitlement: f64,
     pub could_use_of_entitlement: f64,
+    pub below_90_s: f64,
+    pub preempted: u64,
 }
 
 impl TenantAcc {
@@ -160,6 +188,9 @@ impl TenantAcc {
             self.sched_while_demand += schedulable as f64 * dt;
             self.got_of_entitlement += held.min(entitled) * dt;
             self.could_use_of_entitlement += demand.min(entitled) * dt;
+            if held < 0.9 * demand.min(entitled) {
+                self.below_90_s += dt;
+            }
         }
     }
 
@@ -176,6 +207,8 @@ impl TenantAcc {
                 .filter(|_| share > 0.0)
                 .map(|s| s / (100.0 * share)),
             entitlement_fulfilment_pct: pct(self.got_of_entitlement, self.could_use_of_entitlement),
+            time_below_90_pct: pct(self.below_90_s, self.demand_s).filter(|_| share > 0.0),
+            preempted: self.preempted,
         }
     }
 }
@@ -212,5 +245,7 @@ mod tests {
         assert_eq!(r.share_while_demand_pct, Some(25.0));
         assert_eq!(r.share_vs_entitlement, Some(1.0));
         assert_eq!(r.hours_with_demand, 20.0 / 3600.0);
+        // Below 90 % of min(40, 25) during the first interval only.
+        assert_eq!(r.time_below_90_pct, Some(50.0));
     }
 }

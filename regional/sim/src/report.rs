@@ -105,12 +105,27 @@ pub fn render_table(
     row("GPU-hours lost to preemption", &|m| {
         format!("{:.1}", m.gpu_hours_lost_to_preemption)
     });
+    row("preemptions (priority / reclaim)", &|m| {
+        format!(
+            "{} ({} / {})",
+            thousands(m.preemptions),
+            thousands(m.preemptions_priority),
+            thousands(m.preemptions_reclaim)
+        )
+    });
     row("node failures / gang restarts", &|m| {
         format!("{} / {}", m.node_failures, m.restarts)
     });
     row("min tenant entitlement fulfilment", &|m| match (
         &m.min_entitlement_fulfilment_pct,
         &m.min_entitlement_fulfilment_tenant,
+    ) {
+        (Some(v), Some(t)) => format!("{v:.1} % ({t})"),
+        _ => "-".into(),
+    });
+    row("max time below 90 % of entitlement", &|m| match (
+        &m.max_time_below_90_pct,
+        &m.max_time_below_90_tenant,
     ) {
         (Some(v), Some(t)) => format!("{v:.1} % ({t})"),
         _ => "-".into(),
@@ -133,16 +148,17 @@ pub fn render_table(
             }
             row(
                 &format!(
-                    "tenant {} ({:.1} %): fulfilment, share/ent.",
+                    "tenant {} ({:.1} %): fulfilment, share/ent., <90 %",
                     t.tenant, t.entitlement_pct
                 ),
                 &|m| {
                     let t = &m.tenants[i];
                     format!(
-                        "{}, {}",
+                        "{}, {}, {}",
                         opt_pct(t.entitlement_fulfilment_pct, 1),
                         t.share_vs_entitlement
-                            .map_or("-".into(), |r| format!("{r:.2}"))
+                            .map_or("-".into(), |r| format!("{r:.2}")),
+                        opt_pct(t.time_below_90_pct, 0)
                     )
                 },
             );

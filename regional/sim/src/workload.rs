@@ -32,6 +32,10 @@ pub struct Simulation {
     pub(crate) fleet_gpus: u64,
     pub(crate) tenants: Vec<String>,
     pub(crate) shares: Vec<f64>,
+    /// GPUs guaranteed per tenant index (`floor(share × fleet GPUs)`).
+    pub(crate) guarantees: Vec<u64>,
+    /// Fair-share weight per tenant index, in thousandths.
+    pub(crate) weights: Vec<u32>,
     /// Hard quota per tenant index, when capped.
     pub(crate) quotas: Vec<Option<u32>>,
     pub(crate) jobs: Vec<JobSpec>,
@@ -115,6 +119,20 @@ impl Simulation {
         if !(config.estimate_noise.is_finite() && config.estimate_noise >= 0.0) {
             return Err(SimError::Config("estimate noise must be ≥ 0".into()));
         }
+        if let Some((t, w)) = config
+            .weights
+            .iter()
+            .find(|(_, w)| !(w.is_finite() && **w > 0.0 && **w <= 1e6))
+        {
+            return Err(SimError::Config(format!(
+                "the weight of tenant {t} must be a positive number, not {w}"
+            )));
+        }
+        if config.queue_window_per_tenant > 1_000_000 {
+            return Err(SimError::Config(
+                "the per-tenant queue window must be at most 1,000,000".into(),
+            ));
+        }
         config
             .locality
             .validate()
@@ -190,10 +208,20 @@ impl Simulation {
             .iter()
             .map(|t| config.entitlements.as_ref().map_or(0.0, |e| e.share(t)))
             .collect();
+        let guarantees: Vec<u64> = shares
+            .iter()
+            .map(|&s| (s * fleet_gpus as f64).floor() as u64)
+            .collect();
         let quotas: Vec<Option<u32>> = shares
             .iter()
-            .map(|&s| {
-                (config.quota_caps && s > 0.0).then(|| (s * fleet_gpus as f64).floor() as u32)
+            .zip(&guarantees)
+            .map(|(&s, &g)| (config.quota_caps && s > 0.0).then_some(g as u32))
+            .collect();
+        let weights: Vec<u32> = tenants
+            .iter()
+            .map(|t| {
+                let w = config.weights.get(t).copied().unwrap_or(1.0);
+                ((w * 1000.0).round() as u32).max(1)
             })
             .collect();
 
@@ -262,6 +290,8 @@ impl Simulation {
             fleet_gpus,
             tenants,
             shares,
+            guarantees,
+            weights,
             quotas,
             jobs,
             summary,

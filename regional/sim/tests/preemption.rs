@@ -1,0 +1,330 @@
+//! Preemption in the simulator: victims checkpoint on demand, stop, requeue
+//! with their seq and resume from the checkpoint; fair-share data reaches
+//! the core.
+//!
+//! The `scripted_*` tests drive the simulator's mechanics with a planner
+//! that wraps the core and adds one preemption of its own when the core
+//! chose none, so they pin down what the simulator does with a preemption
+//! whatever the core decides. The `core_*` tests let the core decide.
+
+use std::collections::BTreeSet;
+
+use gangway_sched::{
+    plan, Plan, Policy, PolicyKind, PreemptCause, Preemption, PreemptionPolicy, Running, Snapshot,
+};
+use gangway_shared::fleet::{FleetFile, FleetNode};
+use gangway_sim::{Entitlements, LocalityModel, SimConfig, SimOutcome, Simulation, Trace};
+
+/// One spine; `leaves` leaves of `nodes` 8-GPU nodes.
+fn fleet(leaves: u32, nodes: u32) -> Vec<FleetNode> {
+    let text = format!(
+        "[[spine]]\n[[spine.leaf]]\ncount = {leaves}\nnodes = {nodes}\ngpu_type = \"v100\"\ngpus_per_node = 8\n"
+    );
+    FleetFile::parse(&text).unwrap().expand("t")
+}
+
+/// A Philly-format trace from (seconds after 2017-10-01, duration, gpus, tenant).
+fn trace(rows: &[(u64, f64, u32, &str)]) -> Trace {
+    let mut text = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
+    for &(at, dur, gpus, tenant) in rows {
+        let (h, m, s) = (at / 3600, at / 60 % 60, at % 60);
+        text.push_str(&format!(
+            "2017-10-01 {h:02}:{m:02}:{s:02},{dur},{gpus},{},{tenant}\n",
+            dur * f64::from(gpus)
+        ));
+    }
+    Trace::parse(&text).unwrap()
+}
+
+fn starts_ends(o: &SimOutcome) -> Vec<(Option<u64>, Option<u64>)> {
+    o.jobs.iter().map(|j| (j.first_start_s, j.end_s)).collect()
+}
+
+/// `lo` is low priority: its job (`lo_duration`) fills the only node at
+/// t=0; `hi`'s 100 s job arrives at t=1,000; then `extra` rows. The minimum
+/// run time is out of reach, so the core never preempts by itself: only
+/// the script does.
+fn low_then_normal(lo_duration: f64, extra: &[(u64, f64, u32, &str)]) -> (Trace, SimConfig) {
+    let mut rows = vec![(0, lo_duration, 8, "lo"), (1000, 100.0, 8, "hi")];
+    rows.extend_from_slice(extra);
+    let config = SimConfig {
+        low_priority_tenants: BTreeSet::from(["lo".to_string()]),
+        locality: LocalityModel::none(),
+        preemption: PreemptionPolicy {
+            min_run_s: 1_000_000,
+            ..PreemptionPolicy::default()
+        },
+        ..SimConfig::default()
+    };
+    (trace(&rows), config)
+}
+
+/// The core's plan, plus a preemption of `victim` for `for_job` when the core
+/// chose none, `for_job` waits and `victim` runs, is not being preempted and
+/// has run `min_run` seconds. Records every running entry of `victim` it
+/// sees.
+fn scripted<'a>(
+    victim: &'a str,
+    for_job: &'a str,
+    min_run: u64,
+    seen: &'a mut Vec<(u64, Running)>,
+) -> impl FnMut(&Snapshot, &Policy) -> Plan + 'a {
+    move |snap: &Snapshot, policy: &Policy| {
+        let mut p = plan(snap, policy);
+        seen.extend(
+            snap.running
+                .iter()
+                .filter(|r| r.job == victim)
+                .map(|r| (snap.now, r.clone())),
+        );
+        let waiting = snap.queue.iter().any(|r| r.job == for_job)
+            && !p.placements.iter().any(|pl| pl.job == for_job);
+        if let Some(r) = snap.running.iter().find(|r| {
+            r.job == victim && r.preempted_for.is_none() && snap.now >= r.started + min_run
+        }) {
+            if waiting && p.preemptions.is_empty() {
+                p.preemptions.push(Preemption {
+                    job: victim.into(),
+                    for_job: for_job.into(),
+                    cause: PreemptCause::Priority,
+                    at_risk_gpu_s: r.at_risk_gpu_s(snap.now),
+                    gpus: r.gpu_count(),
+                });
+            }
+        }
+        p
+    }
+}
+
+#[test]
+fn scripted_victim_checkpoints_requeues_and_loses_only_the_write() {
+    // j2 arrives during j0's second run, so a pass shows that run to the core.
+    let (t, config) = low_then_normal(10_000.0, &[(3000, 10.0, 8, "hi")]);
+    let sim = Simulation::new(&t, &fleet(1, 1), config).unwrap();
+    let mut seen = Vec::new();
+    let o = sim.run_with_planner(
+        PolicyKind::Gangway,
+        &mut scripted("j0", "j1", 0, &mut seen),
+        &mut |_| {},
+    );
+    // j0 is asked at 1,000, writes its checkpoint for 30 s and stops at
+    // 1,030; j1 runs 1,030..1,130; j0 resumes at 1,130 with 9,000 s left;
+    // j2 waits for it.
+    assert_eq!(
+        starts_ends(&o),
+        vec![
+            (Some(0), Some(10_130)),
+            (Some(1030), Some(1130)),
+            (Some(10_130), Some(10_140))
+        ]
+    );
+    let j0 = &o.jobs[0];
+    assert_eq!((j0.starts, j0.preemptions), (2, 1));
+    assert_eq!(j0.lost_to_preemption_gpu_s, 30.0 * 8.0);
+    assert_eq!(j0.lost_gpu_s, 0.0);
+    let m = &o.metrics;
+    assert_eq!(
+        (m.preemptions, m.preemptions_priority, m.preemptions_reclaim),
+        (1, 1, 0)
+    );
+    assert!((m.gpu_hours_lost_to_preemption - 240.0 / 3600.0).abs() < 1e-12);
+    // The core saw 1,000 s × 8 GPUs at risk (no periodic checkpoint yet).
+    assert!((m.gpu_hours_at_risk_in_preemption - 8000.0 / 3600.0).abs() < 1e-12);
+    assert_eq!(m.gpu_hours_lost_to_failures, 0.0);
+    // Every GPU-second allocated is the trace's work or the write.
+    assert!((m.gpu_hours * 3600.0 - (10_110.0 * 8.0 + 240.0)).abs() < 1e-6);
+    // What the core was told about j0: its first run from 0, no checkpoint;
+    // while stopping, who it makes room for; its second run from 1,130,
+    // with the checkpoint written at 1,030 and one preemption behind it.
+    let at = |t: u64| seen.iter().find(|(now, _)| *now == t).map(|(_, r)| r);
+    let first = at(1000).unwrap();
+    assert_eq!(
+        (first.started, first.checkpointed, first.preemptions),
+        (0, None, 0)
+    );
+    assert_eq!(first.preempted_for, None);
+    let second = seen
+        .iter()
+        .find(|(_, r)| r.started == 1130)
+        .unwrap()
+        .1
+        .clone();
+    assert_eq!(second.checkpointed, Some(1030));
+    assert_eq!(second.preemptions, 1);
+    assert_eq!(second.preempted_for, None);
+    assert_eq!(second.expected_end, 1130 + 9000);
+}
+
+#[test]
+fn scripted_write_past_the_deadline_falls_back_to_the_periodic_checkpoint() {
+    let (t, mut config) = low_then_normal(10_000.0, &[]);
+    config.checkpoint_interval_s = 600;
+    config.checkpoint_write_s = 200;
+    config.preemption.checkpoint_deadline_s = 120;
+    let sim = Simulation::new(&t, &fleet(1, 1), config).unwrap();
+    let mut seen = Vec::new();
+    let o = sim.run_with_planner(
+        PolicyKind::Gangway,
+        &mut scripted("j0", "j1", 0, &mut seen),
+        &mut |_| {},
+    );
+    // Asked at 1,000, stopped at the deadline (1,120) without a checkpoint:
+    // it keeps the periodic one at 600 s, so 520 s × 8 GPUs are lost; j1
+    // runs 1,120..1,220, j0 resumes with 9,400 s left.
+    assert_eq!(
+        starts_ends(&o),
+        vec![(Some(0), Some(10_620)), (Some(1120), Some(1220))]
+    );
+    assert_eq!(o.jobs[0].lost_to_preemption_gpu_s, 520.0 * 8.0);
+    assert_eq!(o.metrics.preemption_checkpoint_timeouts, 1);
+    let at_1000 = &seen.iter().find(|(now, _)| *now == 1000).unwrap().1;
+    assert_eq!(at_1000.checkpointed, Some(600));
+    assert_eq!(at_1000.at_risk_gpu_s(1000), 400 * 8);
+}
+
+#[test]
+fn scripted_victim_that_ends_while_writing_just_finishes() {
+    let (t, config) = low_then_normal(1010.0, &[]);
+    let sim = Simulation::new(&t, &fleet(1, 1), config).unwrap();
+    let mut seen = Vec::new();
+    let o = sim.run_with_planner(
+        PolicyKind::Gangway,
+        &mut scripted("j0", "j1", 0, &mut seen),
+        &mut |_| {},
+    );
+    assert_eq!(
+        starts_ends(&o),
+        vec![(Some(0), Some(1010)), (Some(1010), Some(1110))]
+    );
+    let m = &o.metrics;
+    assert_eq!((m.preemptions, m.preemption_victims_finished), (1, 1));
+    assert_eq!(m.gpu_hours_lost_to_preemption, 0.0);
+    assert_eq!(o.jobs[0].starts, 1);
+}
+
+#[test]
+fn scripted_victim_requeues_behind_older_work_with_its_own_seq() {
+    // Two low-priority jobs of `lo` (j0 running, j1 queued behind it), then
+    // hi's j2. j0 is preempted for j2 and requeues with its original seq, so
+    // it goes before j1 (a later arrival), not behind it.
+    let t = trace(&[
+        (0, 10_000.0, 8, "lo"),
+        (10, 500.0, 8, "lo"),
+        (1000, 100.0, 8, "hi"),
+    ]);
+    let (_, config) = low_then_normal(0.0, &[]);
+    let sim = Simulation::new(&t, &fleet(1, 1), config).unwrap();
+    let mut seen = Vec::new();
+    let o = sim.run_with_planner(
+        PolicyKind::Gangway,
+        &mut scripted("j0", "j2", 0, &mut seen),
+        &mut |_| {},
+    );
+    assert_eq!(
+        starts_ends(&o),
+        vec![
+            (Some(0), Some(10_130)),
+            (Some(10_130), Some(10_630)),
+            (Some(1030), Some(1130)),
+        ]
+    );
+}
+
+#[test]
+fn shares_carry_guarantees_weights_and_decayed_history() {
+    // a holds 8 GPUs from t=0 to 3,600; b arrives at 3,600. With a one-hour
+    // half-life, a's history at 3,600 is 8 × (1 − 1/2) = 4 GPUs.
+    let t = trace(&[(0, 3600.0, 8, "a"), (3600, 10.0, 8, "b")]);
+    let config = SimConfig {
+        entitlements: Some(Entitlements::parse("vc,node num\na,3\nb,1\n").unwrap()),
+        weights: [("b".to_string(), 2.5)].into_iter().collect(),
+        history_half_life_s: 3600,
+        locality: LocalityModel::none(),
+        ..SimConfig::default()
+    };
+    let sim = Simulation::new(&t, &fleet(1, 2), config).unwrap();
+    let mut shares = Vec::new();
+    let mut planner = |snap: &Snapshot, policy: &Policy| {
+        shares.push((snap.now, snap.shares.clone()));
+        plan(snap, policy)
+    };
+    sim.run_with_planner(PolicyKind::Gangway, &mut planner, &mut |_| {});
+    let (_, at_b) = shares.iter().find(|(now, _)| *now == 3600).unwrap();
+    let a = at_b[&("a".to_string(), "v100".to_string())];
+    let b = at_b[&("b".to_string(), "v100".to_string())];
+    // 16 GPUs: a is guaranteed 3/4, b 1/4; b weighs 2.5.
+    assert_eq!((a.guaranteed, a.weight), (12, 1000));
+    assert_eq!((b.guaranteed, b.weight, b.history), (4, 2500, 0));
+    assert!((a.history as i64 - 4000).abs() <= 1, "{}", a.history);
+    let (_, at_0) = &shares[0];
+    assert_eq!(at_0[&("a".to_string(), "v100".to_string())].history, 0);
+}
+
+#[test]
+fn without_preemption_the_policy_never_preempts() {
+    let (t, mut config) = low_then_normal(10_000.0, &[]);
+    config.preemption = PreemptionPolicy {
+        enabled: false,
+        ..PreemptionPolicy::default()
+    };
+    let sim = Simulation::new(&t, &fleet(1, 1), config).unwrap();
+    let mut policies = Vec::new();
+    let mut planner = |snap: &Snapshot, policy: &Policy| {
+        policies.push(policy.preemption.enabled);
+        plan(snap, policy)
+    };
+    let o = sim.run_with_planner(PolicyKind::Gangway, &mut planner, &mut |_| {});
+    assert!(policies.iter().all(|&e| !e));
+    assert_eq!(
+        starts_ends(&o),
+        vec![(Some(0), Some(10_000)), (Some(10_000), Some(10_100))]
+    );
+    assert_eq!(o.metrics.preemptions, 0);
+}
+
+#[test]
+fn scripted_pass_runs_when_the_victim_reaches_the_minimum_run_time() {
+    // hi's job arrives at 300, before lo's has run its 600 s; nothing
+    // happens at 600 but the victim becoming eligible, and that alone must
+    // bring a pass.
+    let t = trace(&[(0, 10_000.0, 8, "lo"), (300, 100.0, 8, "hi")]);
+    let (_, mut config) = low_then_normal(0.0, &[]);
+    config.preemption.min_run_s = 600;
+    let sim = Simulation::new(&t, &fleet(1, 1), config).unwrap();
+    let mut seen = Vec::new();
+    let o = sim.run_with_planner(
+        PolicyKind::Gangway,
+        &mut scripted("j0", "j1", 600, &mut seen),
+        &mut |_| {},
+    );
+    assert_eq!(
+        starts_ends(&o),
+        vec![(Some(0), Some(10_130)), (Some(630), Some(730))]
+    );
+}
+
+#[test]
+fn scripted_failure_while_writing_loses_the_checkpoint_in_progress() {
+    // j0 is asked at 1,000; its node fails at 1,010, before the checkpoint
+    // is written, and is back at 1,110. No periodic checkpoint yet: j0 loses
+    // its whole run to the failure (not to preemption) and starts over.
+    let (t, mut config) = low_then_normal(10_000.0, &[]);
+    let node = fleet(1, 1)[0].node_id.clone();
+    config.scheduled_failures = vec![(1010, node)];
+    config.repair_time_s = 100;
+    let sim = Simulation::new(&t, &fleet(1, 1), config).unwrap();
+    let mut seen = Vec::new();
+    let o = sim.run_with_planner(
+        PolicyKind::Gangway,
+        &mut scripted("j0", "j1", 0, &mut seen),
+        &mut |_| {},
+    );
+    assert_eq!(
+        starts_ends(&o),
+        vec![(Some(0), Some(11_210)), (Some(1110), Some(1210))]
+    );
+    let m = &o.metrics;
+    assert_eq!((m.preemptions, m.restarts), (1, 1));
+    assert_eq!(m.gpu_hours_lost_to_preemption, 0.0);
+    assert_eq!(o.jobs[0].lost_gpu_s, 1010.0 * 8.0);
+}
