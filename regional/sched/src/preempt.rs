@@ -2,7 +2,8 @@
 //!
 //! After a pass has started what fits and reserved for the head of the
 //! queue, waiting units that have a right to preempt choose victims, in
-//! queue order, within [`PreemptionPolicy::max_victims_per_pass`]:
+//! queue order, within [`PreemptionPolicy::max_victims_per_pass`] (and
+//! twice as many searches):
 //!
 //! - **Priority**: a `normal` or `high` unit may preempt running units of
 //!   the preemptible class (priority ≤ [`PREEMPTIBLE_PRIORITY`]) with a
@@ -22,7 +23,7 @@
 //! **Victim choice.** For each domain, tightest level first up to the
 //! unit's `required` level, candidates touching the domain are taken
 //! greedily (lowest priority, then least work at risk, i.e. GPU-seconds
-//! since their last checkpoint, then fewest GPUs outside the domain) until
+//! since their last checkpoint, then job id) until
 //! the unit's workers fit on the domain's free GPUs plus the freed ones;
 //! then every victim that is not needed is dropped again. Among domains:
 //! a fit at or below the unit's preferred level first (its freed GPUs form
@@ -39,6 +40,9 @@ use crate::types::{
     WaitReason, PREEMPTIBLE_PRIORITY,
 };
 
+/// Victim searches a pass may make, per victim it may choose.
+const MAX_SEARCHES_PER_VICTIM: usize = 2;
+
 /// A running unit that could be a victim, on one type's index.
 struct Candidate<'s> {
     run: &'s Running,
@@ -49,9 +53,53 @@ struct Candidate<'s> {
     at_risk: u64,
 }
 
-/// Per type: the candidates; per slot, GPUs of units expected to end by the
-/// deadline anyway; per slot, free GPUs promised to units that preempted.
-type TypeVictims<'s> = (Vec<Candidate<'s>>, Vec<u32>, Vec<u32>);
+/// What one type's victim searches share within a pass.
+struct TypeVictims<'s> {
+    cands: Vec<Candidate<'s>>,
+    /// Per slot, GPUs of units expected to end by the deadline anyway.
+    soon: Vec<u32>,
+    /// Per slot, free GPUs promised to units that preempted this pass.
+    promised: Vec<u32>,
+    /// Per level, built on first use: (domain, position in `order`) for
+    /// every domain each candidate touches, sorted.
+    pairs: [Option<Vec<(u32, u32)>>; 4],
+    /// Candidates in the order they are taken: lowest priority, least work
+    /// at risk, then job id.
+    order: Vec<usize>,
+}
+
+impl<'s> TypeVictims<'s> {
+    fn new(snapshot: &'s Snapshot, ty: &str, index: &TypeIndex, until: u64) -> TypeVictims<'s> {
+        let (cands, soon) = candidates(snapshot, ty, index, until);
+        let mut order: Vec<usize> = (0..cands.len()).collect();
+        order.sort_by_key(|&i| (cands[i].run.priority, cands[i].at_risk, &cands[i].run.job));
+        TypeVictims {
+            promised: vec![0; soon.len()],
+            cands,
+            soon,
+            pairs: [None, None, None, None],
+            order,
+        }
+    }
+
+    fn pairs(&mut self, index: &TypeIndex, level: Level) -> &[(u32, u32)] {
+        let (cands, order) = (&self.cands, &self.order);
+        self.pairs[level.index()].get_or_insert_with(|| {
+            let mut pairs = Vec::new();
+            for (rank, &i) in order.iter().enumerate() {
+                let first = pairs.len();
+                for &(s, _) in &cands[i].slots {
+                    let d = index.ancestor(s, level);
+                    if !pairs[first..].iter().any(|&(x, _)| x == d) {
+                        pairs.push((d, rank as u32));
+                    }
+                }
+            }
+            pairs.sort_unstable();
+            pairs
+        })
+    }
+}
 
 /// What decides whether victims can be found for a unit: type, GPUs per
 /// worker, workers, required level, priority, and the tenant if it reclaims.
@@ -123,8 +171,11 @@ pub(crate) fn choose(
     // Shapes that found no victims since the last success.
     let mut failed: BTreeSet<Shape> = BTreeSet::new();
 
+    // Searches cost up to a few milliseconds on a 40,000-GPU fleet: a pass
+    // makes a bounded number, and the next pass goes on from there.
+    let mut searches = MAX_SEARCHES_PER_VICTIM * policy.max_victims_per_pass;
     for w in out.waiting.iter_mut() {
-        if budget == 0 {
+        if budget == 0 || searches == 0 {
             break;
         }
         let Some(&req) = units.get(&(w.job.as_str(), w.ranks.as_slice())) else {
@@ -167,13 +218,12 @@ pub(crate) fn choose(
             continue;
         }
         let Some(ts) = types.get(ty) else { continue };
-        let (cands, soon, promised) = per_type.entry(ty.to_string()).or_insert_with(|| {
-            let (cands, soon) = candidates(snapshot, ty, &ts.index, until);
-            (cands, soon, vec![0; ts.index.slots.len()])
-        });
+        let tv = per_type
+            .entry(ty.to_string())
+            .or_insert_with(|| TypeVictims::new(snapshot, ty, &ts.index, until));
         // Who may be a victim of this unit, and why.
-        let mut cause: Vec<Option<PreemptCause>> = Vec::with_capacity(cands.len());
-        for c in cands.iter() {
+        let mut cause: Vec<Option<PreemptCause>> = Vec::with_capacity(tv.cands.len());
+        for c in tv.cands.iter() {
             let r = c.run;
             let eligible = !taken.contains(&c.at)
                 && r.job != req.job
@@ -199,12 +249,13 @@ pub(crate) fn choose(
         }
         let own: Vec<(u32, Vec<u32>)> = ts.held_for(&req.job);
         let mut free: Vec<u32> = (ts.index.slots.iter().enumerate())
-            .map(|(s, slot)| (slot.free_count() + soon[s]).saturating_sub(promised[s]))
+            .map(|(s, slot)| (slot.free_count() + tv.soon[s]).saturating_sub(tv.promised[s]))
             .collect();
         for (slot, gpus) in &own {
             free[*slot as usize] += gpus.len() as u32;
         }
-        let Some(choice) = search(&ts.index, &free, cands, &cause, req) else {
+        searches -= 1;
+        let Some(choice) = search(&ts.index, &free, tv, &cause, req) else {
             failed.insert(shape);
             continue;
         };
@@ -217,7 +268,7 @@ pub(crate) fn choose(
         let range = slots_of(&ts.index, choice.level, choice.dom);
         let mut freed: BTreeMap<u32, u32> = BTreeMap::new();
         for &v in &choice.victims {
-            for &(slot, n) in &cands[v].slots {
+            for &(slot, n) in &tv.cands[v].slots {
                 if range.contains(&slot) {
                     *freed.entry(slot).or_insert(0) += n;
                 }
@@ -237,11 +288,11 @@ pub(crate) fn choose(
             let k = (u64::from(free[slot as usize] + f) / u64::from(gpw)).min(workers);
             workers -= k;
             let from_free = (k as u32 * gpw).saturating_sub(f);
-            promised[slot as usize] += from_free;
+            tv.promised[slot as usize] += from_free;
         }
         let mut victims = Vec::new();
         for &v in &choice.victims {
-            let c = &cands[v];
+            let c = &tv.cands[v];
             taken.insert(c.at);
             let gpus = c.run.gpu_count();
             if let Some(u) = usage.get_mut(&(c.run.tenant.as_str(), ty)) {
@@ -324,7 +375,7 @@ fn slots_of(index: &TypeIndex, level: Level, dom: u32) -> Range<u32> {
 fn search(
     index: &TypeIndex,
     free: &[u32],
-    cands: &[Candidate],
+    tv: &mut TypeVictims,
     cause: &[Option<PreemptCause>],
     req: &Request,
 ) -> Option<Choice> {
@@ -332,29 +383,31 @@ fn search(
     let workers = req.ranks.len() as u64;
     let tight = req.preferred.min(req.required);
     let fits = |slot: u32, extra: u32| u64::from((free[slot as usize] + extra) / gpw);
+    // GPUs freed per slot while a domain is weighed; all 0 between domains.
+    let mut freed: Vec<u32> = vec![0; free.len()];
     let mut best: Option<Choice> = None;
+    let mut list: Vec<usize> = Vec::new();
     for level in Level::ALL.into_iter().filter(|&l| l <= req.required) {
         if best.as_ref().is_some_and(|b| !b.score.0) && level > tight {
             break;
         }
-        // Domains the eligible candidates touch.
-        let mut touching: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-        for (i, c) in cands.iter().enumerate() {
-            if cause[i].is_none() {
+        tv.pairs(index, level);
+        let (pairs, order, cands) = (
+            tv.pairs[level.index()].as_deref().expect("just built"),
+            &tv.order,
+            &tv.cands,
+        );
+        for group in pairs.chunk_by(|a, b| a.0 == b.0) {
+            let dom = group[0].0;
+            list.clear();
+            list.extend(
+                (group.iter())
+                    .map(|&(_, r)| order[r as usize])
+                    .filter(|&i| cause[i].is_some()),
+            );
+            if list.is_empty() {
                 continue;
             }
-            let mut doms: Vec<u32> = c
-                .slots
-                .iter()
-                .map(|&(s, _)| index.ancestor(s, level))
-                .collect();
-            doms.sort_unstable();
-            doms.dedup();
-            for d in doms {
-                touching.entry(d).or_default().push(i);
-            }
-        }
-        for (dom, mut list) in touching {
             let range = slots_of(index, level, dom);
             let base: u64 = range.clone().map(|s| fits(s, 0)).sum();
             if base >= workers {
@@ -362,46 +415,14 @@ fn search(
                 // the deadline have): not a place to preempt for.
                 continue;
             }
-            // Quick bound: everything in the domain freed.
-            let mut all: BTreeMap<u32, u32> = BTreeMap::new();
-            for &i in &list {
-                for &(s, n) in &cands[i].slots {
-                    if range.contains(&s) {
-                        *all.entry(s).or_insert(0) += n;
-                    }
-                }
-            }
-            let bound = base
-                + all
-                    .iter()
-                    .map(|(&s, &n)| fits(s, n) - fits(s, 0))
-                    .sum::<u64>();
-            if bound < workers {
-                continue;
-            }
-            let outside = |i: usize| -> u32 {
-                (cands[i].slots.iter())
-                    .filter(|(s, _)| !range.contains(s))
-                    .map(|&(_, n)| n)
-                    .sum()
-            };
-            list.sort_by_key(|&i| {
-                (
-                    cands[i].run.priority,
-                    cands[i].at_risk,
-                    outside(i),
-                    &cands[i].run.job,
-                )
-            });
-            let mut freed: BTreeMap<u32, u32> = BTreeMap::new();
             let mut fit = base;
             let mut chosen: Vec<usize> = Vec::new();
-            let add = |freed: &mut BTreeMap<u32, u32>, fit: &mut u64, i: usize, sign: bool| {
+            let add = |freed: &mut [u32], fit: &mut u64, i: usize, sign: bool| {
                 for &(s, n) in &cands[i].slots {
                     if !range.contains(&s) {
                         continue;
                     }
-                    let f = freed.entry(s).or_insert(0);
+                    let f = &mut freed[s as usize];
                     let before = fits(s, *f);
                     if sign {
                         *f += n;
@@ -419,6 +440,15 @@ fn search(
                     break;
                 }
             }
+            if fit < workers {
+                // Not even with every candidate gone.
+                for &i in &chosen {
+                    for &(s, _) in &cands[i].slots {
+                        freed[s as usize] = 0;
+                    }
+                }
+                continue;
+            }
             // Drop victims that turned out not to be needed, the latest
             // (most costly) first.
             for k in (0..chosen.len()).rev() {
@@ -428,6 +458,11 @@ fn search(
                     chosen.remove(k);
                 } else {
                     add(&mut freed, &mut fit, i, true);
+                }
+            }
+            for &i in &chosen {
+                for &(s, _) in &cands[i].slots {
+                    freed[s as usize] = 0;
                 }
             }
             let at_risk: u64 = chosen.iter().map(|&i| cands[i].at_risk).sum();
