@@ -321,6 +321,7 @@ pub async fn dry_run(
         priority: spec.priority.rank(),
         seq: u64::MAX,
         estimated_duration_s: spec.estimated_duration_s.max(0) as u64,
+        min_workers: 0,
     };
     match spec.mode {
         // An array job starts worker by worker: probe its first worker.

@@ -245,6 +245,7 @@ fn gang(job: &str, gpus: u32, seq: u64) -> Request {
         priority: 0,
         seq,
         estimated_duration_s: 3600,
+        min_workers: 0,
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::types::{Placement, Plan, Request, Running, Snapshot};
+use crate::types::{Elastic, Placement, Plan, Request, Running, Snapshot};
 
 /// The snapshot after `plan` is carried out on `snapshot`: placed GPUs leave
 /// their nodes' free lists, placed units leave the queue, join `running`
@@ -33,8 +33,19 @@ pub fn apply(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
     let mut placed = vec![false; snapshot.queue.len()];
     let mut applied = false;
     for placement in &plan.placements {
-        let Some(slots) = queued.get_mut(&(placement.job.as_str(), placement.ranks.as_slice()))
-        else {
+        let mut key = (placement.job.as_str(), placement.ranks.as_slice());
+        if queued.get(&key).is_none_or(|v| v.is_empty()) {
+            // An elastic unit started with a prefix of its ranks.
+            if let Some(r) = snapshot.queue.iter().find(|r| {
+                r.job == placement.job
+                    && r.is_elastic()
+                    && placement.ranks.len() >= r.min_workers as usize
+                    && r.ranks.starts_with(&placement.ranks)
+            }) {
+                key = (r.job.as_str(), r.ranks.as_slice());
+            }
+        }
+        let Some(slots) = queued.get_mut(&key) else {
             continue;
         };
         let Some(&q) = slots.last() else { continue };
@@ -53,7 +64,8 @@ pub fn apply(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
             .usage
             .entry((req.tenant.clone(), req.gpu_type.clone()))
             .or_insert(0);
-        *used = used.saturating_add(u32::try_from(req.gpus()).unwrap_or(u32::MAX));
+        let took = placement.workers.len() as u64 * u64::from(req.gpus_per_worker);
+        *used = used.saturating_add(u32::try_from(took).unwrap_or(u32::MAX));
         let mut gpus: Vec<(String, Vec<u32>)> = Vec::new();
         for w in &placement.workers {
             match gpus.last_mut() {
@@ -72,6 +84,12 @@ pub fn apply(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
                 d => snapshot.now.saturating_add(d),
             },
             started: snapshot.now,
+            elastic: req.is_elastic().then_some(Elastic {
+                workers: placement.workers.len() as u32,
+                max_workers: req.ranks.len() as u32,
+                gpus_per_worker: req.gpus_per_worker,
+                required: req.required,
+            }),
             ..Default::default()
         });
     }
@@ -94,7 +112,11 @@ fn fits(
     req: &Request,
     placement: &Placement,
 ) -> bool {
-    if placement.workers.len() != req.ranks.len() {
+    let whole = placement.ranks == req.ranks;
+    let prefix = req.is_elastic()
+        && placement.ranks.len() >= req.min_workers as usize
+        && req.ranks.starts_with(&placement.ranks);
+    if !(whole || prefix) || placement.workers.len() != placement.ranks.len() {
         return false;
     }
     let mut used: Vec<(usize, u32)> = Vec::new();

@@ -115,30 +115,90 @@ impl<'a> TypeState<'a> {
     /// Decides one valid unit within quota under the Slurm-like or Gangway
     /// discipline.
     pub fn decide(&mut self, known: &Known<'a>, req: &Request, kind: PolicyKind) -> Outcome {
+        if let Some(placement) = self.try_start(known, req) {
+            return Outcome::Start(placement);
+        }
+        self.reserve_or_wait(known, req, kind)
+    }
+
+    /// Decides an elastic unit (Gangway's discipline): all its workers if
+    /// they fit now, else the most that fit now (at least `min_workers`,
+    /// the lowest ranks), else a reservation or a wait for `min_workers`.
+    pub fn decide_elastic(
+        &mut self,
+        known: &Known<'a>,
+        req: &Request,
+        kind: PolicyKind,
+    ) -> Outcome {
+        if let Some(placement) = self.try_start(known, req) {
+            return Outcome::Start(placement);
+        }
+        let sized = |w: usize| Request {
+            ranks: req.ranks[..w].to_vec(),
+            ..req.clone()
+        };
+        let min = (req.min_workers as usize).clamp(1, req.ranks.len());
+        // Fitting is monotone in the number of workers: search the most.
+        let (mut lo, mut hi) = (min, req.ranks.len() - 1);
+        let mut most = None;
+        while lo <= hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.can_start(known, &sized(mid)) {
+                most = Some(mid);
+                lo = mid + 1;
+            } else if mid == 0 {
+                break;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        if let Some(w) = most {
+            if let Some(placement) = self.try_start(known, &sized(w)) {
+                return Outcome::Start(placement);
+            }
+        }
+        self.reserve_or_wait(known, &sized(min), kind)
+    }
+
+    /// The holds a unit ending at `end` ends in time for, as a view mask.
+    fn allowed(&self, end: Option<u64>) -> u32 {
+        self.holds
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| end.is_some_and(|e| e <= h.start))
+            .fold(0, |m, (i, _)| m | 1 << i)
+    }
+
+    /// Starts `req` now if it fits on free GPUs, or on held ones it ends in
+    /// time for.
+    fn try_start(&mut self, known: &Known<'a>, req: &Request) -> Option<Placement> {
         let end = timeline::end_of(known.now, req.estimated_duration_s);
         if end.is_some() {
             self.timeline(known);
         }
-        let all: u32 = (1u32 << self.holds.len()) - 1;
-        // The holds it ends in time for.
-        let allowed: u32 = self
-            .holds
-            .iter()
-            .enumerate()
-            .filter(|(_, h)| end.is_some_and(|e| e <= h.start))
-            .fold(0, |m, (i, _)| m | 1 << i);
+        let allowed = self.allowed(end);
         let mut fit = self.in_view(req, 0, Some(end));
         if fit.is_none() && allowed != 0 {
             fit = self.in_view(req, allowed, Some(end));
         }
-        if let Some(ViewFit {
-            placement: Some(placement),
-            ..
-        }) = fit
-        {
-            self.backfilled |= !self.holds.is_empty();
-            return Outcome::Start(placement);
-        }
+        let placement = fit?.placement?;
+        self.backfilled |= !self.holds.is_empty();
+        Some(placement)
+    }
+
+    /// Whether [`Self::try_start`] would start `req`, changing nothing.
+    fn can_start(&mut self, known: &Known<'a>, req: &Request) -> bool {
+        let end = timeline::end_of(known.now, req.estimated_duration_s);
+        let allowed = self.allowed(end);
+        self.in_view(req, 0, None).is_some()
+            || (allowed != 0 && self.in_view(req, allowed, None).is_some())
+    }
+
+    /// A reservation for `req`, or why it waits.
+    fn reserve_or_wait(&mut self, known: &Known<'a>, req: &Request, kind: PolicyKind) -> Outcome {
+        let end = timeline::end_of(known.now, req.estimated_duration_s);
+        let all: u32 = (1u32 << self.holds.len()) - 1;
+        let allowed = self.allowed(end);
         if self.holds.len() < max_reservations(kind) {
             if let Some(found) = self.reserve(known, req, kind) {
                 return Outcome::Reserve(found);

@@ -109,6 +109,17 @@
 //!   deadline) must hold the whole unit. Running units being preempted
 //!   count as ending by the checkpoint deadline in reservations.
 //!
+//! - elastic units ([`Request::min_workers`]) start with all their
+//!   workers if they fit, else the most that fit now (at least
+//!   `min_workers`; a prefix of `ranks`), else reserve or wait for
+//!   `min_workers`; a quota may cap how many start. A running elastic unit
+//!   below its maximum ([`Running::elastic`]) that has run its minimum time
+//!   restarts larger ([`PreemptCause::Grow`]: checkpoint, requeue, start
+//!   again with what fits) when idle GPUs of its type, which no waiting
+//!   unit wants, let one domain of its required level hold at least half as
+//!   many workers again (or its maximum). A preempted elastic unit restarts
+//!   with what fits then, which may be fewer: it shrinks.
+//!
 //! **Rounds.** Backfill can change where (never when) a reservation would be
 //! computed: a long unit started beside it can make another domain the
 //! tightest at its start. So after a round in which some unit started
@@ -132,7 +143,7 @@ pub mod types;
 pub use apply::apply;
 pub use plan::plan;
 pub use types::{
-    Level, Node, ParseLevelError, Placement, Plan, Policy, PolicyKind, PreemptCause, Preemption,
-    PreemptionPolicy, Request, Reservation, Running, Share, Snapshot, WaitReason, Waiting,
-    WorkerPlacement, PREEMPTIBLE_PRIORITY,
+    Elastic, Level, Node, ParseLevelError, Placement, Plan, Policy, PolicyKind, PreemptCause,
+    Preemption, PreemptionPolicy, Request, Reservation, Running, Share, Snapshot, WaitReason,
+    Waiting, WorkerPlacement, PREEMPTIBLE_PRIORITY,
 };

@@ -89,7 +89,15 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
     }
 
     // Index only the GPU types somebody asks for.
-    let wanted: BTreeSet<&str> = order.iter().map(|r| r.gpu_type.as_str()).collect();
+    let mut wanted: BTreeSet<&str> = order.iter().map(|r| r.gpu_type.as_str()).collect();
+    if kind == PolicyKind::Gangway && policy.preemption.enabled {
+        // Elastic units below their maximum may grow: index their types too.
+        wanted.extend(
+            (snapshot.running.iter())
+                .filter(|r| r.elastic.is_some_and(|e| e.workers < e.max_workers))
+                .map(|r| r.gpu_type.as_str()),
+        );
+    }
     let keep = first_of_each_id(&snapshot.nodes);
     let mut by_type: BTreeMap<&str, Vec<_>> = wanted.iter().map(|&t| (t, Vec::new())).collect();
     let only = match wanted.len() {
@@ -192,10 +200,23 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
                 left.push(req);
                 continue;
             }
-            let need = req.gpus();
+            // Only Gangway's discipline starts elastic units with fewer
+            // workers; the others place them whole.
+            let elastic = kind == PolicyKind::Gangway && req.is_elastic();
+            let need = if elastic { req.min_gpus() } else { req.gpus() };
             let key = (req.tenant.as_str(), req.gpu_type.as_str());
             let in_use = usage.get(&key).copied().unwrap_or(0);
+            // An elastic unit the quota lets grow only part of the way.
+            let mut capped: Option<Request> = None;
             if let Some(&quota) = quotas.get(&key) {
+                let room = u64::from(quota).saturating_sub(in_use);
+                if elastic && need <= room && room < req.gpus() {
+                    let workers = (room / u64::from(req.gpus_per_worker)) as usize;
+                    capped = Some(Request {
+                        ranks: req.ranks[..workers].to_vec(),
+                        ..req.clone()
+                    });
+                }
                 if in_use + need > u64::from(quota) {
                     out.waiting.push(wait(WaitReason::OverQuota {
                         gpu_type: req.gpu_type.clone(),
@@ -213,11 +234,13 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
             };
             let outcome = match kind {
                 PolicyKind::FifoFirstFit => first_fit(ts, req, id_sorted),
+                _ if elastic => ts.decide_elastic(&known, capped.as_ref().unwrap_or(req), kind),
                 _ => ts.decide(&known, req, kind),
             };
             match outcome {
                 Outcome::Start(placement) => {
-                    *usage.entry(key).or_insert(0) += need;
+                    let took = placement.workers.len() as u64 * u64::from(req.gpus_per_worker);
+                    *usage.entry(key).or_insert(0) += took;
                     out.placements.push(placement);
                 }
                 Outcome::Reserve(found) => {

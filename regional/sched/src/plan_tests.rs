@@ -54,6 +54,7 @@ pub(super) fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request
         priority: 0,
         seq: 0,
         estimated_duration_s: 0,
+        min_workers: 0,
     }
 }
 

@@ -36,7 +36,7 @@ use std::ops::Range;
 use crate::backfill::TypeState;
 use crate::index::TypeIndex;
 use crate::types::{
-    Level, Plan, PreemptCause, Preemption, PreemptionPolicy, Request, Running, Snapshot,
+    Elastic, Level, Plan, PreemptCause, Preemption, PreemptionPolicy, Request, Running, Snapshot,
     WaitReason, PREEMPTIBLE_PRIORITY,
 };
 
@@ -138,9 +138,15 @@ pub(crate) fn choose(
         .iter()
         .map(|((t, g), &u)| ((t.as_str(), g.as_str()), u64::from(u)))
         .collect();
+    let mut by_job: BTreeMap<&str, &Request> = BTreeMap::new();
+    for req in &snapshot.queue {
+        by_job.entry(req.job.as_str()).or_insert(req);
+    }
     for p in &out.placements {
-        if let Some(req) = units.get(&(p.job.as_str(), p.ranks.as_slice())) {
-            *usage.entry((&req.tenant, &req.gpu_type)).or_insert(0) += req.gpus();
+        // (An elastic unit may have started with a prefix of its ranks.)
+        if let Some(req) = by_job.get(p.job.as_str()) {
+            let took = p.workers.len() as u64 * u64::from(req.gpus_per_worker);
+            *usage.entry((&req.tenant, &req.gpu_type)).or_insert(0) += took;
         }
     }
     let mut in_flight: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -311,6 +317,103 @@ pub(crate) fn choose(
         budget = budget.saturating_sub(victims.len());
         w.reason = WaitReason::Preempting { victims, until };
     }
+
+    // Elastic units below their maximum restart larger where idle GPUs of
+    // their type, which no waiting unit wants, could hold at least half as
+    // many workers again.
+    let wanted: BTreeSet<&str> = (out.waiting.iter())
+        .filter(|w| {
+            !matches!(
+                w.reason,
+                WaitReason::Invalid { .. } | WaitReason::OverQuota { .. }
+            )
+        })
+        .filter_map(|w| units.get(&(w.job.as_str(), w.ranks.as_slice())))
+        .map(|r| r.gpu_type.as_str())
+        .collect();
+    for (at, r) in snapshot.running.iter().enumerate() {
+        if budget == 0 {
+            break;
+        }
+        let Some(e) = r.elastic else { continue };
+        if e.workers >= e.max_workers
+            || e.gpus_per_worker == 0
+            || r.preempted_for.is_some()
+            || taken.contains(&at)
+            || now.saturating_sub(r.started) < policy.min_run_s
+            || wanted.contains(r.gpu_type.as_str())
+        {
+            continue;
+        }
+        let Some(ts) = types.get(r.gpu_type.as_str()) else {
+            continue;
+        };
+        let tv = per_type
+            .entry(r.gpu_type.clone())
+            .or_insert_with(|| TypeVictims::new(snapshot, &r.gpu_type, &ts.index, until));
+        let target = (e.workers + e.workers.div_ceil(2)).min(e.max_workers);
+        if let Some(promise) = grow_room(&ts.index, tv, r, e, target) {
+            for (slot, n) in promise {
+                tv.promised[slot as usize] += n;
+            }
+            taken.insert(at);
+            out.preemptions.push(Preemption {
+                job: r.job.clone(),
+                for_job: r.job.clone(),
+                cause: PreemptCause::Grow,
+                at_risk_gpu_s: r.at_risk_gpu_s(now),
+                gpus: r.gpu_count(),
+            });
+            budget -= 1;
+        }
+    }
+}
+
+/// Whether one domain of `e.required` could hold `target` workers of the
+/// running elastic unit `r` on free GPUs (not promised) plus its own; if so,
+/// the free GPUs it would take there, per slot.
+fn grow_room(
+    index: &TypeIndex,
+    tv: &TypeVictims,
+    r: &Running,
+    e: Elastic,
+    target: u32,
+) -> Option<Vec<(u32, u32)>> {
+    let gpw = e.gpus_per_worker;
+    let mut own: BTreeMap<u32, u32> = BTreeMap::new();
+    for (node, gpus) in &r.gpus {
+        if let Some(s) = (index.slots.iter()).position(|slot| slot.node.id == *node) {
+            *own.entry(s as u32).or_insert(0) += gpus.len() as u32;
+        }
+    }
+    let free = |s: u32| {
+        let slot = &index.slots[s as usize];
+        slot.free_count().saturating_sub(tv.promised[s as usize])
+    };
+    let level = e.required;
+    let domains = index.levels[level.index()].ids.len().max(1);
+    let mut workers = vec![0u64; domains];
+    for s in 0..index.slots.len() as u32 {
+        let have = free(s) + own.get(&s).copied().unwrap_or(0);
+        workers[index.ancestor(s, level) as usize] += u64::from(have / gpw);
+    }
+    let dom = (0..domains).find(|&d| workers[d] >= u64::from(target))? as u32;
+    // Its own GPUs first, then free ones, slot by slot.
+    let mut left = u64::from(target);
+    let mut promise = Vec::new();
+    for s in slots_of(index, level, dom) {
+        if left == 0 {
+            break;
+        }
+        let mine = own.get(&s).copied().unwrap_or(0);
+        let k = (u64::from((free(s) + mine) / gpw)).min(left);
+        left -= k;
+        let from_free = (k as u32 * gpw).saturating_sub(mine);
+        if from_free > 0 {
+            promise.push((s, from_free));
+        }
+    }
+    Some(promise)
 }
 
 /// The running units of type `ty` that could be victims (not already being

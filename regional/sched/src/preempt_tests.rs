@@ -539,3 +539,168 @@ fn preempting_ignores_running_units_of_other_types_and_unknown_nodes() {
     assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
     let _ = BTreeMap::<u8, u8>::new();
 }
+
+fn elastic(job: &str, workers: u32, min: u32) -> Request {
+    Request {
+        min_workers: min,
+        ..unit(job, "acme", 1, workers, 8, 1)
+    }
+}
+
+#[test]
+fn an_elastic_gang_starts_with_the_workers_that_fit() {
+    let mut s = at_now(fleet("h100", 1, 1, 4, 8, false), vec![elastic("e", 4, 2)]);
+    let a = s.nodes[0].id.clone();
+    occupy(
+        &mut s,
+        vec![holder("normal", "globex", 1, &a, full(""), NOW, None)],
+    );
+    let p = plan(&s, &Policy::default());
+    assert_eq!(p.placements.len(), 1);
+    assert_eq!(p.placements[0].ranks, vec![0, 1, 2]);
+    assert_eq!(p.placements[0].workers.len(), 3);
+    // Carried out: it runs with 3 of 4 workers and holds 24 GPUs.
+    let next = crate::apply(&s, &p);
+    assert!(next.queue.is_empty());
+    let run = next.running.iter().find(|r| r.job == "e").expect("running");
+    assert_eq!(
+        run.elastic,
+        Some(Elastic {
+            workers: 3,
+            max_workers: 4,
+            gpus_per_worker: 8,
+            required: Level::Region
+        })
+    );
+    assert_eq!(next.usage[&("acme".to_string(), "h100".to_string())], 24);
+    // The other disciplines place it whole or not at all.
+    for kind in [PolicyKind::SlurmBackfill, PolicyKind::FifoFirstFit] {
+        let p = plan(
+            &s,
+            &Policy {
+                kind,
+                ..Policy::default()
+            },
+        );
+        assert!(p.placements.is_empty(), "{kind:?}");
+    }
+}
+
+#[test]
+fn an_elastic_gang_below_its_minimum_waits_and_reserves_for_the_minimum() {
+    let mut s = at_now(fleet("h100", 1, 1, 3, 8, false), vec![elastic("e", 4, 2)]);
+    s.queue[0].estimated_duration_s = 100;
+    let ids: Vec<String> = s.nodes.iter().map(|n| n.id.clone()).collect();
+    let mut a = holder("a", "globex", 1, &ids[0], full(""), NOW, None);
+    let mut b = holder("b", "globex", 1, &ids[1], full(""), NOW, None);
+    a.expected_end = NOW + 500;
+    b.expected_end = NOW + 900;
+    occupy(&mut s, vec![a, b]);
+    let p = plan(&s, &Policy::default());
+    assert!(p.placements.is_empty());
+    // Two workers fit once `a` ends: the reservation is for the minimum.
+    assert_eq!(
+        *reason_of(&p, "e"),
+        WaitReason::Reserved {
+            start: NOW + 500,
+            level: Level::Leaf
+        }
+    );
+    let held: usize = p.reservations[0].gpus.iter().map(|(_, g)| g.len()).sum();
+    assert_eq!(held, 16);
+}
+
+#[test]
+fn a_quota_lets_an_elastic_gang_start_part_way() {
+    let mut s = at_now(fleet("h100", 1, 1, 4, 8, false), vec![elastic("e", 4, 1)]);
+    s.quotas.insert(("acme".into(), "h100".into()), 16);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(p.placements[0].ranks, vec![0, 1]);
+    s.quotas.insert(("acme".into(), "h100".into()), 7);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(reason_of(&p, "e").code(), "over_quota");
+}
+
+/// A running elastic unit of `workers` of `max` 8-GPU workers on the first
+/// nodes, started at `started`.
+fn running_elastic(s: &mut Snapshot, workers: u32, max: u32, started: u64) {
+    let gpus = (0..workers as usize)
+        .map(|i| (s.nodes[i].id.clone(), full("")))
+        .collect();
+    occupy(
+        s,
+        vec![Running {
+            job: "e".into(),
+            tenant: "acme".into(),
+            gpu_type: "h100".into(),
+            priority: 1,
+            gpus,
+            expected_end: u64::MAX,
+            started,
+            elastic: Some(Elastic {
+                workers,
+                max_workers: max,
+                gpus_per_worker: 8,
+                required: Level::Region,
+            }),
+            ..Default::default()
+        }],
+    );
+}
+
+#[test]
+fn an_elastic_gang_grows_when_idle_gpus_nobody_waits_for_could_hold_more() {
+    let mut s = at_now(fleet("h100", 1, 1, 4, 8, false), vec![]);
+    running_elastic(&mut s, 2, 4, 0);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("e", "e", PreemptCause::Grow)]);
+    // Not while a unit of the type waits for capacity…
+    let mut busy = s.clone();
+    busy.queue = vec![unit("big", "globex", 1, 4, 8, 1)];
+    let p = plan(&busy, &Policy::default());
+    assert!(
+        p.preemptions.iter().all(|v| v.cause != PreemptCause::Grow),
+        "{:?}",
+        p.preemptions
+    );
+    // …not before its minimum run time, not at its maximum…
+    let mut young = at_now(fleet("h100", 1, 1, 4, 8, false), vec![]);
+    running_elastic(&mut young, 2, 4, NOW - 10);
+    assert!(plan(&young, &Policy::default()).preemptions.is_empty());
+    let mut full_size = at_now(fleet("h100", 1, 1, 4, 8, false), vec![]);
+    running_elastic(&mut full_size, 4, 4, 0);
+    assert!(plan(&full_size, &Policy::default()).preemptions.is_empty());
+    // …and not when idle GPUs cannot hold half as many workers again: 4
+    // running, one node free, 6 wanted.
+    let mut almost = at_now(fleet("h100", 1, 1, 5, 8, false), vec![]);
+    running_elastic(&mut almost, 4, 8, 0);
+    assert!(plan(&almost, &Policy::default()).preemptions.is_empty());
+}
+
+#[test]
+fn an_elastic_victim_restarts_smaller() {
+    // A low elastic gang holds all 4 nodes; a normal 2-node gang preempts
+    // it; requeued, it starts again on the 2 nodes left (shrinks).
+    let mut s = at_now(fleet("h100", 1, 1, 4, 8, false), vec![]);
+    running_elastic(&mut s, 4, 4, 0);
+    s.running[0].priority = 0;
+    s.queue = vec![unit("n", "globex", 1, 2, 8, 5)];
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("e", "n", PreemptCause::Priority)]);
+    // The victim has stopped and requeued; the normal gang started.
+    let mut after = at_now(fleet("h100", 1, 1, 4, 8, false), vec![]);
+    let (a, b) = (after.nodes[0].id.clone(), after.nodes[1].id.clone());
+    occupy(
+        &mut after,
+        vec![Running {
+            gpus: vec![(a, full("")), (b, full(""))],
+            ..holder("n", "globex", 1, "", vec![], NOW, None)
+        }],
+    );
+    after.queue = vec![Request {
+        priority: 0,
+        ..elastic("e", 4, 1)
+    }];
+    let p = plan(&after, &Policy::default());
+    assert_eq!(p.placements[0].ranks, vec![0, 1]);
+}

@@ -121,12 +121,33 @@ pub struct Request {
     /// timeline a reservation is computed from.
     #[serde(default)]
     pub estimated_duration_s: u64,
+    /// Elastic units (Gangway's discipline): the fewest workers it may
+    /// start with. When all of `ranks` do not fit, it starts with the most
+    /// that do, at least this many (the lowest ranks); a placement then
+    /// covers a prefix of `ranks`. 0, or `ranks.len()` and above: not
+    /// elastic, all or nothing. The other disciplines place it whole.
+    #[serde(default)]
+    pub min_workers: u32,
 }
 
 impl Request {
     /// GPUs the whole unit needs.
     pub fn gpus(&self) -> u64 {
         self.ranks.len() as u64 * u64::from(self.gpus_per_worker)
+    }
+
+    /// Whether it may start with fewer than all its workers.
+    pub fn is_elastic(&self) -> bool {
+        self.min_workers > 0 && (self.min_workers as usize) < self.ranks.len()
+    }
+
+    /// GPUs the smallest start needs: all workers, or `min_workers` if elastic.
+    pub fn min_gpus(&self) -> u64 {
+        if self.is_elastic() {
+            u64::from(self.min_workers) * u64::from(self.gpus_per_worker)
+        } else {
+            self.gpus()
+        }
     }
 }
 
@@ -238,6 +259,22 @@ pub struct Running {
     /// never chosen again.
     #[serde(default)]
     pub preempted_for: Option<String>,
+    /// For an elastic unit: its shape, so the core can restart it larger
+    /// when idle GPUs could hold more of its workers.
+    #[serde(default)]
+    pub elastic: Option<Elastic>,
+}
+
+/// The shape of a running elastic unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Elastic {
+    /// Workers it runs with now.
+    pub workers: u32,
+    /// The most it may run with.
+    pub max_workers: u32,
+    pub gpus_per_worker: u32,
+    /// All its workers must lie in one domain of this level.
+    pub required: Level,
 }
 
 impl Running {
@@ -347,6 +384,10 @@ pub enum PreemptCause {
     /// Its tenant borrows beyond its guarantee, and a tenant under its own
     /// guarantee takes the capacity back.
     Reclaim,
+    /// An elastic unit running below its maximum restarts (from its
+    /// checkpoint) larger: idle GPUs nobody waits for could hold at least
+    /// half as many workers again. `for_job` is the unit itself.
+    Grow,
 }
 
 impl PreemptCause {
@@ -354,6 +395,7 @@ impl PreemptCause {
         match self {
             PreemptCause::Priority => "priority",
             PreemptCause::Reclaim => "reclaim",
+            PreemptCause::Grow => "grow",
         }
     }
 }

@@ -128,6 +128,7 @@ fn queue(estimates: bool) -> impl Strategy<Value = Vec<Request>> {
                         priority,
                         seq,
                         estimated_duration_s: est,
+                        min_workers: 0,
                     }
                 },
             )
@@ -286,6 +287,7 @@ fn gang_snapshot() -> impl Strategy<Value = Snapshot> {
                     priority: rng.below(3) as i32 - 1,
                     seq: i,
                     estimated_duration_s: [0, 5, 10, 40, 200][rng.below(5) as usize],
+                    min_workers: 0,
                 })
                 .collect();
             Snapshot {
@@ -682,10 +684,16 @@ fn check_invariants(s: &Snapshot, p: &Plan, kind: PolicyKind) -> Result<(), Test
     let mut placed_gpus: BTreeMap<(&str, &str), u32> = BTreeMap::new();
     for pl in &p.placements {
         let req = queue[pl.job.as_str()];
-        prop_assert_eq!(&pl.ranks, &req.ranks);
-        prop_assert_eq!(pl.workers.len(), req.ranks.len(), "gang placed whole");
+        if kind == PolicyKind::Gangway && req.is_elastic() {
+            // An elastic unit starts with a prefix of its ranks, at least its minimum.
+            prop_assert!(req.ranks.starts_with(&pl.ranks));
+            prop_assert!(pl.ranks.len() >= req.min_workers as usize);
+        } else {
+            prop_assert_eq!(&pl.ranks, &req.ranks);
+        }
+        prop_assert_eq!(pl.workers.len(), pl.ranks.len(), "gang placed whole");
         let ranks: Vec<u32> = pl.workers.iter().map(|w| w.rank).collect();
-        prop_assert_eq!(&ranks, &req.ranks, "one worker per rank, in order");
+        prop_assert_eq!(&ranks, &pl.ranks, "one worker per rank, in order");
         if kind != PolicyKind::FifoFirstFit {
             prop_assert!(pl.level <= req.required);
         }
@@ -706,7 +714,7 @@ fn check_invariants(s: &Snapshot, p: &Plan, kind: PolicyKind) -> Result<(), Test
             }
         }
         *placed_gpus.entry((&req.tenant, &req.gpu_type)).or_default() +=
-            req.ranks.len() as u32 * req.gpus_per_worker;
+            pl.ranks.len() as u32 * req.gpus_per_worker;
     }
     for ((tenant, ty), placed) in placed_gpus {
         if let Some(&q) = s.quotas.get(&(tenant.to_string(), ty.to_string())) {
@@ -777,7 +785,15 @@ fn check_reservations(s: &Snapshot, p: &Plan, kind: PolicyKind) -> Result<(), Te
             total += gpus.len() as u64;
             on.push(n);
         }
-        prop_assert_eq!(total, req.gpus(), "a whole unit is reserved");
+        let whole = match kind {
+            PolicyKind::Gangway => req.min_gpus(),
+            _ => req.gpus(),
+        };
+        prop_assert_eq!(
+            total,
+            whole,
+            "a whole unit (or an elastic one's minimum) is reserved"
+        );
         prop_assert_eq!(spanned(&on), r.level, "inside one domain of its level");
     }
     for (ty, n) in per_type {
@@ -1019,6 +1035,20 @@ fn preemption_case() -> impl Strategy<Value = (Snapshot, Policy)> {
             }
             for q in &mut s.queue {
                 q.priority = [0, 1, 1, 2][rng.below(4) as usize];
+                if q.ranks.len() > 1 && rng.below(3) == 0 {
+                    q.min_workers = 1 + rng.below(q.ranks.len() as u64 - 1) as u32;
+                }
+            }
+            for r in &mut s.running {
+                if rng.below(4) == 0 {
+                    let workers = r.gpu_count() as u32;
+                    r.elastic = Some(gangway_sched::Elastic {
+                        workers,
+                        max_workers: workers + rng.below(4) as u32,
+                        gpus_per_worker: 1,
+                        required: Level::Region,
+                    });
+                }
             }
             let types: BTreeSet<String> = s.nodes.iter().map(|n| n.gpu_type.clone()).collect();
             for ty in types {
@@ -1052,6 +1082,27 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
     for v in &p.preemptions {
         prop_assert!(seen.insert(v.job.as_str()), "{} chosen twice", v.job);
         let r = running[v.job.as_str()];
+        if v.cause == gangway_sched::PreemptCause::Grow {
+            prop_assert!(r.preempted_for.is_none());
+            prop_assert!(s.now - r.started >= rules.min_run_s, "{} too young", r.job);
+            prop_assert_eq!(&v.for_job, &v.job);
+            let e = r.elastic.expect("only elastic units grow");
+            prop_assert!(e.workers < e.max_workers);
+            // Nobody waits for capacity of the type.
+            for w in &p.waiting {
+                let q = s.queue.iter().find(|q| q.job == w.job).expect("queued");
+                let capacity_wait = !matches!(
+                    w.reason,
+                    WaitReason::Invalid { .. } | WaitReason::OverQuota { .. }
+                );
+                prop_assert!(
+                    !(capacity_wait && q.gpu_type == r.gpu_type),
+                    "{} waits",
+                    q.job
+                );
+            }
+            continue;
+        }
         let u = units[v.for_job.as_str()];
         prop_assert!(r.preempted_for.is_none(), "{} was already leaving", r.job);
         prop_assert_eq!(&r.gpu_type, &u.gpu_type);
@@ -1063,6 +1114,7 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
                 prop_assert!(r.priority < u.priority);
                 prop_assert!(r.preemptions < rules.max_preemptions);
             }
+            gangway_sched::PreemptCause::Grow => unreachable!("handled above"),
             gangway_sched::PreemptCause::Reclaim => {
                 prop_assert!(r.tenant != u.tenant);
                 let g = |t: &str| {
@@ -1081,9 +1133,9 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
                             .unwrap_or(0),
                     );
                     let placed: u64 = (p.placements.iter())
-                        .map(|x| units[x.job.as_str()])
-                        .filter(|q| q.tenant == t && q.gpu_type == u.gpu_type)
-                        .map(|q| q.gpus())
+                        .map(|x| (units[x.job.as_str()], x.workers.len() as u64))
+                        .filter(|(q, _)| q.tenant == t && q.gpu_type == u.gpu_type)
+                        .map(|(q, w)| w * u64::from(q.gpus_per_worker))
                         .sum();
                     let leaving: u64 = (s.running.iter())
                         .filter(|x| {
@@ -1092,8 +1144,10 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
                         .map(|x| x.gpu_count())
                         .sum();
                     // Units that chose victims count as holding what they wait for.
-                    let waiting_for: BTreeSet<&str> =
-                        p.preemptions.iter().map(|x| x.for_job.as_str()).collect();
+                    let waiting_for: BTreeSet<&str> = (p.preemptions.iter())
+                        .filter(|x| x.cause != gangway_sched::PreemptCause::Grow)
+                        .map(|x| x.for_job.as_str())
+                        .collect();
                     let promised: u64 = (waiting_for.iter())
                         .map(|j| units[j])
                         .filter(|q| q.tenant == t && q.gpu_type == u.gpu_type)

@@ -538,6 +538,7 @@ impl<'a, 'p> Run<'a, 'p> {
             priority: spec.priority,
             seq,
             estimated_duration_s: remaining.ceil() as u64,
+            min_workers: 0,
         }
     }
 
@@ -802,6 +803,8 @@ impl<'a, 'p> Run<'a, 'p> {
         match p.cause {
             PreemptCause::Priority => self.acc.preempt_priority += 1,
             PreemptCause::Reclaim => self.acc.preempt_reclaim += 1,
+            // The simulator runs no elastic jobs yet.
+            PreemptCause::Grow => {}
         }
         self.acc.at_risk_gpu_s += p.at_risk_gpu_s as f64;
         let tenant = self.spec(job).tenant as usize;

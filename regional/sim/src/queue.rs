@@ -218,6 +218,7 @@ mod tests {
             priority: 1,
             seq: u64::from(job),
             estimated_duration_s: 1,
+            min_workers: 0,
         }
     }
 

@@ -150,6 +150,7 @@ impl Store {
                 priority: row.get::<_, i16>("priority") as i32,
                 seq: row.get::<_, i64>("seq") as u64,
                 estimated_duration_s: row.get::<_, i64>("estimated_duration_s").max(0) as u64,
+                min_workers: 0,
             };
             if mode == "gang" {
                 queue.push(Request {
