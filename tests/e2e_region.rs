@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gangway_auth::jwt::{claims_for, Role, SigningKey};
-use gangway_shared::api::{Job, JobMode, JobSpec, JobState, WorkerState};
+use gangway_shared::api::{Job, JobMode, JobSpec, JobState, QuotaUpdate, WorkerState};
 use gangway_shared::client::{Client, ListQuery};
 use gangway_shared::tokens;
 use uuid::Uuid;
@@ -175,6 +175,8 @@ fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
                 "200",
             ])
             .args(["--grace-period-s", "2", "--checkpoint-deadline-s", "10"])
+            // Jobs here run for seconds: let the scheduler preempt at once.
+            .args(["--preemption-min-run-s", "0"])
             .env("GANGWAY_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file(dir, "region.log"))
@@ -504,10 +506,22 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         .is_empty());
 }
 
+fn cap(guaranteed: i64, max: Option<i64>) -> QuotaUpdate {
+    QuotaUpdate {
+        guaranteed_gpus: guaranteed,
+        max_gpus: max,
+        weight: None,
+    }
+}
+
 #[tokio::test]
 async fn a_tenant_over_its_quota_waits_while_others_run() {
     let cloud = Cloud::start("sim").await;
-    cloud.client.set_quota("acme", "h100", 8).await.unwrap();
+    cloud
+        .client
+        .set_quota("acme", "h100", &cap(0, Some(8)))
+        .await
+        .unwrap();
     let a = cloud
         .client
         .submit(&spec(8, 3600, &["t"]), None)
@@ -526,19 +540,36 @@ async fn a_tenant_over_its_quota_waits_while_others_run() {
         cloud.client.get(b.id).await.unwrap().state,
         JobState::Queued
     );
+    assert_eq!(cloud.client.explain(b.id).await.unwrap().code, "over_quota");
     // Raising the cap lets the waiting job in once GPUs free up.
     globex.cancel(g.id).await.unwrap();
-    cloud.client.set_quota("acme", "h100", 16).await.unwrap();
+    cloud
+        .client
+        .set_quota("acme", "h100", &cap(0, Some(16)))
+        .await
+        .unwrap();
     wait_state(&cloud.client, b.id, JobState::Running).await;
     let quotas = cloud.client.list_quotas().await.unwrap().quotas;
     assert_eq!(quotas.len(), 1);
-    assert_eq!(quotas[0].max_gpus, 16);
+    assert_eq!(quotas[0].max_gpus, Some(16));
+    assert_eq!(quotas[0].weight, 1.0);
     let bad = cloud
         .client
-        .set_quota("acme", "h100", -1)
+        .set_quota("acme", "h100", &cap(-1, None))
         .await
         .unwrap_err();
     assert_eq!(bad.code(), Some("invalid_gpus"));
+    let bad = cloud
+        .client
+        .set_quota("acme", "h100", &cap(8, Some(4)))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Some("invalid_quota"));
+    assert_eq!(
+        cloud.client.list_quotas().await.unwrap().quotas[0].max_gpus,
+        Some(16),
+        "a refused update changes nothing"
+    );
     cloud.client.delete_quota("acme", "h100").await.unwrap();
     assert!(cloud.client.list_quotas().await.unwrap().quotas.is_empty());
 }

@@ -8,7 +8,8 @@ use crate::jobs_cli::table;
 
 #[derive(Subcommand, Debug)]
 pub enum AdminCommand {
-    /// Per-tenant caps on GPUs allocated at once, per GPU type.
+    /// Per-tenant terms per GPU type: guaranteed GPUs, fair-share weight
+    /// and an optional cap.
     Quota {
         #[command(subcommand)]
         command: QuotaCommand,
@@ -33,20 +34,33 @@ pub enum JobAdminCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum QuotaCommand {
-    /// Set a tenant's cap: `gangway admin quota set globex h100 64`.
+    /// Set (replace) a tenant's terms for a GPU type:
+    /// `gangway admin quota set globex h100 --guaranteed 64 --max 128 --weight 2`.
     Set {
         #[command(flatten)]
         conn: Conn,
         tenant: String,
         gpu_type: String,
-        max_gpus: i64,
+        /// GPUs guaranteed: lent to others while unused, taken back by
+        /// preempting tenants beyond their own guarantees when needed.
+        #[arg(long)]
+        guaranteed: i64,
+        /// The most GPUs the tenant may hold at once, borrowing included
+        /// (default: no cap).
+        #[arg(long = "max")]
+        max_gpus: Option<i64>,
+        /// Fair-share weight among tenants beyond their guarantees
+        /// (default 1.0).
+        #[arg(long)]
+        weight: Option<f64>,
     },
-    /// List every cap.
+    /// List every tenant's terms.
     List {
         #[command(flatten)]
         conn: Conn,
     },
-    /// Remove a cap (the tenant is then limited only by capacity).
+    /// Remove a tenant's terms (it is then guaranteed nothing, has weight 1
+    /// and no cap).
     Delete {
         #[command(flatten)]
         conn: Conn,
@@ -54,6 +68,16 @@ pub enum QuotaCommand {
         gpu_type: String,
     },
 }
+
+/// The quota table's columns.
+const COLUMNS: &[&str] = &[
+    "REGION",
+    "TENANT",
+    "GPU TYPE",
+    "GUARANTEED",
+    "MAX GPUS",
+    "WEIGHT",
+];
 
 /// Prints the global tier's per-region answer: `{"regions": {name: doc}}`.
 fn print_per_region(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> {
@@ -66,23 +90,17 @@ fn print_per_region(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> 
         for (region, v) in regions {
             if let Some(code) = v.get("code").and_then(|c| c.as_str()) {
                 let msg = v.get("message").and_then(|m| m.as_str()).unwrap_or("");
-                rows.push(vec![
-                    region.clone(),
-                    format!("error {code}: {msg}"),
-                    String::new(),
-                    String::new(),
-                ]);
+                let mut row = vec![region.clone(), format!("error {code}: {msg}")];
+                row.resize(COLUMNS.len(), String::new());
+                rows.push(row);
                 continue;
             }
             let quotas: Vec<serde_json::Value> = match v.get("quotas") {
                 Some(list) => list.as_array().cloned().unwrap_or_default(),
                 None if v.get("deleted").is_some() => {
-                    rows.push(vec![
-                        region.clone(),
-                        "deleted".into(),
-                        String::new(),
-                        String::new(),
-                    ]);
+                    let mut row = vec![region.clone(), "deleted".into()];
+                    row.resize(COLUMNS.len(), String::new());
+                    rows.push(row);
                     continue;
                 }
                 None => vec![v.clone()],
@@ -93,19 +111,22 @@ fn print_per_region(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> 
                         .map(|x| x.to_string().trim_matches('"').to_string())
                         .unwrap_or_default()
                 };
+                let max = match q.get("max_gpus") {
+                    None | Some(serde_json::Value::Null) => "none".to_string(),
+                    Some(_) => f("max_gpus"),
+                };
                 rows.push(vec![
                     region.clone(),
                     f("tenant"),
                     f("gpu_type"),
-                    f("max_gpus"),
+                    f("guaranteed_gpus"),
+                    max,
+                    f("weight"),
                 ]);
             }
         }
     }
-    print!(
-        "{}",
-        table(&["REGION", "TENANT", "GPU TYPE", "MAX GPUS"], &rows)
-    );
+    print!("{}", table(COLUMNS, &rows));
     Ok(())
 }
 
@@ -132,12 +153,21 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
             conn,
             tenant,
             gpu_type,
+            guaranteed,
             max_gpus,
+            weight,
         } => (
             conn,
             Method::PUT,
             format!("/v1/admin/quotas/{tenant}/{gpu_type}"),
-            Some(serde_json::json!({ "max_gpus": max_gpus })),
+            Some(
+                serde_json::to_value(gangway_shared::api::QuotaUpdate {
+                    guaranteed_gpus: guaranteed,
+                    max_gpus,
+                    weight,
+                })
+                .expect("a quota serializes"),
+            ),
         ),
         QuotaCommand::List { conn } => (conn, Method::GET, "/v1/admin/quotas".to_string(), None),
         QuotaCommand::Delete {

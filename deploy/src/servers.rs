@@ -42,6 +42,19 @@ pub struct RegionArgs {
     /// stopped anyway.
     #[arg(long, default_value_t = 120)]
     pub checkpoint_deadline_s: u64,
+    /// Never preempt running jobs for waiting ones (priority or a tenant
+    /// taking back its guarantee); operators still may.
+    #[arg(long)]
+    pub no_preemption: bool,
+    /// Seconds a job must have run before the scheduler may preempt it.
+    #[arg(long, default_value_t = gangway_sched::PreemptionPolicy::default().min_run_s)]
+    pub preemption_min_run_s: u64,
+    /// A job preempted this many times is no longer preempted for priority.
+    #[arg(long, default_value_t = gangway_sched::PreemptionPolicy::default().max_preemptions)]
+    pub preemption_max_per_job: u32,
+    /// Half-life, in hours, of the past usage fair sharing counts.
+    #[arg(long, default_value_t = 24.0)]
+    pub fair_share_half_life_h: f64,
     /// Seconds to wait for the database at start-up.
     #[arg(long, default_value_t = 60)]
     pub database_wait_s: u64,
@@ -78,6 +91,14 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
     config.agent_timeout = Duration::from_secs(args.agent_timeout_s);
     config.grace_period = Duration::from_secs(args.grace_period_s);
     config.checkpoint_deadline = Duration::from_secs(args.checkpoint_deadline_s);
+    config.preemption.enabled = !args.no_preemption;
+    config.preemption.min_run_s = args.preemption_min_run_s;
+    config.preemption.max_preemptions = args.preemption_max_per_job;
+    anyhow::ensure!(
+        args.fair_share_half_life_h > 0.0 && args.fair_share_half_life_h <= 87_600.0,
+        "--fair-share-half-life-h must be a number of hours above 0 and at most 87600 (ten years)"
+    );
+    config.fair_share_half_life = Duration::from_secs_f64(args.fair_share_half_life_h * 3600.0);
     config.auth = match (args.service_keys.is_empty(), args.insecure_no_auth) {
         (false, _) => Some(
             gangway_auth::jwt::Verifier::new(

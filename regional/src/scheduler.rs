@@ -6,11 +6,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use gangway_sched::{plan, Policy, Snapshot};
+use gangway_sched::{plan, Snapshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::api::AppState;
+use crate::config::Planning;
 use crate::leader::Leadership;
 use crate::store::{Store, StoreError};
 
@@ -22,6 +23,8 @@ pub struct PassOutcome {
     pub placed_workers: usize,
     /// Units left waiting.
     pub waiting: usize,
+    /// Running jobs asked to checkpoint and stop to make room.
+    pub preempted: usize,
     /// The plan lost a race and was discarded.
     pub stale: bool,
     /// Time spent reading the snapshot, planning, and committing.
@@ -35,15 +38,24 @@ pub struct Phases {
     pub commit: Duration,
 }
 
-/// Runs one scheduling pass against the store.
+/// Runs one scheduling pass against the store with the default planning
+/// settings ([`crate::RegionConfig::new`]'s) and this agent timeout.
 pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutcome, StoreError> {
+    run_pass_with(store, &Planning::with_agent_timeout(agent_timeout)).await
+}
+
+/// Runs one scheduling pass against the store.
+pub async fn run_pass_with(store: &Store, planning: &Planning) -> Result<PassOutcome, StoreError> {
     let started = Instant::now();
-    let data = store.snapshot(agent_timeout).await?;
+    let data = store
+        .snapshot_with(planning.agent_timeout, planning.history)
+        .await?;
     let snapshot_took = started.elapsed();
     let snapshot = data.snapshot;
+    let policy = planning.policy.clone();
     let (snapshot, planned, plan_took) = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
-        let p = plan(&snapshot, &Policy::default());
+        let p = plan(&snapshot, &policy);
         (snapshot, p, t.elapsed())
     })
     .await
@@ -63,7 +75,7 @@ pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutc
         .record(snapshot_took.as_secs_f64());
     metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "plan")
         .record(plan_took.as_secs_f64());
-    if planned.placements.is_empty() {
+    if planned.placements.is_empty() && planned.preemptions.is_empty() {
         // Nothing to commit: leave the generation alone so that a plan
         // another replica is applying right now does not go stale for nothing.
         metrics::counter!("gangway_schedule_passes_total", "outcome" => "idle").increment(1);
@@ -79,6 +91,12 @@ pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutc
     match applied {
         Ok(applied) => {
             outcome.placed_workers = applied.placed_workers;
+            outcome.preempted = applied.preempted.len();
+            for (job, cause) in &applied.preempted {
+                tracing::info!(job_id = %job, cause = cause.as_str(), "asked to checkpoint and stop to make room");
+                metrics::counter!("gangway_preemptions_total", "cause" => cause.as_str())
+                    .increment(1);
+            }
             let now = Utc::now();
             for p in &planned.placements {
                 metrics::counter!("gangway_placements_total", "level" => p.level.as_str())
@@ -127,6 +145,7 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
     let span = tracing::info_span!("scheduler", region = %state.store.region());
     async move {
         let cfg = state.config.clone();
+        let planning = cfg.planning();
         let mut leadership: Option<Leadership> = None;
         loop {
             if shutdown.is_cancelled() {
@@ -157,7 +176,7 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
                 sleep_or_cancel(cfg.leader_retry_interval, &shutdown).await;
                 continue;
             }
-            match run_pass(&state.store, cfg.agent_timeout).await {
+            match run_pass_with(&state.store, &planning).await {
                 Ok(o) if o.stale => continue, // replan at once on fresh state
                 Ok(o) if o.placements > 0 => {
                     tracing::debug!(
@@ -202,13 +221,28 @@ async fn sleep_or_cancel(d: Duration, shutdown: &CancellationToken) {
     }
 }
 
+/// The wall-clock time of a snapshot-clock instant (seconds since the epoch
+/// on the database's clock).
+fn at(t: u64) -> Option<chrono::DateTime<Utc>> {
+    chrono::DateTime::from_timestamp(t.min(i64::MAX as u64) as i64, 0)
+}
+
+/// When a waiting unit is expected to start, where its reason says.
+fn expected_start(reason: &gangway_sched::WaitReason) -> Option<chrono::DateTime<Utc>> {
+    match reason {
+        gangway_sched::WaitReason::Reserved { start, .. } => at(*start),
+        gangway_sched::WaitReason::Preempting { until, .. } => at(*until),
+        _ => None,
+    }
+}
+
 /// Why a job is where it is. For work still waiting, this runs the planner
 /// on a fresh snapshot (no commit) and reports what it decided for the job.
 pub async fn explain(
     store: &Store,
     tenant: &str,
     id: uuid::Uuid,
-    agent_timeout: Duration,
+    planning: &Planning,
 ) -> Result<gangway_shared::api::Explanation, StoreError> {
     use gangway_shared::api::{Explanation, JobState, WorkerState};
     let job = store.get_job(tenant, id).await?;
@@ -217,13 +251,13 @@ pub async fn explain(
         .iter()
         .filter(|w| w.state == WorkerState::Pending)
         .count();
-    let done = |code: &str, message: String| {
+    let done = |code: &str, message: String, estimated_start| {
         Ok(Explanation {
             job_id: id,
             state: job.state,
             code: code.to_string(),
             message,
-            estimated_start: None,
+            estimated_start,
         })
     };
     if job.state.is_terminal() {
@@ -234,12 +268,26 @@ pub async fn explain(
                 job.state,
                 job.reason.clone().unwrap_or_default()
             ),
+            None,
         );
     }
     if job.state == JobState::Cancelling {
         return done(
             "cancelling",
             "cancel requested; waiting for the agents to report the workers stopped".into(),
+            None,
+        );
+    }
+    if job.state == JobState::Preempting {
+        let down = job.workers.len() - pending;
+        return done(
+            "preempting",
+            format!(
+                "asked to checkpoint and stop ({down} of {} worker(s) not down yet); it \
+                 requeues when all are, and resumes from its newest checkpoint",
+                job.workers.len()
+            ),
+            None,
         );
     }
     if pending == 0 {
@@ -265,27 +313,34 @@ pub async fn explain(
                     "waiting for the agents to start them"
                 }
             ),
+            None,
         );
     }
-    let data = store.snapshot(agent_timeout).await?;
+    let data = store
+        .snapshot_with(planning.agent_timeout, planning.history)
+        .await?;
     let job_key = id.to_string();
-    let planned = tokio::task::spawn_blocking(move || plan(&data.snapshot, &Policy::default()))
+    let policy = planning.policy.clone();
+    let planned = tokio::task::spawn_blocking(move || plan(&data.snapshot, &policy))
         .await
         .expect("the planner does not panic");
     if planned.placements.iter().any(|p| p.job == job_key) {
         return done(
             "schedulable",
             format!("{pending} worker(s) waiting; GPUs are free for them and the next scheduling pass places them"),
+            None,
         );
     }
     match planned.waiting.iter().find(|w| w.job == job_key) {
         Some(w) => done(
             w.reason.code(),
             format!("{pending} worker(s) waiting: {}", w.reason),
+            expected_start(&w.reason),
         ),
         None => done(
             "schedulable",
             format!("{pending} worker(s) waiting for the next scheduling pass"),
+            None,
         ),
     }
 }
@@ -297,11 +352,13 @@ pub async fn dry_run(
     store: &Store,
     tenant: &str,
     spec: &gangway_shared::api::JobSpec,
-    agent_timeout: Duration,
+    planning: &Planning,
 ) -> Result<gangway_shared::api::DryRun, StoreError> {
     use gangway_shared::api::{DryRun, DryRunNode, JobMode, TopologyLevel};
     const PROBE: &str = "dry-run";
-    let mut data = store.snapshot(agent_timeout).await?;
+    let mut data = store
+        .snapshot_with(planning.agent_timeout, planning.history)
+        .await?;
     let per = spec.gpus_per_worker() as u32;
     let workers = spec.workers() as u32;
     let level = |l: TopologyLevel| match l {
@@ -331,10 +388,19 @@ pub async fn dry_run(
         }),
         JobMode::Gang => data.snapshot.queue.push(base),
     }
-    let planned = tokio::task::spawn_blocking(move || plan(&data.snapshot, &Policy::default()))
+    let policy = planning.policy.clone();
+    let planned = tokio::task::spawn_blocking(move || plan(&data.snapshot, &policy))
         .await
         .expect("the planner does not panic");
     let region = store.region().to_string();
+    // Running jobs the planner would ask to checkpoint and stop for the
+    // would-be job.
+    let would_preempt: Vec<uuid::Uuid> = planned
+        .preemptions
+        .iter()
+        .filter(|p| p.for_job == PROBE)
+        .filter_map(|p| uuid::Uuid::parse_str(&p.job).ok())
+        .collect();
     if let Some(p) = planned.placements.iter().find(|p| p.job == PROBE) {
         let mut nodes: Vec<DryRunNode> = Vec::new();
         for w in &p.workers {
@@ -363,21 +429,23 @@ pub async fn dry_run(
             level: Some(lvl),
             nodes,
             estimated_start: Some(chrono::Utc::now()),
-            victims: Vec::new(),
+            would_preempt,
         });
     }
     let (code, message, start) = match planned.waiting.iter().find(|w| w.job == PROBE) {
-        Some(w) => {
-            let start = match &w.reason {
-                gangway_sched::WaitReason::Reserved { start, .. } => Some(*start),
-                _ => None,
-            };
-            (
-                w.reason.code().to_string(),
-                format!("would wait: {}", w.reason),
-                start,
-            )
-        }
+        Some(w) => (
+            w.reason.code().to_string(),
+            format!("would wait: {}", w.reason),
+            expected_start(&w.reason),
+        ),
+        None if !would_preempt.is_empty() => (
+            "waiting_for_preemption".to_string(),
+            format!(
+                "would wait while {} running job(s) checkpoint and stop to make room",
+                would_preempt.len()
+            ),
+            None,
+        ),
         None => (
             "schedulable".to_string(),
             "would wait for a later pass".to_string(),
@@ -390,8 +458,7 @@ pub async fn dry_run(
         message,
         level: None,
         nodes: Vec::new(),
-        estimated_start: start
-            .and_then(|s| chrono::DateTime::from_timestamp(s.min(i64::MAX as u64) as i64, 0)),
-        victims: Vec::new(),
+        estimated_start: start,
+        would_preempt,
     })
 }

@@ -60,4 +60,9 @@ fn describe() {
         "Scheduling passes by outcome"
     );
     describe_counter!("gangway_jobs_submitted_total", "Jobs accepted");
+    describe_counter!(
+        "gangway_preemptions_total",
+        "Running jobs asked to checkpoint and stop, by cause: priority, reclaim (a tenant \
+         taking back its guarantee) or operator"
+    );
 }

@@ -1,15 +1,25 @@
 //! The regional store against a real, throwaway PostgreSQL: migrations,
-//! generation-checked plans, racing schedulers, and the constraint that
-//! makes a double-allocated GPU impossible.
+//! generation-checked plans, racing schedulers, the constraint that makes a
+//! double-allocated GPU impossible, quotas as fair-share terms, and
+//! preemption carried out from a plan.
 
 use std::time::Duration;
 
+use axum::http::Method;
+use gangway_regional::config::HistoryOptions;
 use gangway_regional::scheduler::run_pass;
-use gangway_regional::store::{NewJob, StoreError, SubmitOutcome};
-use gangway_regional::Store;
-use gangway_sched::{plan, Policy};
-use gangway_shared::agent::{AgentGpu, AgentNode, RegisterRequest};
-use gangway_shared::api::{JobMode, JobState, TopologyLevel};
+use gangway_regional::store::{NewJob, StopTiming, StoreError, SubmitOutcome};
+use gangway_regional::{RegionConfig, Store};
+use gangway_sched::{plan, Plan, Policy, PreemptCause, Preemption};
+use gangway_shared::agent::{
+    AgentGpu, AgentNode, Assignment, Desired, RegisterRequest, SyncRequest, WorkerReport,
+    WorkerStatus,
+};
+use gangway_shared::api::{
+    JobMode, JobState, Priority, Quota, QuotaTerms, QuotaUpdate, TopologyLevel, WorkerState,
+};
+use gangway_shared::client::Client;
+use serde_json::json;
 use uuid::Uuid;
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -21,8 +31,9 @@ async fn store(prefix: &str) -> Store {
     store
 }
 
-/// `leaves` leaves × `nodes` nodes × 8 h100 GPUs, one spine, one agent.
-async fn register_fleet(store: &Store, leaves: usize, nodes: usize) {
+/// `leaves` leaves × `nodes` nodes × 8 h100 GPUs, one spine, one agent;
+/// returns the agent's boot id.
+async fn register_fleet(store: &Store, leaves: usize, nodes: usize) -> Uuid {
     let mut list = Vec::new();
     for l in 0..leaves {
         for n in 0..nodes {
@@ -44,15 +55,17 @@ async fn register_fleet(store: &Store, leaves: usize, nodes: usize) {
             });
         }
     }
+    let boot_id = Uuid::new_v4();
     store
         .register_agent(&RegisterRequest {
             agent_id: "agent-0".into(),
-            boot_id: Uuid::new_v4(),
+            boot_id,
             executor: "sim".into(),
             nodes: list,
         })
         .await
         .unwrap();
+    boot_id
 }
 
 fn job(tenant: &str, gpus: i32, per: i32) -> NewJob {
@@ -385,4 +398,471 @@ async fn usage_cuts_allocation_intervals_at_period_boundaries() {
         .await
         .unwrap();
     assert_eq!(g[0].gpu_seconds, 13.0 * 3600.0);
+}
+
+// ---------------------------------------------------------------------------
+// Fair sharing and preemption: quotas as terms, the snapshot's shares and
+// running units, and the plan's preemptions carried out.
+
+const TIMING: StopTiming = StopTiming {
+    grace_period_s: 2,
+    checkpoint_deadline_s: 10,
+};
+
+fn job_at(tenant: &str, gpus: i32, per: i32, priority: Priority) -> NewJob {
+    let mut j = job(tenant, gpus, per);
+    j.spec.priority = priority;
+    j.priority = priority.rank() as i16;
+    j
+}
+
+/// Syncs as the agent would: every worker the region wants running is
+/// reported running; every worker asked to checkpoint exits with
+/// `checkpoint`. Returns the assignments the region gave.
+async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<Assignment> {
+    let wanted = store
+        .sync_agent(
+            "agent-0",
+            &SyncRequest {
+                boot_id: boot,
+                workers: Vec::new(),
+            },
+            TIMING,
+        )
+        .await
+        .unwrap()
+        .assignments;
+    let reports = wanted
+        .iter()
+        .map(|a| WorkerReport {
+            job_id: a.job_id,
+            rank: a.rank,
+            attempt: a.attempt,
+            status: match a.desired {
+                Desired::Run => WorkerStatus::Running,
+                _ => WorkerStatus::Exited {
+                    exit_code: Some(0),
+                    signal: None,
+                    message: Some("checkpointed and stopped".into()),
+                },
+            },
+            checkpoint: match a.desired {
+                Desired::Checkpoint => checkpoint.map(String::from),
+                _ => None,
+            },
+        })
+        .collect();
+    store
+        .sync_agent(
+            "agent-0",
+            &SyncRequest {
+                boot_id: boot,
+                workers: reports,
+            },
+            TIMING,
+        )
+        .await
+        .unwrap();
+    wanted
+}
+
+async fn preempted_for(client: &tokio_postgres::Client, id: Uuid) -> Option<String> {
+    client
+        .query_one("SELECT preempted_for FROM jobs WHERE job_id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+fn terms(guaranteed: i64, max: Option<i64>, weight: Option<f64>) -> QuotaTerms {
+    QuotaUpdate {
+        guaranteed_gpus: guaranteed,
+        max_gpus: max,
+        weight,
+    }
+    .check()
+    .unwrap()
+}
+
+#[tokio::test]
+async fn quotas_feed_the_snapshot_as_caps_guarantees_weights_and_decayed_history() {
+    let (store, client) = raw("shares").await;
+    register_fleet(&store, 1, 1).await;
+    store
+        .set_quota("acme", "h100", &terms(4, Some(8), Some(2.0)))
+        .await
+        .unwrap();
+    store
+        .set_quota("globex", "h100", &terms(2, None, None))
+        .await
+        .unwrap();
+    let listed = store.list_quotas().await.unwrap();
+    assert_eq!(
+        listed,
+        vec![
+            Quota {
+                tenant: "acme".into(),
+                gpu_type: "h100".into(),
+                guaranteed_gpus: 4,
+                max_gpus: Some(8),
+                weight: 2.0,
+            },
+            Quota {
+                tenant: "globex".into(),
+                gpu_type: "h100".into(),
+                guaranteed_gpus: 2,
+                max_gpus: None,
+                weight: 1.0,
+            },
+        ]
+    );
+
+    // acme has held one GPU for a day (one half-life): half of the decayed
+    // average. globex held one from two days ago to one day ago: a quarter.
+    // initech held one long ago, beyond the look-back: nothing.
+    let a = submit(&store, &job("acme", 1, 1)).await;
+    let b = submit(&store, &job("globex", 1, 1)).await;
+    let c = submit(&store, &job("initech", 1, 1)).await;
+    for (job, gpu, start, end) in [
+        (a, 0, "1 day", None),
+        (b, 1, "2 days", Some("1 day")),
+        (c, 2, "30 days", Some("29 days")),
+    ] {
+        client
+            .execute(
+                "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant,
+                                          gpu_type, generation, allocated_at, released_at)
+                 SELECT $1, 0, 1, 's0-l0-n0', $2, tenant, 'h100', 1,
+                        now() - $3::text::interval, now() - $4::text::interval
+                 FROM jobs WHERE job_id = $1",
+                &[&job, &gpu, &start, &end],
+            )
+            .await
+            .unwrap();
+    }
+    let history = HistoryOptions {
+        half_life: Duration::from_secs(24 * 3600),
+        refresh: Duration::ZERO,
+    };
+    let snap = store
+        .snapshot_with(AGENT_TIMEOUT, history)
+        .await
+        .unwrap()
+        .snapshot;
+    let key = |t: &str| (t.to_string(), "h100".to_string());
+    // Only a cap is a hard limit.
+    assert_eq!(snap.quotas, [(key("acme"), 8)].into_iter().collect());
+    let acme = snap.shares[&key("acme")];
+    assert_eq!((acme.guaranteed, acme.weight), (4, 2000));
+    assert!((499..=501).contains(&acme.history), "{acme:?}");
+    let globex = snap.shares[&key("globex")];
+    assert_eq!((globex.guaranteed, globex.weight), (2, 1000));
+    assert!((249..=251).contains(&globex.history), "{globex:?}");
+    assert!(!snap.shares.contains_key(&key("initech")));
+    // The running unit: started when its allocation was made.
+    let running = snap
+        .running
+        .iter()
+        .find(|r| r.job == a.to_string())
+        .unwrap();
+    assert!(
+        snap.now.abs_diff(running.started + 24 * 3600) <= 2,
+        "{running:?} at {}",
+        snap.now
+    );
+    assert_eq!(
+        (
+            running.checkpointed,
+            running.preemptions,
+            &running.preempted_for
+        ),
+        (None, 0, &None)
+    );
+    // A shorter half-life makes the same day weigh less.
+    let snap = store
+        .snapshot_with(
+            AGENT_TIMEOUT,
+            HistoryOptions {
+                half_life: Duration::from_secs(12 * 3600),
+                ..history
+            },
+        )
+        .await
+        .unwrap()
+        .snapshot;
+    let acme = snap.shares[&key("acme")];
+    assert!((749..=751).contains(&acme.history), "{acme:?}");
+
+    // Removing acme's terms removes its cap and guarantee.
+    assert!(store.delete_quota("acme", "h100").await.unwrap());
+    let snap = store
+        .snapshot_with(AGENT_TIMEOUT, history)
+        .await
+        .unwrap()
+        .snapshot;
+    assert!(snap.quotas.is_empty());
+    assert_eq!(snap.shares[&key("acme")].guaranteed, 0);
+    assert_eq!(snap.shares[&key("acme")].weight, 1000);
+}
+
+#[tokio::test]
+async fn a_planned_preemption_checkpoints_the_victim_and_skips_jobs_no_longer_running() {
+    let (store, client) = raw("applypreempt").await;
+    let boot = register_fleet(&store, 1, 2).await; // 16 GPUs
+    let low = submit(&store, &job_at("acme", 16, 8, Priority::Low)).await;
+    assert_eq!(run_pass(&store, AGENT_TIMEOUT).await.unwrap().placements, 1);
+    agent_sync(&store, boot, None).await;
+    assert_eq!(
+        store.get_job("acme", low).await.unwrap().state,
+        JobState::Running
+    );
+    let normal = submit(&store, &job_at("globex", 8, 8, Priority::Normal)).await;
+    let gone = Uuid::new_v4();
+
+    let generation = store.generation().await.unwrap();
+    let preemption = |victim: Uuid| Preemption {
+        job: victim.to_string(),
+        for_job: normal.to_string(),
+        cause: PreemptCause::Priority,
+        at_risk_gpu_s: 1234,
+        gpus: 16,
+    };
+    let planned = Plan {
+        generation,
+        // A queued job and a job that does not exist are not running: both
+        // are skipped, and the victim that is running is preempted.
+        preemptions: vec![preemption(normal), preemption(gone), preemption(low)],
+        ..Plan::default()
+    };
+    let applied = store.apply_plan(&planned).await.unwrap();
+    assert_eq!(applied.preempted, vec![(low, PreemptCause::Priority)]);
+    assert_eq!(applied.placed_workers, 0);
+    let job = store.get_job("acme", low).await.unwrap();
+    assert_eq!(job.state, JobState::Preempting);
+    assert_eq!(job.preemptions, 1);
+    assert!(job
+        .workers
+        .iter()
+        .all(|w| w.state == WorkerState::Checkpointing));
+    assert_eq!(
+        store.get_job("globex", normal).await.unwrap().state,
+        JobState::Queued
+    );
+    let events = store.job_events("acme", low).await.unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(last.kind, "preempted");
+    assert_eq!(last.detail["cause"], "priority");
+    assert_eq!(last.detail["for_job"], normal.to_string());
+    assert_eq!(last.detail["at_risk_gpu_s"], 1234);
+    assert!(
+        last.message.contains(&normal.to_string()),
+        "{}",
+        last.message
+    );
+    assert_eq!(preempted_for(&client, low).await, Some(normal.to_string()));
+    // The snapshot shows the preemption in flight, so a pass does not choose
+    // the victim again.
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    let r = snap
+        .running
+        .iter()
+        .find(|r| r.job == low.to_string())
+        .unwrap();
+    assert_eq!(
+        r.preempted_for.as_deref(),
+        Some(normal.to_string().as_str())
+    );
+    assert_eq!(r.preemptions, 1);
+    // The same plan again is stale: nothing more happens.
+    assert!(matches!(
+        store.apply_plan(&planned).await,
+        Err(StoreError::StalePlan(_))
+    ));
+    assert_eq!(store.get_job("acme", low).await.unwrap().preemptions, 1);
+
+    // The agent asks the workers to checkpoint; they write one and stop.
+    let asked = agent_sync(&store, boot, Some("/ckpt/step-7")).await;
+    assert!(asked
+        .iter()
+        .filter(|a| a.job_id == low)
+        .all(|a| a.desired == Desired::Checkpoint && a.checkpoint_deadline_s == 10));
+    let job = store.get_job("acme", low).await.unwrap();
+    assert_eq!(job.state, JobState::Queued);
+    assert_eq!(job.restore_from.as_deref(), Some("/ckpt/step-7"));
+    assert_eq!(preempted_for(&client, low).await, None);
+    let kinds: Vec<String> = store
+        .job_events("acme", low)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        ["queued", "placed", "started", "preempted", "requeued"]
+    );
+    let checkpointed: bool = client
+        .query_one(
+            "SELECT checkpointed_at > now() - interval '1 minute' FROM jobs WHERE job_id = $1",
+            &[&low],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(checkpointed);
+    // Its GPUs are free: the normal job is placed by the next pass.
+    assert_eq!(run_pass(&store, AGENT_TIMEOUT).await.unwrap().placements, 1);
+    assert_eq!(
+        store.get_job("globex", normal).await.unwrap().state,
+        JobState::Starting
+    );
+}
+
+#[tokio::test]
+async fn an_operator_preemption_is_recorded_as_one() {
+    let (store, client) = raw("operatorpreempt").await;
+    let boot = register_fleet(&store, 1, 1).await;
+    let id = submit(&store, &job("acme", 8, 8)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    agent_sync(&store, boot, None).await;
+    assert!(store
+        .preempt_job(id, "requested by an operator")
+        .await
+        .unwrap());
+    assert_eq!(preempted_for(&client, id).await.as_deref(), Some(""));
+    let last = store.job_events("acme", id).await.unwrap().pop().unwrap();
+    assert_eq!(last.detail["cause"], "operator");
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    assert_eq!(snap.running[0].preempted_for.as_deref(), Some(""));
+    // Not running any more: refused, nothing changes.
+    assert!(!store.preempt_job(id, "again").await.unwrap());
+    assert_eq!(store.get_job("acme", id).await.unwrap().preemptions, 1);
+}
+
+#[tokio::test]
+async fn the_quota_api_refuses_bad_terms_and_changes_nothing() {
+    let url = gangway_devkit::fresh_database("quotaapi").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = gangway_regional::prepare(
+        RegionConfig::new("test", addr, &url),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(gangway_regional::serve_on(
+        listener,
+        state,
+        shutdown.clone(),
+    ));
+    let c = Client::new(format!("http://{addr}"), "acme");
+    let put = |body: serde_json::Value| {
+        let c = c.clone();
+        async move {
+            c.call_json(Method::PUT, "/v1/admin/quotas/acme/h100", Some(&body))
+                .await
+        }
+    };
+    let ok = put(json!({"guaranteed_gpus": 8, "max_gpus": 16, "weight": 1.5}))
+        .await
+        .unwrap();
+    assert_eq!(
+        ok,
+        json!({"tenant": "acme", "gpu_type": "h100", "guaranteed_gpus": 8,
+               "max_gpus": 16, "weight": 1.5})
+    );
+    let cases = [
+        (json!({"guaranteed_gpus": -1}), 422, "invalid_gpus"),
+        (json!({"guaranteed_gpus": 20_000_000}), 422, "invalid_gpus"),
+        (
+            json!({"guaranteed_gpus": 1, "max_gpus": -5}),
+            422,
+            "invalid_gpus",
+        ),
+        (
+            json!({"guaranteed_gpus": 8, "max_gpus": 4}),
+            422,
+            "invalid_quota",
+        ),
+        (
+            json!({"guaranteed_gpus": 8, "weight": 0}),
+            422,
+            "invalid_quota",
+        ),
+        (
+            json!({"guaranteed_gpus": 8, "weight": -1.0}),
+            422,
+            "invalid_quota",
+        ),
+        (
+            json!({"guaranteed_gpus": 8, "weight": 0.0001}),
+            422,
+            "invalid_quota",
+        ),
+        (
+            json!({"guaranteed_gpus": 8, "weight": 1e9}),
+            422,
+            "invalid_quota",
+        ),
+        (json!({"max_gpus": 8}), 422, "invalid_spec"),
+        (json!({"guaranteed_gpus": "8"}), 422, "invalid_spec"),
+        (
+            json!({"guaranteed_gpus": 8, "surprise": 1}),
+            422,
+            "invalid_spec",
+        ),
+        (json!([8]), 422, "invalid_spec"),
+    ];
+    for (body, status, code) in cases {
+        let e = match put(body.clone()).await {
+            Ok(v) => panic!("{body} accepted: {v}"),
+            Err(e) => e,
+        };
+        assert_eq!(
+            (e.status().map(|s| s.as_u16()), e.code()),
+            (Some(status), Some(code)),
+            "{body}"
+        );
+    }
+    let e = c
+        .call_json(
+            Method::PUT,
+            "/v1/admin/quotas/Not%20A%20Tenant/h100",
+            Some(&json!({"guaranteed_gpus": 1})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("invalid_spec"));
+    // Nothing of it was stored.
+    let listed = c.list_quotas().await.unwrap().quotas;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (
+            listed[0].guaranteed_gpus,
+            listed[0].max_gpus,
+            listed[0].weight
+        ),
+        (8, Some(16), 1.5)
+    );
+    // A PUT replaces the terms: what it leaves out takes its default.
+    let replaced = c
+        .set_quota(
+            "acme",
+            "h100",
+            &QuotaUpdate {
+                guaranteed_gpus: 4,
+                max_gpus: None,
+                weight: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (replaced.guaranteed_gpus, replaced.max_gpus, replaced.weight),
+        (4, None, 1.0)
+    );
+    assert_eq!(c.list_quotas().await.unwrap().quotas, vec![replaced]);
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
 }

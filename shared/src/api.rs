@@ -481,22 +481,142 @@ pub struct RegionStatus {
     pub capacity: Vec<GpuTypeCapacity>,
 }
 
-/// A tenant's cap on GPUs of one type allocated at once in a region.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// Largest GPU count a quota accepts (larger is a typo).
+pub const MAX_QUOTA_GPUS: i64 = 10_000_000;
+/// Largest fair-share weight a quota accepts.
+pub const MAX_QUOTA_WEIGHT: f64 = 1000.0;
+
+/// A tenant's terms for one GPU type in a region: GPUs it is guaranteed, its
+/// fair-share weight, and an optional hard cap.
+///
+/// Capacity a tenant does not use is lent to others; a tenant holding fewer
+/// GPUs than its guarantee takes lent GPUs back by preempting tenants that
+/// hold more than theirs. Among tenants beyond their guarantees, weighted
+/// fair share (with past usage decayed) decides who goes first. A tenant
+/// with no quota is guaranteed nothing, has weight 1 and no cap.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Quota {
     pub tenant: String,
     pub gpu_type: String,
-    pub max_gpus: u32,
+    /// GPUs of the type the tenant is guaranteed.
+    pub guaranteed_gpus: u32,
+    /// The most GPUs of the type the tenant may hold at once, borrowing
+    /// included; `null` = no cap.
+    pub max_gpus: Option<u32>,
+    /// Fair-share weight (1.0 = an equal share); kept to thousandths.
+    pub weight: f64,
 }
 
-/// Body of `PUT /v1/admin/quotas/{tenant}/{gpu_type}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// Body of `PUT /v1/admin/quotas/{tenant}/{gpu_type}`: replaces the
+/// tenant's terms for the GPU type.
+///
+/// Only a JSON object is accepted (serde would otherwise take `[8]` as
+/// `{"guaranteed_gpus": 8}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(try_from = "serde_json::Map<String, serde_json::Value>")]
 pub struct QuotaUpdate {
-    pub max_gpus: i64,
+    /// GPUs guaranteed (0 – 10,000,000).
+    #[schema(minimum = 0, maximum = 10000000)]
+    pub guaranteed_gpus: i64,
+    /// The cap, at least `guaranteed_gpus`; absent or `null` = no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 10000000)]
+    pub max_gpus: Option<i64>,
+    /// Fair-share weight, above 0 and at most 1000, kept to thousandths;
+    /// absent = 1.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// The fields of a [`QuotaUpdate`] as they are decoded.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaUpdateFields {
+    guaranteed_gpus: i64,
+    #[serde(default)]
+    max_gpus: Option<i64>,
+    #[serde(default)]
+    weight: Option<f64>,
+}
+
+impl TryFrom<serde_json::Map<String, serde_json::Value>> for QuotaUpdate {
+    type Error = serde_json::Error;
+
+    fn try_from(fields: serde_json::Map<String, serde_json::Value>) -> Result<Self, Self::Error> {
+        let f: QuotaUpdateFields = serde_json::from_value(serde_json::Value::Object(fields))?;
+        Ok(QuotaUpdate {
+            guaranteed_gpus: f.guaranteed_gpus,
+            max_gpus: f.max_gpus,
+            weight: f.weight,
+        })
+    }
+}
+
+/// Why a [`QuotaUpdate`] was refused: a stable code from
+/// [`crate::error::codes`] and a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaRefused {
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// A checked [`QuotaUpdate`], in the units the region stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaTerms {
+    pub guaranteed_gpus: u32,
+    pub max_gpus: Option<u32>,
+    /// In thousandths (1000 = 1.0), at least 1.
+    pub weight_milli: u32,
+}
+
+impl QuotaUpdate {
+    /// Checks the numbers: GPU counts in 0 … [`MAX_QUOTA_GPUS`]
+    /// (`invalid_gpus`), a cap no lower than the guarantee and a weight in
+    /// (0, [`MAX_QUOTA_WEIGHT`]] that is at least 0.001 (`invalid_quota`).
+    pub fn check(&self) -> Result<QuotaTerms, QuotaRefused> {
+        use crate::error::codes;
+        let gpus = |what: &str, n: i64| {
+            if (0..=MAX_QUOTA_GPUS).contains(&n) {
+                Ok(n as u32)
+            } else {
+                Err(QuotaRefused {
+                    code: codes::INVALID_GPUS,
+                    message: format!("{what} must be between 0 and {MAX_QUOTA_GPUS}, not {n}"),
+                })
+            }
+        };
+        let guaranteed = gpus("guaranteed_gpus", self.guaranteed_gpus)?;
+        let max = self.max_gpus.map(|m| gpus("max_gpus", m)).transpose()?;
+        if let Some(m) = max {
+            if m < guaranteed {
+                return Err(QuotaRefused {
+                    code: codes::INVALID_QUOTA,
+                    message: format!(
+                        "max_gpus ({m}) is below guaranteed_gpus ({guaranteed}): a cap must \
+                         leave room for the guarantee"
+                    ),
+                });
+            }
+        }
+        let weight = self.weight.unwrap_or(1.0);
+        let milli = (weight * 1000.0).round();
+        if !weight.is_finite() || weight <= 0.0 || weight > MAX_QUOTA_WEIGHT || milli < 1.0 {
+            return Err(QuotaRefused {
+                code: codes::INVALID_QUOTA,
+                message: format!(
+                    "weight must be at least 0.001 and at most {MAX_QUOTA_WEIGHT}, not {weight}"
+                ),
+            });
+        }
+        Ok(QuotaTerms {
+            guaranteed_gpus: guaranteed,
+            max_gpus: max,
+            weight_milli: milli as u32,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct QuotaList {
     pub quotas: Vec<Quota>,
 }
@@ -506,10 +626,14 @@ pub struct QuotaList {
 pub struct Explanation {
     pub job_id: Uuid,
     pub state: JobState,
-    /// `running`, `finished`, `starting`, `cancelling`, `over_quota`,
-    /// `no_capacity`, `reserved` (GPUs are set aside for it from
-    /// `estimated_start`), `reserved_for_other` (the free GPUs are held for
-    /// an earlier job), `schedulable` (it would be placed by the next pass).
+    /// `running`, `finished`, `starting`, `cancelling`, `preempting` (it is
+    /// being asked to checkpoint and stop; it requeues when its workers are
+    /// down), `over_quota`, `no_capacity`, `reserved` (GPUs are set aside
+    /// for it from `estimated_start`), `reserved_for_other` (the free GPUs
+    /// are held for an earlier job), `waiting_for_preemption` (running jobs
+    /// were asked to checkpoint and stop to make room for it; their GPUs are
+    /// expected free by `estimated_start`), `schedulable` (it would be
+    /// placed by the next pass).
     pub code: String,
     pub message: String,
     /// When the job is expected to start, where that can be computed (from
@@ -536,10 +660,11 @@ pub struct DryRun {
     /// When it would start, where that can be computed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_start: Option<DateTime<Utc>>,
-    /// Jobs that would be preempted to make room (none until the scheduler
-    /// preempts).
+    /// Running jobs the scheduler would ask to checkpoint and stop to make
+    /// room for it (lower-priority jobs, or borrowed capacity its tenant
+    /// takes back); empty when it would preempt nothing.
     #[serde(default)]
-    pub victims: Vec<Uuid>,
+    pub would_preempt: Vec<Uuid>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -209,19 +209,20 @@ impl Client {
         self.send(self.request(Method::GET, "/v1/region")).await
     }
 
-    /// Sets `tenant`'s cap on GPUs of `gpu_type` (operators).
+    /// Sets `tenant`'s terms for `gpu_type`: guarantee, cap and weight
+    /// (operators).
     pub async fn set_quota(
         &self,
         tenant: &str,
         gpu_type: &str,
-        max_gpus: i64,
+        terms: &QuotaUpdate,
     ) -> Result<Quota, ClientError> {
         let req = self
             .request(
                 Method::PUT,
                 &format!("/v1/admin/quotas/{tenant}/{gpu_type}"),
             )
-            .json(&QuotaUpdate { max_gpus });
+            .json(terms);
         self.send(req).await
     }
 

@@ -60,6 +60,9 @@ pub mod codes {
     /// The request has no valid credentials (401); the detail code (for
     /// example `token_expired`) comes from the authenticator.
     pub const UNAUTHENTICATED: &str = "unauthenticated";
+    /// A quota's terms do not hold together: a cap below the guarantee, or
+    /// a weight out of range (422).
+    pub const INVALID_QUOTA: &str = "invalid_quota";
     /// The job is not running, so it cannot be preempted (409).
     pub const JOB_NOT_RUNNING: &str = "job_not_running";
     /// The requested thing does not exist, or belongs to someone else (404).
@@ -102,6 +105,7 @@ pub mod codes {
         RATE_LIMITED,
         FORBIDDEN,
         UNAUTHENTICATED,
+        INVALID_QUOTA,
         JOB_NOT_RUNNING,
         NOT_FOUND,
         PAYLOAD_TOO_LARGE,

@@ -1,4 +1,5 @@
-//! Operator endpoints: quotas, set in every region (or one) at once.
+//! Operator endpoints: quotas (guarantees, weights and caps), set in every
+//! region (or one) at once.
 
 use std::collections::BTreeMap;
 
@@ -135,9 +136,14 @@ pub async fn list_quotas(
 
 /// Set a quota
 ///
-/// Caps the GPUs of one type that the tenant may hold at once, in every
-/// region (or the one named). Each region checks the names and the number;
-/// its refusal (`invalid_spec`, `invalid_gpus`) is its entry in the answer.
+/// Replaces the tenant's terms for one GPU type, in every region (or the
+/// one named): GPUs it is guaranteed (lent to others while unused, taken
+/// back by preempting borrowers when it needs them), its fair-share weight
+/// (default 1.0) and an optional cap on what it may hold at once, borrowing
+/// included (absent = no cap). Each region checks the names and the
+/// numbers; its refusal (`invalid_spec`, `invalid_gpus` for a count out of
+/// range, `invalid_quota` for a cap below the guarantee or a weight out of
+/// range) is its entry in the answer, and changes nothing there.
 #[utoipa::path(
     put,
     path = "/v1/admin/quotas/{tenant}/{gpu_type}",

@@ -11,10 +11,8 @@ use gangway_shared::ids::valid_tenant;
 use super::error::ApiError;
 use super::extract::Json;
 use super::AppState;
+use crate::store::retry_races;
 use gangway_shared::http::Path;
-
-/// Largest cap accepted (larger is a typo).
-const MAX_QUOTA: i64 = 10_000_000;
 
 pub async fn list_quotas(State(state): State<AppState>) -> Result<axum::Json<QuotaList>, ApiError> {
     Ok(axum::Json(QuotaList {
@@ -38,28 +36,25 @@ fn check_names(tenant: &str, gpu_type: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Replaces a tenant's terms for one GPU type. Bad numbers are refused
+/// with `invalid_gpus` or `invalid_quota`, and nothing changes.
 pub async fn put_quota(
     State(state): State<AppState>,
     Path((tenant, gpu_type)): Path<(String, String)>,
     Json(body): Json<QuotaUpdate>,
 ) -> Result<axum::Json<Quota>, ApiError> {
     check_names(&tenant, &gpu_type)?;
-    if !(0..=MAX_QUOTA).contains(&body.max_gpus) {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            codes::INVALID_GPUS,
-            format!("max_gpus must be between 0 and {MAX_QUOTA}"),
-        ));
-    }
-    state
-        .store
-        .set_quota(&tenant, &gpu_type, body.max_gpus as i32)
-        .await?;
+    let terms = body
+        .check()
+        .map_err(|r| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, r.code, r.message))?;
+    state.store.set_quota(&tenant, &gpu_type, &terms).await?;
     state.wake_scheduler();
     Ok(axum::Json(Quota {
         tenant,
         gpu_type,
-        max_gpus: body.max_gpus as u32,
+        guaranteed_gpus: terms.guaranteed_gpus,
+        max_gpus: terms.max_gpus,
+        weight: f64::from(terms.weight_milli) / 1000.0,
     }))
 }
 
@@ -88,17 +83,14 @@ pub async fn preempt_job(
     State(state): State<AppState>,
     gangway_shared::http::JobId(id): gangway_shared::http::JobId,
 ) -> Result<axum::Json<Preempted>, ApiError> {
-    if !state
-        .store
-        .preempt_job(id, "requested by an operator")
-        .await?
-    {
+    if !retry_races(|| state.store.preempt_job(id, "requested by an operator")).await? {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             codes::JOB_NOT_RUNNING,
             "the job is not running or starting; only those can be preempted",
         ));
     }
+    metrics::counter!("gangway_preemptions_total", "cause" => "operator").increment(1);
     Ok(axum::Json(Preempted {
         job_id: id,
         preempted: true,

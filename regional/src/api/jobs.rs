@@ -174,8 +174,7 @@ pub async fn explain(
     Tenant(tenant): Tenant,
     JobId(id): JobId,
 ) -> Result<axum::Json<gangway_shared::api::Explanation>, ApiError> {
-    let e =
-        crate::scheduler::explain(&state.store, &tenant, id, state.config.agent_timeout).await?;
+    let e = crate::scheduler::explain(&state.store, &tenant, id, &state.config.planning()).await?;
     Ok(axum::Json(e))
 }
 
@@ -219,6 +218,6 @@ pub async fn dry_run(
         fleet.get(&spec.gpu_type).map(Vec::as_slice).unwrap_or(&[]),
     )?;
     let d =
-        crate::scheduler::dry_run(&state.store, &tenant, &spec, state.config.agent_timeout).await?;
+        crate::scheduler::dry_run(&state.store, &tenant, &spec, &state.config.planning()).await?;
     Ok(axum::Json(d))
 }

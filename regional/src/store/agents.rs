@@ -233,8 +233,11 @@ async fn apply_reports(
                 message,
             } => {
                 if let Some(ckpt) = &report.checkpoint {
+                    // A new checkpoint moves the time preemption counts the
+                    // work at risk from; a repeated report changes nothing.
                     tx.execute(
-                        "UPDATE jobs SET restore_from = $2 WHERE job_id = $1",
+                        "UPDATE jobs SET restore_from = $2, checkpointed_at = now()
+                         WHERE job_id = $1 AND restore_from IS DISTINCT FROM $2",
                         &[&key.0, ckpt],
                     )
                     .await?;

@@ -422,7 +422,8 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
         if assigned + running + stopping + checkpointing == 0 {
             let restore: Option<String> = tx
                 .query_one(
-                    "UPDATE jobs SET state = 'queued' WHERE job_id = $1 RETURNING restore_from",
+                    "UPDATE jobs SET state = 'queued', preempted_for = NULL WHERE job_id = $1
+                     RETURNING restore_from",
                     &[&job_id],
                 )
                 .await?
@@ -492,7 +493,8 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
             ("succeeded", "succeeded".to_string())
         };
         tx.execute(
-            "UPDATE jobs SET state = $2::text::job_state, reason = $3, finished_at = now()
+            "UPDATE jobs SET state = $2::text::job_state, reason = $3, finished_at = now(),
+                    preempted_for = NULL
              WHERE job_id = $1",
             &[&job_id, &final_state, &final_reason],
         )
@@ -535,46 +537,107 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
     Ok(())
 }
 
+/// Who asked for a preemption, and why.
+#[derive(Clone, Debug)]
+pub(crate) enum PreemptBy<'a> {
+    /// An operator (or, later, a drain): `why` is for the timeline.
+    Operator { why: &'a str },
+    /// The scheduler, to make room for `for_job`.
+    Scheduler {
+        for_job: &'a str,
+        cause: gangway_sched::PreemptCause,
+        at_risk_gpu_s: u64,
+        gpus: u64,
+    },
+}
+
+/// Asks a running job to checkpoint, stop and requeue, inside `tx` (the
+/// caller holds, or takes here, the job's row lock). Returns false, and
+/// changes nothing, when the job is not starting or running.
+pub(crate) async fn preempt_in_tx(
+    tx: &Transaction<'_>,
+    id: Uuid,
+    by: &PreemptBy<'_>,
+) -> Result<bool> {
+    let Some(row) = tx
+        .query_opt(
+            "SELECT state::text FROM jobs WHERE job_id = $1 FOR UPDATE",
+            &[&id],
+        )
+        .await?
+    else {
+        return Err(StoreError::NotFound);
+    };
+    let state: String = row.get(0);
+    if !matches!(state.as_str(), "starting" | "running") {
+        return Ok(false);
+    }
+    let workers = tx
+        .execute(
+            "UPDATE workers SET state = 'checkpointing'
+             WHERE job_id = $1 AND state IN ('assigned', 'running')",
+            &[&id],
+        )
+        .await?;
+    let for_job = match by {
+        PreemptBy::Operator { .. } => "",
+        PreemptBy::Scheduler { for_job, .. } => for_job,
+    };
+    tx.execute(
+        "UPDATE jobs SET state = 'preempting', preemptions = preemptions + 1, preempted_for = $2
+         WHERE job_id = $1",
+        &[&id, &for_job],
+    )
+    .await?;
+    let (message, detail) = match by {
+        PreemptBy::Operator { why } => (
+            format!("preempted ({why}): {workers} worker(s) asked to checkpoint and stop"),
+            json!({"why": why, "cause": "operator", "workers": workers}),
+        ),
+        PreemptBy::Scheduler {
+            for_job,
+            cause,
+            at_risk_gpu_s,
+            gpus,
+        } => {
+            let why = match cause {
+                gangway_sched::PreemptCause::Priority => {
+                    format!("to make room for higher-priority job {for_job}")
+                }
+                gangway_sched::PreemptCause::Reclaim => format!(
+                    "its tenant borrows beyond its guarantee, and job {for_job}'s tenant takes \
+                     its guaranteed GPUs back"
+                ),
+                gangway_sched::PreemptCause::Grow => {
+                    "to restart larger: idle GPUs can hold more of its elastic workers".to_string()
+                }
+            };
+            (
+                format!(
+                    "preempted by the scheduler ({why}): {workers} worker(s) asked to \
+                     checkpoint and stop; {at_risk_gpu_s} GPU-seconds since the last \
+                     checkpoint at risk"
+                ),
+                json!({"why": why, "cause": cause.as_str(), "for_job": for_job,
+                       "workers": workers, "gpus": gpus, "at_risk_gpu_s": at_risk_gpu_s}),
+            )
+        }
+    };
+    insert_event(tx, id, "preempted", &message, detail).await?;
+    settle_job(tx, id).await?;
+    Ok(true)
+}
+
 impl Store {
-    /// Asks a running job to checkpoint, stop and requeue (preemption,
+    /// Asks a running job to checkpoint, stop and requeue (operators;
     /// drains). Returns false when the job is not running or starting.
     pub async fn preempt_job(&self, id: Uuid, why: &str) -> Result<bool> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
-        let state: String = tx
-            .query_opt(
-                "SELECT state::text FROM jobs WHERE job_id = $1 FOR UPDATE",
-                &[&id],
-            )
-            .await?
-            .ok_or(StoreError::NotFound)?
-            .get(0);
-        if !matches!(state.as_str(), "starting" | "running") {
-            return Ok(false);
+        let done = preempt_in_tx(&tx, id, &PreemptBy::Operator { why }).await?;
+        if done {
+            tx.commit().await?;
         }
-        let workers = tx
-            .execute(
-                "UPDATE workers SET state = 'checkpointing'
-                 WHERE job_id = $1 AND state IN ('assigned', 'running')",
-                &[&id],
-            )
-            .await?;
-        tx.execute(
-            "UPDATE jobs SET state = 'preempting', preemptions = preemptions + 1
-             WHERE job_id = $1",
-            &[&id],
-        )
-        .await?;
-        insert_event(
-            &tx,
-            id,
-            "preempted",
-            &format!("preempted ({why}): {workers} worker(s) asked to checkpoint and stop"),
-            json!({"why": why, "workers": workers}),
-        )
-        .await?;
-        settle_job(&tx, id).await?;
-        tx.commit().await?;
-        Ok(true)
+        Ok(done)
     }
 }

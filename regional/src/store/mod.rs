@@ -14,7 +14,12 @@
 //! - `agents`, `nodes`, `gpus`: the fleet as agents registered it, plus the
 //!   operator's intent per node (`operator_state`). Liveness is the agent's
 //!   last sync; an agent can always tell us again what it has.
-//! - `quotas`: operator-set caps per tenant and GPU type.
+//! - `quotas`: operator-set terms per tenant and GPU type: guaranteed GPUs,
+//!   fair-share weight (thousandths) and an optional cap.
+//! - `jobs.checkpointed_at`, `jobs.preempted_for`: what preemption decides
+//!   from (work at risk since the last checkpoint; a preemption in flight and
+//!   whom it makes room for, so a later pass does not pick more victims).
+//!   Decayed past usage is not stored: it is computed from `allocations`.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
@@ -30,6 +35,7 @@ mod plans;
 mod rows;
 mod usage;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -99,7 +105,18 @@ impl StoreError {
     }
 }
 
-pub use gangway_shared::api::Quota;
+pub use gangway_shared::api::{Quota, QuotaTerms};
+
+/// A `quotas` row as the API shows it.
+fn quota_from_row(r: &tokio_postgres::Row) -> Quota {
+    Quota {
+        tenant: r.get("tenant"),
+        gpu_type: r.get("gpu_type"),
+        guaranteed_gpus: r.get::<_, i32>("guaranteed_gpus").max(0) as u32,
+        max_gpus: r.get::<_, Option<i32>>("max_gpus").map(|m| m.max(0) as u32),
+        weight: f64::from(r.get::<_, i32>("weight")) / 1000.0,
+    }
+}
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -129,6 +146,8 @@ where
 pub struct Store {
     pool: Pool,
     region: String,
+    /// Decayed past usage, reused for a while (see `plans.rs`).
+    history: Arc<Mutex<Option<plans::HistoryCache>>>,
 }
 
 impl Store {
@@ -152,6 +171,7 @@ impl Store {
         Ok(Store {
             pool,
             region: region.to_string(),
+            history: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -180,13 +200,24 @@ impl Store {
         result
     }
 
-    /// Sets a tenant's cap on GPUs of one type allocated at once.
-    pub async fn set_quota(&self, tenant: &str, gpu_type: &str, max_gpus: i32) -> Result<()> {
+    /// Sets (replaces) a tenant's terms for one GPU type: guarantee, cap
+    /// and weight, as checked by [`gangway_shared::api::QuotaUpdate::check`].
+    pub async fn set_quota(&self, tenant: &str, gpu_type: &str, terms: &QuotaTerms) -> Result<()> {
         let conn = self.conn().await?;
+        let max = terms.max_gpus.map(|m| m as i32);
         conn.execute(
-            "INSERT INTO quotas (tenant, gpu_type, max_gpus) VALUES ($1, $2, $3)
-             ON CONFLICT (tenant, gpu_type) DO UPDATE SET max_gpus = EXCLUDED.max_gpus",
-            &[&tenant, &gpu_type, &max_gpus],
+            "INSERT INTO quotas (tenant, gpu_type, guaranteed_gpus, max_gpus, weight)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (tenant, gpu_type) DO UPDATE
+               SET guaranteed_gpus = EXCLUDED.guaranteed_gpus, max_gpus = EXCLUDED.max_gpus,
+                   weight = EXCLUDED.weight",
+            &[
+                &tenant,
+                &gpu_type,
+                &(terms.guaranteed_gpus as i32),
+                &max,
+                &(terms.weight_milli as i32),
+            ],
         )
         .await?;
         Ok(())
@@ -197,18 +228,12 @@ impl Store {
         let conn = self.conn().await?;
         let rows = conn
             .query(
-                "SELECT tenant, gpu_type, max_gpus FROM quotas ORDER BY tenant, gpu_type",
+                "SELECT tenant, gpu_type, guaranteed_gpus, max_gpus, weight FROM quotas
+                 ORDER BY tenant, gpu_type",
                 &[],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| Quota {
-                tenant: r.get(0),
-                gpu_type: r.get(1),
-                max_gpus: r.get::<_, i32>(2) as u32,
-            })
-            .collect())
+        Ok(rows.iter().map(quota_from_row).collect())
     }
 
     /// Removes a cap; returns whether there was one.

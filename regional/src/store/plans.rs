@@ -1,19 +1,20 @@
 //! The scheduler's side of the store: a consistent snapshot in, a
 //! generation-checked plan out.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use gangway_sched::{Level, Node, Plan, Request, Running, Snapshot};
+use gangway_sched::{Level, Node, Plan, PreemptCause, Request, Running, Share, Snapshot};
 use gangway_shared::api::GpuTypeCapacity;
 use serde_json::json;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
-use super::jobs::lock_jobs;
+use super::jobs::{lock_jobs, preempt_in_tx, PreemptBy};
 use super::{Result, Store, StoreError};
+use crate::config::HistoryOptions;
 
 /// A snapshot plus what the applier needs that the core does not.
 #[derive(Clone, Debug)]
@@ -28,7 +29,37 @@ pub struct SnapshotData {
 pub struct ApplyOutcome {
     pub generation: i64,
     pub placed_workers: usize,
+    /// The victims actually asked to checkpoint and stop, with why (a
+    /// victim that was no longer running is skipped).
+    pub preempted: Vec<(Uuid, PreemptCause)>,
 }
+
+/// (tenant, gpu_type) → decayed average GPUs held, in thousandths.
+type History = BTreeMap<(String, String), u64>;
+
+/// A history read at `at` with `half_life`, reused until it is stale.
+#[derive(Clone, Debug)]
+pub(super) struct HistoryCache {
+    at: Instant,
+    half_life: Duration,
+    history: History,
+}
+
+/// Each tenant's decayed average GPUs held per type, in thousandths.
+///
+/// Weighting the past by 2^(-age / half-life), normalised so that a GPU
+/// held forever counts as 1, one GPU held from age `a2` to age `a1` (a1 <
+/// a2) contributes 2^(-a1/h) − 2^(-a2/h). Intervals released more than ten
+/// half-lives ago (under 0.1 % of the weight) are not read.
+const HISTORY_SQL: &str = "
+    SELECT tenant, gpu_type,
+           round(1000 * sum(
+               exp(-ln(2) * greatest(0, extract(epoch FROM now() - coalesce(released_at, now()))::float8) / $1)
+             - exp(-ln(2) * least(10 * $1, greatest(0, extract(epoch FROM now() - allocated_at)::float8)) / $1)
+           ))::bigint AS history
+    FROM allocations
+    WHERE released_at IS NULL OR released_at > now() - make_interval(secs => 10 * $1)
+    GROUP BY tenant, gpu_type";
 
 /// One non-spare node as the validator sees it.
 #[derive(Clone, Debug)]
@@ -49,10 +80,21 @@ fn level_from_db(s: &str) -> Level {
 }
 
 impl Store {
+    /// [`Store::snapshot_with`] with the default fair-share history (a 24 h
+    /// half-life, reused for 10 s).
+    pub async fn snapshot(&self, agent_timeout: Duration) -> Result<SnapshotData> {
+        let history = crate::config::Planning::with_agent_timeout(agent_timeout).history;
+        self.snapshot_with(agent_timeout, history).await
+    }
+
     /// Reads everything the scheduler core needs, in one repeatable-read
     /// transaction so the parts agree. Nodes whose agent has not synced for
     /// `agent_timeout` are not schedulable.
-    pub async fn snapshot(&self, agent_timeout: Duration) -> Result<SnapshotData> {
+    pub async fn snapshot_with(
+        &self,
+        agent_timeout: Duration,
+        history_options: HistoryOptions,
+    ) -> Result<SnapshotData> {
         let mut conn = self.conn().await?;
         let tx = conn
             .build_transaction()
@@ -169,25 +211,52 @@ impl Store {
             submitted_at.insert(job, row.get("created_at"));
         }
 
+        // Quotas: the cap is the core's hard limit; guarantee and weight
+        // feed fair sharing together with the decayed history.
         let mut quotas = BTreeMap::new();
+        let mut shares: BTreeMap<(String, String), Share> = BTreeMap::new();
         for row in tx
-            .query("SELECT tenant, gpu_type, max_gpus FROM quotas", &[])
+            .query(
+                "SELECT tenant, gpu_type, guaranteed_gpus, max_gpus, weight FROM quotas",
+                &[],
+            )
             .await?
         {
-            quotas.insert((row.get(0), row.get(1)), row.get::<_, i32>(2).max(0) as u32);
+            let key: (String, String) = (row.get(0), row.get(1));
+            if let Some(max) = row.get::<_, Option<i32>>(3) {
+                quotas.insert(key.clone(), max.max(0) as u32);
+            }
+            shares.insert(
+                key,
+                Share {
+                    guaranteed: row.get::<_, i32>(2).max(0) as u32,
+                    weight: row.get::<_, i32>(4).max(1) as u32,
+                    history: 0,
+                },
+            );
+        }
+        for (key, history) in self.history(&tx, history_options).await? {
+            shares.entry(key).or_default().history = history;
         }
         // What holds GPUs now, and when each is expected to let go (start
-        // plus estimate), for reservations.
+        // plus estimate), for reservations; when it started and last
+        // checkpointed, how often it was preempted and whether a preemption
+        // is in flight, for preemption.
         let running_rows = tx
             .query(
                 "SELECT a.job_id, j.tenant, j.gpu_type, j.priority,
                         (extract(epoch FROM min(a.allocated_at))::bigint
                          + j.estimated_duration_s) AS expected_end,
+                        extract(epoch FROM min(a.allocated_at))::bigint AS started,
+                        extract(epoch FROM j.checkpointed_at)::bigint AS checkpointed,
+                        j.preemptions,
+                        CASE WHEN j.state = 'preempting' THEN coalesce(j.preempted_for, '')
+                        END AS preempted_for,
                         array_agg(a.node_id ORDER BY a.node_id, a.gpu_index) AS nodes,
                         array_agg(a.gpu_index ORDER BY a.node_id, a.gpu_index) AS gpus
                  FROM allocations a JOIN jobs j ON j.job_id = a.job_id
                  WHERE a.released_at IS NULL
-                 GROUP BY a.job_id, j.tenant, j.gpu_type, j.priority, j.estimated_duration_s
+                 GROUP BY a.job_id, j.job_id
                  ORDER BY a.job_id",
                 &[],
             )
@@ -212,7 +281,13 @@ impl Store {
                     priority: row.get::<_, i16>("priority") as i32,
                     gpus: held,
                     expected_end: row.get::<_, i64>("expected_end").max(0) as u64,
-                    ..Default::default()
+                    started: row.get::<_, i64>("started").max(0) as u64,
+                    checkpointed: row
+                        .get::<_, Option<i64>>("checkpointed")
+                        .map(|t| t.max(0) as u64),
+                    preemptions: row.get::<_, i32>("preemptions").max(0) as u32,
+                    preempted_for: row.get("preempted_for"),
+                    elastic: None,
                 }
             })
             .collect();
@@ -234,6 +309,7 @@ impl Store {
                 nodes,
                 queue,
                 quotas,
+                shares,
                 usage,
                 now,
                 running,
@@ -241,6 +317,34 @@ impl Store {
             },
             submitted_at,
         })
+    }
+
+    /// The decayed past usage, read in `tx` unless a recent enough reading
+    /// with the same half-life can be reused.
+    async fn history(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        options: HistoryOptions,
+    ) -> Result<History> {
+        if let Some(c) = self.history.lock().expect("history cache lock").as_ref() {
+            if c.half_life == options.half_life && c.at.elapsed() < options.refresh {
+                return Ok(c.history.clone());
+            }
+        }
+        let half_life_s = options.half_life.as_secs_f64().max(1.0);
+        let mut history = History::new();
+        for row in tx.query(HISTORY_SQL, &[&half_life_s]).await? {
+            let h = row.get::<_, Option<i64>>("history").unwrap_or(0).max(0) as u64;
+            if h > 0 {
+                history.insert((row.get("tenant"), row.get("gpu_type")), h);
+            }
+        }
+        *self.history.lock().expect("history cache lock") = Some(HistoryCache {
+            at: Instant::now(),
+            half_life: options.half_life,
+            history: history.clone(),
+        });
+        Ok(history)
     }
 
     /// Commits a plan in one transaction, only if the generation it was
@@ -263,14 +367,76 @@ impl Store {
             )));
         };
         let generation: i64 = bumped.get(0);
-        if plan.placements.is_empty() {
+        if plan.placements.is_empty() && plan.preemptions.is_empty() {
             tx.commit().await?;
             return Ok(ApplyOutcome {
                 generation,
-                placed_workers: 0,
+                ..ApplyOutcome::default()
             });
         }
 
+        // Every job the plan touches, locked in id order (the one lock
+        // order; see `agents.rs`).
+        let placed: BTreeSet<Uuid> = plan
+            .placements
+            .iter()
+            .map(|p| parse_job(&p.job))
+            .collect::<Result<_>>()?;
+        let victims: Vec<Uuid> = plan
+            .preemptions
+            .iter()
+            .map(|p| parse_job(&p.job))
+            .collect::<Result<_>>()?;
+        let locked: BTreeSet<Uuid> = placed.iter().chain(&victims).copied().collect();
+        lock_jobs(&tx, &locked.into_iter().collect::<Vec<_>>()).await?;
+
+        // Victims: asked to checkpoint and stop, exactly as an operator's
+        // preemption, with the cause and the job they make room for. One no
+        // longer running (it ended, was cancelled or is already being
+        // preempted) is skipped: the next pass decides again.
+        let mut preempted = Vec::new();
+        for (p, &victim) in plan.preemptions.iter().zip(&victims) {
+            if placed.contains(&victim) || preempted.iter().any(|(v, _)| *v == victim) {
+                continue;
+            }
+            let by = PreemptBy::Scheduler {
+                for_job: &p.for_job,
+                cause: p.cause,
+                at_risk_gpu_s: p.at_risk_gpu_s,
+                gpus: p.gpus,
+            };
+            match preempt_in_tx(&tx, victim, &by).await {
+                Ok(true) => preempted.push((victim, p.cause)),
+                Ok(false) | Err(StoreError::NotFound) => {
+                    tracing::debug!(job_id = %victim, "planned victim no longer running; skipped");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let placed_workers = if plan.placements.is_empty() {
+            0
+        } else {
+            apply_placements(&tx, plan, generation).await?
+        };
+        tx.commit().await?;
+        Ok(ApplyOutcome {
+            generation,
+            placed_workers,
+            preempted,
+        })
+    }
+}
+
+/// Moves every placed worker `pending → assigned`, inserts one allocation
+/// per GPU and a `placed` event per placement; returns the workers placed.
+/// Any placement that no longer applies rejects the plan whole. The caller
+/// holds the jobs' locks.
+async fn apply_placements(
+    tx: &tokio_postgres::Transaction<'_>,
+    plan: &Plan,
+    generation: i64,
+) -> Result<usize> {
+    {
         // Workers: pending → assigned, with their node, GPUs and local rank.
         let mut w_job = Vec::new();
         let mut w_rank = Vec::new();
@@ -299,10 +465,6 @@ impl Store {
                 *local += 1;
             }
         }
-        let mut locked = job_ids.clone();
-        locked.sort();
-        locked.dedup();
-        lock_jobs(&tx, &locked).await?;
         let updated = tx
             .query(
                 "UPDATE workers w
@@ -430,13 +592,11 @@ impl Store {
             &[&e_job, &e_msg, &e_detail],
         )
         .await?;
-        tx.commit().await?;
-        Ok(ApplyOutcome {
-            generation,
-            placed_workers: w_job.len(),
-        })
+        Ok(w_job.len())
     }
+}
 
+impl Store {
     /// The fleet's version: it moves whenever nodes or GPUs change.
     pub async fn fleet_version(&self) -> Result<i64> {
         let conn = self.conn().await?;
