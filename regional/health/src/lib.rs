@@ -35,6 +35,8 @@
 //!   `repair_window_s`, or a failed row remap, goes out for repair and
 //!   stays out until an operator returns it.
 
+pub mod maintenance;
+
 use std::collections::VecDeque;
 use std::fmt;
 
