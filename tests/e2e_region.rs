@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gangway_auth::jwt::{claims_for, Role, SigningKey};
-use gangway_shared::api::{Job, JobMode, JobSpec, JobState, QuotaUpdate, WorkerState};
+use gangway_shared::api::{Job, JobMode, JobSpec, JobState, Priority, QuotaUpdate, WorkerState};
 use gangway_shared::client::{Client, ListQuery};
 use gangway_shared::tokens;
 use uuid::Uuid;
@@ -735,5 +735,97 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 409);
+    assert_eq!(cloud.allocated_gpus().await, 0);
+}
+
+/// Like [`TRAINER`], but a run restored from a checkpoint checks that the
+/// checkpoint is whole and finishes at once.
+const RESUMABLE_TRAINER: &str = r#"
+    echo "attempt $GANGWAY_ATTEMPT restore ${GANGWAY_RESTORE_FROM:-none}" >> "$OUT/rank-$RANK.log"
+    if [ -n "$GANGWAY_RESTORE_FROM" ]; then
+        [ -f "$GANGWAY_RESTORE_FROM/state" ] || exit 7
+        exit 0
+    fi
+    checkpoint() {
+        tmp="$GANGWAY_CHECKPOINT_DIR/.tmp-$RANK-$$"
+        mkdir -p "$tmp" && echo "attempt $GANGWAY_ATTEMPT" > "$tmp/state"
+        mv "$tmp" "$GANGWAY_CHECKPOINT_DIR/ckpt-attempt-$GANGWAY_ATTEMPT-rank-$RANK"
+    }
+    trap 'checkpoint; exit 0' USR1
+    while true; do sleep 0.05; done
+"#;
+
+#[tokio::test]
+async fn the_scheduler_preempts_a_low_priority_job_for_a_normal_one_and_the_low_one_resumes() {
+    let cloud = Cloud::start("real").await;
+    let out: PathBuf = cloud.dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let out_env = out.to_string_lossy().into_owned();
+    // A low-priority gang on every schedulable GPU, expected to run an hour.
+    let mut low = spec(16, 3600, &["sh", "-c", RESUMABLE_TRAINER]);
+    low.gpus_per_worker = Some(8);
+    low.priority = Priority::Low;
+    low.env.insert("OUT".into(), out_env.clone());
+    let low = cloud.client.submit(&low, None).await.unwrap();
+    wait_state(&cloud.client, low.id, JobState::Running).await;
+
+    // A normal-priority job would preempt it: the dry run says so.
+    let mut normal = spec(8, 60, &["sh", "-c", "echo ran > \"$OUT/normal-$RANK\""]);
+    normal.gpus_per_worker = Some(8);
+    normal.env.insert("OUT".into(), out_env);
+    let d = cloud.client.dry_run(&normal).await.unwrap();
+    assert_eq!(d.code, "waiting_for_preemption", "{d:?}");
+    assert_eq!(d.would_preempt, vec![low.id], "{d:?}");
+    assert_eq!(
+        cloud.client.get(low.id).await.unwrap().state,
+        JobState::Running,
+        "a dry run preempts nothing"
+    );
+
+    // Submitted, the scheduler (no operator) asks the low job to
+    // checkpoint; it writes one, stops and requeues; the normal job runs.
+    let normal = cloud.client.submit(&normal, None).await.unwrap();
+    wait_state(&cloud.client, normal.id, JobState::Succeeded).await;
+    assert!(out.join("normal-0").exists());
+    // Then the low job resumes from its checkpoint and finishes.
+    let done = wait_state(&cloud.client, low.id, JobState::Succeeded).await;
+    assert_eq!(done.preemptions, 1);
+    let restore = done
+        .restore_from
+        .clone()
+        .expect("a checkpoint to restore from");
+    assert!(restore.contains("ckpt-attempt-1"), "{restore}");
+    assert!(Path::new(&restore).join("state").exists());
+    for rank in 0..2 {
+        let text = std::fs::read_to_string(out.join(format!("rank-{rank}.log"))).unwrap();
+        assert!(text.contains("attempt 1 restore none"), "{text}");
+        assert!(
+            text.contains(&format!("attempt 2 restore {restore}")),
+            "{text}"
+        );
+    }
+
+    let events = cloud.client.events(low.id).await.unwrap().events;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "queued",
+            "placed",
+            "started",
+            "preempted",
+            "requeued",
+            "placed",
+            "started",
+            "finished"
+        ]
+    );
+    let preempted = &events[3];
+    assert_eq!(preempted.detail["cause"], "priority");
+    assert_eq!(preempted.detail["for_job"], normal.id.to_string());
+    // The normal job was placed only after the low job was asked to let go.
+    let normal_events = cloud.client.events(normal.id).await.unwrap().events;
+    let placed = normal_events.iter().find(|e| e.kind == "placed").unwrap();
+    assert!(placed.at > preempted.at, "{normal_events:?} {events:?}");
     assert_eq!(cloud.allocated_gpus().await, 0);
 }

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use axum::http::Method;
-use gangway_regional::config::HistoryOptions;
-use gangway_regional::scheduler::run_pass;
+use gangway_regional::config::{HistoryOptions, Planning};
+use gangway_regional::scheduler::{dry_run, explain, run_pass, run_pass_with};
 use gangway_regional::store::{NewJob, StopTiming, StoreError, SubmitOutcome};
 use gangway_regional::{RegionConfig, Store};
 use gangway_sched::{plan, Plan, Policy, PreemptCause, Preemption};
@@ -16,7 +16,8 @@ use gangway_shared::agent::{
     WorkerStatus,
 };
 use gangway_shared::api::{
-    JobMode, JobState, Priority, Quota, QuotaTerms, QuotaUpdate, TopologyLevel, WorkerState,
+    JobMode, JobSpec, JobState, Priority, Quota, QuotaTerms, QuotaUpdate, TopologyLevel,
+    WorkerState,
 };
 use gangway_shared::client::Client;
 use serde_json::json;
@@ -409,8 +410,11 @@ const TIMING: StopTiming = StopTiming {
     checkpoint_deadline_s: 10,
 };
 
+/// A job of this priority that expects to run an hour (so nothing waiting
+/// for it starts soon anyway).
 fn job_at(tenant: &str, gpus: i32, per: i32, priority: Priority) -> NewJob {
     let mut j = job(tenant, gpus, per);
+    j.spec.estimated_duration_s = 3600;
     j.spec.priority = priority;
     j.priority = priority.rank() as i16;
     j
@@ -464,6 +468,14 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
         .await
         .unwrap();
     wanted
+}
+
+/// The region's defaults, with no minimum run time so that a job placed a
+/// moment ago may be preempted.
+fn planning() -> Planning {
+    let mut p = Planning::with_agent_timeout(AGENT_TIMEOUT);
+    p.policy.preemption.min_run_s = 0;
+    p
 }
 
 async fn preempted_for(client: &tokio_postgres::Client, id: Uuid) -> Option<String> {
@@ -865,4 +877,135 @@ async fn the_quota_api_refuses_bad_terms_and_changes_nothing() {
     assert_eq!(c.list_quotas().await.unwrap().quotas, vec![replaced]);
     shutdown.cancel();
     server.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_waiting_normal_job_preempts_a_low_priority_one_and_no_more_while_it_stops() {
+    let (store, client) = raw("prioritypreempt").await;
+    let boot = register_fleet(&store, 1, 3).await; // 24 GPUs
+    let planning = planning();
+    let big = submit(&store, &job_at("acme", 16, 8, Priority::Low)).await;
+    let small = submit(&store, &job_at("acme", 8, 8, Priority::Low)).await;
+    assert_eq!(
+        run_pass_with(&store, &planning).await.unwrap().placements,
+        2
+    );
+    agent_sync(&store, boot, None).await;
+
+    // A dry run of a normal job says which job it would preempt.
+    let spec: JobSpec = serde_json::from_value(json!({"name": "n", "gpus": 8,
+        "gpus_per_worker": 8, "gpu_type": "h100", "estimated_duration_s": 60,
+        "command": ["true"]}))
+    .unwrap();
+    let d = dry_run(&store, "globex", &spec, &planning).await.unwrap();
+    assert_eq!(d.code, "waiting_for_preemption", "{d:?}");
+    assert_eq!(d.would_preempt.len(), 1, "{d:?}");
+    assert!([big, small].contains(&d.would_preempt[0]));
+    assert!(d.estimated_start.is_some());
+    // Nothing was written.
+    for id in [big, small] {
+        assert_eq!(
+            store.get_job("acme", id).await.unwrap().state,
+            JobState::Running
+        );
+    }
+
+    let normal = submit(&store, &job_at("globex", 8, 8, Priority::Normal)).await;
+    let first = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!((first.placements, first.preempted), (0, 1), "{first:?}");
+    let mut victims = Vec::new();
+    for id in [big, small] {
+        if store.get_job("acme", id).await.unwrap().state == JobState::Preempting {
+            victims.push(id);
+        }
+    }
+    assert_eq!(victims.len(), 1, "exactly one victim");
+    let victim = victims[0];
+    let last = store
+        .job_events("acme", victim)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert_eq!(last.kind, "preempted");
+    assert_eq!(last.detail["cause"], "priority");
+    assert_eq!(last.detail["for_job"], normal.to_string());
+    assert_eq!(
+        preempted_for(&client, victim).await,
+        Some(normal.to_string())
+    );
+
+    // While the victim stops, later passes choose no more victims for the
+    // same job, and explain says what it waits for.
+    for _ in 0..2 {
+        let again = run_pass_with(&store, &planning).await.unwrap();
+        assert_eq!((again.placements, again.preempted), (0, 0), "{again:?}");
+    }
+    let running = [big, small].iter().filter(|&&id| id != victim).count();
+    assert_eq!(running, 1);
+    let e = explain(&store, "globex", normal, &planning).await.unwrap();
+    assert_eq!(e.code, "waiting_for_preemption", "{e:?}");
+    assert!(e.message.contains(&victim.to_string()), "{}", e.message);
+    assert!(e.estimated_start.is_some());
+    let e = explain(&store, "acme", victim, &planning).await.unwrap();
+    assert_eq!(e.code, "preempting", "{e:?}");
+
+    // The victim checkpoints and stops; the normal job takes its GPUs.
+    agent_sync(&store, boot, Some("/ckpt/1")).await;
+    assert_eq!(
+        store.get_job("acme", victim).await.unwrap().state,
+        JobState::Queued
+    );
+    assert_eq!(preempted_for(&client, victim).await, None);
+    let placed = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!((placed.placements, placed.preempted), (1, 0), "{placed:?}");
+    assert_eq!(
+        store.get_job("globex", normal).await.unwrap().state,
+        JobState::Starting
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_under_its_guarantee_takes_back_gpus_lent_to_another() {
+    let (store, _client) = raw("reclaim").await;
+    let boot = register_fleet(&store, 1, 2).await; // 16 GPUs
+    store
+        .set_quota("acme", "h100", &terms(8, None, None))
+        .await
+        .unwrap();
+    let planning = planning();
+    // globex is guaranteed nothing but borrows the whole idle fleet.
+    let borrowed = submit(&store, &job_at("globex", 16, 8, Priority::Normal)).await;
+    assert_eq!(
+        run_pass_with(&store, &planning).await.unwrap().placements,
+        1
+    );
+    agent_sync(&store, boot, None).await;
+    // acme, holding nothing of its 8, takes them back.
+    let mine = submit(&store, &job_at("acme", 8, 8, Priority::Normal)).await;
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!(pass.preempted, 1, "{pass:?}");
+    let job = store.get_job("globex", borrowed).await.unwrap();
+    assert_eq!(job.state, JobState::Preempting);
+    let last = store
+        .job_events("globex", borrowed)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert_eq!(last.detail["cause"], "reclaim");
+    assert_eq!(last.detail["for_job"], mine.to_string());
+    agent_sync(&store, boot, Some("/ckpt/g")).await;
+    run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!(
+        store.get_job("acme", mine).await.unwrap().state,
+        JobState::Starting
+    );
+    // A tenant with no guarantee cannot do the same: globex's job waits.
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!(pass.preempted, 0, "{pass:?}");
+    assert_eq!(
+        store.get_job("acme", mine).await.unwrap().state,
+        JobState::Starting
+    );
 }
