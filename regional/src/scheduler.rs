@@ -279,11 +279,11 @@ pub async fn explain(
         );
     }
     if job.state == JobState::Preempting {
-        let down = job.workers.len() - pending;
+        let up = job.workers.len() - pending;
         return done(
             "preempting",
             format!(
-                "asked to checkpoint and stop ({down} of {} worker(s) not down yet); it \
+                "asked to checkpoint and stop ({up} of {} worker(s) not down yet); it \
                  requeues when all are, and resumes from its newest checkpoint",
                 job.workers.len()
             ),
