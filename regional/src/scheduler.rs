@@ -379,6 +379,7 @@ pub async fn dry_run(
         seq: u64::MAX,
         estimated_duration_s: spec.estimated_duration_s.max(0) as u64,
         min_workers: 0,
+        submitted: data.snapshot.now,
     };
     match spec.mode {
         // An array job starts worker by worker: probe its first worker.

@@ -246,6 +246,7 @@ fn gang(job: &str, gpus: u32, seq: u64) -> Request {
         seq,
         estimated_duration_s: 3600,
         min_workers: 0,
+        submitted: 0,
     }
 }
 

@@ -31,8 +31,9 @@ struct TenantQueue<'r> {
 }
 
 impl<'r> FairOrder<'r> {
-    /// `units` in queue order (priority, then age).
-    pub fn new(snapshot: &'r Snapshot, units: &[&'r Request]) -> FairOrder<'r> {
+    /// `units` in queue order (priority, then age); `size_aging_s` as
+    /// [`crate::Policy::size_aging_s`].
+    pub fn new(snapshot: &'r Snapshot, units: &[&'r Request], size_aging_s: u64) -> FairOrder<'r> {
         let mut capacity: BTreeMap<&str, u64> = BTreeMap::new();
         let mut seen: BTreeSet<&str> = BTreeSet::new();
         for node in &snapshot.nodes {
@@ -77,6 +78,16 @@ impl<'r> FairOrder<'r> {
                 }),
             }
         }
+        if size_aging_s > 0 {
+            for class in classes.iter_mut() {
+                for q in class.iter_mut() {
+                    // A stable sort: equal ranks keep queue order.
+                    q.units
+                        .make_contiguous()
+                        .sort_by_cached_key(|u| size_rank(u, snapshot.now, size_aging_s));
+                }
+            }
+        }
         FairOrder { classes, capacity }
     }
 
@@ -104,6 +115,17 @@ impl<'r> FairOrder<'r> {
             return Some(unit);
         }
     }
+}
+
+/// A unit's rank within its tenant's queue: the power of two of its
+/// estimated GPU-seconds (unknown: last), less one per `aging_s` waited.
+fn size_rank(unit: &Request, now: u64, aging_s: u64) -> i64 {
+    let size = match unit.estimated_duration_s {
+        0 => 64,
+        d => i64::from(63 - unit.gpus().saturating_mul(d).max(1).leading_zeros() as i32),
+    };
+    let waited = now.saturating_sub(unit.submitted) / aging_s;
+    size - i64::try_from(waited).unwrap_or(i64::MAX / 2)
 }
 
 /// Smaller goes first: under its guarantee, dominant share, unit age, tenant.

@@ -83,6 +83,10 @@
 //!   [`Share::history`], over [`Share::weight`]), then the oldest unit;
 //!   re-evaluated after every start or reservation, so one pass interleaves
 //!   tenants; `quotas` stay hard caps (borrowing limits);
+//! - within one tenant and class, smaller work first
+//!   ([`Policy::size_aging_s`]): units rank by the power of two of their
+//!   estimated GPU-seconds (unknown last), each `size_aging_s` of waiting
+//!   lifts a unit one rank, equal ranks keep submission order;
 //! - reservations for the first four units of each type that cannot start
 //!   (conservative backfill for the head of the queue), each computed on
 //!   what the earlier ones leave: their GPUs count as busy until they are

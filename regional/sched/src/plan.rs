@@ -182,7 +182,9 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
         let mut left: Vec<&Request> = Vec::new();
         let mut cut = false;
         let mut order = match kind {
-            PolicyKind::Gangway => Order::Fair(FairOrder::new(snapshot, &queue)),
+            PolicyKind::Gangway => {
+                Order::Fair(FairOrder::new(snapshot, &queue, policy.size_aging_s))
+            }
             _ => Order::Static(queue.clone().into_iter()),
         };
         while let Some(req) = order.next(&usage) {

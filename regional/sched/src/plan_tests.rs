@@ -55,6 +55,7 @@ pub(super) fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request
         seq: 0,
         estimated_duration_s: 0,
         min_workers: 0,
+        submitted: 0,
     }
 }
 
@@ -656,7 +657,18 @@ fn no_reservation_when_no_known_end_frees_enough() {
     let p = plan(&s, &policy(PolicyKind::Gangway));
     assert!(p.reservations.is_empty());
     assert_eq!(reason_of(&p, "head").code(), "no_capacity");
-    // Nothing reserved, so the long and short jobs start on n03 and n04.
+    // Nothing reserved, so the long and short jobs start on n03 and n04,
+    // the short one first (smaller work first).
+    assert_eq!(placed_on(&p, "short")[0].0, "h100-s0-l0-n03");
+    assert_eq!(placed_on(&p, "long")[0].0, "h100-s0-l0-n04");
+    // In plain submission order, the other way round.
+    let p = plan(
+        &s,
+        &Policy {
+            size_aging_s: 0,
+            ..policy(PolicyKind::Gangway)
+        },
+    );
     assert_eq!(placed_on(&p, "long")[0].0, "h100-s0-l0-n03");
     assert_eq!(placed_on(&p, "short")[0].0, "h100-s0-l0-n04");
 }

@@ -426,6 +426,37 @@ fn fair_share_lets_the_tenant_holding_less_go_first() {
 }
 
 #[test]
+fn within_a_tenant_smaller_work_goes_first_and_waiting_lifts_large_work() {
+    let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
+    s.now = 100_000;
+    let now = s.now;
+    let mut big = unit("big", "acme", 1, 1, 8, 0);
+    big.estimated_duration_s = 36_000;
+    big.submitted = now;
+    let mut small = unit("small", "acme", 1, 1, 1, 1);
+    small.estimated_duration_s = 60;
+    small.submitted = now;
+    s.queue = vec![big, small];
+    let p = plan(&s, &Policy::default());
+    assert_eq!(p.placements[0].job, "small");
+    assert!(p.placements.iter().all(|x| x.job != "big"));
+    // The big job has waited 20 hours: 20 ranks up, ahead of the small one.
+    s.queue[0].submitted = now - 20 * 3_600;
+    let p = plan(&s, &Policy::default());
+    assert_eq!(p.placements[0].job, "big");
+    // With size ordering off, submission order.
+    s.queue[0].submitted = now;
+    let p = plan(
+        &s,
+        &Policy {
+            size_aging_s: 0,
+            ..Policy::default()
+        },
+    );
+    assert_eq!(p.placements[0].job, "big");
+}
+
+#[test]
 fn weights_and_history_shape_the_split() {
     // An empty 6-GPU node; two tenants queue six 1-GPU units each.
     let mut s = at_now(fleet("h100", 1, 1, 1, 6, false), vec![]);

@@ -128,6 +128,10 @@ pub struct Request {
     /// elastic, all or nothing. The other disciplines place it whole.
     #[serde(default)]
     pub min_workers: u32,
+    /// When its job was submitted (snapshot clock): how long it has waited,
+    /// for [`Policy::size_aging_s`]. 0 when the caller does not say.
+    #[serde(default)]
+    pub submitted: u64,
 }
 
 impl Request {
@@ -314,7 +318,7 @@ pub enum PolicyKind {
 }
 
 /// Knobs of a pass.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     /// Stop the pass after this many placements; units not reached yet appear
     /// in neither list of the plan. `None` = no limit.
@@ -325,6 +329,31 @@ pub struct Policy {
     /// When Gangway's discipline preempts (the others never do).
     #[serde(default)]
     pub preemption: PreemptionPolicy,
+    /// Gangway's discipline: within one tenant and priority class, smaller
+    /// work first. Units are ranked by the power of two of their estimated
+    /// GPU-seconds (unknown estimates rank last), and each this many
+    /// seconds of waiting lifts a unit one rank, so large jobs catch up
+    /// instead of starving; equal ranks keep submission order. 0: plain
+    /// submission order.
+    #[serde(default = "Policy::default_size_aging_s")]
+    pub size_aging_s: u64,
+}
+
+impl Policy {
+    fn default_size_aging_s() -> u64 {
+        3_600
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            max_placements: None,
+            kind: PolicyKind::default(),
+            preemption: PreemptionPolicy::default(),
+            size_aging_s: Policy::default_size_aging_s(),
+        }
+    }
 }
 
 /// The rules of preemption under [`PolicyKind::Gangway`].

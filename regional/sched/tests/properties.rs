@@ -129,6 +129,7 @@ fn queue(estimates: bool) -> impl Strategy<Value = Vec<Request>> {
                         seq,
                         estimated_duration_s: est,
                         min_workers: 0,
+                        submitted: 0,
                     }
                 },
             )
@@ -288,6 +289,7 @@ fn gang_snapshot() -> impl Strategy<Value = Snapshot> {
                     seq: i,
                     estimated_duration_s: [0, 5, 10, 40, 200][rng.below(5) as usize],
                     min_workers: 0,
+                    submitted: 0,
                 })
                 .collect();
             Snapshot {
@@ -452,10 +454,22 @@ fn fair_pick(
         let under = held(&u.gpu_type) < u64::from(terms(&u.gpu_type).guaranteed);
         (!under, dominant, u.seq, t.to_string())
     };
-    // Each tenant's first unit in the top class (left is in queue order).
+    // Each tenant's next unit in the top class: the smallest work first,
+    // one rank per power of two of GPU-seconds (unknown last), lifted one
+    // rank per hour waited; then queue order (left is in queue order).
+    let rank = |u: &Request| -> i64 {
+        let size = match u.estimated_duration_s {
+            0 => 64,
+            d => (u.gpus() * d).max(1).ilog2() as i64,
+        };
+        size - (s.now.saturating_sub(u.submitted) / 3_600) as i64
+    };
     let mut firsts: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, u) in left.iter().enumerate().filter(|(_, u)| u.priority == top) {
-        firsts.entry(u.tenant.as_str()).or_insert(i);
+        let e = firsts.entry(u.tenant.as_str()).or_insert(i);
+        if rank(u) < rank(left[*e]) {
+            *e = i;
+        }
     }
     firsts
         .values()

@@ -539,6 +539,7 @@ impl<'a, 'p> Run<'a, 'p> {
             seq,
             estimated_duration_s: remaining.ceil() as u64,
             min_workers: 0,
+            submitted: spec.submit,
         }
     }
 

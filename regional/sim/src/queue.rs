@@ -219,6 +219,7 @@ mod tests {
             seq: u64::from(job),
             estimated_duration_s: 1,
             min_workers: 0,
+            submitted: 0,
         }
     }
 

@@ -193,6 +193,7 @@ impl Store {
                 seq: row.get::<_, i64>("seq") as u64,
                 estimated_duration_s: row.get::<_, i64>("estimated_duration_s").max(0) as u64,
                 min_workers: 0,
+                submitted: row.get::<_, DateTime<Utc>>("created_at").timestamp().max(0) as u64,
             };
             if mode == "gang" {
                 queue.push(Request {
