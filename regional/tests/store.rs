@@ -1009,3 +1009,34 @@ async fn a_tenant_under_its_guarantee_takes_back_gpus_lent_to_another() {
         JobState::Starting
     );
 }
+
+#[tokio::test]
+async fn a_checkpoint_reported_by_a_running_worker_is_where_the_work_at_risk_starts() {
+    let store = store("runningckpt").await;
+    let boot = register_fleet(&store, 1, 1).await;
+    let id = submit(&store, &job("acme", 8, 8)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    let wanted = agent_sync(&store, boot, None).await;
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    assert_eq!(snap.running[0].checkpointed, None);
+    let report = |checkpoint: &str| SyncRequest {
+        boot_id: boot,
+        workers: vec![WorkerReport {
+            job_id: id,
+            rank: 0,
+            attempt: wanted[0].attempt,
+            status: WorkerStatus::Running,
+            checkpoint: Some(checkpoint.into()),
+        }],
+    };
+    store
+        .sync_agent("agent-0", &report("/ckpt/a"), TIMING)
+        .await
+        .unwrap();
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    let at = snap.running[0].checkpointed.expect("checkpoint time");
+    assert!(snap.now.abs_diff(at) <= 2, "{at} vs {}", snap.now);
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Running);
+    assert_eq!(job.restore_from.as_deref(), Some("/ckpt/a"));
+}

@@ -215,6 +215,18 @@ async fn apply_reports(
         if *attempt != report.attempt {
             continue; // about an earlier placement
         }
+        if let Some(ckpt) = &report.checkpoint {
+            // A new checkpoint (reported with an exit, or by a running
+            // worker that checkpoints periodically) moves the time
+            // preemption counts the work at risk from; a repeated report
+            // changes nothing.
+            tx.execute(
+                "UPDATE jobs SET restore_from = $2, checkpointed_at = now()
+                 WHERE job_id = $1 AND restore_from IS DISTINCT FROM $2",
+                &[&key.0, ckpt],
+            )
+            .await?;
+        }
         match &report.status {
             WorkerStatus::Running => {
                 if state == "assigned" {
@@ -232,16 +244,6 @@ async fn apply_reports(
                 signal,
                 message,
             } => {
-                if let Some(ckpt) = &report.checkpoint {
-                    // A new checkpoint moves the time preemption counts the
-                    // work at risk from; a repeated report changes nothing.
-                    tx.execute(
-                        "UPDATE jobs SET restore_from = $2, checkpointed_at = now()
-                         WHERE job_id = $1 AND restore_from IS DISTINCT FROM $2",
-                        &[&key.0, ckpt],
-                    )
-                    .await?;
-                }
                 if state == "checkpointing" {
                     requeue_worker(tx, key.0, key.1, message.as_deref().unwrap_or("stopped"))
                         .await?;
