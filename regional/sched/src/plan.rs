@@ -128,9 +128,7 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
     // checkpoint deadline, whatever its estimate said.
     let leaving = |r: &Running| r.preempted_for.is_some();
     let running: Cow<[Running]> = if snapshot.running.iter().any(leaving) {
-        let by = snapshot
-            .now
-            .saturating_add(policy.preemption.checkpoint_deadline_s);
+        let deadline = policy.preemption.checkpoint_deadline_s;
         Cow::Owned(
             snapshot
                 .running
@@ -138,7 +136,7 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
                 .map(|r| {
                     let mut r = r.clone();
                     if leaving(&r) {
-                        r.expected_end = r.expected_end.min(by);
+                        r.expected_end = r.expected_end.min(r.leaves_by(snapshot.now, deadline));
                     }
                     r
                 })

@@ -149,13 +149,14 @@ pub(crate) fn choose(
             *usage.entry((&req.tenant, &req.gpu_type)).or_insert(0) += took;
         }
     }
-    let mut in_flight: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    // Per unit with victims in flight: the victims, and when the last is
+    // expected to be gone.
+    let mut in_flight: BTreeMap<&str, (Vec<String>, u64)> = BTreeMap::new();
     for r in &snapshot.running {
         if let Some(for_job) = &r.preempted_for {
-            in_flight
-                .entry(for_job.as_str())
-                .or_default()
-                .push(r.job.clone());
+            let entry = in_flight.entry(for_job.as_str()).or_default();
+            entry.0.push(r.job.clone());
+            entry.1 = entry.1.max(r.leaves_by(now, policy.checkpoint_deadline_s));
             if let Some(u) = usage.get_mut(&(r.tenant.as_str(), r.gpu_type.as_str())) {
                 *u = u.saturating_sub(r.gpu_count());
             }
@@ -194,10 +195,10 @@ pub(crate) fn choose(
             WaitReason::Reserved { start, .. } => *start > until || *start <= now,
             _ => continue,
         };
-        if let Some(victims) = in_flight.get(req.job.as_str()) {
+        if let Some((victims, by)) = in_flight.get(req.job.as_str()) {
             w.reason = WaitReason::Preempting {
                 victims: victims.clone(),
-                until,
+                until: *by,
             };
             continue;
         }

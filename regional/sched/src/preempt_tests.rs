@@ -121,6 +121,22 @@ fn a_normal_job_preempts_a_low_priority_one_and_waits_for_it() {
     let again = plan(&s, &Policy::default());
     assert!(again.preemptions.is_empty());
     assert_eq!(reason_of(&again, "n").code(), "waiting_for_preemption");
+    // Asked 100 s ago: expected gone 20 s from now, and that holds still.
+    s.running[0].preempted_at = Some(NOW - 100);
+    let again = plan(&s, &Policy::default());
+    assert_eq!(
+        *reason_of(&again, "n"),
+        WaitReason::Preempting {
+            victims: vec!["low".into()],
+            until: NOW + 20
+        }
+    );
+    // Past its deadline and still there: expected any moment.
+    s.running[0].preempted_at = Some(NOW - 500);
+    let again = plan(&s, &Policy::default());
+    assert!(
+        matches!(reason_of(&again, "n"), WaitReason::Preempting { until, .. } if *until == NOW)
+    );
 }
 
 #[test]

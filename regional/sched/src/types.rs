@@ -263,6 +263,11 @@ pub struct Running {
     /// never chosen again.
     #[serde(default)]
     pub preempted_for: Option<String>,
+    /// When it was asked to checkpoint and stop (with `preempted_for`):
+    /// its GPUs are expected free by this plus the checkpoint deadline.
+    /// `None`: assume now.
+    #[serde(default)]
+    pub preempted_at: Option<u64>,
     /// For an elastic unit: its shape, so the core can restart it larger
     /// when idle GPUs could hold more of its workers.
     #[serde(default)]
@@ -282,6 +287,15 @@ pub struct Elastic {
 }
 
 impl Running {
+    /// When a unit being preempted is expected to have let go of its GPUs:
+    /// the checkpoint deadline after it was asked, and not before `now`.
+    pub fn leaves_by(&self, now: u64, deadline_s: u64) -> u64 {
+        self.preempted_at
+            .unwrap_or(now)
+            .saturating_add(deadline_s)
+            .max(now)
+    }
+
     /// GPUs it holds.
     pub fn gpu_count(&self) -> u64 {
         self.gpus.iter().map(|(_, g)| g.len() as u64).sum()

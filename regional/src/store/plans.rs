@@ -253,6 +253,10 @@ impl Store {
                         j.preemptions,
                         CASE WHEN j.state = 'preempting' THEN coalesce(j.preempted_for, '')
                         END AS preempted_for,
+                        CASE WHEN j.state = 'preempting' THEN
+                            (SELECT extract(epoch FROM max(e.at))::bigint FROM job_events e
+                             WHERE e.job_id = j.job_id AND e.kind = 'preempted')
+                        END AS preempted_at,
                         array_agg(a.node_id ORDER BY a.node_id, a.gpu_index) AS nodes,
                         array_agg(a.gpu_index ORDER BY a.node_id, a.gpu_index) AS gpus
                  FROM allocations a JOIN jobs j ON j.job_id = a.job_id
@@ -288,6 +292,9 @@ impl Store {
                         .map(|t| t.max(0) as u64),
                     preemptions: row.get::<_, i32>("preemptions").max(0) as u32,
                     preempted_for: row.get("preempted_for"),
+                    preempted_at: row
+                        .get::<_, Option<i64>>("preempted_at")
+                        .map(|t| t.max(0) as u64),
                     elastic: None,
                 }
             })
