@@ -54,6 +54,8 @@ pub(crate) struct TypeState<'a> {
     ever: BTreeMap<u32, [u64; 4]>,
     /// Whether a unit started after a reservation of this round.
     pub backfilled: bool,
+    /// [`crate::Policy::locality_patience_pct`].
+    patience_pct: u32,
 }
 
 /// How one unit's decision came out.
@@ -70,7 +72,7 @@ struct ViewFit {
 }
 
 impl<'a> TypeState<'a> {
-    pub fn new(ty: &'a str, index: TypeIndex<'a>) -> TypeState<'a> {
+    pub fn new(ty: &'a str, index: TypeIndex<'a>, patience_pct: u32) -> TypeState<'a> {
         TypeState {
             ty,
             index,
@@ -80,6 +82,7 @@ impl<'a> TypeState<'a> {
             timeline: None,
             ever: BTreeMap::new(),
             backfilled: false,
+            patience_pct,
         }
     }
 
@@ -334,7 +337,22 @@ impl<'a> TypeState<'a> {
         self.timeline(known);
         let tl = self.timeline.as_mut().expect("just built");
         let ask = Ask { req, stop, ever };
-        let found = earliest_start(&mut self.index, tl, known, &ask)?;
+        let mut found = earliest_start(&mut self.index, tl, known, &ask)?;
+        // Waiting for the preferred level is worth it only while the
+        // delay stays within the patience: a share of its own run time, the
+        // price a wider placement would roughly cost it.
+        let patience = req
+            .estimated_duration_s
+            .saturating_mul(u64::from(self.patience_pct))
+            / 100;
+        if stop < req.required && found.start > found.first_any.saturating_add(patience) {
+            let ask = Ask {
+                req,
+                stop: req.required,
+                ever,
+            };
+            found = earliest_start(&mut self.index, tl, known, &ask)?;
+        }
         let until = timeline::end_of(found.start, req.estimated_duration_s).unwrap_or(NO_END);
         let mut held = Vec::new();
         for (slot, gpus) in &found.gpus {

@@ -95,8 +95,11 @@
 //!   one domain of `min(preferred, required)` holds it, or of the lowest
 //!   level one domain of which could ever hold it if that is higher (so a
 //!   gang that prefers a leaf waits for a leaf rather than reserving a
-//!   scattered set that frees sooner); Slurm-like reserves at the earliest
-//!   time at any level up to `required`.
+//!   scattered set that frees sooner), but only while that start is within
+//!   [`Policy::locality_patience_pct`] of its estimated run time after the
+//!   first start at any level it allows; beyond, it reserves that first
+//!   start. Slurm-like reserves at the earliest time at any level up to
+//!   `required`.
 //!
 //! - after the rounds, waiting units may preempt (`preempt.rs`,
 //!   [`Plan::preemptions`], [`WaitReason::Preempting`]): `normal` and

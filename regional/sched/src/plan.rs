@@ -121,7 +121,12 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
     }
     let mut types: BTreeMap<&str, TypeState> = by_type
         .into_iter()
-        .map(|(t, nodes)| (t, TypeState::new(t, TypeIndex::build(nodes))))
+        .map(|(t, nodes)| {
+            (
+                t,
+                TypeState::new(t, TypeIndex::build(nodes), policy.locality_patience_pct),
+            )
+        })
         .collect();
     let id_sorted = keep.is_none();
     // A unit being preempted is expected to let go of its GPUs by the

@@ -770,6 +770,30 @@ fn gangway_waits_for_the_preferred_leaf_where_slurm_reserves_a_scattered_set() {
 }
 
 #[test]
+fn gangway_waits_for_its_preferred_level_only_within_its_patience() {
+    // The leaf frees 10 s after the scattered set. A 100 s gang waits 10 s
+    // (within 25 % of its run); a 20 s gang does not (patience 5 s) and
+    // reserves the scattered set, as Slurm-like does.
+    let mut s = two_leaves_freeing();
+    let mut gang = with("gang", 2, 8, Level::Region, 0, 20);
+    gang.preferred = Level::Leaf;
+    s.queue = vec![gang];
+    let p = plan(&s, &policy(PolicyKind::Gangway));
+    assert_eq!(p.reservations[0].start, 10);
+    assert_eq!(p.reservations[0].level, Level::Spine);
+    // More patience: it waits for the leaf again.
+    let p = plan(
+        &s,
+        &Policy {
+            locality_patience_pct: 50,
+            ..policy(PolicyKind::Gangway)
+        },
+    );
+    assert_eq!(p.reservations[0].start, 20);
+    assert_eq!(p.reservations[0].level, Level::Leaf);
+}
+
+#[test]
 fn gangway_reserves_for_several_gangs_where_easy_reserves_for_one() {
     // Leaf 0 frees whole at t=10; leaf 1 has one free node now and frees the
     // other at t=20. Gang 1 gets leaf 0; gang 2 needs leaf 1 at t=20.

@@ -217,6 +217,9 @@ pub(crate) struct Found {
     pub start: u64,
     pub level: Level,
     pub gpus: Vec<SlotGpus>,
+    /// The first instant the unit fit at any level up to `required`
+    /// (at most `start`).
+    pub first_any: u64,
 }
 
 /// What to look for.
@@ -545,6 +548,7 @@ pub(crate) fn earliest_start<'a>(
 
     let level = lowest?;
     let start = first_at[level.index()];
+    let first_any = first_at[req.required.index()].min(start);
     replay.rewind_after(start);
     let dom = replay.best_fit(level)?;
     // Copy the domain's replayed nodes into the index, place, and undo.
@@ -564,6 +568,7 @@ pub(crate) fn earliest_start<'a>(
         start,
         level,
         gpus: place::gpus_of(index, &picks, gpw),
+        first_any,
     });
     for (slot, gpus) in &copied {
         index.remove(*slot, gpus);

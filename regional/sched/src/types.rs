@@ -351,11 +351,22 @@ pub struct Policy {
     /// submission order.
     #[serde(default = "Policy::default_size_aging_s")]
     pub size_aging_s: u64,
+    /// Gangway's discipline: a gang that cannot start now waits for a
+    /// domain of its preferred level only while that start is no later than
+    /// this percentage of its estimated run time after the first start at
+    /// any level it allows; beyond that it reserves where it can start
+    /// first (spread wider, but sooner).
+    #[serde(default = "Policy::default_locality_patience_pct")]
+    pub locality_patience_pct: u32,
 }
 
 impl Policy {
     fn default_size_aging_s() -> u64 {
         3_600
+    }
+
+    fn default_locality_patience_pct() -> u32 {
+        25
     }
 }
 
@@ -366,6 +377,7 @@ impl Default for Policy {
             kind: PolicyKind::default(),
             preemption: PreemptionPolicy::default(),
             size_aging_s: Policy::default_size_aging_s(),
+            locality_patience_pct: Policy::default_locality_patience_pct(),
         }
     }
 }
