@@ -197,6 +197,7 @@ fn spec(gpus: i64, estimated_s: i64, command: &[&str]) -> JobSpec {
         env: Default::default(),
         gpus_per_worker: None,
         mode: JobMode::Gang,
+        min_gpus: None,
         topology: Default::default(),
         region: None,
     }
@@ -415,6 +416,10 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         (r#"{"gpus":8,"name":"x","gpu_type":"h100","estimated_duration_s":60,"command":[]}"#.into(), 422, "invalid_spec"),
         (r#"{"gpus":8,"name":"x","gpu_type":"h100","estimated_duration_s":-5,"command":["x"]}"#.into(), 422, "invalid_spec"),
         (r#"{"gpus":8,"name":"x","gpu_type":"h100","estimated_duration_s":5,"command":["x"],"env":{"RANK":"0"}}"#.into(), 422, "invalid_spec"),
+        (format!(r#"{{"gpus":16,"gpus_per_worker":8,"min_gpus":12,{valid}}}"#), 422, "invalid_min_gpus"),
+        (format!(r#"{{"gpus":16,"gpus_per_worker":8,"min_gpus":24,{valid}}}"#), 422, "invalid_min_gpus"),
+        (format!(r#"{{"gpus":8,"min_gpus":0,{valid}}}"#), 422, "invalid_min_gpus"),
+        (format!(r#"{{"gpus":4,"mode":"array","min_gpus":2,{valid}}}"#), 422, "invalid_min_gpus"),
     ];
     for (body, status, want) in cases {
         let got = code(
@@ -827,5 +832,127 @@ async fn the_scheduler_preempts_a_low_priority_job_for_a_normal_one_and_the_low_
     let normal_events = cloud.client.events(normal.id).await.unwrap().events;
     let placed = normal_events.iter().find(|e| e.kind == "placed").unwrap();
     assert!(placed.at > preempted.at, "{normal_events:?} {events:?}");
+    assert_eq!(cloud.allocated_gpus().await, 0);
+}
+
+/// Like [`RESUMABLE_TRAINER`], and each start also records the world size
+/// its run was given.
+const ELASTIC_TRAINER: &str = r#"
+    echo "attempt $GANGWAY_ATTEMPT world $WORLD_SIZE $GANGWAY_WORLD_SIZE restore ${GANGWAY_RESTORE_FROM:-none}" >> "$OUT/rank-$RANK.log"
+    if [ -n "$GANGWAY_RESTORE_FROM" ]; then
+        [ -f "$GANGWAY_RESTORE_FROM/state" ] || exit 7
+        exit 0
+    fi
+    checkpoint() {
+        tmp="$GANGWAY_CHECKPOINT_DIR/.tmp-$RANK-$$"
+        mkdir -p "$tmp" && echo "world $WORLD_SIZE" > "$tmp/state"
+        mv "$tmp" "$GANGWAY_CHECKPOINT_DIR/ckpt-attempt-$GANGWAY_ATTEMPT-rank-$RANK"
+    }
+    trap 'checkpoint; exit 0' USR1
+    while true; do sleep 0.05; done
+"#;
+
+/// Waits until `path` holds a line containing `want`; returns the text.
+async fn wait_line(path: &Path, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(want) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never said {want:?}: {text}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_elastic_job_starts_on_what_is_free_grows_when_a_job_ends_and_resumes_larger() {
+    let cloud = Cloud::start("real").await;
+    let out: PathBuf = cloud.dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let out_env = out.to_string_lossy().into_owned();
+    // Another job holds one of the two nodes until it is released.
+    let mut other = spec(
+        8,
+        60,
+        &[
+            "sh",
+            "-c",
+            "while [ ! -f \"$OUT/release\" ]; do sleep 0.05; done",
+        ],
+    );
+    other.gpus_per_worker = Some(8);
+    other.env.insert("OUT".into(), out_env.clone());
+    let other = cloud.client.submit(&other, None).await.unwrap();
+    wait_state(&cloud.client, other.id, JobState::Running).await;
+
+    // An elastic job of 4 workers × 4 GPUs that may run with 1: 2 fit.
+    let mut s = spec(16, 3600, &["sh", "-c", ELASTIC_TRAINER]);
+    s.gpus_per_worker = Some(4);
+    s.min_gpus = Some(4);
+    s.env.insert("OUT".into(), out_env);
+    let job = cloud.client.submit(&s, None).await.unwrap();
+    let running = wait_state(&cloud.client, job.id, JobState::Running).await;
+    assert_eq!(running.run_workers, Some(2), "{running:?}");
+    assert_eq!(running.spec.min_gpus, Some(4));
+    for rank in 0..2 {
+        let text = wait_line(&out.join(format!("rank-{rank}.log")), "attempt 1").await;
+        assert!(text.contains("attempt 1 world 2 2 restore none"), "{text}");
+    }
+    assert!(
+        !out.join("rank-2.log").exists(),
+        "rank 2 is not part of the run"
+    );
+
+    // The other job ends; the elastic job is asked to checkpoint, requeues
+    // and restarts with all 4 workers from its checkpoint, and finishes.
+    std::fs::write(out.join("release"), "").unwrap();
+    wait_state(&cloud.client, other.id, JobState::Succeeded).await;
+    let done = wait_state(&cloud.client, job.id, JobState::Succeeded).await;
+    assert_eq!(done.run_workers, Some(4));
+    assert_eq!(done.preemptions, 1);
+    assert!(done
+        .workers
+        .iter()
+        .all(|w| w.state == WorkerState::Succeeded));
+    let restore = done
+        .restore_from
+        .clone()
+        .expect("a checkpoint to restore from");
+    assert!(restore.contains("ckpt-attempt-1"), "{restore}");
+    assert!(Path::new(&restore).join("state").exists());
+    for rank in 0..4 {
+        let text = std::fs::read_to_string(out.join(format!("rank-{rank}.log"))).unwrap();
+        // Ranks 0 and 1 start a second time, ranks 2 and 3 a first.
+        let attempt = if rank < 2 { 2 } else { 1 };
+        assert!(
+            text.contains(&format!("attempt {attempt} world 4 4 restore {restore}")),
+            "rank {rank}: {text}"
+        );
+    }
+
+    let events = cloud.client.events(job.id).await.unwrap().events;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "queued",
+            "placed",
+            "started",
+            "preempted",
+            "requeued",
+            "placed",
+            "started",
+            "finished"
+        ]
+    );
+    assert_eq!(events[1].detail["world_size"], 2);
+    assert_eq!(events[3].detail["cause"], "grow");
+    assert_eq!(events[3].detail["for_job"], job.id.to_string());
+    assert_eq!(events[5].detail["world_size"], 4);
     assert_eq!(cloud.allocated_gpus().await, 0);
 }

@@ -79,6 +79,11 @@ pub struct SubmitArgs {
     /// GPUs per worker process (default 1).
     #[arg(long)]
     gpus_per_worker: Option<i64>,
+    /// Make the gang elastic: start with the most workers that fit, at
+    /// least this many GPUs' worth (a multiple of --gpus-per-worker), and
+    /// grow by a checkpointed restart as capacity frees.
+    #[arg(long)]
+    min_gpus: Option<i64>,
     #[arg(long)]
     priority: Option<Priority>,
     /// Estimated run time in seconds.
@@ -139,6 +144,7 @@ impl SubmitArgs {
                 env: BTreeMap::new(),
                 gpus_per_worker: None,
                 mode: JobMode::Gang,
+                min_gpus: None,
                 topology: TopologySpec::default(),
                 region: None,
             },
@@ -154,6 +160,9 @@ impl SubmitArgs {
         }
         if self.gpus_per_worker.is_some() {
             spec.gpus_per_worker = self.gpus_per_worker;
+        }
+        if self.min_gpus.is_some() {
+            spec.min_gpus = self.min_gpus;
         }
         if let Some(v) = self.priority {
             spec.priority = v;
@@ -230,6 +239,7 @@ pub async fn run(cmd: JobCommand) -> anyhow::Result<u8> {
                     if let Some(at) = d.estimated_start {
                         println!("estimated start: {}", at.format("%Y-%m-%d %H:%M:%S UTC"));
                     }
+                    print!("{}", would_preempt_text(&d.would_preempt));
                 }
                 return Ok(0);
             }
@@ -321,6 +331,21 @@ pub async fn run(cmd: JobCommand) -> anyhow::Result<u8> {
     }
 }
 
+/// The dry run's would-be victims, one per line; nothing when there are none.
+fn would_preempt_text(victims: &[Uuid]) -> String {
+    if victims.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "would preempt {} running job(s) (asked to checkpoint and stop, then requeued):\n",
+        victims.len()
+    );
+    for v in victims {
+        out.push_str(&format!("  {v}\n"));
+    }
+    out
+}
+
 fn event_row(e: &gangway_shared::api::JobEvent) -> Vec<String> {
     vec![
         e.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
@@ -382,7 +407,7 @@ fn print_jobs(conn: &Conn, jobs: &[Job], single: bool) -> anyhow::Result<()> {
                 j.id.to_string(),
                 j.name.clone(),
                 j.state.to_string(),
-                format!("{}×{}", j.spec.gpus, j.spec.gpu_type),
+                gpus_cell(j),
                 j.region.clone(),
                 nodes.len().to_string(),
                 j.reason.clone().unwrap_or_default(),
@@ -397,6 +422,17 @@ fn print_jobs(conn: &Conn, jobs: &[Job], single: bool) -> anyhow::Result<()> {
         )
     );
     Ok(())
+}
+
+/// `16×h100`; an elastic gang running with fewer workers: `8/16×h100`.
+fn gpus_cell(j: &Job) -> String {
+    let per = j.spec.gpus_per_worker();
+    match j.run_workers {
+        Some(n) if j.spec.min_gpus.is_some() && i64::from(n) * per < j.spec.gpus => {
+            format!("{}/{}×{}", i64::from(n) * per, j.spec.gpus, j.spec.gpu_type)
+        }
+        _ => format!("{}×{}", j.spec.gpus, j.spec.gpu_type),
+    }
 }
 
 /// Left-aligned columns separated by two spaces.
@@ -557,4 +593,53 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<u8> {
         );
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Submit {
+        #[command(flatten)]
+        args: SubmitArgs,
+    }
+
+    fn spec_of(argv: &[&str]) -> anyhow::Result<JobSpec> {
+        let mut all = vec!["submit"];
+        all.extend_from_slice(argv);
+        Submit::try_parse_from(all)?.args.spec()
+    }
+
+    #[test]
+    fn min_gpus_makes_the_gang_elastic() {
+        let s = spec_of(&[
+            "--gpus",
+            "32",
+            "--gpus-per-worker",
+            "8",
+            "--min-gpus",
+            "16",
+            "--gpu-type",
+            "h100",
+            "--",
+            "train",
+        ])
+        .unwrap();
+        assert_eq!(s.min_gpus, Some(16));
+        assert_eq!(s.min_workers(), Some(2));
+        let plain = spec_of(&["--gpus", "8", "--gpu-type", "h100", "--", "train"]).unwrap();
+        assert_eq!(plain.min_gpus, None);
+        assert!(!serde_json::to_string(&plain).unwrap().contains("min_gpus"));
+    }
+
+    #[test]
+    fn the_dry_run_text_names_the_jobs_it_would_preempt() {
+        assert_eq!(would_preempt_text(&[]), "");
+        let a = Uuid::new_v4();
+        let text = would_preempt_text(&[a]);
+        assert!(text.starts_with("would preempt 1 running job(s)"), "{text}");
+        assert!(text.contains(&format!("  {a}\n")), "{text}");
+    }
 }

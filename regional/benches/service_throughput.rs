@@ -137,6 +137,7 @@ fn main() -> anyhow::Result<()> {
                         env: Default::default(),
                         gpus_per_worker: Some(size(i).min(8)),
                         mode: JobMode::Gang,
+                        min_gpus: None,
                         topology: Default::default(),
                         region: None,
                     };

@@ -246,10 +246,14 @@ pub async fn explain(
 ) -> Result<gangway_shared::api::Explanation, StoreError> {
     use gangway_shared::api::{Explanation, JobState, WorkerState};
     let job = store.get_job(tenant, id).await?;
+    // A gang placed with fewer than all its ranks (elastic) runs with ranks
+    // 0 … run_workers − 1; the others are not part of the run.
+    let total = job.workers.len();
+    let size = job.run_workers.map_or(total, |n| (n as usize).min(total));
     let pending = job
         .workers
         .iter()
-        .filter(|w| w.state == WorkerState::Pending)
+        .filter(|w| (w.rank as usize) < size && w.state == WorkerState::Pending)
         .count();
     let done = |code: &str, message: String, estimated_start| {
         Ok(Explanation {
@@ -279,13 +283,12 @@ pub async fn explain(
         );
     }
     if job.state == JobState::Preempting {
-        let up = job.workers.len() - pending;
+        let up = size - pending;
         return done(
             "preempting",
             format!(
-                "asked to checkpoint and stop ({up} of {} worker(s) not down yet); it \
-                 requeues when all are, and resumes from its newest checkpoint",
-                job.workers.len()
+                "asked to checkpoint and stop ({up} of {size} worker(s) not down yet); it \
+                 requeues when all are, and resumes from its newest checkpoint"
             ),
             None,
         );
@@ -301,11 +304,18 @@ pub async fn explain(
         } else {
             "starting"
         };
+        let elastic = if size < total {
+            format!(
+                " (elastic: running with {size} of its {total} workers; it restarts larger from \
+                 a checkpoint when capacity frees)"
+            )
+        } else {
+            String::new()
+        };
         return done(
             code,
             format!(
-                "{} worker(s) placed on {} node(s); {}",
-                job.workers.len(),
+                "{size} worker(s) placed on {} node(s); {}{elastic}",
                 nodes.len(),
                 if code == "running" {
                     "all started"
@@ -378,7 +388,11 @@ pub async fn dry_run(
         priority: spec.priority.rank(),
         seq: u64::MAX,
         estimated_duration_s: spec.estimated_duration_s.max(0) as u64,
-        min_workers: 0,
+        // An elastic gang may start with fewer workers.
+        min_workers: match spec.mode {
+            JobMode::Gang => spec.min_workers().unwrap_or(0).max(0) as u32,
+            JobMode::Array => 0,
+        },
         submitted: data.snapshot.now,
     };
     match spec.mode {
@@ -395,11 +409,11 @@ pub async fn dry_run(
         .expect("the planner does not panic");
     let region = store.region().to_string();
     // Running jobs the planner would ask to checkpoint and stop for the
-    // would-be job.
+    // would-be job (never an elastic job's own restart to grow).
     let would_preempt: Vec<uuid::Uuid> = planned
         .preemptions
         .iter()
-        .filter(|p| p.for_job == PROBE)
+        .filter(|p| p.for_job == PROBE && p.cause != gangway_sched::PreemptCause::Grow)
         .filter_map(|p| uuid::Uuid::parse_str(&p.job).ok())
         .collect();
     if let Some(p) = planned.placements.iter().find(|p| p.job == PROBE) {
@@ -419,11 +433,16 @@ pub async fn dry_run(
             gangway_sched::Level::Spine => TopologyLevel::Spine,
             gangway_sched::Level::Region => TopologyLevel::Region,
         };
+        let elastic = if spec.mode == JobMode::Gang && p.ranks.len() < workers as usize {
+            format!(" with {} of its {workers} workers (elastic)", p.ranks.len())
+        } else {
+            String::new()
+        };
         return Ok(DryRun {
             region,
             code: "would_start".into(),
             message: format!(
-                "would start now on {} node(s) within one {} domain",
+                "would start now{elastic} on {} node(s) within one {} domain",
                 nodes.len(),
                 lvl
             ),

@@ -63,6 +63,6 @@ fn describe() {
     describe_counter!(
         "gangway_preemptions_total",
         "Running jobs asked to checkpoint and stop, by cause: priority, reclaim (a tenant \
-         taking back its guarantee) or operator"
+         taking back its guarantee), grow (an elastic job restarting larger) or operator"
     );
 }

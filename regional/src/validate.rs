@@ -96,6 +96,7 @@ mod tests {
             env: Default::default(),
             gpus_per_worker: None,
             mode: JobMode::Gang,
+            min_gpus: None,
             topology: TopologySpec::default(),
             region: None,
         }

@@ -1040,3 +1040,356 @@ async fn a_checkpoint_reported_by_a_running_worker_is_where_the_work_at_risk_sta
     assert_eq!(job.state, JobState::Running);
     assert_eq!(job.restore_from.as_deref(), Some("/ckpt/a"));
 }
+
+// ---------------------------------------------------------------------------
+// Elastic gangs: start with the workers that fit, grow by a checkpointed
+// restart when capacity frees, restart smaller after a preemption.
+
+/// An elastic gang of `gpus` GPUs in workers of `per`, which may run with
+/// as few as `min_gpus`.
+fn elastic(tenant: &str, gpus: i32, per: i32, min_gpus: i64, priority: Priority) -> NewJob {
+    let mut j = job_at(tenant, gpus, per, priority);
+    j.spec.min_gpus = Some(min_gpus);
+    j
+}
+
+/// Reports, as the agent would, how workers ended: (job, rank, exit code)
+/// for the attempt the region last assigned.
+async fn report_exits(
+    store: &Store,
+    boot: Uuid,
+    wanted: &[Assignment],
+    exits: &[(Uuid, u32, i32)],
+) {
+    let workers: Vec<serde_json::Value> = exits
+        .iter()
+        .map(|&(job, rank, code)| {
+            let a = wanted
+                .iter()
+                .find(|a| a.job_id == job && a.rank == rank)
+                .expect("an assignment for the worker");
+            json!({"job_id": job, "rank": rank, "attempt": a.attempt,
+                   "status": "exited", "exit_code": code})
+        })
+        .collect();
+    // Built from JSON, so that fields the protocol gains later default.
+    let req: SyncRequest =
+        serde_json::from_value(json!({"boot_id": boot, "workers": workers})).unwrap();
+    store.sync_agent("agent-0", &req, TIMING).await.unwrap();
+}
+
+fn of_job(wanted: &[Assignment], job: Uuid) -> Vec<&Assignment> {
+    wanted.iter().filter(|a| a.job_id == job).collect()
+}
+
+#[tokio::test]
+async fn an_elastic_gang_starts_with_the_workers_that_fit_and_only_they_make_its_run() {
+    let (store, _client) = raw("elasticstart").await;
+    let boot = register_fleet(&store, 1, 4).await; // 32 GPUs
+    let planning = planning();
+    let blocker = submit(&store, &job_at("globex", 8, 8, Priority::Normal)).await;
+    assert_eq!(
+        run_pass_with(&store, &planning).await.unwrap().placements,
+        1
+    );
+    agent_sync(&store, boot, None).await;
+
+    // 4 workers of 8 GPUs, at least 2: 3 fit now. A dry run says so.
+    let e = elastic("acme", 32, 8, 16, Priority::Normal);
+    let d = dry_run(&store, "acme", &e.spec, &planning).await.unwrap();
+    assert_eq!(d.code, "would_start", "{d:?}");
+    assert!(d.message.contains("with 3 of its 4 workers"), "{d:?}");
+    assert_eq!(d.nodes.len(), 3);
+    let id = submit(&store, &e).await;
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!((pass.placements, pass.placed_workers), (1, 3), "{pass:?}");
+
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Starting);
+    assert_eq!(job.run_workers, Some(3));
+    assert_eq!(job.spec.min_gpus, Some(16));
+    let states: Vec<WorkerState> = job.workers.iter().map(|w| w.state).collect();
+    use WorkerState::{Assigned, Pending};
+    assert_eq!(states, [Assigned, Assigned, Assigned, Pending]);
+    assert!(job.workers[3].node.is_none());
+    let placed = store.job_events("acme", id).await.unwrap().pop().unwrap();
+    assert_eq!(placed.kind, "placed");
+    assert!(
+        placed.message.contains("3 of 4 workers"),
+        "{}",
+        placed.message
+    );
+    assert_eq!(placed.detail["world_size"], 3);
+    assert_eq!(placed.detail["ranks"], json!([0, 1, 2]));
+
+    // The snapshot: its last rank is not queued, and it runs as an elastic
+    // unit of 3 of at most 4 workers.
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    assert!(
+        snap.queue.iter().all(|r| r.job != id.to_string()),
+        "{:?}",
+        snap.queue
+    );
+    let run = snap
+        .running
+        .iter()
+        .find(|r| r.job == id.to_string())
+        .unwrap();
+    assert_eq!(
+        run.elastic,
+        Some(gangway_sched::Elastic {
+            workers: 3,
+            max_workers: 4,
+            gpus_per_worker: 8,
+            required: gangway_sched::Level::Region,
+        })
+    );
+    let plain = snap
+        .running
+        .iter()
+        .find(|r| r.job == blocker.to_string())
+        .unwrap();
+    assert_eq!(plain.elastic, None);
+
+    // Its workers are told the run's world size; the run has started once
+    // those 3 run.
+    let wanted = agent_sync(&store, boot, None).await;
+    let mine = of_job(&wanted, id);
+    assert_eq!(mine.len(), 3);
+    assert!(mine.iter().all(|a| a.world_size == 3), "{mine:?}");
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Running);
+    let e = explain(&store, "acme", id, &planning).await.unwrap();
+    assert_eq!(e.code, "running", "{e:?}");
+    assert!(e.message.contains("3 of its 4 workers"), "{}", e.message);
+    // Nothing more is placed for it, and nothing is idle to grow on.
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!((pass.placements, pass.preempted), (0, 0), "{pass:?}");
+
+    // The run's 3 workers succeed: the job has succeeded.
+    let exits: Vec<(Uuid, u32, i32)> = (0..3).map(|r| (id, r, 0)).collect();
+    report_exits(&store, boot, &wanted, &exits).await;
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+    assert_eq!(job.run_workers, Some(3));
+    assert_eq!(
+        job.workers[3].state,
+        WorkerState::Pending,
+        "not part of the run"
+    );
+    let finished = store.job_events("acme", id).await.unwrap().pop().unwrap();
+    assert!(
+        finished.message.contains("3 of 3 worker(s) succeeded"),
+        "{}",
+        finished.message
+    );
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!(
+        pass.placements, 0,
+        "a finished job's other ranks are not queued"
+    );
+
+    // Another: one worker of its run fails; the run stops and the job
+    // fails, its rank outside the run untouched.
+    let failing = submit(&store, &elastic("acme", 32, 8, 8, Priority::Normal)).await;
+    assert_eq!(
+        run_pass_with(&store, &planning)
+            .await
+            .unwrap()
+            .placed_workers,
+        3
+    );
+    let wanted = agent_sync(&store, boot, None).await;
+    assert_eq!(
+        store.get_job("acme", failing).await.unwrap().state,
+        JobState::Running
+    );
+    report_exits(&store, boot, &wanted, &[(failing, 1, 3)]).await;
+    let job = store.get_job("acme", failing).await.unwrap();
+    assert_eq!(job.reason.as_deref(), Some("worker_failed"));
+    assert_eq!(job.workers[0].state, WorkerState::Stopping);
+    assert_eq!(job.workers[3].state, WorkerState::Pending);
+    agent_sync(&store, boot, None).await; // the others stop
+    let job = store.get_job("acme", failing).await.unwrap();
+    assert_eq!(job.state, JobState::Failed, "{job:?}");
+    let finished = store
+        .job_events("acme", failing)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert!(
+        finished
+            .message
+            .contains("0 of 3 worker(s) succeeded, 1 failed"),
+        "{}",
+        finished.message
+    );
+    let (caps, _, _) = store.capacity(AGENT_TIMEOUT).await.unwrap();
+    assert_eq!(caps[0].allocated, 8, "only the first job's GPUs are held");
+}
+
+#[tokio::test]
+async fn an_elastic_gang_grows_by_a_checkpointed_restart_when_capacity_frees() {
+    let (store, client) = raw("elasticgrow").await;
+    let boot = register_fleet(&store, 1, 4).await; // 32 GPUs
+    let planning = planning();
+    let blocker = submit(&store, &job_at("globex", 16, 8, Priority::Normal)).await;
+    run_pass_with(&store, &planning).await.unwrap();
+    let id = submit(&store, &elastic("acme", 32, 8, 8, Priority::Normal)).await;
+    assert_eq!(
+        run_pass_with(&store, &planning)
+            .await
+            .unwrap()
+            .placed_workers,
+        2
+    );
+    let wanted = agent_sync(&store, boot, None).await;
+    assert!(of_job(&wanted, id).iter().all(|a| a.world_size == 2));
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().run_workers,
+        Some(2)
+    );
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!(pass.preempted, 0, "nothing idle yet: {pass:?}");
+
+    // The other job ends: 16 GPUs idle, which nobody waits for.
+    report_exits(&store, boot, &wanted, &[(blocker, 0, 0), (blocker, 1, 0)]).await;
+    assert_eq!(
+        store.get_job("globex", blocker).await.unwrap().state,
+        JobState::Succeeded
+    );
+    // A dry run meanwhile never lists a restart to grow as a victim.
+    let spec: JobSpec = serde_json::from_value(json!({"name": "n", "gpus": 8,
+        "gpus_per_worker": 8, "gpu_type": "h100", "estimated_duration_s": 60,
+        "command": ["true"]}))
+    .unwrap();
+    let d = dry_run(&store, "globex", &spec, &planning).await.unwrap();
+    assert_eq!(d.code, "would_start", "{d:?}");
+    assert!(d.would_preempt.is_empty(), "{d:?}");
+
+    // The scheduler asks the elastic gang to checkpoint and restart larger.
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!((pass.placements, pass.preempted), (0, 1), "{pass:?}");
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Preempting);
+    let preempted = store.job_events("acme", id).await.unwrap().pop().unwrap();
+    assert_eq!(preempted.kind, "preempted");
+    assert_eq!(preempted.detail["cause"], "grow");
+    assert_eq!(preempted.detail["for_job"], id.to_string());
+    assert!(
+        preempted.message.contains("restart larger"),
+        "{}",
+        preempted.message
+    );
+    assert_eq!(preempted_for(&client, id).await, Some(id.to_string()));
+    let e = explain(&store, "acme", id, &planning).await.unwrap();
+    assert!(e.message.contains("of 2 worker(s) not down yet"), "{e:?}");
+    // While it stops, no pass asks again or places its other ranks.
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!((pass.placements, pass.preempted), (0, 0), "{pass:?}");
+
+    // It checkpoints and stops; it requeues whole and restarts with all 4
+    // workers from its checkpoint.
+    let asked = agent_sync(&store, boot, Some("/ckpt/e-1")).await;
+    assert!(of_job(&asked, id)
+        .iter()
+        .all(|a| a.desired == Desired::Checkpoint));
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Queued);
+    assert_eq!(job.run_workers, None);
+    assert!(job.workers.iter().all(|w| w.state == WorkerState::Pending));
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!((pass.placements, pass.placed_workers), (1, 4), "{pass:?}");
+    let wanted = agent_sync(&store, boot, None).await;
+    let mine = of_job(&wanted, id);
+    assert_eq!(mine.len(), 4);
+    for a in &mine {
+        assert_eq!(a.world_size, 4);
+        assert_eq!(a.restore_from.as_deref(), Some("/ckpt/e-1"));
+    }
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!((job.state, job.run_workers), (JobState::Running, Some(4)));
+    assert_eq!(job.preemptions, 1);
+    let kinds: Vec<String> = (store.job_events("acme", id).await.unwrap().into_iter())
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "queued",
+            "placed",
+            "started",
+            "preempted",
+            "requeued",
+            "placed",
+            "started"
+        ]
+    );
+    // The restart to grow does not count against the cap on priority
+    // preemptions; at its maximum, it grows no more.
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    let run = snap
+        .running
+        .iter()
+        .find(|r| r.job == id.to_string())
+        .unwrap();
+    assert_eq!(run.preemptions, 0);
+    assert_eq!(
+        run.elastic.map(|e| (e.workers, e.max_workers)),
+        Some((4, 4))
+    );
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!((pass.placements, pass.preempted), (0, 0), "{pass:?}");
+}
+
+#[tokio::test]
+async fn a_preempted_elastic_gang_restarts_smaller() {
+    let (store, _client) = raw("elasticshrink").await;
+    let boot = register_fleet(&store, 1, 4).await; // 32 GPUs
+    let planning = planning();
+    let id = submit(&store, &elastic("acme", 32, 8, 8, Priority::Low)).await;
+    assert_eq!(
+        run_pass_with(&store, &planning)
+            .await
+            .unwrap()
+            .placed_workers,
+        4
+    );
+    agent_sync(&store, boot, None).await;
+
+    // A normal gang needs 2 nodes: the low elastic gang is preempted.
+    let normal = submit(&store, &job_at("globex", 16, 8, Priority::Normal)).await;
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!(pass.preempted, 1, "{pass:?}");
+    let preempted = store.job_events("acme", id).await.unwrap().pop().unwrap();
+    assert_eq!(preempted.detail["cause"], "priority");
+    assert_eq!(preempted.detail["for_job"], normal.to_string());
+    agent_sync(&store, boot, Some("/ckpt/e-7")).await;
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Queued
+    );
+
+    // One pass starts the normal gang and the elastic one again, on the 2
+    // nodes left.
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!((pass.placements, pass.placed_workers), (2, 4), "{pass:?}");
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.run_workers, Some(2));
+    let wanted = agent_sync(&store, boot, None).await;
+    let mine = of_job(&wanted, id);
+    assert_eq!(mine.len(), 2);
+    for a in &mine {
+        assert_eq!(a.world_size, 2);
+        assert_eq!(a.restore_from.as_deref(), Some("/ckpt/e-7"));
+    }
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
+    assert_eq!(
+        store.get_job("globex", normal).await.unwrap().state,
+        JobState::Running
+    );
+}

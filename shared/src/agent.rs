@@ -111,6 +111,9 @@ pub struct Assignment {
     pub desired: Desired,
     pub node_id: String,
     pub gpus: Vec<u32>,
+    /// The number of workers of this run of the job (`WORLD_SIZE`,
+    /// `GANGWAY_WORLD_SIZE`): an elastic gang may run with fewer than all of
+    /// its ranks, and the next run may have another count.
     pub world_size: u32,
     pub local_rank: u32,
     pub master_addr: String,

@@ -69,6 +69,16 @@ pub struct JobSpec {
     /// Default `gang`.
     #[serde(default)]
     pub mode: JobMode,
+    /// Makes a gang **elastic**: the fewest GPUs it may run with, a
+    /// multiple of `gpus_per_worker` from `gpus_per_worker` to `gpus`. When
+    /// all of `gpus` do not fit, it starts with the most workers that do (at
+    /// least `min_gpus / gpus_per_worker`; ranks 0 … n−1, and `WORLD_SIZE`
+    /// is n), and grows by a checkpointed restart when capacity frees; a
+    /// preempted elastic job may restart smaller. Absent: all or nothing.
+    /// Gang mode only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 100000)]
+    pub min_gpus: Option<i64>,
     /// Default: no requirement, closest placement preferred.
     #[serde(default)]
     pub topology: TopologySpec,
@@ -89,6 +99,16 @@ impl JobSpec {
             self.gpus / per
         } else {
             0
+        }
+    }
+    /// The fewest workers an elastic job may run with (`min_gpus /
+    /// gpus_per_worker`); `None` when it is not elastic. Only meaningful
+    /// once validated.
+    pub fn min_workers(&self) -> Option<i64> {
+        let per = self.gpus_per_worker();
+        match self.min_gpus {
+            Some(m) if per > 0 => Some(m / per),
+            _ => None,
         }
     }
 }
@@ -387,7 +407,15 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub workers: Vec<Worker>,
-    /// How often the job was preempted (checkpointed, stopped, requeued).
+    /// How many workers its current run was placed with (ranks 0 … n−1; the
+    /// run's `WORLD_SIZE`), or its last run's once it ended; absent while it
+    /// waits to be placed, and for array jobs. Below `gpus /
+    /// gpus_per_worker` only for an elastic job (`min_gpus`): its other
+    /// ranks stay `pending` and are not part of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_workers: Option<u32>,
+    /// How often the job was preempted (checkpointed, stopped, requeued),
+    /// elastic restarts to grow included.
     #[serde(default)]
     pub preemptions: u32,
     /// The checkpoint its next start resumes from, if it has one.

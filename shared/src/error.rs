@@ -28,6 +28,9 @@ pub mod codes {
     /// `gpus` or `gpus_per_worker` is zero, negative, absurd, or does not
     /// divide (422).
     pub const INVALID_GPUS: &str = "invalid_gpus";
+    /// `min_gpus` of an elastic job is not a multiple of `gpus_per_worker`
+    /// between `gpus_per_worker` and `gpus`, or is set on an array job (422).
+    pub const INVALID_MIN_GPUS: &str = "invalid_min_gpus";
     /// No node of this region has GPUs of that type (422).
     pub const UNKNOWN_GPU_TYPE: &str = "unknown_gpu_type";
     /// The job is larger than the region could ever hold (422).
@@ -90,6 +93,7 @@ pub mod codes {
         MALFORMED_JSON,
         INVALID_SPEC,
         INVALID_GPUS,
+        INVALID_MIN_GPUS,
         UNKNOWN_GPU_TYPE,
         EXCEEDS_REGION_CAPACITY,
         UNSATISFIABLE_TOPOLOGY,

@@ -2,7 +2,7 @@
 //! touches any region, and regions run them again.
 
 use crate::api::{
-    JobSpec, MAX_ARGS, MAX_DURATION_S, MAX_GPUS_PER_WORKER, MAX_JOB_GPUS, MAX_NAME_LEN,
+    JobMode, JobSpec, MAX_ARGS, MAX_DURATION_S, MAX_GPUS_PER_WORKER, MAX_JOB_GPUS, MAX_NAME_LEN,
 };
 use crate::error::codes;
 
@@ -55,6 +55,25 @@ pub fn check_spec(spec: &JobSpec) -> Result<(), Invalid> {
                 spec.gpus
             ),
         ));
+    }
+    if let Some(min) = spec.min_gpus {
+        if spec.mode != JobMode::Gang {
+            return Err(invalid(
+                codes::INVALID_MIN_GPUS,
+                "min_gpus makes a gang elastic; an array job already starts worker by worker \
+                 (drop min_gpus, or use \"mode\": \"gang\")",
+            ));
+        }
+        if min < 1 || min > spec.gpus || min % per != 0 {
+            return Err(invalid(
+                codes::INVALID_MIN_GPUS,
+                format!(
+                    "min_gpus must be a multiple of gpus_per_worker ({per}) between {per} and \
+                     gpus ({}), got {min}",
+                    spec.gpus
+                ),
+            ));
+        }
     }
     let type_ok = !spec.gpu_type.is_empty()
         && spec.gpu_type.len() <= 64
@@ -150,6 +169,46 @@ mod tests {
         let mut s = spec(12);
         s.gpus_per_worker = Some(8);
         assert_eq!(check_spec(&s).unwrap_err().code, codes::INVALID_GPUS);
+    }
+
+    #[test]
+    fn min_gpus_must_be_a_whole_number_of_workers_within_the_gang() {
+        let elastic = |gpus: i64, per: i64, min: i64| {
+            let mut s = spec(gpus);
+            s.gpus_per_worker = Some(per);
+            s.min_gpus = Some(min);
+            s
+        };
+        for ok in [elastic(32, 8, 8), elastic(32, 8, 32), elastic(4, 1, 1)] {
+            assert_eq!(check_spec(&ok), Ok(()), "{ok:?}");
+            assert!(ok.min_workers().unwrap() >= 1);
+        }
+        assert_eq!(elastic(32, 8, 16).min_workers(), Some(2));
+        assert_eq!(spec(8).min_workers(), None);
+        for bad in [
+            elastic(32, 8, 0),
+            elastic(32, 8, -8),
+            elastic(32, 8, 4),
+            elastic(32, 8, 12),
+            elastic(32, 8, 40),
+        ] {
+            assert_eq!(
+                check_spec(&bad).unwrap_err().code,
+                codes::INVALID_MIN_GPUS,
+                "{bad:?}"
+            );
+        }
+        let mut array = elastic(4, 1, 2);
+        array.mode = JobMode::Array;
+        assert_eq!(
+            check_spec(&array).unwrap_err().code,
+            codes::INVALID_MIN_GPUS
+        );
+        // An invalid gang size is reported as such first.
+        assert_eq!(
+            check_spec(&elastic(12, 8, 8)).unwrap_err().code,
+            codes::INVALID_GPUS
+        );
     }
 
     #[test]

@@ -235,6 +235,7 @@ struct Acc {
     at_risk_gpu_s: f64,
     preempt_priority: u64,
     preempt_reclaim: u64,
+    preempt_grow: u64,
     victims_finished: u64,
     checkpoint_timeouts: u64,
     node_failures: u64,
@@ -804,14 +805,16 @@ impl<'a, 'p> Run<'a, 'p> {
         match p.cause {
             PreemptCause::Priority => self.acc.preempt_priority += 1,
             PreemptCause::Reclaim => self.acc.preempt_reclaim += 1,
-            // The simulator runs no elastic jobs yet.
-            PreemptCause::Grow => {}
+            // The simulator runs no elastic jobs yet, so the core never
+            // restarts one larger; counted in the total if it did.
+            PreemptCause::Grow => self.acc.preempt_grow += 1,
         }
         self.acc.at_risk_gpu_s += p.at_risk_gpu_s as f64;
         let tenant = self.spec(job).tenant as usize;
         self.tenants[tenant].preempted += 1;
         let entry = &mut self.snap.running[self.running_at[job as usize] as usize];
         entry.preempted_for = Some(p.for_job.clone());
+        entry.preempted_at = Some(self.now);
         entry.preemptions = preemptions;
         entry.expected_end = entry.expected_end.min(stop_at);
         self.events.push(Reverse((stop_at, EV_STOP, job, attempt)));
@@ -1196,7 +1199,7 @@ impl<'a, 'p> Run<'a, 'p> {
             gpu_hours: acc.alloc_total / 3600.0,
             gpu_hours_lost_to_failures: acc.lost_failures_gpu_s / 3600.0,
             gpu_hours_lost_to_preemption: acc.lost_preempt_gpu_s / 3600.0,
-            preemptions: acc.preempt_priority + acc.preempt_reclaim,
+            preemptions: acc.preempt_priority + acc.preempt_reclaim + acc.preempt_grow,
             preemptions_priority: acc.preempt_priority,
             preemptions_reclaim: acc.preempt_reclaim,
             preemption_victims_finished: acc.victims_finished,

@@ -318,16 +318,17 @@ fn quota_caps_hold_a_tenant_to_its_share() {
 
 #[test]
 fn stranded_gpus_count_while_a_gang_fits_the_total_but_no_node() {
-    // Two nodes. At t=0 four 4-GPU jobs fill them in order (A, B on the
-    // first node, C, D on the second, whatever the fit rule); B and D end at
-    // t=10, leaving 4 free GPUs on each node. G (8 GPUs, arriving at t=20)
-    // fits the free count but no node, and waits until A and C end at 1,000:
-    // 8 of 16 GPUs stranded over the whole time a job waits.
+    // Two nodes. Four 4-GPU jobs arrive one second apart and fill them in
+    // order (A, B on the first node, C, D on the second, whatever the fit
+    // rule and the queue order, since each pass places one); B and D end at
+    // t=11 and 13, leaving 4 free GPUs on each node. G (8 GPUs, arriving at
+    // t=20) fits the free count but no node, and waits until A ends at
+    // 1,000: 8 of 16 GPUs stranded over the whole time a job waits.
     let t = trace(&[
         (0, 1000.0, 4, "x"),
-        (0, 10.0, 4, "x"),
-        (0, 1000.0, 4, "x"),
-        (0, 10.0, 4, "x"),
+        (1, 10.0, 4, "x"),
+        (2, 1000.0, 4, "x"),
+        (3, 10.0, 4, "x"),
         (20, 10.0, 8, "x"),
     ]);
     let sim = Simulation::new(&t, &fleet(1, 2), SimConfig::default()).unwrap();

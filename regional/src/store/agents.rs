@@ -353,7 +353,8 @@ async fn load_assignments(
     let rows = tx
         .query(
             "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
-                    w.local_rank, j.workers, j.mode::text AS mode, j.spec, j.restore_from,
+                    w.local_rank, coalesce(j.run_workers, j.workers) AS world_size,
+                    j.mode::text AS mode, j.spec, j.restore_from,
                     n.address, m.address AS master_addr
              FROM workers w
              JOIN nodes n ON n.node_id = w.node_id
@@ -391,7 +392,9 @@ async fn load_assignments(
             },
             node_id: row.get("node_id"),
             gpus: gpus.into_iter().map(|g| g as u32).collect(),
-            world_size: row.get::<_, i32>("workers") as u32,
+            // The workers of this run (an elastic gang may run with fewer
+            // than all of its ranks).
+            world_size: row.get::<_, i32>("world_size") as u32,
             local_rank: row.get::<_, Option<i32>>("local_rank").unwrap_or(0) as u32,
             master_addr: if gang {
                 row.get::<_, Option<String>>("master_addr")

@@ -75,10 +75,12 @@ impl Store {
                  job AS (
                      INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
                                        gpus, gpus_per_worker, workers, priority,
-                                       required_level, preferred_level, estimated_duration_s)
+                                       required_level, preferred_level, estimated_duration_s,
+                                       min_workers)
                      SELECT $1::uuid, $2::text, $3::text, $4::jsonb, $5::text, $6::text::job_mode,
                             $7::text, $8::int, $9::int, $10::int, $11::smallint,
-                            $12::text::topology_level, $13::text::topology_level, $14::bigint
+                            $12::text::topology_level, $13::text::topology_level, $14::bigint,
+                            $19::int
                      FROM lock WHERE lock.got
                      ON CONFLICT DO NOTHING
                      RETURNING job_id, created_at),
@@ -99,7 +101,23 @@ impl Store {
             job.gpus,
             mode_str(job.mode)
         );
-        let detail = json!({"gpus": job.gpus, "gpu_type": job.gpu_type, "workers": job.workers});
+        // An elastic gang's minimum comes from its spec (validated).
+        let min_workers: Option<i32> = match job.mode {
+            JobMode::Gang => job.spec.min_workers().map(|m| m as i32),
+            JobMode::Array => None,
+        };
+        let message = match min_workers {
+            Some(m) if m < job.workers => format!(
+                "{message}; elastic: starts with {m} to {} worker(s)",
+                job.workers
+            ),
+            _ => message,
+        };
+        let mut detail =
+            json!({"gpus": job.gpus, "gpu_type": job.gpu_type, "workers": job.workers});
+        if let Some(m) = min_workers {
+            detail["min_workers"] = json!(m);
+        }
         let row = conn
             .query_one(
                 &submit,
@@ -122,6 +140,7 @@ impl Store {
                     &key_lock(job.id),
                     &message,
                     &detail,
+                    &min_workers,
                 ],
             )
             .await?;
@@ -166,6 +185,7 @@ impl Store {
                     exit_code: None,
                 })
                 .collect(),
+            run_workers: None,
             preemptions: 0,
             restore_from: None,
         }
@@ -383,10 +403,15 @@ pub(super) async fn insert_event(
 
 /// Moves a job to the state its workers imply. Idempotent: call it after any
 /// change to a job's workers, inside the same transaction.
+///
+/// Only the workers of the current run count: for a gang placed with
+/// `run_workers` of its ranks (an elastic gang may start with fewer than
+/// all), ranks from `run_workers` on are not part of the run and stay
+/// `pending`; the run succeeds, fails or requeues with the others.
 pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()> {
     let row = tx
         .query_one(
-            "SELECT j.state::text AS state, j.mode::text AS mode, j.reason,
+            "SELECT j.state::text AS state, j.mode::text AS mode, j.reason, j.run_workers,
                     count(*) FILTER (WHERE w.state = 'pending')    AS pending,
                     count(*) FILTER (WHERE w.state = 'assigned')   AS assigned,
                     count(*) FILTER (WHERE w.state = 'running')    AS running,
@@ -397,6 +422,7 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
                     count(*) AS total
              FROM jobs j JOIN workers w USING (job_id)
              WHERE j.job_id = $1
+               AND (j.run_workers IS NULL OR w.rank < j.run_workers)
              GROUP BY j.job_id",
             &[&job_id],
         )
@@ -404,6 +430,8 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
     let state: String = row.get("state");
     let mode: String = row.get("mode");
     let reason: Option<String> = row.get("reason");
+    // Ranks from here on are not part of the current run.
+    let run_end: i32 = row.get::<_, Option<i32>>("run_workers").unwrap_or(i32::MAX);
     let n = |c: &str| row.get::<_, i64>(c);
     let (pending, assigned, running, stopping, checkpointing) = (
         n("pending"),
@@ -422,7 +450,8 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
         if assigned + running + stopping + checkpointing == 0 {
             let restore: Option<String> = tx
                 .query_one(
-                    "UPDATE jobs SET state = 'queued', preempted_for = NULL WHERE job_id = $1
+                    "UPDATE jobs SET state = 'queued', preempted_for = NULL, run_workers = NULL
+                     WHERE job_id = $1
                      RETURNING restore_from",
                     &[&job_id],
                 )
@@ -459,8 +488,8 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
         tx.execute(
             "UPDATE workers SET state = 'cancelled', finished_at = now(),
                     message = 'gang stopped: another worker failed'
-             WHERE job_id = $1 AND state = 'pending'",
-            &[&job_id],
+             WHERE job_id = $1 AND state = 'pending' AND rank < $2",
+            &[&job_id, &run_end],
         )
         .await?;
         return Box::pin(settle_job(tx, job_id)).await;
@@ -583,10 +612,20 @@ pub(crate) async fn preempt_in_tx(
         PreemptBy::Operator { .. } => "",
         PreemptBy::Scheduler { for_job, .. } => for_job,
     };
+    // A restart to grow counts as a preemption, but not against the cap on
+    // priority preemptions (`grows`).
+    let grow = matches!(
+        by,
+        PreemptBy::Scheduler {
+            cause: gangway_sched::PreemptCause::Grow,
+            ..
+        }
+    );
     tx.execute(
-        "UPDATE jobs SET state = 'preempting', preemptions = preemptions + 1, preempted_for = $2
+        "UPDATE jobs SET state = 'preempting', preemptions = preemptions + 1, preempted_for = $2,
+                grows = grows + CASE WHEN $3 THEN 1 ELSE 0 END
          WHERE job_id = $1",
-        &[&id, &for_job],
+        &[&id, &for_job, &grow],
     )
     .await?;
     let (message, detail) = match by {

@@ -16,6 +16,11 @@
 //!   last sync; an agent can always tell us again what it has.
 //! - `quotas`: operator-set terms per tenant and GPU type: guaranteed GPUs,
 //!   fair-share weight (thousandths) and an optional cap.
+//! - `jobs.min_workers`, `jobs.run_workers`, `jobs.grows`: an elastic
+//!   gang's minimum; how many workers (ranks 0 … n−1) its current run was
+//!   placed with, which decides which workers make the run and the world
+//!   size agents are told; how many of its preemptions were restarts to
+//!   grow (not counted against the cap on priority preemptions).
 //! - `jobs.checkpointed_at`, `jobs.preempted_for`: what preemption decides
 //!   from (work at risk since the last checkpoint; a preemption in flight and
 //!   whom it makes room for, so a later pass does not pick more victims).

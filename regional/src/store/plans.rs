@@ -166,10 +166,11 @@ impl Store {
                 "SELECT j.job_id, j.tenant, j.gpu_type, j.gpus_per_worker, j.priority, j.seq,
                         j.mode::text AS mode, j.required_level::text AS required,
                         j.preferred_level::text AS preferred, j.created_at,
-                        j.estimated_duration_s,
+                        j.estimated_duration_s, j.min_workers,
                         array_agg(w.rank ORDER BY w.rank) AS ranks
                  FROM workers w JOIN jobs j ON j.job_id = w.job_id
                  WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
+                   AND j.run_workers IS NULL
                  GROUP BY j.job_id",
                 &[],
             )
@@ -196,8 +197,11 @@ impl Store {
                 submitted: row.get::<_, DateTime<Utc>>("created_at").timestamp().max(0) as u64,
             };
             if mode == "gang" {
+                // An elastic gang may start with a prefix of its ranks.
+                let min_workers = row.get::<_, Option<i32>>("min_workers").unwrap_or(0);
                 queue.push(Request {
                     ranks: ranks.iter().map(|&r| r as u32).collect(),
+                    min_workers: min_workers.max(0) as u32,
                     ..base
                 });
             } else {
@@ -258,7 +262,11 @@ impl Store {
                              WHERE e.job_id = j.job_id AND e.kind = 'preempted')
                         END AS preempted_at,
                         array_agg(a.node_id ORDER BY a.node_id, a.gpu_index) AS nodes,
-                        array_agg(a.gpu_index ORDER BY a.node_id, a.gpu_index) AS gpus
+                        array_agg(a.gpu_index ORDER BY a.node_id, a.gpu_index) AS gpus,
+                        j.preemptions - j.grows AS capped_preemptions,
+                        CASE WHEN j.mode = 'gang' AND j.min_workers < j.workers
+                             THEN j.run_workers END AS elastic_workers,
+                        j.workers, j.gpus_per_worker, j.required_level::text AS required
                  FROM allocations a JOIN jobs j ON j.job_id = a.job_id
                  WHERE a.released_at IS NULL
                  GROUP BY a.job_id, j.job_id
@@ -290,12 +298,22 @@ impl Store {
                     checkpointed: row
                         .get::<_, Option<i64>>("checkpointed")
                         .map(|t| t.max(0) as u64),
-                    preemptions: row.get::<_, i32>("preemptions").max(0) as u32,
+                    // Restarts to grow do not count against the cap.
+                    preemptions: row.get::<_, i32>("capped_preemptions").max(0) as u32,
                     preempted_for: row.get("preempted_for"),
                     preempted_at: row
                         .get::<_, Option<i64>>("preempted_at")
                         .map(|t| t.max(0) as u64),
-                    elastic: None,
+                    // An elastic gang's shape, so the core may restart it
+                    // larger.
+                    elastic: row.get::<_, Option<i32>>("elastic_workers").map(|workers| {
+                        gangway_sched::Elastic {
+                            workers: workers.max(0) as u32,
+                            max_workers: row.get::<_, i32>("workers").max(0) as u32,
+                            gpus_per_worker: row.get::<_, i32>("gpus_per_worker").max(0) as u32,
+                            required: level_from_db(row.get("required")),
+                        }
+                    }),
                 }
             })
             .collect();
@@ -497,6 +515,8 @@ async fn apply_placements(
             .map(|r| ((r.get(0), r.get(1)), r.get(2)))
             .collect();
 
+        let runs = record_runs(tx, plan).await?;
+
         // One allocation row per GPU; the unique index refuses a GPU that is
         // already held, whatever this code believes.
         let meta_rows = tx
@@ -576,10 +596,11 @@ async fn apply_placements(
                 nodes.entry(w.node.as_str()).or_default().extend(&w.gpus);
             }
             let gpus: usize = nodes.values().map(Vec::len).sum();
-            let ranks = if p.ranks.len() == 1 {
-                format!("worker {}", p.ranks[0])
-            } else {
-                format!("{} workers", p.ranks.len())
+            let job = parse_job(&p.job)?;
+            let ranks = match runs.get(&job) {
+                Some(&(run, of)) if run < of => format!("{run} of {of} workers (elastic)"),
+                _ if p.ranks.len() == 1 => format!("worker {}", p.ranks[0]),
+                _ => format!("{} workers", p.ranks.len()),
             };
             e_job.push(parse_job(&p.job)?);
             e_msg.push(format!(
@@ -587,12 +608,16 @@ async fn apply_placements(
                 nodes.len(),
                 p.level.as_str()
             ));
-            e_detail.push(json!({
+            let mut detail = json!({
                 "level": p.level.as_str(),
                 "ranks": p.ranks,
                 "nodes": nodes.iter().map(|(n, g)| json!({"node": n, "gpus": g})).collect::<Vec<_>>(),
                 "generation": generation,
-            }));
+            });
+            if let Some(&(run, _)) = runs.get(&job) {
+                detail["world_size"] = json!(run);
+            }
+            e_detail.push(detail);
         }
         tx.execute(
             "INSERT INTO job_events (job_id, kind, message, detail)
@@ -602,6 +627,54 @@ async fn apply_placements(
         .await?;
         Ok(w_job.len())
     }
+}
+
+/// Records how many workers each placed gang runs with (`jobs.run_workers`)
+/// and returns, per gang, (workers placed, workers of the job). A gang's
+/// placement must cover its ranks 0 … n−1: all of them, or, for an elastic
+/// gang, at least its `min_workers`; otherwise the plan is rejected whole.
+async fn record_runs(
+    tx: &tokio_postgres::Transaction<'_>,
+    plan: &Plan,
+) -> Result<BTreeMap<Uuid, (i32, i32)>> {
+    let ids: Vec<Uuid> = (plan.placements.iter())
+        .map(|p| parse_job(&p.job))
+        .collect::<Result<_>>()?;
+    let rows = tx
+        .query(
+            "SELECT job_id, workers, min_workers FROM jobs
+             WHERE job_id = ANY($1) AND mode = 'gang'",
+            &[&ids],
+        )
+        .await?;
+    let gangs: BTreeMap<Uuid, (i32, Option<i32>)> = rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    let mut runs = BTreeMap::new();
+    for (p, job) in plan.placements.iter().zip(ids) {
+        let Some(&(workers, min)) = gangs.get(&job) else {
+            continue; // an array worker
+        };
+        let n = p.ranks.len() as i32;
+        let prefix = p.ranks.iter().enumerate().all(|(i, &r)| r as usize == i);
+        if !prefix || n > workers || (n < workers && min.is_none_or(|m| n < m)) {
+            return Err(StoreError::StalePlan(format!(
+                "the placement of gang {job} covers ranks {:?}, not ranks 0 … n−1 of its \
+                 {workers} with n at least its minimum",
+                p.ranks
+            )));
+        }
+        runs.insert(job, (n, workers));
+    }
+    let (run_jobs, run_n): (Vec<Uuid>, Vec<i32>) = runs.iter().map(|(j, (n, _))| (*j, *n)).unzip();
+    tx.execute(
+        "UPDATE jobs j SET run_workers = x.n
+         FROM unnest($1::uuid[], $2::int[]) AS x(job_id, n) WHERE j.job_id = x.job_id",
+        &[&run_jobs, &run_n],
+    )
+    .await?;
+    Ok(runs)
 }
 
 impl Store {

@@ -8,7 +8,8 @@ use uuid::Uuid;
 
 /// Columns every job query selects, in the shape [`job_from_row`] reads.
 pub(super) const JOB_COLUMNS: &str = "j.job_id, j.tenant, j.spec, j.name, j.state::text AS state, \
-     j.reason, j.created_at, j.started_at, j.finished_at, j.preemptions, j.restore_from";
+     j.reason, j.created_at, j.started_at, j.finished_at, j.preemptions, j.restore_from, \
+     j.run_workers";
 
 pub(super) const WORKER_COLUMNS: &str = "w.job_id, w.rank, w.state::text AS state, w.node_id, \
      w.gpus, w.exit_code";
@@ -36,6 +37,7 @@ pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job
             env: Default::default(),
             gpus_per_worker: None,
             mode: Default::default(),
+            min_gpus: None,
             topology: Default::default(),
             region: None,
         }),
@@ -44,6 +46,9 @@ pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job
         finished_at: row.get("finished_at"),
         reason: row.get("reason"),
         workers,
+        run_workers: row
+            .get::<_, Option<i32>>("run_workers")
+            .map(|n| n.max(0) as u32),
         preemptions: row.get::<_, i32>("preemptions").max(0) as u32,
         restore_from: row.get("restore_from"),
     }

@@ -137,6 +137,7 @@ async fn start(
         .env("GANGWAY_JOB_ID", spec.key.job_id.to_string())
         .env("RANK", spec.key.rank.to_string())
         .env("WORLD_SIZE", spec.world_size.to_string())
+        .env("GANGWAY_WORLD_SIZE", spec.world_size.to_string())
         .env("LOCAL_RANK", spec.local_rank.to_string())
         .env("MASTER_ADDR", &spec.master_addr)
         .env("MASTER_PORT", spec.master_port.to_string())
@@ -327,7 +328,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = sh(
             "echo $RANK $WORLD_SIZE $LOCAL_RANK $CUDA_VISIBLE_DEVICES $GANGWAY_JOB_ID > out; \
-             echo $MASTER_ADDR $MASTER_PORT $GANGWAY_NODE_ID $GANGWAY_ATTEMPT $EXTRA >> out",
+             echo $MASTER_ADDR $MASTER_PORT $GANGWAY_NODE_ID $GANGWAY_ATTEMPT $GANGWAY_WORLD_SIZE \
+             $EXTRA >> out",
         );
         // The assignment's env comes first; the contract's names win.
         spec.env.insert("RANK".into(), "99".into());
@@ -339,7 +341,7 @@ mod tests {
         assert_eq!(
             out,
             format!(
-                "1 4 1 2,3 {}\n10.0.0.7 29500 node-a 0 from-env\n",
+                "1 4 1 2,3 {}\n10.0.0.7 29500 node-a 0 4 from-env\n",
                 spec.key.job_id
             )
         );
