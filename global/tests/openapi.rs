@@ -233,7 +233,7 @@ fn job_spec_schema_matches_the_contract() {
     ] {
         assert!(required.contains(field), "{field} is not required");
     }
-    for optional in ["priority", "env", "mode", "topology", "region"] {
+    for optional in ["priority", "env", "mode", "topology", "region", "min_gpus"] {
         assert!(!required.contains(optional), "{optional} is required");
     }
     assert_eq!(
@@ -248,6 +248,11 @@ fn job_spec_schema_matches_the_contract() {
     assert_eq!(p["estimated_duration_s"]["maximum"], MAX_DURATION_S);
     assert_eq!(p["max_duration_s"]["maximum"], MAX_DURATION_S);
     assert_eq!(p["command"]["maxItems"], MAX_ARGS);
+    assert_eq!(p["min_gpus"]["minimum"], 1);
+    assert_eq!(p["min_gpus"]["maximum"], MAX_JOB_GPUS);
+    // A job says how many workers its current run has.
+    let job = &doc["components"]["schemas"]["Job"]["properties"];
+    assert!(job.get("run_workers").is_some(), "{job}");
     assert_eq!(
         p["name"]["maxLength"],
         gangway_shared::api::MAX_NAME_LEN as u64

@@ -143,9 +143,10 @@ async fn claim(
         (status = 422, description = openapi::errors(
             "The spec is invalid or can never run (the message says what to fix), or the \
              Idempotency-Key was used before with a different body.",
-            &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::UNKNOWN_GPU_TYPE,
-              codes::EXCEEDS_REGION_CAPACITY, codes::UNSATISFIABLE_TOPOLOGY,
-              codes::WRONG_REGION, codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
+            &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_MIN_GPUS,
+              codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
+              codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION,
+              codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
         (status = 429, response = openapi::RateLimited),
         (status = 502, description = openapi::errors(
             "A region gave an answer that could not be understood; retry with the same \
@@ -640,8 +641,9 @@ pub async fn regions(
         (status = 415, response = openapi::UnsupportedMediaType),
         (status = 422, description = openapi::errors(
             "The spec is invalid or can never run.",
-            &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::UNKNOWN_GPU_TYPE,
-              codes::EXCEEDS_REGION_CAPACITY, codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION]),
+            &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_MIN_GPUS,
+              codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
+              codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION]),
             body = ErrorBody),
         (status = 429, response = openapi::RateLimited),
         (status = 503, response = openapi::RegionUnavailable),
