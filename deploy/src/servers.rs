@@ -58,6 +58,11 @@ pub struct RegionArgs {
     /// Seconds to wait for the database at start-up.
     #[arg(long, default_value_t = 60)]
     pub database_wait_s: u64,
+    /// The node-health policy (TOML: XID classes, ECC, thermal and NVLink
+    /// limits, suspect/lost silences, flap damping, repair); unset fields
+    /// keep their defaults (docs/operations.md).
+    #[arg(long)]
+    pub health_policy: Option<PathBuf>,
     /// A public key (PEM) that verifies service and agent tokens, as
     /// KEY_ID=PATH; repeat it while keys rotate.
     #[arg(long = "service-key", value_name = "KID=PATH")]
@@ -99,6 +104,16 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
         "--fair-share-half-life-h must be a number of hours above 0 and at most 87600 (ten years)"
     );
     config.fair_share_half_life = Duration::from_secs_f64(args.fair_share_half_life_h * 3600.0);
+    if let Some(path) = &args.health_policy {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --health-policy {}", path.display()))?;
+        config.health =
+            toml::from_str(&text).with_context(|| format!("--health-policy {}", path.display()))?;
+        anyhow::ensure!(
+            config.health.suspect_after_s < config.health.lost_after_s,
+            "--health-policy: suspect_after_s must be less than lost_after_s"
+        );
+    }
     config.auth = match (args.service_keys.is_empty(), args.insecure_no_auth) {
         (false, _) => Some(
             gangway_auth::jwt::Verifier::new(
@@ -156,6 +171,14 @@ pub struct AgentArgs {
     /// The agent token (role agent, naming this region) for the region.
     #[arg(long, env = "GANGWAY_AGENT_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The machine boot id to report (default: the kernel's for the real
+    /// executor, a new one at each start for the sim executor).
+    #[arg(long)]
+    pub boot_id: Option<String>,
+    /// Seconds between NVML polls of GPU health (ECC, row remaps,
+    /// temperature, NVLink errors); XID events are reported as they come.
+    #[arg(long, default_value_t = 10)]
+    pub health_poll_interval_s: u64,
 }
 
 pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
@@ -177,6 +200,8 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         work_dir: args.work_dir,
         default_sync_interval: Duration::from_secs(1),
         token: args.token,
+        machine_boot_id: args.boot_id,
+        health_poll_interval: Duration::from_secs(args.health_poll_interval_s.max(1)),
     };
     gangway_agent::run(config, shutdown_token()).await
 }

@@ -39,6 +39,15 @@ pub struct RegionConfig {
     pub fair_share_refresh: Duration,
     /// How often a replica that is not the leader tries to become it.
     pub leader_retry_interval: Duration,
+    /// The node-health policy: which signals quarantine a GPU, drain a node
+    /// or send it to repair, and when a silent node is suspect, then lost
+    /// (`gangway region --health-policy FILE`, TOML; defaults from
+    /// NVIDIA's XID guidance, see docs/operations.md).
+    pub health: gangway_health::HealthPolicy,
+    /// How often the leader lets time pass for nodes (silent nodes turn
+    /// suspect then lost, hold-downs and drain deadlines end) and carries
+    /// out what their state decides.
+    pub health_tick_interval: Duration,
     /// Verifies the tokens of callers (the global tier, agents). `None`
     /// lets anyone in: only for benchmarks and `--insecure-no-auth`.
     pub auth: Option<gangway_auth::jwt::Verifier>,
@@ -58,6 +67,8 @@ impl RegionConfig {
             grace_period: Duration::from_secs(10),
             checkpoint_deadline: Duration::from_secs(120),
             leader_retry_interval: Duration::from_secs(1),
+            health: gangway_health::HealthPolicy::default(),
+            health_tick_interval: Duration::from_secs(1),
             preemption: PreemptionPolicy::default(),
             fair_share_half_life: Duration::from_secs(24 * 3600),
             fair_share_refresh: Duration::from_secs(10),

@@ -5,12 +5,14 @@
 //! - [`store`]: the PostgreSQL store (schema in `migrations/`).
 //! - [`api`]: the axum router (`/v1` jobs, `/internal/v1` agents).
 //! - [`scheduler`]: the leader's loop around the pure `gangway-sched` core.
+//! - [`health`]: the leader's health tick (node health meets the clock).
 //! - [`leader`]: leadership through a PostgreSQL advisory lock.
 //! - [`validate`]: job spec validation.
 //! - [`telemetry`]: the Prometheus recorder and metric descriptions.
 
 pub mod api;
 pub mod config;
+pub mod health;
 pub mod leader;
 pub mod scheduler;
 pub mod store;
@@ -29,7 +31,8 @@ pub use store::Store;
 /// Connects to the database (waiting up to `db_wait` for it), migrates,
 /// and returns the state the server runs on.
 pub async fn prepare(config: RegionConfig, db_wait: Duration) -> anyhow::Result<AppState> {
-    let store = Store::connect(&config.database_url, &config.region, config.pool_size)?;
+    let store = Store::connect(&config.database_url, &config.region, config.pool_size)?
+        .with_health(config.health.clone(), config.checkpoint_deadline);
     let deadline = tokio::time::Instant::now() + db_wait;
     loop {
         match store.migrate().await {

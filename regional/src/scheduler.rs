@@ -147,6 +147,7 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
         let cfg = state.config.clone();
         let planning = cfg.planning();
         let mut leadership: Option<Leadership> = None;
+        let mut last_health_tick = None;
         loop {
             if shutdown.is_cancelled() {
                 break;
@@ -176,6 +177,7 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
                 sleep_or_cancel(cfg.leader_retry_interval, &shutdown).await;
                 continue;
             }
+            crate::health::tick_if_due(&state, &mut last_health_tick).await;
             match run_pass_with(&state.store, &planning).await {
                 Ok(o) if o.stale => continue, // replan at once on fresh state
                 Ok(o) if o.placements > 0 => {

@@ -430,6 +430,7 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
             &SyncRequest {
                 boot_id: boot,
                 workers: Vec::new(),
+                nodes: Vec::new(),
             },
             TIMING,
         )
@@ -462,6 +463,7 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
             &SyncRequest {
                 boot_id: boot,
                 workers: reports,
+                nodes: Vec::new(),
             },
             TIMING,
         )
@@ -1028,6 +1030,7 @@ async fn a_checkpoint_reported_by_a_running_worker_is_where_the_work_at_risk_sta
             status: WorkerStatus::Running,
             checkpoint: Some(checkpoint.into()),
         }],
+        nodes: Vec::new(),
     };
     store
         .sync_agent("agent-0", &report("/ckpt/a"), TIMING)

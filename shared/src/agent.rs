@@ -89,6 +89,27 @@ pub struct WorkerReport {
 pub struct SyncRequest {
     pub boot_id: Uuid,
     pub workers: Vec<WorkerReport>,
+    /// Each served node's machine boot id and the health signals seen since
+    /// the last sync the region accepted. A node left out counts as heard
+    /// from, with the agent's `boot_id` as its machine boot id (agents from
+    /// before health reporting).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeReport>,
+}
+
+/// What an agent saw of one node's health since its last accepted sync.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub node_id: String,
+    /// The machine's boot id (`/proc/sys/kernel/random/boot_id` on a real
+    /// machine; one per agent start, or a flag, in a simulated fleet). A
+    /// new one tells the region the machine rebooted, which clears what a
+    /// reset clears.
+    pub boot_id: String,
+    /// Health signals since the last accepted sync (XID events, ECC and
+    /// NVLink counters, remap state, temperature); heartbeats are implied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signals: Vec<gangway_health::Signal>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

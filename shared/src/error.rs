@@ -86,6 +86,16 @@ pub mod codes {
     pub const TIMEOUT: &str = "timeout";
     /// A bug on our side (500). Never returned for bad input.
     pub const INTERNAL: &str = "internal";
+    /// A drain's deadline or reason is out of range (422).
+    pub const INVALID_DRAIN: &str = "invalid_drain";
+    /// An injected fault names a GPU the node does not have, or a value out
+    /// of range (422).
+    pub const INVALID_FAULT: &str = "invalid_fault";
+    /// The node's operator state does not allow this action now, for
+    /// example uncordoning a node a maintenance plan holds (409).
+    pub const NODE_STATE_CONFLICT: &str = "node_state_conflict";
+    /// Faults can be injected only into nodes of simulated agents (409).
+    pub const NODE_NOT_SIMULATED: &str = "node_not_simulated";
 
     /// Every code above, so documents and tests can list them. A new code
     /// goes here too.
@@ -120,5 +130,9 @@ pub mod codes {
         METHOD_NOT_ALLOWED,
         TIMEOUT,
         INTERNAL,
+        INVALID_DRAIN,
+        INVALID_FAULT,
+        NODE_STATE_CONFLICT,
+        NODE_NOT_SIMULATED,
     ];
 }

@@ -4,15 +4,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use gangway_shared::agent::{RegisterRequest, SyncRequest};
+use gangway_shared::agent::{NodeReport, RegisterRequest, SyncRequest};
 use tokio::sync::Notify;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, ExecutorKind};
 use crate::executor::Executor;
+use crate::health::{machine_boot_id, spawn_nvml, Signals};
 use crate::region::{is_transient, must_reregister, Backoff, RegionClient};
 use crate::workers::Workers;
 
@@ -43,6 +44,11 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
 struct Agent {
     config: AgentConfig,
     boot_id: Uuid,
+    /// The machine's boot id, reported for every node.
+    machine_boot: String,
+    /// Health signals not yet accepted by the region (one node: the
+    /// machine's; a multi-node simulated agent reports none).
+    signals: Signals,
     region: RegionClient,
     exited: Arc<Notify>,
     backoff: Backoff,
@@ -53,9 +59,16 @@ impl Agent {
         let region = RegionClient::new(&config.region_url, config.token.as_deref())
             .context("building the HTTP client")?;
         let seed = boot_id.as_u64_pair().0;
+        let machine_boot = machine_boot_id(
+            config.machine_boot_id.as_deref(),
+            config.executor == ExecutorKind::Real,
+            &boot_id.to_string(),
+        );
         Ok(Agent {
             config,
             boot_id,
+            machine_boot,
+            signals: Signals::default(),
             region,
             exited: Arc::new(Notify::new()),
             backoff: Backoff::new(seed),
@@ -77,8 +90,18 @@ impl Agent {
             .map(|n| n.node_id.clone())
             .collect();
         let mut workers = Workers::new(executor, nodes);
+        // GPU health from NVML: a real machine is one node.
+        let health = shutdown.child_token();
+        if self.config.executor == ExecutorKind::Real && self.config.nodes.len() == 1 {
+            spawn_nvml(
+                self.signals.clone(),
+                self.config.health_poll_interval,
+                health.clone(),
+            );
+        }
 
         self.sync_loop(&mut workers, &shutdown).await;
+        health.cancel();
 
         tracing::info!("shutting down");
         workers.shutdown(SHUTDOWN_DEADLINE).await;
@@ -92,9 +115,24 @@ impl Agent {
         };
         loop {
             workers.collect_exits().await;
+            let signals = self.signals.pending();
             let req = SyncRequest {
                 boot_id: self.boot_id,
                 workers: workers.reports(),
+                nodes: self
+                    .config
+                    .nodes
+                    .iter()
+                    .map(|n| NodeReport {
+                        node_id: n.node_id.clone(),
+                        boot_id: self.machine_boot.clone(),
+                        signals: if self.config.nodes.len() == 1 {
+                            signals.clone()
+                        } else {
+                            Vec::new()
+                        },
+                    })
+                    .collect(),
             };
             let answer = tokio::select! {
                 answer = self.region.sync(&self.config.agent_id, &req) => answer,
@@ -103,6 +141,7 @@ impl Agent {
             match answer {
                 Ok(resp) => {
                     self.backoff.reset();
+                    self.signals.accepted(signals.len());
                     workers.reconcile(&resp.assignments);
                     // Sync early when a worker exits, so the region hears
                     // of it within one round trip rather than one interval.

@@ -54,6 +54,14 @@ pub struct AgentConfig {
     /// The agent token (role agent, naming the region) presented to the
     /// region; `None` for a region that runs without authentication.
     pub token: Option<String>,
+    /// The machine boot id reported for the agent's nodes. `None`: the
+    /// kernel's (`/proc/sys/kernel/random/boot_id`) for the real executor,
+    /// one made up at each agent start for the sim executor (a restarted
+    /// sim agent is a rebooted simulated fleet).
+    pub machine_boot_id: Option<String>,
+    /// How often GPU health is polled through NVML (real executor, one
+    /// node, NVML present); XID events are waited for in between.
+    pub health_poll_interval: Duration,
 }
 
 /// A configuration the agent cannot run with.
@@ -69,6 +77,8 @@ pub enum ConfigError {
     TimeFactor(f64),
     #[error("default_sync_interval is zero")]
     SyncInterval,
+    #[error("health_poll_interval is zero")]
+    HealthPollInterval,
 }
 
 impl AgentConfig {
@@ -89,6 +99,9 @@ impl AgentConfig {
         }
         if self.default_sync_interval.is_zero() {
             return Err(ConfigError::SyncInterval);
+        }
+        if self.health_poll_interval.is_zero() {
+            return Err(ConfigError::HealthPollInterval);
         }
         Ok(())
     }

@@ -18,6 +18,8 @@
 //! - `workers`: the table of this boot's workers keyed by
 //!   (job, rank, attempt); reconciling it against assignments and turning it
 //!   into reports. Pure bookkeeping over executor handles.
+//! - `health`: the machine boot id and GPU health signals (NVML, loaded at
+//!   run time; none where it does not load) reported with every sync.
 //! - `executor`: one task per worker. `executor::real` runs a process in
 //!   its own process group (SIGTERM, then SIGKILL after the grace period);
 //!   `executor::sim` only waits out the job's scaled estimated duration.
@@ -34,6 +36,7 @@ mod agent;
 pub mod config;
 mod executor;
 pub mod fleet;
+mod health;
 mod region;
 mod workers;
 

@@ -73,13 +73,22 @@ impl Workers {
     }
 
     /// What to tell the region: every running worker and every exit it has
-    /// not yet acknowledged (by no longer listing the worker).
+    /// not yet acknowledged (by no longer listing the worker). A running
+    /// real worker's report carries its job's newest complete checkpoint,
+    /// so the region knows it before the worker exits.
     pub fn reports(&self) -> Vec<WorkerReport> {
+        let mut newest: BTreeMap<uuid::Uuid, Option<String>> = BTreeMap::new();
         self.table
             .iter()
             .filter_map(|(key, state)| {
                 let (status, checkpoint) = match state {
-                    State::Running { .. } => (WorkerStatus::Running, None),
+                    State::Running { .. } => (
+                        WorkerStatus::Running,
+                        newest
+                            .entry(key.job_id)
+                            .or_insert_with(|| self.executor.running_checkpoint(key.job_id))
+                            .clone(),
+                    ),
                     State::Exited { retired: true, .. } => return None,
                     State::Exited { exit, .. } => (exit.status(), exit.checkpoint.clone()),
                 };
@@ -141,8 +150,13 @@ impl Workers {
                 }
                 (Desired::Checkpoint, Some(State::Running { handle, stopping })) => {
                     if !*stopping {
-                        tracing::info!(job_id = %key.job_id, worker = %key, "region asks worker to checkpoint and stop");
-                        handle.control.checkpoint.cancel();
+                        tracing::info!(job_id = %key.job_id, worker = %key, deadline_s = a.checkpoint_deadline_s, "region asks worker to checkpoint and stop");
+                        // The deadline given now (a drain's may be shorter
+                        // than the one at launch).
+                        handle.control.checkpoint_within(
+                            (a.checkpoint_deadline_s > 0)
+                                .then(|| Duration::from_secs(a.checkpoint_deadline_s)),
+                        );
                         *stopping = true;
                     }
                 }

@@ -1,10 +1,12 @@
-//! Operator endpoints under `/v1/admin`. Until the global tier authenticates
-//! callers (issue 3), the regional API is reachable only by the operator's
-//! own network.
+//! Operator endpoints under `/v1/admin`: quotas, preemption and the audit
+//! log (nodes are in `nodes.rs`). Only the global tier reaches them (its
+//! service token), and it lets only operators through; it names the
+//! operator in `X-Gangway-Actor`, which every action writes into the audit
+//! log.
 
 use axum::extract::State;
-use axum::http::StatusCode;
-use gangway_shared::api::{Quota, QuotaList, QuotaUpdate};
+use axum::http::{HeaderMap, StatusCode};
+use gangway_shared::api::{AuditList, AuditQuery, Quota, QuotaList, QuotaUpdate};
 use gangway_shared::error::codes;
 use gangway_shared::ids::valid_tenant;
 
@@ -40,6 +42,7 @@ fn check_names(tenant: &str, gpu_type: &str) -> Result<(), ApiError> {
 /// with `invalid_gpus` or `invalid_quota`, and nothing changes.
 pub async fn put_quota(
     State(state): State<AppState>,
+    headers: HeaderMap,
     Path((tenant, gpu_type)): Path<(String, String)>,
     Json(body): Json<QuotaUpdate>,
 ) -> Result<axum::Json<Quota>, ApiError> {
@@ -47,7 +50,11 @@ pub async fn put_quota(
     let terms = body
         .check()
         .map_err(|r| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, r.code, r.message))?;
-    state.store.set_quota(&tenant, &gpu_type, &terms).await?;
+    let actor = super::nodes::actor(&headers);
+    state
+        .store
+        .set_quota_as(&actor, &tenant, &gpu_type, &terms)
+        .await?;
     state.wake_scheduler();
     Ok(axum::Json(Quota {
         tenant,
@@ -60,10 +67,16 @@ pub async fn put_quota(
 
 pub async fn delete_quota(
     State(state): State<AppState>,
+    headers: HeaderMap,
     Path((tenant, gpu_type)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check_names(&tenant, &gpu_type)?;
-    if state.store.delete_quota(&tenant, &gpu_type).await? {
+    let actor = super::nodes::actor(&headers);
+    if state
+        .store
+        .delete_quota_as(&actor, &tenant, &gpu_type)
+        .await?
+    {
         state.wake_scheduler();
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -81,9 +94,17 @@ pub struct Preempted {
 /// does the same for priority and drains).
 pub async fn preempt_job(
     State(state): State<AppState>,
+    headers: HeaderMap,
     gangway_shared::http::JobId(id): gangway_shared::http::JobId,
 ) -> Result<axum::Json<Preempted>, ApiError> {
-    if !retry_races(|| state.store.preempt_job(id, "requested by an operator")).await? {
+    let actor = super::nodes::actor(&headers);
+    if !retry_races(|| {
+        state
+            .store
+            .preempt_job_as(&actor, id, "requested by an operator")
+    })
+    .await?
+    {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             codes::JOB_NOT_RUNNING,
@@ -95,4 +116,19 @@ pub async fn preempt_job(
         job_id: id,
         preempted: true,
     }))
+}
+
+/// The audit log, newest first: every operator action in this region.
+pub async fn audit(
+    State(state): State<AppState>,
+    gangway_shared::http::Query(q): gangway_shared::http::Query<AuditQuery>,
+) -> Result<axum::Json<AuditList>, ApiError> {
+    if q.limit.is_some_and(|l| !(1..=1000).contains(&l)) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            "limit must be between 1 and 1000",
+        ));
+    }
+    Ok(axum::Json(state.store.audit_log(&q).await?))
 }

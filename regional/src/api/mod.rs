@@ -4,6 +4,8 @@
 //! # Layout
 //! - `mod.rs`: [`AppState`] and [`app`], the router with its layers.
 //! - `jobs.rs`, `agents.rs`, `admin.rs`, `usage.rs`: handlers.
+//! - `nodes.rs`: operators' node endpoints (list, get, cordon, uncordon,
+//!   drain, injected faults).
 //! - `auth.rs`: only the global tier and this region's agents get in.
 //! - `extract.rs`: extractors whose rejections are our JSON errors.
 //! - `error.rs`: [`ApiError`], the one mapping from internal errors.
@@ -14,6 +16,7 @@ mod auth;
 pub mod error;
 mod extract;
 mod jobs;
+mod nodes;
 mod usage;
 
 use std::collections::BTreeMap;
@@ -103,6 +106,13 @@ pub fn app(state: AppState) -> Router {
             "/v1/admin/quotas/{tenant}/{gpu_type}",
             axum::routing::put(admin::put_quota).delete(admin::delete_quota),
         )
+        .route("/v1/admin/audit", get(admin::audit))
+        .route("/v1/admin/nodes", get(nodes::list))
+        .route("/v1/admin/nodes/{id}", get(nodes::get))
+        .route("/v1/admin/nodes/{id}/cordon", post(nodes::cordon))
+        .route("/v1/admin/nodes/{id}/uncordon", post(nodes::uncordon))
+        .route("/v1/admin/nodes/{id}/drain", post(nodes::drain))
+        .route("/v1/admin/nodes/{id}/faults", post(nodes::inject_fault))
         .layer(DefaultBodyLimit::max(PUBLIC_BODY_LIMIT));
     let internal = Router::new()
         .route("/internal/v1/agents/register", post(agents::register))

@@ -132,6 +132,17 @@ impl Store {
             )
             .await?;
         }
+        // Registering is a sign of life: each node is heard from, on the
+        // machine boot it last reported (its first sync says which it is).
+        super::nodes::observe_sync(
+            &tx,
+            &self.health_context(),
+            &req.agent_id,
+            &req.boot_id.to_string(),
+            &[],
+            true,
+        )
+        .await?;
         tx.execute(
             "UPDATE sched_state
              SET generation = generation + 1, fleet_version = fleet_version + 1 WHERE id = 1",
@@ -162,12 +173,18 @@ impl Store {
         if boot != req.boot_id {
             return Err(StoreError::StaleBoot);
         }
+        // The nodes' health first (a heartbeat, the signals reported, and
+        // what they decide), then the workers' reports.
+        let ctx = self.health_context();
+        let nodes =
+            super::nodes::observe_sync(&tx, &ctx, agent_id, &boot.to_string(), &req.nodes, false)
+                .await?;
         let freed_gpus = apply_reports(&tx, agent_id, &req.workers).await?;
         let assignments = load_assignments(&tx, agent_id, timing).await?;
         tx.commit().await?;
         Ok(SyncOutcome {
             assignments,
-            freed_gpus,
+            freed_gpus: freed_gpus || nodes.freed_gpus || nodes.fleet_changed,
         })
     }
 }
@@ -355,7 +372,10 @@ async fn load_assignments(
             "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
                     w.local_rank, coalesce(j.run_workers, j.workers) AS world_size,
                     j.mode::text AS mode, j.spec, j.restore_from,
-                    n.address, m.address AS master_addr
+                    n.address, m.address AS master_addr,
+                    CASE WHEN n.operator_state = 'draining' AND NOT n.drain_wait
+                         THEN greatest(1, ceil(extract(epoch FROM n.drain_deadline - now())))::bigint
+                    END AS drain_left_s
              FROM workers w
              JOIN nodes n ON n.node_id = w.node_id
              JOIN jobs j ON j.job_id = w.job_id
@@ -408,7 +428,13 @@ async fn load_assignments(
             estimated_duration_s: spec.estimated_duration_s,
             max_duration_s: spec.max_duration_s,
             grace_period_s: timing.grace_period_s,
-            checkpoint_deadline_s: timing.checkpoint_deadline_s,
+            // A node being drained in checkpoint mode: no later than the
+            // drain's deadline.
+            checkpoint_deadline_s: row
+                .get::<_, Option<i64>>("drain_left_s")
+                .map_or(timing.checkpoint_deadline_s, |left| {
+                    timing.checkpoint_deadline_s.min(left.max(1) as u64)
+                }),
             restore_from: row.get("restore_from"),
         });
     }

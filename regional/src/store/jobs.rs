@@ -571,6 +571,13 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
 pub(crate) enum PreemptBy<'a> {
     /// An operator (or, later, a drain): `why` is for the timeline.
     Operator { why: &'a str },
+    /// A node's own state moves the job: `cause` is `drain`,
+    /// `maintenance`, `repair`, `health` or `node_lost`; `why` is the node's.
+    Node {
+        cause: &'a str,
+        node: &'a str,
+        why: &'a str,
+    },
     /// The scheduler, to make room for `for_job`.
     Scheduler {
         for_job: &'a str,
@@ -609,7 +616,7 @@ pub(crate) async fn preempt_in_tx(
         )
         .await?;
     let for_job = match by {
-        PreemptBy::Operator { .. } => "",
+        PreemptBy::Operator { .. } | PreemptBy::Node { .. } => "",
         PreemptBy::Scheduler { for_job, .. } => for_job,
     };
     // A restart to grow counts as a preemption, but not against the cap on
@@ -632,6 +639,13 @@ pub(crate) async fn preempt_in_tx(
         PreemptBy::Operator { why } => (
             format!("preempted ({why}): {workers} worker(s) asked to checkpoint and stop"),
             json!({"why": why, "cause": "operator", "workers": workers}),
+        ),
+        PreemptBy::Node { cause, node, why } => (
+            format!(
+                "preempted ({cause}: node {node}: {why}): {workers} worker(s) asked to \
+                 checkpoint and move"
+            ),
+            json!({"why": why, "cause": cause, "node": node, "workers": workers}),
         ),
         PreemptBy::Scheduler {
             for_job,

@@ -25,6 +25,14 @@
 //!   from (work at risk since the last checkpoint; a preemption in flight and
 //!   whom it makes room for, so a later pass does not pick more victims).
 //!   Decayed past usage is not stored: it is computed from `allocations`.
+//! - Node operations (`nodes.rs`, `audit.rs`): what operators asked of each
+//!   node (`operator_state` with its reason and drain deadline: operator
+//!   intent, which nothing else can tell us again), what its signals add up
+//!   to (`nodes.health`, the health policy's memory of faults, quarantines,
+//!   flaps and failures, which agents cannot report again once seen), its
+//!   machine boot id, the node's timeline (`node_events`), jobs moved for a
+//!   node's sake (`jobs.requeue_front`), and `audit_log`: every operator
+//!   action, append-only, written in the action's transaction.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
@@ -33,9 +41,14 @@
 //! - `plans.rs`: the scheduler's snapshot and the generation-checked commit.
 //! - `rows.rs`: row → domain conversions.
 //! - `usage.rs`: a tenant's GPU-seconds per period from the allocations.
+//! - `nodes.rs`: node health from syncs and the clock, operators' node
+//!   actions and injected faults, and what both decide (evacuate, lost).
+//! - `audit.rs`: the audit log, and the audited quota and preempt actions.
 
 mod agents;
+mod audit;
 mod jobs;
+mod nodes;
 mod plans;
 mod rows;
 mod usage;
@@ -49,6 +62,7 @@ use tokio_postgres::NoTls;
 
 pub use agents::{StopTiming, SyncOutcome};
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
+pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
 pub use plans::{ApplyOutcome, FleetShape, SnapshotData};
 
 mod embedded {
@@ -153,6 +167,10 @@ pub struct Store {
     region: String,
     /// Decayed past usage, reused for a while (see `plans.rs`).
     history: Arc<Mutex<Option<plans::HistoryCache>>>,
+    /// The node-health policy the snapshot decides nodes with, and the
+    /// checkpoint deadline a `wait` drain past its deadline gives its jobs.
+    health: Arc<gangway_health::HealthPolicy>,
+    checkpoint_deadline_s: u64,
 }
 
 impl Store {
@@ -177,7 +195,35 @@ impl Store {
             pool,
             region: region.to_string(),
             history: Arc::new(Mutex::new(None)),
+            health: Arc::new(gangway_health::HealthPolicy::default()),
+            checkpoint_deadline_s: 120,
         })
+    }
+
+    /// Decides nodes with `policy` rather than the crate's defaults; a
+    /// `wait` drain past its deadline gives its jobs `checkpoint_deadline`.
+    pub fn with_health(
+        mut self,
+        policy: gangway_health::HealthPolicy,
+        checkpoint_deadline: Duration,
+    ) -> Store {
+        self.health = Arc::new(policy);
+        self.checkpoint_deadline_s = checkpoint_deadline.as_secs();
+        self
+    }
+
+    /// The node-health policy in force.
+    pub fn health_policy(&self) -> &gangway_health::HealthPolicy {
+        &self.health
+    }
+
+    /// What node-health work needs: the policy, and the checkpoint
+    /// deadline workers get.
+    pub fn health_context(&self) -> HealthContext {
+        HealthContext {
+            policy: (*self.health).clone(),
+            checkpoint_deadline_s: self.checkpoint_deadline_s,
+        }
     }
 
     pub fn region(&self) -> &str {

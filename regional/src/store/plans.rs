@@ -115,8 +115,11 @@ impl Store {
         let node_rows = tx
             .query(
                 "SELECT n.node_id, n.spine, n.leaf, n.nvlink_domain, n.gpu_type,
-                        (NOT n.spare AND n.operator_state = 'active'
+                        (NOT n.spare
                          AND a.last_sync_at > now() - make_interval(secs => $1)) AS schedulable,
+                        n.operator_state, n.admin_reason, n.drain_wait,
+                        extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s,
+                        n.health, count(*)::int AS gpu_count,
                         array_agg(g.gpu_index ORDER BY g.gpu_index) AS gpus
                  FROM nodes n
                  JOIN agents a ON a.agent_id = n.agent_id
@@ -143,10 +146,14 @@ impl Store {
                 let id: String = row.get("node_id");
                 let all: Vec<i32> = row.get("gpus");
                 let taken = used.get(&id);
+                // What operators asked and what the node's signals say,
+                // decided in one place: only usable GPUs count as free.
+                let decision = super::nodes::decision_of(row, &self.health, now);
                 let free = all
                     .iter()
                     .filter(|g| !taken.is_some_and(|t| t.contains(g)))
                     .map(|&g| g as u32)
+                    .filter(|g| decision.usable.contains(g))
                     .collect();
                 Node {
                     id,
@@ -156,7 +163,7 @@ impl Store {
                     gpu_type: row.get("gpu_type"),
                     gpus: all.len() as u32,
                     free,
-                    schedulable: row.get("schedulable"),
+                    schedulable: row.get::<_, bool>("schedulable") && decision.schedulable,
                 }
             })
             .collect();
@@ -166,7 +173,7 @@ impl Store {
                 "SELECT j.job_id, j.tenant, j.gpu_type, j.gpus_per_worker, j.priority, j.seq,
                         j.mode::text AS mode, j.required_level::text AS required,
                         j.preferred_level::text AS preferred, j.created_at,
-                        j.estimated_duration_s, j.min_workers,
+                        j.estimated_duration_s, j.min_workers, j.requeue_front,
                         array_agg(w.rank ORDER BY w.rank) AS ranks
                  FROM workers w JOIN jobs j ON j.job_id = w.job_id
                  WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
@@ -191,10 +198,15 @@ impl Store {
                 required: level_from_db(row.get("required")),
                 preferred: level_from_db(row.get("preferred")),
                 priority: row.get::<_, i16>("priority") as i32,
-                seq: row.get::<_, i64>("seq") as u64,
+                // Jobs moved off a node for its sake go first.
+                seq: super::nodes::queue_seq(row.get("seq"), row.get("requeue_front")),
                 estimated_duration_s: row.get::<_, i64>("estimated_duration_s").max(0) as u64,
                 min_workers: 0,
-                submitted: row.get::<_, DateTime<Utc>>("created_at").timestamp().max(0) as u64,
+                submitted: if row.get("requeue_front") {
+                    0 // waited "forever": first within its tenant's queue too
+                } else {
+                    row.get::<_, DateTime<Utc>>("created_at").timestamp().max(0) as u64
+                },
             };
             if mode == "gang" {
                 // An elastic gang may start with a prefix of its ranks.
@@ -586,6 +598,12 @@ async fn apply_placements(
             &[&job_ids],
         )
         .await?;
+        // Placed again: no longer at the front.
+        tx.execute(
+            "UPDATE jobs SET requeue_front = false WHERE job_id = ANY($1) AND requeue_front",
+            &[&job_ids],
+        )
+        .await?;
         // One `placed` event per placement, in one statement.
         let mut e_job = Vec::with_capacity(plan.placements.len());
         let mut e_msg = Vec::with_capacity(plan.placements.len());
@@ -736,10 +754,10 @@ impl Store {
             .query(
                 "SELECT n.gpu_type,
                         count(DISTINCT n.node_id) AS nodes,
-                        count(*) FILTER (WHERE NOT n.spare AND n.operator_state = 'active'
+                        count(*) FILTER (WHERE NOT n.spare AND g.gpu_index = ANY(n.usable)
                             AND a.last_sync_at > now() - make_interval(secs => $1)) AS schedulable,
                         count(al.alloc_id) AS allocated,
-                        count(*) FILTER (WHERE NOT n.spare AND n.operator_state = 'active'
+                        count(*) FILTER (WHERE NOT n.spare AND g.gpu_index = ANY(n.usable)
                             AND a.last_sync_at > now() - make_interval(secs => $1)
                             AND al.alloc_id IS NULL) AS free,
                         count(*) FILTER (WHERE n.spare) AS spare

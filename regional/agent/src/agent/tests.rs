@@ -128,6 +128,8 @@ fn config(addr: SocketAddr, executor: ExecutorKind, work_dir: &Path) -> AgentCon
         work_dir: work_dir.to_path_buf(),
         default_sync_interval: Duration::from_millis(20),
         token: None,
+        machine_boot_id: Some("machine-boot-1".into()),
+        health_poll_interval: Duration::from_secs(10),
     }
 }
 
@@ -366,6 +368,74 @@ async fn a_sim_agent_runs_for_the_scaled_duration() {
     assert_eq!(fake.lock().unwrap().registrations[0].executor, "sim");
     shutdown.cancel();
     within(Duration::from_secs(1), agent)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn reports_the_machine_boot_and_running_checkpoints_and_takes_the_deadline_asked_for() {
+    let fake = Shared::default();
+    let work = tempfile::tempdir().unwrap();
+    // A worker that writes a complete checkpoint (renamed into place) and
+    // then ignores SIGUSR1.
+    let mut assignment = run_assignment(
+        "trap '' USR1; mkdir -p \"$GANGWAY_CHECKPOINT_DIR/.tmp\" && \
+         mv \"$GANGWAY_CHECKPOINT_DIR/.tmp\" \"$GANGWAY_CHECKPOINT_DIR/step-1\"; \
+         mkdir -p \"$GANGWAY_CHECKPOINT_DIR/.half-written\"; \
+         while true; do sleep 0.05; done",
+    );
+    assignment.checkpoint_deadline_s = 60;
+    let job_id = assignment.job_id;
+    fake.lock().unwrap().assignments.push(assignment.clone());
+    let addr = fake_region(fake.clone()).await;
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(super::run(
+        config(addr, ExecutorKind::Real, work.path()),
+        shutdown.clone(),
+    ));
+    // The running worker's report carries its newest complete checkpoint.
+    until(&fake, "a running report with the checkpoint", |f| {
+        f.syncs.iter().any(|s| {
+            s.workers.iter().any(|w| {
+                w.job_id == job_id
+                    && w.status == WorkerStatus::Running
+                    && w.checkpoint
+                        .as_deref()
+                        .is_some_and(|c| c.ends_with("step-1"))
+            })
+        })
+    })
+    .await;
+    {
+        let f = fake.lock().unwrap();
+        let last = f.syncs.last().unwrap();
+        assert_eq!(last.nodes.len(), 1);
+        assert_eq!(last.nodes[0].node_id, "node-a");
+        assert_eq!(last.nodes[0].boot_id, "machine-boot-1");
+    }
+    // Asked to checkpoint within 1 s (less than the 60 s it launched
+    // with): it is stopped after 1 s, not 60.
+    let asked = Instant::now();
+    {
+        let mut f = fake.lock().unwrap();
+        let mut checkpoint = assignment.clone();
+        checkpoint.desired = Desired::Checkpoint;
+        checkpoint.checkpoint_deadline_s = 1;
+        f.assignments = vec![checkpoint];
+    }
+    until(&fake, "the exit after the deadline", |f| {
+        f.syncs.iter().any(|s| {
+            s.workers
+                .iter()
+                .any(|w| w.job_id == job_id && matches!(w.status, WorkerStatus::Exited { .. }))
+        })
+    })
+    .await;
+    let took = asked.elapsed();
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    shutdown.cancel();
+    within(Duration::from_secs(5), agent)
         .await
         .unwrap()
         .unwrap();

@@ -145,6 +145,34 @@ pub(crate) struct Control {
     pub kill: CancellationToken,
     /// Checkpoint (SIGUSR1), wait for it or the deadline, then stop.
     pub checkpoint: CancellationToken,
+    /// The deadline the region gave with its checkpoint request, in
+    /// milliseconds (a drain may give less than the launch-time deadline);
+    /// 0 = the worker spec's.
+    pub checkpoint_deadline_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Control {
+    /// Asks for a checkpoint within `deadline` (when given).
+    pub fn checkpoint_within(&self, deadline: Option<Duration>) {
+        if let Some(d) = deadline {
+            self.checkpoint_deadline_ms.store(
+                (d.as_millis() as u64).max(1),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        self.checkpoint.cancel();
+    }
+
+    /// The checkpoint deadline: the region's with its request, else `spec`'s.
+    pub fn checkpoint_deadline(&self, spec: Duration) -> Duration {
+        match self
+            .checkpoint_deadline_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => spec,
+            ms => Duration::from_millis(ms),
+        }
+    }
 }
 
 /// A worker task that has been started.
@@ -168,6 +196,17 @@ pub(crate) struct Executor {
 impl Executor {
     pub fn spec(&self, a: &Assignment) -> WorkerSpec {
         WorkerSpec::from_assignment(a, self.kind, self.time_factor)
+    }
+
+    /// The newest complete checkpoint of a running job's workers (real
+    /// executor; the simulated one checkpoints only when asked).
+    pub fn running_checkpoint(&self, job_id: Uuid) -> Option<String> {
+        match self.kind {
+            ExecutorKind::Real => {
+                real::newest_checkpoint(&real::job_checkpoint_dir(&self.work_dir, job_id))
+            }
+            ExecutorKind::Sim => None,
+        }
     }
 
     /// Starts `spec` on its own task, in its own root span.

@@ -63,9 +63,12 @@ pub(crate) fn worker_dir(work_dir: &Path, spec: &WorkerSpec) -> PathBuf {
 /// Where a job's checkpoints live on this agent: one directory per job,
 /// shared by its ranks and kept across attempts, so a restart finds them.
 pub(crate) fn checkpoint_dir(work_dir: &Path, spec: &WorkerSpec) -> PathBuf {
-    work_dir
-        .join("checkpoints")
-        .join(spec.key.job_id.to_string())
+    job_checkpoint_dir(work_dir, spec.key.job_id)
+}
+
+/// [`checkpoint_dir`] by job id.
+pub(crate) fn job_checkpoint_dir(work_dir: &Path, job_id: uuid::Uuid) -> PathBuf {
+    work_dir.join("checkpoints").join(job_id.to_string())
 }
 
 /// The newest complete checkpoint in `dir`: a directory whose name does
@@ -196,12 +199,13 @@ async fn supervise(
         // Ask for a checkpoint, then wait for a new complete one to appear
         // (or the deadline, or a plain stop), and stop the worker after.
         let before = newest_checkpoint(checkpoints);
+        let within = control.checkpoint_deadline(spec.checkpoint_deadline);
         tracing::info!(
-            deadline_s = spec.checkpoint_deadline.as_secs_f64(),
+            deadline_s = within.as_secs_f64(),
             "sending SIGUSR1: checkpoint now"
         );
         signal_group(pgid, libc::SIGUSR1);
-        let deadline = tokio::time::Instant::now() + spec.checkpoint_deadline;
+        let deadline = tokio::time::Instant::now() + within;
         loop {
             tokio::select! {
                 status = child.wait() => {

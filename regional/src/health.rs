@@ -1,0 +1,34 @@
+//! Node health in the region's loop: the leader lets time pass for nodes
+//! (`Store::health_tick`) every `health_tick_interval`, so silent nodes turn
+//! suspect then lost, hold-downs and `wait` drains end, and what both axes
+//! decide (evacuate, lost) is carried out again until it is done. The
+//! policy itself is the pure `gangway-health` crate; the store applies it
+//! (`store/nodes.rs`).
+
+use std::time::Instant;
+
+use crate::api::AppState;
+
+/// Runs a health tick if one is due (the last was `interval` ago or more);
+/// wakes the scheduler when it changed what may be scheduled or freed GPUs.
+pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
+    if last.is_some_and(|t| t.elapsed() < state.config.health_tick_interval) {
+        return;
+    }
+    *last = Some(Instant::now());
+    let ctx = state.store.health_context();
+    match crate::store::retry_races(|| state.store.health_tick(&ctx)).await {
+        Ok(o) => {
+            for job in &o.evacuated {
+                tracing::info!(job_id = %job, "asked to checkpoint and move off a node");
+            }
+            for job in &o.lost {
+                tracing::warn!(job_id = %job, "workers lost with a node: requeued at the front");
+            }
+            if o.fleet_changed || o.freed_gpus {
+                state.wake_scheduler();
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "health tick failed"),
+    }
+}

@@ -1,0 +1,1022 @@
+//! Nodes: health fed from agents' syncs and the clock, operators' actions
+//! and injected faults, and what the two axes decide together.
+//!
+//! What operators asked ([`Admin`], the `operator_state` columns) and what
+//! the node's signals add up to ([`NodeHealth`], `nodes.health`) meet in
+//! one place, [`gangway_health::decide`]; [`reconcile_node`] then carries
+//! the decision out, idempotently: it is run after every change to either
+//! axis and on every health tick, so a step that did not happen (a lost
+//! race, a restart) happens on the next one.
+//!
+//! - `evacuate` (a drain, a node fault, repair): the node's running jobs go
+//!   through the preemption path (checkpoint, stop, requeue) with a cause
+//!   (`drain`, `maintenance`, `repair`, `health`);
+//! - `evacuate_gpus` (a quarantined GPU): only the jobs on those GPUs;
+//! - `lost` (silent too long, or dead): the node's workers are gone with
+//!   it; their jobs requeue from their newest checkpoints.
+//!
+//! Jobs moved for the node's sake go to the front of their queue
+//! (`jobs.requeue_front`) until they are placed again.
+//!
+//! Lock order, as everywhere: agent → nodes (by id) → `sched_state` → jobs
+//! (by id) → workers.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use gangway_health::{decide, Admin, Decision, Effect, HealthPolicy, NodeHealth, Observed, Signal};
+use gangway_shared::agent::NodeReport;
+use gangway_shared::api::{DrainMode, Fault, NodeEvent, NodeView};
+use serde_json::json;
+use tokio_postgres::{Row, Transaction};
+use uuid::Uuid;
+
+use super::jobs::{lock_jobs, preempt_in_tx, settle_job, PreemptBy};
+use super::{Result, Store};
+
+/// What the health code needs besides the rows.
+#[derive(Clone, Debug)]
+pub struct HealthContext {
+    pub policy: HealthPolicy,
+    /// Seconds a worker asked to checkpoint has (the region's deadline): a
+    /// `wait` drain past its deadline gives its jobs this long.
+    pub checkpoint_deadline_s: u64,
+}
+
+/// What a sync's or a tick's node work did.
+#[derive(Clone, Debug, Default)]
+pub struct NodesOutcome {
+    /// What may be scheduled changed (the generation moved).
+    pub fleet_changed: bool,
+    /// GPUs were released (a lost node's workers).
+    pub freed_gpus: bool,
+    /// Jobs asked to checkpoint and move.
+    pub evacuated: Vec<Uuid>,
+    /// Jobs whose workers were lost with a node.
+    pub lost: Vec<Uuid>,
+}
+
+impl NodesOutcome {
+    fn absorb(&mut self, o: NodesOutcome) {
+        self.fleet_changed |= o.fleet_changed;
+        self.freed_gpus |= o.freed_gpus;
+        self.evacuated.extend(o.evacuated);
+        self.lost.extend(o.lost);
+    }
+}
+
+/// Why a node action was refused; nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeRefusal {
+    NotFound,
+    /// The operator state does not allow it (a maintenance plan holds it…).
+    Conflict(String),
+    /// Faults are injected only into simulated nodes.
+    NotSimulated,
+    /// The fault does not fit the node (a GPU it does not have…).
+    InvalidFault(String),
+}
+
+/// Columns [`NodeRow::from_row`] reads (`n` = nodes, `a` = agents).
+pub(super) const NODE_COLUMNS: &str = "n.node_id, n.agent_id, a.executor, n.spine, n.leaf, \
+    n.nvlink_domain, n.gpu_type, n.spare, n.operator_state, n.admin_reason, n.drain_wait, \
+    extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s, n.health, n.observed, \
+    n.usable, n.boot_id, extract(epoch FROM n.last_heartbeat_at)::bigint AS last_heartbeat_s, \
+    n.last_heartbeat_at, n.sim_down, extract(epoch FROM n.silent_until)::bigint AS silent_until_s, \
+    n.sim_reboots, (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id)::int AS gpu_count";
+
+/// One node as the health code works on it.
+#[derive(Clone, Debug)]
+pub(super) struct NodeRow {
+    pub node_id: String,
+    pub agent_id: String,
+    pub executor: String,
+    pub gpus: u32,
+    pub admin: Admin,
+    pub admin_reason: Option<String>,
+    pub health: NodeHealth,
+    /// As stored: to tell what changed.
+    stored_health: Option<serde_json::Value>,
+    pub observed: String,
+    pub usable: Vec<i32>,
+    pub boot_id: Option<String>,
+    pub last_heartbeat_s: Option<i64>,
+    pub sim_down: bool,
+    pub silent_until_s: Option<i64>,
+    pub sim_reboots: i32,
+}
+
+impl NodeRow {
+    pub fn from_row(row: &Row) -> NodeRow {
+        let gpus = row.get::<_, i32>("gpu_count").max(0) as u32;
+        let stored: Option<serde_json::Value> = row.get("health");
+        let health = stored
+            .clone()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_else(|| NodeHealth::new(gpus));
+        NodeRow {
+            node_id: row.get("node_id"),
+            agent_id: row.get("agent_id"),
+            executor: row.get("executor"),
+            gpus,
+            admin: admin_from_row(row),
+            admin_reason: row.get("admin_reason"),
+            health,
+            stored_health: stored,
+            observed: row.get("observed"),
+            usable: row.get("usable"),
+            boot_id: row.get("boot_id"),
+            last_heartbeat_s: row.get("last_heartbeat_s"),
+            sim_down: row.get("sim_down"),
+            silent_until_s: row.get("silent_until_s"),
+            sim_reboots: row.get("sim_reboots"),
+        }
+    }
+}
+
+/// The operator's intent from a row's `operator_state`, `admin_reason`,
+/// `drain_wait` and `drain_deadline_s` columns.
+pub(super) fn admin_from_row(row: &Row) -> Admin {
+    let state: String = row.get("operator_state");
+    let reason = row
+        .get::<_, Option<String>>("admin_reason")
+        .unwrap_or_default();
+    match state.as_str() {
+        "cordoned" => Admin::Cordoned { reason },
+        "draining" => Admin::Draining {
+            wait: row.get::<_, Option<bool>>("drain_wait").unwrap_or(false),
+            deadline: row
+                .get::<_, Option<i64>>("drain_deadline_s")
+                .unwrap_or(0)
+                .max(0) as u64,
+        },
+        "maintenance" => Admin::Maintenance { plan: reason },
+        "repair" => Admin::Repair { reason },
+        _ => Admin::Active,
+    }
+}
+
+/// What both axes decide for a node row of the snapshot at `now`: the
+/// scheduler's one source of schedulable nodes and usable GPUs. Reads the
+/// admin columns (as [`admin_from_row`]), `health` and `gpu_count`.
+pub(super) fn decision_of(row: &Row, policy: &HealthPolicy, now: u64) -> Decision {
+    let gpus = row.get::<_, i32>("gpu_count").max(0) as u32;
+    let health: NodeHealth = row
+        .get::<_, Option<serde_json::Value>>("health")
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_else(|| NodeHealth::new(gpus));
+    decide(&admin_from_row(row), &health.observed(policy, now), gpus)
+}
+
+/// A queued unit's `seq` for the scheduler core: jobs moved off a node for
+/// the node's sake keep their submission order among themselves but come
+/// before every other job of their priority.
+pub(super) fn queue_seq(seq: i64, front: bool) -> u64 {
+    const BACK: u64 = 1 << 40;
+    let seq = seq.max(0) as u64;
+    if front {
+        seq
+    } else {
+        seq + BACK
+    }
+}
+
+/// What a preemption for the node's sake is called in job events.
+fn evacuation_cause(admin: &Admin) -> &'static str {
+    match admin {
+        Admin::Draining { .. } | Admin::Cordoned { .. } => "drain",
+        Admin::Maintenance { .. } => "maintenance",
+        Admin::Repair { .. } => "repair",
+        Admin::Active => "health",
+    }
+}
+
+async fn db_now(tx: &Transaction<'_>) -> Result<u64> {
+    let row = tx
+        .query_one("SELECT floor(extract(epoch FROM now()))::bigint", &[])
+        .await?;
+    Ok(row.get::<_, i64>(0).max(0) as u64)
+}
+
+fn at(t: u64) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp(t.min(i64::MAX as u64) as i64, 0)
+}
+
+pub(super) async fn node_event(
+    tx: &Transaction<'_>,
+    node_id: &str,
+    kind: &str,
+    message: &str,
+    detail: serde_json::Value,
+) -> Result<()> {
+    tx.execute(
+        "INSERT INTO node_events (node_id, kind, message, detail) VALUES ($1, $2, $3, $4)",
+        &[&node_id, &kind, &message, &detail],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Writes the node's health, observed state and usable GPUs when they
+/// changed, records its effects and state changes as node events, and
+/// carries out what both axes decide (evacuate, evacuate GPUs, lost).
+/// Idempotent. The caller holds the node's row lock.
+pub(super) async fn reconcile_node(
+    tx: &Transaction<'_>,
+    ctx: &HealthContext,
+    now: u64,
+    node: &mut NodeRow,
+    effects: &[Effect],
+) -> Result<NodesOutcome> {
+    let mut out = NodesOutcome::default();
+    // A `wait` drain past its deadline: what is left is checkpointed and
+    // moved now.
+    if let Admin::Draining {
+        wait: true,
+        deadline,
+    } = node.admin
+    {
+        if deadline <= now {
+            let deadline = now + ctx.checkpoint_deadline_s.max(1);
+            node.admin = Admin::Draining {
+                wait: false,
+                deadline,
+            };
+            tx.execute(
+                "UPDATE nodes SET drain_wait = false, drain_deadline = to_timestamp($2)
+                 WHERE node_id = $1",
+                &[&node.node_id, &(deadline as f64)],
+            )
+            .await?;
+            node_event(
+                tx,
+                &node.node_id,
+                "admin",
+                "drain deadline passed: the jobs still running are checkpointed and moved",
+                json!({"mode": "checkpoint", "deadline": at(deadline)}),
+            )
+            .await?;
+        }
+    }
+
+    let observed = node.health.observed(&ctx.policy, now);
+    let decision = decide(&node.admin, &observed, node.gpus);
+    let usable: Vec<i32> = decision.usable.iter().map(|&g| g as i32).collect();
+    let health_json = serde_json::to_value(&node.health).expect("NodeHealth serializes");
+    let code = observed.code();
+    let state_changed = code != node.observed;
+    if state_changed {
+        node_event(
+            tx,
+            &node.node_id,
+            "state",
+            &format!(
+                "{} → {code}{}",
+                node.observed,
+                decision
+                    .why
+                    .as_ref()
+                    .map(|w| format!(": {w}"))
+                    .unwrap_or_default()
+            ),
+            json!({"from": node.observed, "to": code, "observed": observed,
+                   "schedulable": decision.schedulable, "usable": decision.usable}),
+        )
+        .await?;
+    }
+    for e in effects {
+        node_event(
+            tx,
+            &node.node_id,
+            "health",
+            &e.message,
+            json!({"action": e.action, "gpu": e.gpu, "code": e.code}),
+        )
+        .await?;
+    }
+    if state_changed || usable != node.usable || node.stored_health.as_ref() != Some(&health_json) {
+        tx.execute(
+            "UPDATE nodes SET health = $2, observed = $3, usable = $4 WHERE node_id = $1",
+            &[&node.node_id, &health_json, &code, &usable],
+        )
+        .await?;
+    }
+    if usable != node.usable {
+        // What may be scheduled changed: a plan computed before is stale.
+        tx.execute(
+            "UPDATE sched_state SET generation = generation + 1 WHERE id = 1",
+            &[],
+        )
+        .await?;
+        out.fleet_changed = true;
+    }
+    node.observed = code.to_string();
+    node.usable = usable;
+    node.stored_health = Some(health_json);
+
+    let why = decision.why.clone().unwrap_or_else(|| match &observed {
+        Observed::Degraded { quarantined, .. } => format!("GPUs {quarantined:?} quarantined"),
+        _ => code.to_string(),
+    });
+    if decision.lost {
+        let lost = lose_jobs(tx, &node.node_id, &why).await?;
+        if !lost.is_empty() {
+            out.freed_gpus = true;
+            node_event(
+                tx,
+                &node.node_id,
+                "lost",
+                &format!(
+                    "{} job(s) lost workers with the node; they requeue at the front from their \
+                     newest checkpoints",
+                    lost.len()
+                ),
+                json!({"jobs": lost}),
+            )
+            .await?;
+            out.lost = lost;
+        }
+    } else if decision.evacuate || !decision.evacuate_gpus.is_empty() {
+        let (cause, gpus) = if decision.evacuate {
+            let cause = match (&node.admin, &observed) {
+                (
+                    Admin::Active | Admin::Cordoned { .. },
+                    Observed::Failed { .. } | Observed::NeedsRepair { .. },
+                ) => "health",
+                (admin, _) => evacuation_cause(admin),
+            };
+            (cause, None)
+        } else {
+            ("health", Some(decision.evacuate_gpus.clone()))
+        };
+        let moved = evacuate(tx, &node.node_id, gpus.as_deref(), cause, &why).await?;
+        if !moved.is_empty() {
+            node_event(
+                tx,
+                &node.node_id,
+                "evacuate",
+                &format!(
+                    "{} job(s) asked to checkpoint and move ({cause}: {why}){}",
+                    moved.len(),
+                    gpus.as_ref()
+                        .map(|g| format!(" off GPUs {g:?}"))
+                        .unwrap_or_default()
+                ),
+                json!({"jobs": moved, "cause": cause, "gpus": gpus}),
+            )
+            .await?;
+            out.evacuated = moved;
+        }
+    }
+    Ok(out)
+}
+
+/// Asks the running jobs on the node (or on `gpus` of it) to checkpoint,
+/// stop and requeue at the front; returns those asked now.
+async fn evacuate(
+    tx: &Transaction<'_>,
+    node_id: &str,
+    gpus: Option<&[u32]>,
+    cause: &str,
+    why: &str,
+) -> Result<Vec<Uuid>> {
+    let gpus: Option<Vec<i32>> = gpus.map(|g| g.iter().map(|&x| x as i32).collect());
+    let rows = tx
+        .query(
+            "SELECT DISTINCT a.job_id FROM allocations a JOIN jobs j ON j.job_id = a.job_id
+             WHERE a.node_id = $1 AND a.released_at IS NULL
+               AND ($2::int[] IS NULL OR a.gpu_index = ANY($2))
+               AND j.state IN ('starting', 'running')
+             ORDER BY a.job_id",
+            &[&node_id, &gpus],
+        )
+        .await?;
+    let jobs: Vec<Uuid> = rows.iter().map(|r| r.get(0)).collect();
+    if jobs.is_empty() {
+        return Ok(jobs);
+    }
+    lock_jobs(tx, &jobs).await?;
+    let mut moved = Vec::new();
+    for job in jobs {
+        let by = PreemptBy::Node {
+            cause,
+            node: node_id,
+            why,
+        };
+        if preempt_in_tx(tx, job, &by).await? {
+            tx.execute(
+                "UPDATE jobs SET requeue_front = true WHERE job_id = $1",
+                &[&job],
+            )
+            .await?;
+            moved.push(job);
+        }
+    }
+    Ok(moved)
+}
+
+/// The node is gone, and its workers with it: they go back to pending (or,
+/// being stopped, count as stopped) and their GPUs are released; the rest
+/// of each gang is asked to checkpoint and stop; the jobs requeue at the
+/// front. Returns the jobs concerned.
+async fn lose_jobs(tx: &Transaction<'_>, node_id: &str, why: &str) -> Result<Vec<Uuid>> {
+    let rows = tx
+        .query(
+            "SELECT DISTINCT job_id FROM workers
+             WHERE node_id = $1 AND state IN ('assigned', 'running', 'checkpointing', 'stopping')
+             ORDER BY job_id",
+            &[&node_id],
+        )
+        .await?;
+    let jobs: Vec<Uuid> = rows.iter().map(|r| r.get(0)).collect();
+    if jobs.is_empty() {
+        return Ok(jobs);
+    }
+    lock_jobs(tx, &jobs).await?;
+    let message = format!("lost with node {node_id} ({why})");
+    for &job in &jobs {
+        let by = PreemptBy::Node {
+            cause: "node_lost",
+            node: node_id,
+            why,
+        };
+        preempt_in_tx(tx, job, &by).await?;
+        // Workers on the lost node: gone, whatever they were doing.
+        tx.execute(
+            "UPDATE workers SET state = 'pending', node_id = NULL, gpus = '{}', local_rank = NULL,
+                    message = $3
+             WHERE job_id = $1 AND node_id = $2
+               AND state IN ('assigned', 'running', 'checkpointing')",
+            &[&job, &node_id, &message],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE workers SET state = 'cancelled', finished_at = now(), message = $3
+             WHERE job_id = $1 AND node_id = $2 AND state = 'stopping'",
+            &[&job, &node_id, &message],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE allocations SET released_at = now(), release_reason = 'node_lost'
+             WHERE job_id = $1 AND node_id = $2 AND released_at IS NULL",
+            &[&job, &node_id],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE jobs SET requeue_front = true
+             WHERE job_id = $1 AND state IN ('preempting', 'queued')",
+            &[&job],
+        )
+        .await?;
+        settle_job(tx, job).await?;
+    }
+    Ok(jobs)
+}
+
+/// The node's boot id as the health code sees it: the machine's, marked
+/// with each simulated reboot.
+fn effective_boot(reported: &str, sim_reboots: i32) -> String {
+    if sim_reboots > 0 {
+        format!("{reported}+sim-reboot-{sim_reboots}")
+    } else {
+        reported.to_string()
+    }
+}
+
+/// Feeds one agent's sync into its nodes' health: a heartbeat (refreshed
+/// every third of the suspect limit, or at once on a new boot id or with
+/// signals) and the signals reported, then reconciles each node touched.
+/// A node the sync does not report is heard from on `default_boot`, or,
+/// with `keep_boot` (registration), on the boot it last reported. The
+/// caller holds the agent's row lock.
+pub(super) async fn observe_sync(
+    tx: &Transaction<'_>,
+    ctx: &HealthContext,
+    agent_id: &str,
+    default_boot: &str,
+    reports: &[NodeReport],
+    keep_boot: bool,
+) -> Result<NodesOutcome> {
+    let now = db_now(tx).await?;
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
+                 WHERE n.agent_id = $1 ORDER BY n.node_id FOR UPDATE OF n"
+            ),
+            &[&agent_id],
+        )
+        .await?;
+    let by_node: BTreeMap<&str, &NodeReport> =
+        reports.iter().map(|r| (r.node_id.as_str(), r)).collect();
+    // Often enough that the recorded heartbeat is never taken for silence.
+    let refresh = (ctx.policy.suspect_after_s / 3) as i64;
+    let mut out = NodesOutcome::default();
+    for row in &rows {
+        let mut node = NodeRow::from_row(row);
+        if node.sim_down || node.silent_until_s.is_some_and(|t| t > now as i64) {
+            continue; // a simulated dead node or dropped link says nothing
+        }
+        let report = by_node.get(node.node_id.as_str());
+        let stored = node.boot_id.clone().filter(|_| keep_boot);
+        let unreported = stored.as_deref().unwrap_or(default_boot);
+        let reported_boot = report
+            .map_or(unreported, |r| r.boot_id.as_str())
+            .to_string();
+        let boot = effective_boot(&reported_boot, node.sim_reboots);
+        let signals: &[Signal] = report.map_or(&[], |r| r.signals.as_slice());
+        let stale = node
+            .last_heartbeat_s
+            .is_none_or(|t| now as i64 - t >= refresh);
+        let new_boot = node.health.boot_id() != Some(boot.as_str());
+        if !stale && !new_boot && signals.is_empty() && !keep_boot {
+            continue;
+        }
+        let mut effects = node.health.observe(
+            &ctx.policy,
+            now,
+            &Signal::Heartbeat {
+                boot_id: boot.clone(),
+            },
+        );
+        for s in signals {
+            if matches!(s, Signal::Heartbeat { .. }) {
+                continue; // heartbeats are the sync itself
+            }
+            effects.extend(node.health.observe(&ctx.policy, now, s));
+        }
+        tx.execute(
+            "UPDATE nodes SET boot_id = $2, last_heartbeat_at = to_timestamp($3), silent_until = NULL
+             WHERE node_id = $1",
+            &[&node.node_id, &reported_boot, &(now as f64)],
+        )
+        .await?;
+        out.absorb(reconcile_node(tx, ctx, now, &mut node, &effects).await?);
+    }
+    Ok(out)
+}
+
+impl Store {
+    /// Lets time pass for every node that needs it (not plainly healthy and
+    /// active, or whose heartbeat is stale): silent nodes turn suspect,
+    /// then lost; hold-downs end; `wait` drains reach their deadlines; and
+    /// whatever both axes decide is carried out again. The leader runs it
+    /// from the scheduling loop.
+    pub async fn health_tick(&self, ctx: &HealthContext) -> Result<NodesOutcome> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let now = db_now(&tx).await?;
+        // A heartbeat is recorded at least every third of the suspect
+        // limit: one older than half of it means the node went quiet.
+        let quiet_s = ctx.policy.suspect_after_s as f64 / 2.0;
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
+                     WHERE n.observed <> 'healthy' OR n.operator_state <> 'active'
+                        OR n.last_heartbeat_at IS NULL
+                        OR n.last_heartbeat_at < now() - make_interval(secs => $1)
+                     ORDER BY n.node_id FOR UPDATE OF n"
+                ),
+                &[&quiet_s],
+            )
+            .await?;
+        let mut out = NodesOutcome::default();
+        for row in &rows {
+            let mut node = NodeRow::from_row(row);
+            node.health.tick(&ctx.policy, now);
+            out.absorb(reconcile_node(&tx, ctx, now, &mut node, &[]).await?);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Locks one node for an operator's action; `None` if there is none.
+    async fn lock_node(tx: &Transaction<'_>, node_id: &str) -> Result<Option<NodeRow>> {
+        let row = tx
+            .query_opt(
+                &format!(
+                    "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
+                     WHERE n.node_id = $1 FOR UPDATE OF n"
+                ),
+                &[&node_id],
+            )
+            .await?;
+        Ok(row.as_ref().map(NodeRow::from_row))
+    }
+
+    /// Applies an operator's change of a node's admin state (cordon,
+    /// uncordon, drain), audited, and carries out what it decides.
+    pub async fn set_node_admin(
+        &self,
+        ctx: &HealthContext,
+        actor: &str,
+        node_id: &str,
+        change: AdminChange,
+        reason: Option<&str>,
+    ) -> Result<std::result::Result<NodesOutcome, NodeRefusal>> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let Some(mut node) = Self::lock_node(&tx, node_id).await? else {
+            return Ok(Err(NodeRefusal::NotFound));
+        };
+        let now = db_now(&tx).await?;
+        if let Admin::Maintenance { plan } = &node.admin {
+            return Ok(Err(NodeRefusal::Conflict(format!(
+                "maintenance plan {plan} holds the node; it returns the node when it is done"
+            ))));
+        }
+        let reason_text = reason.map(str::to_string);
+        let (action, new_admin, message, detail) = match change {
+            AdminChange::Cordon => (
+                "node.cordon",
+                Admin::Cordoned {
+                    reason: reason_text.clone().unwrap_or_default(),
+                },
+                "cordoned: no new work; running jobs stay".to_string(),
+                json!({}),
+            ),
+            AdminChange::Uncordon => {
+                if matches!(node.admin, Admin::Repair { .. })
+                    || matches!(
+                        node.health.observed(&ctx.policy, now),
+                        Observed::NeedsRepair { .. }
+                    )
+                {
+                    // The operator returns the node from repair.
+                    node.health.repaired();
+                }
+                (
+                    "node.uncordon",
+                    Admin::Active,
+                    "returned to service".to_string(),
+                    json!({"was": node.admin.code()}),
+                )
+            }
+            AdminChange::Drain { mode, deadline_s } => {
+                let deadline = now + deadline_s;
+                (
+                    "node.drain",
+                    Admin::Draining {
+                        wait: mode == DrainMode::Wait,
+                        deadline,
+                    },
+                    match mode {
+                        DrainMode::Checkpoint => format!(
+                            "draining: no new work; jobs asked to checkpoint and move (within \
+                             {deadline_s} s)"
+                        ),
+                        DrainMode::Wait => format!(
+                            "draining: no new work; jobs may finish within {deadline_s} s, then \
+                             are checkpointed and moved"
+                        ),
+                    },
+                    json!({"mode": mode.as_str(), "deadline_s": deadline_s,
+                           "deadline": at(deadline)}),
+                )
+            }
+        };
+        let (state, wait, deadline): (&str, Option<bool>, Option<f64>) = match &new_admin {
+            Admin::Draining { wait, deadline } => ("draining", Some(*wait), Some(*deadline as f64)),
+            other => (other.code(), None, None),
+        };
+        let stored_reason = match &new_admin {
+            Admin::Active => None,
+            _ => reason_text.clone(),
+        };
+        tx.execute(
+            "UPDATE nodes SET operator_state = $2, admin_reason = $3, drain_wait = $4,
+                    drain_deadline = to_timestamp($5)
+             WHERE node_id = $1",
+            &[&node_id, &state, &stored_reason, &wait, &deadline],
+        )
+        .await?;
+        node.admin = new_admin;
+        node.admin_reason = stored_reason;
+        let mut detail = detail;
+        detail["actor"] = json!(actor);
+        detail["reason"] = json!(reason);
+        node_event(
+            &tx,
+            node_id,
+            "admin",
+            &match reason {
+                Some(r) => format!("{message} (by {actor}: {r})"),
+                None => format!("{message} (by {actor})"),
+            },
+            detail.clone(),
+        )
+        .await?;
+        insert_audit(&tx, actor, action, node_id, reason, detail).await?;
+        let out = reconcile_node(&tx, ctx, now, &mut node, &[]).await?;
+        tx.commit().await?;
+        Ok(Ok(out))
+    }
+
+    /// Injects a fault into a simulated node, as if its agent had reported
+    /// it (audited).
+    pub async fn inject_fault(
+        &self,
+        ctx: &HealthContext,
+        actor: &str,
+        node_id: &str,
+        fault: &Fault,
+    ) -> Result<std::result::Result<NodesOutcome, NodeRefusal>> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let Some(mut node) = Self::lock_node(&tx, node_id).await? else {
+            return Ok(Err(NodeRefusal::NotFound));
+        };
+        if node.executor != "sim" {
+            return Ok(Err(NodeRefusal::NotSimulated));
+        }
+        if let Some(gpu) = fault.gpu() {
+            if gpu >= node.gpus {
+                return Ok(Err(NodeRefusal::InvalidFault(format!(
+                    "node {node_id} has GPUs 0 … {}; there is no GPU {gpu}",
+                    node.gpus.saturating_sub(1)
+                ))));
+            }
+        }
+        let now = db_now(&tx).await?;
+        let policy = &ctx.policy;
+        let signal = match fault {
+            Fault::Xid { gpu, code } => Some(Signal::Xid {
+                gpu: *gpu,
+                code: *code,
+            }),
+            Fault::Ecc {
+                gpu,
+                single_bit,
+                double_bit,
+            } => Some(Signal::Ecc {
+                gpu: *gpu,
+                single_bit: *single_bit,
+                double_bit: *double_bit,
+            }),
+            Fault::Remap {
+                gpu,
+                pending,
+                failed,
+            } => Some(Signal::Remap {
+                gpu: *gpu,
+                pending: *pending,
+                failed: *failed,
+            }),
+            Fault::Thermal {
+                gpu,
+                celsius,
+                throttled,
+            } => Some(Signal::Thermal {
+                gpu: *gpu,
+                celsius: celsius.unwrap_or(policy.temperature_limit_c.saturating_add(5)),
+                throttled: throttled.unwrap_or(true),
+            }),
+            Fault::Nvlink { gpu, errors } => Some(Signal::Nvlink {
+                gpu: *gpu,
+                errors: errors.unwrap_or(policy.nvlink_error_limit),
+            }),
+            Fault::NodeDown => {
+                tx.execute(
+                    "UPDATE nodes SET sim_down = true WHERE node_id = $1",
+                    &[&node_id],
+                )
+                .await?;
+                Some(Signal::NodeDown)
+            }
+            Fault::LinkFlap { silent_s } => {
+                let silent = silent_s.unwrap_or(policy.suspect_after_s + 2).max(1);
+                tx.execute(
+                    "UPDATE nodes SET silent_until = now() + make_interval(secs => $2)
+                     WHERE node_id = $1",
+                    &[&node_id, &(silent as f64)],
+                )
+                .await?;
+                None
+            }
+            Fault::Reboot => {
+                node.sim_reboots += 1;
+                node.sim_down = false;
+                tx.execute(
+                    "UPDATE nodes SET sim_reboots = $2, sim_down = false, silent_until = NULL,
+                            last_heartbeat_at = now()
+                     WHERE node_id = $1",
+                    &[&node_id, &node.sim_reboots],
+                )
+                .await?;
+                let reported = node.boot_id.clone().unwrap_or_else(|| "sim".into());
+                Some(Signal::Heartbeat {
+                    boot_id: effective_boot(&reported, node.sim_reboots),
+                })
+            }
+        };
+        let detail = json!({"fault": fault, "actor": actor});
+        node_event(
+            &tx,
+            node_id,
+            "fault_injected",
+            &format!("fault injected by {actor}: {}", fault_words(fault)),
+            detail.clone(),
+        )
+        .await?;
+        insert_audit(&tx, actor, "node.fault", node_id, None, detail).await?;
+        let effects = match &signal {
+            Some(s) => node.health.observe(policy, now, s),
+            None => Vec::new(),
+        };
+        let out = reconcile_node(&tx, ctx, now, &mut node, &effects).await?;
+        tx.commit().await?;
+        Ok(Ok(out))
+    }
+
+    /// Every node of the region as operators see it, decided at the
+    /// database's now.
+    pub async fn list_nodes(&self, policy: &HealthPolicy) -> Result<Vec<NodeView>> {
+        self.node_views(policy, None).await
+    }
+
+    /// One node with its newest events, or `None`.
+    pub async fn get_node(&self, policy: &HealthPolicy, node_id: &str) -> Result<Option<NodeView>> {
+        let Some(mut view) = self.node_views(policy, Some(node_id)).await?.pop() else {
+            return Ok(None);
+        };
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT * FROM (SELECT event_id, at, kind, message, detail FROM node_events
+                                WHERE node_id = $1 ORDER BY event_id DESC LIMIT 50) e
+                 ORDER BY event_id",
+                &[&node_id],
+            )
+            .await?;
+        view.events = rows
+            .iter()
+            .map(|r| NodeEvent {
+                id: r.get("event_id"),
+                at: r.get("at"),
+                kind: r.get("kind"),
+                message: r.get("message"),
+                detail: r.get("detail"),
+            })
+            .collect();
+        Ok(Some(view))
+    }
+
+    async fn node_views(&self, policy: &HealthPolicy, only: Option<&str>) -> Result<Vec<NodeView>> {
+        let mut conn = self.conn().await?;
+        let tx = conn
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let now = db_now(&tx).await?;
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
+                     WHERE $1::text IS NULL OR n.node_id = $1 ORDER BY n.node_id"
+                ),
+                &[&only],
+            )
+            .await?;
+        let held = tx
+            .query(
+                "SELECT node_id, array_agg(DISTINCT gpu_index) AS gpus,
+                        array_agg(DISTINCT job_id) AS jobs
+                 FROM allocations
+                 WHERE released_at IS NULL AND ($1::text IS NULL OR node_id = $1)
+                 GROUP BY node_id",
+                &[&only],
+            )
+            .await?;
+        tx.commit().await?;
+        let mut allocated: BTreeMap<String, (Vec<i32>, Vec<Uuid>)> = BTreeMap::new();
+        for r in &held {
+            allocated.insert(r.get(0), (r.get(1), r.get(2)));
+        }
+        let views = rows
+            .iter()
+            .map(|row| {
+                let node = NodeRow::from_row(row);
+                let observed = node.health.observed(policy, now);
+                let d = decide(&node.admin, &observed, node.gpus);
+                let (gpus, jobs) = allocated.remove(&node.node_id).unwrap_or_default();
+                let (drain_mode, drain_deadline) = match node.admin {
+                    Admin::Draining { wait, deadline } => (
+                        Some(if wait {
+                            DrainMode::Wait
+                        } else {
+                            DrainMode::Checkpoint
+                        }),
+                        at(deadline),
+                    ),
+                    _ => (None, None),
+                };
+                let mut jobs = jobs;
+                jobs.sort();
+                let spare: bool = row.get("spare");
+                NodeView {
+                    region: self.region().to_string(),
+                    agent_id: node.agent_id.clone(),
+                    executor: node.executor.clone(),
+                    spine: row.get("spine"),
+                    leaf: row.get("leaf"),
+                    nvlink_domain: row.get("nvlink_domain"),
+                    gpu_type: row.get("gpu_type"),
+                    spare,
+                    gpus: node.gpus,
+                    admin_state: node.admin.code().to_string(),
+                    admin_reason: node.admin_reason.clone(),
+                    drain_mode,
+                    drain_deadline,
+                    observed: observed.code().to_string(),
+                    observed_detail: serde_json::to_value(&observed).unwrap_or_default(),
+                    schedulable: d.schedulable && !spare,
+                    usable_gpus: if spare { Vec::new() } else { d.usable.clone() },
+                    allocated_gpus: {
+                        let mut g: Vec<u32> = gpus.iter().map(|&g| g as u32).collect();
+                        g.sort_unstable();
+                        g
+                    },
+                    drained: matches!(node.admin, Admin::Draining { .. }) && jobs.is_empty(),
+                    jobs,
+                    why: if spare && d.why.is_none() {
+                        Some("in the spare pool".into())
+                    } else {
+                        d.why.clone()
+                    },
+                    boot_id: node.boot_id.clone(),
+                    last_heartbeat: row.get("last_heartbeat_at"),
+                    events: Vec::new(),
+                    node_id: node.node_id,
+                }
+            })
+            .collect();
+        Ok(views)
+    }
+}
+
+/// An operator's change of a node's admin state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdminChange {
+    Cordon,
+    Uncordon,
+    Drain { mode: DrainMode, deadline_s: u64 },
+}
+
+fn fault_words(f: &Fault) -> String {
+    match f {
+        Fault::Xid { gpu, code } => format!("XID {code} on GPU {gpu}"),
+        Fault::Ecc {
+            gpu,
+            single_bit,
+            double_bit,
+        } => format!("ECC on GPU {gpu}: {single_bit} single-bit, {double_bit} double-bit"),
+        Fault::Remap {
+            gpu,
+            pending,
+            failed,
+        } => format!("row remap on GPU {gpu}: pending {pending}, failed {failed}"),
+        Fault::Thermal {
+            gpu,
+            celsius,
+            throttled,
+        } => format!(
+            "thermal on GPU {gpu}: {} °C{}",
+            celsius.map_or("hot".into(), |c| c.to_string()),
+            if throttled.unwrap_or(true) {
+                ", throttling"
+            } else {
+                ""
+            }
+        ),
+        Fault::Nvlink { gpu, errors } => format!(
+            "NVLink errors on GPU {gpu}: {}",
+            errors.map_or("past the limit".into(), |e| e.to_string())
+        ),
+        Fault::NodeDown => "the node dies".into(),
+        Fault::LinkFlap { silent_s } => format!(
+            "the node's link drops{}",
+            silent_s.map_or(String::new(), |s| format!(" for {s} s"))
+        ),
+        Fault::Reboot => "the node reboots".into(),
+    }
+}
+
+/// Appends one entry to the audit log, inside the action's transaction.
+pub(super) async fn insert_audit(
+    tx: &Transaction<'_>,
+    actor: &str,
+    action: &str,
+    target: &str,
+    reason: Option<&str>,
+    detail: serde_json::Value,
+) -> Result<()> {
+    tx.execute(
+        "INSERT INTO audit_log (actor, action, target, reason, detail) VALUES ($1, $2, $3, $4, $5)",
+        &[&actor, &action, &target, &reason, &detail],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,874 @@
+//! Fleet operations against a real, throwaway PostgreSQL: each health
+//! signal class leads to its action through the store (application XIDs
+//! ignored, a GPU fault quarantines the GPU and moves its jobs, a node fault
+//! drains the node, a stale heartbeat makes it suspect then lost and its
+//! jobs requeue at the front); cordon, uncordon and drains (checkpoint and
+//! wait) with jobs on the node; every admin action in the audit log, which
+//! only the global tier's service token may read.
+
+use std::time::Duration;
+
+use axum::http::Method;
+use gangway_health::{HealthPolicy, Signal};
+use gangway_regional::scheduler::run_pass;
+use gangway_regional::store::{AdminChange, NewJob, StopTiming, SubmitOutcome};
+use gangway_regional::{RegionConfig, Store};
+use gangway_shared::agent::{
+    AgentGpu, AgentNode, Assignment, Desired, NodeReport, RegisterRequest, SyncRequest,
+    WorkerReport, WorkerStatus,
+};
+use gangway_shared::api::{DrainMode, JobMode, JobState, NodeView, TopologyLevel};
+use serde_json::json;
+use uuid::Uuid;
+
+const AGENT_TIMEOUT: Duration = Duration::from_secs(3600);
+const TIMING: StopTiming = StopTiming {
+    grace_period_s: 5,
+    checkpoint_deadline_s: 30,
+};
+
+/// A fast policy for tests: suspect after 2 s of silence, lost after 5 s.
+fn policy() -> HealthPolicy {
+    HealthPolicy {
+        suspect_after_s: 2,
+        lost_after_s: 5,
+        ..HealthPolicy::default()
+    }
+}
+
+async fn store(prefix: &str) -> (Store, tokio_postgres::Client) {
+    store_with(prefix, HealthPolicy::default()).await
+}
+
+async fn store_with(prefix: &str, policy: HealthPolicy) -> (Store, tokio_postgres::Client) {
+    let url = gangway_devkit::fresh_database(prefix).await;
+    let store = Store::connect(&url, "test-region", 8)
+        .unwrap()
+        .with_health(policy, Duration::from_secs(30));
+    store.migrate().await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    (store, client)
+}
+
+fn node(id: &str) -> AgentNode {
+    AgentNode {
+        node_id: id.into(),
+        spine: "s0".into(),
+        leaf: "s0-l0".into(),
+        nvlink_domain: id.into(),
+        gpu_type: "h100".into(),
+        spare: false,
+        address: "127.0.0.1".into(),
+        gpus: (0..8)
+            .map(|i| AgentGpu {
+                index: i,
+                uuid: format!("GPU-{id}-{i}"),
+            })
+            .collect(),
+    }
+}
+
+/// One agent per node, as on real machines: `n0` by `agent-n0`, …
+struct Fleet {
+    boots: Vec<Uuid>,
+}
+
+impl Fleet {
+    async fn register(store: &Store, nodes: usize) -> Fleet {
+        let mut boots = Vec::new();
+        for n in 0..nodes {
+            let boot = Uuid::new_v4();
+            store
+                .register_agent(&RegisterRequest {
+                    agent_id: format!("agent-n{n}"),
+                    boot_id: boot,
+                    executor: "sim".into(),
+                    nodes: vec![node(&format!("n{n}"))],
+                })
+                .await
+                .unwrap();
+            boots.push(boot);
+        }
+        Fleet { boots }
+    }
+
+    /// Syncs node `n`'s agent with these signals and reports; returns the
+    /// assignments.
+    async fn sync(
+        &self,
+        store: &Store,
+        n: usize,
+        machine_boot: &str,
+        signals: Vec<Signal>,
+        workers: Vec<WorkerReport>,
+    ) -> Vec<Assignment> {
+        store
+            .sync_agent(
+                &format!("agent-n{n}"),
+                &SyncRequest {
+                    boot_id: self.boots[n],
+                    workers,
+                    nodes: vec![NodeReport {
+                        node_id: format!("n{n}"),
+                        boot_id: machine_boot.into(),
+                        signals,
+                    }],
+                },
+                TIMING,
+            )
+            .await
+            .unwrap()
+            .assignments
+    }
+
+    /// Syncs as the agent would: wanted workers run; workers asked to
+    /// checkpoint exit with `checkpoint`; workers asked to stop exit.
+    async fn act(&self, store: &Store, n: usize, checkpoint: Option<&str>) -> Vec<Assignment> {
+        let wanted = self.sync(store, n, "boot-1", vec![], vec![]).await;
+        let reports = wanted
+            .iter()
+            .map(|a| WorkerReport {
+                job_id: a.job_id,
+                rank: a.rank,
+                attempt: a.attempt,
+                status: match a.desired {
+                    Desired::Run => WorkerStatus::Running,
+                    _ => WorkerStatus::Exited {
+                        exit_code: None,
+                        signal: Some(15),
+                        message: Some("checkpointed and stopped".into()),
+                    },
+                },
+                checkpoint: match a.desired {
+                    Desired::Checkpoint => checkpoint.map(String::from),
+                    _ => None,
+                },
+            })
+            .collect();
+        self.sync(store, n, "boot-1", vec![], reports).await;
+        wanted
+    }
+}
+
+fn job(gpus: i32, per: i32) -> NewJob {
+    let spec = serde_json::from_value(json!({"name": "t", "gpus": gpus, "gpu_type": "h100",
+        "estimated_duration_s": 3600, "command": ["train"], "gpus_per_worker": per}))
+    .unwrap();
+    NewJob {
+        id: Uuid::new_v4(),
+        tenant: "acme".into(),
+        idempotency_key: None,
+        spec,
+        name: "t".into(),
+        mode: JobMode::Gang,
+        gpu_type: "h100".into(),
+        gpus,
+        gpus_per_worker: per,
+        workers: gpus / per,
+        priority: 1,
+        required: TopologyLevel::Region,
+        preferred: TopologyLevel::Nvlink,
+    }
+}
+
+async fn submit(store: &Store, j: &NewJob) -> Uuid {
+    match store.submit(j).await.unwrap() {
+        SubmitOutcome::Created(job) => job.id,
+        SubmitOutcome::Replayed(_) => panic!("fresh job replayed"),
+    }
+}
+
+/// Places `gpus` GPUs of work and starts it; returns the job and the index
+/// of the node it runs on.
+async fn running_job(store: &Store, fleet: &Fleet, gpus: i32, per: i32) -> (Uuid, usize) {
+    let id = submit(store, &job(gpus, per)).await;
+    let o = run_pass(store, AGENT_TIMEOUT).await.unwrap();
+    assert_eq!(o.placements, 1, "{o:?}");
+    let j = store.get_job("acme", id).await.unwrap();
+    let node = j.workers[0].node.clone().unwrap();
+    let n: usize = node.trim_start_matches('n').parse().unwrap();
+    fleet.act(store, n, None).await;
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
+    (id, n)
+}
+
+async fn node_view(store: &Store, id: &str) -> NodeView {
+    store
+        .get_node(store.health_policy(), id)
+        .await
+        .unwrap()
+        .expect("the node")
+}
+
+async fn events(store: &Store, id: Uuid) -> Vec<(String, serde_json::Value)> {
+    store
+        .job_events("acme", id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.kind, e.detail))
+        .collect()
+}
+
+fn snapshot_node(snap: &gangway_sched::Snapshot, id: &str) -> gangway_sched::Node {
+    snap.nodes.iter().find(|n| n.id == id).unwrap().clone()
+}
+
+fn xid(gpu: u32, code: u32) -> Signal {
+    Signal::Xid { gpu, code }
+}
+
+#[tokio::test]
+async fn application_xids_are_ignored_and_a_gpu_fault_quarantines_the_gpu_and_moves_its_job() {
+    let (store, client) = store("fleet_gpu").await;
+    let fleet = Fleet::register(&store, 2).await;
+    for n in 0..2 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    let (id, n) = running_job(&store, &fleet, 8, 8).await;
+    let name = format!("n{n}");
+
+    // Application XIDs: recorded, never held against the GPU or the node.
+    for code in [13, 31, 43, 45, 68] {
+        fleet
+            .sync(&store, n, "boot-1", vec![xid(2, code)], vec![])
+            .await;
+    }
+    let v = node_view(&store, &name).await;
+    assert_eq!(v.observed, "healthy");
+    assert!(v.schedulable);
+    assert_eq!(v.usable_gpus.len(), 8);
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
+    let ignored = v
+        .events
+        .iter()
+        .filter(|e| e.kind == "health" && e.detail["action"] == "ignore")
+        .count();
+    assert_eq!(ignored, 5, "{:?}", v.events);
+
+    // XID 48 (double-bit ECC): GPU 2 is quarantined and its job moves.
+    fleet
+        .sync(&store, n, "boot-1", vec![xid(2, 48)], vec![])
+        .await;
+    let v = node_view(&store, &name).await;
+    assert_eq!(v.observed, "degraded");
+    assert!(v.schedulable, "the other GPUs still work");
+    assert_eq!(v.usable_gpus, vec![0, 1, 3, 4, 5, 6, 7]);
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Preempting);
+    let (_, detail) = events(&store, id)
+        .await
+        .into_iter()
+        .find(|(k, _)| k == "preempted")
+        .unwrap();
+    assert_eq!(detail["cause"], "health");
+    assert_eq!(detail["node"], name);
+    // The snapshot no longer offers GPU 2.
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    let sn = snapshot_node(&snap, &name);
+    assert!(sn.schedulable && !sn.free.contains(&2));
+
+    // Checkpointed and stopped: it requeues at the front and restarts on
+    // the other node (8 usable GPUs are no longer on this one).
+    fleet.act(&store, n, Some("/ckpt/step-9")).await;
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Queued);
+    let front: bool = client
+        .query_one("SELECT requeue_front FROM jobs WHERE job_id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(front);
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(
+        job.workers[0].node.as_deref(),
+        Some(format!("n{}", 1 - n).as_str())
+    );
+    assert_eq!(job.restore_from.as_deref(), Some("/ckpt/step-9"));
+
+    // A reboot (new machine boot id) returns the GPU.
+    fleet.sync(&store, n, "boot-2", vec![], vec![]).await;
+    let v = node_view(&store, &name).await;
+    assert_eq!(v.observed, "healthy");
+    assert_eq!(v.usable_gpus.len(), 8);
+}
+
+#[tokio::test]
+async fn a_node_fault_drains_the_node_until_it_reboots() {
+    let (store, _client) = store("fleet_node").await;
+    let fleet = Fleet::register(&store, 2).await;
+    for n in 0..2 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    let (id, n) = running_job(&store, &fleet, 4, 4).await;
+    let name = format!("n{n}");
+    // XID 79: the GPU fell off the bus — the whole node drains.
+    fleet
+        .sync(&store, n, "boot-1", vec![xid(5, 79)], vec![])
+        .await;
+    let v = node_view(&store, &name).await;
+    assert_eq!(v.observed, "failed");
+    assert!(!v.schedulable && v.usable_gpus.is_empty());
+    assert!(v.why.as_deref().unwrap().contains("xid_79"), "{:?}", v.why);
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Preempting
+    );
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    assert!(!snapshot_node(&snap, &name).schedulable);
+    fleet.act(&store, n, Some("/ckpt/a")).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(
+        job.workers[0].node.as_deref(),
+        Some(format!("n{}", 1 - n).as_str())
+    );
+    // The same boot: still out. A new boot: back.
+    fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    assert_eq!(node_view(&store, &name).await.observed, "failed");
+    fleet.sync(&store, n, "boot-2", vec![], vec![]).await;
+    let v = node_view(&store, &name).await;
+    assert_eq!(v.observed, "healthy");
+    assert!(v.schedulable);
+    let kinds: Vec<&str> = v.events.iter().map(|e| e.kind.as_str()).collect();
+    assert!(kinds.contains(&"evacuate"), "{kinds:?}");
+}
+
+#[tokio::test]
+async fn a_stale_heartbeat_makes_a_node_suspect_then_lost_and_its_jobs_requeue_at_the_front() {
+    let (store, client) = store_with("fleet_lost", policy()).await;
+    let fleet = Fleet::register(&store, 2).await;
+    for n in 0..2 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    // An older job that can never fit waits in the queue.
+    let old = submit(&store, &job(64, 8)).await;
+    let (id, n) = running_job(&store, &fleet, 8, 8).await;
+    let other = 1 - n;
+    let name = format!("n{n}");
+    let ctx = store.health_context();
+
+    // The job's node goes silent; the other keeps syncing.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    fleet.sync(&store, other, "boot-1", vec![], vec![]).await;
+    store.health_tick(&ctx).await.unwrap();
+    let v = node_view(&store, &name).await;
+    assert_eq!(v.observed, "suspect");
+    assert!(!v.schedulable);
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running,
+        "suspect: no new work, but its jobs stay"
+    );
+
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    fleet.sync(&store, other, "boot-1", vec![], vec![]).await;
+    let out = store.health_tick(&ctx).await.unwrap();
+    assert_eq!(out.lost, vec![id]);
+    assert_eq!(node_view(&store, &name).await.observed, "lost");
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Queued, "{job:?}");
+    let kinds: Vec<String> = events(&store, id).await.into_iter().map(|e| e.0).collect();
+    assert_eq!(
+        kinds,
+        ["queued", "placed", "started", "preempted", "requeued"]
+    );
+    let (_, detail) = events(&store, id)
+        .await
+        .into_iter()
+        .find(|(k, _)| k == "preempted")
+        .unwrap();
+    assert_eq!(detail["cause"], "node_lost");
+    // Its GPUs are released; it is first in line, before the older job.
+    let live: i64 = client
+        .query_one(
+            "SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(live, 0);
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    let seq = |j: Uuid| {
+        snap.queue
+            .iter()
+            .find(|r| r.job == j.to_string())
+            .unwrap()
+            .seq
+    };
+    assert!(seq(id) < seq(old), "{} vs {}", seq(id), seq(old));
+    // A second tick changes nothing more.
+    let again = store.health_tick(&ctx).await.unwrap();
+    assert!(again.lost.is_empty() && again.evacuated.is_empty());
+    // It runs again on the live node.
+    fleet.sync(&store, other, "boot-1", vec![], vec![]).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(
+        job.workers[0].node.as_deref(),
+        Some(format!("n{other}").as_str())
+    );
+    // The silent node comes back (same boot): healthy again.
+    fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    assert_eq!(node_view(&store, &name).await.observed, "healthy");
+}
+
+#[tokio::test]
+async fn cordon_keeps_running_jobs_and_uncordon_returns_the_node() {
+    let (store, client) = store("fleet_cordon").await;
+    let fleet = Fleet::register(&store, 2).await;
+    for n in 0..2 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    let (id, n) = running_job(&store, &fleet, 4, 4).await;
+    let name = format!("n{n}");
+    let ctx = store.health_context();
+    store
+        .set_node_admin(
+            &ctx,
+            "ops@example",
+            &name,
+            AdminChange::Cordon,
+            Some("bad fan"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let v = node_view(&store, &name).await;
+    assert_eq!((v.admin_state.as_str(), v.schedulable), ("cordoned", false));
+    assert_eq!(v.jobs, vec![id]);
+    assert!(v.why.unwrap().contains("bad fan"));
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    assert!(!snapshot_node(&snap, &name).schedulable);
+    store.health_tick(&ctx).await.unwrap();
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
+    store
+        .set_node_admin(&ctx, "ops@example", &name, AdminChange::Uncordon, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let v = node_view(&store, &name).await;
+    assert_eq!((v.admin_state.as_str(), v.schedulable), ("active", true));
+    let audit: Vec<(String, String, String)> = client
+        .query(
+            "SELECT actor, action, target FROM audit_log ORDER BY audit_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        audit,
+        [
+            ("ops@example".into(), "node.cordon".into(), name.clone()),
+            ("ops@example".into(), "node.uncordon".into(), name.clone()),
+        ]
+    );
+    // Append-only, whatever the code does.
+    assert!(client.execute("DELETE FROM audit_log", &[]).await.is_err());
+    assert!(client
+        .execute("UPDATE audit_log SET actor = 'x'", &[])
+        .await
+        .is_err());
+    // No such node.
+    assert_eq!(
+        store
+            .set_node_admin(&ctx, "ops", "nope", AdminChange::Cordon, None)
+            .await
+            .unwrap()
+            .unwrap_err(),
+        gangway_regional::store::NodeRefusal::NotFound
+    );
+}
+
+#[tokio::test]
+async fn a_checkpoint_drain_moves_the_jobs_through_a_checkpoint() {
+    let (store, _client) = store("fleet_drain").await;
+    let fleet = Fleet::register(&store, 2).await;
+    for n in 0..2 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    let (id, n) = running_job(&store, &fleet, 8, 8).await;
+    let name = format!("n{n}");
+    let ctx = store.health_context();
+    store
+        .set_node_admin(
+            &ctx,
+            "ops",
+            &name,
+            AdminChange::Drain {
+                mode: DrainMode::Checkpoint,
+                deadline_s: 5,
+            },
+            Some("firmware"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Preempting
+    );
+    // The workers are asked to checkpoint within the drain's deadline.
+    let asked = fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    assert_eq!(asked[0].desired, Desired::Checkpoint);
+    assert!(asked[0].checkpoint_deadline_s <= 5, "{asked:?}");
+    let v = node_view(&store, &name).await;
+    assert_eq!(v.admin_state, "draining");
+    assert_eq!(v.drain_mode, Some(DrainMode::Checkpoint));
+    assert!(!v.drained, "a job is still on it");
+    fleet.act(&store, n, Some("/ckpt/drain")).await;
+    let (_, detail) = events(&store, id)
+        .await
+        .into_iter()
+        .find(|(k, _)| k == "preempted")
+        .unwrap();
+    assert_eq!(detail["cause"], "drain");
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(
+        job.workers[0].node.as_deref(),
+        Some(format!("n{}", 1 - n).as_str())
+    );
+    assert_eq!(job.restore_from.as_deref(), Some("/ckpt/drain"));
+    assert!(node_view(&store, &name).await.drained);
+    // Uncordon returns it.
+    store
+        .set_node_admin(&ctx, "ops", &name, AdminChange::Uncordon, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(node_view(&store, &name).await.schedulable);
+}
+
+#[tokio::test]
+async fn a_wait_drain_lets_jobs_finish_and_moves_the_rest_at_the_deadline() {
+    let (store, _client) = store("fleet_wait").await;
+    let fleet = Fleet::register(&store, 1).await;
+    fleet.sync(&store, 0, "boot-1", vec![], vec![]).await;
+    let (short, _) = running_job(&store, &fleet, 4, 4).await;
+    let (long, _) = running_job(&store, &fleet, 4, 4).await;
+    let ctx = store.health_context();
+    store
+        .set_node_admin(
+            &ctx,
+            "ops",
+            "n0",
+            AdminChange::Drain {
+                mode: DrainMode::Wait,
+                deadline_s: 2,
+            },
+            None,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    store.health_tick(&ctx).await.unwrap();
+    for id in [short, long] {
+        assert_eq!(
+            store.get_job("acme", id).await.unwrap().state,
+            JobState::Running
+        );
+    }
+    // The short job finishes within the deadline.
+    let wanted = fleet.sync(&store, 0, "boot-1", vec![], vec![]).await;
+    let done: Vec<WorkerReport> = wanted
+        .iter()
+        .filter(|a| a.job_id == short)
+        .map(|a| WorkerReport {
+            job_id: a.job_id,
+            rank: a.rank,
+            attempt: a.attempt,
+            status: WorkerStatus::Exited {
+                exit_code: Some(0),
+                signal: None,
+                message: None,
+            },
+            checkpoint: None,
+        })
+        .collect();
+    fleet.sync(&store, 0, "boot-1", vec![], done).await;
+    assert_eq!(
+        store.get_job("acme", short).await.unwrap().state,
+        JobState::Succeeded
+    );
+    // At the deadline the other is checkpointed and moved.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    store.health_tick(&ctx).await.unwrap();
+    assert_eq!(
+        store.get_job("acme", long).await.unwrap().state,
+        JobState::Preempting
+    );
+    let v = node_view(&store, "n0").await;
+    assert_eq!(v.drain_mode, Some(DrainMode::Checkpoint));
+    assert!(v
+        .events
+        .iter()
+        .any(|e| e.message.contains("drain deadline passed")));
+    fleet.act(&store, 0, Some("/ckpt/late")).await;
+    assert_eq!(
+        store.get_job("acme", long).await.unwrap().state,
+        JobState::Queued
+    );
+    assert!(node_view(&store, "n0").await.drained);
+}
+
+#[tokio::test]
+async fn every_admin_action_is_audited_and_only_the_global_tier_reads_the_log() {
+    let url = gangway_devkit::fresh_database("fleet_audit").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let key = gangway_auth::jwt::SigningKey::generate("svc");
+    let mut cfg = RegionConfig::new("test", addr, &url);
+    cfg.auth = Some(
+        gangway_auth::jwt::Verifier::new(
+            gangway_shared::tokens::ISSUER,
+            gangway_shared::tokens::REGION_AUDIENCE,
+            &[key.verifier_entry()],
+        )
+        .unwrap(),
+    );
+    let state = gangway_regional::prepare(cfg, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let store = state.store.clone();
+    let fleet = Fleet::register(&store, 3).await;
+    for n in 0..3 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(gangway_regional::serve_on(
+        listener,
+        state,
+        shutdown.clone(),
+    ));
+    let token = |role| {
+        key.sign(&gangway_auth::jwt::claims_for(
+            role,
+            "someone",
+            Some("acme"),
+            None,
+            gangway_shared::tokens::ISSUER,
+            gangway_shared::tokens::REGION_AUDIENCE,
+            Duration::from_secs(600),
+        ))
+        .unwrap()
+    };
+    let http = reqwest::Client::new();
+    let base = format!("http://{addr}");
+    let service = token(gangway_auth::jwt::Role::Service);
+    let call = |method: Method, path: &str, body: Option<serde_json::Value>| {
+        let mut r = http
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(&service)
+            .header(gangway_shared::api::ACTOR_HEADER, "alice@ops");
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        r.send()
+    };
+    let ok = |r: reqwest::Response| async move {
+        let status = r.status();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        assert!(status.is_success(), "{status}: {body}");
+        body
+    };
+    ok(call(
+        Method::POST,
+        "/v1/admin/nodes/n0/cordon",
+        Some(json!({"reason": "fan"})),
+    )
+    .await
+    .unwrap())
+    .await;
+    ok(call(Method::POST, "/v1/admin/nodes/n0/uncordon", None)
+        .await
+        .unwrap())
+    .await;
+    let drained = ok(call(
+        Method::POST,
+        "/v1/admin/nodes/n1/drain",
+        Some(json!({"mode": "wait", "deadline_s": 600, "reason": "kernel"})),
+    )
+    .await
+    .unwrap())
+    .await;
+    assert_eq!(drained["admin_state"], "draining");
+    assert_eq!(drained["drain_mode"], "wait");
+    let faulted = ok(call(
+        Method::POST,
+        "/v1/admin/nodes/n0/faults",
+        Some(json!({"kind": "xid", "gpu": 1, "code": 79})),
+    )
+    .await
+    .unwrap())
+    .await;
+    assert_eq!(faulted["observed"], "failed");
+    ok(call(
+        Method::PUT,
+        "/v1/admin/quotas/acme/h100",
+        Some(json!({"guaranteed_gpus": 8})),
+    )
+    .await
+    .unwrap())
+    .await;
+    let r = call(Method::DELETE, "/v1/admin/quotas/acme/h100", None)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    // An operator preemption of a running job.
+    let id = submit(&store, &job(4, 4)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    let on = store.get_job("acme", id).await.unwrap().workers[0]
+        .node
+        .clone()
+        .unwrap();
+    fleet
+        .act(&store, on.trim_start_matches('n').parse().unwrap(), None)
+        .await;
+    ok(
+        call(Method::POST, &format!("/v1/admin/jobs/{id}/preempt"), None)
+            .await
+            .unwrap(),
+    )
+    .await;
+
+    let log = ok(call(Method::GET, "/v1/admin/audit", None).await.unwrap()).await;
+    let got: Vec<(String, String, String)> = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .map(|e| {
+            (
+                e["actor"].as_str().unwrap().to_string(),
+                e["action"].as_str().unwrap().to_string(),
+                e["target"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String, String)> = [
+        ("node.cordon", "n0"),
+        ("node.uncordon", "n0"),
+        ("node.drain", "n1"),
+        ("node.fault", "n0"),
+        ("quota.set", "acme/h100"),
+        ("quota.delete", "acme/h100"),
+        ("job.preempt", id.to_string().as_str()),
+    ]
+    .iter()
+    .map(|(a, t)| ("alice@ops".to_string(), a.to_string(), t.to_string()))
+    .collect();
+    assert_eq!(got, want);
+    let first = &log["entries"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(first["reason"], "fan");
+    // Filters and paging.
+    let only = ok(call(Method::GET, "/v1/admin/audit?action=node.fault", None)
+        .await
+        .unwrap())
+    .await;
+    assert_eq!(only["entries"].as_array().unwrap().len(), 1);
+    let page = ok(call(Method::GET, "/v1/admin/audit?limit=2", None)
+        .await
+        .unwrap())
+    .await;
+    assert_eq!(page["entries"].as_array().unwrap().len(), 2);
+    assert!(page["next_before"].is_i64());
+
+    // Bad input: stable codes, and nothing changes.
+    let cases = [
+        (
+            "/v1/admin/nodes/n0/drain",
+            json!({"deadline_s": 0}),
+            422,
+            "invalid_drain",
+        ),
+        (
+            "/v1/admin/nodes/n0/drain",
+            json!({"mode": "soon"}),
+            422,
+            "invalid_spec",
+        ),
+        (
+            "/v1/admin/nodes/n0/drain",
+            json!({"surprise": 1}),
+            422,
+            "invalid_spec",
+        ),
+        (
+            "/v1/admin/nodes/n0/faults",
+            json!({"kind": "xid", "gpu": 8, "code": 79}),
+            422,
+            "invalid_fault",
+        ),
+        (
+            "/v1/admin/nodes/n0/faults",
+            json!({"kind": "meteor"}),
+            422,
+            "invalid_spec",
+        ),
+        ("/v1/admin/nodes/nope/cordon", json!({}), 404, "not_found"),
+        (
+            "/v1/admin/nodes/n0/cordon",
+            json!({"reason": "x".repeat(600)}),
+            422,
+            "invalid_spec",
+        ),
+    ];
+    for (path, body, status, code) in cases {
+        let r = call(Method::POST, path, Some(body.clone())).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{path} {body}");
+        let b: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(b["code"], code, "{path} {body}");
+    }
+    let after = ok(call(Method::GET, "/v1/admin/audit", None).await.unwrap()).await;
+    assert_eq!(after["entries"], log["entries"], "refusals are not audited");
+
+    // A tenant's (or an agent's) token does not get in (the global tier
+    // answers tenants 403 before that: global/tests).
+    for role in [
+        gangway_auth::jwt::Role::Tenant,
+        gangway_auth::jwt::Role::Agent,
+    ] {
+        let r = http
+            .get(format!("{base}/v1/admin/audit"))
+            .bearer_auth(token(role))
+            .send()
+            .await
+            .unwrap();
+        // Refused: a tenant or agent token is no service token.
+        assert!(
+            matches!(r.status().as_u16(), 401 | 403),
+            "{role:?}: {}",
+            r.status()
+        );
+    }
+    let r = http
+        .get(format!("{base}/v1/admin/audit"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
+}
