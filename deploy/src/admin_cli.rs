@@ -19,6 +19,128 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: JobAdminCommand,
     },
+    /// Nodes: both axes of their state (what operators asked, what agents
+    /// observe), cordon, uncordon, drain, inject faults (simulated fleets).
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
+    /// The audit log: every operator action, newest first.
+    Audit {
+        #[command(flatten)]
+        conn: Conn,
+        /// Only this region.
+        #[arg(long)]
+        region: Option<String>,
+        /// Only this action (node.drain, quota.set, job.preempt, …).
+        #[arg(long)]
+        action: Option<String>,
+        /// Only this target (a node id, a job id, tenant/gpu_type).
+        #[arg(long)]
+        target: Option<String>,
+        /// Entries per region (1–1000).
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// Every node, with its admin and observed state, usable GPUs and why.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+        /// Only this region.
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// One node in detail, with its newest events.
+    Get {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        /// The node's region (default: from its id).
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// No new work on the node; running jobs stay.
+    Cordon {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// Return the node to service (from cordon, drain or repair).
+    Uncordon {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// Cordon the node and move its jobs elsewhere through a checkpoint.
+    Drain {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        /// `checkpoint`: checkpoint and move the jobs now; `wait`: let them
+        /// finish, move those still running at the deadline.
+        #[arg(long, default_value = "checkpoint")]
+        mode: String,
+        /// Seconds (checkpoint: at most this long to write a checkpoint;
+        /// wait: how long jobs may run on).
+        #[arg(long)]
+        deadline_s: Option<i64>,
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// Inject a fault into a simulated node, as if its agent reported it:
+    /// `--kind xid --code 79 --gpu 0`, `--kind thermal --gpu 1`,
+    /// `--kind node-down`, `--kind link-flap`, `--kind reboot`, …
+    InjectFault {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        /// xid, ecc, remap, thermal, nvlink, node-down, link-flap, reboot.
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// The XID (xid).
+        #[arg(long)]
+        code: Option<u32>,
+        /// Temperature (thermal).
+        #[arg(long)]
+        celsius: Option<u32>,
+        /// Whether the GPU throttles (thermal; default true).
+        #[arg(long)]
+        throttled: Option<bool>,
+        /// NVLink errors since boot (nvlink; default: the policy's limit).
+        #[arg(long)]
+        errors: Option<u64>,
+        /// ECC counts (ecc).
+        #[arg(long, default_value_t = 0)]
+        single_bit: u64,
+        #[arg(long, default_value_t = 0)]
+        double_bit: u64,
+        /// Row remap state (remap).
+        #[arg(long)]
+        pending: bool,
+        #[arg(long)]
+        failed: bool,
+        /// How long the link stays down (link-flap).
+        #[arg(long)]
+        silent_s: Option<u64>,
+        #[arg(long)]
+        region: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -133,6 +255,31 @@ fn print_per_region(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> 
 pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
     let command = match cmd {
         AdminCommand::Quota { command } => command,
+        AdminCommand::Node { command } => return node(command).await,
+        AdminCommand::Audit {
+            conn,
+            region,
+            action,
+            target,
+            limit,
+        } => {
+            let mut q: Vec<(&str, String)> = vec![("limit", limit.to_string())];
+            if let Some(r) = region {
+                q.push(("region", r));
+            }
+            if let Some(a) = action {
+                q.push(("action", a));
+            }
+            if let Some(t) = target {
+                q.push(("target", t));
+            }
+            let doc = conn
+                .admin_client()?
+                .call_json(Method::GET, &with_query("/v1/admin/audit", &q), None)
+                .await?;
+            print_audit(&conn, &doc)?;
+            return Ok(0);
+        }
         AdminCommand::Job {
             command: JobAdminCommand::Preempt { conn, id },
         } => {
@@ -187,4 +334,346 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
         .await?;
     print_per_region(&conn, &doc)?;
     Ok(0)
+}
+
+/// `path?k=v&…`, values percent-encoded.
+fn with_query(path: &str, q: &[(&str, String)]) -> String {
+    if q.is_empty() {
+        return path.to_string();
+    }
+    let enc = |v: &str| {
+        v.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    let parts: Vec<String> = q.iter().map(|(k, v)| format!("{k}={}", enc(v))).collect();
+    format!("{path}?{}", parts.join("&"))
+}
+
+fn region_query(region: Option<String>) -> Vec<(&'static str, String)> {
+    region.map(|r| vec![("region", r)]).unwrap_or_default()
+}
+
+fn s(v: &serde_json::Value, k: &str) -> String {
+    match v.get(k) {
+        None | Some(serde_json::Value::Null) => String::new(),
+        Some(serde_json::Value::String(x)) => x.clone(),
+        Some(x) => x.to_string(),
+    }
+}
+
+/// `0-3,5,7` for a list of GPU indices.
+fn gpu_ranges(v: Option<&serde_json::Value>) -> String {
+    let mut g: Vec<u64> = v
+        .and_then(|x| x.as_array())
+        .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
+        .unwrap_or_default();
+    g.sort_unstable();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < g.len() {
+        let mut j = i;
+        while j + 1 < g.len() && g[j + 1] == g[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i {
+            format!("{}-{}", g[i], g[j])
+        } else {
+            g[i].to_string()
+        });
+        i = j + 1;
+    }
+    if out.is_empty() {
+        "-".into()
+    } else {
+        out.join(",")
+    }
+}
+
+const NODE_COLUMNS: &[&str] = &[
+    "NODE",
+    "REGION",
+    "GPU TYPE",
+    "ADMIN",
+    "OBSERVED",
+    "USABLE",
+    "ALLOCATED",
+    "JOBS",
+    "WHY",
+];
+
+fn node_row(n: &serde_json::Value) -> Vec<String> {
+    vec![
+        s(n, "node_id"),
+        s(n, "region"),
+        s(n, "gpu_type"),
+        s(n, "admin_state"),
+        s(n, "observed"),
+        format!(
+            "{}/{}",
+            n["usable_gpus"].as_array().map_or(0, Vec::len),
+            s(n, "gpus")
+        ),
+        gpu_ranges(n.get("allocated_gpus")),
+        n["jobs"].as_array().map_or(0, Vec::len).to_string(),
+        s(n, "why"),
+    ]
+}
+
+async fn node(cmd: NodeCommand) -> anyhow::Result<u8> {
+    use serde_json::json;
+    let (conn, method, path, query, body) = match cmd {
+        NodeCommand::List { conn, region } => {
+            let doc = conn
+                .admin_client()?
+                .call_json(
+                    Method::GET,
+                    &with_query("/v1/admin/nodes", &region_query(region)),
+                    None,
+                )
+                .await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+                return Ok(0);
+            }
+            let mut rows = Vec::new();
+            if let Some(regions) = doc.get("regions").and_then(|r| r.as_object()) {
+                for (region, v) in regions {
+                    if let Some(code) = v.get("code").and_then(|c| c.as_str()) {
+                        let mut row = vec![
+                            String::new(),
+                            region.clone(),
+                            format!("error {code}: {}", s(v, "message")),
+                        ];
+                        row.resize(NODE_COLUMNS.len(), String::new());
+                        rows.push(row);
+                        continue;
+                    }
+                    for n in v["nodes"].as_array().into_iter().flatten() {
+                        rows.push(node_row(n));
+                    }
+                }
+            }
+            print!("{}", table(NODE_COLUMNS, &rows));
+            return Ok(0);
+        }
+        NodeCommand::Get { conn, id, region } => (
+            conn,
+            Method::GET,
+            format!("/v1/admin/nodes/{id}"),
+            region_query(region),
+            None,
+        ),
+        NodeCommand::Cordon {
+            conn,
+            id,
+            reason,
+            region,
+        } => (
+            conn,
+            Method::POST,
+            format!("/v1/admin/nodes/{id}/cordon"),
+            region_query(region),
+            Some(json!({"reason": reason})),
+        ),
+        NodeCommand::Uncordon {
+            conn,
+            id,
+            reason,
+            region,
+        } => (
+            conn,
+            Method::POST,
+            format!("/v1/admin/nodes/{id}/uncordon"),
+            region_query(region),
+            Some(json!({"reason": reason})),
+        ),
+        NodeCommand::Drain {
+            conn,
+            id,
+            mode,
+            deadline_s,
+            reason,
+            region,
+        } => {
+            anyhow::ensure!(
+                matches!(mode.as_str(), "checkpoint" | "wait"),
+                "--mode is checkpoint or wait"
+            );
+            let mut body = json!({"mode": mode, "reason": reason});
+            if let Some(d) = deadline_s {
+                body["deadline_s"] = json!(d);
+            }
+            (
+                conn,
+                Method::POST,
+                format!("/v1/admin/nodes/{id}/drain"),
+                region_query(region),
+                Some(body),
+            )
+        }
+        NodeCommand::InjectFault {
+            conn,
+            id,
+            kind,
+            gpu,
+            code,
+            celsius,
+            throttled,
+            errors,
+            single_bit,
+            double_bit,
+            pending,
+            failed,
+            silent_s,
+            region,
+        } => {
+            let kind = kind.replace('-', "_");
+            let need_gpu = || gpu.ok_or_else(|| anyhow::anyhow!("--kind {kind} needs --gpu"));
+            let body = match kind.as_str() {
+                "xid" => json!({"kind": "xid", "gpu": need_gpu()?,
+                                "code": code.ok_or_else(|| anyhow::anyhow!("--kind xid needs --code"))?}),
+                "ecc" => json!({"kind": "ecc", "gpu": need_gpu()?, "single_bit": single_bit,
+                                "double_bit": double_bit}),
+                "remap" => json!({"kind": "remap", "gpu": need_gpu()?, "pending": pending,
+                                  "failed": failed}),
+                "thermal" => json!({"kind": "thermal", "gpu": need_gpu()?, "celsius": celsius,
+                                    "throttled": throttled}),
+                "nvlink" => json!({"kind": "nvlink", "gpu": need_gpu()?, "errors": errors}),
+                "node_down" | "dead" => json!({"kind": "node_down"}),
+                "link_flap" => json!({"kind": "link_flap", "silent_s": silent_s}),
+                "reboot" => json!({"kind": "reboot"}),
+                other => anyhow::bail!(
+                    "unknown --kind {other:?}: xid, ecc, remap, thermal, nvlink, node-down, link-flap or reboot"
+                ),
+            };
+            let mut body = body;
+            if let Some(o) = body.as_object_mut() {
+                o.retain(|_, v| !v.is_null());
+            }
+            (
+                conn,
+                Method::POST,
+                format!("/v1/admin/nodes/{id}/faults"),
+                region_query(region),
+                Some(body),
+            )
+        }
+    };
+    let doc = conn
+        .admin_client()?
+        .call_json(method, &with_query(&path, &query), body.as_ref())
+        .await?;
+    if conn.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(0);
+    }
+    print_node(&doc);
+    Ok(0)
+}
+
+/// One node in detail.
+fn print_node(n: &serde_json::Value) {
+    let line = |k: &str, v: String| {
+        if !v.is_empty() {
+            println!("{k:<16}{v}");
+        }
+    };
+    line("node", s(n, "node_id"));
+    line("region", s(n, "region"));
+    line(
+        "place",
+        format!(
+            "{} / {} / {}",
+            s(n, "spine"),
+            s(n, "leaf"),
+            s(n, "nvlink_domain")
+        ),
+    );
+    line("gpus", format!("{} × {}", s(n, "gpus"), s(n, "gpu_type")));
+    let mut admin = s(n, "admin_state");
+    if let Some(r) = n.get("admin_reason").and_then(|r| r.as_str()) {
+        admin.push_str(&format!(" ({r})"));
+    }
+    if let Some(m) = n.get("drain_mode").and_then(|m| m.as_str()) {
+        admin.push_str(&format!(", {m} drain until {}", s(n, "drain_deadline")));
+    }
+    line("admin", admin);
+    line("observed", s(n, "observed"));
+    line("schedulable", s(n, "schedulable"));
+    line("usable gpus", gpu_ranges(n.get("usable_gpus")));
+    line("allocated gpus", gpu_ranges(n.get("allocated_gpus")));
+    let jobs: Vec<String> = n["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|j| j.as_str().map(String::from))
+        .collect();
+    line(
+        "jobs",
+        if jobs.is_empty() {
+            "-".into()
+        } else {
+            jobs.join(", ")
+        },
+    );
+    line("why", s(n, "why"));
+    if n["drained"] == serde_json::Value::Bool(true) {
+        line("drained", "yes: no jobs left on it".into());
+    }
+    line("boot id", s(n, "boot_id"));
+    line("last heartbeat", s(n, "last_heartbeat"));
+    let events = n["events"].as_array().cloned().unwrap_or_default();
+    if !events.is_empty() {
+        println!("\nevents:");
+        let rows: Vec<Vec<String>> = events
+            .iter()
+            .map(|e| vec![s(e, "at"), s(e, "kind"), s(e, "message")])
+            .collect();
+        print!("{}", table(&["AT", "KIND", "MESSAGE"], &rows));
+    }
+}
+
+fn print_audit(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> {
+    if conn.json {
+        println!("{}", serde_json::to_string_pretty(doc)?);
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    if let Some(regions) = doc.get("regions").and_then(|r| r.as_object()) {
+        for (region, v) in regions {
+            if let Some(code) = v.get("code").and_then(|c| c.as_str()) {
+                rows.push(vec![
+                    String::new(),
+                    region.clone(),
+                    String::new(),
+                    format!("error {code}"),
+                    String::new(),
+                    s(v, "message"),
+                ]);
+                continue;
+            }
+            for e in v["entries"].as_array().into_iter().flatten() {
+                rows.push(vec![
+                    s(e, "at"),
+                    region.clone(),
+                    s(e, "actor"),
+                    s(e, "action"),
+                    s(e, "target"),
+                    s(e, "reason"),
+                ]);
+            }
+        }
+    }
+    rows.sort_by(|a, b| b[0].cmp(&a[0]));
+    print!(
+        "{}",
+        table(&["AT", "REGION", "WHO", "ACTION", "TARGET", "WHY"], &rows)
+    );
+    Ok(())
 }

@@ -65,6 +65,9 @@ pub struct Regions {
 #[derive(Default)]
 pub struct Call<'a> {
     pub tenant: Option<&'a str>,
+    /// The operator (admin token subject) of an admin call, for the
+    /// region's audit log (`X-Gangway-Actor`).
+    pub actor: Option<&'a str>,
     pub idempotency_key: Option<&'a str>,
     pub query: Option<&'a str>,
     pub body: Option<Bytes>,
@@ -143,6 +146,9 @@ impl Regions {
             .bearer_auth(self.service_token());
         if let Some(t) = call.tenant {
             req = req.header(TENANT_HEADER, t);
+        }
+        if let Some(a) = call.actor {
+            req = req.header(gangway_shared::api::ACTOR_HEADER, a);
         }
         if let Some(k) = call.idempotency_key {
             req = req.header(IDEMPOTENCY_KEY_HEADER, k);

@@ -34,6 +34,13 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/admin/quotas"),
     ("put", "/v1/admin/quotas/{tenant}/{gpu_type}"),
     ("delete", "/v1/admin/quotas/{tenant}/{gpu_type}"),
+    ("get", "/v1/admin/nodes"),
+    ("get", "/v1/admin/nodes/{id}"),
+    ("post", "/v1/admin/nodes/{id}/cordon"),
+    ("post", "/v1/admin/nodes/{id}/uncordon"),
+    ("post", "/v1/admin/nodes/{id}/drain"),
+    ("post", "/v1/admin/nodes/{id}/faults"),
+    ("get", "/v1/admin/audit"),
     ("get", "/healthz"),
     ("get", "/v1/openapi.json"),
 ];

@@ -1,12 +1,17 @@
 //! Operator endpoints: quotas (guarantees, weights and caps), set in every
-//! region (or one) at once.
+//! region (or one) at once; nodes (list, inspect, cordon, uncordon, drain,
+//! inject faults), passed to the region that has the node; the audit log
+//! of every region. Every call names the operator (the admin token's
+//! subject) to the regions, which write it into their audit logs.
 
 use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::http::{Method, StatusCode};
 use futures_util::future::join_all;
-use gangway_shared::api::{QuotaList, QuotaUpdate};
+use gangway_shared::api::{
+    DrainRequest, Fault, NodeActionRequest, NodeView, QuotaList, QuotaUpdate,
+};
 use gangway_shared::error::{codes, ErrorBody};
 use gangway_shared::http::{ApiError, Json, Path, Query};
 use serde::{Deserialize, Serialize};
@@ -14,7 +19,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::{openapi, GlobalState};
 use crate::auth::AdminCaller;
-use crate::regions::Call;
+use crate::regions::{Call, Region};
 
 /// Which regions an operator call goes to.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -39,6 +44,8 @@ async fn fan_out(
     method: Method,
     path: &str,
     body: Option<Vec<u8>>,
+    actor: Option<&str>,
+    query: Option<&str>,
 ) -> Result<PerRegion, ApiError> {
     if let Some(name) = only {
         if state.regions.get(name).is_none() {
@@ -65,6 +72,8 @@ async fn fan_out(
                         path,
                         Call {
                             body: body.map(Into::into),
+                            actor,
+                            query,
                             ..Default::default()
                         },
                     )
@@ -122,6 +131,8 @@ pub async fn list_quotas(
         Method::GET,
         "/v1/admin/quotas",
         None,
+        None,
+        None,
     )
     .await?;
     // Keep the shape checkable: every region's value is a QuotaList or an error.
@@ -175,7 +186,7 @@ pub async fn list_quotas(
 )]
 pub async fn put_quota(
     State(state): State<GlobalState>,
-    _admin: AdminCaller,
+    admin: AdminCaller,
     Path((tenant, gpu_type)): Path<(String, String)>,
     Query(p): Query<RegionParam>,
     Json(body): Json<QuotaUpdate>,
@@ -183,7 +194,16 @@ pub async fn put_quota(
     let path = format!("/v1/admin/quotas/{tenant}/{gpu_type}");
     let body = serde_json::to_vec(&body).expect("a quota serializes");
     Ok(axum::Json(
-        fan_out(&state, p.region.as_deref(), Method::PUT, &path, Some(body)).await?,
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::PUT,
+            &path,
+            Some(body),
+            Some(&admin.subject),
+            None,
+        )
+        .await?,
     ))
 }
 
@@ -220,13 +240,22 @@ pub async fn put_quota(
 )]
 pub async fn delete_quota(
     State(state): State<GlobalState>,
-    _admin: AdminCaller,
+    admin: AdminCaller,
     Path((tenant, gpu_type)): Path<(String, String)>,
     Query(p): Query<RegionParam>,
 ) -> Result<axum::Json<PerRegion>, ApiError> {
     let path = format!("/v1/admin/quotas/{tenant}/{gpu_type}");
     Ok(axum::Json(
-        fan_out(&state, p.region.as_deref(), Method::DELETE, &path, None).await?,
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::DELETE,
+            &path,
+            None,
+            Some(&admin.subject),
+            None,
+        )
+        .await?,
     ))
 }
 
@@ -253,10 +282,524 @@ pub async fn delete_quota(
 )]
 pub async fn preempt_job(
     State(state): State<GlobalState>,
-    _admin: AdminCaller,
+    admin: AdminCaller,
     gangway_shared::http::JobId(id): gangway_shared::http::JobId,
 ) -> Result<axum::response::Response, ApiError> {
     let path = format!("/v1/admin/jobs/{id}/preempt");
-    let (_, answer) = super::jobs::ask_every_region(&state, Method::POST, &path, None).await?;
-    Ok(super::jobs::relay(answer))
+    let all: Vec<&Region> = state.regions.list.iter().collect();
+    ask_regions(
+        &state,
+        &all,
+        Method::POST,
+        &path,
+        None,
+        &admin.subject,
+        "job",
+    )
+    .await
+}
+
+/// Sends one call to `regions` at once and relays the first answer that is
+/// not a 404: the region that has the node (or job) answers, the others do
+/// not know it. Nobody has it → 404, unless a region did not answer (503).
+async fn ask_regions(
+    state: &GlobalState,
+    regions: &[&Region],
+    method: Method,
+    path: &str,
+    body: Option<Vec<u8>>,
+    actor: &str,
+    what: &str,
+) -> Result<axum::response::Response, ApiError> {
+    let asks = regions.iter().map(|r| {
+        let (method, body) = (method.clone(), body.clone());
+        async move {
+            let a = state
+                .regions
+                .call(
+                    r,
+                    method,
+                    path,
+                    Call {
+                        body: body.map(Into::into),
+                        actor: Some(actor),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            (*r, a)
+        }
+    });
+    let mut down = None;
+    let mut not_found = None;
+    for (region, answer) in join_all(asks).await {
+        match answer {
+            Ok(a) if a.status == StatusCode::NOT_FOUND => not_found = Some(a),
+            Ok(a) if a.status.is_server_error() => {
+                down = Some(format!("region {} answered {}", region.name, a.status))
+            }
+            Ok(a) => return Ok(super::jobs::relay(a)),
+            Err(e) => down = Some(e.to_string()),
+        }
+    }
+    match (down, not_found) {
+        (None, Some(a)) if regions.len() == 1 => Ok(super::jobs::relay(a)),
+        (None, _) => Err(ApiError::not_found(what)),
+        (Some(why), _) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::REGION_UNAVAILABLE,
+            format!(
+                "the {what} was not found in the regions that answered, and {why}; retry shortly"
+            ),
+        )),
+    }
+}
+
+/// The regions that may have node `id`: the one named in `region`, else the
+/// one whose name prefixes the id (node ids are `{region}-s00-l01-n03`),
+/// else every region.
+fn node_regions<'a>(
+    state: &'a GlobalState,
+    region: Option<&str>,
+    id: &str,
+) -> Result<Vec<&'a Region>, ApiError> {
+    if let Some(name) = region {
+        return match state.regions.get(name) {
+            Some(r) => Ok(vec![r]),
+            None => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::WRONG_REGION,
+                format!("no region named {name:?}"),
+            )),
+        };
+    }
+    let by_prefix = state
+        .regions
+        .list
+        .iter()
+        .filter(|r| {
+            id.strip_prefix(r.name.as_str())
+                .is_some_and(|rest| rest.starts_with('-'))
+        })
+        .max_by_key(|r| r.name.len());
+    Ok(match by_prefix {
+        Some(r) => vec![r],
+        None => state.regions.list.iter().collect(),
+    })
+}
+
+/// A node id as it may appear in a path.
+fn check_node_id(id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= 200
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::not_found("node"))
+    }
+}
+
+/// List nodes
+///
+/// Every node of every region (or the one named), with both axes of its
+/// state — what operators asked (`admin_state`: active, cordoned, draining,
+/// maintenance, repair) and what its agent observes (`observed`: healthy,
+/// degraded, suspect, lost, failed, damped, needs_repair) — and what they
+/// decide: whether it is schedulable, its usable GPUs, and why not.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/nodes",
+    operation_id = "list_nodes",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(RegionParam),
+    responses(
+        (status = 200, description = "Each region's `NodeList`, by region name.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "A query parameter is unknown or malformed.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn list_nodes(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<RegionParam>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/nodes",
+            None,
+            Some(&admin.subject),
+            None,
+        )
+        .await?,
+    ))
+}
+
+/// Get a node
+///
+/// One node (from the region named, or the one its id names), with its
+/// newest events: health effects, operator actions, injected faults, jobs
+/// moved off it.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/nodes/{id}",
+    operation_id = "get_node",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The node's id."), RegionParam),
+    responses(
+        (status = 200, description = "The node.", body = NodeView),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+            body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn get_node(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+) -> Result<axum::response::Response, ApiError> {
+    check_node_id(&id)?;
+    let regions = node_regions(&state, p.region.as_deref(), &id)?;
+    let path = format!("/v1/admin/nodes/{id}");
+    ask_regions(
+        &state,
+        &regions,
+        Method::GET,
+        &path,
+        None,
+        &admin.subject,
+        "node",
+    )
+    .await
+}
+
+async fn node_action(
+    state: &GlobalState,
+    admin: &AdminCaller,
+    region: Option<&str>,
+    id: &str,
+    action: &str,
+    body: Vec<u8>,
+) -> Result<axum::response::Response, ApiError> {
+    check_node_id(id)?;
+    let regions = node_regions(state, region, id)?;
+    let path = format!("/v1/admin/nodes/{id}/{action}");
+    ask_regions(
+        state,
+        &regions,
+        Method::POST,
+        &path,
+        Some(body),
+        &admin.subject,
+        "node",
+    )
+    .await
+}
+
+/// Cordon a node
+///
+/// No new work goes to the node; the jobs running on it stay. Audited.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/nodes/{id}/cordon",
+    operation_id = "cordon_node",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The node's id."), RegionParam),
+    request_body(content = NodeActionRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The node as it is now.", body = NodeView),
+        (status = 400, description = openapi::errors("The body is not JSON.",
+            &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+            body = ErrorBody),
+        (status = 409, description = openapi::errors(
+            "A maintenance plan holds the node.", &[codes::NODE_STATE_CONFLICT]), body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "The body is not a node action, or no region has the name given in `region`.",
+            &[codes::INVALID_SPEC, codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn cordon_node(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    node_action(
+        &state,
+        &admin,
+        p.region.as_deref(),
+        &id,
+        "cordon",
+        body.to_vec(),
+    )
+    .await
+}
+
+/// Uncordon a node
+///
+/// Returns the node to service: from a cordon, a drain, or repair (the
+/// operator vouches it is fixed). Audited.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/nodes/{id}/uncordon",
+    operation_id = "uncordon_node",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The node's id."), RegionParam),
+    request_body(content = NodeActionRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The node as it is now.", body = NodeView),
+        (status = 400, description = openapi::errors("The body is not JSON.",
+            &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+            body = ErrorBody),
+        (status = 409, description = openapi::errors(
+            "A maintenance plan holds the node.", &[codes::NODE_STATE_CONFLICT]), body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "The body is not a node action, or no region has the name given in `region`.",
+            &[codes::INVALID_SPEC, codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn uncordon_node(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    node_action(
+        &state,
+        &admin,
+        p.region.as_deref(),
+        &id,
+        "uncordon",
+        body.to_vec(),
+    )
+    .await
+}
+
+/// Drain a node
+///
+/// Cordons the node and moves its jobs elsewhere through the checkpoint
+/// protocol: `checkpoint` mode asks them to checkpoint now (each is stopped
+/// once its checkpoint is written, or at the deadline) and restarts them
+/// elsewhere from it; `wait` mode lets them finish, and checkpoints and
+/// moves those still running at the deadline. The node stays out (drained)
+/// until uncordoned. Audited.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/nodes/{id}/drain",
+    operation_id = "drain_node",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The node's id."), RegionParam),
+    request_body(content = DrainRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The node as it is now.", body = NodeView),
+        (status = 400, description = openapi::errors("The body is not JSON.",
+            &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+            body = ErrorBody),
+        (status = 409, description = openapi::errors(
+            "A maintenance plan holds the node.", &[codes::NODE_STATE_CONFLICT]), body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "The body is not a drain (`invalid_spec`), its deadline or reason is out of range, \
+             or no region has the name given in `region`.",
+            &[codes::INVALID_SPEC, codes::INVALID_DRAIN, codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn drain_node(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    node_action(
+        &state,
+        &admin,
+        p.region.as_deref(),
+        &id,
+        "drain",
+        body.to_vec(),
+    )
+    .await
+}
+
+/// Inject a fault
+///
+/// Applies a fault to a node of a simulated fleet as if its agent had
+/// reported it: an XID (`{"kind": "xid", "gpu": 0, "code": 79}`), ECC
+/// errors, a row remap, a thermal event, NVLink errors, a dead node
+/// (`node_down`), a flapping link (`link_flap`), or a reboot. The health
+/// policy then acts on it as on a real report. Refused for real agents'
+/// nodes. Audited.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/nodes/{id}/faults",
+    operation_id = "inject_fault",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The node's id."), RegionParam),
+    request_body(content = Fault, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The node as it is now.", body = NodeView),
+        (status = 400, description = openapi::errors("The body is not JSON.",
+            &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+            body = ErrorBody),
+        (status = 409, description = openapi::errors(
+            "The node's agent is not simulated.", &[codes::NODE_NOT_SIMULATED]), body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "The body is not a fault (`invalid_spec`), names a GPU the node does not have or a \
+             value out of range (`invalid_fault`), or no region has the name given in `region`.",
+            &[codes::INVALID_SPEC, codes::INVALID_FAULT, codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn inject_fault(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    node_action(
+        &state,
+        &admin,
+        p.region.as_deref(),
+        &id,
+        "faults",
+        body.to_vec(),
+    )
+    .await
+}
+
+/// The query of `GET /v1/admin/audit`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct AuditParams {
+    /// Only this region (default: every region).
+    region: Option<String>,
+    /// Entries older than this id (paging, per region).
+    before: Option<i64>,
+    /// Only this action (`node.drain`, `quota.set`, …).
+    action: Option<String>,
+    /// Only this target (a node id, a job id, `tenant/gpu_type`).
+    target: Option<String>,
+    /// 1–1000, default 100.
+    limit: Option<i64>,
+}
+
+/// Read the audit log
+///
+/// Every operator action — node cordons, uncordons, drains and injected
+/// faults, quota changes, job preemptions — with who (the admin token's
+/// subject), what, on what, when and why, newest first, as each region (or
+/// the one named) keeps it. Append-only; no tenant may read it.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/audit",
+    operation_id = "audit_log",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(AuditParams),
+    responses(
+        (status = 200, description = "Each region's `AuditList`, by region name.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "A query parameter is unknown or malformed.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn audit_log(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<AuditParams>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    let bad = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, m);
+    let plain = |v: &str| {
+        !v.is_empty()
+            && v.len() <= 200
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'))
+    };
+    let mut query = Vec::new();
+    if let Some(b) = p.before {
+        query.push(format!("before={b}"));
+    }
+    if let Some(l) = p.limit {
+        if !(1..=1000).contains(&l) {
+            return Err(bad("limit must be between 1 and 1000"));
+        }
+        query.push(format!("limit={l}"));
+    }
+    for (name, v) in [("action", &p.action), ("target", &p.target)] {
+        if let Some(v) = v {
+            if !plain(v) {
+                return Err(bad(&format!(
+                    "{name} has characters no action or target has"
+                )));
+            }
+            query.push(format!("{name}={v}"));
+        }
+    }
+    let query = query.join("&");
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/audit",
+            None,
+            Some(&admin.subject),
+            Some(&query),
+        )
+        .await?,
+    ))
 }

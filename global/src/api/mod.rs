@@ -75,6 +75,13 @@ pub fn app(state: GlobalState) -> Router {
             "/v1/admin/quotas/{tenant}/{gpu_type}",
             put(admin::put_quota).delete(admin::delete_quota),
         )
+        .route("/v1/admin/nodes", get(admin::list_nodes))
+        .route("/v1/admin/nodes/{id}", get(admin::get_node))
+        .route("/v1/admin/nodes/{id}/cordon", post(admin::cordon_node))
+        .route("/v1/admin/nodes/{id}/uncordon", post(admin::uncordon_node))
+        .route("/v1/admin/nodes/{id}/drain", post(admin::drain_node))
+        .route("/v1/admin/nodes/{id}/faults", post(admin::inject_fault))
+        .route("/v1/admin/audit", get(admin::audit_log))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .route("/healthz", get(healthz))
         .route("/v1/openapi.json", get(openapi::serve))

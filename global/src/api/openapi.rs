@@ -13,6 +13,10 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use gangway_auth::error::AuthError;
 use gangway_shared::api::{
+    AuditEntry, AuditList, DrainMode, DrainRequest, Fault, NodeActionRequest, NodeEvent, NodeList,
+    NodeView,
+};
+use gangway_shared::api::{
     Explanation, GpuTypeCapacity, Job, JobEvent, JobEvents, JobList, JobMode, JobSpec, JobState,
     Priority, Quota, QuotaList, QuotaUpdate, RegionInfo, RegionList, RegionStatus, TopologyLevel,
     TopologySpec, Worker, WorkerState,
@@ -59,6 +63,13 @@ pub const BEARER: &str = "bearer";
         admin::put_quota,
         admin::delete_quota,
         admin::preempt_job,
+        admin::list_nodes,
+        admin::get_node,
+        admin::cordon_node,
+        admin::uncordon_node,
+        admin::drain_node,
+        admin::inject_fault,
+        admin::audit_log,
         super::healthz,
         serve,
     ),
@@ -84,6 +95,15 @@ pub const BEARER: &str = "bearer";
             Quota,
             QuotaUpdate,
             QuotaList,
+            NodeView,
+            NodeList,
+            NodeEvent,
+            DrainRequest,
+            DrainMode,
+            NodeActionRequest,
+            Fault,
+            AuditEntry,
+            AuditList,
             ErrorBody,
         ),
         responses(
@@ -323,6 +343,8 @@ impl<'r> ToResponse<'r> for UnsupportedMediaType {
 #[serde(untagged)]
 #[allow(dead_code)] // a schema only: admin.rs passes regions' JSON on as it is
 pub enum RegionAnswer {
+    Nodes(NodeList),
+    Audit(AuditList),
     Quotas(QuotaList),
     Quota(Quota),
     Deleted(Deleted),

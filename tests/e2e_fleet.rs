@@ -1,0 +1,346 @@
+//! Fleet operations end to end across real processes: a `gangway region`
+//! on a real throwaway PostgreSQL, a `gangway agent` serving a simulated
+//! fleet (sim executor), and a `gangway global` on HTTPS in front. An
+//! operator injects XID 79 into the node running a job with the CLI; the job
+//! is checkpointed, requeued, runs elsewhere from its checkpoint and
+//! succeeds; `gangway admin node get` says why the node is out, and the
+//! audit log names who did it.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use gangway_auth::dev::DevMaterial;
+use gangway_auth::jwt::{claims_for, Role};
+use gangway_shared::api::{Job, JobSpec, JobState};
+use gangway_shared::client::Client;
+use gangway_shared::tokens;
+use uuid::Uuid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gangway");
+
+/// One leaf of 3 nodes × 8 h100, no spares.
+const FLEET: &str = r#"
+[[spine]]
+  [[spine.leaf]]
+  nodes = 3
+  gpu_type = "h100"
+  gpus_per_node = 8
+"#;
+
+/// A child process killed when the test ends, however it ends.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn log_file(dir: &Path, name: &str) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(name))
+        .unwrap()
+}
+
+struct Cloud {
+    dir: tempfile::TempDir,
+    url: String,
+    ca: std::path::PathBuf,
+    admin: String,
+    tenant: Client,
+    _procs: Vec<Proc>,
+}
+
+impl Cloud {
+    async fn start() -> Cloud {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = DevMaterial::load_or_create(dir.path()).unwrap();
+        let db = gangway_devkit::fresh_database("e2e_fleet").await;
+        let fleet = dir.path().join("fleet.toml");
+        std::fs::write(&fleet, FLEET).unwrap();
+        let (region_port, global_port) = (gangway_devkit::free_port(), gangway_devkit::free_port());
+        let keys = dir.path().join("keys");
+        let region = Proc(
+            Command::new(BIN)
+                .args(["region", "--name", "test", "--database-url", &db])
+                .arg("--service-key")
+                .arg(format!(
+                    "{}={}",
+                    auth.service_key.kid(),
+                    keys.join("service-signing.pub.pem").display()
+                ))
+                .args(["--listen", &format!("127.0.0.1:{region_port}")])
+                .args([
+                    "--schedule-interval-ms",
+                    "100",
+                    "--agent-sync-interval-ms",
+                    "200",
+                ])
+                .args(["--grace-period-s", "2", "--checkpoint-deadline-s", "10"])
+                .env("GANGWAY_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file(dir.path(), "region.log"))
+                .spawn()
+                .unwrap(),
+        );
+        let agent_token = auth
+            .service_key
+            .sign(&claims_for(
+                Role::Agent,
+                "test-agent",
+                None,
+                Some("test"),
+                tokens::ISSUER,
+                tokens::REGION_AUDIENCE,
+                Duration::from_secs(3600),
+            ))
+            .unwrap();
+        let agent = Proc(
+            Command::new(BIN)
+                .env("GANGWAY_AGENT_TOKEN", agent_token)
+                .args(["agent", "--region", "test", "--agent-id", "test-agent"])
+                .arg("--region-url")
+                .arg(format!("http://127.0.0.1:{region_port}"))
+                .arg("--fleet")
+                .arg(&fleet)
+                .args(["--executor", "sim", "--time-factor", "0.05"])
+                .arg("--work-dir")
+                .arg(dir.path().join("agent"))
+                .env("GANGWAY_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file(dir.path(), "agent.log"))
+                .spawn()
+                .unwrap(),
+        );
+        let global = Proc(
+            Command::new(BIN)
+                .args(["global", "--listen", &format!("127.0.0.1:{global_port}")])
+                .arg("--tls-cert")
+                .arg(&auth.server_cert)
+                .arg("--tls-key")
+                .arg(&auth.server_key)
+                .arg("--region")
+                .arg(format!("test=http://127.0.0.1:{region_port}"))
+                .arg("--tenant-key")
+                .arg(format!(
+                    "{}={}",
+                    auth.tenant_key.kid(),
+                    keys.join("tenant-signing.pub.pem").display()
+                ))
+                .arg("--service-signing-key")
+                .arg(format!(
+                    "{}={}",
+                    auth.service_key.kid(),
+                    keys.join("service-signing.pem").display()
+                ))
+                .env("GANGWAY_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file(dir.path(), "global.log"))
+                .spawn()
+                .unwrap(),
+        );
+        let sign = |role, sub: &str, tenant: Option<&str>| {
+            auth.tenant_key
+                .sign(&claims_for(
+                    role,
+                    sub,
+                    tenant,
+                    None,
+                    tokens::ISSUER,
+                    tokens::PUBLIC_AUDIENCE,
+                    Duration::from_secs(3600),
+                ))
+                .unwrap()
+        };
+        let url = format!("https://127.0.0.1:{global_port}");
+        let ca_pem = std::fs::read(&auth.ca_cert).unwrap();
+        let tenant = Client::public(
+            url.clone(),
+            sign(Role::Tenant, "acme-e2e", Some("acme")),
+            Some(&ca_pem),
+        )
+        .unwrap();
+        let cloud = Cloud {
+            url,
+            ca: auth.ca_cert.clone(),
+            admin: sign(Role::Admin, "sre-on-call", None),
+            tenant,
+            dir,
+            _procs: vec![region, agent, global],
+        };
+        // Ready: the global tier sees the region with all 24 GPUs.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Ok(list) = cloud.tenant.regions().await {
+                let ready = list.regions.iter().any(|r| {
+                    r.healthy
+                        && r.status
+                            .as_ref()
+                            .is_some_and(|s| s.capacity.iter().any(|c| c.schedulable == 24))
+                });
+                if ready {
+                    break;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cloud did not come up; logs in {}",
+                cloud.dir.path().display()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        cloud
+    }
+
+    /// Runs `gangway admin ARGS` as an operator; returns its output.
+    fn admin(&self, args: &[&str]) -> Output {
+        let out = Command::new(BIN)
+            .arg("admin")
+            .args(args)
+            .arg("--url")
+            .arg(&self.url)
+            .arg("--ca-cert")
+            .arg(&self.ca)
+            .env("GANGWAY_ADMIN_TOKEN", &self.admin)
+            .env("GANGWAY_STATE_DIR", self.dir.path().join("no-state"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gangway admin {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    fn admin_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_slice(&self.admin(&a).stdout).unwrap()
+    }
+
+    async fn wait_for(&self, id: Uuid, what: &str, cond: impl Fn(&Job) -> bool) -> Job {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let job = self.tenant.get(id).await.unwrap();
+            if cond(&job) {
+                return job;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {id}: {what} never happened: {job:?}; logs in {}",
+                self.dir.path().display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xid_79_moves_the_job_off_its_node_and_the_operator_sees_why() {
+    let cloud = Cloud::start().await;
+    // 8 GPUs for 400 s estimated × 0.05 = 20 s of simulated run.
+    let spec: JobSpec = serde_json::from_value(serde_json::json!({
+        "name": "e2e-fleet", "gpus": 8, "gpus_per_worker": 8, "gpu_type": "h100",
+        "estimated_duration_s": 400, "command": ["train"]
+    }))
+    .unwrap();
+    let job = cloud.tenant.submit(&spec, Some("fleet-1")).await.unwrap();
+    let running = cloud
+        .wait_for(job.id, "running", |j| j.state == JobState::Running)
+        .await;
+    let node = running.workers[0].node.clone().unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The operator injects XID 79 (GPU fallen off the bus) into its node.
+    let injected = cloud.admin_json(&[
+        "node",
+        "inject-fault",
+        &node,
+        "--kind",
+        "xid",
+        "--code",
+        "79",
+        "--gpu",
+        "3",
+    ]);
+    assert_eq!(injected["observed"], "failed");
+    assert_eq!(injected["schedulable"], false);
+
+    // The job is checkpointed, requeued, and runs elsewhere from its
+    // checkpoint, then succeeds.
+    let moved = cloud
+        .wait_for(job.id, "running on another node", |j| {
+            j.state == JobState::Running && j.workers[0].node.as_deref().is_some_and(|n| n != node)
+        })
+        .await;
+    assert!(
+        moved
+            .restore_from
+            .as_deref()
+            .is_some_and(|r| r.starts_with("sim:")),
+        "{moved:?}"
+    );
+    assert_eq!(moved.preemptions, 1);
+    let events = cloud.tenant.events(job.id).await.unwrap().events;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "queued",
+            "placed",
+            "started",
+            "preempted",
+            "requeued",
+            "placed",
+            "started"
+        ]
+    );
+    let preempted = &events[3];
+    assert_eq!(preempted.detail["cause"], "health");
+    assert_eq!(preempted.detail["node"], node.as_str());
+    assert!(
+        preempted.message.contains("xid_79"),
+        "{}",
+        preempted.message
+    );
+    let done = cloud
+        .wait_for(job.id, "success", |j| j.state.is_terminal())
+        .await;
+    assert_eq!(done.state, JobState::Succeeded, "{done:?}");
+
+    // `gangway admin node get` says why the node is out.
+    let got = cloud.admin_json(&["node", "get", &node]);
+    assert_eq!(got["observed"], "failed");
+    assert_eq!(got["admin_state"], "active");
+    assert!(got["why"].as_str().unwrap().contains("xid_79"), "{got}");
+    assert_eq!(got["usable_gpus"], serde_json::json!([]));
+    let table = String::from_utf8(cloud.admin(&["node", "get", &node]).stdout).unwrap();
+    assert!(table.contains("failed (xid_79)"), "{table}");
+    assert!(
+        table.contains("fault injected by sre-on-call: XID 79 on GPU 3"),
+        "{table}"
+    );
+    let list = String::from_utf8(cloud.admin(&["node", "list"]).stdout).unwrap();
+    assert!(
+        list.lines()
+            .any(|l| l.contains(&node) && l.contains("failed")),
+        "{list}"
+    );
+
+    // The audit log names the operator.
+    let audit = cloud.admin_json(&["audit"]);
+    let entries = audit["regions"]["test"]["entries"].as_array().unwrap();
+    assert_eq!(entries[0]["actor"], "sre-on-call");
+    assert_eq!(entries[0]["action"], "node.fault");
+    assert_eq!(entries[0]["target"], node.as_str());
+
+    // A simulated reboot brings the node back; an uncordon-free return.
+    let back = cloud.admin_json(&["node", "inject-fault", &node, "--kind", "reboot"]);
+    assert_eq!(back["observed"], "healthy");
+    assert_eq!(back["schedulable"], true);
+}
