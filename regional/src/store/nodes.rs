@@ -498,40 +498,91 @@ pub(super) async fn observe_sync(
     keep_boot: bool,
 ) -> Result<NodesOutcome> {
     let now = db_now(tx).await?;
-    let rows = tx
-        .query(
-            &format!(
-                "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
-                 WHERE n.agent_id = $1 ORDER BY n.node_id FOR UPDATE OF n"
-            ),
-            &[&agent_id],
-        )
-        .await?;
     let by_node: BTreeMap<&str, &NodeReport> =
         reports.iter().map(|r| (r.node_id.as_str(), r)).collect();
     // Often enough that the recorded heartbeat is never taken for silence.
     let refresh = (ctx.policy.suspect_after_s / 3) as i64;
+    // What each node's heartbeat would be now: (reported boot, effective
+    // boot), or `None` for a node that says nothing (simulated dead or
+    // silent).
+    let boot_of = |node_id: &str, stored: Option<&str>, sim_reboots: i32, quiet: bool| {
+        if quiet {
+            return None;
+        }
+        let unreported = stored.filter(|_| keep_boot).unwrap_or(default_boot);
+        let reported = by_node
+            .get(node_id)
+            .map_or(unreported, |r| r.boot_id.as_str())
+            .to_string();
+        let effective = effective_boot(&reported, sim_reboots);
+        Some((reported, effective))
+    };
+    // A light look first: only nodes with something to record (a stale
+    // heartbeat, a new boot, signals) are locked and loaded, so a large
+    // fleet's every-second sync writes little.
+    let light = tx
+        .query(
+            "SELECT node_id, boot_id, sim_reboots, sim_down,
+                    extract(epoch FROM silent_until)::bigint AS silent_until_s,
+                    extract(epoch FROM last_heartbeat_at)::bigint AS last_heartbeat_s,
+                    health->>'boot_id' AS health_boot
+             FROM nodes WHERE agent_id = $1",
+            &[&agent_id],
+        )
+        .await?;
+    let mut due: Vec<String> = Vec::new();
+    for row in &light {
+        let node_id: String = row.get("node_id");
+        let quiet = row.get::<_, bool>("sim_down")
+            || row
+                .get::<_, Option<i64>>("silent_until_s")
+                .is_some_and(|t| t > now as i64);
+        let Some((_, boot)) = boot_of(
+            &node_id,
+            row.get::<_, Option<String>>("boot_id").as_deref(),
+            row.get("sim_reboots"),
+            quiet,
+        ) else {
+            continue;
+        };
+        let stale = row
+            .get::<_, Option<i64>>("last_heartbeat_s")
+            .is_none_or(|t| now as i64 - t >= refresh);
+        let new_boot = row.get::<_, Option<String>>("health_boot").as_deref() != Some(&boot);
+        let signals = by_node
+            .get(node_id.as_str())
+            .is_some_and(|r| !r.signals.is_empty());
+        if stale || new_boot || signals || keep_boot {
+            due.push(node_id);
+        }
+    }
+    if due.is_empty() {
+        return Ok(NodesOutcome::default());
+    }
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
+                 WHERE n.node_id = ANY($1) ORDER BY n.node_id FOR UPDATE OF n"
+            ),
+            &[&due],
+        )
+        .await?;
     let mut out = NodesOutcome::default();
     for row in &rows {
         let mut node = NodeRow::from_row(row);
-        if node.sim_down || node.silent_until_s.is_some_and(|t| t > now as i64) {
+        let quiet = node.sim_down || node.silent_until_s.is_some_and(|t| t > now as i64);
+        let Some((reported_boot, boot)) = boot_of(
+            &node.node_id,
+            node.boot_id.as_deref(),
+            node.sim_reboots,
+            quiet,
+        ) else {
             continue; // a simulated dead node or dropped link says nothing
-        }
-        let report = by_node.get(node.node_id.as_str());
-        let stored = node.boot_id.clone().filter(|_| keep_boot);
-        let unreported = stored.as_deref().unwrap_or(default_boot);
-        let reported_boot = report
-            .map_or(unreported, |r| r.boot_id.as_str())
-            .to_string();
-        let boot = effective_boot(&reported_boot, node.sim_reboots);
-        let signals: &[Signal] = report.map_or(&[], |r| r.signals.as_slice());
-        let stale = node
-            .last_heartbeat_s
-            .is_none_or(|t| now as i64 - t >= refresh);
-        let new_boot = node.health.boot_id() != Some(boot.as_str());
-        if !stale && !new_boot && signals.is_empty() && !keep_boot {
-            continue;
-        }
+        };
+        let signals: &[Signal] = by_node
+            .get(node.node_id.as_str())
+            .map_or(&[], |r| r.signals.as_slice());
         let mut effects = node.health.observe(
             &ctx.policy,
             now,
