@@ -65,4 +65,10 @@ fn describe() {
         "Running jobs asked to checkpoint and stop, by cause: priority, reclaim (a tenant \
          taking back its guarantee), grow (an elastic job restarting larger) or operator"
     );
+    describe_counter!(
+        "gangway_health_effects_total",
+        "What the node-health policy did about agents' signals, by action: ignore, throttle, \
+         quarantine_gpu, drain_node, repair (node moves also count in \
+         gangway_preemptions_total, cause drain, maintenance, repair, health or node_lost)"
+    );
 }

@@ -872,3 +872,185 @@ async fn every_admin_action_is_audited_and_only_the_global_tier_reads_the_log() 
     shutdown.cancel();
     server.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn thermal_ecc_nvlink_remap_and_injected_faults_each_lead_to_their_action() {
+    let (store, _client) = store("fleet_classes").await;
+    let fleet = Fleet::register(&store, 2).await;
+    for n in 0..2 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    let (id, n) = running_job(&store, &fleet, 2, 2).await;
+    let name = format!("n{n}");
+    let gpus = store.get_job("acme", id).await.unwrap().workers[0]
+        .gpus
+        .clone();
+    let hot = gpus[0];
+    // Thermal: the hot GPU takes no new work, but its job stays.
+    fleet
+        .sync(
+            &store,
+            n,
+            "boot-1",
+            vec![Signal::Thermal {
+                gpu: hot,
+                celsius: 95,
+                throttled: true,
+            }],
+            vec![],
+        )
+        .await;
+    let v = node_view(&store, &name).await;
+    assert_eq!(v.observed, "degraded");
+    assert!(!v.usable_gpus.contains(&hot) && v.usable_gpus.len() == 7);
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
+    // It cools: back.
+    fleet
+        .sync(
+            &store,
+            n,
+            "boot-1",
+            vec![Signal::Thermal {
+                gpu: hot,
+                celsius: 60,
+                throttled: false,
+            }],
+            vec![],
+        )
+        .await;
+    assert_eq!(node_view(&store, &name).await.observed, "healthy");
+    // ECC: single-bit errors below the limit are fine; a double-bit error
+    // on a GPU without work quarantines it, and the job stays.
+    let idle = (0..8).find(|g| !gpus.contains(g)).unwrap();
+    fleet
+        .sync(
+            &store,
+            n,
+            "boot-1",
+            vec![
+                Signal::Ecc {
+                    gpu: idle,
+                    single_bit: 10,
+                    double_bit: 0,
+                },
+                Signal::Ecc {
+                    gpu: idle,
+                    single_bit: 10,
+                    double_bit: 1,
+                },
+            ],
+            vec![],
+        )
+        .await;
+    let v = node_view(&store, &name).await;
+    assert_eq!(v.observed_detail["quarantined"], json!([idle]));
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running,
+        "a quarantine moves only the work on that GPU"
+    );
+    // NVLink errors past the limit: the node drains.
+    fleet
+        .sync(
+            &store,
+            n,
+            "boot-1",
+            vec![Signal::Nvlink {
+                gpu: 0,
+                errors: 5_000,
+            }],
+            vec![],
+        )
+        .await;
+    assert_eq!(node_view(&store, &name).await.observed, "failed");
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Preempting
+    );
+    fleet.act(&store, n, Some("/ckpt/1")).await;
+    // A failed row remap: repair, which a reboot does not clear; an
+    // operator's uncordon returns the node.
+    fleet
+        .sync(
+            &store,
+            n,
+            "boot-2",
+            vec![Signal::Remap {
+                gpu: 1,
+                pending: false,
+                failed: true,
+            }],
+            vec![],
+        )
+        .await;
+    assert_eq!(node_view(&store, &name).await.observed, "needs_repair");
+    fleet.sync(&store, n, "boot-3", vec![], vec![]).await;
+    assert_eq!(node_view(&store, &name).await.observed, "needs_repair");
+    let ctx = store.health_context();
+    store
+        .set_node_admin(
+            &ctx,
+            "ops",
+            &name,
+            AdminChange::Uncordon,
+            Some("board swapped"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let v = node_view(&store, &name).await;
+    assert_eq!((v.observed.as_str(), v.schedulable), ("healthy", true));
+
+    // Injected into the simulated fleet: a dead node is lost (its jobs
+    // requeue) and stays lost while its agent keeps syncing, until it
+    // reboots.
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    let other = format!("n{}", 1 - n);
+    let job = store.get_job("acme", id).await.unwrap();
+    let on = job.workers[0].node.clone().unwrap();
+    fleet
+        .act(&store, on.trim_start_matches('n').parse().unwrap(), None)
+        .await;
+    store
+        .inject_fault(&ctx, "ops", &on, &gangway_shared::api::Fault::NodeDown)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node_view(&store, &on).await.observed, "lost");
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Queued
+    );
+    fleet
+        .sync(
+            &store,
+            on.trim_start_matches('n').parse().unwrap(),
+            "boot-3",
+            vec![],
+            vec![],
+        )
+        .await;
+    assert_eq!(node_view(&store, &on).await.observed, "lost");
+    store
+        .inject_fault(&ctx, "ops", &on, &gangway_shared::api::Fault::Reboot)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node_view(&store, &on).await.observed, "healthy");
+    // A GPU the node does not have is refused.
+    assert!(matches!(
+        store
+            .inject_fault(
+                &ctx,
+                "ops",
+                &other,
+                &gangway_shared::api::Fault::Xid { gpu: 8, code: 79 }
+            )
+            .await
+            .unwrap(),
+        Err(gangway_regional::store::NodeRefusal::InvalidFault(_))
+    ));
+}

@@ -285,6 +285,8 @@ pub(super) async fn reconcile_node(
         .await?;
     }
     for e in effects {
+        metrics::counter!("gangway_health_effects_total", "action" => e.action.as_str())
+            .increment(1);
         node_event(
             tx,
             &node.node_id,
@@ -322,6 +324,8 @@ pub(super) async fn reconcile_node(
         let lost = lose_jobs(tx, &node.node_id, &why).await?;
         if !lost.is_empty() {
             out.freed_gpus = true;
+            metrics::counter!("gangway_preemptions_total", "cause" => "node_lost")
+                .increment(lost.len() as u64);
             node_event(
                 tx,
                 &node.node_id,
@@ -351,6 +355,8 @@ pub(super) async fn reconcile_node(
         };
         let moved = evacuate(tx, &node.node_id, gpus.as_deref(), cause, &why).await?;
         if !moved.is_empty() {
+            metrics::counter!("gangway_preemptions_total", "cause" => cause)
+                .increment(moved.len() as u64);
             node_event(
                 tx,
                 &node.node_id,
