@@ -81,8 +81,7 @@ pub enum NodeRefusal {
 pub(super) const NODE_COLUMNS: &str = "n.node_id, n.agent_id, a.executor, n.spine, n.leaf, \
     n.nvlink_domain, n.gpu_type, n.spare, n.operator_state, n.admin_reason, n.drain_wait, \
     extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s, n.health, n.observed, \
-    n.usable, n.boot_id, extract(epoch FROM n.last_heartbeat_at)::bigint AS last_heartbeat_s, \
-    n.last_heartbeat_at, n.sim_down, extract(epoch FROM n.silent_until)::bigint AS silent_until_s, \
+    n.usable, n.boot_id, n.last_heartbeat_at, n.sim_down, extract(epoch FROM n.silent_until)::bigint AS silent_until_s, \
     n.sim_reboots, (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id)::int AS gpu_count";
 
 /// One node as the health code works on it.
@@ -100,7 +99,6 @@ pub(super) struct NodeRow {
     pub observed: String,
     pub usable: Vec<i32>,
     pub boot_id: Option<String>,
-    pub last_heartbeat_s: Option<i64>,
     pub sim_down: bool,
     pub silent_until_s: Option<i64>,
     pub sim_reboots: i32,
@@ -126,7 +124,6 @@ impl NodeRow {
             observed: row.get("observed"),
             usable: row.get("usable"),
             boot_id: row.get("boot_id"),
-            last_heartbeat_s: row.get("last_heartbeat_s"),
             sim_down: row.get("sim_down"),
             silent_until_s: row.get("silent_until_s"),
             sim_reboots: row.get("sim_reboots"),
