@@ -19,6 +19,9 @@ use crate::types::{Level, Placement, PolicyKind, Request, WaitReason};
 /// How many waiting units per GPU type Gangway's discipline reserves for.
 pub(crate) const GANGWAY_RESERVATIONS: usize = 4;
 
+/// The most reservations of one type in a round (views are bit masks).
+const MAX_HOLDS: usize = 24;
+
 /// The most reservations a discipline holds per GPU type.
 pub(crate) fn max_reservations(kind: PolicyKind) -> usize {
     match kind {
@@ -56,6 +59,8 @@ pub(crate) struct TypeState<'a> {
     pub backfilled: bool,
     /// [`crate::Policy::locality_patience_pct`].
     patience_pct: u32,
+    /// Jobs with running units being preempted for them.
+    pub victims_in_flight: std::collections::BTreeSet<&'a str>,
 }
 
 /// How one unit's decision came out.
@@ -83,6 +88,7 @@ impl<'a> TypeState<'a> {
             ever: BTreeMap::new(),
             backfilled: false,
             patience_pct,
+            victims_in_flight: Default::default(),
         }
     }
 
@@ -202,7 +208,11 @@ impl<'a> TypeState<'a> {
         let end = timeline::end_of(known.now, req.estimated_duration_s);
         let all: u32 = (1u32 << self.holds.len()) - 1;
         let allowed = self.allowed(end);
-        if self.holds.len() < max_reservations(kind) {
+        // A unit whose victims are on their way out reserves beyond the cap,
+        // so what they free (and the free GPUs it counted) waits for it.
+        let owed =
+            self.victims_in_flight.contains(req.job.as_str()) && self.holds.len() < MAX_HOLDS;
+        if self.holds.len() < max_reservations(kind) || owed {
             if let Some(found) = self.reserve(known, req, kind) {
                 return Outcome::Reserve(found);
             }

@@ -128,6 +128,11 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
             )
         })
         .collect();
+    for r in &snapshot.running {
+        if let (Some(for_job), Some(ts)) = (&r.preempted_for, types.get_mut(r.gpu_type.as_str())) {
+            ts.victims_in_flight.insert(for_job.as_str());
+        }
+    }
     let id_sorted = keep.is_none();
     // A unit being preempted is expected to let go of its GPUs by the
     // checkpoint deadline, whatever its estimate said.
