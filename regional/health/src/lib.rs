@@ -468,8 +468,11 @@ impl NodeHealth {
                 }
             }
             Signal::NodeDown => {
-                self.down = true;
-                self.node_failure(policy, now, "node_down", &mut effects);
+                // A repeated report of the same outage is one failure.
+                if !self.down {
+                    self.down = true;
+                    self.node_failure(policy, now, "node_down", &mut effects);
+                }
             }
             Signal::Xid { gpu, code } => {
                 let action = policy.xid_action(*code);
@@ -485,8 +488,12 @@ impl NodeHealth {
                         self.quarantine(*gpu, now, &code_s, &mut effects)
                     }
                     Action::DrainNode => {
-                        self.fail(now, &code_s, &mut effects);
-                        self.node_failure(policy, now, &code_s, &mut effects);
+                        // Counted once per fault: the same XID repeating, or
+                        // a report sent again, is not another failure.
+                        if self.fault.is_none() {
+                            self.fail(now, &code_s, &mut effects);
+                            self.node_failure(policy, now, &code_s, &mut effects);
+                        }
                     }
                     Action::Repair => self.broken(*gpu, now, &code_s, &mut effects),
                 }

@@ -268,6 +268,18 @@ fn flapping_is_damped() {
 }
 
 #[test]
+fn a_fault_reported_again_is_one_failure() {
+    let (p, mut n) = node();
+    for t in 1..=5 {
+        n.observe(&p, t, &xid(0, 79));
+        n.observe(&p, t, &Signal::NodeDown);
+    }
+    assert_eq!(n.observed(&p, 5).code(), "lost", "down, not out for repair");
+    n.observe(&p, 10, &hb("boot-2"));
+    assert_eq!(n.observed(&p, 10), Observed::Healthy);
+}
+
+#[test]
 fn a_node_that_keeps_failing_goes_out_for_repair() {
     let (p, mut n) = node();
     let mut repair = Vec::new();
