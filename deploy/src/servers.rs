@@ -63,6 +63,17 @@ pub struct RegionArgs {
     /// keep their defaults (docs/operations.md).
     #[arg(long)]
     pub health_policy: Option<PathBuf>,
+    /// The agents' lease, in seconds: an agent with no successful sync for
+    /// this long checkpoints and stops its workers and starts nothing until
+    /// it syncs again. Must be below the health policy's lost_after_s by
+    /// more than --fence-checkpoint-s (default: lost_after_s − 30).
+    #[arg(long)]
+    pub fence_after_s: Option<u64>,
+    /// Seconds a fenced agent's workers have to checkpoint before they are
+    /// stopped (default: two thirds of the rest below lost_after_s, at most
+    /// 20).
+    #[arg(long)]
+    pub fence_checkpoint_s: Option<u64>,
     /// A public key (PEM) that verifies service and agent tokens, as
     /// KEY_ID=PATH; repeat it while keys rotate.
     #[arg(long = "service-key", value_name = "KID=PATH")]
@@ -109,11 +120,12 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot read --health-policy {}", path.display()))?;
         config.health =
             toml::from_str(&text).with_context(|| format!("--health-policy {}", path.display()))?;
-        anyhow::ensure!(
-            config.health.suspect_after_s < config.health.lost_after_s,
-            "--health-policy: suspect_after_s must be less than lost_after_s"
-        );
     }
+    config.fence_after = args.fence_after_s.map(Duration::from_secs);
+    config.fence_checkpoint = args.fence_checkpoint_s.map(Duration::from_secs);
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid region configuration: {e}"))?;
     config.auth = match (args.service_keys.is_empty(), args.insecure_no_auth) {
         (false, _) => Some(
             gangway_auth::jwt::Verifier::new(
@@ -179,6 +191,12 @@ pub struct AgentArgs {
     /// temperature, NVLink errors); XID events are reported as they come.
     #[arg(long, default_value_t = 10)]
     pub health_poll_interval_s: u64,
+    /// The lease, in seconds: with no successful sync for this long the
+    /// agent checkpoints and stops its workers (fences) and starts nothing
+    /// until it syncs again. The region names one when the agent registers
+    /// (its lost_after_s − 30 by default); the shorter of the two applies.
+    #[arg(long)]
+    pub fence_after_s: Option<u64>,
 }
 
 pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
@@ -202,6 +220,7 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         token: args.token,
         machine_boot_id: args.boot_id,
         health_poll_interval: Duration::from_secs(args.health_poll_interval_s.max(1)),
+        fence_after: args.fence_after_s.map(Duration::from_secs),
     };
     gangway_agent::run(config, shutdown_token()).await
 }

@@ -48,6 +48,14 @@ pub struct RegionConfig {
     /// suspect then lost, hold-downs and drain deadlines end) and carries
     /// out what their state decides.
     pub health_tick_interval: Duration,
+    /// The agents' lease: an agent with no successful sync for this long
+    /// fences itself (checkpoints and stops its workers, starts nothing)
+    /// before the region may declare its nodes lost and release their GPUs
+    /// (`health.lost_after_s`). `None`: derived, see [`RegionConfig::fencing`].
+    pub fence_after: Option<Duration>,
+    /// How long a fenced worker has to checkpoint before its agent stops
+    /// it anyway. `None`: derived, see [`RegionConfig::fencing`].
+    pub fence_checkpoint: Option<Duration>,
     /// Verifies the tokens of callers (the global tier, agents). `None`
     /// lets anyone in: only for benchmarks and `--insecure-no-auth`.
     pub auth: Option<gangway_auth::jwt::Verifier>,
@@ -72,8 +80,65 @@ impl RegionConfig {
             preemption: PreemptionPolicy::default(),
             fair_share_half_life: Duration::from_secs(24 * 3600),
             fair_share_refresh: Duration::from_secs(10),
+            fence_after: None,
+            fence_checkpoint: None,
             auth: None,
         }
+    }
+
+    /// The agents' lease and the fenced workers' checkpoint time, checked
+    /// against the health policy's `lost_after_s` (L): an agent cut off from
+    /// the region must have stopped its workers before the region releases
+    /// their GPUs, so `fence_after + fence_checkpoint < L` is required, and
+    /// the lease must outlast a few syncs (`fence_after >= 3 ×
+    /// agent_sync_interval`). Defaults: `fence_after` = L − 30 s (L / 2
+    /// when L < 60 s); `fence_checkpoint` = two thirds of what is left
+    /// below L, at most 20 s. With the defaults (L = 120 s): fence at
+    /// 90 s, workers stopped by 110 s, GPUs released at 120 s.
+    pub fn fencing(&self) -> Result<Fencing, String> {
+        let lost = Duration::from_secs(self.health.lost_after_s);
+        let fence_after = self
+            .fence_after
+            .unwrap_or(if lost >= Duration::from_secs(60) {
+                lost - Duration::from_secs(30)
+            } else {
+                lost / 2
+            });
+        if fence_after.is_zero() {
+            return Err("the agents' lease (--fence-after-s) must be above zero".into());
+        }
+        let fence_checkpoint = self.fence_checkpoint.unwrap_or_else(|| {
+            (lost.saturating_sub(fence_after) * 2 / 3).min(Duration::from_secs(20))
+        });
+        if fence_after + fence_checkpoint >= lost {
+            return Err(format!(
+                "the health policy's lost_after_s ({} s) must exceed the agents' lease (--fence-after-s, {} s) plus the fenced workers' checkpoint time (--fence-checkpoint-s, {} s): a cut-off agent must have stopped its workers before the region releases their GPUs",
+                lost.as_secs_f64(),
+                fence_after.as_secs_f64(),
+                fence_checkpoint.as_secs_f64()
+            ));
+        }
+        if fence_after < self.agent_sync_interval * 3 {
+            return Err(format!(
+                "the agents' lease (--fence-after-s, {} s) must be at least three sync intervals ({} s)",
+                fence_after.as_secs_f64(),
+                (self.agent_sync_interval * 3).as_secs_f64()
+            ));
+        }
+        Ok(Fencing {
+            fence_after,
+            fence_checkpoint,
+        })
+    }
+
+    /// Checks what the region cannot run with safely (start-up refuses it).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.health.suspect_after_s >= self.health.lost_after_s {
+            return Err(
+                "the health policy's suspect_after_s must be less than lost_after_s".into(),
+            );
+        }
+        self.fencing().map(|_| ())
     }
 
     /// What every planning pass of this region (scheduling, explain,
@@ -93,6 +158,15 @@ impl RegionConfig {
             },
         }
     }
+}
+
+/// The agents' lease (see [`RegionConfig::fencing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fencing {
+    /// An agent with no successful sync for this long fences itself.
+    pub fence_after: Duration,
+    /// A fenced worker's time to checkpoint before it is stopped.
+    pub fence_checkpoint: Duration,
 }
 
 /// The inputs of a planning pass that come from configuration.
@@ -124,4 +198,41 @@ pub struct HistoryOptions {
     pub half_life: Duration,
     /// Reuse a computed history for this long; zero = read it every time.
     pub refresh: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> RegionConfig {
+        RegionConfig::new("r", SocketAddr::from(([127, 0, 0, 1], 0)), "")
+    }
+
+    #[test]
+    fn the_default_lease_ends_with_time_to_checkpoint_before_lost() {
+        let f = config().fencing().unwrap();
+        assert_eq!(f.fence_after, Duration::from_secs(90));
+        assert_eq!(f.fence_checkpoint, Duration::from_secs(20));
+        let mut short = config();
+        short.health.lost_after_s = 12;
+        short.agent_sync_interval = Duration::from_millis(200);
+        let f = short.fencing().unwrap();
+        assert_eq!(f.fence_after, Duration::from_secs(6));
+        assert_eq!(f.fence_checkpoint, Duration::from_secs(4));
+    }
+
+    #[test]
+    fn a_lease_that_outlasts_lost_after_is_refused() {
+        let mut c = config();
+        c.fence_after = Some(Duration::from_secs(110));
+        c.fence_checkpoint = Some(Duration::from_secs(10));
+        let e = c.validate().unwrap_err();
+        assert!(e.contains("lost_after_s (120 s) must exceed"), "{e}");
+        c.fence_after = Some(Duration::from_secs(100));
+        c.fence_checkpoint = Some(Duration::from_secs(19));
+        assert!(c.validate().is_ok());
+        c.fence_after = Some(Duration::from_secs(2));
+        let e = c.validate().unwrap_err();
+        assert!(e.contains("three sync intervals"), "{e}");
+    }
 }

@@ -30,7 +30,13 @@ pub use store::Store;
 
 /// Connects to the database (waiting up to `db_wait` for it), migrates,
 /// and returns the state the server runs on.
+/// Refuses a configuration the region cannot run safely with
+/// ([`RegionConfig::validate`]: the agents' lease against the health
+/// policy's `lost_after_s`).
 pub async fn prepare(config: RegionConfig, db_wait: Duration) -> anyhow::Result<AppState> {
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid region configuration: {e}"))?;
     let store = Store::connect(&config.database_url, &config.region, config.pool_size)?
         .with_health(config.health.clone(), config.checkpoint_deadline);
     let deadline = tokio::time::Instant::now() + db_wait;

@@ -146,6 +146,7 @@ impl Fleet {
                     Desired::Checkpoint => checkpoint.map(String::from),
                     _ => None,
                 },
+                fenced: false,
             })
             .collect();
         self.sync(store, n, "boot-1", vec![], reports).await;
@@ -605,6 +606,7 @@ async fn a_wait_drain_lets_jobs_finish_and_moves_the_rest_at_the_deadline() {
                 message: None,
             },
             checkpoint: None,
+            fenced: false,
         })
         .collect();
     fleet.sync(&store, 0, "boot-1", vec![], done).await;

@@ -455,6 +455,7 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
                 Desired::Checkpoint => checkpoint.map(String::from),
                 _ => None,
             },
+            fenced: false,
         })
         .collect();
     store
@@ -1029,6 +1030,7 @@ async fn a_checkpoint_reported_by_a_running_worker_is_where_the_work_at_risk_sta
             attempt: wanted[0].attempt,
             status: WorkerStatus::Running,
             checkpoint: Some(checkpoint.into()),
+            fenced: false,
         }],
         nodes: Vec::new(),
     };

@@ -49,6 +49,19 @@ pub struct RegisterResponse {
     pub region: String,
     /// How often to sync, in milliseconds.
     pub sync_interval_ms: u64,
+    /// The agent's lease, in milliseconds: an agent that has had no
+    /// successful sync for this long *fences* itself — asks its workers to
+    /// checkpoint, stops them, and starts nothing until it syncs again — so
+    /// that it is quiet before the region declares its nodes lost and hands
+    /// their GPUs to others. The region keeps it below its `lost_after_s`
+    /// by at least [`RegisterResponse::fence_checkpoint_s`]. 0: the region
+    /// names none (the agent uses its own `--fence-after-s`, if any).
+    #[serde(default)]
+    pub fence_after_ms: u64,
+    /// Seconds a fenced worker has to write its checkpoint before it is
+    /// stopped anyway. 0: the region names none.
+    #[serde(default)]
+    pub fence_checkpoint_s: u64,
 }
 
 /// What became of a worker, as the agent saw it.
@@ -83,6 +96,13 @@ pub struct WorkerReport {
     /// executor's progress marker): where a restart resumes from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
+    /// With an exit: the agent stopped the worker itself because it had
+    /// lost the region for longer than its lease (it *fenced*), not because
+    /// the worker ended or the region asked. The region moves the job as if
+    /// its node were lost (checkpoint, requeue at the front) instead of
+    /// counting the exit as a failure.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fenced: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

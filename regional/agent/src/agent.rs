@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use gangway_shared::agent::{NodeReport, RegisterRequest, SyncRequest};
 use tokio::sync::Notify;
-use tokio::time::sleep;
+use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -52,6 +52,51 @@ struct Agent {
     region: RegionClient,
     exited: Arc<Notify>,
     backoff: Backoff,
+    lease: Lease,
+}
+
+/// The agent's lease on its workers: renewed by every successful sync (and
+/// registration); once it runs out the agent fences — asks its workers to
+/// checkpoint and stops them — because the region will soon declare its
+/// nodes lost and give their GPUs to others.
+#[derive(Debug)]
+struct Lease {
+    /// The agent's own `fence_after`, if any.
+    own: Option<Duration>,
+    /// The shorter of the agent's and the region's.
+    fence_after: Option<Duration>,
+    /// A fenced worker's time to checkpoint.
+    checkpoint: Duration,
+    /// The last successful sync or registration.
+    renewed: Instant,
+    /// Fenced since the last successful sync.
+    fenced: bool,
+}
+
+impl Lease {
+    /// When the lease runs out (never, without one, or once fenced).
+    fn expires(&self) -> Option<Instant> {
+        match (self.fence_after, self.fenced) {
+            (Some(d), false) => Some(self.renewed + d),
+            _ => None,
+        }
+    }
+
+    fn renew(&mut self) {
+        if self.fenced {
+            tracing::info!("synced with the region again: fence lifted");
+        }
+        self.renewed = Instant::now();
+        self.fenced = false;
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(t) => sleep_until(t).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Agent {
@@ -64,12 +109,20 @@ impl Agent {
             config.executor == ExecutorKind::Real,
             &boot_id.to_string(),
         );
+        let fence_after = config.fence_after;
         Ok(Agent {
             config,
             boot_id,
             machine_boot,
             signals: Signals::default(),
             region,
+            lease: Lease {
+                own: fence_after,
+                fence_after,
+                checkpoint: Duration::from_secs(20),
+                renewed: Instant::now(),
+                fenced: false,
+            },
             exited: Arc::new(Notify::new()),
             backoff: Backoff::new(seed),
         })
@@ -110,7 +163,7 @@ impl Agent {
 
     /// Returns when `shutdown` is cancelled.
     async fn sync_loop(&mut self, workers: &mut Workers, shutdown: &CancellationToken) {
-        let Some(mut interval) = self.register(shutdown).await else {
+        let Some(mut interval) = self.register(workers, shutdown).await else {
             return;
         };
         loop {
@@ -134,12 +187,20 @@ impl Agent {
                     })
                     .collect(),
             };
-            let answer = tokio::select! {
-                answer = self.region.sync(&self.config.agent_id, &req) => answer,
-                _ = shutdown.cancelled() => return,
+            let region = self.region.clone();
+            let agent_id = self.config.agent_id.clone();
+            let call = region.sync(&agent_id, &req);
+            tokio::pin!(call);
+            let answer = loop {
+                tokio::select! {
+                    answer = &mut call => break answer,
+                    _ = until(self.lease.expires()) => self.fence(workers),
+                    _ = shutdown.cancelled() => return,
+                }
             };
             match answer {
                 Ok(resp) => {
+                    self.lease.renew();
                     self.backoff.reset();
                     self.signals.accepted(signals.len());
                     workers.reconcile(&resp.assignments);
@@ -153,7 +214,7 @@ impl Agent {
                 }
                 Err(e) if must_reregister(&e) => {
                     tracing::warn!(error = %e, "region does not know this agent or boot: registering again");
-                    match self.register(shutdown).await {
+                    match self.register(workers, shutdown).await {
                         Some(i) => interval = i,
                         None => return,
                     }
@@ -165,18 +226,40 @@ impl Agent {
                     } else {
                         tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64, "region rejected sync; workers keep running");
                     }
-                    tokio::select! {
-                        _ = sleep(delay) => {}
-                        _ = shutdown.cancelled() => return,
+                    let wake = Instant::now() + delay;
+                    loop {
+                        tokio::select! {
+                            _ = sleep_until(wake) => break,
+                            _ = until(self.lease.expires()) => self.fence(workers),
+                            _ = shutdown.cancelled() => return,
+                        }
                     }
                 }
             }
         }
     }
 
-    /// Registers, retrying until the region accepts; returns the sync
-    /// interval, or `None` when shut down first.
-    async fn register(&mut self, shutdown: &CancellationToken) -> Option<Duration> {
+    /// The lease ran out: checkpoint and stop every running worker; start
+    /// nothing until a sync succeeds (only a successful sync launches).
+    fn fence(&mut self, workers: &mut Workers) {
+        self.lease.fenced = true;
+        let asked = workers.fence(self.lease.checkpoint);
+        tracing::warn!(
+            silent_ms = self.lease.renewed.elapsed().as_millis() as u64,
+            workers = asked,
+            checkpoint_s = self.lease.checkpoint.as_secs(),
+            "no successful sync for the lease: fenced (workers checkpoint and stop; nothing starts until the region answers)"
+        );
+    }
+
+    /// Registers, retrying until the region accepts (fencing when the lease
+    /// runs out meanwhile); returns the sync interval, or `None` when shut
+    /// down first.
+    async fn register(
+        &mut self,
+        workers: &mut Workers,
+        shutdown: &CancellationToken,
+    ) -> Option<Duration> {
         let req = RegisterRequest {
             agent_id: self.config.agent_id.clone(),
             boot_id: self.boot_id,
@@ -184,13 +267,30 @@ impl Agent {
             nodes: self.config.nodes.clone(),
         };
         loop {
-            let answer = tokio::select! {
-                answer = self.region.register(&req) => answer,
-                _ = shutdown.cancelled() => return None,
+            let region = self.region.clone();
+            let call = region.register(&req);
+            tokio::pin!(call);
+            let answer = loop {
+                tokio::select! {
+                    answer = &mut call => break answer,
+                    _ = until(self.lease.expires()) => self.fence(workers),
+                    _ = shutdown.cancelled() => return None,
+                }
             };
             let delay = match answer {
                 Ok(resp) => {
                     self.backoff.reset();
+                    // The region's lease, unless ours is shorter.
+                    let region_lease = (resp.fence_after_ms > 0)
+                        .then(|| Duration::from_millis(resp.fence_after_ms));
+                    self.lease.fence_after = match (self.lease.own, region_lease) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    if resp.fence_checkpoint_s > 0 {
+                        self.lease.checkpoint = Duration::from_secs(resp.fence_checkpoint_s);
+                    }
+                    self.lease.renew();
                     let interval = match resp.sync_interval_ms {
                         0 => self.config.default_sync_interval,
                         ms => Duration::from_millis(ms),
@@ -199,6 +299,7 @@ impl Agent {
                         region = %resp.region,
                         nodes = req.nodes.len(),
                         sync_interval_ms = interval.as_millis() as u64,
+                        fence_after_ms = self.lease.fence_after.map(|d| d.as_millis() as u64),
                         "registered"
                     );
                     return Some(interval);
@@ -215,9 +316,13 @@ impl Agent {
                     delay
                 }
             };
-            tokio::select! {
-                _ = sleep(delay) => {}
-                _ = shutdown.cancelled() => return None,
+            let wake = Instant::now() + delay;
+            loop {
+                tokio::select! {
+                    _ = sleep_until(wake) => break,
+                    _ = until(self.lease.expires()) => self.fence(workers),
+                    _ = shutdown.cancelled() => return None,
+                }
             }
         }
     }

@@ -62,6 +62,11 @@ pub struct AgentConfig {
     /// How often GPU health is polled through NVML (real executor, one
     /// node, NVML present); XID events are waited for in between.
     pub health_poll_interval: Duration,
+    /// The agent's own lease: with no successful sync for this long it
+    /// fences (checkpoints and stops its workers, starts nothing until it
+    /// syncs again). The region names one at registration; the shorter of
+    /// the two applies. `None` and a region naming none: never fences.
+    pub fence_after: Option<Duration>,
 }
 
 /// A configuration the agent cannot run with.
@@ -79,6 +84,8 @@ pub enum ConfigError {
     SyncInterval,
     #[error("health_poll_interval is zero")]
     HealthPollInterval,
+    #[error("fence_after is zero")]
+    FenceAfter,
 }
 
 impl AgentConfig {
@@ -102,6 +109,9 @@ impl AgentConfig {
         }
         if self.health_poll_interval.is_zero() {
             return Err(ConfigError::HealthPollInterval);
+        }
+        if self.fence_after.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::FenceAfter);
         }
         Ok(())
     }

@@ -21,11 +21,16 @@ enum State {
         handle: WorkerHandle,
         /// A stop has been requested; the worker is on its way out.
         stopping: bool,
+        /// The agent stopped it itself: it lost the region for longer
+        /// than its lease.
+        fenced: bool,
     },
     Exited {
         exit: Exit,
         /// The region no longer lists it: not reported.
         retired: bool,
+        /// Stopped by the agent's fence (reported as such).
+        fenced: bool,
     },
 }
 
@@ -49,9 +54,10 @@ impl Workers {
     /// Moves workers whose task has ended from running to exited.
     pub async fn collect_exits(&mut self) {
         for state in self.table.values_mut() {
-            let State::Running { handle, .. } = state else {
+            let State::Running { handle, fenced, .. } = state else {
                 continue;
             };
+            let fenced = *fenced;
             if !handle.task.is_finished() {
                 continue;
             }
@@ -68,8 +74,42 @@ impl Workers {
             *state = State::Exited {
                 exit,
                 retired: false,
+                fenced,
             };
         }
+    }
+
+    /// The agent lost the region for longer than its lease: every running
+    /// worker not already on its way out is asked to checkpoint within
+    /// `deadline` and then stopped (the same path as a region's
+    /// `Checkpoint`), and its exit is reported as fenced. Returns how many
+    /// were asked.
+    pub fn fence(&mut self, deadline: Duration) -> usize {
+        let mut asked = 0;
+        for (key, state) in &mut self.table {
+            if let State::Running {
+                handle,
+                stopping: stopping @ false,
+                fenced,
+            } = state
+            {
+                tracing::warn!(job_id = %key.job_id, worker = %key, "fenced: asking worker to checkpoint and stop");
+                handle.control.checkpoint_within(Some(deadline));
+                *stopping = true;
+                *fenced = true;
+                asked += 1;
+            }
+        }
+        asked
+    }
+
+    /// Workers still running (fenced or not).
+    #[cfg(test)]
+    pub fn running(&self) -> usize {
+        self.table
+            .values()
+            .filter(|s| matches!(s, State::Running { .. }))
+            .count()
     }
 
     /// What to tell the region: every running worker and every exit it has
@@ -81,16 +121,19 @@ impl Workers {
         self.table
             .iter()
             .filter_map(|(key, state)| {
-                let (status, checkpoint) = match state {
+                let (status, checkpoint, fenced) = match state {
                     State::Running { .. } => (
                         WorkerStatus::Running,
                         newest
                             .entry(key.job_id)
                             .or_insert_with(|| self.executor.running_checkpoint(key.job_id))
                             .clone(),
+                        false,
                     ),
                     State::Exited { retired: true, .. } => return None,
-                    State::Exited { exit, .. } => (exit.status(), exit.checkpoint.clone()),
+                    State::Exited { exit, fenced, .. } => {
+                        (exit.status(), exit.checkpoint.clone(), *fenced)
+                    }
                 };
                 Some(WorkerReport {
                     job_id: key.job_id,
@@ -98,6 +141,7 @@ impl Workers {
                     attempt: key.attempt,
                     status,
                     checkpoint,
+                    fenced,
                 })
             })
             .collect()
@@ -132,10 +176,16 @@ impl Workers {
                         State::Running {
                             handle,
                             stopping: false,
+                            fenced: false,
                         },
                     );
                 }
-                (Desired::Stop, Some(State::Running { handle, stopping })) => {
+                (
+                    Desired::Stop,
+                    Some(State::Running {
+                        handle, stopping, ..
+                    }),
+                ) => {
                     if !*stopping {
                         tracing::info!(job_id = %key.job_id, worker = %key, "region asks to stop worker");
                         handle.control.stop.cancel();
@@ -148,7 +198,12 @@ impl Workers {
                         *retired = false;
                     }
                 }
-                (Desired::Checkpoint, Some(State::Running { handle, stopping })) => {
+                (
+                    Desired::Checkpoint,
+                    Some(State::Running {
+                        handle, stopping, ..
+                    }),
+                ) => {
                     if !*stopping {
                         tracing::info!(job_id = %key.job_id, worker = %key, deadline_s = a.checkpoint_deadline_s, "region asks worker to checkpoint and stop");
                         // The deadline given now (a drain's may be shorter
@@ -175,6 +230,7 @@ impl Workers {
                                     checkpoint: None,
                                 },
                                 retired: false,
+                                fenced: false,
                             },
                         );
                     }
@@ -188,7 +244,9 @@ impl Workers {
                 continue;
             }
             match state {
-                State::Running { handle, stopping } => {
+                State::Running {
+                    handle, stopping, ..
+                } => {
                     if !*stopping {
                         tracing::info!(job_id = %key.job_id, worker = %key, "region no longer lists worker: stopping it");
                         handle.control.stop.cancel();
@@ -378,6 +436,27 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_checkpoints_and_stops_every_running_worker_and_reports_it_fenced() {
+        let mut w = sim_workers();
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        w.reconcile(&[
+            assignment(a, Desired::Run, 1000),
+            assignment(b, Desired::Run, 1000),
+        ]);
+        assert_eq!(w.fence(Duration::from_secs(1)), 2);
+        assert_eq!(w.fence(Duration::from_secs(1)), 0, "asked once");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        settle().await;
+        w.collect_exits().await;
+        assert_eq!(w.running(), 0);
+        let reports = w.reports();
+        assert_eq!(reports.len(), 2);
+        assert!(reports.iter().all(|r| r.fenced
+            && matches!(r.status, WorkerStatus::Exited { .. })
+            && r.checkpoint.is_some()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -41,9 +41,13 @@ pub async fn register(
     retry_races(|| state.store.register_agent(&req)).await?;
     tracing::info!(nodes = req.nodes.len(), "agent registered");
     state.wake_scheduler();
+    // The agents' lease (checked at start-up against lost_after_s).
+    let fencing = state.config.fencing().ok();
     Ok(axum::Json(RegisterResponse {
         region: state.store.region().to_string(),
         sync_interval_ms: state.config.agent_sync_interval.as_millis() as u64,
+        fence_after_ms: fencing.map_or(0, |f| f.fence_after.as_millis() as u64),
+        fence_checkpoint_s: fencing.map_or(0, |f| f.fence_checkpoint.as_secs().max(1)),
     }))
 }
 

@@ -209,7 +209,7 @@ async fn apply_reports(
     // Current state of every reported worker that sits on this agent's nodes.
     let rows = tx
         .query(
-            "SELECT w.job_id, w.rank, w.attempt, w.state::text
+            "SELECT w.job_id, w.rank, w.attempt, w.state::text, w.node_id
              FROM unnest($1::uuid[], $2::int[]) AS r(job_id, rank)
              JOIN workers w ON w.job_id = r.job_id AND w.rank = r.rank
              JOIN nodes n ON n.node_id = w.node_id
@@ -218,15 +218,18 @@ async fn apply_reports(
             &[&job_ids, &ranks, &agent_id],
         )
         .await?;
-    let mut current: BTreeMap<(Uuid, i32), (i32, String)> = BTreeMap::new();
+    let mut current: BTreeMap<(Uuid, i32), (i32, String, String)> = BTreeMap::new();
     for row in &rows {
-        current.insert((row.get(0), row.get(1)), (row.get(2), row.get(3)));
+        current.insert(
+            (row.get(0), row.get(1)),
+            (row.get(2), row.get(3), row.get(4)),
+        );
     }
     let mut touched = BTreeSet::new();
     let mut freed = false;
     for report in reports {
         let key = (report.job_id, report.rank as i32);
-        let Some((attempt, state)) = current.get(&key) else {
+        let Some((attempt, state, node_id)) = current.get(&key) else {
             continue;
         };
         if *attempt != report.attempt {
@@ -261,6 +264,30 @@ async fn apply_reports(
                 signal,
                 message,
             } => {
+                if report.fenced && matches!(state.as_str(), "assigned" | "running") {
+                    // Its agent lost us for longer than its lease and
+                    // stopped it (after a checkpoint): the job moves as if
+                    // the node had been lost — the rest of the gang
+                    // checkpoints, the job requeues at the front.
+                    let by = super::jobs::PreemptBy::Node {
+                        cause: "fenced",
+                        node: node_id,
+                        why: "its agent lost the region for longer than its lease and stopped its workers",
+                    };
+                    super::jobs::preempt_in_tx(tx, key.0, &by).await?;
+                    metrics::counter!("gangway_preemptions_total", "cause" => "fenced")
+                        .increment(1);
+                    tx.execute(
+                        "UPDATE jobs SET requeue_front = true
+                         WHERE job_id = $1 AND state IN ('preempting', 'queued')",
+                        &[&key.0],
+                    )
+                    .await?;
+                    requeue_worker(tx, key.0, key.1, "its agent fenced").await?;
+                    freed = true;
+                    touched.insert(key.0);
+                    continue;
+                }
                 if state == "checkpointing" {
                     requeue_worker(tx, key.0, key.1, message.as_deref().unwrap_or("stopped"))
                         .await?;

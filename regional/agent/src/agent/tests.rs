@@ -56,6 +56,8 @@ async fn register(State(fake): State<Shared>, Json(req): Json<RegisterRequest>) 
     }
     fake.registrations.push(req);
     Json(RegisterResponse {
+        fence_after_ms: 0,
+        fence_checkpoint_s: 0,
         region: "test-1".into(),
         sync_interval_ms: 20,
     })
@@ -127,6 +129,7 @@ fn config(addr: SocketAddr, executor: ExecutorKind, work_dir: &Path) -> AgentCon
         time_factor: 1.0,
         work_dir: work_dir.to_path_buf(),
         default_sync_interval: Duration::from_millis(20),
+        fence_after: None,
         token: None,
         machine_boot_id: Some("machine-boot-1".into()),
         health_poll_interval: Duration::from_secs(10),
