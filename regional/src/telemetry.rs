@@ -69,6 +69,6 @@ fn describe() {
         "gangway_health_effects_total",
         "What the node-health policy did about agents' signals, by action: ignore, throttle, \
          quarantine_gpu, drain_node, repair (node moves also count in \
-         gangway_preemptions_total, cause drain, maintenance, repair, health or node_lost)"
+         gangway_preemptions_total, cause drain, maintenance, repair, health, node_lost or fenced)"
     );
 }

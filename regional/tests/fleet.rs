@@ -552,6 +552,17 @@ async fn a_checkpoint_drain_moves_the_jobs_through_a_checkpoint() {
         Some(format!("n{}", 1 - n).as_str())
     );
     assert_eq!(job.restore_from.as_deref(), Some("/ckpt/drain"));
+    // The move counts as a preemption of the job, but a node's, not one
+    // against its allowance of priority preemptions.
+    assert_eq!((job.preemptions, job.node_moves), (1, 1));
+    fleet.act(&store, 1 - n, None).await;
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    let running = snap
+        .running
+        .iter()
+        .find(|r| r.job == id.to_string())
+        .expect("running again");
+    assert_eq!(running.preemptions, 0);
     assert!(node_view(&store, &name).await.drained);
     // Uncordon returns it.
     store

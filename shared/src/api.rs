@@ -419,6 +419,11 @@ pub struct Job {
     /// elastic restarts to grow included.
     #[serde(default)]
     pub preemptions: u32,
+    /// How many of `preemptions` were moves for a node's sake (a drain, a
+    /// health action, a lost node, maintenance, a fenced agent); they do
+    /// not count against the cap on priority preemptions.
+    #[serde(default)]
+    pub node_moves: u32,
     /// The checkpoint its next start resumes from, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<String>,

@@ -187,6 +187,7 @@ impl Store {
                 .collect(),
             run_workers: None,
             preemptions: 0,
+            node_moves: 0,
             restore_from: None,
         }
     }
@@ -628,11 +629,15 @@ pub(crate) async fn preempt_in_tx(
             ..
         }
     );
+    // A move for a node's sake (drain, health, lost, maintenance, fenced)
+    // is counted, but not against that cap either (`node_moves`).
+    let node_move = matches!(by, PreemptBy::Node { .. });
     tx.execute(
         "UPDATE jobs SET state = 'preempting', preemptions = preemptions + 1, preempted_for = $2,
-                grows = grows + CASE WHEN $3 THEN 1 ELSE 0 END
+                grows = grows + CASE WHEN $3 THEN 1 ELSE 0 END,
+                node_moves = node_moves + CASE WHEN $4 THEN 1 ELSE 0 END
          WHERE job_id = $1",
-        &[&id, &for_job, &grow],
+        &[&id, &for_job, &grow, &node_move],
     )
     .await?;
     let (message, detail) = match by {

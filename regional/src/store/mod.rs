@@ -21,6 +21,9 @@
 //!   placed with, which decides which workers make the run and the world
 //!   size agents are told; how many of its preemptions were restarts to
 //!   grow (not counted against the cap on priority preemptions).
+//! - `jobs.node_moves`: how many of its preemptions were moves for a
+//!   node's sake (drain, health, lost node, maintenance, a fenced agent);
+//!   like `grows`, not counted against that cap.
 //! - `jobs.checkpointed_at`, `jobs.preempted_for`: what preemption decides
 //!   from (work at risk since the last checkpoint; a preemption in flight and
 //!   whom it makes room for, so a later pass does not pick more victims).

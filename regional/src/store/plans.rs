@@ -275,7 +275,7 @@ impl Store {
                         END AS preempted_at,
                         array_agg(a.node_id ORDER BY a.node_id, a.gpu_index) AS nodes,
                         array_agg(a.gpu_index ORDER BY a.node_id, a.gpu_index) AS gpus,
-                        j.preemptions - j.grows AS capped_preemptions,
+                        j.preemptions - j.grows - j.node_moves AS capped_preemptions,
                         CASE WHEN j.mode = 'gang' AND j.min_workers < j.workers
                              THEN j.run_workers END AS elastic_workers,
                         j.workers, j.gpus_per_worker, j.required_level::text AS required

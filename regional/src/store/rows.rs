@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 /// Columns every job query selects, in the shape [`job_from_row`] reads.
 pub(super) const JOB_COLUMNS: &str = "j.job_id, j.tenant, j.spec, j.name, j.state::text AS state, \
-     j.reason, j.created_at, j.started_at, j.finished_at, j.preemptions, j.restore_from, \
+     j.reason, j.created_at, j.started_at, j.finished_at, j.preemptions, j.node_moves, j.restore_from, \
      j.run_workers";
 
 pub(super) const WORKER_COLUMNS: &str = "w.job_id, w.rank, w.state::text AS state, w.node_id, \
@@ -50,6 +50,7 @@ pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job
             .get::<_, Option<i32>>("run_workers")
             .map(|n| n.max(0) as u32),
         preemptions: row.get::<_, i32>("preemptions").max(0) as u32,
+        node_moves: row.get::<_, i32>("node_moves").max(0) as u32,
         restore_from: row.get("restore_from"),
     }
 }
