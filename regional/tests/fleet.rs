@@ -78,15 +78,21 @@ struct Fleet {
 
 impl Fleet {
     async fn register(store: &Store, nodes: usize) -> Fleet {
+        Self::register_nodes(store, (0..nodes).map(|n| node(&format!("n{n}"))).collect()).await
+    }
+
+    /// Registers these nodes, which must be named `n0`, `n1`, … in order.
+    async fn register_nodes(store: &Store, nodes: Vec<AgentNode>) -> Fleet {
         let mut boots = Vec::new();
-        for n in 0..nodes {
+        for (n, node) in nodes.into_iter().enumerate() {
+            assert_eq!(node.node_id, format!("n{n}"));
             let boot = Uuid::new_v4();
             store
                 .register_agent(&RegisterRequest {
                     agent_id: format!("agent-n{n}"),
                     boot_id: boot,
                     executor: "sim".into(),
-                    nodes: vec![node(&format!("n{n}"))],
+                    nodes: vec![node],
                 })
                 .await
                 .unwrap();
@@ -1066,4 +1072,144 @@ async fn thermal_ecc_nvlink_remap_and_injected_faults_each_lead_to_their_action(
             .unwrap(),
         Err(gangway_regional::store::NodeRefusal::InvalidFault(_))
     ));
+}
+
+#[tokio::test]
+async fn a_spare_from_the_same_leaf_takes_a_failed_nodes_place_under_a_64_gpu_gang() {
+    let (store, client) = store("fleet_spare").await;
+    // n0…n7 and a spare n8 in leaf s0-l0; another spare n9 in leaf s0-l1.
+    let mut nodes: Vec<AgentNode> = (0..10).map(|n| node(&format!("n{n}"))).collect();
+    nodes[8].spare = true;
+    nodes[9].spare = true;
+    nodes[9].leaf = "s0-l1".into();
+    let fleet = Fleet::register_nodes(&store, nodes.clone()).await;
+    for n in 0..10 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    let id = submit(&store, &job(64, 8)).await;
+    let o = run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    assert_eq!(o.placements, 1, "{o:?}");
+    for n in 0..8 {
+        fleet.act(&store, n, None).await;
+    }
+    let j = store.get_job("acme", id).await.unwrap();
+    assert_eq!(j.state, JobState::Running);
+    let before: Vec<(u32, String, Vec<u32>)> = j
+        .workers
+        .iter()
+        .map(|w| (w.rank, w.node.clone().unwrap(), w.gpus.clone()))
+        .collect();
+    assert!(before.iter().all(|(_, n, _)| n != "n8" && n != "n9"));
+
+    // n3 falls off the bus (XID 79): a node fault.
+    fleet
+        .sync(&store, 3, "boot-1", vec![xid(0, 79)], vec![])
+        .await;
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Preempting
+    );
+    let failed = node_view(&store, "n3").await;
+    assert_eq!(failed.admin_state, "repair", "{failed:?}");
+    assert!(!failed.schedulable);
+    let spare = node_view(&store, "n8").await;
+    assert!(!spare.spare, "the same leaf's spare left the pool");
+    assert!(
+        node_view(&store, "n9").await.spare,
+        "the other leaf's stays"
+    );
+    // While the gang checkpoints, the planner sees none of its GPUs free:
+    // neither its old ones as they are released nor the spare's.
+    let other = submit(&store, &job(8, 8)).await;
+    for n in 0..8 {
+        fleet.act(&store, n, Some("/ckpt/step-42")).await;
+        if n < 7 {
+            run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+            assert_eq!(
+                store.get_job("acme", other).await.unwrap().state,
+                JobState::Queued,
+                "nothing else lands on the gang's held GPUs"
+            );
+        }
+    }
+    // The last worker down: the gang is placed at once on its old nodes
+    // minus n3 plus n8, the same GPUs, and resumes from its checkpoint.
+    let job = store.get_job("acme", id).await.unwrap();
+    assert_eq!(job.state, JobState::Starting, "{job:?}");
+    assert_eq!(job.restore_from.as_deref(), Some("/ckpt/step-42"));
+    assert_eq!((job.preemptions, job.node_moves), (1, 1));
+    let after: Vec<(u32, String, Vec<u32>)> = job
+        .workers
+        .iter()
+        .map(|w| (w.rank, w.node.clone().unwrap(), w.gpus.clone()))
+        .collect();
+    let want: Vec<(u32, String, Vec<u32>)> = before
+        .iter()
+        .map(|(r, n, g)| {
+            let n = if n == "n3" {
+                "n8".to_string()
+            } else {
+                n.clone()
+            };
+            (*r, n, g.clone())
+        })
+        .collect();
+    assert_eq!(after, want);
+    let kinds: Vec<String> = events(&store, id).await.into_iter().map(|e| e.0).collect();
+    assert_eq!(
+        kinds,
+        [
+            "queued",
+            "placed",
+            "started",
+            "preempted",
+            "spare_swap",
+            "requeued",
+            "placed"
+        ]
+    );
+    let live: i64 = client
+        .query_one(
+            "SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(live, 64);
+    // It runs on its nodes again.
+    for n in [0, 1, 2, 4, 5, 6, 7, 8] {
+        fleet.act(&store, n, None).await;
+    }
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
+    // The agents registering again do not undo the swap.
+    store
+        .register_agent(&RegisterRequest {
+            agent_id: "agent-n8".into(),
+            boot_id: fleet.boots[8],
+            executor: "sim".into(),
+            nodes: vec![nodes[8].clone()],
+        })
+        .await
+        .unwrap();
+    assert!(!node_view(&store, "n8").await.spare);
+    // n3 repaired: the operator returns it from repair, into the pool.
+    fleet.sync(&store, 3, "boot-2", vec![], vec![]).await;
+    let ctx = store.health_context();
+    store
+        .set_node_admin(
+            &ctx,
+            "ops",
+            "n3",
+            AdminChange::Uncordon,
+            Some("GPU replaced"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let repaired = node_view(&store, "n3").await;
+    assert!(repaired.spare && !repaired.schedulable, "{repaired:?}");
 }

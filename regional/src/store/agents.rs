@@ -70,7 +70,10 @@ impl Store {
              ON CONFLICT (node_id) DO UPDATE
                SET agent_id = EXCLUDED.agent_id, spine = EXCLUDED.spine, leaf = EXCLUDED.leaf,
                    nvlink_domain = EXCLUDED.nvlink_domain, gpu_type = EXCLUDED.gpu_type,
-                   address = EXCLUDED.address, spare = EXCLUDED.spare",
+                   address = EXCLUDED.address,
+                   -- the region's own swaps outlive re-registration
+                   spare = CASE WHEN nodes.spare_managed THEN nodes.spare
+                                ELSE EXCLUDED.spare END",
             &[
                 &node_ids,
                 &req.agent_id,

@@ -470,6 +470,8 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
                 json!({"restore_from": restore}),
             )
             .await?;
+            // A gang moving onto a spare is placed onto its held GPUs now.
+            super::spares::place_held(tx, job_id).await?;
         }
         return Ok(());
     }

@@ -36,6 +36,11 @@
 //!   machine boot id, the node's timeline (`node_events`), jobs moved for a
 //!   node's sake (`jobs.requeue_front`), and `audit_log`: every operator
 //!   action, append-only, written in the action's transaction.
+//! - Spare swaps (`spares.rs`): `nodes.spare_managed` (the region changed
+//!   the spare flag, registration keeps it), `nodes.refill_spare` (swapped
+//!   out: back to the pool when repaired), and `gpu_holds`: the GPUs a gang
+//!   moving onto a spare is placed on once its workers are down — intent
+//!   nothing else records, so it must survive a restart in between.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
@@ -47,6 +52,7 @@
 //! - `nodes.rs`: node health from syncs and the clock, operators' node
 //!   actions and injected faults, and what both decide (evacuate, lost).
 //! - `audit.rs`: the audit log, and the audited quota and preempt actions.
+//! - `spares.rs`: spare swaps under failed nodes, held GPUs, refills.
 
 mod agents;
 mod audit;
@@ -54,6 +60,7 @@ mod jobs;
 mod nodes;
 mod plans;
 mod rows;
+mod spares;
 mod usage;
 
 use std::sync::{Arc, Mutex};

@@ -318,7 +318,13 @@ pub(super) async fn reconcile_node(
         _ => code.to_string(),
     });
     if decision.lost {
+        // Running gangs here get a spare in the node's place.
+        let gangs = super::spares::gangs_on(tx, &node.node_id).await?;
         let lost = lose_jobs(tx, &node.node_id, &why).await?;
+        if !gangs.is_empty() {
+            super::spares::swap_in(tx, &node.node_id, &why, &gangs).await?;
+            out.fleet_changed = true;
+        }
         if !lost.is_empty() {
             out.freed_gpus = true;
             metrics::counter!("gangway_preemptions_total", "cause" => "node_lost")
@@ -350,7 +356,18 @@ pub(super) async fn reconcile_node(
         } else {
             ("health", Some(decision.evacuate_gpus.clone()))
         };
+        // A failed node (not a drain, not one quarantined GPU): running
+        // gangs here get a spare in its place.
+        let gangs = if cause == "health" && gpus.is_none() {
+            super::spares::gangs_on(tx, &node.node_id).await?
+        } else {
+            Vec::new()
+        };
         let moved = evacuate(tx, &node.node_id, gpus.as_deref(), cause, &why).await?;
+        if !gangs.is_empty() {
+            super::spares::swap_in(tx, &node.node_id, &why, &gangs).await?;
+            out.fleet_changed = true;
+        }
         if !moved.is_empty() {
             metrics::counter!("gangway_preemptions_total", "cause" => cause)
                 .increment(moved.len() as u64);
@@ -745,6 +762,10 @@ impl Store {
             &[&node_id, &state, &stored_reason, &wait, &deadline],
         )
         .await?;
+        if matches!(new_admin, Admin::Active) {
+            // Swapped out for a spare and now repaired: into the pool.
+            super::spares::refill(&tx, node_id).await?;
+        }
         node.admin = new_admin;
         node.admin_reason = stored_reason;
         let mut detail = detail;

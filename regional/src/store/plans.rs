@@ -131,8 +131,14 @@ impl Store {
             .await?;
         let live = tx
             .query(
-                "SELECT node_id, array_agg(gpu_index) FROM allocations
-                 WHERE released_at IS NULL GROUP BY node_id",
+                // Live allocations, and GPUs held for a gang moving onto a
+                // spare (`spares.rs`) while it is being preempted.
+                "SELECT node_id, array_agg(gpu_index) FROM (
+                     SELECT node_id, gpu_index FROM allocations WHERE released_at IS NULL
+                     UNION
+                     SELECT h.node_id, h.gpu_index FROM gpu_holds h
+                     JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'
+                 ) x GROUP BY node_id",
                 &[],
             )
             .await?;
@@ -469,7 +475,7 @@ impl Store {
 /// per GPU and a `placed` event per placement; returns the workers placed.
 /// Any placement that no longer applies rejects the plan whole. The caller
 /// holds the jobs' locks.
-async fn apply_placements(
+pub(super) async fn apply_placements(
     tx: &tokio_postgres::Transaction<'_>,
     plan: &Plan,
     generation: i64,
