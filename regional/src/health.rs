@@ -3,7 +3,8 @@
 //! suspect then lost, hold-downs and `wait` drains end, and what both axes
 //! decide (evacuate, lost) is carried out again until it is done. The
 //! policy itself is the pure `gangway-health` crate; the store applies it
-//! (`store/nodes.rs`).
+//! (`store/nodes.rs`). The running maintenance plan, if any, advances on
+//! the same beat (`Store::maintenance_tick`).
 
 use std::time::Instant;
 
@@ -30,5 +31,14 @@ pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "health tick failed"),
+    }
+    // Rolling maintenance advances on the same beat (store/maintenance.rs).
+    match crate::store::retry_races(|| state.store.maintenance_tick(&ctx)).await {
+        Ok(o) => {
+            if o.fleet_changed || o.freed_gpus {
+                state.wake_scheduler();
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "maintenance tick failed"),
     }
 }

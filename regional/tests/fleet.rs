@@ -1213,3 +1213,147 @@ async fn a_spare_from_the_same_leaf_takes_a_failed_nodes_place_under_a_64_gpu_ga
     let repaired = node_view(&store, "n3").await;
     assert!(repaired.spare && !repaired.schedulable, "{repaired:?}");
 }
+
+async fn open_store(url: &str) -> Store {
+    let store = Store::connect(url, "test-region", 8)
+        .unwrap()
+        .with_health(HealthPolicy::default(), Duration::from_secs(30));
+    store.migrate().await.unwrap();
+    store
+}
+
+#[tokio::test]
+async fn rolling_maintenance_reboots_every_node_in_waves_and_resumes_after_a_restart() {
+    let url = gangway_devkit::fresh_database("fleet_maint").await;
+    let mut store = open_store(&url).await;
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // 64 nodes × 8 GPUs: 8 leaves of 8.
+    let nodes: Vec<AgentNode> = (0..64)
+        .map(|n| {
+            let mut node = node(&format!("n{n}"));
+            node.leaf = format!("s0-l{}", n / 8);
+            node
+        })
+        .collect();
+    let fleet = Fleet::register_nodes(&store, nodes).await;
+    for n in 0..64 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    // Running work: four 16-GPU gangs (two nodes each) and eight 8-GPU jobs.
+    let mut jobs = Vec::new();
+    for _ in 0..4 {
+        jobs.push(submit(&store, &job(16, 8)).await);
+    }
+    for _ in 0..8 {
+        jobs.push(submit(&store, &job(8, 8)).await);
+    }
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    for n in 0..64 {
+        fleet.act(&store, n, None).await;
+    }
+    for &j in &jobs {
+        assert_eq!(
+            store.get_job("acme", j).await.unwrap().state,
+            JobState::Running
+        );
+    }
+
+    // Refused: no targets; a second plan while one runs.
+    use gangway_shared::api::MaintenanceStart;
+    assert!(store
+        .start_maintenance("ops", &MaintenanceStart::default())
+        .await
+        .unwrap()
+        .is_err());
+    let req = MaintenanceStart {
+        all: true,
+        per_leaf: Some(2),
+        region_percent: Some(25),
+        reason: Some("kernel upgrade".into()),
+        ..MaintenanceStart::default()
+    };
+    let plan = store.start_maintenance("ops", &req).await.unwrap().unwrap();
+    assert_eq!(plan.total, 64);
+    assert!(store.start_maintenance("ops", &req).await.unwrap().is_err());
+    let cap = 16; // 25 % of 64
+
+    let ctx = store.health_context();
+    let mut max_out = 0;
+    let mut restarted = false;
+    for round in 0..80 {
+        store.maintenance_tick(&ctx).await.unwrap();
+        for n in 0..64 {
+            fleet.act(&store, n, Some("/ckpt/maint")).await;
+        }
+        run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+        for n in 0..64 {
+            fleet.act(&store, n, Some("/ckpt/maint")).await;
+        }
+        // Capacity never below the floor: at most the cap out at once.
+        let out: i64 = client
+            .query_one(
+                "SELECT count(*) FROM nodes WHERE operator_state <> 'active'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(out <= cap, "{out} nodes out in round {round}");
+        max_out = max_out.max(out);
+        let p = store.get_maintenance(plan.plan_id).await.unwrap().unwrap();
+        // The control plane restarts mid-way: a new store on the same
+        // database carries on from the persisted steps.
+        if !restarted && p.steps.get("done").copied().unwrap_or(0) >= 16 {
+            drop(store);
+            store = open_store(&url).await;
+            restarted = true;
+        }
+        if p.state == "done" {
+            break;
+        }
+    }
+    assert!(restarted, "never got half-way");
+    let p = store.get_maintenance(plan.plan_id).await.unwrap().unwrap();
+    assert_eq!(p.state, "done", "{p:?}");
+    assert_eq!(p.steps.get("done"), Some(&64));
+    assert!(max_out >= 8, "waves ran in parallel: at most {max_out} out");
+    // Every node rebooted once and is back in service.
+    let rebooted: i64 = client
+        .query_one(
+            "SELECT count(*) FROM nodes WHERE sim_reboots = 1 AND operator_state = 'active'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rebooted, 64);
+    // No job stopped without a checkpoint: every move was a maintenance
+    // preemption, and every requeue resumed from a checkpoint.
+    for &j in &jobs {
+        let job = store.get_job("acme", j).await.unwrap();
+        assert_eq!(job.state, JobState::Running, "{job:?}");
+        assert!(job.preemptions >= 1, "{job:?}");
+        assert_eq!(job.preemptions, job.node_moves);
+        for (kind, detail) in events(&store, j).await {
+            match kind.as_str() {
+                "preempted" => assert_eq!(detail["cause"], "maintenance"),
+                "requeued" => assert_eq!(detail["restore_from"], "/ckpt/maint"),
+                "worker_exited" | "finished" => panic!("job {j} stopped: {detail}"),
+                _ => {}
+            }
+        }
+    }
+    // Audited.
+    let audited: i64 = client
+        .query_one(
+            "SELECT count(*) FROM audit_log WHERE action = 'maintenance.start' AND actor = 'ops'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audited, 1);
+}

@@ -1069,6 +1069,78 @@ pub struct NodeList {
     pub nodes: Vec<NodeView>,
 }
 
+/// `POST /v1/admin/maintenance`: reboot a set of nodes in capacity-aware
+/// waves. Name at least one target: `all`, a `leaf`, a `gpu_type` or
+/// `nodes` (together they narrow each other).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MaintenanceStart {
+    /// Every (non-spare) node of the region.
+    #[serde(default)]
+    pub all: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaf: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// At most this many nodes of one leaf out at once (K; default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_leaf: Option<u32>,
+    /// At most this percentage of the region's nodes out at once, other
+    /// outages counted (M; default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_percent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One node of a maintenance plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MaintenanceNode {
+    pub node_id: String,
+    /// `pending`, `draining`, `rebooting`, `checking`, `done`, `cancelled`.
+    pub step: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A maintenance plan and its progress.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct MaintenancePlan {
+    pub plan_id: Uuid,
+    pub region: String,
+    /// `running`, `done` or `cancelled`.
+    pub state: String,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What it was asked to cover.
+    pub targets: MaintenanceStart,
+    pub per_leaf: u32,
+    pub region_percent: u32,
+    /// Nodes in the plan.
+    pub total: u32,
+    /// Nodes per step.
+    pub steps: BTreeMap<String, u32>,
+    /// Why no more nodes start now, when some wait (the last tick's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<serde_json::Value>,
+    /// Every node with its step (`GET …/{id}` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<MaintenanceNode>,
+}
+
+/// `GET /v1/admin/maintenance` in one region, newest first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct MaintenancePlanList {
+    pub plans: Vec<MaintenancePlan>,
+}
+
 /// One entry of the append-only audit log.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct AuditEntry {

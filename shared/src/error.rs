@@ -96,6 +96,12 @@ pub mod codes {
     pub const NODE_STATE_CONFLICT: &str = "node_state_conflict";
     /// Faults can be injected only into nodes of simulated agents (409).
     pub const NODE_NOT_SIMULATED: &str = "node_not_simulated";
+    /// A maintenance plan names no targets, an unknown node, or limits out
+    /// of range (422).
+    pub const INVALID_MAINTENANCE: &str = "invalid_maintenance";
+    /// Another maintenance plan is running in the region, or the plan is
+    /// no longer running (409).
+    pub const MAINTENANCE_CONFLICT: &str = "maintenance_conflict";
 
     /// Every code above, so documents and tests can list them. A new code
     /// goes here too.
@@ -134,5 +140,7 @@ pub mod codes {
         INVALID_FAULT,
         NODE_STATE_CONFLICT,
         NODE_NOT_SIMULATED,
+        INVALID_MAINTENANCE,
+        MAINTENANCE_CONFLICT,
     ];
 }

@@ -16,6 +16,7 @@ mod auth;
 pub mod error;
 mod extract;
 mod jobs;
+mod maintenance;
 mod nodes;
 mod usage;
 
@@ -113,6 +114,15 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/admin/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/v1/admin/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/admin/nodes/{id}/faults", post(nodes::inject_fault))
+        .route(
+            "/v1/admin/maintenance",
+            post(maintenance::start).get(maintenance::list),
+        )
+        .route("/v1/admin/maintenance/{id}", get(maintenance::get))
+        .route(
+            "/v1/admin/maintenance/{id}/cancel",
+            post(maintenance::cancel),
+        )
         .layer(DefaultBodyLimit::max(PUBLIC_BODY_LIMIT));
     let internal = Router::new()
         .route("/internal/v1/agents/register", post(agents::register))

@@ -45,7 +45,7 @@ fn check_node_id(id: &str) -> Result<(), ApiError> {
 }
 
 /// An optional JSON body: empty means the defaults.
-fn body<T: DeserializeOwned + Default>(
+pub(super) fn body<T: DeserializeOwned + Default>(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let bytes = bytes.map_err(|e| {
@@ -69,7 +69,7 @@ fn body<T: DeserializeOwned + Default>(
     required(&bytes)
 }
 
-fn required<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(super) fn required<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -84,7 +84,10 @@ fn required<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-fn check_reason(reason: &Option<String>, code: &'static str) -> Result<Option<String>, ApiError> {
+pub(super) fn check_reason(
+    reason: &Option<String>,
+    code: &'static str,
+) -> Result<Option<String>, ApiError> {
     match reason.as_deref().map(str::trim) {
         None | Some("") => Ok(None),
         Some(r) if r.chars().count() > MAX_REASON_LEN || r.chars().any(char::is_control) => {

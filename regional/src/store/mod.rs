@@ -41,6 +41,9 @@
 //!   out: back to the pool when repaired), and `gpu_holds`: the GPUs a gang
 //!   moving onto a spare is placed on once its workers are down — intent
 //!   nothing else records, so it must survive a restart in between.
+//! - `maintenance_plans`, `maintenance_steps`: rolling maintenance, one
+//!   row per node with its step and its boot id when told to reboot, so a
+//!   control plane restarted mid-way resumes the waves where they were.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
@@ -53,10 +56,12 @@
 //!   actions and injected faults, and what both decide (evacuate, lost).
 //! - `audit.rs`: the audit log, and the audited quota and preempt actions.
 //! - `spares.rs`: spare swaps under failed nodes, held GPUs, refills.
+//! - `maintenance.rs`: rolling maintenance plans and the leader's tick.
 
 mod agents;
 mod audit;
 mod jobs;
+mod maintenance;
 mod nodes;
 mod plans;
 mod rows;
@@ -72,6 +77,7 @@ use tokio_postgres::NoTls;
 
 pub use agents::{StopTiming, SyncOutcome};
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
+pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
 pub use plans::{ApplyOutcome, FleetShape, SnapshotData};
 

@@ -57,7 +57,7 @@ pub struct NodesOutcome {
 }
 
 impl NodesOutcome {
-    fn absorb(&mut self, o: NodesOutcome) {
+    pub(super) fn absorb(&mut self, o: NodesOutcome) {
         self.fleet_changed |= o.fleet_changed;
         self.freed_gpus |= o.freed_gpus;
         self.evacuated.extend(o.evacuated);
@@ -188,7 +188,7 @@ fn evacuation_cause(admin: &Admin) -> &'static str {
     }
 }
 
-async fn db_now(tx: &Transaction<'_>) -> Result<u64> {
+pub(super) async fn db_now(tx: &Transaction<'_>) -> Result<u64> {
     let row = tx
         .query_one("SELECT floor(extract(epoch FROM now()))::bigint", &[])
         .await?;
@@ -495,7 +495,7 @@ async fn lose_jobs(tx: &Transaction<'_>, node_id: &str, why: &str) -> Result<Vec
 
 /// The node's boot id as the health code sees it: the machine's, marked
 /// with each simulated reboot.
-fn effective_boot(reported: &str, sim_reboots: i32) -> String {
+pub(super) fn effective_boot(reported: &str, sim_reboots: i32) -> String {
     if sim_reboots > 0 {
         format!("{reported}+sim-reboot-{sim_reboots}")
     } else {
@@ -663,7 +663,7 @@ impl Store {
     }
 
     /// Locks one node for an operator's action; `None` if there is none.
-    async fn lock_node(tx: &Transaction<'_>, node_id: &str) -> Result<Option<NodeRow>> {
+    pub(super) async fn lock_node(tx: &Transaction<'_>, node_id: &str) -> Result<Option<NodeRow>> {
         let row = tx
             .query_opt(
                 &format!(
