@@ -41,6 +41,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/admin/nodes/{id}/drain"),
     ("post", "/v1/admin/nodes/{id}/faults"),
     ("get", "/v1/admin/audit"),
+    ("post", "/v1/admin/maintenance"),
+    ("get", "/v1/admin/maintenance"),
+    ("get", "/v1/admin/maintenance/{id}"),
+    ("post", "/v1/admin/maintenance/{id}/cancel"),
     ("get", "/healthz"),
     ("get", "/v1/openapi.json"),
 ];

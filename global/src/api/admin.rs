@@ -1,7 +1,8 @@
 //! Operator endpoints: quotas (guarantees, weights and caps), set in every
 //! region (or one) at once; nodes (list, inspect, cordon, uncordon, drain,
-//! inject faults), passed to the region that has the node; the audit log
-//! of every region. Every call names the operator (the admin token's
+//! inject faults), passed to the region that has the node; rolling
+//! maintenance plans, passed to the region they run in; the audit log of
+//! every region. Every call names the operator (the admin token's
 //! subject) to the regions, which write it into their audit logs.
 
 use std::collections::BTreeMap;
@@ -10,7 +11,8 @@ use axum::extract::State;
 use axum::http::{Method, StatusCode};
 use futures_util::future::join_all;
 use gangway_shared::api::{
-    DrainRequest, Fault, NodeActionRequest, NodeView, QuotaList, QuotaUpdate,
+    DrainRequest, Fault, MaintenancePlan, MaintenanceStart, NodeActionRequest, NodeView, QuotaList,
+    QuotaUpdate,
 };
 use gangway_shared::error::{codes, ErrorBody};
 use gangway_shared::http::{ApiError, Json, Path, Query};
@@ -802,4 +804,224 @@ pub async fn audit_log(
         )
         .await?,
     ))
+}
+
+/// The one region a maintenance call names (`region` is required: plans
+/// are per region).
+fn maintenance_region<'a>(
+    state: &'a GlobalState,
+    region: Option<&str>,
+) -> Result<Vec<&'a Region>, ApiError> {
+    match region {
+        Some(name) => match state.regions.get(name) {
+            Some(r) => Ok(vec![r]),
+            None => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::WRONG_REGION,
+                format!("no region named {name:?}"),
+            )),
+        },
+        None => Ok(state.regions.list.iter().collect()),
+    }
+}
+
+/// Start rolling maintenance
+///
+/// Reboots a set of the named region's nodes (all, a leaf, a GPU type or a
+/// list) in capacity-aware waves: at most `per_leaf` nodes of one leaf and
+/// `region_percent` % of the region out at once (other outages counted),
+/// never two nodes of one running gang; each node drained with checkpoints,
+/// rebooted, and returned once its agent reports a new boot id and it is
+/// healthy. Persisted: a control-plane restart resumes the waves. One plan
+/// runs at a time per region. Audited.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/maintenance",
+    operation_id = "start_maintenance",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(RegionParam),
+    request_body(content = MaintenanceStart, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The plan.", body = MaintenancePlan),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 409, description = openapi::errors(
+            "Another plan is running in the region.", &[codes::MAINTENANCE_CONFLICT]),
+            body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "The body is not a plan (`invalid_spec`), names no target, an unknown node or \
+             limits out of range (`invalid_maintenance`), or `region` is missing or names no \
+             region.",
+            &[codes::INVALID_SPEC, codes::INVALID_MAINTENANCE, codes::WRONG_REGION]),
+            body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn start_maintenance(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<RegionParam>,
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    let Some(name) = p.region.as_deref() else {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::WRONG_REGION,
+            "name the region to maintain (?region=NAME)",
+        ));
+    };
+    let regions = maintenance_region(&state, Some(name))?;
+    ask_regions(
+        &state,
+        &regions,
+        Method::POST,
+        "/v1/admin/maintenance",
+        Some(body.to_vec()),
+        &admin.subject,
+        "region",
+    )
+    .await
+}
+
+/// List maintenance plans
+///
+/// Every region's (or the named one's) plans, newest first, with nodes per
+/// step.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/maintenance",
+    operation_id = "list_maintenance",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(RegionParam),
+    responses(
+        (status = 200, description = "Each region's `MaintenancePlanList`, by region name.",
+            body = PerRegion),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn list_maintenance(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<RegionParam>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/maintenance",
+            None,
+            Some(&admin.subject),
+            None,
+        )
+        .await?,
+    ))
+}
+
+fn check_plan_id(id: &str) -> Result<(), ApiError> {
+    id.parse::<uuid::Uuid>()
+        .map(|_| ())
+        .map_err(|_| ApiError::not_found("maintenance plan"))
+}
+
+/// Get a maintenance plan
+///
+/// One plan with nodes per step and every node's step.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/maintenance/{id}",
+    operation_id = "get_maintenance",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The plan's id."), RegionParam),
+    responses(
+        (status = 200, description = "The plan.", body = MaintenancePlan),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors("No such plan.", &[codes::NOT_FOUND]),
+            body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn get_maintenance(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+) -> Result<axum::response::Response, ApiError> {
+    check_plan_id(&id)?;
+    let regions = maintenance_region(&state, p.region.as_deref())?;
+    let path = format!("/v1/admin/maintenance/{id}");
+    ask_regions(
+        &state,
+        &regions,
+        Method::GET,
+        &path,
+        None,
+        &admin.subject,
+        "maintenance plan",
+    )
+    .await
+}
+
+/// Cancel a maintenance plan
+///
+/// Stops a running plan: nodes it has not started stay as they are, nodes
+/// it took out return to service. Audited.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/maintenance/{id}/cancel",
+    operation_id = "cancel_maintenance",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The plan's id."), RegionParam),
+    request_body(content = NodeActionRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The plan.", body = MaintenancePlan),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors("No such plan.", &[codes::NOT_FOUND]),
+            body = ErrorBody),
+        (status = 409, description = openapi::errors(
+            "The plan is no longer running.", &[codes::MAINTENANCE_CONFLICT]),
+            body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "The reason is too long, or no region has the name given in `region`.",
+            &[codes::INVALID_MAINTENANCE, codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn cancel_maintenance(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    check_plan_id(&id)?;
+    let regions = maintenance_region(&state, p.region.as_deref())?;
+    let path = format!("/v1/admin/maintenance/{id}/cancel");
+    ask_regions(
+        &state,
+        &regions,
+        Method::POST,
+        &path,
+        Some(body.to_vec()),
+        &admin.subject,
+        "maintenance plan",
+    )
+    .await
 }

@@ -82,6 +82,15 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/admin/nodes/{id}/drain", post(admin::drain_node))
         .route("/v1/admin/nodes/{id}/faults", post(admin::inject_fault))
         .route("/v1/admin/audit", get(admin::audit_log))
+        .route(
+            "/v1/admin/maintenance",
+            post(admin::start_maintenance).get(admin::list_maintenance),
+        )
+        .route("/v1/admin/maintenance/{id}", get(admin::get_maintenance))
+        .route(
+            "/v1/admin/maintenance/{id}/cancel",
+            post(admin::cancel_maintenance),
+        )
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .route("/healthz", get(healthz))
         .route("/v1/openapi.json", get(openapi::serve))

@@ -13,8 +13,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use gangway_auth::error::AuthError;
 use gangway_shared::api::{
-    AuditEntry, AuditList, DrainMode, DrainRequest, Fault, NodeActionRequest, NodeEvent, NodeList,
-    NodeView,
+    AuditEntry, AuditList, DrainMode, DrainRequest, Fault, MaintenanceNode, MaintenancePlan,
+    MaintenancePlanList, MaintenanceStart, NodeActionRequest, NodeEvent, NodeList, NodeView,
 };
 use gangway_shared::api::{
     Explanation, GpuTypeCapacity, Job, JobEvent, JobEvents, JobList, JobMode, JobSpec, JobState,
@@ -70,6 +70,10 @@ pub const BEARER: &str = "bearer";
         admin::drain_node,
         admin::inject_fault,
         admin::audit_log,
+        admin::start_maintenance,
+        admin::list_maintenance,
+        admin::get_maintenance,
+        admin::cancel_maintenance,
         super::healthz,
         serve,
     ),
@@ -104,6 +108,10 @@ pub const BEARER: &str = "bearer";
             Fault,
             AuditEntry,
             AuditList,
+            MaintenanceStart,
+            MaintenancePlan,
+            MaintenanceNode,
+            MaintenancePlanList,
             ErrorBody,
         ),
         responses(
