@@ -344,3 +344,84 @@ async fn an_xid_79_moves_the_job_off_its_node_and_the_operator_sees_why() {
     assert_eq!(back["observed"], "healthy");
     assert_eq!(back["schedulable"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_maintenance_through_the_cli_reboots_every_node_and_the_job_carries_on() {
+    let cloud = Cloud::start().await;
+    // 8 GPUs for 1200 s estimated × 0.05 = 60 s of simulated run.
+    let spec: JobSpec = serde_json::from_value(serde_json::json!({
+        "name": "e2e-maint", "gpus": 8, "gpus_per_worker": 8, "gpu_type": "h100",
+        "estimated_duration_s": 1200, "command": ["train"]
+    }))
+    .unwrap();
+    let job = cloud.tenant.submit(&spec, Some("maint-1")).await.unwrap();
+    cloud
+        .wait_for(job.id, "running", |j| j.state == JobState::Running)
+        .await;
+
+    // One node of the three at a time (34 % of 3).
+    let plan = cloud.admin_json(&[
+        "maintenance",
+        "start",
+        "--region",
+        "test",
+        "--all",
+        "--max-percent",
+        "34",
+        "--reason",
+        "kernel 6.8",
+    ]);
+    assert_eq!(plan["total"], 3);
+    let id = plan["plan_id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let p = cloud.admin_json(&["maintenance", "status", &id]);
+        let out: u64 = ["draining", "rebooting", "checking"]
+            .iter()
+            .map(|k| p["steps"][k].as_u64().unwrap_or(0))
+            .sum();
+        assert!(out <= 1, "{p}");
+        if p["state"] == "done" {
+            assert_eq!(p["steps"]["done"], 3);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "maintenance never finished: {p}; logs in {}",
+            cloud.dir.path().display()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let status = String::from_utf8(cloud.admin(&["maintenance", "status", &id]).stdout).unwrap();
+    assert!(status.contains("3/3 done"), "{status}");
+    assert!(status.contains("[####"), "{status}");
+    let list = String::from_utf8(cloud.admin(&["maintenance", "list"]).stdout).unwrap();
+    assert!(list.contains(&id) && list.contains("done"), "{list}");
+
+    // The job was moved through a checkpoint (never failed) and carries on.
+    let j = cloud.tenant.get(job.id).await.unwrap();
+    assert!(
+        matches!(
+            j.state,
+            JobState::Running | JobState::Starting | JobState::Succeeded
+        ),
+        "{j:?}"
+    );
+    let events = cloud.tenant.events(job.id).await.unwrap().events;
+    assert!(events
+        .iter()
+        .any(|e| e.kind == "preempted" && e.detail["cause"] == "maintenance"));
+    assert!(
+        !events.iter().any(|e| e.kind == "worker_exited"),
+        "{events:?}"
+    );
+    // Every node rebooted and is back.
+    let nodes = cloud.admin_json(&["node", "list"]);
+    for n in nodes["regions"]["test"]["nodes"].as_array().unwrap() {
+        assert_eq!(n["admin_state"], "active", "{n}");
+    }
+    let audit = cloud.admin_json(&["audit", "--action", "maintenance.start"]);
+    let entries = audit["regions"]["test"]["entries"].as_array().unwrap();
+    assert_eq!(entries[0]["actor"], "sre-on-call");
+    assert_eq!(entries[0]["reason"], "kernel 6.8");
+}

@@ -25,6 +25,11 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: NodeCommand,
     },
+    /// Rolling maintenance: reboot nodes in capacity-aware waves.
+    Maintenance {
+        #[command(subcommand)]
+        command: MaintenanceCommand,
+    },
     /// The audit log: every operator action, newest first.
     Audit {
         #[command(flatten)]
@@ -41,6 +46,66 @@ pub enum AdminCommand {
         /// Entries per region (1–1000).
         #[arg(long, default_value_t = 50)]
         limit: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MaintenanceCommand {
+    /// Start a plan in a region: name the nodes (--all, --leaf, --gpu-type,
+    /// --nodes; together they narrow each other) and the limits.
+    Start {
+        #[command(flatten)]
+        conn: Conn,
+        /// The region to maintain.
+        #[arg(long)]
+        region: String,
+        /// Every (non-spare) node of the region.
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        leaf: Option<String>,
+        #[arg(long)]
+        gpu_type: Option<String>,
+        /// Node ids, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// At most this many nodes of one leaf out at once (K).
+        #[arg(long, default_value_t = 1)]
+        per_leaf: u32,
+        /// At most this percentage of the region's nodes out at once,
+        /// other outages counted (M).
+        #[arg(long, default_value_t = 10)]
+        max_percent: u32,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Progress of a plan: nodes per step and a progress bar.
+    Status {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[arg(long)]
+        region: Option<String>,
+        /// Every node's step too.
+        #[arg(long)]
+        nodes: bool,
+    },
+    /// Every plan, newest first.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// Stop a running plan; the nodes it took out return to service.
+    Cancel {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[arg(long)]
+        region: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 
@@ -256,6 +321,7 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
     let command = match cmd {
         AdminCommand::Quota { command } => command,
         AdminCommand::Node { command } => return node(command).await,
+        AdminCommand::Maintenance { command } => return maintenance(command).await,
         AdminCommand::Audit {
             conn,
             region,
@@ -676,4 +742,217 @@ fn print_audit(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> {
         table(&["AT", "REGION", "WHO", "ACTION", "TARGET", "WHY"], &rows)
     );
     Ok(())
+}
+
+const STEPS: [&str; 6] = [
+    "pending",
+    "draining",
+    "rebooting",
+    "checking",
+    "done",
+    "cancelled",
+];
+
+/// `[#########-----------]  12/64 done`
+fn progress_bar(done: u64, total: u64, width: usize) -> String {
+    let filled = if total == 0 {
+        width
+    } else {
+        (done as usize * width) / total as usize
+    };
+    format!(
+        "[{}{}] {done}/{total} done",
+        "#".repeat(filled),
+        "-".repeat(width - filled)
+    )
+}
+
+fn print_plan(plan: &serde_json::Value, with_nodes: bool) {
+    let total = plan["total"].as_u64().unwrap_or(0);
+    let count = |k: &str| plan["steps"][k].as_u64().unwrap_or(0);
+    println!("plan:     {}", s(plan, "plan_id"));
+    println!("region:   {}", s(plan, "region"));
+    println!("state:    {}", s(plan, "state"));
+    println!("by:       {}", s(plan, "created_by"));
+    if !s(plan, "reason").is_empty() {
+        println!("reason:   {}", s(plan, "reason"));
+    }
+    println!(
+        "limits:   {} per leaf, {}% of the region",
+        s(plan, "per_leaf"),
+        s(plan, "region_percent")
+    );
+    println!("progress: {}", progress_bar(count("done"), total, 40));
+    let steps: Vec<String> = STEPS
+        .iter()
+        .filter(|k| count(k) > 0)
+        .map(|k| format!("{k} {}", count(k)))
+        .collect();
+    println!("steps:    {}", steps.join(", "));
+    if let Some(held) = plan.get("held").filter(|h| !h.is_null()) {
+        println!("waiting:  {held}");
+    }
+    if with_nodes {
+        let rows: Vec<Vec<String>> = plan["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|n| {
+                vec![
+                    s(n, "node_id"),
+                    s(n, "step"),
+                    s(n, "started_at"),
+                    s(n, "finished_at"),
+                ]
+            })
+            .collect();
+        print!("{}", table(&["NODE", "STEP", "STARTED", "FINISHED"], &rows));
+    }
+}
+
+async fn maintenance(cmd: MaintenanceCommand) -> anyhow::Result<u8> {
+    use gangway_shared::api::MaintenanceStart;
+    match cmd {
+        MaintenanceCommand::Start {
+            conn,
+            region,
+            all,
+            leaf,
+            gpu_type,
+            nodes,
+            per_leaf,
+            max_percent,
+            reason,
+        } => {
+            let body = serde_json::to_value(MaintenanceStart {
+                all,
+                leaf,
+                gpu_type,
+                nodes,
+                per_leaf: Some(per_leaf),
+                region_percent: Some(max_percent),
+                reason,
+            })?;
+            let doc = conn
+                .admin_client()?
+                .call_json(
+                    Method::POST,
+                    &with_query("/v1/admin/maintenance", &region_query(Some(region))),
+                    Some(&body),
+                )
+                .await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                print_plan(&doc, false);
+            }
+        }
+        MaintenanceCommand::Status {
+            conn,
+            id,
+            region,
+            nodes,
+        } => {
+            let doc = conn
+                .admin_client()?
+                .call_json(
+                    Method::GET,
+                    &with_query(
+                        &format!("/v1/admin/maintenance/{id}"),
+                        &region_query(region),
+                    ),
+                    None,
+                )
+                .await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                print_plan(&doc, nodes);
+            }
+        }
+        MaintenanceCommand::List { conn, region } => {
+            let doc = conn
+                .admin_client()?
+                .call_json(
+                    Method::GET,
+                    &with_query("/v1/admin/maintenance", &region_query(region)),
+                    None,
+                )
+                .await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+                return Ok(0);
+            }
+            let mut rows = Vec::new();
+            for (region, v) in doc["regions"].as_object().into_iter().flatten() {
+                if let Some(code) = v.get("code").and_then(|c| c.as_str()) {
+                    rows.push(vec![
+                        String::new(),
+                        region.clone(),
+                        format!("error {code}"),
+                        String::new(),
+                        String::new(),
+                        s(v, "message"),
+                    ]);
+                    continue;
+                }
+                for p in v["plans"].as_array().into_iter().flatten() {
+                    let total = p["total"].as_u64().unwrap_or(0);
+                    let done = p["steps"]["done"].as_u64().unwrap_or(0);
+                    rows.push(vec![
+                        s(p, "plan_id"),
+                        region.clone(),
+                        s(p, "state"),
+                        progress_bar(done, total, 20),
+                        s(p, "created_at"),
+                        s(p, "reason"),
+                    ]);
+                }
+            }
+            print!(
+                "{}",
+                table(
+                    &["PLAN", "REGION", "STATE", "PROGRESS", "CREATED", "WHY"],
+                    &rows
+                )
+            );
+        }
+        MaintenanceCommand::Cancel {
+            conn,
+            id,
+            region,
+            reason,
+        } => {
+            let body = serde_json::json!({ "reason": reason });
+            let doc = conn
+                .admin_client()?
+                .call_json(
+                    Method::POST,
+                    &with_query(
+                        &format!("/v1/admin/maintenance/{id}/cancel"),
+                        &region_query(region),
+                    ),
+                    Some(&body),
+                )
+                .await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                print_plan(&doc, false);
+            }
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod maintenance_tests {
+    use super::progress_bar;
+
+    #[test]
+    fn the_progress_bar_fills_with_the_nodes_done() {
+        assert_eq!(progress_bar(0, 4, 8), "[--------] 0/4 done");
+        assert_eq!(progress_bar(2, 4, 8), "[####----] 2/4 done");
+        assert_eq!(progress_bar(4, 4, 8), "[########] 4/4 done");
+    }
 }
