@@ -30,6 +30,14 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: MaintenanceCommand,
     },
+    /// Goodput per tenant: useful over allocated GPU time (work lost to
+    /// restarts since the last checkpoint left out).
+    Goodput {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(long)]
+        region: Option<String>,
+    },
     /// The audit log: every operator action, newest first.
     Audit {
         #[command(flatten)]
@@ -322,6 +330,49 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
         AdminCommand::Quota { command } => command,
         AdminCommand::Node { command } => return node(command).await,
         AdminCommand::Maintenance { command } => return maintenance(command).await,
+        AdminCommand::Goodput { conn, region } => {
+            let doc = conn
+                .admin_client()?
+                .call_json(
+                    Method::GET,
+                    &with_query("/v1/admin/goodput", &region_query(region)),
+                    None,
+                )
+                .await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+                return Ok(0);
+            }
+            let mut rows = Vec::new();
+            for (region, v) in doc["regions"].as_object().into_iter().flatten() {
+                for t in v["tenants"].as_array().into_iter().flatten() {
+                    let h = |k: &str| format!("{:.2}", t[k].as_f64().unwrap_or(0.0) / 3600.0);
+                    rows.push(vec![
+                        s(t, "tenant"),
+                        region.clone(),
+                        h("allocated_gpu_s"),
+                        h("lost_gpu_s"),
+                        t["goodput"]
+                            .as_f64()
+                            .map_or("-".into(), |g| format!("{:.1}%", g * 100.0)),
+                    ]);
+                }
+            }
+            print!(
+                "{}",
+                table(
+                    &[
+                        "TENANT",
+                        "REGION",
+                        "ALLOCATED GPU-H",
+                        "LOST GPU-H",
+                        "GOODPUT"
+                    ],
+                    &rows
+                )
+            );
+            return Ok(0);
+        }
         AdminCommand::Audit {
             conn,
             region,

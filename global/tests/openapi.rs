@@ -45,6 +45,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/admin/maintenance"),
     ("get", "/v1/admin/maintenance/{id}"),
     ("post", "/v1/admin/maintenance/{id}/cancel"),
+    ("get", "/v1/admin/goodput"),
     ("get", "/healthz"),
     ("get", "/v1/openapi.json"),
 ];

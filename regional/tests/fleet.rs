@@ -396,6 +396,15 @@ async fn a_stale_heartbeat_makes_a_node_suspect_then_lost_and_its_jobs_requeue_a
         .find(|(k, _)| k == "preempted")
         .unwrap();
     assert_eq!(detail["cause"], "node_lost");
+    // Goodput: the ~5.5 s its 8 GPUs ran since it started (no checkpoint)
+    // are lost.
+    assert!(job.lost_gpu_s > 8.0 * 5.0, "{job:?}");
+    assert!(job.lost_gpu_s <= job.allocated_gpu_s + 1e-6, "{job:?}");
+    assert!(job.goodput.is_some_and(|g| g < 0.2), "{job:?}");
+    let tenants = store.goodput_by_tenant().await.unwrap().tenants;
+    let acme = tenants.iter().find(|t| t.tenant == "acme").unwrap();
+    assert!((acme.lost_gpu_s - job.lost_gpu_s).abs() < 1e-6, "{acme:?}");
+    assert!(acme.goodput.is_some_and(|g| g < 1.0), "{acme:?}");
     // Its GPUs are released; it is first in line, before the older job.
     let live: i64 = client
         .query_one(
@@ -561,6 +570,9 @@ async fn a_checkpoint_drain_moves_the_jobs_through_a_checkpoint() {
     // The move counts as a preemption of the job, but a node's, not one
     // against its allowance of priority preemptions.
     assert_eq!((job.preemptions, job.node_moves), (1, 1));
+    // Checkpointed as it stopped: nothing lost to the restart.
+    assert!(job.lost_gpu_s < 1.0, "{job:?}");
+    assert!(job.goodput.is_some_and(|g| g > 0.9), "{job:?}");
     fleet.act(&store, 1 - n, None).await;
     let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
     let running = snap

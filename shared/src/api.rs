@@ -390,7 +390,7 @@ pub struct Worker {
     pub exit_code: Option<i32>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Job {
     pub id: Uuid,
     pub tenant: String,
@@ -424,6 +424,18 @@ pub struct Job {
     /// not count against the cap on priority preemptions.
     #[serde(default)]
     pub node_moves: u32,
+    /// GPU-seconds its runs have held GPUs (every allocation interval so
+    /// far).
+    #[serde(default)]
+    pub allocated_gpu_s: f64,
+    /// GPU-seconds of that lost to restarts: work done after the last
+    /// checkpoint by runs that were stopped and requeued.
+    #[serde(default)]
+    pub lost_gpu_s: f64,
+    /// Useful GPU time over allocated GPU time, 0–1 (`(allocated_gpu_s −
+    /// lost_gpu_s) / allocated_gpu_s`); absent before it held any GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<f64>,
     /// The checkpoint its next start resumes from, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<String>,
@@ -1139,6 +1151,24 @@ pub struct MaintenancePlan {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct MaintenancePlanList {
     pub plans: Vec<MaintenancePlan>,
+}
+
+/// One tenant's goodput in a region: useful over allocated GPU time of all
+/// its jobs (`GET /v1/admin/goodput`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantGoodput {
+    pub tenant: String,
+    pub allocated_gpu_s: f64,
+    pub lost_gpu_s: f64,
+    /// (allocated − lost) / allocated; absent when nothing was allocated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<f64>,
+}
+
+/// `GET /v1/admin/goodput` in one region.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GoodputList {
+    pub tenants: Vec<TenantGoodput>,
 }
 
 /// One entry of the append-only audit log.

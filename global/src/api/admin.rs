@@ -1025,3 +1025,44 @@ pub async fn cancel_maintenance(
     )
     .await
 }
+
+/// Goodput per tenant
+///
+/// Per region (or the one named), each tenant's allocated GPU time, the
+/// part of it lost to restarts (work after the last checkpoint of runs
+/// that were stopped and requeued), and goodput: useful over allocated.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/goodput",
+    operation_id = "goodput",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(RegionParam),
+    responses(
+        (status = 200, description = "Each region's `GoodputList`, by region name.", body = PerRegion),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn goodput(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<RegionParam>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/goodput",
+            None,
+            Some(&admin.subject),
+            None,
+        )
+        .await?,
+    ))
+}

@@ -82,6 +82,7 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/admin/nodes/{id}/drain", post(admin::drain_node))
         .route("/v1/admin/nodes/{id}/faults", post(admin::inject_fault))
         .route("/v1/admin/audit", get(admin::audit_log))
+        .route("/v1/admin/goodput", get(admin::goodput))
         .route(
             "/v1/admin/maintenance",
             post(admin::start_maintenance).get(admin::list_maintenance),

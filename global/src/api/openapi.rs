@@ -13,8 +13,9 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use gangway_auth::error::AuthError;
 use gangway_shared::api::{
-    AuditEntry, AuditList, DrainMode, DrainRequest, Fault, MaintenanceNode, MaintenancePlan,
-    MaintenancePlanList, MaintenanceStart, NodeActionRequest, NodeEvent, NodeList, NodeView,
+    AuditEntry, AuditList, DrainMode, DrainRequest, Fault, GoodputList, MaintenanceNode,
+    MaintenancePlan, MaintenancePlanList, MaintenanceStart, NodeActionRequest, NodeEvent, NodeList,
+    NodeView, TenantGoodput,
 };
 use gangway_shared::api::{
     Explanation, GpuTypeCapacity, Job, JobEvent, JobEvents, JobList, JobMode, JobSpec, JobState,
@@ -74,6 +75,7 @@ pub const BEARER: &str = "bearer";
         admin::list_maintenance,
         admin::get_maintenance,
         admin::cancel_maintenance,
+        admin::goodput,
         super::healthz,
         serve,
     ),
@@ -112,6 +114,8 @@ pub const BEARER: &str = "bearer";
             MaintenancePlan,
             MaintenanceNode,
             MaintenancePlanList,
+            GoodputList,
+            TenantGoodput,
             ErrorBody,
         ),
         responses(

@@ -6,7 +6,7 @@
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use gangway_shared::api::{AuditList, AuditQuery, Quota, QuotaList, QuotaUpdate};
+use gangway_shared::api::{AuditList, AuditQuery, GoodputList, Quota, QuotaList, QuotaUpdate};
 use gangway_shared::error::codes;
 use gangway_shared::ids::valid_tenant;
 
@@ -131,4 +131,9 @@ pub async fn audit(
         ));
     }
     Ok(axum::Json(state.store.audit_log(&q).await?))
+}
+
+/// Goodput per tenant: useful over allocated GPU time of all its jobs.
+pub async fn goodput(State(state): State<AppState>) -> Result<axum::Json<GoodputList>, ApiError> {
+    Ok(axum::Json(state.store.goodput_by_tenant().await?))
 }

@@ -108,6 +108,7 @@ pub fn app(state: AppState) -> Router {
             axum::routing::put(admin::put_quota).delete(admin::delete_quota),
         )
         .route("/v1/admin/audit", get(admin::audit))
+        .route("/v1/admin/goodput", get(admin::goodput))
         .route("/v1/admin/nodes", get(nodes::list))
         .route("/v1/admin/nodes/{id}", get(nodes::get))
         .route("/v1/admin/nodes/{id}/cordon", post(nodes::cordon))

@@ -188,6 +188,9 @@ impl Store {
             run_workers: None,
             preemptions: 0,
             node_moves: 0,
+            allocated_gpu_s: 0.0,
+            lost_gpu_s: 0.0,
+            goodput: None,
             restore_from: None,
         }
     }
@@ -449,6 +452,22 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
     // A preempted job goes back to the queue once every worker is down.
     if state == "preempting" {
         if assigned + running + stopping + checkpointing == 0 {
+            // Work lost to this restart: what the run's GPUs held after the
+            // last checkpoint (a lost node's share was counted when it was
+            // lost).
+            tx.execute(
+                "UPDATE jobs j SET lost_gpu_s = lost_gpu_s + coalesce((
+                     SELECT sum(greatest(0, extract(epoch FROM a.released_at
+                                - greatest(a.allocated_at, coalesce(j.checkpointed_at, a.allocated_at)))))
+                     FROM allocations a
+                     WHERE a.job_id = j.job_id AND a.released_at IS NOT NULL
+                       AND a.release_reason IS DISTINCT FROM 'node_lost'
+                       AND a.generation = (SELECT max(generation) FROM allocations
+                                           WHERE job_id = j.job_id)), 0)::float8
+                 WHERE j.job_id = $1",
+                &[&job_id],
+            )
+            .await?;
             let restore: Option<String> = tx
                 .query_one(
                     "UPDATE jobs SET state = 'queued', preempted_for = NULL, run_workers = NULL

@@ -455,6 +455,17 @@ async fn lose_jobs(tx: &Transaction<'_>, node_id: &str, why: &str) -> Result<Vec
     lock_jobs(tx, &jobs).await?;
     let message = format!("lost with node {node_id} ({why})");
     for &job in &jobs {
+        // Goodput: the lost workers' work since the last checkpoint is gone.
+        tx.execute(
+            "UPDATE jobs j SET lost_gpu_s = lost_gpu_s + coalesce((
+                 SELECT sum(greatest(0, extract(epoch FROM now()
+                            - greatest(a.allocated_at, coalesce(j.checkpointed_at, a.allocated_at)))))
+                 FROM allocations a
+                 WHERE a.job_id = j.job_id AND a.node_id = $2 AND a.released_at IS NULL), 0)::float8
+             WHERE j.job_id = $1",
+            &[&job, &node_id],
+        )
+        .await?;
         let by = PreemptBy::Node {
             cause: "node_lost",
             node: node_id,

@@ -8,13 +8,24 @@ use uuid::Uuid;
 
 /// Columns every job query selects, in the shape [`job_from_row`] reads.
 pub(super) const JOB_COLUMNS: &str = "j.job_id, j.tenant, j.spec, j.name, j.state::text AS state, \
-     j.reason, j.created_at, j.started_at, j.finished_at, j.preemptions, j.node_moves, j.restore_from, \
+     j.reason, j.created_at, j.started_at, j.finished_at, j.preemptions, j.node_moves, j.restore_from, j.lost_gpu_s, \
+     (SELECT coalesce(sum(extract(epoch FROM coalesce(x.released_at, now()) - x.allocated_at)), 0)::float8 \
+      FROM allocations x WHERE x.job_id = j.job_id) AS allocated_gpu_s, \
      j.run_workers";
 
 pub(super) const WORKER_COLUMNS: &str = "w.job_id, w.rank, w.state::text AS state, w.node_id, \
      w.gpus, w.exit_code";
 
+/// Useful over allocated GPU time; `None` before anything was allocated.
+pub(super) fn goodput(allocated: f64, lost: f64) -> Option<f64> {
+    (allocated > 0.0).then(|| ((allocated - lost) / allocated).clamp(0.0, 1.0))
+}
+
 pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job {
+    let allocated: f64 = row.get::<_, f64>("allocated_gpu_s").max(0.0);
+    let lost: f64 = row
+        .get::<_, f64>("lost_gpu_s")
+        .clamp(0.0, allocated.max(0.0));
     let spec: serde_json::Value = row.get("spec");
     let state: String = row.get("state");
     Job {
@@ -51,6 +62,9 @@ pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job
             .map(|n| n.max(0) as u32),
         preemptions: row.get::<_, i32>("preemptions").max(0) as u32,
         node_moves: row.get::<_, i32>("node_moves").max(0) as u32,
+        allocated_gpu_s: allocated,
+        lost_gpu_s: lost,
+        goodput: goodput(allocated, lost),
         restore_from: row.get("restore_from"),
     }
 }

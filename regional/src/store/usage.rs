@@ -64,3 +64,38 @@ impl Store {
             .collect())
     }
 }
+
+impl Store {
+    /// Goodput per tenant: the allocated GPU time of all its jobs, and how
+    /// much of it was lost to restarts (`jobs.lost_gpu_s`).
+    pub async fn goodput_by_tenant(&self) -> Result<gangway_shared::api::GoodputList> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT j.tenant, coalesce(sum(a.s), 0)::float8, coalesce(sum(j.lost_gpu_s), 0)::float8
+                 FROM jobs j
+                 LEFT JOIN LATERAL (
+                     SELECT sum(extract(epoch FROM coalesce(x.released_at, now()) - x.allocated_at)) AS s
+                     FROM allocations x WHERE x.job_id = j.job_id
+                 ) a ON true
+                 GROUP BY j.tenant ORDER BY j.tenant",
+                &[],
+            )
+            .await?;
+        Ok(gangway_shared::api::GoodputList {
+            tenants: rows
+                .iter()
+                .map(|r| {
+                    let allocated: f64 = r.get::<_, f64>(1).max(0.0);
+                    let lost: f64 = r.get::<_, f64>(2).clamp(0.0, allocated);
+                    gangway_shared::api::TenantGoodput {
+                        tenant: r.get(0),
+                        allocated_gpu_s: allocated,
+                        lost_gpu_s: lost,
+                        goodput: super::rows::goodput(allocated, lost),
+                    }
+                })
+                .collect(),
+        })
+    }
+}
