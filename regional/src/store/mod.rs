@@ -41,6 +41,10 @@
 //!   out: back to the pool when repaired), and `gpu_holds`: the GPUs a gang
 //!   moving onto a spare is placed on once its workers are down — intent
 //!   nothing else records, so it must survive a restart in between.
+//! - `jobs.lost_gpu_s`: GPU-seconds of work lost to restarts (after the last
+//!   checkpoint), counted when each run ends in a requeue: the allocation
+//!   intervals say what was allocated, not what was lost. Goodput is
+//!   computed from both.
 //! - `maintenance_plans`, `maintenance_steps`: rolling maintenance, one
 //!   row per node with its step and its boot id when told to reboot, so a
 //!   control plane restarted mid-way resumes the waves where they were.
