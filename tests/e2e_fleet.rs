@@ -57,11 +57,16 @@ struct Cloud {
 
 impl Cloud {
     async fn start() -> Cloud {
+        Self::start_with(FLEET, 24).await
+    }
+
+    /// A cloud serving `fleet`, ready once `schedulable` GPUs are.
+    async fn start_with(fleet_toml: &str, schedulable: u32) -> Cloud {
         let dir = tempfile::tempdir().unwrap();
         let auth = DevMaterial::load_or_create(dir.path()).unwrap();
         let db = gangway_devkit::fresh_database("e2e_fleet").await;
         let fleet = dir.path().join("fleet.toml");
-        std::fs::write(&fleet, FLEET).unwrap();
+        std::fs::write(&fleet, fleet_toml).unwrap();
         let (region_port, global_port) = (gangway_devkit::free_port(), gangway_devkit::free_port());
         let keys = dir.path().join("keys");
         let region = Proc(
@@ -172,15 +177,15 @@ impl Cloud {
             dir,
             _procs: vec![region, agent, global],
         };
-        // Ready: the global tier sees the region with all 24 GPUs.
+        // Ready: the global tier sees the region with all its GPUs.
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             if let Ok(list) = cloud.tenant.regions().await {
                 let ready = list.regions.iter().any(|r| {
                     r.healthy
-                        && r.status
-                            .as_ref()
-                            .is_some_and(|s| s.capacity.iter().any(|c| c.schedulable == 24))
+                        && r.status.as_ref().is_some_and(|s| {
+                            s.capacity.iter().any(|c| c.schedulable == schedulable)
+                        })
                 });
                 if ready {
                     break;
@@ -424,4 +429,107 @@ async fn rolling_maintenance_through_the_cli_reboots_every_node_and_the_job_carr
     let entries = audit["regions"]["test"]["entries"].as_array().unwrap();
     assert_eq!(entries[0]["actor"], "sre-on-call");
     assert_eq!(entries[0]["reason"], "kernel 6.8");
+}
+
+/// One leaf of 3 nodes × 8 h100, one of them a spare.
+const FLEET_WITH_SPARE: &str = r#"
+[[spine]]
+  [[spine.leaf]]
+  nodes = 3
+  gpu_type = "h100"
+  gpus_per_node = 8
+  spares = 1
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spare_takes_the_place_of_a_failed_node_under_a_running_gang() {
+    let cloud = Cloud::start_with(FLEET_WITH_SPARE, 16).await;
+    // A 16-GPU gang fills both schedulable nodes: 1200 s × 0.05 = 60 s.
+    let spec: JobSpec = serde_json::from_value(serde_json::json!({
+        "name": "e2e-spare", "gpus": 16, "gpus_per_worker": 8, "gpu_type": "h100",
+        "estimated_duration_s": 1200, "command": ["train"]
+    }))
+    .unwrap();
+    let job = cloud.tenant.submit(&spec, Some("spare-1")).await.unwrap();
+    let running = cloud
+        .wait_for(job.id, "running", |j| j.state == JobState::Running)
+        .await;
+    let old: Vec<String> = running
+        .workers
+        .iter()
+        .map(|w| w.node.clone().unwrap())
+        .collect();
+    let spare = cloud.admin_json(&["node", "list"])["regions"]["test"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["spare"] == true)
+        .map(|n| n["node_id"].as_str().unwrap().to_string())
+        .expect("a spare");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // XID 79 on the node of rank 1.
+    let failed = old[1].clone();
+    cloud.admin_json(&[
+        "node",
+        "inject-fault",
+        &failed,
+        "--kind",
+        "xid",
+        "--code",
+        "79",
+        "--gpu",
+        "0",
+    ]);
+    // The gang resumes from its checkpoint on its other node plus the spare.
+    let moved = cloud
+        .wait_for(job.id, "running on the spare", |j| {
+            j.state == JobState::Running
+                && j.workers.iter().any(|w| w.node.as_deref() == Some(&spare))
+        })
+        .await;
+    let nodes: Vec<String> = moved
+        .workers
+        .iter()
+        .map(|w| w.node.clone().unwrap())
+        .collect();
+    assert_eq!(nodes, vec![old[0].clone(), spare.clone()]);
+    assert!(
+        moved
+            .restore_from
+            .as_deref()
+            .is_some_and(|r| r.starts_with("sim:")),
+        "{moved:?}"
+    );
+    let kinds: Vec<String> = cloud
+        .tenant
+        .events(job.id)
+        .await
+        .unwrap()
+        .events
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "queued",
+            "placed",
+            "started",
+            "preempted",
+            "spare_swap",
+            "requeued",
+            "placed",
+            "started"
+        ]
+    );
+    let out = cloud.admin_json(&["node", "get", &failed]);
+    assert_eq!(out["admin_state"], "repair", "{out}");
+    let in_ = cloud.admin_json(&["node", "get", &spare]);
+    assert_eq!(in_["spare"], false, "{in_}");
+    // Repaired (a reboot clears the fault) and returned: a spare now.
+    cloud.admin_json(&["node", "inject-fault", &failed, "--kind", "reboot"]);
+    let back = cloud.admin_json(&["node", "uncordon", &failed, "--reason", "GPU reseated"]);
+    assert_eq!(back["spare"], true, "{back}");
+    assert_eq!(back["schedulable"], false, "{back}");
 }
