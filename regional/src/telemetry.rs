@@ -71,4 +71,9 @@ fn describe() {
          quarantine_gpu, drain_node, repair (node moves also count in \
          gangway_preemptions_total, cause drain, maintenance, repair, health, node_lost or fenced)"
     );
+    describe_counter!(
+        "gangway_spare_swaps_total",
+        "Spares swapped in for nodes failed or lost under running gangs, by the domain the \
+         spare came from: leaf, spine or region"
+    );
 }
