@@ -638,6 +638,9 @@ async fn a_region_refuses_callers_without_a_service_or_agent_token() {
 const TRAINER: &str = r#"
     echo "attempt $GANGWAY_ATTEMPT restore ${GANGWAY_RESTORE_FROM:-none}" >> "$OUT/rank-$RANK.log"
     checkpoint() {
+        # Rank 0 writes the job's checkpoint, as trainers do: one
+        # checkpoint per job, not one per rank racing to be the newest.
+        [ "$RANK" = 0 ] || return 0
         tmp="$GANGWAY_CHECKPOINT_DIR/.tmp-$RANK-$$"
         mkdir -p "$tmp" && echo "attempt $GANGWAY_ATTEMPT" > "$tmp/state"
         mv "$tmp" "$GANGWAY_CHECKPOINT_DIR/ckpt-attempt-$GANGWAY_ATTEMPT-rank-$RANK"
@@ -752,6 +755,9 @@ const RESUMABLE_TRAINER: &str = r#"
         exit 0
     fi
     checkpoint() {
+        # Rank 0 writes the job's checkpoint, as trainers do: one
+        # checkpoint per job, not one per rank racing to be the newest.
+        [ "$RANK" = 0 ] || return 0
         tmp="$GANGWAY_CHECKPOINT_DIR/.tmp-$RANK-$$"
         mkdir -p "$tmp" && echo "attempt $GANGWAY_ATTEMPT" > "$tmp/state"
         mv "$tmp" "$GANGWAY_CHECKPOINT_DIR/ckpt-attempt-$GANGWAY_ATTEMPT-rank-$RANK"
@@ -844,6 +850,9 @@ const ELASTIC_TRAINER: &str = r#"
         exit 0
     fi
     checkpoint() {
+        # Rank 0 writes the job's checkpoint, as trainers do: one
+        # checkpoint per job, not one per rank racing to be the newest.
+        [ "$RANK" = 0 ] || return 0
         tmp="$GANGWAY_CHECKPOINT_DIR/.tmp-$RANK-$$"
         mkdir -p "$tmp" && echo "world $WORLD_SIZE" > "$tmp/state"
         mv "$tmp" "$GANGWAY_CHECKPOINT_DIR/ckpt-attempt-$GANGWAY_ATTEMPT-rank-$RANK"
