@@ -19,9 +19,11 @@
 //!   losing one node can take a spare and resume from its checkpoint on the
 //!   rest; losing two at once would need two.
 //!
-//! Nodes with no running work go first (nothing to drain), then those with
-//! the least running GPUs, then by id, so a wave is cheap and the order is
-//! reproducible.
+//! Nodes with no running work go first (nothing to drain), then nodes of
+//! the leaves with the most nodes still to do (so the waves stay wide to the
+//! end instead of a tail of a few leaves taking K nodes at a time), then
+//! those with the least running GPUs, then by id, so a wave is cheap and
+//! the order is reproducible.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -132,9 +134,20 @@ pub fn next_wave(nodes: &[Node], limits: WaveLimits) -> Wave {
         .iter()
         .filter(|n| n.step == Some(Step::Pending) && !n.unavailable)
         .collect();
+    // Leaves with the most nodes still to do first, so the per-leaf cap
+    // does not leave a tail of a few leaves doing their nodes K at a time.
+    let mut left_in_leaf: BTreeMap<&str, u32> = BTreeMap::new();
+    for n in &pending {
+        *left_in_leaf.entry(n.leaf.as_str()).or_insert(0) += 1;
+    }
     pending.sort_by_key(|n| {
         let gpus: u32 = n.jobs.iter().map(|(_, g)| g).sum();
-        (!n.jobs.is_empty(), gpus, n.id.as_str())
+        (
+            !n.jobs.is_empty(),
+            std::cmp::Reverse(left_in_leaf[n.leaf.as_str()]),
+            gpus,
+            n.id.as_str(),
+        )
     });
     let mut wave = Wave::default();
     for n in pending {

@@ -210,3 +210,39 @@ fn progress_counts_nodes_per_step() {
     assert_eq!(p[&Step::Rebooting], 1);
     assert_eq!(p[&Step::Pending], 1);
 }
+
+#[test]
+fn waves_stay_wide_to_the_end() {
+    // Leaf a has 8 nodes, b, c and d two each; one node per leaf, two in
+    // all, at once. Taking the leaves with the most left first finishes in
+    // 7 waves (14 nodes, 2 per wave); by id alone a tail of a's nodes would
+    // go one at a time.
+    let mut nodes: Vec<Node> = (0..8).map(|i| node(&format!("a{i}"), "a", &[])).collect();
+    for leaf in ["b", "c", "d"] {
+        for i in 0..2 {
+            nodes.push(node(&format!("{leaf}{i}"), leaf, &[]));
+        }
+    }
+    let limits = WaveLimits {
+        per_leaf: 1,
+        region_percent: 14,
+    };
+    assert_eq!(region_cap(nodes.len(), 14), 1);
+    let limits = WaveLimits {
+        region_percent: 15,
+        ..limits
+    };
+    assert_eq!(region_cap(nodes.len(), 15), 2);
+    let mut waves = 0;
+    while nodes.iter().any(|n| n.step == Some(Step::Pending)) {
+        let wave = next_wave(&nodes, limits);
+        assert!(!wave.start.is_empty());
+        waves += 1;
+        for n in nodes.iter_mut() {
+            if wave.start.contains(&n.id) {
+                n.step = Some(Step::Done);
+            }
+        }
+    }
+    assert_eq!(waves, 7);
+}
