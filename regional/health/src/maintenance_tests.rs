@@ -213,29 +213,26 @@ fn progress_counts_nodes_per_step() {
 
 #[test]
 fn waves_stay_wide_to_the_end() {
-    // Leaf a has 8 nodes, b, c and d two each; one node per leaf, two in
+    // Leaf z has 6 nodes, b, c and d two each; one node per leaf, two in
     // all, at once. Taking the leaves with the most left first finishes in
-    // 7 waves (14 nodes, 2 per wave); by id alone a tail of a's nodes would
-    // go one at a time.
-    let mut nodes: Vec<Node> = (0..8).map(|i| node(&format!("a{i}"), "a", &[])).collect();
+    // 6 waves (12 nodes, 2 per wave); by id alone b, c and d would go
+    // first and leave z's last four nodes to go one at a time (8 waves).
+    let mut nodes: Vec<Node> = Vec::new();
     for leaf in ["b", "c", "d"] {
         for i in 0..2 {
             nodes.push(node(&format!("{leaf}{i}"), leaf, &[]));
         }
     }
+    nodes.extend((0..6).map(|i| node(&format!("z{i}"), "z", &[])));
     let limits = WaveLimits {
         per_leaf: 1,
-        region_percent: 14,
+        region_percent: 17,
     };
-    assert_eq!(region_cap(nodes.len(), 14), 1);
-    let limits = WaveLimits {
-        region_percent: 15,
-        ..limits
-    };
-    assert_eq!(region_cap(nodes.len(), 15), 2);
+    assert_eq!(region_cap(nodes.len(), 17), 2);
     let mut waves = 0;
     while nodes.iter().any(|n| n.step == Some(Step::Pending)) {
         let wave = next_wave(&nodes, limits);
+        assert_eq!(wave.start.len().min(2), wave.start.len());
         assert!(!wave.start.is_empty());
         waves += 1;
         for n in nodes.iter_mut() {
@@ -244,5 +241,5 @@ fn waves_stay_wide_to_the_end() {
             }
         }
     }
-    assert_eq!(waves, 7);
+    assert_eq!(waves, 6);
 }
