@@ -169,6 +169,22 @@ pub(crate) fn choose(
             .map_or(0, |s| u64::from(s.guaranteed))
     };
 
+    // Per type, the highest priority among units waiting for capacity: a
+    // unit of a lower class does not reclaim, since what it frees would go
+    // to that class first and it would only ask again.
+    let mut top_waiting: BTreeMap<&str, i32> = BTreeMap::new();
+    for w in &out.waiting {
+        if matches!(
+            w.reason,
+            WaitReason::Invalid { .. } | WaitReason::OverQuota { .. }
+        ) {
+            continue;
+        }
+        if let Some(req) = units.get(&(w.job.as_str(), w.ranks.as_slice())) {
+            let top = top_waiting.entry(req.gpu_type.as_str()).or_insert(i32::MIN);
+            *top = (*top).max(req.priority);
+        }
+    }
     let mut budget = policy.max_victims_per_pass;
     let mut taken: BTreeSet<usize> = BTreeSet::new();
     // Per type, built on first use: candidates; per slot, GPUs of units
@@ -209,7 +225,8 @@ pub(crate) fn choose(
         let need = req.gpus();
         let by_priority = req.priority > PREEMPTIBLE_PRIORITY;
         let held = usage.get(&(req.tenant.as_str(), ty)).copied().unwrap_or(0);
-        let reclaim = held + need <= guaranteed(&req.tenant, ty);
+        let reclaim = held + need <= guaranteed(&req.tenant, ty)
+            && top_waiting.get(ty).is_none_or(|&top| req.priority >= top);
         if !by_priority && !reclaim {
             continue;
         }

@@ -362,6 +362,30 @@ fn a_tenant_under_its_guarantee_reclaims_lent_capacity() {
 }
 
 #[test]
+fn a_lower_class_does_not_reclaim_while_a_higher_one_waits() {
+    // acme (guaranteed 8) queues a low unit; globex borrows the fleet with a
+    // normal unit; initech's normal unit waits too. Reclaiming for the low
+    // unit would only hand the GPUs to initech: no reclaim.
+    let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
+    let x = s.nodes[0].id.clone();
+    guarantee(&mut s, "acme", 8);
+    occupy(
+        &mut s,
+        vec![holder("g", "globex", 1, &x, full(""), 0, None)],
+    );
+    s.queue = vec![
+        unit("a-low", "acme", 0, 1, 8, 1),
+        unit("i", "initech", 1, 1, 8, 2),
+    ];
+    let p = plan(&s, &Policy::default());
+    assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
+    // Alone, the low unit reclaims its guarantee.
+    s.queue.truncate(1);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("g", "a-low", PreemptCause::Reclaim)]);
+}
+
+#[test]
 fn preemption_stops_at_the_budget_and_can_be_turned_off() {
     let mut s = at_now(fleet("h100", 1, 1, 4, 8, false), vec![]);
     let ids: Vec<String> = s.nodes.iter().map(|n| n.id.clone()).collect();

@@ -991,6 +991,14 @@ proptest! {
             prop_assert_eq!(next.queue.len(), s.queue.len() - p.placements.len());
             prop_assert_eq!(next.running.len(), s.running.len() + p.placements.len());
             let again = plan(&next, &policy(kind));
+            if kind == PolicyKind::Gangway {
+                // Gangway's order depends on what tenants hold, which the
+                // first pass changed: the next pass may give the head's
+                // reservations to other units, and a unit the old ones
+                // blocked may start. It must still be a valid plan.
+                check_invariants(&next, &again, kind)?;
+                continue;
+            }
             prop_assert!(again.placements.is_empty(), "{:?} placed {:?}", kind, again.placements);
             // What waited still waits (a capacity wait may turn into a quota
             // wait, as usage grew), and the reservations stand.
