@@ -13,9 +13,6 @@ use governor::{DefaultDirectRateLimiter, Quota};
 use crate::config::RateLimit;
 
 pub struct RateLimiter {
-    /// Verified tokens ([`crate::auth::TokenCache`]): per-replica state
-    /// about callers that the extractors reach through here.
-    pub tokens: crate::auth::TokenCache,
     default: RateLimit,
     overrides: BTreeMap<String, RateLimit>,
     buckets: Mutex<HashMap<String, Arc<DefaultDirectRateLimiter>>>,
@@ -31,7 +28,6 @@ fn quota(limit: RateLimit) -> Quota {
 impl RateLimiter {
     pub fn new(default: RateLimit, overrides: BTreeMap<String, RateLimit>) -> Self {
         RateLimiter {
-            tokens: crate::auth::TokenCache::new(),
             default,
             overrides,
             buckets: Mutex::new(HashMap::new()),

@@ -20,6 +20,10 @@ pub async fn require_caller(State(state): State<AppState>, req: Request, next: N
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
+    // The verifier remembers tokens that passed until their `exp`, so the
+    // global tier's service token (renewed at half-life) and an agent's token
+    // cost an ES256 check once, not on every call; the role and region
+    // checks below still run on every request.
     let claims = match verifier.verify_header(authorization) {
         Ok(c) => c,
         Err(e) => {

@@ -8,10 +8,15 @@
 //! leeway, role rules). The algorithm is never taken from the token to pick
 //! a verification method: that is what makes `alg=none` and the "HS256 keyed
 //! with the public key" attack impossible, not merely rejected.
+//!
+//! A verifier remembers the tokens that passed every check (see
+//! [`Verifier::verify_at`]), because checking an ES256 signature costs about
+//! 250 µs of CPU and callers present the same token again and again: the
+//! global tier's tenants, and the global tier and agents calling regions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -26,6 +31,10 @@ const ALG: &str = "ES256";
 /// Tokens longer than this are refused before any parsing (a JWT of ours is
 /// well under 1 KiB).
 const MAX_TOKEN_LEN: usize = 8 * 1024;
+/// Most tokens a verifier remembers as verified (a few MB at most).
+const CACHE_MAX: usize = 4096;
+/// Longer tokens are checked every time rather than remembered.
+const CACHE_MAX_TOKEN_LEN: usize = 2048;
 /// Default allowance for clock skew between issuer and verifier.
 const DEFAULT_LEEWAY_S: u64 = 30;
 
@@ -223,6 +232,59 @@ struct Inner {
     issuer: String,
     audience: String,
     keys: BTreeMap<String, DecodingKey>,
+    /// Tokens that passed every check. It lives next to the keys, so a
+    /// verifier rebuilt with other keys starts with nothing remembered.
+    verified: VerifiedTokens,
+}
+
+/// Tokens that passed every check of their verifier, with their claims, by
+/// the token's exact bytes. An entry answers only while
+/// `nbf <= now < exp` — without the verifier's leeway, so outside that
+/// window the full check runs again and decides, leeway and all. Only
+/// successes go in: a flood of bad tokens costs what it did before. At most
+/// [`CACHE_MAX`] entries: when full, expired ones are dropped, then all.
+struct VerifiedTokens {
+    map: Mutex<HashMap<Box<str>, Claims>>,
+}
+
+impl VerifiedTokens {
+    fn new() -> Self {
+        VerifiedTokens {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Claims>> {
+        // The map is valid whatever a panicking holder was doing.
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, token: &str, now: i64) -> Option<Claims> {
+        self.lock()
+            .get(token)
+            .filter(|c| c.nbf <= now && now < c.exp)
+            .cloned()
+    }
+
+    fn insert(&self, token: &str, claims: &Claims, now: i64) {
+        if token.len() > CACHE_MAX_TOKEN_LEN || !(claims.nbf <= now && now < claims.exp) {
+            // Too big to keep, or outside the window a hit could answer in.
+            return;
+        }
+        let mut map = self.lock();
+        if map.len() >= CACHE_MAX && !map.contains_key(token) {
+            map.retain(|_, c| now < c.exp);
+            if map.len() >= CACHE_MAX {
+                map.clear();
+            }
+        }
+        map.insert(token.into(), claims.clone());
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
 }
 
 impl fmt::Debug for Verifier {
@@ -287,6 +349,7 @@ impl Verifier {
                 issuer: issuer.to_owned(),
                 audience: audience.to_owned(),
                 keys: map,
+                verified: VerifiedTokens::new(),
             }),
             leeway_s: DEFAULT_LEEWAY_S as i64,
         })
@@ -319,11 +382,23 @@ impl Verifier {
     }
 
     /// Verifies a raw token as if the time were `now` (Unix seconds).
+    ///
+    /// A token this verifier (or a clone of it) already accepted is not
+    /// checked again while `nbf <= now < exp`: its signature, key, header and
+    /// claims are fixed by its bytes, which are the cache key, and the claim
+    /// checks (issuer, audience, times, role rules) are repeated on the
+    /// remembered claims, so a hit answers what the full check would. The
+    /// leeway only widens the window, so clones with another leeway may share
+    /// what was remembered.
     pub fn verify_at(&self, token: &str, now: i64) -> Result<Claims, AuthError> {
         if token.len() > MAX_TOKEN_LEN {
             return Err(AuthError::Malformed(format!(
                 "the token is longer than {MAX_TOKEN_LEN} bytes"
             )));
+        }
+        if let Some(claims) = self.inner.verified.get(token, now) {
+            self.check_claims(&claims, now)?;
+            return Ok(claims);
         }
         let mut parts = token.split('.');
         let (Some(header_b64), Some(payload_b64), Some(sig_b64), None) =
@@ -378,6 +453,7 @@ impl Verifier {
 
         let claims: Claims = decode_json(payload_b64, "payload")?;
         self.check_claims(&claims, now)?;
+        self.inner.verified.insert(token, &claims, now);
         Ok(claims)
     }
 
@@ -507,6 +583,165 @@ mod tests {
             bearer_token(Some("abc.def.ghi")).unwrap_err().code(),
             "malformed_token"
         );
+    }
+
+    fn claims_between(nbf: i64, exp: i64) -> Claims {
+        Claims {
+            iss: "iss".into(),
+            aud: "aud".into(),
+            sub: "someone".into(),
+            exp,
+            nbf,
+            iat: nbf,
+            role: Role::Service,
+            tenant: None,
+            region: None,
+        }
+    }
+
+    fn signed(nbf: i64, exp: i64) -> (SigningKey, Verifier, String) {
+        let key = SigningKey::generate("k1");
+        let verifier = Verifier::new("iss", "aud", &[key.verifier_entry()]).unwrap();
+        let token = key.sign(&claims_between(nbf, exp)).unwrap();
+        (key, verifier, token)
+    }
+
+    #[test]
+    fn a_remembered_token_counts_only_between_nbf_and_exp() {
+        let (key, v, token) = signed(1000, 1100);
+        let strict = v.clone().leeway(0); // shares what `v` remembers
+        assert_eq!(v.verify_at(&token, 1050), Ok(claims_between(1000, 1100)));
+        assert_eq!(v.inner.verified.len(), 1);
+        assert!(v.inner.verified.get(&token, 1099).is_some());
+        assert!(v.inner.verified.get(&token, 1100).is_none());
+        assert!(v.inner.verified.get(&token, 999).is_none());
+        assert_eq!(
+            strict.verify_at(&token, 1099),
+            Ok(claims_between(1000, 1100))
+        );
+        // From `exp` on the full check decides: within the leeway for `v`,
+        // expired for `strict`, expired for both after the leeway.
+        assert_eq!(
+            strict.verify_at(&token, 1101),
+            Err(AuthError::Expired { expired_at: 1100 })
+        );
+        assert_eq!(v.verify_at(&token, 1101), Ok(claims_between(1000, 1100)));
+        assert_eq!(
+            v.verify_at(&token, 1131),
+            Err(AuthError::Expired { expired_at: 1100 })
+        );
+        // Before `nbf` a remembered token is checked again too.
+        assert_eq!(
+            strict.verify_at(&token, 999),
+            Err(AuthError::NotYetValid { not_before: 1000 })
+        );
+        // Accepted within the leeway before `nbf`, but not remembered there.
+        let early = key.sign(&claims_between(2000, 2100)).unwrap();
+        assert!(v.verify_at(&early, 1980).is_ok());
+        assert!(v.inner.verified.get(&early, 1980).is_none());
+        assert_eq!(
+            strict.verify_at(&early, 1980),
+            Err(AuthError::NotYetValid { not_before: 2000 })
+        );
+    }
+
+    #[test]
+    fn a_tampered_token_is_never_accepted_through_the_cache() {
+        let (_, v, token) = signed(1000, 1100);
+        assert!(v.verify_at(&token, 1050).is_ok());
+        let (header, rest) = token.split_once('.').unwrap();
+        let (payload, sig) = rest.split_once('.').unwrap();
+        // Another payload (a tenant added) under the remembered signature.
+        let mut forged = claims_between(1000, 1100);
+        forged.tenant = Some("evil".into());
+        let forged_payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&forged).unwrap());
+        let swapped = format!("{header}.{forged_payload}.{sig}");
+        assert_eq!(v.verify_at(&swapped, 1050), Err(AuthError::BadSignature));
+        // The remembered payload under another signature.
+        let first = if sig.starts_with('A') { "B" } else { "A" };
+        let bad_sig = format!("{header}.{payload}.{first}{}", &sig[1..]);
+        assert_eq!(v.verify_at(&bad_sig, 1050), Err(AuthError::BadSignature));
+        // A suffix or a second token glued on is not the remembered token.
+        assert!(v.verify_at(&format!("{token}x"), 1050).is_err());
+        assert!(v.verify_at(&format!("{token}.{sig}"), 1050).is_err());
+        assert_eq!(v.inner.verified.len(), 1, "only the genuine token");
+    }
+
+    #[test]
+    fn failures_are_not_remembered() {
+        let (key, v, token) = signed(1000, 1100);
+        // Expired, and not yet valid beyond the leeway.
+        assert!(v.verify_at(&token, 2000).is_err());
+        assert!(v.verify_at(&token, 900).is_err());
+        // Wrong audience, signed by a key this verifier does not trust.
+        let mut other_aud = claims_between(1000, 1100);
+        other_aud.aud = "elsewhere".into();
+        let other_aud = key.sign(&other_aud).unwrap();
+        let stranger = SigningKey::generate("k1")
+            .sign(&claims_between(1000, 1100))
+            .unwrap();
+        for _ in 0..2 {
+            assert!(matches!(
+                v.verify_at(&other_aud, 1050),
+                Err(AuthError::WrongAudience { .. })
+            ));
+            assert_eq!(v.verify_at(&stranger, 1050), Err(AuthError::BadSignature));
+        }
+        assert_eq!(v.inner.verified.len(), 0);
+        // The good token, still unremembered, verifies in its window.
+        assert!(v.verify_at(&token, 1050).is_ok());
+        assert_eq!(v.inner.verified.len(), 1);
+    }
+
+    #[test]
+    fn a_rebuilt_verifier_remembers_nothing() {
+        let (_, old, token) = signed(1000, 1100);
+        assert!(old.verify_at(&token, 1050).is_ok());
+        // Rotation: the old key is gone from the new verifier.
+        let new_key = SigningKey::generate("k2");
+        let rotated = Verifier::new("iss", "aud", &[new_key.verifier_entry()]).unwrap();
+        assert!(matches!(
+            rotated.verify_at(&token, 1050),
+            Err(AuthError::UnknownKey(_))
+        ));
+        // Another audience with the same keys: checked afresh, refused.
+        let (key, _, _) = signed(1000, 1100);
+        let a = Verifier::new("iss", "aud", &[key.verifier_entry()]).unwrap();
+        let b = Verifier::new("iss", "other", &[key.verifier_entry()]).unwrap();
+        let token = key.sign(&claims_between(1000, 1100)).unwrap();
+        assert!(a.verify_at(&token, 1050).is_ok());
+        assert!(matches!(
+            b.verify_at(&token, 1050),
+            Err(AuthError::WrongAudience { .. })
+        ));
+    }
+
+    #[test]
+    fn a_full_cache_drops_expired_tokens_first_and_stays_bounded() {
+        let cache = VerifiedTokens::new();
+        for i in 0..CACHE_MAX {
+            // Half of them expired by t = 20.
+            let exp = if i % 2 == 0 { 10 } else { 1000 };
+            cache.insert(&format!("t{i}"), &claims_between(0, exp), 0);
+        }
+        cache.insert("new", &claims_between(0, 1000), 20);
+        assert_eq!(cache.get("t1", 20), Some(claims_between(0, 1000)));
+        assert_eq!(cache.get("new", 20), Some(claims_between(0, 1000)));
+        assert_eq!(cache.len(), CACHE_MAX / 2 + 1, "expired went, live stayed");
+        // Full of live tokens: it starts over rather than grow.
+        let cache = VerifiedTokens::new();
+        for i in 0..=CACHE_MAX {
+            cache.insert(&format!("t{i}"), &claims_between(0, 1000), 0);
+        }
+        assert!(cache.len() <= CACHE_MAX);
+        // Oversized tokens are never kept.
+        let cache = VerifiedTokens::new();
+        cache.insert(
+            &"x".repeat(CACHE_MAX_TOKEN_LEN + 1),
+            &claims_between(0, 1000),
+            0,
+        );
+        assert_eq!(cache.len(), 0);
     }
 
     #[test]
