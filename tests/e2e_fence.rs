@@ -7,19 +7,19 @@
 //! proxy is restored the agent reports the fenced exit, and the job
 //! requeues at the front and resumes from the checkpoint.
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use support::{log_file, token, Proc, BIN};
+
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gangway_auth::jwt::{claims_for, Role, SigningKey};
+use gangway_auth::jwt::{Role, SigningKey};
 use gangway_shared::api::{JobMode, JobSpec, JobState};
 use gangway_shared::client::Client;
-use gangway_shared::tokens;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-
-const BIN: &str = env!("CARGO_BIN_EXE_gangway");
 
 const FLEET: &str = r#"
 [[spine]]
@@ -51,37 +51,6 @@ const TRAINER: &str = r#"
     trap 'checkpoint; exit 0' USR1
     while true; do sleep 0.05; done
 "#;
-
-/// A child process killed when the test ends, however it ends.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn log_file(dir: &Path, name: &str) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(name))
-        .unwrap()
-}
-
-fn token(key: &SigningKey, role: Role, region: Option<&str>) -> String {
-    key.sign(&claims_for(
-        role,
-        "e2e",
-        None,
-        region,
-        tokens::ISSUER,
-        tokens::REGION_AUDIENCE,
-        Duration::from_secs(3600),
-    ))
-    .unwrap()
-}
 
 /// A TCP proxy to `upstream` that can be cut (every connection closed, new
 /// ones closed at once) and restored.

@@ -6,8 +6,11 @@
 //! succeeds; `gangway admin node get` says why the node is out, and the
 //! audit log names who did it.
 
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+mod support;
+
+use support::{log_file, Proc, BIN};
+
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use gangway_auth::dev::DevMaterial;
@@ -17,8 +20,6 @@ use gangway_shared::client::Client;
 use gangway_shared::tokens;
 use uuid::Uuid;
 
-const BIN: &str = env!("CARGO_BIN_EXE_gangway");
-
 /// One leaf of 3 nodes × 8 h100, no spares.
 const FLEET: &str = r#"
 [[spine]]
@@ -27,24 +28,6 @@ const FLEET: &str = r#"
   gpu_type = "h100"
   gpus_per_node = 8
 "#;
-
-/// A child process killed when the test ends, however it ends.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn log_file(dir: &Path, name: &str) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(name))
-        .unwrap()
-}
 
 struct Cloud {
     dir: tempfile::TempDir,

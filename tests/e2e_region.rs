@@ -2,17 +2,18 @@
 //! throwaway PostgreSQL, and a `gangway agent` serving a simulated fleet,
 //! driven over HTTP as a tenant would.
 
+mod support;
+
+use support::{log_file, token, Proc, BIN};
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gangway_auth::jwt::{claims_for, Role, SigningKey};
+use gangway_auth::jwt::{Role, SigningKey};
 use gangway_shared::api::{Job, JobMode, JobSpec, JobState, Priority, QuotaUpdate, WorkerState};
 use gangway_shared::client::{Client, ListQuery};
-use gangway_shared::tokens;
 use uuid::Uuid;
-
-const BIN: &str = env!("CARGO_BIN_EXE_gangway");
 
 /// One spine, one leaf, 3 nodes × 8 h100, the last a spare: 16 schedulable GPUs.
 const FLEET: &str = r#"
@@ -23,16 +24,6 @@ const FLEET: &str = r#"
   gpus_per_node = 8
   spares = 1
 "#;
-
-/// A child process killed when the test ends, however it ends.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Cloud {
     key: SigningKey,
@@ -135,27 +126,6 @@ impl Cloud {
         let s = self.client.region_status().await.unwrap();
         s.capacity.iter().map(|c| c.allocated).sum()
     }
-}
-
-fn log_file(dir: &Path, name: &str) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(name))
-        .unwrap()
-}
-
-fn token(key: &SigningKey, role: Role, region: Option<&str>) -> String {
-    key.sign(&claims_for(
-        role,
-        "e2e",
-        None,
-        region,
-        tokens::ISSUER,
-        tokens::REGION_AUDIENCE,
-        Duration::from_secs(3600),
-    ))
-    .unwrap()
 }
 
 fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
