@@ -795,26 +795,42 @@ fn print_audit(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-const STEPS: [&str; 6] = [
+const STEPS: [&str; 7] = [
     "pending",
     "draining",
     "rebooting",
     "checking",
     "done",
+    "skipped",
     "cancelled",
 ];
 
-/// `[#########-----------]  12/64 done`
-fn progress_bar(done: u64, total: u64, width: usize) -> String {
-    let filled = if total == 0 {
-        width
+/// `[#########-----------] 12/64 done`, or with nodes skipped (out of
+/// service when their turn came) `[#########x----------] 12/64 done, 1
+/// skipped`: `#` done, `x` skipped, `-` still to do.
+fn progress_bar(done: u64, skipped: u64, total: u64, width: usize) -> String {
+    let upto = |n: u64| {
+        if total == 0 {
+            width
+        } else {
+            ((n.min(total) as usize) * width) / total as usize
+        }
+    };
+    let filled = upto(done);
+    // A skip shows even when it is less than one character's worth.
+    let finished = upto(done + skipped)
+        .max(filled + usize::from(skipped > 0))
+        .min(width);
+    let tail = if skipped > 0 {
+        format!(", {skipped} skipped")
     } else {
-        (done as usize * width) / total as usize
+        String::new()
     };
     format!(
-        "[{}{}] {done}/{total} done",
+        "[{}{}{}] {done}/{total} done{tail}",
         "#".repeat(filled),
-        "-".repeat(width - filled)
+        "x".repeat(finished - filled),
+        "-".repeat(width - finished)
     )
 }
 
@@ -833,13 +849,22 @@ fn print_plan(plan: &serde_json::Value, with_nodes: bool) {
         s(plan, "per_leaf"),
         s(plan, "region_percent")
     );
-    println!("progress: {}", progress_bar(count("done"), total, 40));
+    println!(
+        "progress: {}",
+        progress_bar(count("done"), count("skipped"), total, 40)
+    );
     let steps: Vec<String> = STEPS
         .iter()
         .filter(|k| count(k) > 0)
         .map(|k| format!("{k} {}", count(k)))
         .collect();
     println!("steps:    {}", steps.join(", "));
+    // Nodes left out, each with why (out of service when its turn came).
+    let skipped = plan["skipped"].as_array().cloned().unwrap_or_default();
+    for (i, n) in skipped.iter().enumerate() {
+        let label = if i == 0 { "skipped:" } else { "" };
+        println!("{label:<9} {}  {}", s(n, "node_id"), s(n, "reason"));
+    }
     if let Some(held) = plan.get("held").filter(|h| !h.is_null()) {
         println!("waiting:  {held}");
     }
@@ -849,15 +874,26 @@ fn print_plan(plan: &serde_json::Value, with_nodes: bool) {
             .into_iter()
             .flatten()
             .map(|n| {
+                let why = match s(n, "reason") {
+                    r if !r.is_empty() => r,
+                    _ if !s(n, "waiting_since").is_empty() => {
+                        format!("out of service; waited for since {}", s(n, "waiting_since"))
+                    }
+                    _ => String::new(),
+                };
                 vec![
                     s(n, "node_id"),
                     s(n, "step"),
                     s(n, "started_at"),
                     s(n, "finished_at"),
+                    why,
                 ]
             })
             .collect();
-        print!("{}", table(&["NODE", "STEP", "STARTED", "FINISHED"], &rows));
+        print!(
+            "{}",
+            table(&["NODE", "STEP", "STARTED", "FINISHED", "WHY"], &rows)
+        );
     }
 }
 
@@ -950,11 +986,12 @@ async fn maintenance(cmd: MaintenanceCommand) -> anyhow::Result<u8> {
                 for p in v["plans"].as_array().into_iter().flatten() {
                     let total = p["total"].as_u64().unwrap_or(0);
                     let done = p["steps"]["done"].as_u64().unwrap_or(0);
+                    let skipped = p["steps"]["skipped"].as_u64().unwrap_or(0);
                     rows.push(vec![
                         s(p, "plan_id"),
                         region.clone(),
                         s(p, "state"),
-                        progress_bar(done, total, 20),
+                        progress_bar(done, skipped, total, 20),
                         s(p, "created_at"),
                         s(p, "reason"),
                     ]);
@@ -1002,8 +1039,24 @@ mod maintenance_tests {
 
     #[test]
     fn the_progress_bar_fills_with_the_nodes_done() {
-        assert_eq!(progress_bar(0, 4, 8), "[--------] 0/4 done");
-        assert_eq!(progress_bar(2, 4, 8), "[####----] 2/4 done");
-        assert_eq!(progress_bar(4, 4, 8), "[########] 4/4 done");
+        assert_eq!(progress_bar(0, 0, 4, 8), "[--------] 0/4 done");
+        assert_eq!(progress_bar(2, 0, 4, 8), "[####----] 2/4 done");
+        assert_eq!(progress_bar(4, 0, 4, 8), "[########] 4/4 done");
+    }
+
+    #[test]
+    fn skipped_nodes_fill_the_bar_apart_and_are_counted() {
+        assert_eq!(progress_bar(1, 1, 4, 8), "[##xx----] 1/4 done, 1 skipped");
+        // A plan finished with a node skipped: a full bar, the skip said.
+        assert_eq!(progress_bar(3, 1, 4, 8), "[######xx] 3/4 done, 1 skipped");
+        assert_eq!(progress_bar(0, 4, 4, 8), "[xxxxxxxx] 0/4 done, 4 skipped");
+        assert_eq!(
+            progress_bar(18, 1, 64, 40),
+            format!(
+                "[{}x{}] 18/64 done, 1 skipped",
+                "#".repeat(11),
+                "-".repeat(28)
+            )
+        );
     }
 }

@@ -272,6 +272,33 @@ fn job_spec_schema_matches_the_contract() {
 }
 
 #[test]
+fn a_maintenance_plan_says_which_nodes_it_skipped_and_why() {
+    let doc = doc();
+    let schemas = &doc["components"]["schemas"];
+    let plan = &schemas["MaintenancePlan"];
+    let skipped = resolve(&doc, &plan["properties"]["skipped"]["items"]);
+    assert_eq!(skipped, &schemas["SkippedNode"], "{plan}");
+    let required: BTreeSet<&str> = skipped["required"]
+        .as_array()
+        .expect("SkippedNode has required fields")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(required, BTreeSet::from(["node_id", "reason"]));
+    let node = &schemas["MaintenanceNode"]["properties"];
+    assert!(node.get("reason").is_some(), "{node}");
+    assert!(node.get("waiting_since").is_some(), "{node}");
+    let step = node["step"]["description"].as_str().unwrap();
+    assert!(step.contains("`skipped`"), "{step}");
+    // Served by the plan's endpoints.
+    let get = operation(&doc, "get", "/v1/admin/maintenance/{id}");
+    assert_eq!(
+        get["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/MaintenancePlan"
+    );
+}
+
+#[test]
 fn create_takes_an_idempotency_key_and_a_bearer_token() {
     let doc = doc();
     let create = operation(&doc, "post", "/v1/jobs");

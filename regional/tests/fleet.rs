@@ -1369,3 +1369,230 @@ async fn rolling_maintenance_reboots_every_node_in_waves_and_resumes_after_a_res
         .get(0);
     assert_eq!(audited, 1);
 }
+
+/// The plan's view of one node: its step and why (skipped).
+fn plan_node(
+    p: &gangway_shared::api::MaintenancePlan,
+    id: &str,
+) -> gangway_shared::api::MaintenanceNode {
+    p.nodes.iter().find(|n| n.node_id == id).unwrap().clone()
+}
+
+/// Node events of `id` that a maintenance plan recorded, as (step, message).
+async fn plan_events(store: &Store, id: &str) -> Vec<(String, String)> {
+    node_view(store, id)
+        .await
+        .events
+        .into_iter()
+        .filter(|e| e.kind == "admin" && e.detail.get("plan").is_some())
+        .map(|e| {
+            (
+                e.detail["step"].as_str().unwrap_or("").to_string(),
+                e.message,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn rolling_maintenance_skips_a_node_lost_or_cordoned_before_its_turn_and_finishes() {
+    use gangway_shared::api::{Fault, MaintenanceStart};
+    let (store, client) = store("fleet_maint_skip").await;
+    // 8 nodes × 8 GPUs: two leaves of 4.
+    let nodes: Vec<AgentNode> = (0..8)
+        .map(|n| {
+            let mut node = node(&format!("n{n}"));
+            node.leaf = format!("s0-l{}", n / 4);
+            node
+        })
+        .collect();
+    let fleet = Fleet::register_nodes(&store, nodes).await;
+    for n in 0..8 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    let ctx = store.health_context();
+    // One node per leaf at a time, half the region out at most.
+    let req = MaintenanceStart {
+        all: true,
+        per_leaf: Some(1),
+        region_percent: Some(50),
+        reason: Some("kernel 6.8".into()),
+        ..MaintenanceStart::default()
+    };
+    let plan = store.start_maintenance("ops", &req).await.unwrap().unwrap();
+    assert_eq!(plan.total, 8);
+    store.maintenance_tick(&ctx).await.unwrap();
+    let p = store.get_maintenance(plan.plan_id).await.unwrap().unwrap();
+    assert_eq!(plan_node(&p, "n0").step, "draining");
+    assert_eq!(plan_node(&p, "n4").step, "draining");
+
+    // Before their turn: n2 dies (lost), an operator cordons n6.
+    store
+        .inject_fault(&ctx, "ops", "n2", &Fault::NodeDown)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node_view(&store, "n2").await.observed, "lost");
+    store
+        .set_node_admin(&ctx, "ops", "n6", AdminChange::Cordon, Some("fan"))
+        .await
+        .unwrap()
+        .unwrap();
+    // Their leaves are busy with the plan: not their turn yet, so they
+    // stay pending.
+    store.maintenance_tick(&ctx).await.unwrap();
+    let p = store.get_maintenance(plan.plan_id).await.unwrap().unwrap();
+    assert_eq!(plan_node(&p, "n2").step, "pending", "{p:?}");
+    assert_eq!(plan_node(&p, "n6").step, "pending", "{p:?}");
+    assert!(p.skipped.is_empty(), "{p:?}");
+
+    let mut finished = false;
+    for _ in 0..80 {
+        store.health_tick(&ctx).await.unwrap();
+        store.maintenance_tick(&ctx).await.unwrap();
+        for n in 0..8 {
+            fleet.act(&store, n, Some("/ckpt/maint")).await;
+        }
+        run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+        // Never more than the cap out, the two outages counted.
+        let out: i64 = client
+            .query_one(
+                "SELECT count(*) FROM nodes
+                 WHERE operator_state <> 'active' OR observed NOT IN ('healthy', 'degraded')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(out <= 4, "{out} nodes out");
+        let p = store.get_maintenance(plan.plan_id).await.unwrap().unwrap();
+        if p.state == "done" {
+            finished = true;
+            break;
+        }
+    }
+    let p = store.get_maintenance(plan.plan_id).await.unwrap().unwrap();
+    assert!(finished, "the plan never finished: {p:?}");
+    assert_eq!(p.steps.get("done"), Some(&6), "{p:?}");
+    assert_eq!(p.steps.get("skipped"), Some(&2), "{p:?}");
+    assert!(p.finished_at.is_some() && p.held.is_none(), "{p:?}");
+    // Skipped, each with why.
+    let skipped: Vec<(&str, &str)> = p
+        .skipped
+        .iter()
+        .map(|s| (s.node_id.as_str(), s.reason.as_str()))
+        .collect();
+    assert_eq!(
+        skipped,
+        vec![
+            ("n2", "node lost: its agent is gone or the node is down"),
+            ("n6", "cordoned by an operator: fan"),
+        ]
+    );
+    assert!(p.skipped.iter().all(|s| s.at.is_some()));
+    let n6 = plan_node(&p, "n6");
+    assert_eq!(
+        (n6.step.as_str(), n6.reason.as_deref()),
+        ("skipped", Some("cordoned by an operator: fan"))
+    );
+    assert_eq!(plan_node(&p, "n0").reason, None);
+    // The list view carries the skips too.
+    let list = store.list_maintenance().await.unwrap();
+    assert_eq!(list.plans[0].skipped.len(), 2);
+    // Every other node rebooted once and is back; the skipped ones were
+    // left as they were (n6 still cordoned by its operator, n2 lost).
+    let rebooted: Vec<String> = client
+        .query(
+            "SELECT node_id FROM nodes WHERE sim_reboots = 1 AND operator_state = 'active'
+             ORDER BY node_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rebooted, ["n0", "n1", "n3", "n4", "n5", "n7"]);
+    let v6 = node_view(&store, "n6").await;
+    assert_eq!(v6.admin_state, "cordoned");
+    assert_eq!(node_view(&store, "n2").await.observed, "lost");
+    // Recorded as the plan's other steps are: a node event each.
+    for (node, why) in [("n2", "node lost"), ("n6", "cordoned by an operator: fan")] {
+        let events = plan_events(&store, node).await;
+        let skips: Vec<&(String, String)> = events.iter().filter(|e| e.0 == "skipped").collect();
+        assert_eq!(skips.len(), 1, "{node}: {events:?}");
+        assert!(skips[0].1.contains(why), "{node}: {events:?}");
+        assert!(!events.iter().any(|e| e.0 == "draining"), "{events:?}");
+    }
+    assert!(plan_events(&store, "n1")
+        .await
+        .iter()
+        .any(|e| e.0 == "rebooting"));
+}
+
+#[tokio::test]
+async fn rolling_maintenance_waits_for_a_node_merely_suspect_at_its_turn() {
+    use gangway_shared::api::MaintenanceStart;
+    // Suspect after 2 s of silence, lost after 5 s.
+    let (store, _client) = store_with("fleet_maint_wait", policy()).await;
+    let fleet = Fleet::register(&store, 4).await;
+    for n in 0..4 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    let ctx = store.health_context();
+    // n2 and n3 go quiet: suspect.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for n in 0..2 {
+        fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    }
+    store.health_tick(&ctx).await.unwrap();
+    assert_eq!(node_view(&store, "n3").await.observed, "suspect");
+    let req = MaintenanceStart {
+        all: true,
+        per_leaf: Some(4),
+        region_percent: Some(100),
+        ..MaintenanceStart::default()
+    };
+    let plan = store.start_maintenance("ops", &req).await.unwrap().unwrap();
+    store.maintenance_tick(&ctx).await.unwrap();
+    // Their turn came with n0's and n1's: waited for, not skipped.
+    let p = store.get_maintenance(plan.plan_id).await.unwrap().unwrap();
+    for n in ["n2", "n3"] {
+        let node = plan_node(&p, n);
+        assert_eq!(node.step, "pending", "{p:?}");
+        assert!(node.waiting_since.is_some(), "{p:?}");
+    }
+    assert!(p.skipped.is_empty(), "{p:?}");
+    assert_eq!(p.held.as_ref().unwrap()["code"], "node_out", "{p:?}");
+    // n3's agent is back; n2's stays silent until it is lost.
+    let start = std::time::Instant::now();
+    let mut finished = false;
+    while start.elapsed() < Duration::from_secs(30) {
+        for n in [0, 1, 3] {
+            fleet.act(&store, n, None).await;
+        }
+        store.health_tick(&ctx).await.unwrap();
+        store.maintenance_tick(&ctx).await.unwrap();
+        let p = store.get_maintenance(plan.plan_id).await.unwrap().unwrap();
+        if let Some(s) = p.skipped.first() {
+            // Skipped only once lost, not while merely suspect.
+            assert_eq!(node_view(&store, "n2").await.observed, "lost");
+            assert_eq!(s.node_id, "n2");
+        }
+        if p.state == "done" {
+            finished = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let p = store.get_maintenance(plan.plan_id).await.unwrap().unwrap();
+    assert!(finished, "the plan never finished: {p:?}");
+    assert_eq!(p.steps.get("done"), Some(&3), "{p:?}");
+    assert_eq!(plan_node(&p, "n3").step, "done");
+    let n2 = plan_node(&p, "n2");
+    assert_eq!(n2.step, "skipped");
+    assert!(
+        n2.reason.as_deref().unwrap().starts_with("node lost"),
+        "{n2:?}"
+    );
+}

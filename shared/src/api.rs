@@ -1110,12 +1110,33 @@ pub struct MaintenanceStart {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct MaintenanceNode {
     pub node_id: String,
-    /// `pending`, `draining`, `rebooting`, `checking`, `done`, `cancelled`.
+    /// `pending`, `draining`, `rebooting`, `checking`, `done`, `skipped`,
+    /// `cancelled`.
     pub step: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
+    /// Why the plan skipped it (step `skipped`): out of service for a
+    /// reason outside the plan when its turn came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A pending node out of service for a passing reason at its turn:
+    /// since when the plan waits for it (it is skipped if it stays out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<DateTime<Utc>>,
+}
+
+/// A node a maintenance plan skipped, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SkippedNode {
+    pub node_id: String,
+    /// Why: `node lost: …`, `cordoned by an operator: …`, `in repair: …`,
+    /// or a passing outage that lasted too long.
+    pub reason: String,
+    /// When the plan skipped it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<DateTime<Utc>>,
 }
 
 /// A maintenance plan and its progress.
@@ -1137,9 +1158,18 @@ pub struct MaintenancePlan {
     pub region_percent: u32,
     /// Nodes in the plan.
     pub total: u32,
-    /// Nodes per step.
+    /// Nodes per step (`skipped`: left out, see `skipped`).
     pub steps: BTreeMap<String, u32>,
-    /// Why no more nodes start now, when some wait (the last tick's).
+    /// Nodes the plan skipped, with why: each was out of service for a
+    /// reason outside the plan when its turn came (lost, failed, in repair,
+    /// cordoned or drained by an operator; or suspect or held down for
+    /// longer than the plan waits). A plan whose nodes are all done or
+    /// skipped is `done`. In every view, also without `nodes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedNode>,
+    /// Why no more nodes start now, when some wait (the last tick's):
+    /// `region_cap`, `leaf_cap`, `gang_on_node_out`, or `node_out` (waiting
+    /// for a node out for a passing reason at its turn).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<serde_json::Value>,
     /// Every node with its step (`GET …/{id}` only).

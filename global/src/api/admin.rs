@@ -832,8 +832,13 @@ fn maintenance_region<'a>(
 /// `region_percent` % of the region out at once (other outages counted),
 /// never two nodes of one running gang; each node drained with checkpoints,
 /// rebooted, and returned once its agent reports a new boot id and it is
-/// healthy. Persisted: a control-plane restart resumes the waves. One plan
-/// runs at a time per region. Audited.
+/// healthy. A node out of service for another reason when its turn comes is
+/// skipped, with the reason: at once when that lasts (lost, failed, in
+/// repair, cordoned or drained by an operator), after ten minutes of
+/// waiting for it when it passes (suspect, held down after flapping); the
+/// plan finishes once every node is done or skipped. Persisted: a
+/// control-plane restart resumes the waves. One plan runs at a time per
+/// region. Audited.
 #[utoipa::path(
     post,
     path = "/v1/admin/maintenance",
@@ -888,7 +893,7 @@ pub async fn start_maintenance(
 /// List maintenance plans
 ///
 /// Every region's (or the named one's) plans, newest first, with nodes per
-/// step.
+/// step and the nodes each skipped.
 #[utoipa::path(
     get,
     path = "/v1/admin/maintenance",
@@ -934,7 +939,8 @@ fn check_plan_id(id: &str) -> Result<(), ApiError> {
 
 /// Get a maintenance plan
 ///
-/// One plan with nodes per step and every node's step.
+/// One plan with nodes per step, every node's step, and the nodes it
+/// skipped with why (`skipped`).
 #[utoipa::path(
     get,
     path = "/v1/admin/maintenance/{id}",

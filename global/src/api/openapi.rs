@@ -15,7 +15,7 @@ use gangway_auth::error::AuthError;
 use gangway_shared::api::{
     AuditEntry, AuditList, DrainMode, DrainRequest, Fault, GoodputList, MaintenanceNode,
     MaintenancePlan, MaintenancePlanList, MaintenanceStart, NodeActionRequest, NodeEvent, NodeList,
-    NodeView, TenantGoodput,
+    NodeView, SkippedNode, TenantGoodput,
 };
 use gangway_shared::api::{
     Explanation, GpuTypeCapacity, Job, JobEvent, JobEvents, JobList, JobMode, JobSpec, JobState,
@@ -113,6 +113,7 @@ pub const BEARER: &str = "bearer";
             MaintenanceStart,
             MaintenancePlan,
             MaintenanceNode,
+            SkippedNode,
             MaintenancePlanList,
             GoodputList,
             TenantGoodput,

@@ -12,19 +12,29 @@
 //! boot id it is `checking`, and once it is observed healthy it returns to
 //! service (`active`). Every step is a row (`maintenance_steps`), so a
 //! control plane restarted mid-way resumes where it was.
+//!
+//! A pending node out of service for a reason outside the plan when its
+//! turn comes goes `pending → skipped` instead (with the reason, in
+//! `maintenance_steps.reason` and a node event): at once when the outage
+//! lasts (lost, failed, needs repair, in repair, cordoned or drained by an
+//! operator), after [`SKIP_AFTER_S`] of waiting for it when it passes
+//! (suspect, held down); `maintenance_steps.waiting_since` keeps that wait
+//! across ticks and restarts. See `gangway_health::maintenance`.
 
 use std::collections::BTreeMap;
 
-use gangway_health::maintenance::{next_wave, Node, Step, WaveLimits};
-use gangway_health::{Admin, Signal};
+use gangway_health::maintenance::{next_wave, Node, Outage, Step, WaveLimits, SKIP_AFTER_S};
+use gangway_health::{Admin, NodeHealth, Signal};
 use gangway_shared::api::{
-    MaintenanceNode, MaintenancePlan, MaintenancePlanList, MaintenanceStart,
+    MaintenanceNode, MaintenancePlan, MaintenancePlanList, MaintenanceStart, SkippedNode,
 };
 use serde_json::json;
 use tokio_postgres::{Row, Transaction};
 use uuid::Uuid;
 
-use super::nodes::{db_now, insert_audit, node_event, reconcile_node, HealthContext, NodesOutcome};
+use super::nodes::{
+    admin_from_row, db_now, insert_audit, node_event, reconcile_node, HealthContext, NodesOutcome,
+};
 use super::{Result, Store};
 
 /// Why a maintenance request was refused.
@@ -44,6 +54,7 @@ fn step_of(s: &str) -> Option<Step> {
         "rebooting" => Step::Rebooting,
         "checking" => Step::Checking,
         "done" => Step::Done,
+        "skipped" => Step::Skipped,
         _ => return None,
     })
 }
@@ -57,14 +68,23 @@ async fn plan_view(
     let plan_id: Uuid = row.get("plan_id");
     let steps = tx
         .query(
-            "SELECT node_id, step, started_at, finished_at FROM maintenance_steps
-             WHERE plan_id = $1 ORDER BY node_id",
+            "SELECT node_id, step, started_at, finished_at, reason, waiting_since
+             FROM maintenance_steps WHERE plan_id = $1 ORDER BY node_id",
             &[&plan_id],
         )
         .await?;
     let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    let mut skipped = Vec::new();
     for s in &steps {
-        *counts.entry(s.get::<_, String>(1)).or_insert(0) += 1;
+        let step: String = s.get(1);
+        if step == "skipped" {
+            skipped.push(SkippedNode {
+                node_id: s.get(0),
+                reason: s.get::<_, Option<String>>(4).unwrap_or_default(),
+                at: s.get(3),
+            });
+        }
+        *counts.entry(step).or_insert(0) += 1;
     }
     Ok(MaintenancePlan {
         plan_id,
@@ -79,6 +99,7 @@ async fn plan_view(
         region_percent: row.get::<_, i32>("region_percent").max(1) as u32,
         total: steps.len() as u32,
         steps: counts,
+        skipped,
         held: row.get("held"),
         nodes: if with_nodes {
             steps
@@ -88,6 +109,8 @@ async fn plan_view(
                     step: s.get(1),
                     started_at: s.get(2),
                     finished_at: s.get(3),
+                    reason: s.get(4),
+                    waiting_since: s.get(5),
                 })
                 .collect()
         } else {
@@ -282,8 +305,9 @@ impl Store {
         let now = db_now(&tx).await?;
         let out_nodes: Vec<String> = tx
             .query(
-                "UPDATE maintenance_steps SET step = 'cancelled', finished_at = now()
-                 WHERE plan_id = $1 AND step NOT IN ('done', 'cancelled')
+                "UPDATE maintenance_steps SET step = 'cancelled', finished_at = now(),
+                        waiting_since = NULL
+                 WHERE plan_id = $1 AND step NOT IN ('done', 'skipped', 'cancelled')
                  RETURNING node_id",
                 &[&id],
             )
@@ -361,6 +385,7 @@ impl Store {
         let limits = WaveLimits {
             per_leaf: plan.get::<_, i32>(1).max(1) as u32,
             region_percent: plan.get::<_, i32>(2).clamp(1, 100) as u32,
+            skip_after_s: SKIP_AFTER_S,
         };
         let now = db_now(&tx).await?;
 
@@ -476,12 +501,21 @@ impl Store {
             }
         }
 
-        // 2. The next wave.
+        // 2. The next wave. Nodes out of service for another reason than
+        // this plan say why (both axes, as `decide` sees them now), so
+        // that one out at its turn can be skipped with its reason.
         let rows = tx
             .query(
                 "SELECT n.node_id, n.leaf, s.step,
                         (n.operator_state <> 'active' OR n.observed NOT IN ('healthy', 'degraded'))
-                            AS unavailable
+                            AS unavailable,
+                        n.operator_state, n.admin_reason, n.drain_wait,
+                        extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s,
+                        n.observed,
+                        CASE WHEN n.operator_state <> 'active'
+                                  OR n.observed NOT IN ('healthy', 'degraded')
+                             THEN n.health END AS health,
+                        floor(extract(epoch FROM now() - s.waiting_since))::bigint AS waited_s
                  FROM nodes n
                  LEFT JOIN maintenance_steps s ON s.node_id = n.node_id AND s.plan_id = $1
                  WHERE NOT n.spare
@@ -506,15 +540,28 @@ impl Store {
                 g.get::<_, String>(2) == "preempting",
             ));
         }
+        // Pending nodes seen back in service: a later outage starts a new
+        // wait.
+        let mut back: Vec<String> = Vec::new();
         let nodes: Vec<Node> = rows
             .iter()
             .map(|r| {
-                let id: String = r.get(0);
-                let step = r.get::<_, Option<String>>(2).as_deref().and_then(step_of);
+                let id: String = r.get("node_id");
+                let step = r
+                    .get::<_, Option<String>>("step")
+                    .as_deref()
+                    .and_then(step_of);
                 let on = jobs.remove(&id).unwrap_or_default();
+                let outage = (r.get::<_, bool>("unavailable") && !step.is_some_and(Step::is_out))
+                    .then(|| outage_of(r, ctx, now));
+                let waited_s = r.get::<_, Option<i64>>("waited_s").map(|w| w.max(0) as u64);
+                if step == Some(Step::Pending) && outage.is_none() && waited_s.is_some() {
+                    back.push(id.clone());
+                }
                 Node {
-                    leaf: r.get(1),
-                    unavailable: r.get::<_, bool>(3) && !step.is_some_and(Step::is_out),
+                    leaf: r.get("leaf"),
+                    outage,
+                    waited_s,
                     step,
                     jobs: on.iter().map(|(j, g, _)| (j.clone(), *g)).collect(),
                     moving: on.iter().filter(|o| o.2).map(|o| o.0.clone()).collect(),
@@ -523,6 +570,74 @@ impl Store {
             })
             .collect();
         let wave = next_wave(&nodes, limits);
+        if !back.is_empty() {
+            tx.execute(
+                "UPDATE maintenance_steps SET waiting_since = NULL
+                 WHERE plan_id = $1 AND node_id = ANY($2)",
+                &[&plan_id, &back],
+            )
+            .await?;
+        }
+        // Out of service at their turn, for good (or for too long): left
+        // out, with the reason, recorded as the plan's other steps are.
+        for skip in &wave.skip {
+            let skipped = tx
+                .execute(
+                    "UPDATE maintenance_steps SET step = 'skipped', reason = $3,
+                            finished_at = now(), waiting_since = NULL
+                     WHERE plan_id = $1 AND node_id = $2 AND step = 'pending'",
+                    &[&plan_id, &skip.node, &skip.reason],
+                )
+                .await?;
+            if skipped == 0 {
+                continue;
+            }
+            node_event(
+                &tx,
+                &skip.node,
+                "admin",
+                &format!(
+                    "maintenance {plan_name}: skipped: {} (out of service when its turn came)",
+                    skip.reason
+                ),
+                json!({"plan": plan_name, "step": "skipped", "reason": skip.reason}),
+            )
+            .await?;
+            tracing::info!(plan = %plan_id, node = %skip.node, reason = %skip.reason,
+                "maintenance: node skipped");
+        }
+        // Out for a passing reason at their turn: the wait starts (once).
+        if !wave.waiting.is_empty() {
+            let started = tx
+                .query(
+                    "UPDATE maintenance_steps SET waiting_since = now()
+                     WHERE plan_id = $1 AND node_id = ANY($2) AND step = 'pending'
+                       AND waiting_since IS NULL
+                     RETURNING node_id",
+                    &[&plan_id, &wave.waiting],
+                )
+                .await?;
+            for r in &started {
+                let node_id: String = r.get(0);
+                let reason = (nodes.iter().find(|n| n.id == node_id))
+                    .and_then(|n| n.outage.as_ref())
+                    .map(|o| o.reason.clone())
+                    .unwrap_or_default();
+                node_event(
+                    &tx,
+                    &node_id,
+                    "admin",
+                    &format!(
+                        "maintenance {plan_name}: out of service when its turn came ({reason}); \
+                         waiting for it, skipped if still out after {} s",
+                        limits.skip_after_s
+                    ),
+                    json!({"plan": plan_name, "step": "pending", "waiting": true,
+                           "reason": reason, "skip_after_s": limits.skip_after_s}),
+                )
+                .await?;
+            }
+        }
         for node_id in &wave.start {
             let Some(mut node) = Self::lock_node(&tx, node_id).await? else {
                 continue;
@@ -531,7 +646,8 @@ impl Store {
                 continue;
             }
             tx.execute(
-                "UPDATE maintenance_steps SET step = 'draining', started_at = now()
+                "UPDATE maintenance_steps SET step = 'draining', started_at = now(),
+                        waiting_since = NULL
                  WHERE plan_id = $1 AND node_id = $2",
                 &[&plan_id, node_id],
             )
@@ -562,7 +678,7 @@ impl Store {
         let left: i64 = tx
             .query_one(
                 "SELECT count(*) FROM maintenance_steps
-                 WHERE plan_id = $1 AND step NOT IN ('done', 'cancelled')",
+                 WHERE plan_id = $1 AND step NOT IN ('done', 'skipped', 'cancelled')",
                 &[&plan_id],
             )
             .await?
@@ -574,7 +690,14 @@ impl Store {
                 &[&plan_id],
             )
             .await?;
-            tracing::info!(plan = %plan_id, "maintenance plan done");
+            let skipped: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM maintenance_steps WHERE plan_id = $1 AND step = 'skipped'",
+                    &[&plan_id],
+                )
+                .await?
+                .get(0);
+            tracing::info!(plan = %plan_id, skipped, "maintenance plan done");
         } else {
             tx.execute(
                 "UPDATE maintenance_plans SET held = $2 WHERE plan_id = $1
@@ -617,4 +740,29 @@ async fn return_node(
     let mut out = reconcile_node(tx, ctx, now, node, &[]).await?;
     out.fleet_changed = true;
     Ok(out)
+}
+
+/// Why a node of the next-wave query (`operator_state`, `admin_reason`,
+/// `drain_wait`, `drain_deadline_s`, `observed`, `health`) is out of
+/// service, from both axes at `now`. A stored state newer than what its
+/// health says at `now` (the health tick has not caught up) counts as a
+/// passing outage.
+fn outage_of(row: &Row, ctx: &HealthContext, now: u64) -> Outage {
+    let health: NodeHealth = row
+        .get::<_, Option<serde_json::Value>>("health")
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_else(|| NodeHealth::new(0));
+    let admin_reason: Option<String> = row.get("admin_reason");
+    Outage::of(
+        &admin_from_row(row),
+        admin_reason.as_deref(),
+        &health.observed(&ctx.policy, now),
+    )
+    .unwrap_or_else(|| {
+        Outage::passing(format!(
+            "out of service ({}, {})",
+            row.get::<_, String>("operator_state"),
+            row.get::<_, String>("observed")
+        ))
+    })
 }

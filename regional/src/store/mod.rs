@@ -47,7 +47,11 @@
 //!   computed from both.
 //! - `maintenance_plans`, `maintenance_steps`: rolling maintenance, one
 //!   row per node with its step and its boot id when told to reboot, so a
-//!   control plane restarted mid-way resumes the waves where they were.
+//!   control plane restarted mid-way resumes the waves where they were;
+//!   for a node skipped (out of service for another reason at its turn)
+//!   why (`reason`), and for one waited for (out for a passing reason at
+//!   its turn) since when (`waiting_since`), so a restart neither forgets
+//!   a skip nor restarts a wait.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
