@@ -11,7 +11,7 @@ use gangway_sched::{PolicyKind, PreemptionPolicy};
 use gangway_shared::fleet::FleetFile;
 use gangway_sim::{
     human_duration, policy_label, render_table, Entitlements, LocalityModel, Metrics, Progress,
-    SimConfig, Simulation, Trace, POLICIES,
+    SimConfig, Simulation, SpareMode, Trace, POLICIES,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -74,6 +74,10 @@ pub struct SimArgs {
     /// and reclaims lent capacity).
     #[arg(long)]
     no_preemption: bool,
+    /// Gangway's policy never moves small low-priority jobs out of a
+    /// reserved low-priority gang's way.
+    #[arg(long)]
+    no_defrag: bool,
     /// Seconds a run must have run before it may be preempted.
     #[arg(long, default_value_t = PreemptionPolicy::default().min_run_s)]
     min_run_s: u64,
@@ -87,6 +91,15 @@ pub struct SimArgs {
     /// Seconds a victim has to checkpoint and stop.
     #[arg(long, default_value_t = PreemptionPolicy::default().checkpoint_deadline_s)]
     checkpoint_deadline_s: u64,
+    /// Gangway's policy: seconds of waiting that lift a unit one rank in
+    /// smaller-work-first (0 = submission order within a tenant).
+    #[arg(long, default_value_t = gangway_sched::Policy::default().size_aging_s)]
+    size_aging_s: u64,
+    /// Gangway's policy: a gang waits for its preferred level only while
+    /// that start is within this % of its run time of the first start at
+    /// any level (0 = never waits for locality).
+    #[arg(long, default_value_t = gangway_sched::Policy::default().locality_patience_pct)]
+    locality_patience_pct: u32,
     /// Seconds a victim takes to write its checkpoint on demand (GPU time
     /// lost); longer than the deadline = it stops without one.
     #[arg(long, default_value_t = 30)]
@@ -100,6 +113,13 @@ pub struct SimArgs {
     /// Seconds a failed node stays out of service.
     #[arg(long, default_value_t = 14_400)]
     repair_time_s: u64,
+    /// What the fleet's spare nodes do: `swap` (the nearest idle spare
+    /// takes a failed node's place under running work, which restarts there
+    /// from its checkpoint; repaired nodes refill the pool), `off` (spares
+    /// stay out, failures requeue their jobs at the front) or `capacity`
+    /// (spares are ordinary nodes).
+    #[arg(long, default_value = "swap")]
+    spares: SpareMode,
     /// Seed for failures and estimate noise.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -188,7 +208,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<u8> {
             max_preemptions: args.max_preemptions,
             max_victims_per_pass: args.max_victims_per_pass,
             checkpoint_deadline_s: args.checkpoint_deadline_s,
+            defrag: !args.no_defrag,
         },
+        size_aging_s: args.size_aging_s,
+        locality_patience_pct: args.locality_patience_pct,
         checkpoint_write_s: args.checkpoint_write_s,
         locality,
         estimate_noise: args.estimate_noise,
@@ -200,6 +223,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<u8> {
         queue_window: args.queue_window,
         queue_window_per_tenant: args.queue_window_per_tenant,
         pass_interval_s: args.pass_interval_s,
+        spares: args.spares,
         scheduled_failures: Vec::new(),
     };
     let sim = Simulation::new(&trace, &nodes, config)?;

@@ -105,7 +105,9 @@
 //!   [`Plan::preemptions`], [`WaitReason::Preempting`]): `normal` and
 //!   `high` units preempt `low` ones ([`PreemptCause::Priority`]); a tenant
 //!   under its guarantee takes lent GPUs back from tenants above theirs
-//!   ([`PreemptCause::Reclaim`]). Victims have run
+//!   ([`PreemptCause::Reclaim`]); a reserved gang moves small preemptible
+//!   units of its class that fragment the nodes it needs, when they fit
+//!   elsewhere at once ([`PreemptCause::Defrag`]). Victims have run
 //!   [`PreemptionPolicy::min_run_s`], priority victims have been preempted
 //!   fewer than [`PreemptionPolicy::max_preemptions`] times; a unit with
 //!   victims in flight takes no more, and one whose reservation starts

@@ -14,6 +14,18 @@
 //!   hold more than their own guarantee (borrowers), whatever their
 //!   priority and however often they were preempted before.
 //!
+//! - **Defragmentation** ([`PreemptionPolicy::defrag`]): a gang (two or
+//!   more workers) that holds a reservation starting after the checkpoint
+//!   deadline, with no higher class waiting for its type, may move units
+//!   of the preemptible class no higher than its own that sit on one node
+//!   with fewer GPUs than one of its workers (small jobs fragmenting the
+//!   nodes it needs whole), preempted fewer than
+//!   [`PreemptionPolicy::max_preemptions`] times — but only when every
+//!   such victim fits at once on free GPUs outside the domain the gang
+//!   takes (best fit, promised to them for the rest of the pass), so it
+//!   is moved, not made to wait. The placer's fill-partly-used-nodes-first
+//!   rule puts it back on those GPUs, not on the whole nodes it left.
+//!
 //! Either way a victim must have run [`PreemptionPolicy::min_run_s`], and a
 //! unit already being preempted is never chosen again. A unit that has
 //! victims in flight chooses no more; it waits as
@@ -102,8 +114,9 @@ impl<'s> TypeVictims<'s> {
 }
 
 /// What decides whether victims can be found for a unit: type, GPUs per
-/// worker, workers, required level, priority, and the tenant if it reclaims.
-type Shape<'s> = (&'s str, u32, u64, Level, i32, Option<&'s str>);
+/// worker, workers, required level, priority, the tenant if it reclaims,
+/// and whether it may defragment.
+type Shape<'s> = (&'s str, u32, u64, Level, i32, Option<&'s str>, bool);
 
 /// The victims chosen for one unit.
 struct Choice {
@@ -211,6 +224,7 @@ pub(crate) fn choose(
             WaitReason::Reserved { start, .. } => *start > until || *start <= now,
             _ => continue,
         };
+        let reserved_late = matches!(w.reason, WaitReason::Reserved { start, .. } if start > until);
         if let Some((victims, by)) = in_flight.get(req.job.as_str()) {
             w.reason = WaitReason::Preempting {
                 victims: victims.clone(),
@@ -227,7 +241,11 @@ pub(crate) fn choose(
         let held = usage.get(&(req.tenant.as_str(), ty)).copied().unwrap_or(0);
         let reclaim = held + need <= guaranteed(&req.tenant, ty)
             && top_waiting.get(ty).is_none_or(|&top| req.priority >= top);
-        if !by_priority && !reclaim {
+        let defrag = policy.defrag
+            && reserved_late
+            && req.ranks.len() >= 2
+            && top_waiting.get(ty).is_none_or(|&top| req.priority >= top);
+        if !by_priority && !reclaim && !defrag {
             continue;
         }
         let shape = (
@@ -237,6 +255,7 @@ pub(crate) fn choose(
             req.required,
             req.priority,
             reclaim.then_some(req.tenant.as_str()),
+            defrag,
         );
         if failed.contains(&shape) {
             continue;
@@ -266,6 +285,15 @@ pub(crate) fn choose(
                     > guaranteed(&r.tenant, ty)
             {
                 Some(PreemptCause::Reclaim)
+            } else if defrag
+                && r.priority <= PREEMPTIBLE_PRIORITY
+                && r.priority <= req.priority
+                && r.preemptions < policy.max_preemptions
+                && r.elastic.is_none()
+                && r.gpus.len() == 1
+                && r.gpu_count() < u64::from(req.gpus_per_worker)
+            {
+                Some(PreemptCause::Defrag)
             } else {
                 None
             };
@@ -286,10 +314,22 @@ pub(crate) fn choose(
         if choice.victims.len() > budget {
             continue;
         }
+        let range = slots_of(&ts.index, choice.level, choice.dom);
+        // Units moved to defragment need somewhere else to go now.
+        let movers: Vec<(u64, usize)> = (choice.victims.iter())
+            .filter(|&&v| cause[v] == Some(PreemptCause::Defrag))
+            .map(|&v| (tv.cands[v].run.gpu_count(), v))
+            .collect();
+        let landing = match landing_spots(&free, &range, &movers) {
+            Some(spots) => spots,
+            None => continue,
+        };
+        for (slot, n) in landing {
+            tv.promised[slot as usize] += n;
+        }
         failed.clear();
         // Promise the domain's free GPUs the unit will use, so later units
         // do not count them too.
-        let range = slots_of(&ts.index, choice.level, choice.dom);
         let mut freed: BTreeMap<u32, u32> = BTreeMap::new();
         for &v in &choice.victims {
             for &(slot, n) in &tv.cands[v].slots {
@@ -385,6 +425,33 @@ pub(crate) fn choose(
             budget -= 1;
         }
     }
+}
+
+/// Where units moved to defragment a domain would land: for each mover
+/// (GPUs, candidate), largest first, the slot outside `range` with the
+/// fewest free GPUs that still hold it (best fit, as the placer fills
+/// partly used nodes first). `None` when one of them fits nowhere.
+fn landing_spots(
+    free: &[u32],
+    range: &Range<u32>,
+    movers: &[(u64, usize)],
+) -> Option<Vec<(u32, u32)>> {
+    if movers.is_empty() {
+        return Some(Vec::new());
+    }
+    let mut left: Vec<u32> = free.to_vec();
+    let mut order: Vec<&(u64, usize)> = movers.iter().collect();
+    order.sort_by_key(|&&(gpus, v)| (std::cmp::Reverse(gpus), v));
+    let mut spots = Vec::with_capacity(movers.len());
+    for &&(gpus, _) in &order {
+        let gpus = u32::try_from(gpus).ok()?;
+        let slot = (0..left.len() as u32)
+            .filter(|s| !range.contains(s) && left[*s as usize] >= gpus)
+            .min_by_key(|&s| (left[s as usize], s))?;
+        left[slot as usize] -= gpus;
+        spots.push((slot, gpus));
+    }
+    Some(spots)
 }
 
 /// Whether one domain of `e.required` could hold `target` workers of the

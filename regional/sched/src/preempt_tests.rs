@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use super::tests::*;
-use crate::plan;
 use crate::types::*;
+use crate::{apply, plan};
 
 const NOW: u64 = 10_000;
 
@@ -774,4 +774,125 @@ fn an_elastic_victim_restarts_smaller() {
     }];
     let p = plan(&after, &Policy::default());
     assert_eq!(p.placements[0].ranks, vec![0, 1]);
+}
+
+/// Two leaves of two 8-GPU nodes. Leaf 0 holds low job `a` (2 GPUs) on n0
+/// and `b` (2 GPUs) on n1, both checkpointed a minute ago; leaf 1 holds low
+/// jobs `c` and `d` of `leaf1_gpus` GPUs each, an hour past their last
+/// checkpoint. Everything runs for another 50,000 s. A low-priority gang
+/// `g` of two 8-GPU workers waits: no node is whole.
+fn fragmented(leaf1_gpus: u32) -> Snapshot {
+    let mut g = unit("g", "acme", 0, 2, 8, 1);
+    g.estimated_duration_s = 3600;
+    let mut s = at_now(two_leaves(2), vec![g]);
+    let ids: Vec<String> = s.nodes.iter().map(|n| n.id.clone()).collect();
+    let run = |job: &str, node: &str, gpus: u32, checkpointed: u64| {
+        let mut r = holder(
+            job,
+            "globex",
+            0,
+            node,
+            (0..gpus).collect(),
+            0,
+            Some(checkpointed),
+        );
+        r.expected_end = NOW + 50_000;
+        r
+    };
+    occupy(
+        &mut s,
+        vec![
+            run("a", &ids[0], 2, NOW - 60),
+            run("b", &ids[1], 2, NOW - 60),
+            run("c", &ids[2], leaf1_gpus, NOW - 3600),
+            run("d", &ids[3], leaf1_gpus, NOW - 3600),
+        ],
+    );
+    s
+}
+
+#[test]
+fn a_reserved_low_gang_moves_small_low_jobs_that_fit_elsewhere() {
+    let s = fragmented(4);
+    // Leaf 0 is cheaper to clear (less work at risk), and a and b fit on
+    // leaf 1's free GPUs: both are moved, the gang waits for them.
+    let p = plan(&s, &Policy::default());
+    assert!(p.placements.is_empty());
+    assert_eq!(
+        victims(&p),
+        vec![
+            ("a", "g", PreemptCause::Defrag),
+            ("b", "g", PreemptCause::Defrag)
+        ]
+    );
+    assert_eq!(reason_of(&p, "g").code(), "waiting_for_preemption");
+    // Once they are gone the gang starts on leaf 0, and the movers land on
+    // leaf 1's partly used nodes (fill partly used nodes first).
+    let mut next = apply(&s, &p);
+    next.running.retain(|r| r.job != "a" && r.job != "b");
+    for n in next.nodes.iter_mut().take(2) {
+        n.free = (0..8).collect();
+    }
+    let mut a = unit("a", "globex", 0, 1, 2, 0);
+    a.estimated_duration_s = 50_000;
+    let mut b = unit("b", "globex", 0, 1, 2, 0);
+    b.estimated_duration_s = 50_000;
+    next.queue.extend([a, b]);
+    let p = plan(&next, &Policy::default());
+    let leaf = |job: &str| {
+        let pl = p.placements.iter().find(|x| x.job == job).expect("placed");
+        let node = &pl.workers[0].node;
+        next.nodes
+            .iter()
+            .find(|n| n.id == *node)
+            .unwrap()
+            .leaf
+            .clone()
+    };
+    assert_eq!(leaf("g"), next.nodes[0].leaf);
+    assert_eq!(leaf("a"), next.nodes[2].leaf);
+    assert_eq!(leaf("b"), next.nodes[2].leaf);
+}
+
+#[test]
+fn no_defragmentation_without_room_elsewhere_or_when_turned_off() {
+    // Leaf 1 is full of whole-node jobs: a and b would have nowhere to go,
+    // and c and d are not small. The gang keeps its reservation.
+    let s = fragmented(8);
+    let p = plan(&s, &Policy::default());
+    assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
+    assert_eq!(reason_of(&p, "g").code(), "reserved");
+    // Room, but defragmentation turned off.
+    let s = fragmented(4);
+    let mut policy = Policy::default();
+    policy.preemption.defrag = false;
+    let p = plan(&s, &policy);
+    assert!(p.preemptions.is_empty());
+    assert_eq!(reason_of(&p, "g").code(), "reserved");
+}
+
+#[test]
+fn no_defragmentation_of_young_runs_or_while_a_higher_class_waits() {
+    // The movers started 10 s ago: below the minimum run time.
+    let mut s = fragmented(4);
+    for r in &mut s.running {
+        r.started = NOW - 10;
+    }
+    let p = plan(&s, &Policy::default());
+    assert!(p.preemptions.is_empty());
+    // A normal job waits for a whole node: it preempts by priority, and
+    // the low gang does not defragment behind it.
+    let mut s = fragmented(4);
+    let mut n = unit("n", "initech", 1, 1, 8, 2);
+    n.estimated_duration_s = 3600;
+    s.queue.push(n);
+    let p = plan(&s, &Policy::default());
+    assert!(!p.preemptions.is_empty());
+    assert!(
+        p.preemptions
+            .iter()
+            .all(|v| v.cause == PreemptCause::Priority && v.for_job == "n"),
+        "{:?}",
+        p.preemptions
+    );
 }

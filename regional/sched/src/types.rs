@@ -398,6 +398,9 @@ pub struct PreemptionPolicy {
     /// How long a victim has to checkpoint and stop (seconds): its GPUs are
     /// expected to be free by then.
     pub checkpoint_deadline_s: u64,
+    /// A reserved gang may move small preemptible units of its class out of
+    /// the way ([`PreemptCause::Defrag`]).
+    pub defrag: bool,
 }
 
 impl Default for PreemptionPolicy {
@@ -408,6 +411,7 @@ impl Default for PreemptionPolicy {
             max_preemptions: 3,
             max_victims_per_pass: 32,
             checkpoint_deadline_s: 120,
+            defrag: true,
         }
     }
 }
@@ -443,6 +447,12 @@ pub enum PreemptCause {
     /// checkpoint) larger: idle GPUs nobody waits for could hold at least
     /// half as many workers again. `for_job` is the unit itself.
     Grow,
+    /// Defragmentation: a small preemptible unit (on one node, fewer GPUs
+    /// than one worker of the gang) is moved — checkpointed, stopped and
+    /// requeued, with room for it elsewhere — so that a reserved gang of
+    /// its class waiting for whole nodes can start now instead of at its
+    /// reservation.
+    Defrag,
 }
 
 impl PreemptCause {
@@ -451,6 +461,7 @@ impl PreemptCause {
             PreemptCause::Priority => "priority",
             PreemptCause::Reclaim => "reclaim",
             PreemptCause::Grow => "grow",
+            PreemptCause::Defrag => "defrag",
         }
     }
 }

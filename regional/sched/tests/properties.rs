@@ -1146,6 +1146,14 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
                 prop_assert!(r.preemptions < rules.max_preemptions);
             }
             gangway_sched::PreemptCause::Grow => unreachable!("handled above"),
+            gangway_sched::PreemptCause::Defrag => {
+                prop_assert!(rules.defrag);
+                prop_assert!(u.ranks.len() >= 2, "only gangs defragment");
+                prop_assert!(r.priority <= gangway_sched::PREEMPTIBLE_PRIORITY);
+                prop_assert!(r.priority <= u.priority);
+                prop_assert!(r.preemptions < rules.max_preemptions);
+                prop_assert!(r.gpus.len() == 1 && r.gpu_count() < u64::from(u.gpus_per_worker));
+            }
             gangway_sched::PreemptCause::Reclaim => {
                 prop_assert!(r.tenant != u.tenant);
                 let g = |t: &str| {

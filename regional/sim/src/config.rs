@@ -45,6 +45,14 @@ pub struct SimConfig {
     /// minimum run time, the cap per job, the victims per pass and the
     /// checkpoint deadline.
     pub preemption: PreemptionPolicy,
+    /// Gangway's discipline: seconds of waiting that lift a unit one rank in
+    /// smaller-work-first (`Policy::size_aging_s`; 0 = submission order
+    /// within a tenant).
+    pub size_aging_s: u64,
+    /// Gangway's discipline: how long, in % of its run time, a gang waits
+    /// for its preferred level before it reserves wider
+    /// (`Policy::locality_patience_pct`).
+    pub locality_patience_pct: u32,
     /// Seconds a victim takes to write its checkpoint on demand (GPU time
     /// lost); a write longer than the policy's deadline does not finish, and
     /// the victim is stopped at the deadline keeping only its last periodic
@@ -68,6 +76,8 @@ pub struct SimConfig {
     /// at once, the pass they call for runs at the period's end. 0 = a pass
     /// at every event time that may place something.
     pub pass_interval_s: u64,
+    /// What the fleet's spare nodes do (`swap` by default).
+    pub spares: SpareMode,
     /// Extra failures at fixed times (seconds of virtual time, node id), on
     /// top of the random ones: for tests and what-if runs.
     pub scheduled_failures: Vec<(u64, String)>,
@@ -87,6 +97,8 @@ impl Default for SimConfig {
             weights: BTreeMap::new(),
             history_half_life_s: 24 * 3600,
             preemption: PreemptionPolicy::default(),
+            size_aging_s: gangway_sched::Policy::default().size_aging_s,
+            locality_patience_pct: gangway_sched::Policy::default().locality_patience_pct,
             checkpoint_write_s: 30,
             locality: LocalityModel::default(),
             estimate_noise: 0.0,
@@ -94,7 +106,39 @@ impl Default for SimConfig {
             queue_window: 2000,
             queue_window_per_tenant: 32,
             pass_interval_s: 0,
+            spares: SpareMode::Swap,
             scheduled_failures: Vec::new(),
+        }
+    }
+}
+
+/// What the fleet file's spare nodes (`spares = N` per leaf) do in a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpareMode {
+    /// As the region does: spares take no work; when a node fails under
+    /// running work, the nearest idle spare (same leaf, else same spine,
+    /// else anywhere) takes its place at once and the node's jobs restart
+    /// there from their last checkpoint, keeping the rest of their GPUs.
+    /// The failed node, once repaired, joins the pool. With no spare left,
+    /// the jobs requeue at the front as with `Off`.
+    #[default]
+    Swap,
+    /// The spares stay out of service; a failure requeues the node's jobs
+    /// at the front of the queue (the fleet without spares).
+    Off,
+    /// The spares are ordinary nodes (more capacity, no pool).
+    Capacity,
+}
+
+impl std::str::FromStr for SpareMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<SpareMode, String> {
+        match s {
+            "swap" => Ok(SpareMode::Swap),
+            "off" => Ok(SpareMode::Off),
+            "capacity" => Ok(SpareMode::Capacity),
+            _ => Err(format!("spares must be swap, off or capacity, not {s:?}")),
         }
     }
 }

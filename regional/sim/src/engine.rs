@@ -18,6 +18,7 @@ use gangway_sched::{
 };
 use serde::Serialize;
 
+use crate::config::SpareMode;
 use crate::metrics::{pct, GangStats, Metrics, Summary, TenantAcc};
 use crate::queue::{QKey, Queue};
 use crate::rng::SplitMix64;
@@ -144,6 +145,8 @@ struct JobRun {
     lost_preempt_gpu_s: f64,
     /// Counted in `Run::low_pri_gpus` (a priority-preemption candidate).
     low_counted: bool,
+    /// When a failure stopped it and requeued it (until it starts again).
+    hit_at: Option<u64>,
 }
 
 /// Event kinds, in the order they apply within one second: completions
@@ -154,6 +157,8 @@ const EV_COMPLETE: u8 = 0;
 const EV_STOP: u8 = 1;
 const EV_REPAIR: u8 = 2;
 const EV_FAIL: u8 = 3;
+/// A failure drawn by the failure stream: its subject is a slot of the
+/// fleet in service (see `Run::slot_node`), not a node.
 const EV_RANDOM_FAIL: u8 = 4;
 /// A run reaches the minimum run time and may now be preempted.
 const EV_ELIGIBLE: u8 = 5;
@@ -197,6 +202,18 @@ struct Run<'a, 'p> {
     /// The history's decay rate per second (ln 2 / half-life; 0 = none).
     decay: f64,
     node_up: Vec<bool>,
+    /// Per node: part of the fleet in service (up or failed), not a spare.
+    in_service: Vec<bool>,
+    /// Per node: an idle spare, healthy, ready to take a failed node's place
+    /// (only with `SpareMode::Swap`).
+    in_pool: Vec<bool>,
+    /// The node in each slot of the fleet in service (slot i starts as
+    /// `Simulation::failable[i]`; a spare swapped in takes the failed node's
+    /// slot). The failure stream draws slots, so every spare mode meets the
+    /// same failures of the same positions.
+    slot_node: Vec<u32>,
+    /// Each node's slot (u32::MAX: none, a spare in the pool).
+    node_slot: Vec<u32>,
     now: u64,
     last: u64,
     free: u64,
@@ -236,10 +253,16 @@ struct Acc {
     preempt_priority: u64,
     preempt_reclaim: u64,
     preempt_grow: u64,
+    preempt_defrag: u64,
     victims_finished: u64,
     checkpoint_timeouts: u64,
     node_failures: u64,
+    failures_under_work: u64,
+    spare_swaps: u64,
     restarts: u64,
+    /// Per job hit by a failure: seconds until it ran again.
+    recovery_s: Vec<f64>,
+    waiting_after_failures_gpu_s: f64,
     passes: u64,
     skipped: u64,
     unfinished: u64,
@@ -297,6 +320,7 @@ impl<'a, 'p> Run<'a, 'p> {
                 checkpointed: None,
                 lost_preempt_gpu_s: 0.0,
                 low_counted: false,
+                hit_at: None,
             })
             .collect();
         let shares = sim
@@ -315,6 +339,8 @@ impl<'a, 'p> Run<'a, 'p> {
         let policy = Policy {
             kind,
             preemption: sim.config.preemption.clone(),
+            size_aging_s: sim.config.size_aging_s,
+            locality_patience_pct: sim.config.locality_patience_pct,
             ..Policy::default()
         };
         // Only Gangway's discipline preempts; the others never look at it.
@@ -359,6 +385,20 @@ impl<'a, 'p> Run<'a, 'p> {
                 std::f64::consts::LN_2 / half_life as f64
             },
             node_up: vec![true; sim.nodes.len()],
+            in_service: sim.nodes.iter().map(|n| !n.spare).collect(),
+            in_pool: sim
+                .nodes
+                .iter()
+                .map(|n| n.spare && sim.config.spares == SpareMode::Swap)
+                .collect(),
+            slot_node: sim.failable.clone(),
+            node_slot: {
+                let mut slots = vec![u32::MAX; sim.nodes.len()];
+                for (slot, &n) in sim.failable.iter().enumerate() {
+                    slots[n as usize] = slot as u32;
+                }
+                slots
+            },
             now: 0,
             last: 0,
             free: sim.fleet_gpus,
@@ -385,8 +425,9 @@ impl<'a, 'p> Run<'a, 'p> {
         &self.sim.jobs[job as usize]
     }
 
-    /// Draws the next random failure (time and node) from the failure stream,
-    /// which depends on the seed alone, so every policy meets the same ones.
+    /// Draws the next random failure (time and slot of the fleet in
+    /// service) from the failure stream, which depends on the seed alone, so
+    /// every policy and spare mode meets the same ones.
     fn schedule_random_failure(&mut self) {
         let rate = self.sim.config.node_failure_rate;
         if rate <= 0.0 || self.sim.failable.is_empty() {
@@ -394,9 +435,9 @@ impl<'a, 'p> Run<'a, 'p> {
         }
         let per_s = rate * self.sim.failable.len() as f64 / 86_400.0;
         self.fail_clock += self.fail_rng.exp(per_s);
-        let node = self.sim.failable[self.fail_rng.below(self.sim.failable.len() as u64) as usize];
+        let slot = self.fail_rng.below(self.sim.failable.len() as u64) as u32;
         let at = self.fail_clock.ceil().min(u64::MAX as f64) as u64;
-        self.events.push(Reverse((at, EV_RANDOM_FAIL, node, 0)));
+        self.events.push(Reverse((at, EV_RANDOM_FAIL, slot, 0)));
     }
 
     fn live(&self) -> bool {
@@ -438,11 +479,11 @@ impl<'a, 'p> Run<'a, 'p> {
                     EV_STOP => must_pass |= self.stop(a, b, &mut new_units),
                     EV_ELIGIBLE => must_pass |= self.eligible(a, b),
                     EV_REPAIR => must_pass |= self.repair(a),
-                    EV_FAIL | EV_RANDOM_FAIL => {
-                        if kind == EV_RANDOM_FAIL {
-                            self.schedule_random_failure();
-                        }
-                        must_pass |= self.fail(a, &mut new_units);
+                    EV_FAIL => must_pass |= self.fail(a, &mut new_units),
+                    EV_RANDOM_FAIL => {
+                        self.schedule_random_failure();
+                        let node = self.slot_node[a as usize];
+                        must_pass |= self.fail(node, &mut new_units);
                     }
                     EV_WAKE => self.wake_pending = false,
                     _ => unreachable!("unknown event kind {kind}"),
@@ -808,6 +849,7 @@ impl<'a, 'p> Run<'a, 'p> {
             // The simulator runs no elastic jobs yet, so the core never
             // restarts one larger; counted in the total if it did.
             PreemptCause::Grow => self.acc.preempt_grow += 1,
+            PreemptCause::Defrag => self.acc.preempt_defrag += 1,
         }
         self.acc.at_risk_gpu_s += p.at_risk_gpu_s as f64;
         let tenant = self.spec(job).tenant as usize;
@@ -926,6 +968,12 @@ impl<'a, 'p> Run<'a, 'p> {
         run.level = Some(p.level);
         run.first_start.get_or_insert(now);
         run.starts += 1;
+        if let Some(hit) = run.hit_at.take() {
+            let waited = (now - hit) as f64;
+            self.acc.recovery_s.push(waited);
+            self.acc.waiting_after_failures_gpu_s += waited * gpus as f64;
+        }
+        let run = &mut self.jobs[job as usize];
         let attempt = run.attempt;
         let (checkpointed, preemptions) = (run.checkpointed, run.preemptions);
         let tenant = &self.sim.tenants[spec.tenant as usize];
@@ -1054,12 +1102,16 @@ impl<'a, 'p> Run<'a, 'p> {
         true
     }
 
-    /// A node fails: it leaves service until repaired, and every gang with a
-    /// worker on it stops and requeues at the front, keeping the work up to
-    /// its last checkpoint. True when a node in service went down.
+    /// A node fails: it leaves service until repaired. Every unit with a
+    /// worker on it loses the work since its last checkpoint. Under
+    /// `SpareMode::Swap`, when running work is hit and an idle spare is
+    /// left, the nearest spare takes the node's place and its running units
+    /// restart there at once, keeping their other GPUs; otherwise (and for a
+    /// victim already stopping) they requeue at the front. True when a node
+    /// in service went down.
     fn fail(&mut self, node: u32, new_units: &mut Vec<u32>) -> bool {
         let n = node as usize;
-        if !self.node_up[n] || self.sim.nodes[n].spare {
+        if !self.node_up[n] || !self.in_service[n] {
             return false;
         }
         self.acc.node_failures += 1;
@@ -1077,9 +1129,26 @@ impl<'a, 'p> Run<'a, 'p> {
             .collect::<BTreeSet<u32>>()
             .into_iter()
             .collect();
-        for &job in &victims {
+        let (running, stopping): (Vec<u32>, Vec<u32>) = victims
+            .iter()
+            .partition(|&&j| self.jobs[j as usize].phase == Phase::Running);
+        self.acc.failures_under_work += u64::from(!victims.is_empty());
+        let spare = if running.is_empty() {
+            None
+        } else {
+            self.nearest_spare(node)
+        };
+        let requeued = if spare.is_some() { stopping } else { victims };
+        for &job in &requeued {
             self.kill(job);
+            self.jobs[job as usize].hit_at = Some(self.now);
             self.enqueue(job, u64::from(job), new_units);
+        }
+        if let Some(s) = spare {
+            self.swap_in(node, s);
+            for &job in &running {
+                self.restart_on_spare(job, node, s);
+            }
         }
         let repair_at = self.now.saturating_add(self.sim.config.repair_time_s);
         self.events.push(Reverse((repair_at, EV_REPAIR, node, 0)));
@@ -1088,10 +1157,134 @@ impl<'a, 'p> Run<'a, 'p> {
         true
     }
 
+    /// The idle spare nearest to `failed` on the fabric: in its leaf, else
+    /// in its spine, else anywhere (lowest index among equals), with as
+    /// many GPUs.
+    fn nearest_spare(&self, failed: u32) -> Option<u32> {
+        let f = &self.sim.nodes[failed as usize];
+        (0..self.sim.nodes.len())
+            .filter(|&i| self.in_pool[i] && self.node_up[i])
+            .filter(|&i| self.sim.nodes[i].gpus == f.gpus)
+            .min_by_key(|&i| {
+                let c = &self.sim.nodes[i];
+                let distance = if c.spine != f.spine {
+                    2
+                } else if c.leaf != f.leaf {
+                    1
+                } else {
+                    0
+                };
+                (distance, i)
+            })
+            .map(|i| i as u32)
+    }
+
+    /// Spare `s` takes the place of failed node `n` in the fleet in service:
+    /// its slot, its free GPUs (the same indices) and its capacity. `n`
+    /// leaves the fleet in service; once repaired it joins the pool.
+    fn swap_in(&mut self, n: u32, s: u32) {
+        let (ni, si) = (n as usize, s as usize);
+        let all: Vec<u32> = (0..self.sim.nodes[ni].gpus).collect();
+        let free = std::mem::replace(&mut self.snap.nodes[ni].free, all);
+        self.free += free.len() as u64;
+        self.snap.nodes[si].free = free;
+        self.snap.nodes[si].schedulable = true;
+        self.schedulable += u64::from(self.sim.nodes[si].gpus);
+        self.in_pool[si] = false;
+        self.in_service[si] = true;
+        self.in_service[ni] = false;
+        let slot = std::mem::replace(&mut self.node_slot[ni], u32::MAX);
+        if slot != u32::MAX {
+            self.slot_node[slot as usize] = s;
+            self.node_slot[si] = slot;
+        }
+        self.acc.spare_swaps += 1;
+    }
+
+    /// A running unit whose node `from` failed restarts at once from its
+    /// last checkpoint with spare `to` in that node's place (the same GPU
+    /// indices) and its other GPUs kept; its level, and so its speed, is
+    /// that of the new set of nodes.
+    fn restart_on_spare(&mut self, job: u32, from: u32, to: u32) {
+        self.roll_back_to_checkpoint(job);
+        let now = self.now;
+        let spec = self.spec(job);
+        let mut held = std::mem::take(&mut self.jobs[job as usize].held);
+        for (node, _) in &mut held {
+            if *node == from {
+                *node = to;
+            }
+        }
+        let level = self.level_of(&held);
+        let factor = self.sim.config.locality.factor(level, spec.best);
+        let run = &mut self.jobs[job as usize];
+        run.held = held;
+        let remaining = (spec.work - run.saved).max(0.0);
+        let est_remaining = (spec.est_work - run.saved).max(0.0);
+        run.attempt += 1;
+        run.start = now;
+        run.factor = factor;
+        run.level = Some(level);
+        run.starts += 1;
+        let attempt = run.attempt;
+        let checkpointed = run.checkpointed;
+        self.acc.recovery_s.push(0.0);
+        let (from_id, to_id) = (
+            &self.sim.nodes[from as usize].node_id,
+            &self.sim.nodes[to as usize].node_id,
+        );
+        let entry = &mut self.snap.running[self.running_at[job as usize] as usize];
+        for (node, _) in &mut entry.gpus {
+            if node == from_id {
+                node.clone_from(to_id);
+            }
+        }
+        entry.started = now;
+        entry.checkpointed = checkpointed;
+        entry.expected_end = now + (est_remaining / factor).ceil() as u64;
+        let end = now + (remaining / factor).ceil() as u64;
+        self.events.push(Reverse((end, EV_COMPLETE, job, attempt)));
+        if self.preempting {
+            let eligible = now.saturating_add(self.policy.preemption.min_run_s);
+            self.events
+                .push(Reverse((eligible, EV_ELIGIBLE, job, attempt)));
+        }
+    }
+
+    /// The tightest level holding every node of `held`.
+    fn level_of(&self, held: &[(u32, Vec<u32>)]) -> Level {
+        let node = |i: &u32| &self.sim.nodes[*i as usize];
+        let Some(first) = held.first().map(|(n, _)| node(n)) else {
+            return Level::Nvlink;
+        };
+        let all = |same: &dyn Fn(&gangway_shared::fleet::FleetNode) -> bool| {
+            held.iter().all(|(n, _)| same(node(n)))
+        };
+        if all(&|x| {
+            x.spine == first.spine && x.leaf == first.leaf && x.nvlink_domain == first.nvlink_domain
+        }) {
+            Level::Nvlink
+        } else if all(&|x| x.spine == first.spine && x.leaf == first.leaf) {
+            Level::Leaf
+        } else if all(&|x| x.spine == first.spine) {
+            Level::Spine
+        } else {
+            Level::Region
+        }
+    }
+
     /// Stops a running (or stopping) unit after a failure, keeping what its
-    /// last checkpoint saved: the last periodic one of this run, else what
-    /// it resumed from (a victim still writing its checkpoint loses it).
+    /// last checkpoint saved, and frees its GPUs.
     fn kill(&mut self, job: u32) {
+        self.roll_back_to_checkpoint(job);
+        self.release(job);
+    }
+
+    /// A failure's cost to a unit: it keeps what its last checkpoint saved
+    /// (the last periodic one of this run, else what it resumed from; a
+    /// victim still writing its checkpoint loses it) and loses the rest of
+    /// the run, counted as lost to failures.
+    fn roll_back_to_checkpoint(&mut self, job: u32) {
         let spec = self.spec(job);
         let interval = self.sim.config.checkpoint_interval_s;
         let now = self.now;
@@ -1110,16 +1303,38 @@ impl<'a, 'p> Run<'a, 'p> {
         run.lost_gpu_s += lost;
         self.acc.lost_failures_gpu_s += lost;
         self.acc.restarts += 1;
-        self.release(job);
     }
 
-    /// A node comes back into service; true (capacity grew).
+    /// A node comes back from repair. Into service when it still holds its
+    /// slot (true: capacity grew). When a spare took its place, it fills the
+    /// slot of a node in service that failed with no spare left, if there
+    /// is one (true), else it joins the spare pool (false): repaired nodes
+    /// refill the fleet in service first, then the pool.
     fn repair(&mut self, node: u32) -> bool {
         let n = node as usize;
         if self.node_up[n] {
             return false;
         }
         self.node_up[n] = true;
+        if !self.in_service[n] {
+            let gpus = self.sim.nodes[n].gpus;
+            let empty = self.slot_node.iter().position(|&k| {
+                !self.node_up[k as usize] && self.sim.nodes[k as usize].gpus == gpus
+            });
+            let Some(slot) = empty else {
+                self.in_pool[n] = true;
+                return false;
+            };
+            // The failed node gives up its slot (it holds nothing: its
+            // units were stopped when it failed) and joins the pool once
+            // repaired, by this same rule.
+            let k = self.slot_node[slot] as usize;
+            self.in_service[k] = false;
+            self.node_slot[k] = u32::MAX;
+            self.slot_node[slot] = node;
+            self.node_slot[n] = slot as u32;
+            self.in_service[n] = true;
+        }
         self.snap.nodes[n].schedulable = true;
         self.schedulable += u64::from(self.sim.nodes[n].gpus);
         self.free += self.snap.nodes[n].free.len() as u64;
@@ -1133,7 +1348,11 @@ impl<'a, 'p> Run<'a, 'p> {
         let mut makespan = 0;
         let mut outcomes = Vec::with_capacity(sim.jobs.len());
         for (i, (spec, run)) in sim.jobs.iter().zip(&self.jobs).enumerate() {
+            let tenant = &mut self.tenants[spec.tenant as usize];
+            tenant.lost_failures_gpu_s += run.lost_gpu_s;
             if let Some(end) = run.end {
+                tenant.completed += 1;
+                tenant.jct_sum_s += (end - spec.submit) as f64;
                 jct.push((end - spec.submit) as f64);
                 makespan = makespan.max(end);
             }
@@ -1199,14 +1418,26 @@ impl<'a, 'p> Run<'a, 'p> {
             gpu_hours: acc.alloc_total / 3600.0,
             gpu_hours_lost_to_failures: acc.lost_failures_gpu_s / 3600.0,
             gpu_hours_lost_to_preemption: acc.lost_preempt_gpu_s / 3600.0,
-            preemptions: acc.preempt_priority + acc.preempt_reclaim + acc.preempt_grow,
+            preemptions: acc.preempt_priority
+                + acc.preempt_reclaim
+                + acc.preempt_grow
+                + acc.preempt_defrag,
             preemptions_priority: acc.preempt_priority,
             preemptions_reclaim: acc.preempt_reclaim,
+            preemptions_defrag: acc.preempt_defrag,
             preemption_victims_finished: acc.victims_finished,
             preemption_checkpoint_timeouts: acc.checkpoint_timeouts,
             gpu_hours_at_risk_in_preemption: acc.at_risk_gpu_s / 3600.0,
             node_failures: acc.node_failures,
+            failures_under_work: acc.failures_under_work,
+            spare_swaps: acc.spare_swaps,
             restarts: acc.restarts,
+            recovery_after_failure_s: Summary::of(acc.recovery_s.clone()),
+            gpu_hours_waiting_after_failures: acc.waiting_after_failures_gpu_s / 3600.0,
+            goodput_pct: pct(
+                acc.alloc_total - acc.lost_failures_gpu_s - acc.lost_preempt_gpu_s,
+                acc.alloc_total,
+            ),
             min_entitlement_fulfilment_pct: min.as_ref().map(|m| m.0),
             min_entitlement_fulfilment_tenant: min.map(|m| m.1),
             max_time_below_90_pct: below.as_ref().map(|m| m.0),

@@ -51,7 +51,7 @@ mod tenants;
 mod trace;
 mod workload;
 
-pub use config::SimConfig;
+pub use config::{SimConfig, SpareMode};
 pub use engine::{JobOutcome, Planner, Progress, SimOutcome};
 pub use locality::{LocalityError, LocalityModel, V100_SPREAD_RATIO};
 pub use metrics::{GangStats, Metrics, Summary, TenantShare};

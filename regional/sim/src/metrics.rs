@@ -80,6 +80,10 @@ pub struct TenantShare {
     pub time_below_90_pct: Option<f64>,
     /// Its units preempted (asked to checkpoint and stop), by any cause.
     pub preempted: u64,
+    /// Mean completion time of its jobs that completed, seconds.
+    pub jct_mean_s: Option<f64>,
+    /// GPU-hours of its work thrown away by failures.
+    pub gpu_hours_lost_to_failures: f64,
 }
 
 /// One policy's results on one trace.
@@ -126,6 +130,8 @@ pub struct Metrics {
     pub preemptions: u64,
     pub preemptions_priority: u64,
     pub preemptions_reclaim: u64,
+    /// Small low-priority units moved out of a reserved gang's way.
+    pub preemptions_defrag: u64,
     /// Victims whose run ended by itself before their checkpoint was written
     /// (they finish instead of stopping; counted in `preemptions`).
     pub preemption_victims_finished: u64,
@@ -138,8 +144,21 @@ pub struct Metrics {
     pub gpu_hours_at_risk_in_preemption: f64,
     /// Node failures that hit a node in service.
     pub node_failures: u64,
-    /// Gang restarts after a failure.
+    /// Failures that hit a node with running (or stopping) work on it.
+    pub failures_under_work: u64,
+    /// Failures where an idle spare took the failed node's place
+    /// (`SpareMode::Swap`).
+    pub spare_swaps: u64,
+    /// Unit restarts after a failure (on a spare, or requeued).
     pub restarts: u64,
+    /// Per unit hit by a failure: from the failure until it ran again
+    /// (0 when a spare took the node's place).
+    pub recovery_after_failure_s: Summary,
+    /// Σ GPUs × that wait: GPU time the hit units' owners went without.
+    pub gpu_hours_waiting_after_failures: f64,
+    /// Allocated GPU time that bought work, %: 100 × (allocated − lost to
+    /// failures − lost to preemption) ÷ allocated.
+    pub goodput_pct: Option<f64>,
     /// The lowest `entitlement_fulfilment_pct` among entitled tenants.
     pub min_entitlement_fulfilment_pct: Option<f64>,
     pub min_entitlement_fulfilment_tenant: Option<String>,
@@ -173,6 +192,9 @@ pub(crate) struct TenantAcc {
     pub could_use_of_entitlement: f64,
     pub below_90_s: f64,
     pub preempted: u64,
+    pub completed: u64,
+    pub jct_sum_s: f64,
+    pub lost_failures_gpu_s: f64,
 }
 
 impl TenantAcc {
@@ -209,6 +231,8 @@ impl TenantAcc {
             entitlement_fulfilment_pct: pct(self.got_of_entitlement, self.could_use_of_entitlement),
             time_below_90_pct: pct(self.below_90_s, self.demand_s).filter(|_| share > 0.0),
             preempted: self.preempted,
+            jct_mean_s: (self.completed > 0).then(|| self.jct_sum_s / self.completed as f64),
+            gpu_hours_lost_to_failures: self.lost_failures_gpu_s / 3600.0,
         }
     }
 }

@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use gangway_sched::PolicyKind;
 
+use crate::config::SpareMode;
 use crate::metrics::Metrics;
 use crate::workload::WorkloadSummary;
 
@@ -105,16 +106,33 @@ pub fn render_table(
     row("GPU-hours lost to preemption", &|m| {
         format!("{:.1}", m.gpu_hours_lost_to_preemption)
     });
-    row("preemptions (priority / reclaim)", &|m| {
+    row("preemptions (priority / reclaim / defrag)", &|m| {
         format!(
-            "{} ({} / {})",
+            "{} ({} / {} / {})",
             thousands(m.preemptions),
             thousands(m.preemptions_priority),
-            thousands(m.preemptions_reclaim)
+            thousands(m.preemptions_reclaim),
+            thousands(m.preemptions_defrag)
         )
     });
     row("node failures / gang restarts", &|m| {
         format!("{} / {}", m.node_failures, m.restarts)
+    });
+    row("  under work / healed by a spare", &|m| {
+        format!("{} / {}", m.failures_under_work, m.spare_swaps)
+    });
+    row("  back to running after a failure, mean / p99", &|m| {
+        format!(
+            "{} / {}",
+            human_duration(m.recovery_after_failure_s.mean),
+            human_duration(m.recovery_after_failure_s.p99)
+        )
+    });
+    row("  GPU-hours waiting after failures", &|m| {
+        format!("{:.1}", m.gpu_hours_waiting_after_failures)
+    });
+    row("goodput (work ÷ allocated)", &|m| {
+        opt_pct(m.goodput_pct, 2)
     });
     row("min tenant entitlement fulfilment", &|m| match (
         &m.min_entitlement_fulfilment_pct,
@@ -169,7 +187,7 @@ pub fn render_table(
     let _ = writeln!(
         out,
         "{} jobs ({} rows skipped, {} rounded up to whole nodes) on {} {} GPUs \
-         ({} nodes × {}); load {load:?}, seed {seed}; demand {:.0} GPU-hours over {} of arrivals",
+         ({} nodes × {}{}); load {load:?}, seed {seed}; demand {:.0} GPU-hours over {} of arrivals",
         thousands(summary.jobs),
         thousands(summary.skipped_rows),
         thousands(summary.jobs_rounded_up),
@@ -177,6 +195,11 @@ pub fn render_table(
         summary.gpu_type,
         thousands(summary.nodes),
         summary.node_gpus,
+        match (summary.spare_nodes, summary.spares) {
+            (0, _) => String::new(),
+            (n, SpareMode::Swap) => format!(", {n} spares swapped in on failures"),
+            (n, _) => format!(", {n} spares left idle"),
+        },
         summary.demand_gpu_hours,
         human_duration(summary.arrival_span_s as f64),
     );

@@ -8,7 +8,7 @@ use gangway_sched::Level;
 use gangway_shared::fleet::FleetNode;
 use serde::Serialize;
 
-use crate::config::SimConfig;
+use crate::config::{SimConfig, SpareMode};
 use crate::rng::SplitMix64;
 use crate::trace::Trace;
 
@@ -72,7 +72,11 @@ pub struct WorkloadSummary {
     pub jobs: u64,
     pub skipped_rows: u64,
     pub gpu_type: String,
+    /// Nodes in service at the start (spares excluded).
     pub nodes: u64,
+    /// Spare nodes of the simulated type (0 with `SpareMode::Capacity`).
+    pub spare_nodes: u64,
+    pub spares: SpareMode,
     pub fleet_gpus: u64,
     /// GPUs per node (the largest worker).
     pub node_gpus: u32,
@@ -157,6 +161,12 @@ impl Simulation {
             ))
         });
         nodes.dedup_by(|a, b| a.node_id == b.node_id);
+        if config.spares == SpareMode::Capacity {
+            for n in &mut nodes {
+                n.spare = false;
+            }
+        }
+        let spare_nodes = nodes.iter().filter(|n| n.spare).count() as u64;
         let node_at: BTreeMap<String, u32> = nodes
             .iter()
             .enumerate()
@@ -232,6 +242,8 @@ impl Simulation {
             skipped_rows: trace.skipped.total(),
             gpu_type: gpu_type.clone(),
             nodes: failable.len() as u64,
+            spare_nodes,
+            spares: config.spares,
             fleet_gpus,
             node_gpus,
             tenants: tenants.len() as u64,

@@ -7,6 +7,8 @@
 //! chose none, so they pin down what the simulator does with a preemption
 //! whatever the core decides. The `core_*` tests let the core decide.
 
+mod common;
+use common::trace;
 use std::collections::BTreeSet;
 
 use gangway_sched::{
@@ -21,19 +23,6 @@ fn fleet(leaves: u32, nodes: u32) -> Vec<FleetNode> {
         "[[spine]]\n[[spine.leaf]]\ncount = {leaves}\nnodes = {nodes}\ngpu_type = \"v100\"\ngpus_per_node = 8\n"
     );
     FleetFile::parse(&text).unwrap().expand("t")
-}
-
-/// A Philly-format trace from (seconds after 2017-10-01, duration, gpus, tenant).
-fn trace(rows: &[(u64, f64, u32, &str)]) -> Trace {
-    let mut text = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
-    for &(at, dur, gpus, tenant) in rows {
-        let (h, m, s) = (at / 3600, at / 60 % 60, at % 60);
-        text.push_str(&format!(
-            "2017-10-01 {h:02}:{m:02}:{s:02},{dur},{gpus},{},{tenant}\n",
-            dur * f64::from(gpus)
-        ));
-    }
-    Trace::parse(&text).unwrap()
 }
 
 fn starts_ends(o: &SimOutcome) -> Vec<(Option<u64>, Option<u64>)> {

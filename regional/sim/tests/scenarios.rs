@@ -4,11 +4,11 @@
 //! answer (no choice between waiting and backfilling changes an outcome),
 //! and each runs under all three policies.
 
+mod common;
+use common::trace;
 use gangway_sched::{Level, PolicyKind};
 use gangway_shared::fleet::{FleetFile, FleetNode};
-use gangway_sim::{
-    Entitlements, LocalityModel, SimConfig, SimOutcome, Simulation, Trace, POLICIES,
-};
+use gangway_sim::{Entitlements, LocalityModel, SimConfig, SimOutcome, Simulation, POLICIES};
 
 /// One spine; `leaves` leaves of `nodes` 8-GPU nodes.
 fn fleet(leaves: u32, nodes: u32) -> Vec<FleetNode> {
@@ -16,19 +16,6 @@ fn fleet(leaves: u32, nodes: u32) -> Vec<FleetNode> {
         "[[spine]]\n[[spine.leaf]]\ncount = {leaves}\nnodes = {nodes}\ngpu_type = \"v100\"\ngpus_per_node = 8\n"
     );
     FleetFile::parse(&text).unwrap().expand("t")
-}
-
-/// A Philly-format trace from (seconds after 2017-10-01, duration, gpus, tenant).
-fn trace(rows: &[(u64, f64, u32, &str)]) -> Trace {
-    let mut text = String::from("timestamp,duration,num_gpus,gpu_time,cluster\n");
-    for &(at, dur, gpus, tenant) in rows {
-        let (h, m, s) = (at / 3600, at / 60 % 60, at % 60);
-        text.push_str(&format!(
-            "2017-10-01 {h:02}:{m:02}:{s:02},{dur},{gpus},{},{tenant}\n",
-            dur * f64::from(gpus)
-        ));
-    }
-    Trace::parse(&text).unwrap()
 }
 
 fn ends(o: &SimOutcome) -> Vec<(Option<u64>, Option<u64>)> {

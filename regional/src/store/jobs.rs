@@ -690,6 +690,10 @@ pub(crate) async fn preempt_in_tx(
                 gangway_sched::PreemptCause::Grow => {
                     "to restart larger: idle GPUs can hold more of its elastic workers".to_string()
                 }
+                gangway_sched::PreemptCause::Defrag => format!(
+                    "moved to defragment: reserved gang {for_job} needs whole nodes, and there \
+                     is room for this job elsewhere"
+                ),
             };
             (
                 format!(
