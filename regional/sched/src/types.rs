@@ -26,6 +26,28 @@ impl Level {
     /// Every level, tightest first.
     pub const ALL: [Level; 4] = [Level::Nvlink, Level::Leaf, Level::Spine, Level::Region];
 
+    /// The tightest level with one domain holding every one of these nodes,
+    /// each given by its path (spine, leaf, NVLink domain); `Nvlink` for
+    /// none. Paths are compared whole, so two spines may name a leaf alike.
+    pub fn holding<'a>(paths: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> Level {
+        let mut paths = paths.into_iter();
+        let Some(first) = paths.next() else {
+            return Level::Nvlink;
+        };
+        let mut same = [true; 3];
+        for (spine, leaf, nvlink) in paths {
+            same[2] &= spine == first.0;
+            same[1] &= same[2] && leaf == first.1;
+            same[0] &= same[1] && nvlink == first.2;
+        }
+        match same {
+            [true, ..] => Level::Nvlink,
+            [_, true, _] => Level::Leaf,
+            [_, _, true] => Level::Spine,
+            _ => Level::Region,
+        }
+    }
+
     /// The level's wire name: `nvlink`, `leaf`, `spine` or `region`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -621,6 +643,28 @@ mod tests {
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
     struct Wrap {
         level: Level,
+    }
+
+    #[test]
+    fn the_level_holding_nodes_compares_whole_paths() {
+        assert_eq!(Level::holding([]), Level::Nvlink);
+        assert_eq!(
+            Level::holding([("s0", "l0", "n0"), ("s0", "l0", "n0")]),
+            Level::Nvlink
+        );
+        assert_eq!(
+            Level::holding([("s0", "l0", "n0"), ("s0", "l0", "n1")]),
+            Level::Leaf
+        );
+        assert_eq!(
+            Level::holding([("s0", "l0", "n0"), ("s0", "l1", "n0")]),
+            Level::Spine
+        );
+        // Leaf `l0` of two spines is two leaves.
+        assert_eq!(
+            Level::holding([("s0", "l0", "n0"), ("s1", "l0", "n0")]),
+            Level::Region
+        );
     }
 
     #[test]

@@ -202,8 +202,6 @@ struct Run<'a, 'p> {
     /// The history's decay rate per second (ln 2 / half-life; 0 = none).
     decay: f64,
     node_up: Vec<bool>,
-    /// Per node: part of the fleet in service (up or failed), not a spare.
-    in_service: Vec<bool>,
     /// Per node: an idle spare, healthy, ready to take a failed node's place
     /// (only with `SpareMode::Swap`).
     in_pool: Vec<bool>,
@@ -212,7 +210,8 @@ struct Run<'a, 'p> {
     /// slot). The failure stream draws slots, so every spare mode meets the
     /// same failures of the same positions.
     slot_node: Vec<u32>,
-    /// Each node's slot (u32::MAX: none, a spare in the pool).
+    /// Each node's slot; u32::MAX for a node outside the fleet in service
+    /// (a spare, or a failed node a spare replaced).
     node_slot: Vec<u32>,
     now: u64,
     last: u64,
@@ -385,7 +384,6 @@ impl<'a, 'p> Run<'a, 'p> {
                 std::f64::consts::LN_2 / half_life as f64
             },
             node_up: vec![true; sim.nodes.len()],
-            in_service: sim.nodes.iter().map(|n| !n.spare).collect(),
             in_pool: sim
                 .nodes
                 .iter()
@@ -1018,13 +1016,26 @@ impl<'a, 'p> Run<'a, 'p> {
         if spec.level_is_spread(p.level) {
             self.acc.gangs.spread_starts += 1;
         }
-        self.events.push(Reverse((end, EV_COMPLETE, job, attempt)));
         if self.preempting {
             self.count_low(job);
-            let eligible = now.saturating_add(self.policy.preemption.min_run_s);
+        }
+        self.schedule_run(job, attempt, end);
+    }
+
+    /// The events of a run that starts now: its completion at `end` and,
+    /// under a preempting policy, the moment it reaches the minimum run time.
+    fn schedule_run(&mut self, job: u32, attempt: u32, end: u64) {
+        self.events.push(Reverse((end, EV_COMPLETE, job, attempt)));
+        if self.preempting {
+            let eligible = self.now.saturating_add(self.policy.preemption.min_run_s);
             self.events
                 .push(Reverse((eligible, EV_ELIGIBLE, job, attempt)));
         }
+    }
+
+    /// Part of the fleet in service (up or failed): holds a slot.
+    fn in_service(&self, node: u32) -> bool {
+        self.node_slot[node as usize] != u32::MAX
     }
 
     /// Gang placement statistics, taken before the gang's GPUs leave the
@@ -1111,7 +1122,7 @@ impl<'a, 'p> Run<'a, 'p> {
     /// in service went down.
     fn fail(&mut self, node: u32, new_units: &mut Vec<u32>) -> bool {
         let n = node as usize;
-        if !self.node_up[n] || !self.in_service[n] {
+        if !self.node_up[n] || !self.in_service(node) {
             return false;
         }
         self.acc.node_failures += 1;
@@ -1191,13 +1202,9 @@ impl<'a, 'p> Run<'a, 'p> {
         self.snap.nodes[si].schedulable = true;
         self.schedulable += u64::from(self.sim.nodes[si].gpus);
         self.in_pool[si] = false;
-        self.in_service[si] = true;
-        self.in_service[ni] = false;
         let slot = std::mem::replace(&mut self.node_slot[ni], u32::MAX);
-        if slot != u32::MAX {
-            self.slot_node[slot as usize] = s;
-            self.node_slot[si] = slot;
-        }
+        self.slot_node[slot as usize] = s;
+        self.node_slot[si] = slot;
         self.acc.spare_swaps += 1;
     }
 
@@ -1242,35 +1249,15 @@ impl<'a, 'p> Run<'a, 'p> {
         entry.started = now;
         entry.checkpointed = checkpointed;
         entry.expected_end = now + (est_remaining / factor).ceil() as u64;
-        let end = now + (remaining / factor).ceil() as u64;
-        self.events.push(Reverse((end, EV_COMPLETE, job, attempt)));
-        if self.preempting {
-            let eligible = now.saturating_add(self.policy.preemption.min_run_s);
-            self.events
-                .push(Reverse((eligible, EV_ELIGIBLE, job, attempt)));
-        }
+        self.schedule_run(job, attempt, now + (remaining / factor).ceil() as u64);
     }
 
     /// The tightest level holding every node of `held`.
     fn level_of(&self, held: &[(u32, Vec<u32>)]) -> Level {
-        let node = |i: &u32| &self.sim.nodes[*i as usize];
-        let Some(first) = held.first().map(|(n, _)| node(n)) else {
-            return Level::Nvlink;
-        };
-        let all = |same: &dyn Fn(&gangway_shared::fleet::FleetNode) -> bool| {
-            held.iter().all(|(n, _)| same(node(n)))
-        };
-        if all(&|x| {
-            x.spine == first.spine && x.leaf == first.leaf && x.nvlink_domain == first.nvlink_domain
-        }) {
-            Level::Nvlink
-        } else if all(&|x| x.spine == first.spine && x.leaf == first.leaf) {
-            Level::Leaf
-        } else if all(&|x| x.spine == first.spine) {
-            Level::Spine
-        } else {
-            Level::Region
-        }
+        Level::holding(held.iter().map(|(n, _)| {
+            let n = &self.sim.nodes[*n as usize];
+            (n.spine.as_str(), n.leaf.as_str(), n.nvlink_domain.as_str())
+        }))
     }
 
     /// Stops a running (or stopping) unit after a failure, keeping what its
@@ -1316,7 +1303,7 @@ impl<'a, 'p> Run<'a, 'p> {
             return false;
         }
         self.node_up[n] = true;
-        if !self.in_service[n] {
+        if !self.in_service(node) {
             let gpus = self.sim.nodes[n].gpus;
             let empty = self.slot_node.iter().position(|&k| {
                 !self.node_up[k as usize] && self.sim.nodes[k as usize].gpus == gpus
@@ -1329,11 +1316,9 @@ impl<'a, 'p> Run<'a, 'p> {
             // units were stopped when it failed) and joins the pool once
             // repaired, by this same rule.
             let k = self.slot_node[slot] as usize;
-            self.in_service[k] = false;
             self.node_slot[k] = u32::MAX;
             self.slot_node[slot] = node;
             self.node_slot[n] = slot as u32;
-            self.in_service[n] = true;
         }
         self.snap.nodes[n].schedulable = true;
         self.schedulable += u64::from(self.sim.nodes[n].gpus);

@@ -5,7 +5,7 @@
 //! and each runs under all three policies.
 
 mod common;
-use common::trace;
+use common::{assert_only_work_since_checkpoints_lost, trace};
 use gangway_sched::{Level, PolicyKind};
 use gangway_shared::fleet::{FleetFile, FleetNode};
 use gangway_sim::{Entitlements, LocalityModel, SimConfig, SimOutcome, Simulation, POLICIES};
@@ -173,18 +173,7 @@ fn seeded_random_failures_lose_only_work_since_checkpoints() {
     let m = &o.metrics;
     assert!(m.node_failures > 10 && m.restarts > 5, "{m:?}");
     assert_eq!(m.jobs_completed, 60);
-    let work: f64 = rows.iter().map(|r| r.1 * f64::from(r.2)).sum();
-    let lost: f64 = o.jobs.iter().map(|j| j.lost_gpu_s).sum();
-    assert!(
-        (m.gpu_hours * 3600.0 - (work + lost)).abs() < 1e-6,
-        "{} vs {}",
-        m.gpu_hours * 3600.0,
-        work + lost
-    );
-    for j in &o.jobs {
-        let restarts = f64::from(j.starts - 1);
-        assert!(j.lost_gpu_s <= restarts * 600.0 * j.gpus as f64, "{j:?}");
-    }
+    assert_only_work_since_checkpoints_lost(&o, &rows, 600);
 }
 
 #[test]

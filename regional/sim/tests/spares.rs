@@ -4,7 +4,7 @@
 //! in service first, then the pool. Results worked out by hand.
 
 mod common;
-use common::trace;
+use common::{assert_only_work_since_checkpoints_lost, trace};
 use gangway_sched::Level;
 use gangway_shared::fleet::{FleetFile, FleetNode};
 use gangway_sim::{LocalityModel, SimConfig, SimOutcome, Simulation, SpareMode, POLICIES};
@@ -215,18 +215,7 @@ fn many_random_failures_with_spares_keep_every_gpu_second_accounted_for() {
             "{policy:?} {m:?}"
         );
         assert_eq!(m.jobs_completed, 80, "{policy:?}");
-        let work: f64 = rows.iter().map(|r| r.1 * f64::from(r.2)).sum();
-        let lost: f64 = o.jobs.iter().map(|j| j.lost_gpu_s).sum();
-        assert!(
-            (m.gpu_hours * 3600.0 - (work + lost)).abs() < 1e-6,
-            "{policy:?}"
-        );
-        for j in &o.jobs {
-            assert!(
-                j.lost_gpu_s <= f64::from(j.starts - 1) * 600.0 * j.gpus as f64,
-                "{j:?}"
-            );
-        }
+        assert_only_work_since_checkpoints_lost(&o, &rows, 600);
         assert!(m.utilization_pct.unwrap() <= 100.0);
     }
 }

@@ -332,18 +332,10 @@ pub(super) async fn place_held(tx: &Transaction<'_>, job: Uuid) -> Result<bool> 
         .await?;
         return Ok(false);
     }
-    let all = |f: fn(&(String, String, String)) -> &String| {
-        place.values().map(f).collect::<BTreeSet<_>>().len() == 1
-    };
-    let level = if all(|p| &p.2) {
-        Level::Nvlink
-    } else if all(|p| &p.1) {
-        Level::Leaf
-    } else if all(|p| &p.0) {
-        Level::Spine
-    } else {
-        Level::Region
-    };
+    let level = Level::holding(
+        (place.values())
+            .map(|(spine, leaf, nvlink)| (spine.as_str(), leaf.as_str(), nvlink.as_str())),
+    );
     let generation: i64 = tx
         .query_one("SELECT generation FROM sched_state WHERE id = 1", &[])
         .await?
