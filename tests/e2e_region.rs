@@ -11,7 +11,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gangway_auth::jwt::{Role, SigningKey};
-use gangway_shared::api::{Job, JobMode, JobSpec, JobState, Priority, QuotaUpdate, WorkerState};
+use gangway_shared::api::{
+    Job, JobMode, JobSpec, JobState, LimitsUpdate, Priority, QuotaUpdate, WorkerState,
+};
 use gangway_shared::client::{Client, ListQuery};
 use uuid::Uuid;
 
@@ -547,6 +549,173 @@ async fn a_tenant_over_its_quota_waits_while_others_run() {
     );
     cloud.client.delete_quota("acme", "h100").await.unwrap();
     assert!(cloud.client.list_quotas().await.unwrap().quotas.is_empty());
+}
+
+fn limits(max_queued_jobs: Option<i64>, max_gpus: Option<i64>) -> LimitsUpdate {
+    LimitsUpdate {
+        max_queued_jobs,
+        max_gpus,
+    }
+}
+
+/// Issue 6's CI test: "admission limits refuse with their code".
+#[tokio::test]
+async fn admission_limits_refuse_with_their_code() {
+    let cloud = Cloud::start("sim").await;
+    let c = &cloud.client;
+    let set = c
+        .set_limits("acme", &limits(Some(1), Some(24)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (set.tenant.as_str(), set.max_queued_jobs, set.max_gpus),
+        ("acme", Some(1), Some(24))
+    );
+
+    // Bad limits are refused with their code and change nothing.
+    let put = |path: &'static str, body: serde_json::Value| {
+        let c = c.clone();
+        async move {
+            c.call_json(reqwest::Method::PUT, path, Some(&body))
+                .await
+                .unwrap_err()
+        }
+    };
+    let acme = "/v1/admin/limits/acme";
+    let cases = [
+        (
+            acme,
+            serde_json::json!({"max_queued_jobs": -1}),
+            "invalid_limits",
+        ),
+        (
+            acme,
+            serde_json::json!({"max_gpus": 20_000_000}),
+            "invalid_limits",
+        ),
+        (acme, serde_json::json!({}), "invalid_limits"),
+        (
+            acme,
+            serde_json::json!({"max_queued_jobs": null, "max_gpus": null}),
+            "invalid_limits",
+        ),
+        (
+            acme,
+            serde_json::json!({"max_queued_jobs": "2"}),
+            "invalid_spec",
+        ),
+        (acme, serde_json::json!({"max_gpus": 1.5}), "invalid_spec"),
+        (
+            acme,
+            serde_json::json!({"max_gpus": 8, "surprise": true}),
+            "invalid_spec",
+        ),
+        (acme, serde_json::json!([1, 2]), "invalid_spec"),
+        (
+            "/v1/admin/limits/Not%20A%20Tenant",
+            serde_json::json!({"max_gpus": 8}),
+            "invalid_spec",
+        ),
+    ];
+    for (path, body, want) in cases {
+        let e = put(path, body.clone()).await;
+        assert_eq!(
+            (e.status().map(|s| s.as_u16()), e.code()),
+            (Some(422), Some(want)),
+            "{path} {body}"
+        );
+    }
+    let listed = c.list_limits().await.unwrap().limits;
+    assert_eq!(
+        listed,
+        vec![set.clone()],
+        "a refused update changes nothing"
+    );
+
+    // 16 GPUs running, 8 queued: one queued job, the limit.
+    let running = c
+        .submit(&spec(16, 3600, &["t"]), Some("big"))
+        .await
+        .unwrap();
+    wait_state(c, running.id, JobState::Running).await;
+    let queued = c.submit(&spec(8, 3600, &["t"]), None).await.unwrap();
+    let e = c.submit(&spec(1, 60, &["t"]), None).await.unwrap_err();
+    assert_eq!(
+        (e.status().map(|s| s.as_u16()), e.code()),
+        (Some(429), Some("queued_jobs_limit"))
+    );
+    let message = e.to_string();
+    assert!(
+        message.contains("1 queued job(s) in region test") && message.contains("limit there is 1"),
+        "{message}"
+    );
+    // A dry run says the same and creates nothing.
+    let e = c.dry_run(&spec(1, 60, &["t"])).await.unwrap_err();
+    assert_eq!(
+        (e.status().map(|s| s.as_u16()), e.code()),
+        (Some(429), Some("queued_jobs_limit"))
+    );
+    // A retry of the create that was accepted still gets its job.
+    let again = c
+        .submit(&spec(16, 3600, &["t"]), Some("big"))
+        .await
+        .unwrap();
+    assert_eq!(again.id, running.id);
+    // Another tenant is not limited by acme's limits.
+    cloud
+        .tenant("globex")
+        .submit(&spec(1, 60, &["t"]), None)
+        .await
+        .unwrap();
+
+    // No job queued, but 16 GPUs asked by unfinished jobs: 16 more is over 24.
+    c.cancel(queued.id).await.unwrap();
+    let e = c.submit(&spec(16, 60, &["t"]), None).await.unwrap_err();
+    assert_eq!(
+        (e.status().map(|s| s.as_u16()), e.code()),
+        (Some(429), Some("requested_gpus_limit"))
+    );
+    let message = e.to_string();
+    assert!(
+        message.contains("16 GPUs") && message.contains("32 in all") && message.contains("24"),
+        "{message}"
+    );
+    let e = c.dry_run(&spec(16, 60, &["t"])).await.unwrap_err();
+    assert_eq!(e.code(), Some("requested_gpus_limit"));
+    // 8 fits exactly.
+    let fits = c.submit(&spec(8, 60, &["t"]), None).await.unwrap();
+
+    // Nothing refused was stored.
+    let mine: Vec<Uuid> = c
+        .list(&ListQuery::default())
+        .await
+        .unwrap()
+        .jobs
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(mine, vec![fits.id, queued.id, running.id]);
+
+    // Removed, the limits no longer refuse; removing them again is 404.
+    c.delete_limits("acme").await.unwrap();
+    assert!(c.list_limits().await.unwrap().limits.is_empty());
+    assert_eq!(
+        c.delete_limits("acme").await.unwrap_err().code(),
+        Some("not_found")
+    );
+    c.submit(&spec(16, 60, &["t"]), None).await.unwrap();
+    // Each change is in the audit log.
+    let log = c
+        .call_json(reqwest::Method::GET, "/v1/admin/audit?target=acme", None)
+        .await
+        .unwrap();
+    let actions: Vec<&str> = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["limits.delete", "limits.set"]);
 }
 
 #[tokio::test]

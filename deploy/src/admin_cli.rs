@@ -14,6 +14,13 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: QuotaCommand,
     },
+    /// Per-tenant admission limits, per region: at most so many queued
+    /// jobs, at most so many GPUs asked by unfinished jobs. A submit over
+    /// one is refused (429 `queued_jobs_limit`, `requested_gpus_limit`).
+    Limits {
+        #[command(subcommand)]
+        command: LimitsCommand,
+    },
     /// Act on any tenant's job.
     Job {
         #[command(subcommand)]
@@ -45,10 +52,10 @@ pub enum AdminCommand {
         /// Only this region.
         #[arg(long)]
         region: Option<String>,
-        /// Only this action (node.drain, quota.set, job.preempt, …).
+        /// Only this action (node.drain, quota.set, limits.set, job.preempt, …).
         #[arg(long)]
         action: Option<String>,
-        /// Only this target (a node id, a job id, tenant/gpu_type).
+        /// Only this target (a node id, a job id, tenant/gpu_type, a tenant).
         #[arg(long)]
         target: Option<String>,
         /// Entries per region (1–1000).
@@ -264,6 +271,165 @@ pub enum QuotaCommand {
     },
 }
 
+#[derive(Subcommand, Debug)]
+pub enum LimitsCommand {
+    /// Set (replace) a tenant's admission limits in every region (or one):
+    /// `gangway admin limits set globex --max-queued-jobs 100 --max-gpus 512`.
+    /// A limit left out is no limit on that dimension; give at least one.
+    #[command(group(clap::ArgGroup::new("limit")
+        .required(true)
+        .multiple(true)
+        .args(["max_queued_jobs", "max_gpus"])))]
+    Set {
+        #[command(flatten)]
+        conn: Conn,
+        tenant: String,
+        /// The most of the tenant's jobs queued at once, per region.
+        #[arg(long, allow_hyphen_values = true)]
+        max_queued_jobs: Option<i64>,
+        /// The most GPUs the tenant's unfinished jobs (queued, starting,
+        /// running, …) may ask for together, per region, the new job's
+        /// included.
+        #[arg(long, allow_hyphen_values = true)]
+        max_gpus: Option<i64>,
+        /// Only this region (default: every region).
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// List every tenant's limits, per region.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+        /// Only this region.
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// Remove a tenant's limits (its submits are then never refused for
+    /// them); a region where it had none says so.
+    Delete {
+        #[command(flatten)]
+        conn: Conn,
+        tenant: String,
+        /// Only this region.
+        #[arg(long)]
+        region: Option<String>,
+    },
+}
+
+/// The limits table's columns.
+const LIMITS_COLUMNS: &[&str] = &["REGION", "TENANT", "MAX QUEUED JOBS", "MAX GPUS", "UPDATED"];
+
+/// The limits table's rows from the global tier's per-region answer (a
+/// list, the limits set, `{"deleted": true}` or an error per region), and
+/// whether a region answered an error (a delete's `not_found` aside: the
+/// tenant had no limits there).
+fn limits_rows(doc: &serde_json::Value, deleting: bool) -> (Vec<Vec<String>>, bool) {
+    let mut rows = Vec::new();
+    let mut failed = false;
+    let short = |region: &str, what: String| {
+        let mut row = vec![region.to_string(), what];
+        row.resize(LIMITS_COLUMNS.len(), String::new());
+        row
+    };
+    for (region, v) in doc["regions"].as_object().into_iter().flatten() {
+        if let Some(code) = v.get("code").and_then(|c| c.as_str()) {
+            if deleting && code == gangway_shared::error::codes::NOT_FOUND {
+                rows.push(short(region, "no limits there".into()));
+            } else {
+                failed = true;
+                rows.push(short(region, format!("error {code}: {}", s(v, "message"))));
+            }
+            continue;
+        }
+        if v.get("deleted").is_some() {
+            rows.push(short(region, "deleted".into()));
+            continue;
+        }
+        let list: Vec<serde_json::Value> = match v.get("limits") {
+            Some(list) => list.as_array().cloned().unwrap_or_default(),
+            None => vec![v.clone()],
+        };
+        let limit = |l: &serde_json::Value, k: &str| match l.get(k) {
+            None | Some(serde_json::Value::Null) => "none".to_string(),
+            Some(_) => s(l, k),
+        };
+        for l in list {
+            rows.push(vec![
+                region.clone(),
+                s(&l, "tenant"),
+                limit(&l, "max_queued_jobs"),
+                limit(&l, "max_gpus"),
+                s(&l, "updated_at"),
+            ]);
+        }
+    }
+    (rows, failed)
+}
+
+async fn limits(cmd: LimitsCommand) -> anyhow::Result<u8> {
+    let (conn, method, path, region, body, deleting) = match cmd {
+        LimitsCommand::Set {
+            conn,
+            tenant,
+            max_queued_jobs,
+            max_gpus,
+            region,
+        } => {
+            let update = gangway_shared::api::LimitsUpdate {
+                max_queued_jobs,
+                max_gpus,
+            };
+            // The regions check the same; a typo is caught before any is asked.
+            if let Err(r) = update.check() {
+                anyhow::bail!("{} ({})", r.message, r.code);
+            }
+            (
+                conn,
+                Method::PUT,
+                format!("/v1/admin/limits/{tenant}"),
+                region,
+                Some(serde_json::to_value(update).expect("a limits update serializes")),
+                false,
+            )
+        }
+        LimitsCommand::List { conn, region } => (
+            conn,
+            Method::GET,
+            "/v1/admin/limits".to_string(),
+            region,
+            None,
+            false,
+        ),
+        LimitsCommand::Delete {
+            conn,
+            tenant,
+            region,
+        } => (
+            conn,
+            Method::DELETE,
+            format!("/v1/admin/limits/{tenant}"),
+            region,
+            None,
+            true,
+        ),
+    };
+    let doc = conn
+        .admin_client()?
+        .call_json(
+            method,
+            &with_query(&path, &region_query(region)),
+            body.as_ref(),
+        )
+        .await?;
+    let (rows, failed) = limits_rows(&doc, deleting);
+    if conn.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", table(LIMITS_COLUMNS, &rows));
+    }
+    Ok(u8::from(failed))
+}
+
 /// The quota table's columns.
 const COLUMNS: &[&str] = &[
     "REGION",
@@ -328,6 +494,7 @@ fn print_per_region(conn: &Conn, doc: &serde_json::Value) -> anyhow::Result<()> 
 pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
     let command = match cmd {
         AdminCommand::Quota { command } => command,
+        AdminCommand::Limits { command } => return limits(command).await,
         AdminCommand::Node { command } => return node(command).await,
         AdminCommand::Maintenance { command } => return maintenance(command).await,
         AdminCommand::Goodput { conn, region } => {
@@ -1031,6 +1198,46 @@ async fn maintenance(cmd: MaintenanceCommand) -> anyhow::Result<u8> {
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod limits_tests {
+    use super::limits_rows;
+    use serde_json::json;
+
+    #[test]
+    fn the_limits_table_has_a_row_per_tenant_and_region_and_says_none_for_no_limit() {
+        let doc = json!({"regions": {
+            "eu": {"code": "region_unavailable", "message": "timed out"},
+            "us": {"limits": [
+                {"tenant": "acme", "max_queued_jobs": 2, "max_gpus": null,
+                 "updated_at": "2026-01-01T00:00:00Z"},
+                {"tenant": "globex", "max_queued_jobs": null, "max_gpus": 64,
+                 "updated_at": "2026-01-02T00:00:00Z"}]},
+        }});
+        let (rows, failed) = limits_rows(&doc, false);
+        assert!(failed, "a region's error is a failure");
+        assert_eq!(rows[0][..2], ["eu", "error region_unavailable: timed out"]);
+        assert_eq!(rows[1], ["us", "acme", "2", "none", "2026-01-01T00:00:00Z"]);
+        assert_eq!(rows[2][1..4], ["globex", "none", "64"]);
+    }
+
+    #[test]
+    fn a_delete_where_there_were_no_limits_is_not_a_failure() {
+        let doc = json!({"regions": {
+            "eu": {"code": "not_found", "message": "limits for this tenant not found"},
+            "us": {"deleted": true},
+        }});
+        let (rows, failed) = limits_rows(&doc, true);
+        assert!(!failed);
+        assert_eq!(rows[0][1], "no limits there");
+        assert_eq!(rows[1][1], "deleted");
+        // A set that one region refused is.
+        let doc = json!({"regions": {
+            "us": {"code": "invalid_limits", "message": "max_gpus must be …"},
+        }});
+        assert!(limits_rows(&doc, false).1);
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! - `servers.rs`: `gangway region` and `gangway agent`.
 //! - `dev.rs`: `gangway dev up`, the local cloud launcher.
 //! - `jobs_cli.rs`: `gangway job …`, tables and `--json`.
-//! - `admin_cli.rs`: `gangway admin …` (quotas, job preemption, nodes, audit).
+//! - `admin_cli.rs`: `gangway admin …` (quotas, admission limits, job
+//!   preemption, nodes, maintenance, audit).
 //! - `conn.rs`: URL, token and CA for the client commands.
 //! - `signals.rs`: Ctrl-C / SIGTERM as a cancellation token.
 //! - `sim_cli.rs`: `gangway sim`, the trace simulator's command line.

@@ -74,7 +74,7 @@ fn segment() -> impl Strategy<Value = String> {
 }
 
 fn path() -> impl Strategy<Value = String> {
-    (0..9usize, segment(), segment(), "[a-z=&%0-9]{0,30}").prop_map(|(t, a, b, q)| {
+    (0..10usize, segment(), segment(), "[a-z=&%0-9]{0,30}").prop_map(|(t, a, b, q)| {
         let p = match t {
             0 => "/v1/jobs".to_string(),
             1 => format!("/v1/jobs/{a}"),
@@ -84,6 +84,7 @@ fn path() -> impl Strategy<Value = String> {
             5 => format!("/v1/jobs/{a}/{b}"),
             6 => "/v1/regions".to_string(),
             7 => format!("/v1/admin/quotas/{a}/{b}"),
+            8 => format!("/v1/admin/limits/{a}"),
             _ => format!("/{a}/{b}"),
         };
         if q.is_empty() {

@@ -449,3 +449,165 @@ async fn usage_is_merged_across_regions_and_private_to_its_tenant() {
         Some("invalid_query")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_limits_set_through_the_global_tier_refuse_creates_with_their_code() {
+    let cloud = Cloud::start().await;
+    let http = cloud.http();
+    let g = &cloud.globals[0];
+    let admin = cloud.admin_token();
+    let call = |method: &str, path: &str, body: Option<serde_json::Value>, token: &str| {
+        let mut r = http
+            .request(method.parse().unwrap(), format!("{g}{path}"))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        r.send()
+    };
+
+    // Set in every region at once, by an operator only.
+    let r = call(
+        "PUT",
+        "/v1/admin/limits/acme",
+        Some(serde_json::json!({"max_queued_jobs": 1, "max_gpus": 12})),
+        &cloud.token("acme"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code_of(r).await, (403, "forbidden".to_string()));
+    let r = call(
+        "PUT",
+        "/v1/admin/limits/acme",
+        Some(serde_json::json!({"max_queued_jobs": 10, "max_gpus": 8})),
+        &admin,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let set: serde_json::Value = r.json().await.unwrap();
+    for region in ["r1", "r2"] {
+        assert_eq!(set["regions"][region]["max_queued_jobs"], 10, "{set}");
+        assert_eq!(set["regions"][region]["max_gpus"], 8, "{set}");
+    }
+    // A bad body is refused once, before any region, and changes nothing.
+    for (body, want) in [
+        (serde_json::json!({"max_gpus": -1}), "invalid_limits"),
+        (serde_json::json!({}), "invalid_limits"),
+        (
+            serde_json::json!({"max_gpus": 1, "extra": 1}),
+            "invalid_spec",
+        ),
+    ] {
+        let r = call("PUT", "/v1/admin/limits/acme", Some(body.clone()), &admin)
+            .await
+            .unwrap();
+        assert_eq!(code_of(r).await, (422, want.to_string()), "{body}");
+    }
+    let r = call(
+        "PUT",
+        "/v1/admin/limits/acme%3Fx",
+        Some(serde_json::json!({"max_gpus": 1})),
+        &admin,
+    )
+    .await
+    .unwrap();
+    assert_eq!(code_of(r).await, (422, "invalid_spec".to_string()));
+
+    // Creates: the region's 429 reaches the tenant unchanged. (The GPU
+    // limit counts running jobs too, so the refusal does not depend on
+    // whether the scheduler has started the first job yet.)
+    let acme = cloud.client(0, "acme");
+    let pinned = |gpus: i64| {
+        let mut s: gangway_shared::api::JobSpec = serde_json::from_value(spec(gpus)).unwrap();
+        s.region = Some("r1".into());
+        s
+    };
+    let first = acme.submit(&pinned(8), Some("first")).await.unwrap();
+    assert_eq!(first.region, "r1");
+    let r = http
+        .post(format!("{g}/v1/jobs"))
+        .bearer_auth(cloud.token("acme"))
+        .json(&pinned(1))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("retry-after").is_none());
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "requested_gpus_limit", "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("region r1"), "{message}");
+    let e = acme.submit(&pinned(1), None).await.unwrap_err();
+    assert_eq!(e.status(), Some(StatusCode::TOO_MANY_REQUESTS));
+    let e = acme.dry_run(&pinned(1)).await.unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (
+            Some(StatusCode::TOO_MANY_REQUESTS),
+            Some("requested_gpus_limit")
+        )
+    );
+    // The accepted create, retried at the limit, is still its own answer.
+    let again = acme.submit(&pinned(8), Some("first")).await.unwrap();
+    assert_eq!(again.id, first.id);
+    // r2 alone gets more room for queued jobs; GPUs stay at 12, so after 8
+    // GPUs, 8 more is over.
+    let r = call(
+        "PUT",
+        "/v1/admin/limits/acme?region=r2",
+        Some(serde_json::json!({"max_queued_jobs": 5, "max_gpus": 12})),
+        &admin,
+    )
+    .await
+    .unwrap();
+    let set: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(set["regions"]["r2"]["max_queued_jobs"], 5, "{set}");
+    assert!(set["regions"].get("r1").is_none(), "{set}");
+    let mut s = pinned(8);
+    s.region = Some("r2".into());
+    acme.submit(&s, None).await.unwrap();
+    let e = acme.submit(&s, None).await.unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (
+            Some(StatusCode::TOO_MANY_REQUESTS),
+            Some("requested_gpus_limit")
+        )
+    );
+    assert!(e.to_string().contains("16 in all"), "{e}");
+    // Other tenants are not limited.
+    cloud
+        .client(1, "globex")
+        .submit(&pinned(1), None)
+        .await
+        .unwrap();
+    let jobs = acme.list(&ListQuery::default()).await.unwrap().jobs;
+    assert_eq!(jobs.len(), 2, "nothing refused was created: {jobs:?}");
+
+    // Listed per region; removed from one.
+    let r = call("GET", "/v1/admin/limits", None, &admin).await.unwrap();
+    let listed: serde_json::Value = r.json().await.unwrap();
+    for region in ["r1", "r2"] {
+        assert_eq!(
+            listed["regions"][region]["limits"][0]["tenant"], "acme",
+            "{listed}"
+        );
+    }
+    let r = call("DELETE", "/v1/admin/limits/acme?region=r1", None, &admin)
+        .await
+        .unwrap();
+    let deleted: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(deleted["regions"]["r1"]["deleted"], true, "{deleted}");
+    assert!(deleted["regions"].get("r2").is_none(), "{deleted}");
+    acme.submit(&pinned(1), None).await.unwrap();
+    let r = call("GET", "/v1/admin/limits?region=r1", None, &admin)
+        .await
+        .unwrap();
+    let listed: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(listed["regions"]["r1"]["limits"], serde_json::json!([]));
+    let r = call("DELETE", "/v1/admin/limits/acme?region=r1", None, &admin)
+        .await
+        .unwrap();
+    let again: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(again["regions"]["r1"]["code"], "not_found", "{again}");
+}

@@ -34,6 +34,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/admin/quotas"),
     ("put", "/v1/admin/quotas/{tenant}/{gpu_type}"),
     ("delete", "/v1/admin/quotas/{tenant}/{gpu_type}"),
+    ("get", "/v1/admin/limits"),
+    ("put", "/v1/admin/limits/{tenant}"),
+    ("delete", "/v1/admin/limits/{tenant}"),
     ("get", "/v1/admin/nodes"),
     ("get", "/v1/admin/nodes/{id}"),
     ("post", "/v1/admin/nodes/{id}/cordon"),
@@ -202,6 +205,9 @@ fn every_schema_is_there_and_every_ref_resolves() {
         "Quota",
         "QuotaUpdate",
         "QuotaList",
+        "TenantLimits",
+        "LimitsUpdate",
+        "TenantLimitsList",
         "ErrorBody",
     ] {
         assert!(schemas.contains_key(name), "schema {name} missing");
@@ -479,4 +485,31 @@ async fn the_router_answers_every_documented_operation_as_documented() {
             assert_eq!(body["code"], "missing_token", "{method} {uri}");
         }
     }
+}
+
+#[test]
+fn create_and_dry_run_name_the_admission_limits_codes_on_429() {
+    let doc = doc();
+    for path in ["/v1/jobs", "/v1/jobs/dry-run"] {
+        let op = operation(&doc, "post", path);
+        let too_many = resolve(&doc, &op["responses"]["429"]);
+        let text = too_many["description"].as_str().unwrap();
+        for c in [
+            codes::RATE_LIMITED,
+            codes::QUEUED_JOBS_LIMIT,
+            codes::REQUESTED_GPUS_LIMIT,
+        ] {
+            assert!(text.contains(&format!("`{c}`")), "{path}: 429 lacks {c}");
+        }
+    }
+    let put = operation(&doc, "put", "/v1/admin/limits/{tenant}");
+    assert_eq!(
+        put["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/LimitsUpdate"
+    );
+    let unprocessable = put["responses"]["422"]["description"].as_str().unwrap();
+    assert!(
+        unprocessable.contains("`invalid_limits`"),
+        "{unprocessable}"
+    );
 }

@@ -61,6 +61,11 @@ fn describe() {
     );
     describe_counter!("gangway_jobs_submitted_total", "Jobs accepted");
     describe_counter!(
+        "gangway_admission_refusals_total",
+        "Submits refused over the tenant's admission limits, by limit: queued_jobs or \
+         requested_gpus"
+    );
+    describe_counter!(
         "gangway_preemptions_total",
         "Running jobs asked to checkpoint and stop, by cause: priority, reclaim (a tenant \
          taking back its guarantee), grow (an elastic job restarting larger) or operator"

@@ -1,7 +1,7 @@
 //! The regional store against a real, throwaway PostgreSQL: migrations,
 //! generation-checked plans, racing schedulers, the constraint that makes a
-//! double-allocated GPU impossible, quotas as fair-share terms, and
-//! preemption carried out from a plan.
+//! double-allocated GPU impossible, quotas as fair-share terms,
+//! preemption carried out from a plan, and per-tenant admission limits.
 
 use std::time::Duration;
 
@@ -16,8 +16,8 @@ use gangway_shared::agent::{
     WorkerStatus,
 };
 use gangway_shared::api::{
-    JobMode, JobSpec, JobState, Priority, Quota, QuotaTerms, QuotaUpdate, TopologyLevel,
-    WorkerState,
+    JobMode, JobSpec, JobState, LimitTerms, Priority, Quota, QuotaTerms, QuotaUpdate,
+    TopologyLevel, WorkerState,
 };
 use gangway_shared::client::Client;
 use serde_json::json;
@@ -1397,4 +1397,197 @@ async fn a_preempted_elastic_gang_restarts_smaller() {
         store.get_job("globex", normal).await.unwrap().state,
         JobState::Running
     );
+}
+
+fn limits(max_queued_jobs: Option<u32>, max_gpus: Option<u32>) -> LimitTerms {
+    LimitTerms {
+        max_queued_jobs,
+        max_gpus,
+    }
+}
+
+/// The tenant's jobs and job events stored, counted in the database.
+async fn stored(client: &tokio_postgres::Client, tenant: &str) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM jobs WHERE tenant = $1),
+                    (SELECT count(*) FROM job_events e JOIN jobs j USING (job_id)
+                     WHERE j.tenant = $1)",
+            &[&tenant],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn admission_limits_refuse_a_queued_job_past_the_limit_until_one_starts() {
+    let (store, client) = raw("limitsqueued").await;
+    register_fleet(&store, 1, 1).await; // 8 GPUs
+    store
+        .set_limits_as("sre", "acme", &limits(Some(2), None))
+        .await
+        .unwrap();
+    let first = submit(&store, &job_at("acme", 8, 8, Priority::Normal)).await;
+    // A keyed create accepted at the limit…
+    let mut keyed = job("acme", 8, 8);
+    keyed.idempotency_key = Some("k-limit".into());
+    keyed.id = gangway_shared::ids::job_id_for_key("acme", "k-limit");
+    let second = submit(&store, &keyed).await;
+    let refused = job("acme", 1, 1);
+    match store.submit(&refused).await {
+        Err(StoreError::QueuedJobsLimit {
+            region,
+            limit: 2,
+            queued: 2,
+        }) => assert_eq!(region, "test-region"),
+        other => panic!("a third queued job was not refused: {other:?}"),
+    }
+    // Nothing of it was stored: no job, no event.
+    assert_eq!(stored(&client, "acme").await, (2, 2));
+    assert!(matches!(
+        store.get_job("acme", refused.id).await,
+        Err(StoreError::NotFound)
+    ));
+    // … is still its own answer when retried at the limit, and the key
+    // still refuses another spec.
+    match store.submit(&keyed).await.unwrap() {
+        SubmitOutcome::Replayed(job) => assert_eq!(job.id, second),
+        SubmitOutcome::Created(_) => panic!("a retry created a job"),
+    }
+    let mut other_spec = keyed.clone();
+    other_spec.spec.gpus = 4;
+    assert!(matches!(
+        store.submit(&other_spec).await,
+        Err(StoreError::KeyReused)
+    ));
+    // A dry run says the same, and writes nothing.
+    assert!(matches!(
+        store.check_admission("acme", 1).await,
+        Err(StoreError::QueuedJobsLimit { limit: 2, .. })
+    ));
+
+    // One of them starts (8 GPUs, the whole fleet): a slot is free.
+    assert_eq!(run_pass(&store, AGENT_TIMEOUT).await.unwrap().placements, 1);
+    let mut states = Vec::new();
+    for id in [first, second] {
+        states.push(store.get_job("acme", id).await.unwrap().state);
+    }
+    states.sort_by_key(|s| s.as_str());
+    assert_eq!(states, [JobState::Queued, JobState::Starting]);
+    store.check_admission("acme", 1).await.unwrap();
+    let third = submit(&store, &refused).await;
+    assert_eq!(third, refused.id);
+    assert!(matches!(
+        store.submit(&job("acme", 1, 1)).await,
+        Err(StoreError::QueuedJobsLimit { queued: 2, .. })
+    ));
+    // Other tenants are not limited by acme's limits.
+    for _ in 0..3 {
+        submit(&store, &job("globex", 1, 1)).await;
+    }
+    // Limits replaced, then removed: the new ones apply at once.
+    let set = store
+        .set_limits_as("sre", "acme", &limits(Some(3), None))
+        .await
+        .unwrap();
+    assert_eq!((set.max_queued_jobs, set.max_gpus), (Some(3), None));
+    submit(&store, &job("acme", 1, 1)).await;
+    assert!(store.submit(&job("acme", 1, 1)).await.is_err());
+    assert!(store.delete_limits_as("sre", "acme").await.unwrap());
+    assert!(!store.delete_limits_as("sre", "acme").await.unwrap());
+    submit(&store, &job("acme", 1, 1)).await;
+    assert!(store.list_limits().await.unwrap().limits.is_empty());
+    // Each change is in the audit log.
+    let log = store
+        .audit_log(&gangway_shared::api::AuditQuery {
+            target: Some("acme".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let actions: Vec<&str> = log.entries.iter().map(|e| e.action.as_str()).collect();
+    assert_eq!(actions, ["limits.delete", "limits.set", "limits.set"]);
+    assert_eq!(log.entries[1].detail["max_queued_jobs"], 3);
+    assert_eq!(log.entries[1].actor, "sre");
+}
+
+#[tokio::test]
+async fn admission_limits_count_the_gpus_of_every_unfinished_job() {
+    let (store, client) = raw("limitsgpus").await;
+    register_fleet(&store, 1, 1).await; // 8 GPUs
+    store
+        .set_limits_as("sre", "acme", &limits(None, Some(16)))
+        .await
+        .unwrap();
+    let running = submit(&store, &job_at("acme", 8, 8, Priority::Normal)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    assert_eq!(
+        store.get_job("acme", running).await.unwrap().state,
+        JobState::Starting
+    );
+    let queued = submit(&store, &job("acme", 4, 4)).await;
+    let before = stored(&client, "acme").await;
+    // 8 starting + 4 queued + 5 asked = 17 > 16: refused, however it waits.
+    match store.submit(&job("acme", 5, 5)).await {
+        Err(StoreError::RequestedGpusLimit {
+            limit: 16,
+            unfinished_gpus: 12,
+            job_gpus: 5,
+            ..
+        }) => {}
+        other => panic!("17 GPUs admitted under a limit of 16: {other:?}"),
+    }
+    assert_eq!(stored(&client, "acme").await, before, "nothing stored");
+    // Exactly up to the limit is admitted.
+    let fits = submit(&store, &job("acme", 4, 4)).await;
+    assert!(matches!(
+        store.submit(&job("acme", 1, 1)).await,
+        Err(StoreError::RequestedGpusLimit {
+            unfinished_gpus: 16,
+            ..
+        })
+    ));
+    // A job larger than the limit by itself is refused even with room.
+    store.cancel_job("acme", queued).await.unwrap();
+    store.cancel_job("acme", fits).await.unwrap();
+    assert!(matches!(
+        store.submit(&job("acme", 16, 8)).await,
+        Err(StoreError::RequestedGpusLimit {
+            unfinished_gpus: 8,
+            job_gpus: 16,
+            ..
+        })
+    ));
+    // Cancelled jobs no longer count.
+    submit(&store, &job("acme", 8, 8)).await;
+    assert_eq!(
+        store.list_limits().await.unwrap().limits[0].max_gpus,
+        Some(16)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_submits_never_pass_a_limit_together() {
+    let (store, client) = raw("limitsrace").await;
+    store
+        .set_limits_as("sre", "acme", &limits(Some(5), None))
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.submit(&job("acme", 1, 1)).await })
+        })
+        .collect();
+    let (mut created, mut refused) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(SubmitOutcome::Created(_)) => created += 1,
+            Err(StoreError::QueuedJobsLimit { limit: 5, .. }) => refused += 1,
+            other => panic!("unexpected answer: {other:?}"),
+        }
+    }
+    assert_eq!((created, refused), (5, 11));
+    assert_eq!(stored(&client, "acme").await, (5, 5));
 }

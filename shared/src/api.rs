@@ -667,6 +667,118 @@ pub struct QuotaList {
     pub quotas: Vec<Quota>,
 }
 
+/// Largest value an admission limit accepts (larger is a typo).
+pub const MAX_TENANT_LIMIT: i64 = 10_000_000;
+
+/// A tenant's admission limits in a region: checked when a job is
+/// submitted, so a tenant over one is refused at once (429
+/// `queued_jobs_limit` or `requested_gpus_limit`, nothing created) rather
+/// than accepted and left to starve. Quotas, by contrast, decide what
+/// accepted jobs may hold once they run. A tenant with no limits has none.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TenantLimits {
+    pub tenant: String,
+    /// The most of the tenant's jobs that may wait in state `queued` in the
+    /// region at once; `null` = no limit.
+    pub max_queued_jobs: Option<u32>,
+    /// The most GPUs the tenant's unfinished jobs in the region (every
+    /// state but `succeeded`, `failed` and `cancelled`) may ask for
+    /// together, a new job's included; `null` = no limit.
+    pub max_gpus: Option<u32>,
+    /// When an operator last set them.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Body of `PUT /v1/admin/limits/{tenant}`: replaces the tenant's limits.
+/// A field left out or `null` is no limit on that dimension; at least one
+/// must be set (to remove both, DELETE the limits).
+///
+/// Only a JSON object is accepted, and no field besides these two.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(try_from = "serde_json::Map<String, serde_json::Value>")]
+pub struct LimitsUpdate {
+    /// Queued jobs at most (0 – 10,000,000); absent or `null` = no limit.
+    #[schema(minimum = 0, maximum = 10000000)]
+    pub max_queued_jobs: Option<i64>,
+    /// GPUs of unfinished jobs at most (0 – 10,000,000); absent or `null`
+    /// = no limit.
+    #[schema(minimum = 0, maximum = 10000000)]
+    pub max_gpus: Option<i64>,
+}
+
+/// The fields of a [`LimitsUpdate`] as they are decoded.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsUpdateFields {
+    #[serde(default)]
+    max_queued_jobs: Option<i64>,
+    #[serde(default)]
+    max_gpus: Option<i64>,
+}
+
+impl TryFrom<serde_json::Map<String, serde_json::Value>> for LimitsUpdate {
+    type Error = serde_json::Error;
+
+    fn try_from(fields: serde_json::Map<String, serde_json::Value>) -> Result<Self, Self::Error> {
+        let f: LimitsUpdateFields = serde_json::from_value(serde_json::Value::Object(fields))?;
+        Ok(LimitsUpdate {
+            max_queued_jobs: f.max_queued_jobs,
+            max_gpus: f.max_gpus,
+        })
+    }
+}
+
+/// A checked [`LimitsUpdate`], in the units the region stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitTerms {
+    pub max_queued_jobs: Option<u32>,
+    pub max_gpus: Option<u32>,
+}
+
+/// Why a [`LimitsUpdate`] was refused (always `invalid_limits`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitsRefused {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl LimitsUpdate {
+    /// Checks the numbers: each in 0 … [`MAX_TENANT_LIMIT`], and at least
+    /// one set (`invalid_limits`).
+    pub fn check(&self) -> Result<LimitTerms, LimitsRefused> {
+        use crate::error::codes;
+        let refused = |message: String| LimitsRefused {
+            code: codes::INVALID_LIMITS,
+            message,
+        };
+        let limit = |what: &str, n: Option<i64>| match n {
+            None => Ok(None),
+            Some(n) if (0..=MAX_TENANT_LIMIT).contains(&n) => Ok(Some(n as u32)),
+            Some(n) => Err(refused(format!(
+                "{what} must be between 0 and {MAX_TENANT_LIMIT} (or null for no limit), not {n}"
+            ))),
+        };
+        let terms = LimitTerms {
+            max_queued_jobs: limit("max_queued_jobs", self.max_queued_jobs)?,
+            max_gpus: limit("max_gpus", self.max_gpus)?,
+        };
+        if terms.max_queued_jobs.is_none() && terms.max_gpus.is_none() {
+            return Err(refused(
+                "set max_queued_jobs, max_gpus or both; to remove a tenant's limits, \
+                 DELETE them (gangway admin limits delete TENANT)"
+                    .into(),
+            ));
+        }
+        Ok(terms)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TenantLimitsList {
+    /// Ordered by tenant.
+    pub limits: Vec<TenantLimits>,
+}
+
 /// Why a job is where it is, in words and a code.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Explanation {

@@ -11,8 +11,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::api::{
-    DryRun, Explanation, Job, JobEvents, JobList, JobSpec, JobState, Quota, QuotaList, QuotaUpdate,
-    RegionList, RegionStatus,
+    DryRun, Explanation, Job, JobEvents, JobList, JobSpec, JobState, LimitsUpdate, Quota,
+    QuotaList, QuotaUpdate, RegionList, RegionStatus, TenantLimits, TenantLimitsList,
 };
 use crate::error::ErrorBody;
 
@@ -237,6 +237,31 @@ impl Client {
             Method::DELETE,
             &format!("/v1/admin/quotas/{tenant}/{gpu_type}"),
         );
+        self.send::<serde_json::Value>(req).await.map(|_| ())
+    }
+
+    /// Sets (replaces) `tenant`'s admission limits (operators, on a
+    /// region).
+    pub async fn set_limits(
+        &self,
+        tenant: &str,
+        limits: &LimitsUpdate,
+    ) -> Result<TenantLimits, ClientError> {
+        let req = self
+            .request(Method::PUT, &format!("/v1/admin/limits/{tenant}"))
+            .json(limits);
+        self.send(req).await
+    }
+
+    /// Every tenant's admission limits (operators, on a region).
+    pub async fn list_limits(&self) -> Result<TenantLimitsList, ClientError> {
+        self.send(self.request(Method::GET, "/v1/admin/limits"))
+            .await
+    }
+
+    /// Removes a tenant's admission limits. Answers 204 with no body.
+    pub async fn delete_limits(&self, tenant: &str) -> Result<(), ClientError> {
+        let req = self.request(Method::DELETE, &format!("/v1/admin/limits/{tenant}"));
         self.send::<serde_json::Value>(req).await.map(|_| ())
     }
 

@@ -66,6 +66,18 @@ pub mod codes {
     /// A quota's terms do not hold together: a cap below the guarantee, or
     /// a weight out of range (422).
     pub const INVALID_QUOTA: &str = "invalid_quota";
+    /// A tenant's admission limits are out of range, or name no limit at
+    /// all (422).
+    pub const INVALID_LIMITS: &str = "invalid_limits";
+    /// The tenant already has as many queued jobs in the region as its
+    /// limit allows; nothing was created. Retry once some start or finish,
+    /// cancel some, or ask an operator to raise the limit (429).
+    pub const QUEUED_JOBS_LIMIT: &str = "queued_jobs_limit";
+    /// The job's GPUs and those of the tenant's unfinished jobs in the
+    /// region would be more than its limit allows; nothing was created.
+    /// Retry once jobs finish, cancel some, ask for fewer GPUs, or ask an
+    /// operator to raise the limit (429).
+    pub const REQUESTED_GPUS_LIMIT: &str = "requested_gpus_limit";
     /// The job is not running, so it cannot be preempted (409).
     pub const JOB_NOT_RUNNING: &str = "job_not_running";
     /// The requested thing does not exist, or belongs to someone else (404).
@@ -126,6 +138,9 @@ pub mod codes {
         FORBIDDEN,
         UNAUTHENTICATED,
         INVALID_QUOTA,
+        INVALID_LIMITS,
+        QUEUED_JOBS_LIMIT,
+        REQUESTED_GPUS_LIMIT,
         JOB_NOT_RUNNING,
         NOT_FOUND,
         PAYLOAD_TOO_LARGE,

@@ -115,7 +115,11 @@ async fn claim(
 /// Validates the spec, chooses a region (the pinned one, else by health and
 /// free GPUs of the type) and creates the job there. With an
 /// `Idempotency-Key`, the same key and body give the same job and the same
-/// answer however often they are sent, through any replica.
+/// answer however often they are sent, through any replica. A tenant with
+/// admission limits is refused with 429 (`queued_jobs_limit`,
+/// `requested_gpus_limit`) when the job would put it over one in that
+/// region, and nothing is created; a retry of a create already accepted
+/// still gets its job.
 #[utoipa::path(
     post,
     path = "/v1/jobs",
@@ -147,7 +151,7 @@ async fn claim(
               codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
               codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION,
               codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = openapi::CreateRefused),
         (status = 502, description = openapi::errors(
             "A region gave an answer that could not be understood; retry with the same \
              Idempotency-Key.",
@@ -624,7 +628,8 @@ pub async fn regions(
 
 /// What a create would do now, without creating anything: the region it
 /// would go to, and that region's answer (placement, or why it would wait
-/// and until when).
+/// and until when, or the 429 a create over the tenant's admission limits
+/// would get).
 #[utoipa::path(
     post,
     path = "/v1/jobs/dry-run",
@@ -645,7 +650,7 @@ pub async fn regions(
               codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
               codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = openapi::CreateRefused),
         (status = 503, response = openapi::RegionUnavailable),
     )
 )]

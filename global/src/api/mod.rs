@@ -70,6 +70,11 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/regions", get(jobs::regions))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/admin/quotas", get(admin::list_quotas))
+        .route("/v1/admin/limits", get(admin::list_limits))
+        .route(
+            "/v1/admin/limits/{tenant}",
+            put(admin::put_limits).delete(admin::delete_limits),
+        )
         .route("/v1/admin/jobs/{id}/preempt", post(admin::preempt_job))
         .route(
             "/v1/admin/quotas/{tenant}/{gpu_type}",

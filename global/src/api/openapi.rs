@@ -19,8 +19,8 @@ use gangway_shared::api::{
 };
 use gangway_shared::api::{
     Explanation, GpuTypeCapacity, Job, JobEvent, JobEvents, JobList, JobMode, JobSpec, JobState,
-    Priority, Quota, QuotaList, QuotaUpdate, RegionInfo, RegionList, RegionStatus, TopologyLevel,
-    TopologySpec, Worker, WorkerState,
+    LimitsUpdate, Priority, Quota, QuotaList, QuotaUpdate, RegionInfo, RegionList, RegionStatus,
+    TenantLimits, TenantLimitsList, TopologyLevel, TopologySpec, Worker, WorkerState,
 };
 use gangway_shared::error::{codes, ErrorBody};
 use serde::Serialize;
@@ -42,7 +42,7 @@ pub const BEARER: &str = "bearer";
     info(
         title = "Gangway",
         description = "The public API of Gangway, a multi-region GPU cloud: submit jobs, \
-            follow them, see regions' capacity; operators set quotas.\n\n\
+            follow them, see regions' capacity; operators set quotas and admission limits.\n\n\
             Every call except `/healthz` and `/v1/openapi.json` takes a bearer JWT \
             (`Authorization: Bearer <token>`). Every error is a JSON `ErrorBody` with a \
             stable `code`. Besides the answers each operation lists, any call may get \
@@ -63,6 +63,9 @@ pub const BEARER: &str = "bearer";
         admin::list_quotas,
         admin::put_quota,
         admin::delete_quota,
+        admin::list_limits,
+        admin::put_limits,
+        admin::delete_limits,
         admin::preempt_job,
         admin::list_nodes,
         admin::get_node,
@@ -101,6 +104,9 @@ pub const BEARER: &str = "bearer";
             Quota,
             QuotaUpdate,
             QuotaList,
+            TenantLimits,
+            LimitsUpdate,
+            TenantLimitsList,
             NodeView,
             NodeList,
             NodeEvent,
@@ -123,6 +129,7 @@ pub const BEARER: &str = "bearer";
             Unauthenticated,
             Forbidden,
             RateLimited,
+            CreateRefused,
             JobNotFound,
             RegionUnavailable,
             PayloadTooLarge,
@@ -294,6 +301,37 @@ impl<'r> ToResponse<'r> for RateLimited {
     }
 }
 
+/// 429 on a create (or its dry run): the rate limit, or the tenant's
+/// admission limits in the region the job went to.
+pub struct CreateRefused;
+
+impl<'r> ToResponse<'r> for CreateRefused {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "Too many requests from this tenant: retry after the `Retry-After` header's \
+             seconds (`rate_limited`). Or the job would put the tenant over its admission \
+             limits in the region it went to: as many jobs queued as its limit allows \
+             (`queued_jobs_limit`), or more GPUs asked by its unfinished jobs than its limit \
+             (`requested_gpus_limit`); nothing was created, no `Retry-After` is sent, and the \
+             message gives the limit and the count. Submit again once jobs have started or \
+             finished, cancel some, ask for fewer GPUs, or ask an operator to raise the \
+             limits.",
+            &[
+                codes::RATE_LIMITED,
+                codes::QUEUED_JOBS_LIMIT,
+                codes::REQUESTED_GPUS_LIMIT,
+            ],
+        );
+        let response = error_response(text)
+            .header(
+                "Retry-After",
+                integer_header("Seconds to wait before retrying (`rate_limited` only)."),
+            )
+            .build();
+        ("CreateRefused", response.into())
+    }
+}
+
 /// 404 for a job id.
 pub struct JobNotFound;
 
@@ -349,9 +387,9 @@ impl<'r> ToResponse<'r> for UnsupportedMediaType {
 }
 
 /// One region's answer to an operator call, passed on as the region gave
-/// it: a quota list (list), the quota set (put), `{"deleted": true}`
-/// (delete), or an error (including `region_unavailable` when the region did
-/// not answer).
+/// it: a quota or limits list (list), the quota or limits set (put),
+/// `{"deleted": true}` (delete), or an error (including
+/// `region_unavailable` when the region did not answer).
 #[derive(Serialize, ToSchema)]
 #[serde(untagged)]
 #[allow(dead_code)] // a schema only: admin.rs passes regions' JSON on as it is
@@ -360,11 +398,13 @@ pub enum RegionAnswer {
     Audit(AuditList),
     Quotas(QuotaList),
     Quota(Quota),
+    Limits(TenantLimitsList),
+    TenantLimits(TenantLimits),
     Deleted(Deleted),
     Error(ErrorBody),
 }
 
-/// A region deleted the quota.
+/// A region deleted the quota (or the limits).
 #[derive(Serialize, ToSchema)]
 #[allow(dead_code)]
 pub struct Deleted {

@@ -1,12 +1,15 @@
-//! Operator endpoints under `/v1/admin`: quotas, preemption and the audit
-//! log (nodes are in `nodes.rs`). Only the global tier reaches them (its
-//! service token), and it lets only operators through; it names the
-//! operator in `X-Gangway-Actor`, which every action writes into the audit
-//! log.
+//! Operator endpoints under `/v1/admin`: quotas, admission limits,
+//! preemption and the audit log (nodes are in `nodes.rs`). Only the global
+//! tier reaches them (its service token), and it lets only operators
+//! through; it names the operator in `X-Gangway-Actor`, which every action
+//! writes into the audit log.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use gangway_shared::api::{AuditList, AuditQuery, GoodputList, Quota, QuotaList, QuotaUpdate};
+use gangway_shared::api::{
+    AuditList, AuditQuery, GoodputList, LimitsUpdate, Quota, QuotaList, QuotaUpdate, TenantLimits,
+    TenantLimitsList,
+};
 use gangway_shared::error::codes;
 use gangway_shared::ids::valid_tenant;
 
@@ -81,6 +84,58 @@ pub async fn delete_quota(
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found("quota"))
+    }
+}
+
+/// Every tenant's admission limits in this region.
+pub async fn list_limits(
+    State(state): State<AppState>,
+) -> Result<axum::Json<TenantLimitsList>, ApiError> {
+    Ok(axum::Json(state.store.list_limits().await?))
+}
+
+fn check_tenant(tenant: &str) -> Result<(), ApiError> {
+    if !valid_tenant(tenant) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            "a tenant is a lowercase name of a-z, 0-9 and '-' (1–63 characters)",
+        ));
+    }
+    Ok(())
+}
+
+/// Replaces a tenant's admission limits. Numbers out of range, or no limit
+/// named at all, are refused with `invalid_limits`, and nothing changes.
+/// Jobs already accepted stay; the limits apply from the next submit.
+pub async fn put_limits(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+    Json(body): Json<LimitsUpdate>,
+) -> Result<axum::Json<TenantLimits>, ApiError> {
+    check_tenant(&tenant)?;
+    let terms = body
+        .check()
+        .map_err(|r| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, r.code, r.message))?;
+    let actor = super::nodes::actor(&headers);
+    Ok(axum::Json(
+        state.store.set_limits_as(&actor, &tenant, &terms).await?,
+    ))
+}
+
+/// Removes a tenant's admission limits (`not_found` when it had none).
+pub async fn delete_limits(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    check_tenant(&tenant)?;
+    let actor = super::nodes::actor(&headers);
+    if state.store.delete_limits_as(&actor, &tenant).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found("limits for this tenant"))
     }
 }
 

@@ -32,6 +32,53 @@ impl From<StoreError> for ApiError {
                 codes::STALE_BOOT,
                 "report from an earlier boot of this agent; register again",
             ),
+            StoreError::QueuedJobsLimit {
+                region,
+                limit,
+                queued,
+            } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                codes::QUEUED_JOBS_LIMIT,
+                if limit == 0 {
+                    format!(
+                        "your tenant may have no queued jobs in region {region} (max_queued_jobs \
+                         is 0), so nothing was created; ask an operator to raise the limit"
+                    )
+                } else {
+                    format!(
+                        "you already have {queued} queued job(s) in region {region}, and your \
+                         limit there is {limit} (max_queued_jobs), so nothing was created; \
+                         submit again once some have started or finished, cancel some, or ask \
+                         an operator to raise the limit"
+                    )
+                },
+            ),
+            StoreError::RequestedGpusLimit {
+                region,
+                limit,
+                unfinished_gpus,
+                job_gpus,
+            } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                codes::REQUESTED_GPUS_LIMIT,
+                if job_gpus > u64::from(limit) {
+                    format!(
+                        "this job asks for {job_gpus} GPUs, more than your limit of {limit} GPUs \
+                         for unfinished jobs in region {region} (max_gpus) even with no other \
+                         job, so nothing was created; ask for fewer GPUs, or ask an operator to \
+                         raise the limit"
+                    )
+                } else {
+                    format!(
+                        "this job asks for {job_gpus} GPUs and your unfinished jobs in region \
+                         {region} already ask for {unfinished_gpus}: {} in all, over your limit \
+                         of {limit} (max_gpus), so nothing was created; submit again once some \
+                         have finished, cancel some, ask for fewer GPUs, or ask an operator to \
+                         raise the limit",
+                        unfinished_gpus + job_gpus
+                    )
+                },
+            ),
             e if e.is_unavailable() => {
                 tracing::warn!(error = %e, "database unavailable");
                 ApiError::new(

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::extract::{JobId, Json, Query, Tenant};
 use super::AppState;
-use crate::store::{retry_races, ListFilter, NewJob, SubmitOutcome};
+use crate::store::{retry_races, ListFilter, NewJob, StoreError, SubmitOutcome};
 use crate::validate::check_fits;
 
 const DEFAULT_PAGE: i64 = 50;
@@ -66,7 +66,14 @@ pub async fn submit(
         preferred: spec.topology.preferred(),
         spec,
     };
-    let outcome = state.store.submit(&new).await?;
+    let outcome = state.store.submit(&new).await.inspect_err(|e| {
+        let limit = match e {
+            StoreError::QueuedJobsLimit { .. } => "queued_jobs",
+            StoreError::RequestedGpusLimit { .. } => "requested_gpus",
+            _ => return,
+        };
+        metrics::counter!("gangway_admission_refusals_total", "limit" => limit).increment(1);
+    })?;
     let (job, replayed) = match outcome {
         SubmitOutcome::Created(job) => {
             metrics::counter!("gangway_jobs_submitted_total").increment(1);
@@ -217,6 +224,11 @@ pub async fn dry_run(
         &spec,
         fleet.get(&spec.gpu_type).map(Vec::as_slice).unwrap_or(&[]),
     )?;
+    // A submit over the tenant's limits would be refused: say so the same way.
+    state
+        .store
+        .check_admission(&tenant, spec.gpus.max(0) as u64)
+        .await?;
     let d =
         crate::scheduler::dry_run(&state.store, &tenant, &spec, &state.config.planning()).await?;
     Ok(axum::Json(d))

@@ -107,6 +107,11 @@ pub fn app(state: AppState) -> Router {
             "/v1/admin/quotas/{tenant}/{gpu_type}",
             axum::routing::put(admin::put_quota).delete(admin::delete_quota),
         )
+        .route("/v1/admin/limits", get(admin::list_limits))
+        .route(
+            "/v1/admin/limits/{tenant}",
+            axum::routing::put(admin::put_limits).delete(admin::delete_limits),
+        )
         .route("/v1/admin/audit", get(admin::audit))
         .route("/v1/admin/goodput", get(admin::goodput))
         .route("/v1/admin/nodes", get(nodes::list))

@@ -1,11 +1,14 @@
 //! The audit log: every operator action, append-only (a trigger refuses
 //! updates and deletes), written in the same transaction as the action.
 
-use gangway_shared::api::{AuditEntry, AuditList, AuditQuery, QuotaTerms};
+use gangway_shared::api::{
+    AuditEntry, AuditList, AuditQuery, LimitTerms, QuotaTerms, TenantLimits,
+};
 use serde_json::json;
 use uuid::Uuid;
 
 use super::jobs::{preempt_in_tx, PreemptBy};
+use super::limits::{limits_from_row, LIMITS_COLUMNS};
 use super::nodes::insert_audit;
 use super::{Result, Store};
 
@@ -70,6 +73,60 @@ impl Store {
                 json!({}),
             )
             .await?;
+        }
+        tx.commit().await?;
+        Ok(n > 0)
+    }
+
+    /// Sets (replaces) a tenant's admission limits, as checked by
+    /// [`gangway_shared::api::LimitsUpdate::check`], audited:
+    /// `limits.set` on the tenant. Returns them as stored.
+    pub async fn set_limits_as(
+        &self,
+        actor: &str,
+        tenant: &str,
+        terms: &LimitTerms,
+    ) -> Result<TenantLimits> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let queued = terms.max_queued_jobs.map(|m| m as i32);
+        let gpus = terms.max_gpus.map(|m| m as i32);
+        let row = tx
+            .query_one(
+                &format!(
+                    "INSERT INTO tenant_limits (tenant, max_queued_jobs, max_gpus, updated_at)
+                     VALUES ($1, $2, $3, now())
+                     ON CONFLICT (tenant) DO UPDATE
+                       SET max_queued_jobs = EXCLUDED.max_queued_jobs,
+                           max_gpus = EXCLUDED.max_gpus, updated_at = EXCLUDED.updated_at
+                     RETURNING {LIMITS_COLUMNS}"
+                ),
+                &[&tenant, &queued, &gpus],
+            )
+            .await?;
+        insert_audit(
+            &tx,
+            actor,
+            "limits.set",
+            tenant,
+            None,
+            json!({"max_queued_jobs": terms.max_queued_jobs, "max_gpus": terms.max_gpus}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(limits_from_row(&row))
+    }
+
+    /// Removes a tenant's admission limits, audited (`limits.delete`) when
+    /// it had some; returns whether it had.
+    pub async fn delete_limits_as(&self, actor: &str, tenant: &str) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let n = tx
+            .execute("DELETE FROM tenant_limits WHERE tenant = $1", &[&tenant])
+            .await?;
+        if n > 0 {
+            insert_audit(&tx, actor, "limits.delete", tenant, None, json!({})).await?;
         }
         tx.commit().await?;
         Ok(n > 0)

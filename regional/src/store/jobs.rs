@@ -8,7 +8,8 @@ use gangway_shared::api::{
     Cursor, Job, JobEvent, JobMode, JobSpec, JobState, TopologyLevel, Worker, WorkerState,
 };
 use serde_json::json;
-use tokio_postgres::Transaction;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{GenericClient, Transaction};
 use uuid::Uuid;
 
 use super::rows::{event_from_row, job_from_row, worker_from_row, JOB_COLUMNS, WORKER_COLUMNS};
@@ -59,18 +60,29 @@ fn mode_str(mode: JobMode) -> &'static str {
 
 impl Store {
     /// Stores a new job with its workers and its first event, or returns the
-    /// job an earlier create with the same idempotency key made.
+    /// job an earlier create with the same idempotency key made. A tenant
+    /// with admission limits (`limits.rs`) is refused with
+    /// [`StoreError::QueuedJobsLimit`] or [`StoreError::RequestedGpusLimit`]
+    /// when the job would put it over one, and nothing is written; a retry
+    /// of a create it already accepted still gets that job back.
     pub async fn submit(&self, job: &NewJob) -> Result<SubmitOutcome> {
         let spec = serde_json::to_value(&job.spec).expect("a JobSpec always serializes");
-        let conn = self.conn().await?;
+        let mut conn = self.conn().await?;
         // One statement, so one round trip and one implicit transaction: the
         // key's lock, the job, its workers and its first event. The lock is
         // held until the statement ends; a concurrent request with the same
         // key is told to retry rather than left to wait. Foreign keys are
         // checked at the end of the statement, after the job row exists.
+        //
+        // A tenant with a limits row gets nothing inserted here (`lim`), only
+        // that answer: its submit is done again in a transaction that checks
+        // the limits first, with `$20` saying they were checked.
         let submit = conn
             .prepare_cached(
-                "WITH lock AS MATERIALIZED (
+                "WITH lim AS MATERIALIZED (
+                     SELECT NOT $20::bool
+                            AND EXISTS (SELECT 1 FROM tenant_limits WHERE tenant = $2) AS limited),
+                 lock AS MATERIALIZED (
                      SELECT CASE WHEN $15 THEN pg_try_advisory_xact_lock($16) ELSE true END AS got),
                  job AS (
                      INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
@@ -81,7 +93,7 @@ impl Store {
                             $7::text, $8::int, $9::int, $10::int, $11::smallint,
                             $12::text::topology_level, $13::text::topology_level, $14::bigint,
                             $19::int
-                     FROM lock WHERE lock.got
+                     FROM lock, lim WHERE lock.got AND NOT lim.limited
                      ON CONFLICT DO NOTHING
                      RETURNING job_id, created_at),
                  w AS (
@@ -90,7 +102,8 @@ impl Store {
                  e AS (
                      INSERT INTO job_events (job_id, kind, message, detail)
                      SELECT job.job_id, 'queued', $17::text, $18::jsonb FROM job)
-                 SELECT (SELECT got FROM lock), (SELECT created_at FROM job)",
+                 SELECT (SELECT got FROM lock), (SELECT created_at FROM job),
+                        (SELECT limited FROM lim)",
             )
             .await?;
         let message = format!(
@@ -118,49 +131,112 @@ impl Store {
         if let Some(m) = min_workers {
             detail["min_workers"] = json!(m);
         }
-        let row = conn
-            .query_one(
-                &submit,
-                &[
-                    &job.id,
-                    &job.tenant,
-                    &job.idempotency_key,
-                    &spec,
-                    &job.name,
-                    &mode_str(job.mode),
-                    &job.gpu_type,
-                    &job.gpus,
-                    &job.gpus_per_worker,
-                    &job.workers,
-                    &job.priority,
-                    &job.required.as_str(),
-                    &job.preferred.as_str(),
-                    &job.spec.estimated_duration_s,
-                    &job.idempotency_key.is_some(),
-                    &key_lock(job.id),
-                    &message,
-                    &detail,
-                    &min_workers,
-                ],
-            )
-            .await?;
+        let keyed = job.idempotency_key.is_some();
+        let lock_key = key_lock(job.id);
+        let (unchecked, checked) = (false, true);
+        let mut params: [&(dyn ToSql + Sync); 20] = [
+            &job.id,
+            &job.tenant,
+            &job.idempotency_key,
+            &spec,
+            &job.name,
+            &mode_str(job.mode),
+            &job.gpu_type,
+            &job.gpus,
+            &job.gpus_per_worker,
+            &job.workers,
+            &job.priority,
+            &job.required.as_str(),
+            &job.preferred.as_str(),
+            &job.spec.estimated_duration_s,
+            &keyed,
+            &lock_key,
+            &message,
+            &detail,
+            &min_workers,
+            &unchecked,
+        ];
+        let row = conn.query_one(&submit, &params).await?;
+        if row.get::<_, bool>(2) {
+            params[19] = &checked;
+            return self
+                .submit_limited(&mut conn, &submit, &params, job, &spec)
+                .await;
+        }
+        self.submit_outcome(&**conn, &row, job, &spec).await
+    }
+
+    /// A limited tenant's submit: in one transaction, the key's lock (a
+    /// concurrent request with the key is told to retry), the job an
+    /// earlier create with the key made (returned even at the limit), the
+    /// tenant's lock and the limits' check, then the same insert.
+    async fn submit_limited(
+        &self,
+        conn: &mut deadpool_postgres::Object,
+        submit: &tokio_postgres::Statement,
+        params: &[&(dyn ToSql + Sync)],
+        job: &NewJob,
+        spec: &serde_json::Value,
+    ) -> Result<SubmitOutcome> {
+        let tx = conn.transaction().await?;
+        if job.idempotency_key.is_some() {
+            let got: bool = tx
+                .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&key_lock(job.id)])
+                .await?
+                .get(0);
+            if !got {
+                return Err(StoreError::InFlight);
+            }
+            if let Some(existing) = job_row(&*tx, &job.tenant, job.id).await? {
+                return self.replay(job, spec, existing);
+            }
+        }
+        super::limits::admit_in_tx(&tx, self.region(), &job.tenant, job.gpus.max(0) as u64).await?;
+        // The key's lock is held already (advisory locks are re-entrant).
+        let row = tx.query_one(submit, params).await?;
+        let outcome = self.submit_outcome(&*tx, &row, job, spec).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// What the submit statement's answer (`got`, `created_at`) means.
+    async fn submit_outcome<C: GenericClient + Sync>(
+        &self,
+        client: &C,
+        row: &tokio_postgres::Row,
+        job: &NewJob,
+        spec: &serde_json::Value,
+    ) -> Result<SubmitOutcome> {
         if !row.get::<_, bool>(0) {
             return Err(StoreError::InFlight);
         }
         let Some(created_at) = row.get::<_, Option<DateTime<Utc>>>(1) else {
             // The id is derived from (tenant, key), so a conflict is a retry
             // of the same key, or (astronomically unlikely) a collision.
-            let existing = self.load_job_row(&conn, &job.tenant, job.id).await?;
-            let same_key = existing.1.as_deref() == job.idempotency_key.as_deref();
-            if same_key && existing.2 == spec {
-                // The same answer as the first time (Stripe's rule): the
-                // job as it was created. Its current state is a GET away.
-                return Ok(SubmitOutcome::Replayed(self.as_created(job, existing.3)));
-            }
-            return Err(StoreError::KeyReused);
+            let existing = job_row(client, &job.tenant, job.id)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            return self.replay(job, spec, existing);
         };
         // Everything a new job's JSON holds is known here: no read back.
         Ok(SubmitOutcome::Created(self.as_created(job, created_at)))
+    }
+
+    /// The answer to a create whose id is taken by `existing`: the same
+    /// answer as the first time (Stripe's rule) when it is a retry with the
+    /// same key and spec — the job as it was created; its current state is
+    /// a GET away.
+    fn replay(
+        &self,
+        job: &NewJob,
+        spec: &serde_json::Value,
+        existing: (Option<String>, serde_json::Value, DateTime<Utc>),
+    ) -> Result<SubmitOutcome> {
+        let same_key = existing.0.as_deref() == job.idempotency_key.as_deref();
+        if same_key && existing.1 == *spec {
+            return Ok(SubmitOutcome::Replayed(self.as_created(job, existing.2)));
+        }
+        Err(StoreError::KeyReused)
     }
 
     /// The job as its create answered it.
@@ -193,24 +269,6 @@ impl Store {
             goodput: None,
             restore_from: None,
         }
-    }
-
-    /// (job_id, idempotency_key, spec, created_at) of a tenant's job.
-    async fn load_job_row(
-        &self,
-        conn: &tokio_postgres::Client,
-        tenant: &str,
-        id: Uuid,
-    ) -> Result<(Uuid, Option<String>, serde_json::Value, DateTime<Utc>)> {
-        let row = conn
-            .query_opt(
-                "SELECT job_id, idempotency_key, spec, created_at FROM jobs
-                 WHERE job_id = $1 AND tenant = $2",
-                &[&id, &tenant],
-            )
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        Ok((row.get(0), row.get(1), row.get(2), row.get(3)))
     }
 
     /// A tenant's job. Another tenant's job is [`StoreError::NotFound`].
@@ -370,6 +428,22 @@ impl Store {
         drop(conn);
         self.get_job(tenant, id).await
     }
+}
+
+/// (idempotency_key, spec, created_at) of a tenant's job, if it has it.
+async fn job_row<C: GenericClient + Sync>(
+    client: &C,
+    tenant: &str,
+    id: Uuid,
+) -> Result<Option<(Option<String>, serde_json::Value, DateTime<Utc>)>> {
+    let row = client
+        .query_opt(
+            "SELECT idempotency_key, spec, created_at FROM jobs
+             WHERE job_id = $1 AND tenant = $2",
+            &[&id, &tenant],
+        )
+        .await?;
+    Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
 }
 
 /// The advisory lock key of a keyed create (from its derived job id).

@@ -52,23 +52,33 @@
 //!   why (`reason`), and for one waited for (out for a passing reason at
 //!   its turn) since when (`waiting_since`), so a restart neither forgets
 //!   a skip nor restarts a wait.
+//! - `tenant_limits` (`limits.rs`): operator-set admission limits per
+//!   tenant — queued jobs at most, GPUs of unfinished jobs at most (NULL:
+//!   no limit on that dimension). Operator intent, like `quotas`, which
+//!   nothing else can tell us again. What they are checked against is not
+//!   stored: it is counted from `jobs` (index `jobs_unfinished_by_tenant`)
+//!   under a per-tenant advisory lock when a limited tenant submits.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
 //! - `jobs.rs`: submit, get, list, cancel, events.
+//! - `limits.rs`: per-tenant admission limits: the check a limited
+//!   tenant's submit (and dry run) makes, and listing them.
 //! - `agents.rs`: agent registration and sync (reports in, assignments out).
 //! - `plans.rs`: the scheduler's snapshot and the generation-checked commit.
 //! - `rows.rs`: row → domain conversions.
 //! - `usage.rs`: a tenant's GPU-seconds per period from the allocations.
 //! - `nodes.rs`: node health from syncs and the clock, operators' node
 //!   actions and injected faults, and what both decide (evacuate, lost).
-//! - `audit.rs`: the audit log, and the audited quota and preempt actions.
+//! - `audit.rs`: the audit log, and the audited quota, limits and preempt
+//!   actions.
 //! - `spares.rs`: spare swaps under failed nodes, held GPUs, refills.
 //! - `maintenance.rs`: rolling maintenance plans and the leader's tick.
 
 mod agents;
 mod audit;
 mod jobs;
+mod limits;
 mod maintenance;
 mod nodes;
 mod plans;
@@ -124,6 +134,26 @@ pub enum StoreError {
     /// no longer applies; nothing was written.
     #[error("stale plan: {0}")]
     StalePlan(String),
+    /// Admitting the job would leave the tenant with more queued jobs in
+    /// the region than its limit; nothing was written.
+    #[error("{queued} queued job(s) in region {region}, at the limit of {limit}")]
+    QueuedJobsLimit {
+        region: String,
+        limit: u32,
+        /// The tenant's jobs queued now.
+        queued: u64,
+    },
+    /// Admitting the job would make its tenant's unfinished jobs in the
+    /// region ask for more GPUs than its limit; nothing was written.
+    #[error("{job_gpus} GPUs asked on top of {unfinished_gpus} in region {region}, over the limit of {limit}")]
+    RequestedGpusLimit {
+        region: String,
+        limit: u32,
+        /// GPUs the tenant's unfinished jobs ask for now.
+        unfinished_gpus: u64,
+        /// GPUs the refused job asks for.
+        job_gpus: u64,
+    },
 }
 
 impl StoreError {
