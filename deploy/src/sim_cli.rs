@@ -74,8 +74,8 @@ pub struct SimArgs {
     /// and reclaims lent capacity).
     #[arg(long)]
     no_preemption: bool,
-    /// Gangway's policy never moves small low-priority jobs out of a
-    /// reserved low-priority gang's way.
+    /// Gangway's policy never moves small jobs (low-priority, or of a
+    /// tenant beyond its guarantee) out of a reserved gang's way.
     #[arg(long)]
     no_defrag: bool,
     /// Seconds a run must have run before it may be preempted.

@@ -1,12 +1,18 @@
 //! The scheduling loop: snapshot → plan (pure core) → generation-checked
 //! commit. Only the leader runs passes; see [`crate::leader`].
+//!
+//! Scheduling is partitioned by GPU type: while it leads, a replica runs
+//! one pass loop per type of its fleet, each on its own snapshot of that
+//! type's nodes and jobs, committing against that type's partition
+//! version ([`Store::apply_plan`]). A slow or busy pool never holds up
+//! another's passes, and two pools' commits never make each other stale.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use gangway_sched::{plan, Snapshot};
+use gangway_sched::{plan, plan_partitioned, Snapshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -44,22 +50,43 @@ pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutc
     run_pass_with(store, &Planning::with_agent_timeout(agent_timeout)).await
 }
 
-/// Runs one scheduling pass against the store.
+/// Runs one scheduling pass over every GPU type against the store (the
+/// types' partitions planned at once, [`plan_partitioned`]; committed
+/// together).
 pub async fn run_pass_with(store: &Store, planning: &Planning) -> Result<PassOutcome, StoreError> {
+    pass(store, planning, None).await
+}
+
+/// Runs one scheduling pass over one GPU type's partition.
+pub async fn run_partition_pass(
+    store: &Store,
+    planning: &Planning,
+    gpu_type: &str,
+) -> Result<PassOutcome, StoreError> {
+    pass(store, planning, Some(gpu_type)).await
+}
+
+async fn pass(
+    store: &Store,
+    planning: &Planning,
+    only: Option<&str>,
+) -> Result<PassOutcome, StoreError> {
     let started = Instant::now();
-    let data = store
-        .snapshot_with(planning.agent_timeout, planning.history)
-        .await?;
+    let data = match only {
+        Some(t) => (store.snapshot_partition(t, planning.agent_timeout, planning.history)).await?,
+        None => (store.snapshot_with(planning.agent_timeout, planning.history)).await?,
+    };
     let snapshot_took = started.elapsed();
     let snapshot = data.snapshot;
     let policy = planning.policy.clone();
     let (snapshot, planned, plan_took) = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
-        let p = plan(&snapshot, &policy);
+        let p = plan_partitioned(&snapshot, &policy);
         (snapshot, p, t.elapsed())
     })
     .await
     .expect("the planner does not panic");
+    let partition = only.unwrap_or("all").to_string();
     record_fleet_metrics(&snapshot);
     let mut outcome = PassOutcome {
         placements: planned.placements.len(),
@@ -71,22 +98,22 @@ pub async fn run_pass_with(store: &Store, planning: &Planning) -> Result<PassOut
         },
         ..Default::default()
     };
-    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "snapshot")
+    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "snapshot", "partition" => partition.clone())
         .record(snapshot_took.as_secs_f64());
-    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "plan")
+    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "plan", "partition" => partition.clone())
         .record(plan_took.as_secs_f64());
     if planned.placements.is_empty() && planned.preemptions.is_empty() {
         // Nothing to commit: leave the generation alone so that a plan
         // another replica is applying right now does not go stale for nothing.
-        metrics::counter!("gangway_schedule_passes_total", "outcome" => "idle").increment(1);
-        metrics::histogram!("gangway_schedule_pass_seconds")
+        metrics::counter!("gangway_schedule_passes_total", "outcome" => "idle", "partition" => partition.clone()).increment(1);
+        metrics::histogram!("gangway_schedule_pass_seconds", "partition" => partition)
             .record(started.elapsed().as_secs_f64());
         return Ok(outcome);
     }
     let commit_started = Instant::now();
     let applied = store.apply_plan(&planned).await;
     outcome.phases.commit = commit_started.elapsed();
-    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "commit")
+    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "commit", "partition" => partition.clone())
         .record(outcome.phases.commit.as_secs_f64());
     match applied {
         Ok(applied) => {
@@ -106,20 +133,21 @@ pub async fn run_pass_with(store: &Store, planning: &Planning) -> Result<PassOut
                     metrics::histogram!("gangway_queue_wait_seconds").record(wait);
                 }
             }
-            metrics::counter!("gangway_schedule_passes_total", "outcome" => "committed")
+            metrics::counter!("gangway_schedule_passes_total", "outcome" => "committed", "partition" => partition.clone())
                 .increment(1);
         }
         Err(StoreError::StalePlan(why)) => {
             tracing::debug!(%why, "plan rejected as stale");
-            metrics::counter!("gangway_schedule_passes_total", "outcome" => "stale").increment(1);
+            metrics::counter!("gangway_schedule_passes_total", "outcome" => "stale", "partition" => partition.clone()).increment(1);
             outcome.stale = true;
         }
         Err(e) => {
-            metrics::counter!("gangway_schedule_passes_total", "outcome" => "error").increment(1);
+            metrics::counter!("gangway_schedule_passes_total", "outcome" => "error", "partition" => partition.clone()).increment(1);
             return Err(e);
         }
     }
-    metrics::histogram!("gangway_schedule_pass_seconds").record(started.elapsed().as_secs_f64());
+    metrics::histogram!("gangway_schedule_pass_seconds", "partition" => partition)
+        .record(started.elapsed().as_secs_f64());
     Ok(outcome)
 }
 
@@ -132,15 +160,21 @@ fn record_fleet_metrics(s: &Snapshot) {
             e.1 += n.free.len() as u64;
         }
     }
+    let mut queued: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in &s.queue {
+        *queued.entry(r.gpu_type.as_str()).or_default() += 1;
+    }
     for (t, (allocated, free)) in by_type {
         metrics::gauge!("gangway_gpus_allocated", "gpu_type" => t.to_string())
             .set(allocated as f64);
         metrics::gauge!("gangway_gpus_free", "gpu_type" => t.to_string()).set(free as f64);
+        let depth = queued.get(t).copied().unwrap_or(0);
+        metrics::gauge!("gangway_queue_depth", "gpu_type" => t.to_string()).set(depth as f64);
     }
-    metrics::gauge!("gangway_queue_depth").set(s.queue.len() as f64);
 }
 
-/// Competes for leadership and, while leader, runs passes until `shutdown`.
+/// Competes for leadership and, while leader, runs one pass loop per GPU
+/// type ([`partition_loop`]) until `shutdown` or until leadership is lost.
 pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
     let span = tracing::info_span!("scheduler", region = %state.store.region());
     async move {
@@ -148,6 +182,7 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
         let planning = cfg.planning();
         let mut leadership: Option<Leadership> = None;
         let mut last_health_tick = None;
+        let mut partitions = Partitions::default();
         loop {
             if shutdown.is_cancelled() {
                 break;
@@ -155,6 +190,7 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
             // (Re)connect the leadership connection when needed.
             if leadership.as_ref().is_none_or(|l| l.is_closed()) {
                 set_leader(&state, false);
+                partitions.stop_all().await;
                 match Leadership::connect(&cfg.database_url).await {
                     Ok(l) => leadership = Some(l),
                     Err(e) => {
@@ -174,11 +210,94 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
             };
             set_leader(&state, leading);
             if !leading {
+                partitions.stop_all().await;
                 sleep_or_cancel(cfg.leader_retry_interval, &shutdown).await;
                 continue;
             }
             crate::health::tick_if_due(&state, &mut last_health_tick).await;
-            match run_pass_with(&state.store, &planning).await {
+            // One pass loop per GPU type of the fleet (re-read only when
+            // the fleet changed).
+            match state.fleet_shape().await {
+                Ok(shape) => partitions.reconcile(&state, &planning, shape.keys()),
+                Err(e) => tracing::warn!(error = %e, "cannot read the fleet's GPU types"),
+            }
+            sleep_or_cancel(cfg.schedule_interval, &shutdown).await;
+        }
+        partitions.stop_all().await;
+        if let Some(mut l) = leadership {
+            l.release().await;
+        }
+        set_leader(&state, false);
+    }
+    .instrument(span)
+    .await
+}
+
+/// The running pass loops, by GPU type.
+#[derive(Default)]
+struct Partitions {
+    loops: BTreeMap<String, (CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+impl Partitions {
+    /// Starts a loop for every type that has none, stops those of types
+    /// gone from the fleet.
+    fn reconcile<'t>(
+        &mut self,
+        state: &AppState,
+        planning: &Planning,
+        types: impl Iterator<Item = &'t String>,
+    ) {
+        let types: std::collections::BTreeSet<&String> = types.collect();
+        self.loops.retain(|t, (stop, task)| {
+            let keep = types.contains(t) && !task.is_finished();
+            if !keep {
+                stop.cancel();
+            }
+            keep
+        });
+        for t in types {
+            if !self.loops.contains_key(t) {
+                let stop = CancellationToken::new();
+                let task = tokio::spawn(partition_loop(
+                    state.clone(),
+                    planning.clone(),
+                    t.clone(),
+                    stop.clone(),
+                ));
+                tracing::info!(gpu_type = %t, "scheduling partition started");
+                self.loops.insert(t.clone(), (stop, task));
+            }
+        }
+    }
+
+    /// Stops every loop and waits until none is in a pass.
+    async fn stop_all(&mut self) {
+        for (t, (stop, task)) in std::mem::take(&mut self.loops) {
+            stop.cancel();
+            let _ = task.await;
+            tracing::info!(gpu_type = %t, "scheduling partition stopped");
+        }
+    }
+}
+
+/// One GPU type's passes: again at once while they place work or lose a
+/// race, else on a wake-up (new job, freed GPUs) or every
+/// `schedule_interval`, until `stop`.
+async fn partition_loop(
+    state: AppState,
+    planning: Planning,
+    gpu_type: String,
+    stop: CancellationToken,
+) {
+    let span = tracing::info_span!("partition", gpu_type = %gpu_type);
+    async move {
+        let mut wake = state.sched_wakeup.subscribe();
+        while !stop.is_cancelled() {
+            // Wake-ups from now on count for the next wait.
+            wake.borrow_and_update();
+            // A pass under way finishes (its commit is checked anyway).
+            match run_partition_pass(&state.store, &planning, &gpu_type).await {
                 Ok(o) if o.stale => continue, // replan at once on fresh state
                 Ok(o) if o.placements > 0 => {
                     tracing::debug!(
@@ -192,15 +311,11 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
                 Err(e) => tracing::warn!(error = %e, "scheduling pass failed"),
             }
             tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = state.sched_wakeup.notified() => {}
-                _ = tokio::time::sleep(cfg.schedule_interval) => {}
+                _ = stop.cancelled() => break,
+                _ = wake.changed() => {}
+                _ = tokio::time::sleep(state.config.schedule_interval) => {}
             }
         }
-        if let Some(mut l) = leadership {
-            l.release().await;
-        }
-        set_leader(&state, false);
     }
     .instrument(span)
     .await

@@ -634,7 +634,8 @@ async fn a_planned_preemption_checkpoints_the_victim_and_skips_jobs_no_longer_ru
     let normal = submit(&store, &job_at("globex", 8, 8, Priority::Normal)).await;
     let gone = Uuid::new_v4();
 
-    let generation = store.generation().await.unwrap();
+    // Made by hand, against the state as a scheduler reads it.
+    let read = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
     let preemption = |victim: Uuid| Preemption {
         job: victim.to_string(),
         for_job: normal.to_string(),
@@ -643,7 +644,8 @@ async fn a_planned_preemption_checkpoints_the_victim_and_skips_jobs_no_longer_ru
         gpus: 16,
     };
     let planned = Plan {
-        generation,
+        generation: read.generation,
+        partitions: read.partitions.clone(),
         // A queued job and a job that does not exist are not running: both
         // are skipped, and the victim that is running is preempted.
         preemptions: vec![preemption(normal), preemption(gone), preemption(low)],

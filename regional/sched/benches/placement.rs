@@ -14,6 +14,9 @@
 //! - `pass/h100-40k/<policy>/<allocated>%`: one `plan` call over 5,000 queued
 //!   jobs whose sizes follow the Philly trace's shape (mostly 1 GPU, some
 //!   2–64), under each policy kind.
+//! - `partitions/mixed-40k/<allocated>%/<case>`: 6,000 such jobs over the
+//!   mixed fleet's three GPU types, planned in one pass, as partitions at
+//!   once, and each type's partition alone.
 //!
 //! Run: `cargo bench -p gangway-sched --bench placement -- --warm-up-time 1 --measurement-time 3`
 //!
@@ -28,7 +31,9 @@ use std::path::Path;
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use gangway_sched::{plan, Level, Node, Plan, Policy, PolicyKind, Request, Running, Snapshot};
+use gangway_sched::{
+    plan, plan_partitioned, Level, Node, Plan, Policy, PolicyKind, Request, Running, Snapshot,
+};
 use gangway_shared::fleet::FleetFile;
 
 /// Wall time, or the benchmark thread's CPU time when
@@ -395,9 +400,63 @@ fn full_pass(c: &mut Criterion<Clock>) {
     }
 }
 
+/// [`philly_queue`] spread over the mixed fleet's types: half h100, a
+/// quarter each a100 and gb200 (4-GPU trays: gangs of 4 per worker).
+fn mixed_queue(n: usize, seed: u64) -> Vec<Request> {
+    let mut q = philly_queue(n, seed);
+    for (i, r) in q.iter_mut().enumerate() {
+        match i % 4 {
+            2 => r.gpu_type = "a100".into(),
+            3 => {
+                r.gpu_type = "gb200".into();
+                let gpus = r.gpus();
+                let gpw = gpus.min(4) as u32;
+                r.gpus_per_worker = gpw;
+                r.ranks = (0..(gpus / u64::from(gpw)) as u32).collect();
+            }
+            _ => {}
+        }
+    }
+    q
+}
+
+/// Scheduling partitions on the 40,960-GPU mixed fleet: one pass over every
+/// type (`plan`), the types' partitions planned at once, one thread each
+/// (`plan_partitioned`), and each type's partition alone (what one of the
+/// region's partition loops plans). Wall time only: the thread-CPU clock
+/// would not see the other threads.
+fn partitions(c: &mut Criterion<Clock>) {
+    let base = fleet("mixed-40k.toml");
+    let policy = Policy::default();
+    for percent in [50, 90] {
+        let mut nodes = base.clone();
+        let running = allocate(&mut nodes, percent, 42);
+        let snap = snapshot(nodes, running, mixed_queue(6_000, 7));
+        let name = format!("partitions/mixed-40k/{percent}%");
+        describe(&format!("{name}/one pass"), &plan(&snap, &policy));
+        describe(
+            &format!("{name}/partitioned"),
+            &plan_partitioned(&snap, &policy),
+        );
+        let mut group = c.benchmark_group(name);
+        group.sample_size(20);
+        group.bench_function("one pass", |b| b.iter(|| plan(black_box(&snap), &policy)));
+        group.bench_function("partitioned", |b| {
+            b.iter(|| plan_partitioned(black_box(&snap), &policy))
+        });
+        for ty in ["h100", "a100", "gb200"] {
+            let part = snap.partition(ty);
+            group.bench_function(format!("{ty} alone"), |b| {
+                b.iter(|| plan(black_box(&part), &policy))
+            });
+        }
+        group.finish();
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().with_measurement(Clock::from_env());
-    targets = decisions, reservations, full_pass
+    targets = decisions, reservations, full_pass, partitions
 }
 criterion_main!(benches);

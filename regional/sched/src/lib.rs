@@ -14,6 +14,9 @@
 //!   [`Reservation`], [`WaitReason`], [`Level`]).
 //! - `plan.rs`: [`plan`]: queue order, quotas, the rounds of a pass, and
 //!   FIFO's first fit.
+//! - `partition.rs`: scheduling partitions, one per GPU type
+//!   ([`Snapshot::partition`], [`plan_partitioned`]: every type's pool
+//!   planned at once, one thread each).
 //! - `fair.rs`: Gangway's fair queue order (guarantees, weighted dominant
 //!   share with decayed history).
 //! - `preempt.rs`: which running units to preempt for waiting ones.
@@ -105,9 +108,9 @@
 //!   [`Plan::preemptions`], [`WaitReason::Preempting`]): `normal` and
 //!   `high` units preempt `low` ones ([`PreemptCause::Priority`]); a tenant
 //!   under its guarantee takes lent GPUs back from tenants above theirs
-//!   ([`PreemptCause::Reclaim`]); a reserved gang moves small preemptible
-//!   units of its class that fragment the nodes it needs, when they fit
-//!   elsewhere at once ([`PreemptCause::Defrag`]). Victims have run
+//!   ([`PreemptCause::Reclaim`]); a reserved gang moves small units of its
+//!   class or lower, low or borrowed, that fragment the nodes it needs,
+//!   when they fit elsewhere at once ([`PreemptCause::Defrag`]). Victims have run
 //!   [`PreemptionPolicy::min_run_s`], priority victims have been preempted
 //!   fewer than [`PreemptionPolicy::max_preemptions`] times; a unit with
 //!   victims in flight takes no more, and one whose reservation starts
@@ -143,6 +146,7 @@ mod apply;
 mod backfill;
 mod fair;
 mod index;
+mod partition;
 mod place;
 mod plan;
 mod preempt;
@@ -150,6 +154,7 @@ mod timeline;
 pub mod types;
 
 pub use apply::apply;
+pub use partition::plan_partitioned;
 pub use plan::plan;
 pub use types::{
     Elastic, Level, Node, ParseLevelError, Placement, Plan, Policy, PolicyKind, PreemptCause,

@@ -170,6 +170,7 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
 
     let mut out = Plan {
         generation: snapshot.generation,
+        partitions: snapshot.partitions.clone(),
         ..Plan::default()
     };
     let max = policy.max_placements.unwrap_or(usize::MAX);

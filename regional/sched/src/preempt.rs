@@ -17,9 +17,10 @@
 //! - **Defragmentation** ([`PreemptionPolicy::defrag`]): a gang (two or
 //!   more workers) that holds a reservation starting after the checkpoint
 //!   deadline, with no higher class waiting for its type, may move units
-//!   of the preemptible class no higher than its own that sit on one node
-//!   with fewer GPUs than one of its workers (small jobs fragmenting the
-//!   nodes it needs whole), preempted fewer than
+//!   no higher than its own, of the preemptible class or of tenants that
+//!   hold more than their guarantee of the type (borrowed capacity), that
+//!   sit on one node with fewer GPUs than one of its workers (small jobs
+//!   fragmenting the nodes it needs whole), preempted fewer than
 //!   [`PreemptionPolicy::max_preemptions`] times — but only when every
 //!   such victim fits at once on free GPUs outside the domain the gang
 //!   takes (best fit, promised to them for the rest of the pass), so it
@@ -286,7 +287,9 @@ pub(crate) fn choose(
             {
                 Some(PreemptCause::Reclaim)
             } else if defrag
-                && r.priority <= PREEMPTIBLE_PRIORITY
+                && (r.priority <= PREEMPTIBLE_PRIORITY
+                    || usage.get(&(r.tenant.as_str(), ty)).copied().unwrap_or(0)
+                        > guaranteed(&r.tenant, ty))
                 && r.priority <= req.priority
                 && r.preemptions < policy.max_preemptions
                 && r.elastic.is_none()

@@ -896,3 +896,34 @@ fn no_defragmentation_of_young_runs_or_while_a_higher_class_waits() {
         p.preemptions
     );
 }
+
+#[test]
+fn a_reserved_gang_moves_small_borrowed_jobs_of_its_class_but_not_guaranteed_ones() {
+    // Everything normal priority. globex holds 12 GPUs with no guarantee
+    // (all borrowed): its small jobs on leaf 0 are moved, as low ones are.
+    let mut s = fragmented(4);
+    for r in &mut s.running {
+        r.priority = 1;
+    }
+    s.queue[0].priority = 1;
+    let p = plan(&s, &Policy::default());
+    assert_eq!(
+        victims(&p),
+        vec![
+            ("a", "g", PreemptCause::Defrag),
+            ("b", "g", PreemptCause::Defrag)
+        ]
+    );
+    // Guaranteed 12, globex borrows nothing: its normal jobs stay put.
+    guarantee(&mut s, "globex", 12);
+    let p = plan(&s, &Policy::default());
+    assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
+    assert_eq!(reason_of(&p, "g").code(), "reserved");
+    // A higher class is never moved for a lower one, borrowed or not.
+    let mut s = fragmented(4);
+    for r in &mut s.running {
+        r.priority = 1;
+    }
+    let p = plan(&s, &Policy::default());
+    assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
+}

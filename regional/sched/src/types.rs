@@ -182,6 +182,11 @@ impl Request {
 pub struct Snapshot {
     /// The state's version; a plan is only valid against this generation.
     pub generation: i64,
+    /// Per GPU type, the version of that type's scheduling partition (the
+    /// caller's, like `generation`; copied into the plan): a plan's
+    /// decisions about a type are only valid against it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub partitions: BTreeMap<String, i64>,
     pub nodes: Vec<Node>,
     /// Queued units, in any order (the pass sorts them).
     pub queue: Vec<Request>,
@@ -204,6 +209,11 @@ pub struct Snapshot {
     /// reservations for waiting gangs are computed from.
     #[serde(default)]
     pub running: Vec<Running>,
+    /// GPUs of each type in the whole region, for dominant shares, when
+    /// `nodes` holds only part of it (a partition, [`Snapshot::partition`]).
+    /// Empty: counted from `nodes`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capacity: BTreeMap<String, u64>,
 }
 
 /// A tenant's terms and history for one GPU type, for fair sharing.
@@ -420,8 +430,8 @@ pub struct PreemptionPolicy {
     /// How long a victim has to checkpoint and stop (seconds): its GPUs are
     /// expected to be free by then.
     pub checkpoint_deadline_s: u64,
-    /// A reserved gang may move small preemptible units of its class out of
-    /// the way ([`PreemptCause::Defrag`]).
+    /// A reserved gang may move small units of its class or lower, low
+    /// priority or borrowed, out of the way ([`PreemptCause::Defrag`]).
     pub defrag: bool,
 }
 
@@ -443,6 +453,9 @@ impl Default for PreemptionPolicy {
 pub struct Plan {
     /// The snapshot generation the plan was computed at.
     pub generation: i64,
+    /// The snapshot's partition versions ([`Snapshot::partitions`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub partitions: BTreeMap<String, i64>,
     /// In the order they were decided (the queue order).
     pub placements: Vec<Placement>,
     /// In queue order.
@@ -469,11 +482,11 @@ pub enum PreemptCause {
     /// checkpoint) larger: idle GPUs nobody waits for could hold at least
     /// half as many workers again. `for_job` is the unit itself.
     Grow,
-    /// Defragmentation: a small preemptible unit (on one node, fewer GPUs
-    /// than one worker of the gang) is moved — checkpointed, stopped and
-    /// requeued, with room for it elsewhere — so that a reserved gang of
-    /// its class waiting for whole nodes can start now instead of at its
-    /// reservation.
+    /// Defragmentation: a small unit (on one node, fewer GPUs than one
+    /// worker of the gang), low priority or of a tenant beyond its
+    /// guarantee, is moved — checkpointed, stopped and requeued, with room
+    /// for it elsewhere — so that a reserved gang of its class or higher
+    /// waiting for whole nodes can start now instead of at its reservation.
     Defrag,
 }
 

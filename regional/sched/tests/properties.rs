@@ -13,8 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gangway_sched::{
-    apply, plan, Level, Node, Placement, Plan, Policy, PolicyKind, Request, Running, Snapshot,
-    WaitReason,
+    apply, plan, plan_partitioned, Level, Node, Placement, Plan, Policy, PolicyKind, Request,
+    Running, Snapshot, WaitReason,
 };
 use proptest::prelude::*;
 
@@ -1139,6 +1139,41 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
         prop_assert_eq!(&r.gpu_type, &u.gpu_type);
         prop_assert!(s.now - r.started >= rules.min_run_s, "{} too young", r.job);
         prop_assert_eq!(v.at_risk_gpu_s, r.at_risk_gpu_s(s.now));
+        let g = |t: &str| {
+            s.shares
+                .get(&(t.to_string(), u.gpu_type.clone()))
+                .map_or(0, |x| u64::from(x.guaranteed))
+        };
+        // What the victim's tenant holds once the pass's starts are
+        // counted and units already leaving are not.
+        let held = |t: &str| {
+            let now = u64::from(
+                s.usage
+                    .get(&(t.to_string(), u.gpu_type.clone()))
+                    .copied()
+                    .unwrap_or(0),
+            );
+            let placed: u64 = (p.placements.iter())
+                .map(|x| (units[x.job.as_str()], x.workers.len() as u64))
+                .filter(|(q, _)| q.tenant == t && q.gpu_type == u.gpu_type)
+                .map(|(q, w)| w * u64::from(q.gpus_per_worker))
+                .sum();
+            let leaving: u64 = (s.running.iter())
+                .filter(|x| x.tenant == t && x.gpu_type == u.gpu_type && x.preempted_for.is_some())
+                .map(|x| x.gpu_count())
+                .sum();
+            // Units that chose victims count as holding what they wait for.
+            let waiting_for: BTreeSet<&str> = (p.preemptions.iter())
+                .filter(|x| x.cause != gangway_sched::PreemptCause::Grow)
+                .map(|x| x.for_job.as_str())
+                .collect();
+            let promised: u64 = (waiting_for.iter())
+                .map(|j| units[j])
+                .filter(|q| q.tenant == t && q.gpu_type == u.gpu_type)
+                .map(|q| q.gpus())
+                .sum();
+            (now + placed + promised).saturating_sub(leaving)
+        };
         match v.cause {
             gangway_sched::PreemptCause::Priority => {
                 prop_assert!(r.priority <= gangway_sched::PREEMPTIBLE_PRIORITY);
@@ -1149,51 +1184,19 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
             gangway_sched::PreemptCause::Defrag => {
                 prop_assert!(rules.defrag);
                 prop_assert!(u.ranks.len() >= 2, "only gangs defragment");
-                prop_assert!(r.priority <= gangway_sched::PREEMPTIBLE_PRIORITY);
+                prop_assert!(
+                    r.priority <= gangway_sched::PREEMPTIBLE_PRIORITY
+                        || held(&r.tenant) > g(&r.tenant),
+                    "{} is neither preemptible nor borrowing",
+                    r.job
+                );
                 prop_assert!(r.priority <= u.priority);
                 prop_assert!(r.preemptions < rules.max_preemptions);
                 prop_assert!(r.gpus.len() == 1 && r.gpu_count() < u64::from(u.gpus_per_worker));
             }
             gangway_sched::PreemptCause::Reclaim => {
                 prop_assert!(r.tenant != u.tenant);
-                let g = |t: &str| {
-                    s.shares
-                        .get(&(t.to_string(), u.gpu_type.clone()))
-                        .map_or(0, |x| u64::from(x.guaranteed))
-                };
                 prop_assert!(g(&u.tenant) >= u.gpus(), "reclaim beyond the guarantee");
-                // What the victim's tenant holds once the pass's starts are
-                // counted and units already leaving are not.
-                let held = |t: &str| {
-                    let now = u64::from(
-                        s.usage
-                            .get(&(t.to_string(), u.gpu_type.clone()))
-                            .copied()
-                            .unwrap_or(0),
-                    );
-                    let placed: u64 = (p.placements.iter())
-                        .map(|x| (units[x.job.as_str()], x.workers.len() as u64))
-                        .filter(|(q, _)| q.tenant == t && q.gpu_type == u.gpu_type)
-                        .map(|(q, w)| w * u64::from(q.gpus_per_worker))
-                        .sum();
-                    let leaving: u64 = (s.running.iter())
-                        .filter(|x| {
-                            x.tenant == t && x.gpu_type == u.gpu_type && x.preempted_for.is_some()
-                        })
-                        .map(|x| x.gpu_count())
-                        .sum();
-                    // Units that chose victims count as holding what they wait for.
-                    let waiting_for: BTreeSet<&str> = (p.preemptions.iter())
-                        .filter(|x| x.cause != gangway_sched::PreemptCause::Grow)
-                        .map(|x| x.for_job.as_str())
-                        .collect();
-                    let promised: u64 = (waiting_for.iter())
-                        .map(|j| units[j])
-                        .filter(|q| q.tenant == t && q.gpu_type == u.gpu_type)
-                        .map(|q| q.gpus())
-                        .sum();
-                    (now + placed + promised).saturating_sub(leaving)
-                };
                 prop_assert!(
                     held(&r.tenant) > g(&r.tenant),
                     "{} was not borrowing",
@@ -1286,6 +1289,107 @@ proptest! {
         for kind in [PolicyKind::SlurmBackfill, PolicyKind::FifoFirstFit] {
             let other = Policy { kind, ..policy.clone() };
             prop_assert!(plan(&s, &other).preemptions.is_empty());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Partitions: one pass per GPU type.
+
+/// The part of `p` about units of GPU type `ty`.
+fn of_type(s: &Snapshot, p: &Plan, ty: &str) -> Plan {
+    let types: BTreeMap<&str, &str> = (s
+        .queue
+        .iter()
+        .map(|r| (r.job.as_str(), r.gpu_type.as_str())))
+    .chain(
+        s.running
+            .iter()
+            .map(|r| (r.job.as_str(), r.gpu_type.as_str())),
+    )
+    .collect();
+    let is = |job: &str| types.get(job).copied() == Some(ty);
+    Plan {
+        generation: p.generation,
+        partitions: (p.partitions.iter())
+            .filter(|(t, _)| *t == ty)
+            .map(|(t, &g)| (t.clone(), g))
+            .collect(),
+        placements: p
+            .placements
+            .iter()
+            .filter(|x| is(&x.job))
+            .cloned()
+            .collect(),
+        waiting: p.waiting.iter().filter(|x| is(&x.job)).cloned().collect(),
+        reservations: p
+            .reservations
+            .iter()
+            .filter(|x| is(&x.job))
+            .cloned()
+            .collect(),
+        preemptions: p
+            .preemptions
+            .iter()
+            .filter(|x| is(&x.job))
+            .cloned()
+            .collect(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+    ))]
+
+    #[test]
+    fn partitioned_plans_keep_every_rule_and_decide_each_type_alone(case in preemption_case()) {
+        let (mut s, policy) = case;
+        let types: Vec<String> = s.gpu_types().into_iter().map(String::from).collect();
+        s.partitions = (types.into_iter().zip(10..)).collect();
+        let p = plan_partitioned(&s, &policy);
+        check_invariants(&s, &p, PolicyKind::Gangway)?;
+        // Each partition's version comes through for the commit to check.
+        prop_assert_eq!(&p.partitions, &s.partitions);
+        // Each partition's pass keeps the preemption rules (its own victim
+        // budget included) and decides as a pass over its pool alone.
+        for ty in s.gpu_types() {
+            let part = s.partition(ty);
+            prop_assert!(part.nodes.iter().all(|n| n.gpu_type == ty));
+            let mine = of_type(&s, &p, ty);
+            check_preemptions(&part, &mine, &policy)?;
+            prop_assert_eq!(mine, plan(&part, &policy), "{}", ty);
+        }
+        // With one type queued, other types only hold GPUs: what they hold
+        // weighs in fair sharing (dominant shares) exactly as in one pass.
+        let mut one = s.clone();
+        if let Some(ty) = one.queue.first().map(|q| q.gpu_type.clone()) {
+            one.queue.retain(|q| q.gpu_type == ty);
+            // (The generator names victims of any type; a real victim is
+            // always of its unit's type.)
+            one.running
+                .retain(|r| r.gpu_type == ty || (r.elastic.is_none() && r.preempted_for.is_none()));
+            prop_assert_eq!(plan_partitioned(&one, &policy), plan(&one, &policy));
+        }
+        // FIFO's and Slurm-like's orders do not look across types: the
+        // partitioned plan decides what the whole pass does, type by type
+        // (a wait's details may differ: the whole pass runs its rounds
+        // until no type backfilled, a partition until its own did not).
+        for kind in [PolicyKind::SlurmBackfill, PolicyKind::FifoFirstFit] {
+            let other = self::policy(kind);
+            let whole = plan(&s, &other);
+            let parts = plan_partitioned(&s, &other);
+            for ty in s.gpu_types() {
+                let (a, b) = (of_type(&s, &parts, ty), of_type(&s, &whole, ty));
+                prop_assert_eq!(&a.placements, &b.placements, "{:?} {}", kind, ty);
+                prop_assert_eq!(&a.reservations, &b.reservations, "{:?} {}", kind, ty);
+                let waits = |p: &Plan| {
+                    (p.waiting.iter())
+                        .map(|w| (w.job.clone(), w.ranks.clone(), w.reason.code()))
+                        .collect::<Vec<_>>()
+                };
+                prop_assert_eq!(waits(&a), waits(&b), "{:?} {}", kind, ty);
+            }
         }
     }
 }

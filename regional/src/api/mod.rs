@@ -27,7 +27,6 @@ use std::sync::{Arc, Mutex};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use tokio::sync::Notify;
 
 pub use error::ApiError;
 
@@ -43,8 +42,9 @@ const AGENT_BODY_LIMIT: usize = 64 * 1024 * 1024;
 pub struct AppState {
     pub store: Store,
     pub config: Arc<RegionConfig>,
-    /// Wakes the scheduling loop early (new job, freed GPUs).
-    pub sched_wakeup: Arc<Notify>,
+    /// Wakes the scheduling loops early (new job, freed GPUs): every pass
+    /// loop sees a wake-up sent since its last pass began.
+    pub sched_wakeup: Arc<tokio::sync::watch::Sender<u64>>,
     /// Whether this replica holds the scheduling leadership.
     pub leader: Arc<AtomicBool>,
     /// The fleet's shape by GPU type, for validating submissions, with the
@@ -59,7 +59,7 @@ impl AppState {
         AppState {
             store,
             config: Arc::new(config),
-            sched_wakeup: Arc::new(Notify::new()),
+            sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(0)),
             leader: Arc::new(AtomicBool::new(false)),
             fleet: Arc::new(Mutex::new(None)),
         }
@@ -81,7 +81,7 @@ impl AppState {
     }
 
     pub fn wake_scheduler(&self) {
-        self.sched_wakeup.notify_one();
+        self.sched_wakeup.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     pub fn is_leader(&self) -> bool {

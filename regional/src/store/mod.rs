@@ -1,9 +1,16 @@
 //! The region's PostgreSQL store: the source of truth for the region.
 //!
 //! # What is persisted, and why
-//! - `sched_state.generation`: the scheduling generation. A plan records the
-//!   generation it was computed at and commits only if it is still current,
-//!   so a stale plan (another scheduler won the race) is rejected whole.
+//! - `sched_state.generation`: the region's scheduling generation, moved
+//!   by every change to what may be scheduled (nodes, their states, spares,
+//!   maintenance). `sched_partitions`: per GPU type, the partition's
+//!   version, moved by every plan that places or preempts on that type. A
+//!   plan records both as it read them and commits only if both are still
+//!   current for what it decides, so a stale plan (another scheduler of the
+//!   same type won the race, or the fleet changed) is rejected whole, while
+//!   plans for different types commit independently. `placement_seq`
+//!   numbers placing commits (`allocations.generation`), so a job's newest
+//!   run is the one with the highest number.
 //! - `jobs` and `workers`: tenants' intent (the accepted spec, kept verbatim
 //!   for idempotent retries) and each worker's progress. Idempotency keys are
 //!   unique per tenant; a keyed job's id is derived from (tenant, key).

@@ -95,6 +95,28 @@ impl Store {
         agent_timeout: Duration,
         history_options: HistoryOptions,
     ) -> Result<SnapshotData> {
+        self.snapshot_of(None, agent_timeout, history_options).await
+    }
+
+    /// [`Store::snapshot_with`] for one scheduling partition: the nodes,
+    /// queued and running jobs of `gpu_type` only, with every tenant's
+    /// terms, usage and the region's capacity of every type (fair sharing's
+    /// dominant shares span types; see `gangway_sched::plan_partitioned`).
+    pub async fn snapshot_partition(
+        &self,
+        gpu_type: &str,
+        agent_timeout: Duration,
+        history_options: HistoryOptions,
+    ) -> Result<SnapshotData> {
+        (self.snapshot_of(Some(gpu_type), agent_timeout, history_options)).await
+    }
+
+    async fn snapshot_of(
+        &self,
+        only: Option<&str>,
+        agent_timeout: Duration,
+        history_options: HistoryOptions,
+    ) -> Result<SnapshotData> {
         let mut conn = self.conn().await?;
         let tx = conn
             .build_transaction()
@@ -124,9 +146,10 @@ impl Store {
                  FROM nodes n
                  JOIN agents a ON a.agent_id = n.agent_id
                  JOIN gpus g ON g.node_id = n.node_id
+                 WHERE $2::text IS NULL OR n.gpu_type = $2
                  GROUP BY n.node_id, a.last_sync_at
                  ORDER BY n.node_id",
-                &[&timeout_s],
+                &[&timeout_s, &only],
             )
             .await?;
         let live = tx
@@ -134,19 +157,20 @@ impl Store {
                 // Live allocations, and GPUs held for a gang moving onto a
                 // spare (`spares.rs`) while it is being preempted.
                 "SELECT node_id, array_agg(gpu_index) FROM (
-                     SELECT node_id, gpu_index FROM allocations WHERE released_at IS NULL
+                     SELECT node_id, gpu_index FROM allocations
+                     WHERE released_at IS NULL AND ($1::text IS NULL OR gpu_type = $1)
                      UNION
                      SELECT h.node_id, h.gpu_index FROM gpu_holds h
                      JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'
                  ) x GROUP BY node_id",
-                &[],
+                &[&only],
             )
             .await?;
         let mut used: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         for row in &live {
             used.insert(row.get(0), row.get(1));
         }
-        let nodes = node_rows
+        let nodes: Vec<Node> = node_rows
             .iter()
             .map(|row| {
                 let id: String = row.get("node_id");
@@ -183,9 +207,9 @@ impl Store {
                         array_agg(w.rank ORDER BY w.rank) AS ranks
                  FROM workers w JOIN jobs j ON j.job_id = w.job_id
                  WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
-                   AND j.run_workers IS NULL
+                   AND j.run_workers IS NULL AND ($1::text IS NULL OR j.gpu_type = $1)
                  GROUP BY j.job_id",
-                &[],
+                &[&only],
             )
             .await?;
         let mut queue = Vec::new();
@@ -286,10 +310,10 @@ impl Store {
                              THEN j.run_workers END AS elastic_workers,
                         j.workers, j.gpus_per_worker, j.required_level::text AS required
                  FROM allocations a JOIN jobs j ON j.job_id = a.job_id
-                 WHERE a.released_at IS NULL
+                 WHERE a.released_at IS NULL AND ($1::text IS NULL OR a.gpu_type = $1)
                  GROUP BY a.job_id, j.job_id
                  ORDER BY a.job_id",
-                &[],
+                &[&only],
             )
             .await?;
         let running = running_rows
@@ -346,10 +370,47 @@ impl Store {
         {
             usage.insert((row.get(0), row.get(1)), row.get::<_, i64>(2) as u32);
         }
+        // A partition sees the region's capacity of every type (dominant
+        // shares); a whole snapshot counts it from its nodes.
+        let mut capacity = BTreeMap::new();
+        if only.is_some() {
+            for row in tx
+                .query(
+                    "SELECT n.gpu_type, count(*) FROM nodes n
+                     JOIN agents a ON a.agent_id = n.agent_id
+                     JOIN gpus g ON g.node_id = n.node_id
+                     GROUP BY n.gpu_type",
+                    &[],
+                )
+                .await?
+            {
+                capacity.insert(row.get(0), row.get::<_, i64>(1).max(0) as u64);
+            }
+        }
+        // Every covered type's partition version (no row yet: 0).
+        let mut partitions: BTreeMap<String, i64> = match only {
+            Some(t) => [(t.to_string(), 0)].into(),
+            None => (nodes.iter().map(|n: &Node| n.gpu_type.clone()))
+                .chain(queue.iter().map(|r: &Request| r.gpu_type.clone()))
+                .map(|t| (t, 0))
+                .collect(),
+        };
+        for row in tx
+            .query(
+                "SELECT gpu_type, generation FROM sched_partitions
+                 WHERE $1::text IS NULL OR gpu_type = $1",
+                &[&only],
+            )
+            .await?
+        {
+            partitions.insert(row.get(0), row.get(1));
+        }
         tx.commit().await?;
         Ok(SnapshotData {
             snapshot: Snapshot {
                 generation,
+                partitions,
+                capacity,
                 nodes,
                 queue,
                 quotas,
@@ -391,26 +452,33 @@ impl Store {
         Ok(history)
     }
 
-    /// Commits a plan in one transaction, only if the generation it was
-    /// computed at is still current and every placement still applies.
-    /// Otherwise nothing is written and [`StoreError::StalePlan`] returned.
+    /// Commits a plan in one transaction, only if the region generation it
+    /// was computed at is still current, so is the partition version of
+    /// every GPU type it places or preempts on, and every placement still
+    /// applies. Otherwise nothing is written and [`StoreError::StalePlan`]
+    /// returned. The versions of those types move forward; the region
+    /// generation does not (only changes to what may be scheduled move it),
+    /// so plans for other types stay valid.
+    ///
+    /// Locks: `sched_state` shared (a change to nodes, which takes it
+    /// exclusively, waits or makes the plan stale), then the jobs in id
+    /// order, then the partitions in type order.
     pub async fn apply_plan(&self, plan: &Plan) -> Result<ApplyOutcome> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
-        let bumped = tx
-            .query_opt(
-                "UPDATE sched_state SET generation = generation + 1
-                 WHERE id = 1 AND generation = $1 RETURNING generation",
-                &[&plan.generation],
+        let head = tx
+            .query_one(
+                "SELECT generation FROM sched_state WHERE id = 1 FOR SHARE",
+                &[],
             )
             .await?;
-        let Some(bumped) = bumped else {
+        let generation: i64 = head.get(0);
+        if generation != plan.generation {
             return Err(StoreError::StalePlan(format!(
-                "plan computed at generation {} is no longer current",
+                "plan computed at generation {} is no longer current ({generation})",
                 plan.generation
             )));
-        };
-        let generation: i64 = bumped.get(0);
+        }
         if plan.placements.is_empty() && plan.preemptions.is_empty() {
             tx.commit().await?;
             return Ok(ApplyOutcome {
@@ -432,7 +500,9 @@ impl Store {
             .map(|p| parse_job(&p.job))
             .collect::<Result<_>>()?;
         let locked: BTreeSet<Uuid> = placed.iter().chain(&victims).copied().collect();
-        lock_jobs(&tx, &locked.into_iter().collect::<Vec<_>>()).await?;
+        let locked: Vec<Uuid> = locked.into_iter().collect();
+        lock_jobs(&tx, &locked).await?;
+        bump_partitions(&tx, plan, &locked).await?;
 
         // Victims: asked to checkpoint and stop, exactly as an operator's
         // preemption, with the cause and the job they make room for. One no
@@ -460,7 +530,7 @@ impl Store {
         let placed_workers = if plan.placements.is_empty() {
             0
         } else {
-            apply_placements(&tx, plan, generation).await?
+            apply_placements(&tx, plan).await?
         };
         tx.commit().await?;
         Ok(ApplyOutcome {
@@ -471,6 +541,49 @@ impl Store {
     }
 }
 
+/// Moves the partition version of every GPU type among `jobs` forward,
+/// checking it against the plan's ([`Plan::partitions`]; a plan that names
+/// no version for one of them cannot be checked, and is stale).
+async fn bump_partitions(
+    tx: &tokio_postgres::Transaction<'_>,
+    plan: &Plan,
+    jobs: &[Uuid],
+) -> Result<()> {
+    let rows = tx
+        .query(
+            "SELECT DISTINCT gpu_type FROM jobs WHERE job_id = ANY($1) ORDER BY gpu_type",
+            &[&jobs],
+        )
+        .await?;
+    for row in rows {
+        let ty: String = row.get(0);
+        let Some(seen) = plan.partitions.get(&ty).copied() else {
+            return Err(StoreError::StalePlan(format!(
+                "the plan names no version of the {ty} partition"
+            )));
+        };
+        let bumped = tx
+            .query_opt(
+                "INSERT INTO sched_partitions AS p (gpu_type, generation) VALUES ($1, 1)
+                 ON CONFLICT (gpu_type) DO UPDATE SET generation = p.generation + 1
+                 WHERE p.generation = $2
+                 RETURNING generation",
+                &[&ty, &seen],
+            )
+            .await?;
+        // A first commit for the type expects no row (version 0): the
+        // insert happens, or a racing first commit made the row and the
+        // update's check fails.
+        let fresh = bumped.as_ref().is_some_and(|r| r.get::<_, i64>(0) == 1);
+        if bumped.is_none() || (fresh && seen != 0) {
+            return Err(StoreError::StalePlan(format!(
+                "the {ty} partition moved on since version {seen}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Moves every placed worker `pending → assigned`, inserts one allocation
 /// per GPU and a `placed` event per placement; returns the workers placed.
 /// Any placement that no longer applies rejects the plan whole. The caller
@@ -478,9 +591,14 @@ impl Store {
 pub(super) async fn apply_placements(
     tx: &tokio_postgres::Transaction<'_>,
     plan: &Plan,
-    generation: i64,
 ) -> Result<usize> {
     {
+        // This commit's number: higher than every earlier placement's, so
+        // a job's newest run is the one with the highest.
+        let generation: i64 = tx
+            .query_one("SELECT nextval('placement_seq')", &[])
+            .await?
+            .get(0);
         // Workers: pending → assigned, with their node, GPUs and local rank.
         let mut w_job = Vec::new();
         let mut w_rank = Vec::new();

@@ -357,7 +357,7 @@ pub(super) async fn place_held(tx: &Transaction<'_>, job: Uuid) -> Result<bool> 
         }],
         ..Plan::default()
     };
-    super::plans::apply_placements(tx, &plan, generation).await?;
+    super::plans::apply_placements(tx, &plan).await?;
     metrics::counter!("gangway_placements_total", "level" => level.as_str()).increment(1);
     Ok(true)
 }

@@ -1,0 +1,97 @@
+//! Scheduling partitions: one per GPU type.
+//!
+//! Units of one GPU type only ever run on nodes of that type, and a victim
+//! is always of the type of the unit it makes room for, so each type's
+//! pool can be planned on its own: a pass over the h100 pool never waits
+//! for the a100 pool's, and the pools' passes may run at once. What a
+//! partition sees of the others: every tenant's terms, usage and the
+//! region's capacity of every type, so fair sharing's dominant shares
+//! span types as in one pass — as of the snapshot (what the other pools'
+//! concurrent passes start is seen by the next pass).
+
+use std::collections::BTreeSet;
+
+use crate::plan::plan;
+use crate::types::{Plan, Policy, Snapshot};
+
+impl Snapshot {
+    /// The GPU types of this snapshot's nodes, queued and running units.
+    pub fn gpu_types(&self) -> BTreeSet<&str> {
+        let nodes = self.nodes.iter().map(|n| n.gpu_type.as_str());
+        let queued = self.queue.iter().map(|r| r.gpu_type.as_str());
+        let running = self.running.iter().map(|r| r.gpu_type.as_str());
+        nodes.chain(queued).chain(running).collect()
+    }
+
+    /// What one GPU type's pass needs: the type's nodes, queued and running
+    /// units, with every type's terms, usage and capacity (dominant shares
+    /// span types).
+    pub fn partition(&self, gpu_type: &str) -> Snapshot {
+        let mut capacity = self.capacity.clone();
+        if capacity.is_empty() {
+            let mut seen = BTreeSet::new();
+            for n in &self.nodes {
+                if seen.insert(n.id.as_str()) {
+                    *capacity.entry(n.gpu_type.clone()).or_insert(0) += u64::from(n.gpus);
+                }
+            }
+        }
+        Snapshot {
+            generation: self.generation,
+            partitions: (self.partitions.iter())
+                .filter(|(t, _)| *t == gpu_type)
+                .map(|(t, &g)| (t.clone(), g))
+                .collect(),
+            nodes: (self.nodes.iter())
+                .filter(|n| n.gpu_type == gpu_type)
+                .cloned()
+                .collect(),
+            queue: (self.queue.iter())
+                .filter(|r| r.gpu_type == gpu_type)
+                .cloned()
+                .collect(),
+            quotas: self.quotas.clone(),
+            shares: self.shares.clone(),
+            usage: self.usage.clone(),
+            now: self.now,
+            running: (self.running.iter())
+                .filter(|r| r.gpu_type == gpu_type)
+                .cloned()
+                .collect(),
+            capacity,
+        }
+    }
+}
+
+/// Plans every GPU type's partition at once, each on its own thread, and
+/// joins the plans (placements, waits, reservations and preemptions of
+/// each type in turn, types in name order). Each partition's decisions
+/// are those [`plan`] makes on [`Snapshot::partition`].
+pub fn plan_partitioned(snapshot: &Snapshot, policy: &Policy) -> Plan {
+    let types = snapshot.gpu_types();
+    if types.len() <= 1 {
+        return plan(snapshot, policy);
+    }
+    let parts: Vec<Snapshot> = types.iter().map(|t| snapshot.partition(t)).collect();
+    let plans: Vec<Plan> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (parts.iter())
+            .map(|part| scope.spawn(move || plan(part, policy)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("the planner does not panic"))
+            .collect()
+    });
+    let mut out = Plan {
+        generation: snapshot.generation,
+        partitions: snapshot.partitions.clone(),
+        ..Plan::default()
+    };
+    for p in plans {
+        out.placements.extend(p.placements);
+        out.waiting.extend(p.waiting);
+        out.reservations.extend(p.reservations);
+        out.preemptions.extend(p.preemptions);
+    }
+    out
+}
