@@ -17,6 +17,11 @@
 //! - `partition.rs`: scheduling partitions, one per GPU type
 //!   ([`Snapshot::partition`], [`plan_partitioned`]: every type's pool
 //!   planned at once, one thread each).
+//! - [`capacity`]: capacity reservations' admission: whether N GPUs in one
+//!   domain of a level can be promised for a window, where, or the
+//!   earliest window that could.
+//! - `power.rs`: rack power budgets: only the free GPUs a rack's
+//!   remaining budget can feed are visible to a pass.
 //! - `fair.rs`: Gangway's fair queue order (guarantees, weighted dominant
 //!   share with decayed history).
 //! - `preempt.rs`: which running units to preempt for waiting ones.
@@ -144,11 +149,13 @@
 
 mod apply;
 mod backfill;
+pub mod capacity;
 mod fair;
 mod index;
 mod partition;
 mod place;
 mod plan;
+mod power;
 mod preempt;
 mod timeline;
 pub mod types;

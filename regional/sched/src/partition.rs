@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::plan::plan;
+use crate::plan::{plan, plan_in};
 use crate::types::{Plan, Policy, Snapshot};
 
 impl Snapshot {
@@ -59,6 +59,11 @@ impl Snapshot {
                 .cloned()
                 .collect(),
             capacity,
+            gpu_power_w: self.gpu_power_w.clone(),
+            power_headroom_w: (self.power_headroom_w.iter())
+                .filter(|((_, t), _)| t == gpu_type)
+                .map(|(k, &w)| (k.clone(), w))
+                .collect(),
         }
     }
 }
@@ -66,16 +71,16 @@ impl Snapshot {
 /// Plans every GPU type's partition at once, each on its own thread, and
 /// joins the plans (placements, waits, reservations and preemptions of
 /// each type in turn, types in name order). Each partition's decisions
-/// are those [`plan`] makes on [`Snapshot::partition`].
+/// are those [`plan`] makes on [`Snapshot::partition`] (computed on the
+/// snapshot itself, without copying it).
 pub fn plan_partitioned(snapshot: &Snapshot, policy: &Policy) -> Plan {
     let types = snapshot.gpu_types();
     if types.len() <= 1 {
         return plan(snapshot, policy);
     }
-    let parts: Vec<Snapshot> = types.iter().map(|t| snapshot.partition(t)).collect();
     let plans: Vec<Plan> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (parts.iter())
-            .map(|part| scope.spawn(move || plan(part, policy)))
+        let handles: Vec<_> = (types.iter())
+            .map(|&t| scope.spawn(move || plan_in(snapshot, policy, Some(t))))
             .collect();
         handles
             .into_iter()

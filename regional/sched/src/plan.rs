@@ -81,8 +81,19 @@ fn invalid(req: &Request) -> Option<String> {
 ///
 /// Pure and deterministic: the same snapshot gives the same plan.
 pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
+    plan_in(snapshot, policy, None)
+}
+
+/// [`plan`], or with `only`, the plan of that GPU type's partition: what
+/// `plan(&snapshot.partition(only))` decides, without copying the snapshot
+/// (its other types' units are left out, their terms, usage and capacity
+/// count as they do in a partition).
+pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) -> Plan {
     let kind = policy.kind;
-    let mut order: Vec<&Request> = snapshot.queue.iter().collect();
+    let mine = |ty: &str| only.is_none_or(|t| t == ty);
+    let mut order: Vec<&Request> = (snapshot.queue.iter())
+        .filter(|r| mine(&r.gpu_type))
+        .collect();
     match kind {
         PolicyKind::FifoFirstFit => order.sort_by(|a, b| fifo_order(a, b)),
         _ => order.sort_by(|a, b| queue_order(a, b)),
@@ -95,16 +106,19 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
         wanted.extend(
             (snapshot.running.iter())
                 .filter(|r| r.elastic.is_some_and(|e| e.workers < e.max_workers))
-                .map(|r| r.gpu_type.as_str()),
+                .map(|r| r.gpu_type.as_str())
+                .filter(|t| mine(t)),
         );
     }
-    let keep = first_of_each_id(&snapshot.nodes);
+    // Only the free GPUs the racks' power budgets can feed.
+    let visible = crate::power::visible_nodes(snapshot);
+    let keep = first_of_each_id(&visible);
     let mut by_type: BTreeMap<&str, Vec<_>> = wanted.iter().map(|&t| (t, Vec::new())).collect();
     let only = match wanted.len() {
         1 => wanted.first().copied(),
         _ => None,
     };
-    for (i, node) in snapshot.nodes.iter().enumerate() {
+    for (i, node) in visible.iter().enumerate() {
         if !node.schedulable || keep.as_ref().is_some_and(|k| !k[i]) {
             continue;
         }
@@ -155,7 +169,7 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
     } else {
         Cow::Borrowed(&snapshot.running)
     };
-    let known = Known::new(snapshot.now, &snapshot.nodes, &running);
+    let known = Known::new(snapshot.now, &visible, &running);
 
     let quotas: BTreeMap<(&str, &str), u32> = snapshot
         .quotas
@@ -170,7 +184,10 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy) -> Plan {
 
     let mut out = Plan {
         generation: snapshot.generation,
-        partitions: snapshot.partitions.clone(),
+        partitions: (snapshot.partitions.iter())
+            .filter(|(t, _)| mine(t))
+            .map(|(t, &g)| (t.clone(), g))
+            .collect(),
         ..Plan::default()
     };
     let max = policy.max_placements.unwrap_or(usize::MAX);

@@ -7,7 +7,7 @@ use crate::{apply, plan};
 
 /// `spines × leaves × nodes` nodes of `gpus` GPUs, ids `s0-l0-n0`; every
 /// node its own NVLink domain unless `rack_nvlink`.
-pub(super) fn fleet(
+pub(crate) fn fleet(
     ty: &str,
     spines: u32,
     leaves: u32,
@@ -943,4 +943,41 @@ fn apply_records_placed_units_as_running() {
         vec![("h100-s0-l0-n03".to_string(), ALL8.to_vec())]
     );
     assert_eq!(short.tenant, "acme");
+}
+
+#[test]
+fn a_rack_takes_only_what_its_power_budget_feeds_and_keeps_whole_nodes_whole() {
+    // One rack of two 8-GPU nodes: n00 has 3 GPUs free, n01 all 8. The
+    // rack may add 8 × 700 W: the 3 partly used GPUs are hidden, the whole
+    // node stays whole, so the 8-GPU job starts and the 1-GPU one waits.
+    let mut nodes = fleet("h100", 1, 1, 2, 8, false);
+    nodes[0].free = vec![5, 6, 7];
+    let leaf = nodes[0].leaf.clone();
+    let mut s = snap(
+        nodes,
+        vec![req("big", 1, 8, Level::Region), {
+            let mut r = req("small", 1, 1, Level::Region);
+            r.seq = 1;
+            r
+        }],
+    );
+    s.gpu_power_w.insert("h100".into(), 700);
+    s.power_headroom_w
+        .insert((leaf.clone(), "h100".into()), 8 * 700 + 699);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(p.placements.len(), 1, "{:?}", p.waiting);
+    assert_eq!(p.placements[0].job, "big");
+    assert_eq!(nodes_of(&p.placements[0]), vec![s.nodes[1].id.as_str()]);
+    assert_eq!(p.waiting[0].job, "small");
+    // Room for 9: the small one goes on the partly used node.
+    s.power_headroom_w
+        .insert((leaf.clone(), "h100".into()), 9 * 700);
+    let p = plan(&s, &Policy::default());
+    assert_eq!(p.placements.len(), 2);
+    // No room at all: nothing starts; another type's budget does not apply.
+    s.power_headroom_w.insert((leaf.clone(), "h100".into()), 0);
+    assert!(plan(&s, &Policy::default()).placements.is_empty());
+    s.power_headroom_w.clear();
+    s.power_headroom_w.insert((leaf, "a100".into()), 0);
+    assert_eq!(plan(&s, &Policy::default()).placements.len(), 2);
 }

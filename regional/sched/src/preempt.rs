@@ -163,12 +163,13 @@ pub(crate) fn choose(
             *usage.entry((&req.tenant, &req.gpu_type)).or_insert(0) += took;
         }
     }
-    // Per unit with victims in flight: the victims, and when the last is
-    // expected to be gone.
-    let mut in_flight: BTreeMap<&str, (Vec<String>, u64)> = BTreeMap::new();
+    // Per unit (and GPU type: victims are of their unit's type) with
+    // victims in flight: the victims, and when the last is expected to be
+    // gone.
+    let mut in_flight: BTreeMap<(&str, &str), (Vec<String>, u64)> = BTreeMap::new();
     for r in &snapshot.running {
         if let Some(for_job) = &r.preempted_for {
-            let entry = in_flight.entry(for_job.as_str()).or_default();
+            let entry = (in_flight.entry((for_job.as_str(), r.gpu_type.as_str()))).or_default();
             entry.0.push(r.job.clone());
             entry.1 = entry.1.max(r.leaves_by(now, policy.checkpoint_deadline_s));
             if let Some(u) = usage.get_mut(&(r.tenant.as_str(), r.gpu_type.as_str())) {
@@ -226,7 +227,7 @@ pub(crate) fn choose(
             _ => continue,
         };
         let reserved_late = matches!(w.reason, WaitReason::Reserved { start, .. } if start > until);
-        if let Some((victims, by)) = in_flight.get(req.job.as_str()) {
+        if let Some((victims, by)) = in_flight.get(&(req.job.as_str(), req.gpu_type.as_str())) {
             w.reason = WaitReason::Preempting {
                 victims: victims.clone(),
                 until: *by,

@@ -214,6 +214,16 @@ pub struct Snapshot {
     /// Empty: counted from `nodes`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub capacity: BTreeMap<String, u64>,
+    /// GPU type → watts one allocated GPU of it draws (its enforced power
+    /// limit), for rack power budgets. Absent: not counted.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_power_w: BTreeMap<String, u32>,
+    /// (rack = leaf, GPU type) → watts this pass's placements of that type
+    /// may still add on that rack: its power budget less what its
+    /// allocated GPUs draw (the type's share where types share a rack).
+    /// Absent: no budget. No placement ever takes more (`power.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub power_headroom_w: BTreeMap<(String, String), u64>,
 }
 
 /// A tenant's terms and history for one GPU type, for fair sharing.

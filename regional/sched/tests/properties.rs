@@ -1372,9 +1372,10 @@ proptest! {
             prop_assert_eq!(plan_partitioned(&one, &policy), plan(&one, &policy));
         }
         // FIFO's and Slurm-like's orders do not look across types: the
-        // partitioned plan decides what the whole pass does, type by type
-        // (a wait's details may differ: the whole pass runs its rounds
-        // until no type backfilled, a partition until its own did not).
+        // partitioned plan starts and reserves what the whole pass does,
+        // type by type (why a unit waits may differ: the whole pass runs
+        // its rounds until no type backfilled, a partition until its own
+        // did not, and a later round sees the quota used by earlier ones).
         for kind in [PolicyKind::SlurmBackfill, PolicyKind::FifoFirstFit] {
             let other = self::policy(kind);
             let whole = plan(&s, &other);
@@ -1383,13 +1384,84 @@ proptest! {
                 let (a, b) = (of_type(&s, &parts, ty), of_type(&s, &whole, ty));
                 prop_assert_eq!(&a.placements, &b.placements, "{:?} {}", kind, ty);
                 prop_assert_eq!(&a.reservations, &b.reservations, "{:?} {}", kind, ty);
-                let waits = |p: &Plan| {
-                    (p.waiting.iter())
-                        .map(|w| (w.job.clone(), w.ranks.clone(), w.reason.code()))
-                        .collect::<Vec<_>>()
-                };
-                prop_assert_eq!(waits(&a), waits(&b), "{:?} {}", kind, ty);
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Rack power budgets.
+
+/// A busy snapshot (or a preemption case) whose racks have tight power
+/// budgets: each GPU type draws 300–1,000 W, and each (rack, type) may add
+/// room for 0 to a few GPUs more.
+fn powered() -> impl Strategy<Value = (Snapshot, Policy)> {
+    let cases = prop_oneof![
+        any_busy_snapshot().prop_map(|s| (s, Policy::default())),
+        preemption_case(),
+    ];
+    (cases, any::<u64>()).prop_map(|((mut s, policy), seed)| {
+        let mut rng = Lcg(seed);
+        for ty in TYPES {
+            s.gpu_power_w
+                .insert(ty.to_string(), 300 + rng.below(701) as u32);
+        }
+        let racks: BTreeSet<(String, String)> = (s.nodes.iter())
+            .map(|n| (n.leaf.clone(), n.gpu_type.clone()))
+            .collect();
+        for key in racks {
+            // Now and then a rack without a budget.
+            if rng.below(5) == 0 {
+                continue;
+            }
+            let draw = u64::from(s.gpu_power_w[&key.1]);
+            let gpus = rng.below(10);
+            s.power_headroom_w
+                .insert(key, gpus * draw + rng.below(draw));
+        }
+        (s, policy)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+    ))]
+
+    #[test]
+    fn no_placement_ever_takes_a_rack_over_its_power_budget(case in powered()) {
+        let (base, policy) = case;
+        for kind in KINDS {
+            // (The preemption cases' limits and victims in flight are
+            // Gangway's.)
+            let mut s = base.clone();
+            let policy = match kind {
+                PolicyKind::Gangway => policy.clone(),
+                _ => {
+                    s.running.iter_mut().for_each(|r| r.preempted_for = None);
+                    self::policy(kind)
+                }
+            };
+            let nodes = nodes_by_id(&s);
+            let p = plan(&s, &policy);
+            check_invariants(&s, &p, kind)?;
+            let mut added: BTreeMap<(String, String), u64> = BTreeMap::new();
+            for pl in &p.placements {
+                for w in &pl.workers {
+                    let n = nodes[w.node.as_str()];
+                    let draw = u64::from(s.gpu_power_w[&n.gpu_type]);
+                    *added.entry((n.leaf.clone(), n.gpu_type.clone())).or_default() +=
+                        w.gpus.len() as u64 * draw;
+                }
+            }
+            for (rack, watts) in &added {
+                if let Some(&room) = s.power_headroom_w.get(rack) {
+                    prop_assert!(*watts <= room, "{:?}: {} W added, {} W of room", rack, watts, room);
+                }
+            }
+            // The same through partitions.
+            let parts = gangway_sched::plan_partitioned(&s, &policy);
+            check_invariants(&s, &parts, kind)?;
         }
     }
 }

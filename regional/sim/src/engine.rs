@@ -219,6 +219,9 @@ struct Run<'a, 'p> {
     schedulable: u64,
     allocated: u64,
     stranded: bool,
+    /// Free GPUs the last pass held for reserved gangs (out of reach of
+    /// everything that does not end before their start).
+    held_free: u64,
     waiting_units: u64,
     running_units: u64,
     done: u64,
@@ -240,6 +243,7 @@ struct Acc {
     alloc_while_waiting: f64,
     sched_while_waiting: f64,
     stranded_while_waiting: f64,
+    held_while_waiting: f64,
     alloc_total: f64,
     sched_total: f64,
     gangs: GangStats,
@@ -403,6 +407,7 @@ impl<'a, 'p> Run<'a, 'p> {
             schedulable: sim.fleet_gpus,
             allocated: 0,
             stranded: false,
+            held_free: 0,
             waiting_units: 0,
             running_units: 0,
             done: 0,
@@ -546,6 +551,7 @@ impl<'a, 'p> Run<'a, 'p> {
                 if self.stranded {
                     acc.stranded_while_waiting += self.free as f64 * dt;
                 }
+                acc.held_while_waiting += self.held_free as f64 * dt;
             }
             for (i, t) in self.tenants.iter_mut().enumerate() {
                 t.integrate(dt, self.schedulable, self.sim.shares[i]);
@@ -658,6 +664,7 @@ impl<'a, 'p> Run<'a, 'p> {
             new_units.retain(|&j| self.queue.windowed(&self.jobs[j as usize].qkey));
             let Some(min_gpus) = self.queue.min_gpus() else {
                 self.stranded = false;
+                self.held_free = 0;
                 return;
             };
             let preempt = |run: &Self| {
@@ -712,6 +719,14 @@ impl<'a, 'p> Run<'a, 'p> {
             }
             new_units.clear();
             self.queue.remove(&placed, &mut new_units);
+            // The reservations' GPUs that are free now are held for them.
+            self.held_free = (plan.reservations.iter())
+                .flat_map(|r| &r.gpus)
+                .map(|(node, gpus)| {
+                    let n = &self.snap.nodes[self.sim.node_at[node.as_str()] as usize];
+                    gpus.iter().filter(|g| n.free.contains(g)).count() as u64
+                })
+                .sum();
             let free = self.free;
             self.stranded = self.queue.min_gpus().is_some_and(|m| m <= free)
                 && plan.waiting.iter().any(|w| {
@@ -1396,6 +1411,10 @@ impl<'a, 'p> Run<'a, 'p> {
             utilization_pct: pct(acc.alloc_total, acc.sched_total),
             hours_with_waiting_jobs: acc.waiting_s / 3600.0,
             stranded_while_gang_waits_pct: pct(acc.stranded_while_waiting, acc.sched_while_waiting),
+            held_for_reservations_while_waiting_pct: pct(
+                acc.held_while_waiting,
+                acc.sched_while_waiting,
+            ),
             jct_s: Summary::of(jct),
             queueing_delay_s: Summary::of(delay),
             makespan_s: makespan,

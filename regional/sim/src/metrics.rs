@@ -111,6 +111,11 @@ pub struct Metrics {
     /// no single domain, time-weighted over the intervals when some unit
     /// waits, as % of the schedulable GPUs.
     pub stranded_while_gang_waits_pct: Option<f64>,
+    /// Free GPUs held for reserved gangs (their reservations' GPUs free
+    /// now, which only units ending before the reservation may use),
+    /// time-weighted while some unit waits, as % of the schedulable GPUs.
+    #[serde(default)]
+    pub held_for_reservations_while_waiting_pct: Option<f64>,
     /// Completion time (end − submit).
     pub jct_s: Summary,
     /// Queueing delay (first start − submit).

@@ -67,6 +67,9 @@ pub fn render_table(
     row("stranded GPUs while a gang waits", &|m| {
         opt_pct(m.stranded_while_gang_waits_pct, 2)
     });
+    row("free GPUs held for reserved gangs", &|m| {
+        opt_pct(m.held_for_reservations_while_waiting_pct, 2)
+    });
     row("JCT mean", &|m| human_duration(m.jct_s.mean));
     row("JCT median", &|m| human_duration(m.jct_s.median));
     row("JCT p99", &|m| human_duration(m.jct_s.p99));

@@ -316,6 +316,16 @@ fn stranded_gpus_count_while_a_gang_fits_the_total_but_no_node() {
         let s = m.stranded_while_gang_waits_pct.unwrap();
         assert!((s - 50.0).abs() < 1e-9, "{policy:?}: {s}");
         assert_eq!(m.allocation_while_waiting_pct, Some(50.0));
+        // Gangway's pass reserves for G on the first node (A's, free at
+        // 1,000), holding the 4 GPUs free there now: 4 of 16 held. FIFO
+        // never reserves; under Slurm-like no pass runs while nothing
+        // could start, so there is no reservation to hold anything.
+        let held = m.held_for_reservations_while_waiting_pct.unwrap();
+        let want = match policy {
+            PolicyKind::Gangway => 25.0,
+            _ => 0.0,
+        };
+        assert!((held - want).abs() < 1e-9, "{policy:?}: {held}");
     }
 }
 
