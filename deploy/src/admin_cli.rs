@@ -183,12 +183,14 @@ pub enum NodeCommand {
     },
     /// Inject a fault into a simulated node, as if its agent reported it:
     /// `--kind xid --code 79 --gpu 0`, `--kind thermal --gpu 1`,
-    /// `--kind node-down`, `--kind link-flap`, `--kind reboot`, …
+    /// `--kind node-down`, `--kind link-flap`, `--kind reboot`,
+    /// `--kind rack-thermal [--throttled false]`, …
     InjectFault {
         #[command(flatten)]
         conn: Conn,
         id: String,
-        /// xid, ecc, remap, thermal, nvlink, node-down, link-flap, reboot.
+        /// xid, ecc, remap, thermal, nvlink, node-down, link-flap, reboot,
+        /// rack-thermal.
         #[arg(long)]
         kind: String,
         #[arg(long)]
@@ -199,7 +201,8 @@ pub enum NodeCommand {
         /// Temperature (thermal).
         #[arg(long)]
         celsius: Option<u32>,
-        /// Whether the GPU throttles (thermal; default true).
+        /// Whether the GPU (thermal) or the node's rack (rack-thermal)
+        /// throttles; default true.
         #[arg(long)]
         throttled: Option<bool>,
         /// NVLink errors since boot (nvlink; default: the policy's limit).
@@ -832,8 +835,10 @@ async fn node(cmd: NodeCommand) -> anyhow::Result<u8> {
                 "node_down" | "dead" => json!({"kind": "node_down"}),
                 "link_flap" => json!({"kind": "link_flap", "silent_s": silent_s}),
                 "reboot" => json!({"kind": "reboot"}),
+                "rack_thermal" => json!({"kind": "rack_thermal", "throttled": throttled}),
                 other => anyhow::bail!(
-                    "unknown --kind {other:?}: xid, ecc, remap, thermal, nvlink, node-down, link-flap or reboot"
+                    "unknown --kind {other:?}: xid, ecc, remap, thermal, nvlink, node-down, link-flap, \
+                     reboot or rack-thermal"
                 ),
             };
             let mut body = body;
@@ -907,6 +912,17 @@ fn print_node(n: &serde_json::Value) {
         },
     );
     line("why", s(n, "why"));
+    let mut power = Vec::new();
+    if let Some(w) = n.get("gpu_power_w").and_then(|w| w.as_u64()) {
+        power.push(format!("{w} W per GPU"));
+    }
+    if let Some(b) = n.get("rack_power_budget_w").and_then(|b| b.as_u64()) {
+        power.push(format!("rack budget {b} W"));
+    }
+    if n["rack_throttled"] == serde_json::Value::Bool(true) {
+        power.push("rack thermally throttling".into());
+    }
+    line("power", power.join(", "));
     if n["drained"] == serde_json::Value::Bool(true) {
         line("drained", "yes: no jobs left on it".into());
     }

@@ -65,6 +65,8 @@ fn main() -> anyhow::Result<()> {
             gpu_type: n.gpu_type,
             spare: n.spare,
             address: "127.0.0.1".into(),
+            gpu_power_w: n.gpu_power_w,
+            rack_power_budget_w: n.rack_power_budget_w,
         })
         .collect();
     let backlog_nodes = nodes.clone();

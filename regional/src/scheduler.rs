@@ -87,7 +87,7 @@ async fn pass(
     .await
     .expect("the planner does not panic");
     let partition = only.unwrap_or("all").to_string();
-    record_fleet_metrics(&snapshot);
+    record_fleet_metrics(&snapshot, &data.racks);
     let mut outcome = PassOutcome {
         placements: planned.placements.len(),
         waiting: planned.waiting.len(),
@@ -151,7 +151,17 @@ async fn pass(
     Ok(outcome)
 }
 
-fn record_fleet_metrics(s: &Snapshot) {
+/// GPU and queue gauges per type, and each budgeted rack's power budget
+/// and headroom. A partition's pass covers only the racks holding its
+/// type's nodes; their figures are whole-rack, so passes of different
+/// partitions agree on a shared rack.
+fn record_fleet_metrics(s: &Snapshot, racks: &BTreeMap<String, crate::store::RackPower>) {
+    for (rack, p) in racks {
+        metrics::gauge!("gangway_rack_power_budget_watts", "rack" => rack.clone())
+            .set(p.budget_w as f64);
+        metrics::gauge!("gangway_rack_power_headroom_watts", "rack" => rack.clone())
+            .set(p.headroom_w() as f64);
+    }
     let mut by_type: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for n in &s.nodes {
         let e = by_type.entry(n.gpu_type.as_str()).or_default();
@@ -443,8 +453,9 @@ pub async fn explain(
             None,
         );
     }
+    // What the job's own partition's pass would decide.
     let data = store
-        .snapshot_with(planning.agent_timeout, planning.history)
+        .snapshot_partition(&job.spec.gpu_type, planning.agent_timeout, planning.history)
         .await?;
     let job_key = id.to_string();
     let policy = planning.policy.clone();
@@ -483,8 +494,9 @@ pub async fn dry_run(
 ) -> Result<gangway_shared::api::DryRun, StoreError> {
     use gangway_shared::api::{DryRun, DryRunNode, JobMode, TopologyLevel};
     const PROBE: &str = "dry-run";
+    // The pass of the job's GPU type's partition, as the region runs it.
     let mut data = store
-        .snapshot_with(planning.agent_timeout, planning.history)
+        .snapshot_partition(&spec.gpu_type, planning.agent_timeout, planning.history)
         .await?;
     let per = spec.gpus_per_worker() as u32;
     let workers = spec.workers() as u32;

@@ -2,7 +2,9 @@
 //! API load never get in their way.
 //!
 //! Names carry the `gangway_` prefix; labels come from small fixed sets
-//! (GPU type, topology level, outcome), never from ids.
+//! (GPU type, topology level, outcome), never from ids, with one bounded
+//! exception: `rack` (a leaf id, a few hundred per region) on the rack
+//! power gauges, which are only useful per rack.
 
 use std::net::SocketAddr;
 
@@ -34,6 +36,15 @@ fn describe() {
     describe_gauge!(
         "gangway_queue_depth",
         "Units (gangs or array workers) waiting for GPUs"
+    );
+    describe_gauge!(
+        "gangway_rack_power_budget_watts",
+        "A rack's (leaf's) power budget for GPU draw, in watts, by rack (racks with a budget)"
+    );
+    describe_gauge!(
+        "gangway_rack_power_headroom_watts",
+        "A rack's power budget less what its allocated GPUs draw, in watts, by rack \
+         (negative: over budget, after a budget was lowered under running work)"
     );
     describe_gauge!(
         "gangway_scheduler_leader",

@@ -68,6 +68,8 @@ fn node(id: &str) -> AgentNode {
                 uuid: format!("GPU-{id}-{i}"),
             })
             .collect(),
+        gpu_power_w: None,
+        rack_power_budget_w: None,
     }
 }
 

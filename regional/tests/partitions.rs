@@ -49,6 +49,8 @@ async fn register_two_types(store: &Store, nodes: usize) {
                         uuid: format!("GPU-{node_id}-{i}"),
                     })
                     .collect(),
+                gpu_power_w: None,
+                rack_power_budget_w: None,
             });
         }
     }

@@ -53,6 +53,8 @@ async fn register_fleet(store: &Store, leaves: usize, nodes: usize) -> Uuid {
                         uuid: format!("GPU-{node_id}-{i}"),
                     })
                     .collect(),
+                gpu_power_w: None,
+                rack_power_budget_w: None,
             });
         }
     }

@@ -31,6 +31,15 @@ pub struct AgentNode {
     /// Address other workers reach this node at (`MASTER_ADDR`).
     pub address: String,
     pub gpus: Vec<AgentGpu>,
+    /// Watts one allocated GPU of this node draws: its enforced power
+    /// limit (NVML on a real machine, else the fleet file's `[gpu_power_w]`).
+    /// `None`: unknown, not counted against rack budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_power_w: Option<u32>,
+    /// The power budget of the node's rack (leaf) for GPU draw, in watts
+    /// (the fleet file's `power_budget_w`). `None`: no budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack_power_budget_w: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,7 +136,8 @@ pub struct NodeReport {
     /// reset clears.
     pub boot_id: String,
     /// Health signals since the last accepted sync (XID events, ECC and
-    /// NVLink counters, remap state, temperature); heartbeats are implied.
+    /// NVLink counters, remap state, temperature, and the rack's thermal
+    /// state where a facility feed reports it); heartbeats are implied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub signals: Vec<gangway_health::Signal>,
 }

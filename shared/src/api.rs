@@ -1090,6 +1090,13 @@ pub enum Fault {
     /// The node reboots: a new boot id, which clears GPU quarantines, node
     /// faults and a death.
     Reboot,
+    /// The node's rack (its leaf) reports thermal throttling (default
+    /// `throttled: true`): no node of the rack takes new work, running jobs
+    /// stay. `"throttled": false` ends it.
+    RackThermal {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        throttled: Option<bool>,
+    },
 }
 
 impl Fault {
@@ -1103,6 +1110,7 @@ impl Fault {
             Fault::NodeDown => "node_down",
             Fault::LinkFlap { .. } => "link_flap",
             Fault::Reboot => "reboot",
+            Fault::RackThermal { .. } => "rack_thermal",
         }
     }
 
@@ -1114,7 +1122,10 @@ impl Fault {
             | Fault::Remap { gpu, .. }
             | Fault::Thermal { gpu, .. }
             | Fault::Nvlink { gpu, .. } => Some(*gpu),
-            Fault::NodeDown | Fault::LinkFlap { .. } | Fault::Reboot => None,
+            Fault::NodeDown
+            | Fault::LinkFlap { .. }
+            | Fault::Reboot
+            | Fault::RackThermal { .. } => None,
         }
     }
 }
@@ -1175,6 +1186,18 @@ pub struct NodeView {
     /// Why it takes no (or less) new work, for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// Its rack (leaf) reports thermal throttling, by this node's or
+    /// another node's report: no node of the rack takes new work.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rack_throttled: bool,
+    /// Watts one allocated GPU of the node draws, as its agent registered
+    /// it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_power_w: Option<u32>,
+    /// Its rack's power budget for GPU draw (watts), as its agent
+    /// registered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack_power_budget_w: Option<u64>,
     /// Draining and empty: safe to take down.
     pub drained: bool,
     /// The machine's boot id as last reported.

@@ -5,6 +5,10 @@
 //!
 //! ```toml
 //! region = "us-east"            # optional; callers pass a default
+//!
+//! [gpu_power_w]                 # optional: watts one allocated GPU of each type draws
+//! h100 = 700                    # (its enforced power limit); only types some leaf has
+//!
 //! [[spine]]
 //! count = 4                     # this spine block repeated 4 times (default 1)
 //!   [[spine.leaf]]
@@ -14,6 +18,7 @@
 //!   gpus_per_node = 8
 //!   nvlink = "node"             # "node" | "leaf" (a whole rack is one NVLink domain, GB200 NVL72)
 //!   spares = 1                  # the last `spares` nodes of each leaf go to the spare pool
+//!   power_budget_w = 160000     # optional: watts this rack's GPUs may draw together
 //! ```
 //!
 //! [`FleetFile::expand`] turns it into one [`FleetNode`] per machine with
@@ -23,6 +28,15 @@
 //! digits, or wider when a level has more than 100 members, so ids sort in
 //! topology order. The NVLink domain of a node is its own id when
 //! `nvlink = "node"` and its leaf's id when `nvlink = "leaf"`.
+//!
+//! **Power.** `power_budget_w` is a rack's (each leaf's of the block)
+//! budget for GPU draw only (hosts, switches and cooling are the
+//! facility's share of the rack's feed, not counted here); `[gpu_power_w]`
+//! says what one allocated GPU of a type draws. The region never places
+//! work that takes a rack's allocated GPUs past its budget (see
+//! `regional/sched/src/power.rs`). A budget needs a draw for its leaf's
+//! type; a draw for a type no leaf has is an error (most likely a typo).
+//! Each [`FleetNode`] carries its rack's budget and its type's draw.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,6 +51,10 @@ pub const MAX_NODES: u64 = 1_000_000;
 /// The most GPUs one node may have.
 pub const MAX_GPUS_PER_NODE: u32 = 64;
 
+/// The most watts one GPU may be said to draw (a GB200 superchip draws
+/// 1,200 W; more is a typo, such as kilowatts written as watts × 1000).
+pub const MAX_GPU_POWER_W: u32 = 5_000;
+
 /// A parsed fleet file. Build it with [`FleetFile::parse`] or
 /// [`FleetFile::load`], which also validate it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +64,11 @@ pub struct FleetFile {
     /// [`FleetFile::region_or`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// GPU type → watts one allocated GPU of that type draws (its enforced
+    /// power limit), 1..=[`MAX_GPU_POWER_W`]. A type left out is not
+    /// counted against rack budgets.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_power_w: BTreeMap<String, u32>,
     /// Spine blocks, in file order.
     #[serde(default)]
     pub spine: Vec<SpineBlock>,
@@ -82,6 +105,10 @@ pub struct LeafBlock {
     /// The last `spares` nodes of each leaf are held in the spare pool.
     #[serde(default)]
     pub spares: u32,
+    /// Each leaf's (rack's) power budget for GPU draw, in watts; absent:
+    /// no budget. Needs a draw for `gpu_type` in `[gpu_power_w]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_budget_w: Option<u64>,
 }
 
 /// How far one NVLink/NVSwitch domain reaches.
@@ -108,6 +135,14 @@ pub struct FleetNode {
     pub gpus: u32,
     /// Held in the leaf's spare pool rather than offered to the scheduler.
     pub spare: bool,
+    /// Watts one allocated GPU of this node draws (`[gpu_power_w]` of its
+    /// type), if the file says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_power_w: Option<u32>,
+    /// The power budget of the node's rack (leaf) for GPU draw, in watts,
+    /// if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack_power_budget_w: Option<u64>,
 }
 
 /// Why a fleet file could not be used.
@@ -169,6 +204,10 @@ pub struct FleetTotals {
     pub spare_gpus: u64,
     /// GPUs not in a spare pool, per GPU type.
     pub schedulable_by_type: BTreeMap<String, u64>,
+    /// The racks' power budgets added up, in watts (racks without one
+    /// count 0).
+    #[serde(default)]
+    pub power_budget_w: u64,
 }
 
 impl FleetTotals {
@@ -266,6 +305,39 @@ impl FleetFile {
                         ),
                     ));
                 }
+                if let Some(budget) = leaf.power_budget_w {
+                    if budget == 0 {
+                        return Err(invalid(at, "power_budget_w must be at least 1"));
+                    }
+                    if !self.gpu_power_w.contains_key(&leaf.gpu_type) {
+                        return Err(invalid(
+                            at,
+                            format!(
+                                "power_budget_w needs the draw of a {} GPU: add it to \
+                                 [gpu_power_w] ({} = <watts>)",
+                                leaf.gpu_type, leaf.gpu_type
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        for (ty, &watts) in &self.gpu_power_w {
+            let at = format!("[gpu_power_w] {ty}");
+            if !(1..=MAX_GPU_POWER_W).contains(&watts) {
+                return Err(invalid(
+                    at,
+                    format!("{watts} W; a GPU's draw must be between 1 and {MAX_GPU_POWER_W} W"),
+                ));
+            }
+            let used = (self.spine.iter())
+                .flat_map(|s| &s.leaf)
+                .any(|l| &l.gpu_type == ty);
+            if !used {
+                return Err(invalid(
+                    at,
+                    format!("no leaf has GPU type {ty:?} (a typo?)"),
+                ));
             }
         }
         let nodes = self.node_count();
@@ -301,6 +373,9 @@ impl FleetFile {
                 t.nodes += leaves * u64::from(leaf.nodes);
                 t.gpus += leaves * u64::from(leaf.nodes) * gpn;
                 t.spare_gpus += leaves * u64::from(leaf.spares) * gpn;
+                t.power_budget_w = t
+                    .power_budget_w
+                    .saturating_add(leaves.saturating_mul(leaf.power_budget_w.unwrap_or(0)));
                 *t.schedulable_by_type
                     .entry(leaf.gpu_type.clone())
                     .or_default() += leaves * u64::from(leaf.nodes - leaf.spares) * gpn;
@@ -354,6 +429,8 @@ impl FleetFile {
                                 gpu_type: leaf_block.gpu_type.clone(),
                                 gpus: leaf_block.gpus_per_node,
                                 spare: n >= first_spare,
+                                gpu_power_w: self.gpu_power_w.get(&leaf_block.gpu_type).copied(),
+                                rack_power_budget_w: leaf_block.power_budget_w,
                             });
                         }
                     }
@@ -431,6 +508,8 @@ mod tests {
                 gpu_type: "h100".into(),
                 gpus: 8,
                 spare: false,
+                gpu_power_w: None,
+                rack_power_budget_w: None,
             }
         );
         // The last node of each h100 leaf is its spare.
@@ -533,6 +612,70 @@ mod tests {
         assert!(e.contains("missing field `nodes`"), "{e}");
     }
 
+    const POWERED: &str = r#"
+        [gpu_power_w]
+        h100 = 700
+        gb200 = 1200
+        [[spine]]
+          [[spine.leaf]]
+          count = 2
+          nodes = 4
+          gpu_type = "h100"
+          gpus_per_node = 8
+          power_budget_w = 14000
+          [[spine.leaf]]
+          nodes = 18
+          gpu_type = "gb200"
+          gpus_per_node = 4
+          nvlink = "leaf"
+    "#;
+
+    #[test]
+    fn power_budgets_and_draws_reach_every_node() {
+        let f = FleetFile::parse(POWERED).unwrap();
+        let nodes = f.expand("r");
+        // The budgeted h100 racks: each node knows its rack's budget.
+        for n in nodes.iter().filter(|n| n.gpu_type == "h100") {
+            assert_eq!(
+                (n.gpu_power_w, n.rack_power_budget_w),
+                (Some(700), Some(14_000))
+            );
+        }
+        // A drawn type in a rack without a budget: counted, not limited.
+        for n in nodes.iter().filter(|n| n.gpu_type == "gb200") {
+            assert_eq!((n.gpu_power_w, n.rack_power_budget_w), (Some(1200), None));
+        }
+        let text = toml::to_string(&f).unwrap();
+        assert_eq!(FleetFile::parse(&text).unwrap(), f);
+    }
+
+    #[test]
+    fn rejects_bad_power_figures() {
+        let e = err_text(&POWERED.replace("14000", "0"));
+        assert!(
+            e.contains("leaf block 1") && e.contains("power_budget_w must be at least 1"),
+            "{e}"
+        );
+        let e = err_text(&POWERED.replace("h100 = 700", "h100 = 0"));
+        assert!(
+            e.contains("[gpu_power_w] h100") && e.contains("between 1 and 5000"),
+            "{e}"
+        );
+        let e = err_text(&POWERED.replace("h100 = 700", "h100 = 700000"));
+        assert!(e.contains("700000 W"), "{e}");
+        // A draw for a type no leaf has: a typo, refused.
+        let e = err_text(&POWERED.replace("gb200 = 1200", "gb200 = 1200\nh200 = 700"));
+        assert!(e.contains("no leaf has GPU type \"h200\""), "{e}");
+        // A budget whose type has no draw could not be enforced.
+        let e = err_text(&POWERED.replace("h100 = 700", ""));
+        assert!(
+            e.contains("leaf block 1") && e.contains("[gpu_power_w] (h100 = <watts>)"),
+            "{e}"
+        );
+        let e = err_text(&POWERED.replace("power_budget_w = 14000", "power_budget_w = -1"));
+        assert!(e.starts_with("fleet file is not valid TOML"), "{e}");
+    }
+
     #[test]
     fn rejects_fleets_too_large_to_expand() {
         let e = err_text("[[spine]]\ncount = 4000000000\n[[spine.leaf]]\ncount = 4000000000\nnodes = 4000000000\ngpu_type = \"h100\"\ngpus_per_node = 8\n");
@@ -609,6 +752,7 @@ mod tests {
                     "gpus" => t.gpus,
                     "spare_gpus" => t.spare_gpus,
                     "schedulable_gpus" => t.schedulable_gpus(),
+                    "power_budget_w" => t.power_budget_w,
                     other => match other.strip_prefix("schedulable.") {
                         Some(ty) => t.schedulable_by_type.get(ty).copied().unwrap_or(0),
                         None => panic!("{name}: unknown total {other:?}"),

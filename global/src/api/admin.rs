@@ -852,9 +852,11 @@ pub async fn drain_node(
 /// Applies a fault to a node of a simulated fleet as if its agent had
 /// reported it: an XID (`{"kind": "xid", "gpu": 0, "code": 79}`), ECC
 /// errors, a row remap, a thermal event, NVLink errors, a dead node
-/// (`node_down`), a flapping link (`link_flap`), or a reboot. The health
-/// policy then acts on it as on a real report. Refused for real agents'
-/// nodes. Audited.
+/// (`node_down`), a flapping link (`link_flap`), a reboot, or its rack
+/// thermally throttling (`rack_thermal`: no node of the node's leaf takes
+/// new work until `{"kind": "rack_thermal", "throttled": false}`). The
+/// health policy then acts on it as on a real report. Refused for real
+/// agents' nodes. Audited.
 #[utoipa::path(
     post,
     path = "/v1/admin/nodes/{id}/faults",

@@ -54,6 +54,8 @@ fn fleet() -> Vec<AgentNode> {
                     uuid: format!("GPU-n{n}-{i}"),
                 })
                 .collect(),
+            gpu_power_w: None,
+            rack_power_budget_w: None,
         })
         .collect()
 }

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::config::{AgentConfig, ExecutorKind};
 use crate::executor::Executor;
-use crate::health::{machine_boot_id, spawn_nvml, Signals};
+use crate::health::{machine_boot_id, nvml_gpu_power_w, spawn_nvml, Signals};
 use crate::region::{is_transient, must_reregister, Backoff, RegionClient};
 use crate::workers::Workers;
 
@@ -146,6 +146,11 @@ impl Agent {
         // GPU health from NVML: a real machine is one node.
         let health = shutdown.child_token();
         if self.config.executor == ExecutorKind::Real && self.config.nodes.len() == 1 {
+            // Its GPUs' enforced power limit is their draw, whatever the
+            // fleet file says (the file's figure stays where NVML has none).
+            if let Some(watts) = nvml_gpu_power_w() {
+                self.config.nodes[0].gpu_power_w = Some(watts);
+            }
             spawn_nvml(
                 self.signals.clone(),
                 self.config.health_poll_interval,

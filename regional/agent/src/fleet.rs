@@ -5,7 +5,8 @@ use gangway_shared::fleet::FleetFile;
 
 /// The nodes of `region` in `fleet`, as an agent serving all of them
 /// describes them: every node is reached at `address`, and its GPUs get
-/// stable synthetic UUIDs `GPU-sim-{node_id}-{index}`.
+/// stable synthetic UUIDs `GPU-sim-{node_id}-{index}`. Each carries the
+/// file's power figures: its type's draw and its rack's budget.
 pub fn nodes_from_fleet(fleet: &FleetFile, region: &str, address: &str) -> Vec<AgentNode> {
     fleet
         .expand(region)
@@ -26,6 +27,8 @@ pub fn nodes_from_fleet(fleet: &FleetFile, region: &str, address: &str) -> Vec<A
                 spare: node.spare,
                 address: address.to_string(),
                 gpus,
+                gpu_power_w: node.gpu_power_w,
+                rack_power_budget_w: node.rack_power_budget_w,
             }
         })
         .collect()
@@ -70,5 +73,38 @@ mod tests {
             );
         }
         assert_eq!(nodes.iter().filter(|n| n.spare).count(), 1);
+        // No power figures in the file: none registered.
+        assert!(nodes
+            .iter()
+            .all(|n| n.gpu_power_w.is_none() && n.rack_power_budget_w.is_none()));
+    }
+
+    #[test]
+    fn nodes_carry_the_files_power_figures() {
+        let fleet = FleetFile::parse(
+            r#"
+            [gpu_power_w]
+            h100 = 700
+            [[spine]]
+              [[spine.leaf]]
+              nodes = 2
+              gpu_type = "h100"
+              gpus_per_node = 8
+              power_budget_w = 10000
+            "#,
+        )
+        .unwrap();
+        let nodes = nodes_from_fleet(&fleet, "dev-1", "10.1.2.3");
+        assert_eq!(nodes.len(), 2);
+        for n in &nodes {
+            assert_eq!(
+                (n.gpu_power_w, n.rack_power_budget_w),
+                (Some(700), Some(10_000))
+            );
+        }
+        // And they reach the region: they are in the registration's JSON.
+        let json = serde_json::to_value(&nodes[0]).unwrap();
+        assert_eq!(json["gpu_power_w"], 700);
+        assert_eq!(json["rack_power_budget_w"], 10_000);
     }
 }

@@ -13,6 +13,14 @@
 //!
 //! A simulated fleet reports no signals; faults are injected into it
 //! through the region's admin API instead.
+//!
+//! NVML sees GPUs, not racks: it has nothing to say about a rack's
+//! thermal state ([`Signal::RackThermal`]). That comes from the facility
+//! (the rack's BMC or a DCIM/Redfish feed of its inlet temperatures and
+//! CDU state); such a feed would push `Signal::RackThermal` into the
+//! agent's [`Signals`], like the poller below, and every sync carries it.
+//! Until one is wired in, real racks report none and drills inject it
+//! (`rack_thermal` faults).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -96,6 +104,22 @@ pub(crate) fn spawn_nvml(
             tracing::warn!(error = %e, "cannot start the NVML poller");
             false
         })
+}
+
+/// Watts one GPU of this machine draws at most: the highest enforced power
+/// limit among its GPUs (NVML reports milliwatts), or `None` where NVML
+/// does not load or reports none. Registered as the node's draw, so rack
+/// power budgets count what the machine is really capped at (an operator's
+/// `nvidia-smi -pl` included), not the fleet file's nominal figure.
+pub(crate) fn nvml_gpu_power_w() -> Option<u32> {
+    let nvml = nvml_wrapper::Nvml::init().ok()?;
+    let count = nvml.device_count().ok()?;
+    let most_mw = (0..count)
+        .filter_map(|i| nvml.device_by_index(i).ok())
+        .filter_map(|d| d.enforced_power_limit().ok())
+        .max()?;
+    // Round up: a budget must never count less than the cap.
+    Some(most_mw.div_ceil(1000)).filter(|&w| w > 0)
 }
 
 /// What was last reported per GPU, so only changes are sent.
@@ -301,6 +325,15 @@ mod tests {
         match std::fs::read_to_string(KERNEL_BOOT_ID) {
             Ok(k) => assert_eq!(real, k.trim()),
             Err(_) => assert_eq!(real, "agent"),
+        }
+    }
+
+    #[test]
+    fn without_a_driver_there_is_no_power_limit() {
+        // Where a driver exists the limit is a GPU's plausible draw.
+        match nvml_wrapper::Nvml::init() {
+            Err(_) => assert_eq!(nvml_gpu_power_w(), None),
+            Ok(_) => assert!(nvml_gpu_power_w().is_none_or(|w| (1..=5_000).contains(&w))),
         }
     }
 

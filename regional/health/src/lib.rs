@@ -24,7 +24,10 @@
 //! - Unknown XIDs are recorded and treated as [`HealthPolicy::unknown_xid`]
 //!   (default: quarantine the GPU, the safe side).
 //! - **Thermal**: a GPU at or above the temperature limit, or reporting
-//!   thermal throttling, takes no new work until it recovers.
+//!   thermal throttling, takes no new work until it recovers. A *rack*
+//!   reporting thermal throttling ([`Signal::RackThermal`]) is the
+//!   region's concern, not the node's: no node of that leaf takes new work
+//!   until it recovers (the node's own state here is unchanged).
 //! - **Heartbeats**: an agent silent for `suspect_after_s` makes its node
 //!   suspect (no new work); for `lost_after_s`, lost (its jobs count as
 //!   failed and restart elsewhere from their checkpoints).
@@ -101,6 +104,13 @@ pub enum Signal {
     Heartbeat { boot_id: String },
     /// The whole node is gone (power, board, or an injected death).
     NodeDown,
+    /// The node's rack (its leaf), as the node's BMC sees the rack's
+    /// sensors, is (or no longer is) thermally throttling. A rack-level
+    /// fact: [`NodeHealth`] ignores it (the node itself is fine); the
+    /// region records it per node and keeps every node of a leaf with a
+    /// throttling report from taking new work, running jobs staying, until
+    /// a `throttled: false` report.
+    RackThermal { throttled: bool },
 }
 
 /// The policy, from configuration. Every field has a default.
@@ -541,6 +551,8 @@ impl NodeHealth {
                     g.hot = hot;
                 }
             }
+            // Rack-wide: the region acts on it for the whole leaf.
+            Signal::RackThermal { .. } => {}
             Signal::Nvlink { gpu, errors } => {
                 if *errors >= policy.nvlink_error_limit && self.fault.is_none() {
                     let _ = gpu;

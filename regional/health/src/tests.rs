@@ -380,3 +380,17 @@ fn serde_json_like(n: &NodeHealth) -> String {
     }
     toml::to_string(&Wrap { node: n }).unwrap_or_else(|e| format!("{e}"))
 }
+
+#[test]
+fn rack_thermal_leaves_the_node_itself_alone() {
+    // The region keeps the rack's nodes from new work; the node's own
+    // health, state and usable GPUs do not change.
+    let (p, mut n) = node();
+    let before = n.clone();
+    for throttled in [true, false] {
+        let e = n.observe(&p, 1, &Signal::RackThermal { throttled });
+        assert!(e.is_empty(), "{e:?}");
+        assert_eq!(n, before);
+        assert!(decision(&n, &p, 1).schedulable);
+    }
+}

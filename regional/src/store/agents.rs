@@ -62,15 +62,30 @@ impl Store {
         let types = col(|n| &n.gpu_type);
         let addrs = col(|n| &n.address);
         let spares: Vec<bool> = req.nodes.iter().map(|n| n.spare).collect();
+        // Power figures as the agent knows them (NULL: unknown, no budget);
+        // out-of-range ones are taken as unknown rather than refused.
+        let draws: Vec<Option<i32>> = (req.nodes.iter())
+            .map(|n| {
+                n.gpu_power_w
+                    .and_then(|w| i32::try_from(w).ok())
+                    .filter(|&w| w > 0)
+            })
+            .collect();
+        let budgets: Vec<Option<i64>> = (req.nodes.iter())
+            .map(|n| (n.rack_power_budget_w.and_then(|w| i64::try_from(w).ok())).filter(|&w| w > 0))
+            .collect();
         tx.execute(
-            "INSERT INTO nodes (node_id, agent_id, spine, leaf, nvlink_domain, gpu_type, address, spare)
-             SELECT n, $2, s, l, d, t, a, sp
-             FROM unnest($1::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bool[])
-                  AS x(n, s, l, d, t, a, sp)
+            "INSERT INTO nodes (node_id, agent_id, spine, leaf, nvlink_domain, gpu_type, address, spare,
+                                gpu_power_w, rack_power_budget_w)
+             SELECT n, $2, s, l, d, t, a, sp, pw, pb
+             FROM unnest($1::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bool[],
+                         $9::int[], $10::bigint[])
+                  AS x(n, s, l, d, t, a, sp, pw, pb)
              ON CONFLICT (node_id) DO UPDATE
                SET agent_id = EXCLUDED.agent_id, spine = EXCLUDED.spine, leaf = EXCLUDED.leaf,
                    nvlink_domain = EXCLUDED.nvlink_domain, gpu_type = EXCLUDED.gpu_type,
-                   address = EXCLUDED.address,
+                   address = EXCLUDED.address, gpu_power_w = EXCLUDED.gpu_power_w,
+                   rack_power_budget_w = EXCLUDED.rack_power_budget_w,
                    -- the region's own swaps outlive re-registration
                    spare = CASE WHEN nodes.spare_managed THEN nodes.spare
                                 ELSE EXCLUDED.spare END",
@@ -83,6 +98,8 @@ impl Store {
                 &types,
                 &addrs,
                 &spares,
+                &draws,
+                &budgets,
             ],
         )
         .await?;

@@ -65,6 +65,16 @@
 //!   nothing else can tell us again. What they are checked against is not
 //!   stored: it is counted from `jobs` (index `jobs_unfinished_by_tenant`)
 //!   under a per-tenant advisory lock when a limited tenant submits.
+//! - Power (`V12`): `nodes.gpu_power_w` (what one allocated GPU of the
+//!   node draws) and `nodes.rack_power_budget_w` (its rack's budget for
+//!   GPU draw) as its agent registered them (NULL: unknown, no budget), so
+//!   an agent tells us them again at every registration. A rack's budget is
+//!   the smallest its nodes report; what it draws is not stored, it is
+//!   counted from the live allocations and holds (`plans.rs`).
+//!   `nodes.rack_throttled`: the node's latest `RackThermal` report (or
+//!   injected fault) that its rack throttles; every node of that leaf is
+//!   then unschedulable. Kept because a report says it only when it
+//!   changes.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
@@ -72,7 +82,8 @@
 //! - `limits.rs`: per-tenant admission limits: the check a limited
 //!   tenant's submit (and dry run) makes, and listing them.
 //! - `agents.rs`: agent registration and sync (reports in, assignments out).
-//! - `plans.rs`: the scheduler's snapshot and the generation-checked commit.
+//! - `plans.rs`: the scheduler's snapshot (rack power headroom and
+//!   throttled racks included) and the generation-checked commit.
 //! - `rows.rs`: row → domain conversions.
 //! - `usage.rs`: a tenant's GPU-seconds per period from the allocations.
 //! - `nodes.rs`: node health from syncs and the clock, operators' node
@@ -104,7 +115,7 @@ pub use agents::{StopTiming, SyncOutcome};
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
-pub use plans::{ApplyOutcome, FleetShape, SnapshotData};
+pub use plans::{ApplyOutcome, FleetShape, RackPower, SnapshotData};
 
 mod embedded {
     refinery::embed_migrations!("migrations");

@@ -82,7 +82,8 @@ pub(super) const NODE_COLUMNS: &str = "n.node_id, n.agent_id, a.executor, n.spin
     n.nvlink_domain, n.gpu_type, n.spare, n.operator_state, n.admin_reason, n.drain_wait, \
     extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s, n.health, n.observed, \
     n.usable, n.boot_id, n.last_heartbeat_at, n.sim_down, extract(epoch FROM n.silent_until)::bigint AS silent_until_s, \
-    n.sim_reboots, (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id)::int AS gpu_count";
+    n.sim_reboots, n.gpu_power_w, n.rack_power_budget_w, n.rack_throttled, \
+    (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id)::int AS gpu_count";
 
 /// One node as the health code works on it.
 #[derive(Clone, Debug)]
@@ -151,6 +152,56 @@ pub(super) fn admin_from_row(row: &Row) -> Admin {
         "repair" => Admin::Repair { reason },
         _ => Admin::Active,
     }
+}
+
+/// Records the node's latest word on its rack's thermal state. A change
+/// moves the generation (every node of the leaf turns unschedulable, or
+/// may schedule again: a plan computed before is stale) and is a node
+/// event; returns whether it changed. Running work stays either way. The
+/// caller holds the node's row lock.
+pub(super) async fn set_rack_thermal(
+    tx: &Transaction<'_>,
+    node_id: &str,
+    throttled: bool,
+) -> Result<bool> {
+    let Some(row) = tx
+        .query_opt(
+            "UPDATE nodes SET rack_throttled = $2 WHERE node_id = $1 AND rack_throttled <> $2
+             RETURNING leaf",
+            &[&node_id, &throttled],
+        )
+        .await?
+    else {
+        return Ok(false);
+    };
+    let leaf: String = row.get(0);
+    tx.execute(
+        "UPDATE sched_state SET generation = generation + 1 WHERE id = 1",
+        &[],
+    )
+    .await?;
+    let message = if throttled {
+        format!(
+            "rack {leaf} reports thermal throttling: no node of the rack takes new work until it \
+             recovers; running jobs stay"
+        )
+    } else {
+        format!("rack {leaf} no longer reports thermal throttling (by this node)")
+    };
+    node_event(
+        tx,
+        node_id,
+        "health",
+        &message,
+        json!({"code": "rack_thermal", "leaf": leaf, "throttled": throttled}),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Why a node of a thermally throttling rack takes no new work.
+pub(super) fn rack_throttled_why(leaf: &str) -> String {
+    format!("rack {leaf} is thermally throttling: no new work in the rack until it recovers")
 }
 
 /// What both axes decide for a node row of the snapshot at `now`: the
@@ -621,11 +672,17 @@ pub(super) async fn observe_sync(
                 boot_id: boot.clone(),
             },
         );
+        let mut rack_thermal = None;
         for s in signals {
-            if matches!(s, Signal::Heartbeat { .. }) {
-                continue; // heartbeats are the sync itself
+            match s {
+                Signal::Heartbeat { .. } => continue, // heartbeats are the sync itself
+                // The rack's, not the node's: the latest report wins.
+                Signal::RackThermal { throttled } => rack_thermal = Some(*throttled),
+                _ => effects.extend(node.health.observe(&ctx.policy, now, s)),
             }
-            effects.extend(node.health.observe(&ctx.policy, now, s));
+        }
+        if let Some(throttled) = rack_thermal {
+            out.fleet_changed |= set_rack_thermal(tx, &node.node_id, throttled).await?;
         }
         tx.execute(
             "UPDATE nodes SET boot_id = $2, last_heartbeat_at = to_timestamp($3), silent_until = NULL
@@ -895,6 +952,11 @@ impl Store {
                     boot_id: effective_boot(&reported, node.sim_reboots),
                 })
             }
+            // As the node's BMC would report its rack's sensors; the node's
+            // own health is untouched (see `set_rack_thermal` below).
+            Fault::RackThermal { throttled } => Some(Signal::RackThermal {
+                throttled: throttled.unwrap_or(true),
+            }),
         };
         let detail = json!({"fault": fault, "actor": actor});
         node_event(
@@ -910,7 +972,14 @@ impl Store {
             Some(s) => node.health.observe(policy, now, s),
             None => Vec::new(),
         };
-        let out = reconcile_node(&tx, ctx, now, &mut node, &effects).await?;
+        let rack_changed = match signal {
+            Some(Signal::RackThermal { throttled }) => {
+                set_rack_thermal(&tx, node_id, throttled).await?
+            }
+            _ => false,
+        };
+        let mut out = reconcile_node(&tx, ctx, now, &mut node, &effects).await?;
+        out.fleet_changed |= rack_changed;
         tx.commit().await?;
         Ok(Ok(out))
     }
@@ -966,6 +1035,13 @@ impl Store {
                 &[&only],
             )
             .await?;
+        // Racks (leaves) with a node reporting thermal throttling.
+        let hot_racks: std::collections::BTreeSet<String> = tx
+            .query("SELECT DISTINCT leaf FROM nodes WHERE rack_throttled", &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         let held = tx
             .query(
                 "SELECT node_id, array_agg(DISTINCT gpu_index) AS gpus,
@@ -1002,12 +1078,13 @@ impl Store {
                 let mut jobs = jobs;
                 jobs.sort();
                 let spare: bool = row.get("spare");
+                let leaf: String = row.get("leaf");
+                let rack_throttled = hot_racks.contains(&leaf);
                 NodeView {
                     region: self.region().to_string(),
                     agent_id: node.agent_id.clone(),
                     executor: node.executor.clone(),
                     spine: row.get("spine"),
-                    leaf: row.get("leaf"),
                     nvlink_domain: row.get("nvlink_domain"),
                     gpu_type: row.get("gpu_type"),
                     spare,
@@ -1018,7 +1095,7 @@ impl Store {
                     drain_deadline,
                     observed: observed.code().to_string(),
                     observed_detail: serde_json::to_value(&observed).unwrap_or_default(),
-                    schedulable: d.schedulable && !spare,
+                    schedulable: d.schedulable && !spare && !rack_throttled,
                     usable_gpus: if spare { Vec::new() } else { d.usable.clone() },
                     allocated_gpus: {
                         let mut g: Vec<u32> = gpus.iter().map(|&g| g as u32).collect();
@@ -1027,11 +1104,21 @@ impl Store {
                     },
                     drained: matches!(node.admin, Admin::Draining { .. }) && jobs.is_empty(),
                     jobs,
-                    why: if spare && d.why.is_none() {
-                        Some("in the spare pool".into())
-                    } else {
-                        d.why.clone()
+                    // The node's own reason first, then its rack's.
+                    why: match (&d.why, rack_throttled, spare) {
+                        (Some(why), _, _) => Some(why.clone()),
+                        (None, true, _) => Some(rack_throttled_why(&leaf)),
+                        (None, false, true) => Some("in the spare pool".into()),
+                        (None, false, false) => None,
                     },
+                    rack_throttled,
+                    gpu_power_w: row
+                        .get::<_, Option<i32>>("gpu_power_w")
+                        .map(|w| w.max(0) as u32),
+                    rack_power_budget_w: row
+                        .get::<_, Option<i64>>("rack_power_budget_w")
+                        .map(|w| w.max(0) as u64),
+                    leaf,
                     boot_id: node.boot_id.clone(),
                     last_heartbeat: row.get("last_heartbeat_at"),
                     events: Vec::new(),
@@ -1087,6 +1174,12 @@ fn fault_words(f: &Fault) -> String {
             silent_s.map_or(String::new(), |s| format!(" for {s} s"))
         ),
         Fault::Reboot => "the node reboots".into(),
+        Fault::RackThermal { throttled } => if throttled.unwrap_or(true) {
+            "the node's rack throttles (thermal)"
+        } else {
+            "the node's rack no longer throttles (thermal)"
+        }
+        .into(),
     }
 }
 

@@ -22,6 +22,115 @@ pub struct SnapshotData {
     pub snapshot: Snapshot,
     /// Submission time of every queued job (for the queue-wait metric).
     pub submitted_at: BTreeMap<String, DateTime<Utc>>,
+    /// Rack (leaf) → its power budget and what its allocated GPUs draw,
+    /// for every rack with a budget that the snapshot covers (a
+    /// partition's: the racks holding nodes of its type). Whole-rack
+    /// figures, the same whichever partition reads them.
+    pub racks: BTreeMap<String, RackPower>,
+}
+
+/// One rack's power, whole-rack (every GPU type in it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RackPower {
+    /// The rack's budget for GPU draw: the smallest its nodes report.
+    pub budget_w: u64,
+    /// What its live allocations and held GPUs draw, at their types'
+    /// draws (GPUs of a type with no known draw count nothing).
+    pub allocated_w: u64,
+}
+
+impl RackPower {
+    /// Watts placements may still add to the rack (negative: over budget,
+    /// as after a budget was lowered under running work).
+    pub fn headroom_w(&self) -> i64 {
+        self.budget_w as i64 - self.allocated_w as i64
+    }
+}
+
+/// Per (rack, GPU type) of the racks with a budget, over every type: the
+/// rack's budget, the type's GPUs there (spares included) and how many of
+/// them are taken (live allocations, and GPUs held for a gang moving onto
+/// a spare while it is being preempted, as the snapshot's `live` read),
+/// and the type's draw (the most any of its nodes reports). Only types
+/// with a known draw count.
+const RACK_POWER_SQL: &str = "
+    WITH draw AS (
+        SELECT gpu_type, max(gpu_power_w)::bigint AS draw_w FROM nodes
+        WHERE gpu_power_w IS NOT NULL GROUP BY gpu_type
+    ), budget AS (
+        SELECT leaf, min(rack_power_budget_w) AS budget_w FROM nodes
+        WHERE rack_power_budget_w IS NOT NULL GROUP BY leaf
+    ), taken AS (
+        SELECT node_id, gpu_index FROM allocations WHERE released_at IS NULL
+        UNION
+        SELECT h.node_id, h.gpu_index FROM gpu_holds h
+        JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'
+    )
+    SELECT n.leaf, n.gpu_type, b.budget_w, d.draw_w,
+           count(*)::bigint AS gpus, count(t.node_id)::bigint AS taken
+    FROM nodes n
+    JOIN budget b ON b.leaf = n.leaf
+    JOIN draw d ON d.gpu_type = n.gpu_type
+    JOIN gpus g ON g.node_id = n.node_id
+    LEFT JOIN taken t ON t.node_id = g.node_id AND t.gpu_index = g.gpu_index
+    GROUP BY n.leaf, n.gpu_type, b.budget_w, d.draw_w
+    ORDER BY n.leaf, n.gpu_type";
+
+/// One row of [`RACK_POWER_SQL`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RackTypePower {
+    leaf: String,
+    gpu_type: String,
+    budget_w: u64,
+    draw_w: u64,
+    gpus: u64,
+    taken: u64,
+}
+
+/// Each rack's whole-rack power, and each (rack, type)'s headroom: the
+/// watts this pass's placements of the type may add there.
+///
+/// A rack of one type gets all of it: budget − what its GPUs draw. Where
+/// types share a rack, each type's partition is planned and committed on
+/// its own, against its own version, so one type's headroom must not
+/// depend on what another type's concurrent commits may still add. Each
+/// type therefore owns a fixed share of the *budget*, in proportion to its
+/// GPUs in the rack (rounded down), and may add at most that share less
+/// what its own GPUs draw, and never more than the whole rack's headroom.
+/// A type's own draw is protected by its partition version (a plan for it
+/// read at an older one is rejected), so however the types' passes
+/// interleave, each stays within its share and together they stay within
+/// the budget. (Splitting the rack's *remaining* headroom instead would
+/// not: a type whose passes commit several times while another type's
+/// plan is in flight could take more than its fraction of what the other
+/// one read.)
+fn rack_power(
+    rows: &[RackTypePower],
+) -> (BTreeMap<String, RackPower>, BTreeMap<(String, String), u64>) {
+    let mut racks: BTreeMap<String, (RackPower, u64)> = BTreeMap::new();
+    for r in rows {
+        let (rack, gpus) = racks.entry(r.leaf.clone()).or_default();
+        rack.budget_w = r.budget_w;
+        rack.allocated_w = rack.allocated_w.saturating_add(r.taken * r.draw_w);
+        *gpus += r.gpus;
+    }
+    let mut headroom = BTreeMap::new();
+    for r in rows {
+        let (rack, gpus) = racks[&r.leaf];
+        let whole = rack.budget_w.saturating_sub(rack.allocated_w);
+        let share = if gpus == 0 {
+            0
+        } else {
+            (u128::from(rack.budget_w) * u128::from(r.gpus) / u128::from(gpus)) as u64
+        };
+        let own = r.taken.saturating_mul(r.draw_w);
+        headroom.insert(
+            (r.leaf.clone(), r.gpu_type.clone()),
+            share.saturating_sub(own).min(whole),
+        );
+    }
+    let racks = racks.into_iter().map(|(k, (p, _))| (k, p)).collect();
+    (racks, headroom)
 }
 
 /// What a committed plan did.
@@ -134,11 +243,16 @@ impl Store {
         // The database's clock, so every replica plans on the same time.
         let now = head.get::<_, i64>(1).max(0) as u64;
         let timeout_s = agent_timeout.as_secs_f64();
+        // A rack reporting thermal throttling: none of its nodes takes new
+        // work (running work stays).
         let node_rows = tx
             .query(
                 "SELECT n.node_id, n.spine, n.leaf, n.nvlink_domain, n.gpu_type,
                         (NOT n.spare
-                         AND a.last_sync_at > now() - make_interval(secs => $1)) AS schedulable,
+                         AND a.last_sync_at > now() - make_interval(secs => $1)
+                         AND NOT EXISTS (SELECT 1 FROM nodes r
+                                         WHERE r.leaf = n.leaf AND r.rack_throttled))
+                            AS schedulable,
                         n.operator_state, n.admin_reason, n.drain_wait,
                         extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s,
                         n.health, count(*)::int AS gpu_count,
@@ -387,6 +501,41 @@ impl Store {
                 capacity.insert(row.get(0), row.get::<_, i64>(1).max(0) as u64);
             }
         }
+        // Rack power: computed over every type of every budgeted rack, then
+        // narrowed to the partition's type, so a rack's figures are the
+        // same whichever partition reads them.
+        let power_rows: Vec<RackTypePower> = (tx.query(RACK_POWER_SQL, &[]).await?)
+            .iter()
+            .map(|r| RackTypePower {
+                leaf: r.get("leaf"),
+                gpu_type: r.get("gpu_type"),
+                budget_w: r.get::<_, i64>("budget_w").max(0) as u64,
+                draw_w: r.get::<_, i64>("draw_w").max(0) as u64,
+                gpus: r.get::<_, i64>("gpus").max(0) as u64,
+                taken: r.get::<_, i64>("taken").max(0) as u64,
+            })
+            .collect();
+        let (mut racks, mut power_headroom_w) = rack_power(&power_rows);
+        let mut gpu_power_w: BTreeMap<String, u32> = BTreeMap::new();
+        for r in tx
+            .query(
+                "SELECT gpu_type, max(gpu_power_w) FROM nodes
+                 WHERE gpu_power_w IS NOT NULL GROUP BY gpu_type",
+                &[],
+            )
+            .await?
+        {
+            gpu_power_w.insert(r.get(0), r.get::<_, i32>(1).max(0) as u32);
+        }
+        if let Some(t) = only {
+            power_headroom_w.retain(|(_, ty), _| ty == t);
+            let covered: BTreeSet<&str> = (power_rows.iter())
+                .filter(|r| r.gpu_type == t)
+                .map(|r| r.leaf.as_str())
+                .collect();
+            racks.retain(|leaf, _| covered.contains(leaf.as_str()));
+        }
+
         // Every covered type's partition version (no row yet: 0).
         let mut partitions: BTreeMap<String, i64> = match only {
             Some(t) => [(t.to_string(), 0)].into(),
@@ -418,9 +567,11 @@ impl Store {
                 usage,
                 now,
                 running,
-                ..Snapshot::default()
+                gpu_power_w,
+                power_headroom_w,
             },
             submitted_at,
+            racks,
         })
     }
 
@@ -924,4 +1075,60 @@ impl Store {
 
 fn parse_job(id: &str) -> Result<Uuid> {
     Uuid::parse_str(id).map_err(|_| StoreError::StalePlan(format!("bad job id {id}")))
+}
+
+#[cfg(test)]
+mod power_tests {
+    use super::*;
+
+    fn row(leaf: &str, ty: &str, budget: u64, draw: u64, gpus: u64, taken: u64) -> RackTypePower {
+        RackTypePower {
+            leaf: leaf.into(),
+            gpu_type: ty.into(),
+            budget_w: budget,
+            draw_w: draw,
+            gpus,
+            taken,
+        }
+    }
+
+    #[test]
+    fn one_type_gets_the_whole_racks_headroom() {
+        let (racks, room) = rack_power(&[row("l0", "h100", 14_000, 700, 32, 8)]);
+        assert_eq!(
+            racks["l0"],
+            RackPower {
+                budget_w: 14_000,
+                allocated_w: 5_600
+            }
+        );
+        assert_eq!(racks["l0"].headroom_w(), 8_400);
+        assert_eq!(room[&("l0".into(), "h100".into())], 8_400);
+        // Over budget (lowered under running work): no room, shown negative.
+        let (racks, room) = rack_power(&[row("l0", "h100", 4_000, 700, 32, 8)]);
+        assert_eq!(racks["l0"].headroom_w(), -1_600);
+        assert_eq!(room[&("l0".into(), "h100".into())], 0);
+    }
+
+    #[test]
+    fn shared_racks_split_the_budget_by_gpus() {
+        // 16 h100 (700 W) and 16 a100 (400 W) under 12 kW: 6 kW each.
+        let rows = [
+            row("l0", "a100", 12_000, 400, 16, 0),
+            row("l0", "h100", 12_000, 700, 16, 4),
+        ];
+        let (racks, room) = rack_power(&rows);
+        assert_eq!(racks["l0"].allocated_w, 2_800);
+        assert_eq!(room[&("l0".into(), "h100".into())], 6_000 - 2_800);
+        assert_eq!(room[&("l0".into(), "a100".into())], 6_000);
+        // A type over its share (the budget was lowered) takes nothing and
+        // the other never more than the whole rack's headroom.
+        let rows = [
+            row("l0", "a100", 8_000, 400, 16, 0),
+            row("l0", "h100", 8_000, 700, 16, 8),
+        ];
+        let (_, room) = rack_power(&rows);
+        assert_eq!(room[&("l0".into(), "h100".into())], 0);
+        assert_eq!(room[&("l0".into(), "a100".into())], 8_000 - 5_600);
+    }
 }

@@ -124,6 +124,8 @@ fn config(addr: SocketAddr, executor: ExecutorKind, work_dir: &Path) -> AgentCon
                     uuid: format!("GPU-sim-node-a-{index}"),
                 })
                 .collect(),
+            gpu_power_w: None,
+            rack_power_budget_w: None,
         }],
         executor,
         time_factor: 1.0,
