@@ -38,21 +38,54 @@ pub fn check_fits(spec: &JobSpec, fleet: &[FleetShape]) -> Result<(), Invalid> {
     if spec.mode == JobMode::Array {
         return Ok(()); // workers run one by one as capacity allows
     }
-    // Workers each domain could hold if it were empty, per level.
+    // Workers each domain could hold if it were empty, per level: what its
+    // nodes hold, and no more in a rack than its power budget feeds.
     let mut per_domain: [BTreeMap<&str, u64>; 3] = Default::default();
-    let mut total = 0u64;
+    let mut rack_cap: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut spine_of: BTreeMap<&str, &str> = BTreeMap::new();
     for n in fleet {
         let w = (n.gpus / per) as u64;
-        total += w;
         *per_domain[0].entry(&n.nvlink_domain).or_default() += w;
         *per_domain[1].entry(&n.leaf).or_default() += w;
-        *per_domain[2].entry(&n.spine).or_default() += w;
+        spine_of.insert(&n.leaf, &n.spine);
+        if let Some(g) = n.rack_power_gpus {
+            rack_cap.insert(&n.leaf, g / u64::from(per));
+        }
     }
+    let rack_of: BTreeMap<&str, &str> = (fleet.iter())
+        .map(|n| (n.nvlink_domain.as_str(), n.leaf.as_str()))
+        .collect();
+    let mut power_binds = false;
+    let mut capped = |w: &mut u64, leaf: &str| {
+        if let Some(&cap) = rack_cap.get(leaf) {
+            if cap < *w {
+                *w = cap;
+                power_binds = true;
+            }
+        }
+    };
+    for (leaf, w) in per_domain[1].iter_mut() {
+        capped(w, leaf);
+    }
+    for (dom, w) in per_domain[0].iter_mut() {
+        capped(w, rack_of[dom]);
+    }
+    let mut total = 0u64;
+    let [_, leaves, spines] = &mut per_domain;
+    for (leaf, &w) in leaves.iter() {
+        *spines.entry(spine_of[leaf]).or_default() += w;
+        total += w;
+    }
+    let power_note = if power_binds {
+        " (counting what the racks' power budgets can feed)"
+    } else {
+        ""
+    };
     if workers > total {
         return Err(invalid(
             codes::EXCEEDS_REGION_CAPACITY,
             format!(
-                "the job needs {} {} GPUs ({workers} workers of {per}), more than this region could ever hold ({} workers)",
+                "the job needs {} {} GPUs ({workers} workers of {per}), more than this region could ever hold ({} workers{power_note})",
                 spec.gpus, spec.gpu_type, total
             ),
         ));
@@ -71,7 +104,8 @@ pub fn check_fits(spec: &JobSpec, fleet: &[FleetShape]) -> Result<(), Invalid> {
                 codes::UNSATISFIABLE_TOPOLOGY,
                 format!(
                     "the job requires one {required} domain for {workers} workers of {per} GPUs, \
-                     but the largest {required} domain here holds {best}; relax topology.required"
+                     but the largest {required} domain here holds {best}{power_note}; relax \
+                     topology.required"
                 ),
             ));
         }
@@ -110,8 +144,52 @@ mod tests {
                 leaf: format!("l{}", i / 2),
                 nvlink_domain: format!("n{i}"),
                 gpus: 8,
+                rack_power_gpus: None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_racks_power_budget_bounds_what_it_could_ever_hold() {
+        // Leaf l0's budget feeds 12 GPUs, l1's 20 (more than its 16).
+        let fleet: Vec<FleetShape> = (fleet().into_iter())
+            .map(|mut n| {
+                n.rack_power_gpus = Some(if n.leaf == "l0" { 12 } else { 20 });
+                n
+            })
+            .collect();
+        let mut s = spec(16);
+        s.topology.required = Some(TopologyLevel::Leaf);
+        assert!(check_fits(&s, &fleet).is_ok()); // on l1
+        s.gpus = 8;
+        assert!(check_fits(&s, &fleet).is_ok());
+        // 12 + 16 workers of 1 GPU in the spine, not 32.
+        let whole = spec(29);
+        let e = check_fits(&whole, &fleet).unwrap_err();
+        assert_eq!(e.code, codes::EXCEEDS_REGION_CAPACITY);
+        assert!(e.message.contains("power budgets"), "{}", e.message);
+        assert!(check_fits(&spec(28), &fleet).is_ok());
+        // Two 8-GPU workers in one leaf: only l1 (l0 feeds one).
+        let mut gang = spec(16);
+        gang.gpus_per_worker = Some(8);
+        gang.topology.required = Some(TopologyLevel::Leaf);
+        assert!(check_fits(&gang, &fleet).is_ok());
+        let only_l0: Vec<FleetShape> = fleet.iter().filter(|n| n.leaf == "l0").cloned().collect();
+        let e = check_fits(&gang, &only_l0).unwrap_err();
+        assert_eq!(e.code, codes::EXCEEDS_REGION_CAPACITY);
+        // Across both leaves a 3-worker gang fits (1 + 2), not in one leaf.
+        let mut wide = spec(24);
+        wide.gpus_per_worker = Some(8);
+        assert!(check_fits(&wide, &fleet).is_ok());
+        wide.topology.required = Some(TopologyLevel::Leaf);
+        let e = check_fits(&wide, &fleet).unwrap_err();
+        assert_eq!(e.code, codes::UNSATISFIABLE_TOPOLOGY);
+        assert!(e.message.contains("holds 2"), "{}", e.message);
+        // An NVLink domain is bounded by its rack too: 12 on l0 feeds one
+        // 8-GPU worker per node, not two nodes' worth.
+        let mut per_node = spec(8);
+        per_node.topology.required = Some(TopologyLevel::Nvlink);
+        assert!(check_fits(&per_node, &only_l0).is_ok());
     }
 
     #[test]

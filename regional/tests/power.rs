@@ -179,6 +179,12 @@ async fn a_rack_never_draws_more_than_its_budget_and_fills_up_to_it() {
         }
     );
     assert!(!data.racks.contains_key("l1"));
+    // Submissions are checked against what each rack could ever feed.
+    let (_, shape) = store.fleet_shape().await.unwrap();
+    for n in &shape["h100"] {
+        let want = (n.leaf == "l0").then_some(20);
+        assert_eq!(n.rack_power_gpus, want, "{}", n.leaf);
+    }
 
     // More work than both racks hold: 1-, 4- and 8-GPU gangs.
     for _ in 0..10 {

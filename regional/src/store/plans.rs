@@ -177,6 +177,10 @@ pub struct FleetShape {
     pub leaf: String,
     pub nvlink_domain: String,
     pub gpus: u32,
+    /// The most GPUs of the node's type its rack's power budget could ever
+    /// feed at once (the type's share of the budget over its draw, as the
+    /// snapshot splits it: `rack_power`); `None`: no budget.
+    pub rack_power_gpus: Option<u64>,
 }
 
 fn level_from_db(s: &str) -> Level {
@@ -1003,14 +1007,39 @@ impl Store {
                 &[],
             )
             .await?;
+        // What each budgeted rack's share could feed of each type with
+        // nothing else running there.
+        let power_rows: Vec<RackTypePower> = (tx.query(RACK_POWER_SQL, &[]).await?)
+            .iter()
+            .map(|r| RackTypePower {
+                leaf: r.get("leaf"),
+                gpu_type: r.get("gpu_type"),
+                budget_w: r.get::<_, i64>("budget_w").max(0) as u64,
+                draw_w: r.get::<_, i64>("draw_w").max(0) as u64,
+                gpus: r.get::<_, i64>("gpus").max(0) as u64,
+                taken: 0,
+            })
+            .collect();
         tx.commit().await?;
+        let (_, empty_headroom) = rack_power(&power_rows);
+        let feeds: BTreeMap<(String, String), u64> = (power_rows.iter())
+            .filter(|r| r.draw_w > 0)
+            .map(|r| {
+                let key = (r.leaf.clone(), r.gpu_type.clone());
+                let watts = empty_headroom.get(&key).copied().unwrap_or(0);
+                (key, watts / r.draw_w)
+            })
+            .collect();
         let mut by_type: BTreeMap<String, Vec<FleetShape>> = BTreeMap::new();
         for r in &rows {
-            by_type.entry(r.get(0)).or_default().push(FleetShape {
+            let (ty, leaf): (String, String) = (r.get(0), r.get(2));
+            let rack_power_gpus = feeds.get(&(leaf.clone(), ty.clone())).copied();
+            by_type.entry(ty).or_default().push(FleetShape {
                 spine: r.get(1),
-                leaf: r.get(2),
+                leaf,
                 nvlink_domain: r.get(3),
                 gpus: r.get::<_, i64>(4) as u32,
+                rack_power_gpus,
             });
         }
         Ok((version, by_type))
