@@ -179,6 +179,10 @@ async fn a_rack_never_draws_more_than_its_budget_and_fills_up_to_it() {
         }
     );
     assert!(!data.racks.contains_key("l1"));
+    // GET /v1/region counts as free only what the budget can feed: 20 of
+    // l0's 32, all of l1's.
+    let (caps, _, _) = store.capacity(AGENT_TIMEOUT).await.unwrap();
+    assert_eq!((caps[0].schedulable, caps[0].free), (64, 52));
     // Submissions are checked against what each rack could ever feed.
     let (_, shape) = store.fleet_shape().await.unwrap();
     for n in &shape["h100"] {
@@ -400,6 +404,12 @@ async fn a_thermally_throttling_rack_takes_no_new_work_until_it_recovers() {
     assert!(out.fleet_changed);
     assert_eq!(schedulable_in(&store, hot).await, [false, false]);
     assert_eq!(schedulable_in(&store, cool).await, [true, true]);
+    // GET /v1/region: only the cool rack's 16 GPUs take work, all free.
+    let (caps, _, _) = store.capacity(AGENT_TIMEOUT).await.unwrap();
+    assert_eq!(
+        (caps[0].schedulable, caps[0].free, caps[0].allocated),
+        (16, 16, 8)
+    );
     let v = store
         .get_node(store.health_policy(), &on)
         .await

@@ -508,9 +508,12 @@ pub struct JobList {
 pub struct GpuTypeCapacity {
     pub gpu_type: String,
     pub nodes: u32,
-    /// GPUs on nodes that may take work now.
+    /// GPUs on nodes that may take work now (not on a rack reporting
+    /// thermal throttling).
     pub schedulable: u32,
     pub allocated: u32,
+    /// Schedulable GPUs not allocated, and no more on a rack than its power
+    /// budget can still feed.
     pub free: u32,
     /// GPUs on spare nodes (held back for replacements).
     pub spare: u32,

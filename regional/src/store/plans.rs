@@ -1047,45 +1047,90 @@ impl Store {
 }
 
 impl Store {
-    /// Capacity per GPU type and job counts, for `GET /v1/region` and metrics.
+    /// Capacity per GPU type and job counts, for `GET /v1/region` and metrics
+    /// (the global tier routes by `free`): schedulable and free GPUs leave
+    /// out racks reporting thermal throttling, and a budgeted rack counts
+    /// no more free GPUs than its power headroom can feed.
     pub async fn capacity(
         &self,
         agent_timeout: Duration,
     ) -> Result<(Vec<GpuTypeCapacity>, u64, u64)> {
         let conn = self.conn().await?;
         let timeout_s = agent_timeout.as_secs_f64();
+        // Per type and rack, so that a rack's power budget can cap what is
+        // free there. A rack reporting thermal throttling takes no new
+        // work: its GPUs are neither schedulable nor free.
         let rows = conn
             .query(
-                "SELECT n.gpu_type,
+                "SELECT n.gpu_type, n.leaf,
                         count(DISTINCT n.node_id) AS nodes,
                         count(*) FILTER (WHERE NOT n.spare AND g.gpu_index = ANY(n.usable)
-                            AND a.last_sync_at > now() - make_interval(secs => $1)) AS schedulable,
+                            AND a.last_sync_at > now() - make_interval(secs => $1)
+                            AND NOT t.throttled) AS schedulable,
                         count(al.alloc_id) AS allocated,
                         count(*) FILTER (WHERE NOT n.spare AND g.gpu_index = ANY(n.usable)
                             AND a.last_sync_at > now() - make_interval(secs => $1)
+                            AND NOT t.throttled
                             AND al.alloc_id IS NULL) AS free,
                         count(*) FILTER (WHERE n.spare) AS spare
                  FROM nodes n
                  JOIN agents a ON a.agent_id = n.agent_id
                  JOIN gpus g ON g.node_id = n.node_id
+                 JOIN (SELECT leaf, bool_or(rack_throttled) AS throttled FROM nodes GROUP BY leaf) t
+                      ON t.leaf = n.leaf
                  LEFT JOIN allocations al ON al.node_id = g.node_id
                       AND al.gpu_index = g.gpu_index AND al.released_at IS NULL
-                 GROUP BY n.gpu_type ORDER BY n.gpu_type",
+                 GROUP BY n.gpu_type, n.leaf ORDER BY n.gpu_type, n.leaf",
                 &[&timeout_s],
             )
             .await?;
-        let n = |r: &tokio_postgres::Row, c: &str| r.get::<_, i64>(c) as u32;
-        let caps = rows
+        // What budgeted racks can still feed, per (rack, type).
+        let power_rows: Vec<RackTypePower> = (conn.query(RACK_POWER_SQL, &[]).await?)
             .iter()
-            .map(|r| GpuTypeCapacity {
+            .map(|r| RackTypePower {
+                leaf: r.get("leaf"),
                 gpu_type: r.get("gpu_type"),
-                nodes: n(r, "nodes"),
-                schedulable: n(r, "schedulable"),
-                allocated: n(r, "allocated"),
-                free: n(r, "free"),
-                spare: n(r, "spare"),
+                budget_w: r.get::<_, i64>("budget_w").max(0) as u64,
+                draw_w: r.get::<_, i64>("draw_w").max(0) as u64,
+                gpus: r.get::<_, i64>("gpus").max(0) as u64,
+                taken: r.get::<_, i64>("taken").max(0) as u64,
             })
             .collect();
+        let (_, headroom) = rack_power(&power_rows);
+        let feeds: BTreeMap<(String, String), u64> = (power_rows.iter())
+            .filter(|r| r.draw_w > 0)
+            .map(|r| {
+                let key = (r.leaf.clone(), r.gpu_type.clone());
+                let watts = headroom.get(&key).copied().unwrap_or(0);
+                (key, watts / r.draw_w)
+            })
+            .collect();
+        let n = |r: &tokio_postgres::Row, c: &str| r.get::<_, i64>(c) as u32;
+        let mut caps: Vec<GpuTypeCapacity> = Vec::new();
+        for r in &rows {
+            let ty: String = r.get("gpu_type");
+            let leaf: String = r.get("leaf");
+            let mut free = n(r, "free");
+            if let Some(&fed) = feeds.get(&(leaf, ty.clone())) {
+                free = free.min(u32::try_from(fed).unwrap_or(u32::MAX));
+            }
+            if caps.last().is_none_or(|c| c.gpu_type != ty) {
+                caps.push(GpuTypeCapacity {
+                    gpu_type: ty,
+                    nodes: 0,
+                    schedulable: 0,
+                    allocated: 0,
+                    free: 0,
+                    spare: 0,
+                });
+            }
+            let c = caps.last_mut().expect("just pushed");
+            c.nodes += n(r, "nodes");
+            c.schedulable += n(r, "schedulable");
+            c.allocated += n(r, "allocated");
+            c.free += free;
+            c.spare += n(r, "spare");
+        }
         let counts = conn
             .query_one(
                 "SELECT count(*) FILTER (WHERE state = 'queued'),
