@@ -1598,3 +1598,63 @@ async fn rolling_maintenance_waits_for_a_node_merely_suspect_at_its_turn() {
         "{n2:?}"
     );
 }
+
+#[tokio::test]
+async fn a_spare_in_another_rack_is_taken_only_where_its_power_budget_feeds_the_move() {
+    // Rack s0-l0: n0, n1 run a 16-GPU gang. Rack s0-l1: n2 runs an 8-GPU
+    // job, n3 is a spare; its budget feeds 8 GPUs at 700 W, all drawn by
+    // n2. When n1 fails, n3 may not take its 8 GPUs: no swap, and the gang
+    // waits. With room for 16 in s0-l1, the same failure swaps n3 in.
+    for (budget, swapped) in [(8 * 700, false), (16 * 700, true)] {
+        let (store, _client) = store(&format!("fleet_spare_power_{swapped}")).await;
+        let mut nodes: Vec<AgentNode> = (0..4).map(|n| node(&format!("n{n}"))).collect();
+        for n in &mut nodes {
+            n.gpu_power_w = Some(700);
+        }
+        for n in &mut nodes[2..] {
+            n.leaf = "s0-l1".into();
+            n.rack_power_budget_w = Some(budget);
+        }
+        nodes[3].spare = true;
+        let fleet = Fleet::register_nodes(&store, nodes).await;
+        for n in 0..4 {
+            fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+        }
+        // The gang needs one rack: only s0-l0 has two nodes.
+        let mut gang = job(16, 8);
+        gang.required = TopologyLevel::Leaf;
+        let gang = submit(&store, &gang).await;
+        run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+        let small = submit(&store, &job(8, 8)).await;
+        run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+        for n in 0..3 {
+            fleet.act(&store, n, None).await;
+        }
+        let on = |j: &gangway_shared::api::Job| -> Vec<String> {
+            j.workers.iter().filter_map(|w| w.node.clone()).collect()
+        };
+        let g = store.get_job("acme", gang).await.unwrap();
+        let s = store.get_job("acme", small).await.unwrap();
+        assert_eq!(
+            (on(&g), on(&s)),
+            (vec!["n0".into(), "n1".into()], vec!["n2".into()])
+        );
+
+        fleet
+            .sync(&store, 1, "boot-1", vec![xid(0, 79)], vec![])
+            .await;
+        assert_eq!(
+            node_view(&store, "n3").await.spare,
+            !swapped,
+            "budget {budget}"
+        );
+        let said: Vec<String> = (node_view(&store, "n1").await.events.into_iter())
+            .map(|e| e.message)
+            .collect();
+        assert_eq!(
+            said.iter().any(|m| m.contains("no spare to swap in")),
+            !swapped,
+            "{said:?}"
+        );
+    }
+}

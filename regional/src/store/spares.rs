@@ -100,7 +100,10 @@ pub(super) async fn swap_in(
         (place.get(0), place.get(1), place.get(2));
     // The nearest healthy, idle spare that has the failed node's GPU
     // indices; one locked elsewhere (its agent syncing) is passed over
-    // rather than waited for.
+    // rather than waited for. Not on a rack reporting thermal throttling,
+    // and, in another rack than the failed node's, only where the rack's
+    // power budget can feed the GPUs moving there (within the failed
+    // node's rack, the draw only moves).
     let Some(spare) = tx
         .query_opt(
             "SELECT n.node_id, n.leaf = $2 AS same_leaf, n.spine = $3 AS same_spine
@@ -112,6 +115,15 @@ pub(super) async fn swap_in(
                                WHERE x.node_id = n.node_id AND x.released_at IS NULL)
                AND NOT EXISTS (SELECT 1 FROM gpu_holds h JOIN jobs j USING (job_id)
                                WHERE h.node_id = n.node_id AND j.state = 'preempting')
+               AND NOT EXISTS (SELECT 1 FROM nodes r WHERE r.leaf = n.leaf AND r.rack_throttled)
+               AND (n.leaf = $2 OR n.gpu_power_w IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM nodes b
+                        WHERE b.leaf = n.leaf AND b.rack_power_budget_w IS NOT NULL)
+                    OR (SELECT min(b.rack_power_budget_w) FROM nodes b WHERE b.leaf = n.leaf)
+                       >= (SELECT coalesce(sum(d.gpu_power_w), 0) FROM allocations a
+                           JOIN nodes d ON d.node_id = a.node_id
+                           WHERE d.leaf = n.leaf AND a.released_at IS NULL)
+                          + cardinality($4::int[]) * n.gpu_power_w::bigint)
              ORDER BY (n.leaf = $2) DESC, (n.spine = $3) DESC, n.node_id
              LIMIT 1
              FOR UPDATE OF n SKIP LOCKED",
