@@ -8,25 +8,13 @@ use std::time::Duration;
 
 use gangway_regional::config::Planning;
 use gangway_regional::scheduler::{run_partition_pass, run_pass};
-use gangway_regional::store::{AdminChange, NewJob, StoreError, SubmitOutcome};
+use gangway_regional::store::{AdminChange, NewJob, StoreError};
 use gangway_regional::Store;
 use gangway_sched::{plan, Policy};
-use gangway_shared::agent::{AgentGpu, AgentNode, RegisterRequest};
-use gangway_shared::api::{JobMode, TopologyLevel};
-use uuid::Uuid;
+mod common;
+use common::{register, store, submit};
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn store(prefix: &str) -> (Store, tokio_postgres::Client) {
-    let url = gangway_devkit::fresh_database(prefix).await;
-    let store = Store::connect(&url, "test-region", 16).unwrap();
-    store.migrate().await.unwrap();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    (store, client)
-}
 
 /// One spine; leaf 0 holds `nodes` h100 nodes, leaf 1 `nodes` a100 nodes,
 /// 8 GPUs each.
@@ -34,64 +22,19 @@ async fn register_two_types(store: &Store, nodes: usize) {
     let mut list = Vec::new();
     for (l, ty) in ["h100", "a100"].iter().enumerate() {
         for n in 0..nodes {
-            let node_id = format!("s0-l{l}-n{n}");
-            list.push(AgentNode {
-                node_id: node_id.clone(),
-                spine: "s0".into(),
-                leaf: format!("s0-l{l}"),
-                nvlink_domain: node_id.clone(),
-                gpu_type: ty.to_string(),
-                spare: false,
-                address: "127.0.0.1".into(),
-                gpus: (0..8)
-                    .map(|i| AgentGpu {
-                        index: i,
-                        uuid: format!("GPU-{node_id}-{i}"),
-                    })
-                    .collect(),
-                gpu_power_w: None,
-                rack_power_budget_w: None,
-            });
+            list.push(common::node(
+                &format!("s0-l{l}-n{n}"),
+                "s0",
+                &format!("s0-l{l}"),
+                ty,
+            ));
         }
     }
-    store
-        .register_agent(&RegisterRequest {
-            agent_id: "agent-0".into(),
-            boot_id: Uuid::new_v4(),
-            executor: "sim".into(),
-            nodes: list,
-        })
-        .await
-        .unwrap();
+    register(store, list).await;
 }
 
 fn job(tenant: &str, ty: &str, gpus: i32, per: i32) -> NewJob {
-    let spec = serde_json::from_value(serde_json::json!({"name": "t", "gpus": gpus,
-        "gpu_type": ty, "estimated_duration_s": 60, "command": ["true"],
-        "gpus_per_worker": per}))
-    .unwrap();
-    NewJob {
-        id: Uuid::new_v4(),
-        tenant: tenant.into(),
-        idempotency_key: None,
-        spec,
-        name: "t".into(),
-        mode: JobMode::Gang,
-        gpu_type: ty.into(),
-        gpus,
-        gpus_per_worker: per,
-        workers: gpus / per,
-        priority: 1,
-        required: TopologyLevel::Region,
-        preferred: TopologyLevel::Nvlink,
-    }
-}
-
-async fn submit(store: &Store, j: &NewJob) -> Uuid {
-    match store.submit(j).await.unwrap() {
-        SubmitOutcome::Created(job) => job.id,
-        SubmitOutcome::Replayed(_) => panic!("fresh job replayed"),
-    }
+    common::job(tenant, ty, gpus, per)
 }
 
 fn planning() -> Planning {

@@ -13,16 +13,18 @@ use std::time::Duration;
 use gangway_health::Signal;
 use gangway_regional::config::Planning;
 use gangway_regional::scheduler::{run_partition_pass, run_pass};
-use gangway_regional::store::{NewJob, RackPower, StopTiming, SubmitOutcome};
+use gangway_regional::store::{NewJob, RackPower, StopTiming};
 use gangway_regional::Store;
 use gangway_sched::{plan, Policy};
 use gangway_shared::agent::{
-    AgentGpu, AgentNode, Desired, NodeReport, RegisterRequest, SyncRequest, WorkerReport,
-    WorkerStatus,
+    AgentNode, Desired, NodeReport, SyncRequest, WorkerReport, WorkerStatus,
 };
-use gangway_shared::api::{Fault, JobMode, JobState, TopologyLevel};
+use gangway_shared::api::{Fault, JobState};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use uuid::Uuid;
+
+mod common;
+use common::{register, store, submit};
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(3600);
 const TIMING: StopTiming = StopTiming {
@@ -30,86 +32,20 @@ const TIMING: StopTiming = StopTiming {
     checkpoint_deadline_s: 30,
 };
 
-async fn store(prefix: &str) -> (Store, tokio_postgres::Client) {
-    let url = gangway_devkit::fresh_database(prefix).await;
-    let store = Store::connect(&url, "test-region", 16).unwrap();
-    store.migrate().await.unwrap();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    (store, client)
-}
-
 /// `nodes` nodes of 8 GPUs of `ty` in rack `leaf` (spine `s0`), each
 /// reporting `draw` W per GPU and the rack's `budget`.
 fn rack(leaf: &str, ty: &str, nodes: usize, draw: u32, budget: Option<u64>) -> Vec<AgentNode> {
     (0..nodes)
-        .map(|n| {
-            let node_id = format!("{leaf}-{ty}-n{n}");
-            AgentNode {
-                node_id: node_id.clone(),
-                spine: "s0".into(),
-                leaf: leaf.into(),
-                nvlink_domain: node_id.clone(),
-                gpu_type: ty.into(),
-                spare: false,
-                address: "127.0.0.1".into(),
-                gpus: (0..8)
-                    .map(|i| AgentGpu {
-                        index: i,
-                        uuid: format!("GPU-{node_id}-{i}"),
-                    })
-                    .collect(),
-                gpu_power_w: Some(draw),
-                rack_power_budget_w: budget,
-            }
+        .map(|n| AgentNode {
+            gpu_power_w: Some(draw),
+            rack_power_budget_w: budget,
+            ..common::node(&format!("{leaf}-{ty}-n{n}"), "s0", leaf, ty)
         })
         .collect()
 }
 
-/// Registers all `nodes` under one simulated agent; returns its boot id.
-async fn register(store: &Store, nodes: Vec<AgentNode>) -> Uuid {
-    let boot_id = Uuid::new_v4();
-    store
-        .register_agent(&RegisterRequest {
-            agent_id: "agent-0".into(),
-            boot_id,
-            executor: "sim".into(),
-            nodes,
-        })
-        .await
-        .unwrap();
-    boot_id
-}
-
 fn job(ty: &str, gpus: i32, per: i32) -> NewJob {
-    let spec = serde_json::from_value(serde_json::json!({"name": "t", "gpus": gpus,
-        "gpu_type": ty, "estimated_duration_s": 3600, "command": ["train"],
-        "gpus_per_worker": per}))
-    .unwrap();
-    NewJob {
-        id: Uuid::new_v4(),
-        tenant: "acme".into(),
-        idempotency_key: None,
-        spec,
-        name: "t".into(),
-        mode: JobMode::Gang,
-        gpu_type: ty.into(),
-        gpus,
-        gpus_per_worker: per,
-        workers: gpus / per,
-        priority: 1,
-        required: TopologyLevel::Region,
-        preferred: TopologyLevel::Nvlink,
-    }
-}
-
-async fn submit(store: &Store, j: &NewJob) -> Uuid {
-    match store.submit(j).await.unwrap() {
-        SubmitOutcome::Created(job) => job.id,
-        SubmitOutcome::Replayed(_) => panic!("fresh job replayed"),
-    }
+    common::job("acme", ty, gpus, per)
 }
 
 fn planning() -> Planning {

@@ -76,6 +76,38 @@ const RACK_POWER_SQL: &str = "
     GROUP BY n.leaf, n.gpu_type, b.budget_w, d.draw_w
     ORDER BY n.leaf, n.gpu_type";
 
+/// [`RACK_POWER_SQL`]'s rows.
+async fn rack_power_rows<C: tokio_postgres::GenericClient + Sync>(
+    client: &C,
+) -> Result<Vec<RackTypePower>> {
+    let n = |r: &tokio_postgres::Row, c: &str| r.get::<_, i64>(c).max(0) as u64;
+    Ok((client.query(RACK_POWER_SQL, &[]).await?)
+        .iter()
+        .map(|r| RackTypePower {
+            leaf: r.get("leaf"),
+            gpu_type: r.get("gpu_type"),
+            budget_w: n(r, "budget_w"),
+            draw_w: n(r, "draw_w"),
+            gpus: n(r, "gpus"),
+            taken: n(r, "taken"),
+        })
+        .collect())
+}
+
+/// Per (rack, GPU type), how many more GPUs of the type its headroom
+/// ([`rack_power`]) can feed.
+fn gpus_fed(rows: &[RackTypePower]) -> BTreeMap<(String, String), u64> {
+    let (_, headroom) = rack_power(rows);
+    (rows.iter())
+        .filter(|r| r.draw_w > 0)
+        .map(|r| {
+            let key = (r.leaf.clone(), r.gpu_type.clone());
+            let watts = headroom.get(&key).copied().unwrap_or(0);
+            (key, watts / r.draw_w)
+        })
+        .collect()
+}
+
 /// One row of [`RACK_POWER_SQL`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct RackTypePower {
@@ -508,17 +540,7 @@ impl Store {
         // Rack power: computed over every type of every budgeted rack, then
         // narrowed to the partition's type, so a rack's figures are the
         // same whichever partition reads them.
-        let power_rows: Vec<RackTypePower> = (tx.query(RACK_POWER_SQL, &[]).await?)
-            .iter()
-            .map(|r| RackTypePower {
-                leaf: r.get("leaf"),
-                gpu_type: r.get("gpu_type"),
-                budget_w: r.get::<_, i64>("budget_w").max(0) as u64,
-                draw_w: r.get::<_, i64>("draw_w").max(0) as u64,
-                gpus: r.get::<_, i64>("gpus").max(0) as u64,
-                taken: r.get::<_, i64>("taken").max(0) as u64,
-            })
-            .collect();
+        let power_rows = rack_power_rows(&*tx).await?;
         let (mut racks, mut power_headroom_w) = rack_power(&power_rows);
         let mut gpu_power_w: BTreeMap<String, u32> = BTreeMap::new();
         for r in tx
@@ -1009,27 +1031,11 @@ impl Store {
             .await?;
         // What each budgeted rack's share could feed of each type with
         // nothing else running there.
-        let power_rows: Vec<RackTypePower> = (tx.query(RACK_POWER_SQL, &[]).await?)
-            .iter()
-            .map(|r| RackTypePower {
-                leaf: r.get("leaf"),
-                gpu_type: r.get("gpu_type"),
-                budget_w: r.get::<_, i64>("budget_w").max(0) as u64,
-                draw_w: r.get::<_, i64>("draw_w").max(0) as u64,
-                gpus: r.get::<_, i64>("gpus").max(0) as u64,
-                taken: 0,
-            })
-            .collect();
+        let mut power_rows = rack_power_rows(&*tx).await?;
+        // With nothing running there.
+        power_rows.iter_mut().for_each(|r| r.taken = 0);
         tx.commit().await?;
-        let (_, empty_headroom) = rack_power(&power_rows);
-        let feeds: BTreeMap<(String, String), u64> = (power_rows.iter())
-            .filter(|r| r.draw_w > 0)
-            .map(|r| {
-                let key = (r.leaf.clone(), r.gpu_type.clone());
-                let watts = empty_headroom.get(&key).copied().unwrap_or(0);
-                (key, watts / r.draw_w)
-            })
-            .collect();
+        let feeds = gpus_fed(&power_rows);
         let mut by_type: BTreeMap<String, Vec<FleetShape>> = BTreeMap::new();
         for r in &rows {
             let (ty, leaf): (String, String) = (r.get(0), r.get(2));
@@ -1085,26 +1091,8 @@ impl Store {
             )
             .await?;
         // What budgeted racks can still feed, per (rack, type).
-        let power_rows: Vec<RackTypePower> = (conn.query(RACK_POWER_SQL, &[]).await?)
-            .iter()
-            .map(|r| RackTypePower {
-                leaf: r.get("leaf"),
-                gpu_type: r.get("gpu_type"),
-                budget_w: r.get::<_, i64>("budget_w").max(0) as u64,
-                draw_w: r.get::<_, i64>("draw_w").max(0) as u64,
-                gpus: r.get::<_, i64>("gpus").max(0) as u64,
-                taken: r.get::<_, i64>("taken").max(0) as u64,
-            })
-            .collect();
-        let (_, headroom) = rack_power(&power_rows);
-        let feeds: BTreeMap<(String, String), u64> = (power_rows.iter())
-            .filter(|r| r.draw_w > 0)
-            .map(|r| {
-                let key = (r.leaf.clone(), r.gpu_type.clone());
-                let watts = headroom.get(&key).copied().unwrap_or(0);
-                (key, watts / r.draw_w)
-            })
-            .collect();
+        let power_rows = rack_power_rows(&**conn).await?;
+        let feeds = gpus_fed(&power_rows);
         let n = |r: &tokio_postgres::Row, c: &str| r.get::<_, i64>(c) as u32;
         let mut caps: Vec<GpuTypeCapacity> = Vec::new();
         for r in &rows {
