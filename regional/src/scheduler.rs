@@ -523,6 +523,7 @@ pub async fn dry_run(
             JobMode::Array => 0,
         },
         submitted: data.snapshot.now,
+        reservation: None,
     };
     match spec.mode {
         // An array job starts worker by worker: probe its first worker.

@@ -252,6 +252,7 @@ fn gang(job: &str, gpus: u32, seq: u64) -> Request {
         estimated_duration_s: 3600,
         min_workers: 0,
         submitted: 0,
+        reservation: None,
     }
 }
 

@@ -14,13 +14,19 @@ use std::collections::BTreeMap;
 use crate::index::TypeIndex;
 use crate::place::{self, Failed, FirstFit, NEVER_FAILED};
 use crate::timeline::{self, earliest_start, Ask, Found, Known, SlotGpus, Timeline, NO_END};
-use crate::types::{Level, Placement, PolicyKind, Request, WaitReason};
+use crate::types::{
+    Level, Placement, PolicyKind, Request, ReservedCapacity, WaitReason, PREEMPTIBLE_PRIORITY,
+};
 
 /// How many waiting units per GPU type Gangway's discipline reserves for.
 pub(crate) const GANGWAY_RESERVATIONS: usize = 4;
 
 /// The most reservations of one type in a round (views are bit masks).
 const MAX_HOLDS: usize = 24;
+
+/// The most capacity reservations of one type a round holds GPUs for (the
+/// earliest-starting first; views are 64-bit masks).
+pub(crate) const MAX_CAPACITY_HOLDS: usize = 32;
 
 /// The most reservations a discipline holds per GPU type.
 pub(crate) fn max_reservations(kind: PolicyKind) -> usize {
@@ -35,6 +41,9 @@ pub(crate) fn max_reservations(kind: PolicyKind) -> usize {
 struct Hold {
     job: String,
     start: u64,
+    /// `Some(id)`: capacity reservation `id`'s GPUs (`reserved.rs`), which
+    /// preemptible units may borrow too; `None`: a waiting unit's.
+    capacity: Option<String>,
     /// Its GPUs that are free now, out of the index.
     held: Vec<SlotGpus>,
     count: u64,
@@ -48,7 +57,7 @@ pub(crate) struct TypeState<'a> {
     pub first_fit: Option<FirstFit>,
     /// Failed shapes per (GPUs per worker, view), a view being the set of
     /// holds (bit i = `holds[i]`) whose GPUs a unit may use.
-    memo: BTreeMap<(u32, u32), Failed>,
+    memo: BTreeMap<(u32, u64), Failed>,
     /// This round's reservations, in the order they were made.
     holds: Vec<Hold>,
     /// Built on the first placement or reservation that needs it.
@@ -61,6 +70,9 @@ pub(crate) struct TypeState<'a> {
     patience_pct: u32,
     /// Jobs with running units being preempted for them.
     pub victims_in_flight: std::collections::BTreeSet<&'a str>,
+    /// GPUs that go back to capacity reservations when what holds them now
+    /// ends: the timeline never frees them for waiting units' reservations.
+    fenced: Vec<(u32, u32)>,
 }
 
 /// How one unit's decision came out.
@@ -89,6 +101,7 @@ impl<'a> TypeState<'a> {
             backfilled: false,
             patience_pct,
             victims_in_flight: Default::default(),
+            fenced: Vec::new(),
         }
     }
 
@@ -101,9 +114,93 @@ impl<'a> TypeState<'a> {
     /// The GPUs held now for `job`'s reservation, if it has one.
     pub fn held_for(&self, job: &str) -> Vec<SlotGpus> {
         (self.holds.iter())
-            .filter(|h| h.job == job)
+            .filter(|h| h.capacity.is_none() && h.job == job)
             .flat_map(|h| h.held.iter().cloned())
             .collect()
+    }
+
+    /// The GPUs held now for capacity reservation `id`.
+    pub fn held_for_capacity(&self, id: &str) -> Vec<SlotGpus> {
+        (self.holds.iter())
+            .filter(|h| h.capacity.as_deref() == Some(id))
+            .flat_map(|h| h.held.iter().cloned())
+            .collect()
+    }
+
+    /// Holds up to `protect` free GPUs inside `res`'s domain for it, whole
+    /// nodes first (its units are often gangs), until the round ends. Units
+    /// that end by its start may use them, and preemptible ones always
+    /// ([`Self::allowed`]).
+    ///
+    /// What it cannot hold free now comes from the units running in its
+    /// domain (`inside`: slot, GPUs, expected end), the first to end first:
+    /// those GPUs are fenced, so the timeline does not promise them to
+    /// waiting units when they free up.
+    pub fn hold_capacity(
+        &mut self,
+        res: &ReservedCapacity,
+        protect: u64,
+        now: u64,
+        inside_running: &[(&str, &[u32], u64)],
+    ) {
+        if protect == 0 {
+            return;
+        }
+        let mut inside: Vec<(u32, u32)> = (self.index.slots.iter().enumerate())
+            .filter(|(_, slot)| res.holds(slot.node) && slot.free_count() > 0)
+            .map(|(s, slot)| (s as u32, slot.free_count()))
+            .collect();
+        inside.sort_by_key(|&(s, free)| (std::cmp::Reverse(free), s));
+        let mut left = protect;
+        let mut held = Vec::new();
+        for (slot, free) in inside {
+            if left == 0 {
+                break;
+            }
+            let k = u64::from(free).min(left) as usize;
+            let gpus: Vec<u32> = self.index.slots[slot as usize].free_now()[..k].to_vec();
+            self.index.remove(slot, &gpus);
+            left -= k as u64;
+            held.push((slot, gpus));
+        }
+        let slot_of: BTreeMap<&str, u32> = (self.index.slots.iter().enumerate())
+            .filter(|(_, slot)| res.holds(slot.node))
+            .map(|(s, slot)| (slot.node.id.as_str(), s as u32))
+            .collect();
+        let mut busy: Vec<&(&str, &[u32], u64)> = inside_running.iter().collect();
+        busy.sort_by_key(|(node, _, end)| (*end, *node));
+        for &&(node, gpus, _) in &busy {
+            if left == 0 {
+                break;
+            }
+            let Some(&slot) = slot_of.get(node) else {
+                continue;
+            };
+            for &g in gpus.iter().take(left as usize) {
+                self.fence(slot, g);
+                left -= 1;
+            }
+        }
+        self.holds.push(Hold {
+            job: res.id.clone(),
+            start: res.start.max(now),
+            capacity: Some(res.id.clone()),
+            count: held.iter().map(|(_, g)| g.len() as u64).sum(),
+            held,
+        });
+    }
+
+    /// Keeps GPU `gpu` of `slot` out of what the timeline ever frees.
+    fn fence(&mut self, slot: u32, gpu: u32) {
+        self.fenced.push((slot, gpu));
+        if let Some(tl) = &mut self.timeline {
+            tl.reserved.push((slot, gpu, NO_END));
+        }
+    }
+
+    /// Waiting units' holds (not capacity reservations').
+    fn unit_holds(&self) -> usize {
+        self.holds.iter().filter(|h| h.capacity.is_none()).count()
     }
 
     /// Forgets this round's reservations (their held GPUs are free again)
@@ -114,8 +211,13 @@ impl<'a> TypeState<'a> {
                 self.index.give(*slot, gpus);
             }
         }
+        // What this pass placed stays placed: GPUs borrowed from capacity
+        // reservations stay fenced (and those fenced on running units are
+        // fenced again by the next round's holds).
         if let Some(tl) = &mut self.timeline {
             tl.reserved.clear();
+            tl.reserved
+                .extend(self.fenced.iter().map(|&(slot, gpu)| (slot, gpu, NO_END)));
         }
         self.memo.clear();
         self.backfilled = false;
@@ -169,12 +271,14 @@ impl<'a> TypeState<'a> {
         self.reserve_or_wait(known, &sized(min), kind)
     }
 
-    /// The holds a unit ending at `end` ends in time for, as a view mask.
-    fn allowed(&self, end: Option<u64>) -> u32 {
+    /// The holds `req`, ending at `end`, may use, as a view mask: those it
+    /// ends in time for, and capacity reservations' when it is preemptible.
+    fn allowed(&self, req: &Request, end: Option<u64>) -> u64 {
+        let borrows = req.priority <= PREEMPTIBLE_PRIORITY;
         self.holds
             .iter()
             .enumerate()
-            .filter(|(_, h)| end.is_some_and(|e| e <= h.start))
+            .filter(|(_, h)| end.is_some_and(|e| e <= h.start) || (borrows && h.capacity.is_some()))
             .fold(0, |m, (i, _)| m | 1 << i)
     }
 
@@ -185,7 +289,7 @@ impl<'a> TypeState<'a> {
         if end.is_some() {
             self.timeline(known);
         }
-        let allowed = self.allowed(end);
+        let allowed = self.allowed(req, end);
         let mut fit = self.in_view(req, 0, Some(end));
         if fit.is_none() && allowed != 0 {
             fit = self.in_view(req, allowed, Some(end));
@@ -198,7 +302,7 @@ impl<'a> TypeState<'a> {
     /// Whether [`Self::try_start`] would start `req`, changing nothing.
     fn can_start(&mut self, known: &Known<'a>, req: &Request) -> bool {
         let end = timeline::end_of(known.now, req.estimated_duration_s);
-        let allowed = self.allowed(end);
+        let allowed = self.allowed(req, end);
         self.in_view(req, 0, None).is_some()
             || (allowed != 0 && self.in_view(req, allowed, None).is_some())
     }
@@ -206,13 +310,13 @@ impl<'a> TypeState<'a> {
     /// A reservation for `req`, or why it waits.
     fn reserve_or_wait(&mut self, known: &Known<'a>, req: &Request, kind: PolicyKind) -> Outcome {
         let end = timeline::end_of(known.now, req.estimated_duration_s);
-        let all: u32 = (1u32 << self.holds.len()) - 1;
-        let allowed = self.allowed(end);
+        let all: u64 = (1u64 << self.holds.len()) - 1;
+        let allowed = self.allowed(req, end);
         // A unit whose victims are on their way out reserves beyond the cap,
         // so what they free (and the free GPUs it counted) waits for it.
         let owed =
-            self.victims_in_flight.contains(req.job.as_str()) && self.holds.len() < MAX_HOLDS;
-        if self.holds.len() < max_reservations(kind) || owed {
+            self.victims_in_flight.contains(req.job.as_str()) && self.unit_holds() < MAX_HOLDS;
+        if self.unit_holds() < max_reservations(kind) || owed {
             if let Some(found) = self.reserve(known, req, kind) {
                 return Outcome::Reserve(found);
             }
@@ -238,9 +342,15 @@ impl<'a> TypeState<'a> {
                     .find(|h| blocked(h))
                     .or_else(|| candidates().next())
                     .expect("some reservation is not allowed");
-                return Outcome::Wait(WaitReason::BlockedByReservation {
-                    job: h.job.clone(),
-                    start: h.start,
+                return Outcome::Wait(match &h.capacity {
+                    Some(id) => WaitReason::HeldForReservation {
+                        reservation: id.clone(),
+                        start: h.start,
+                    },
+                    None => WaitReason::BlockedByReservation {
+                        job: h.job.clone(),
+                        start: h.start,
+                    },
                 });
             }
         }
@@ -251,23 +361,27 @@ impl<'a> TypeState<'a> {
     }
 
     fn timeline(&mut self, known: &Known<'a>) -> &mut Timeline<'a> {
-        let (ty, index) = (self.ty, &self.index);
-        self.timeline
-            .get_or_insert_with(|| Timeline::new(ty, known, index))
+        let (ty, index, fenced) = (self.ty, &self.index, &self.fenced);
+        self.timeline.get_or_insert_with(|| {
+            let mut tl = Timeline::new(ty, known, index);
+            tl.reserved
+                .extend(fenced.iter().map(|&(slot, gpu)| (slot, gpu, NO_END)));
+            tl
+        })
     }
 
     /// Best fit for `req` on the free GPUs plus the held GPUs of the holds in
     /// `mask`. `start`: carry it out, recording its end (`Some(None)`: none
     /// known) in the timeline, which must exist when the end is known;
     /// `None`: only say which GPUs it would take.
-    fn in_view(&mut self, req: &Request, mask: u32, start: Option<Option<u64>>) -> Option<ViewFit> {
+    fn in_view(&mut self, req: &Request, mask: u64, start: Option<Option<u64>>) -> Option<ViewFit> {
         let workers = req.ranks.len() as u64;
         let gpw = req.gpus_per_worker;
         let failed = self.memo.entry((gpw, mask)).or_insert(NEVER_FAILED);
         if place::known_to_fail(failed, workers, req.required) {
             return None;
         }
-        let in_mask = |i: usize| mask & (1 << i) != 0;
+        let in_mask = |i: usize| mask & (1u64 << i) != 0;
         if mask != 0 {
             let extra: u64 = (self.holds.iter().enumerate())
                 .filter(|(i, _)| in_mask(*i))
@@ -307,18 +421,30 @@ impl<'a> TypeState<'a> {
                 Some(f) if f.placement.is_some() => &f.gpus,
                 _ => &[],
             };
+            let mut fence: Vec<(u32, u32)> = Vec::new();
             for (i, h) in self.holds.iter_mut().enumerate() {
                 if !in_mask(i) {
                     continue;
                 }
                 for (slot, gpus) in &mut h.held {
                     if let Some((_, used)) = taken.iter().find(|(s, _)| s == slot) {
+                        if h.capacity.is_some() {
+                            // Borrowed: they go back to the reservation.
+                            fence.extend(
+                                gpus.iter()
+                                    .filter(|g| used.contains(g))
+                                    .map(|&g| (*slot, g)),
+                            );
+                        }
                         gpus.retain(|g| !used.contains(g));
                     }
                     self.index.remove(*slot, gpus);
                 }
                 h.held.retain(|(_, g)| !g.is_empty());
                 h.count = h.held.iter().map(|(_, g)| g.len() as u64).sum();
+            }
+            for (slot, gpu) in fence {
+                self.fence(slot, gpu);
             }
         }
         fit
@@ -381,6 +507,7 @@ impl<'a> TypeState<'a> {
         self.holds.push(Hold {
             job: req.job.clone(),
             start: found.start,
+            capacity: None,
             count: held.iter().map(|(_, g)| g.len() as u64).sum(),
             held,
         });

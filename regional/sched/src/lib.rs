@@ -157,6 +157,7 @@ mod place;
 mod plan;
 mod power;
 mod preempt;
+mod reserved;
 mod timeline;
 pub mod types;
 
@@ -165,6 +166,6 @@ pub use partition::plan_partitioned;
 pub use plan::plan;
 pub use types::{
     Elastic, Level, Node, ParseLevelError, Placement, Plan, Policy, PolicyKind, PreemptCause,
-    Preemption, PreemptionPolicy, Request, Reservation, Running, Share, Snapshot, WaitReason,
-    Waiting, WorkerPlacement, PREEMPTIBLE_PRIORITY,
+    Preemption, PreemptionPolicy, Request, Reservation, ReservedCapacity, Running, Share, Snapshot,
+    WaitReason, Waiting, WorkerPlacement, PREEMPTIBLE_PRIORITY,
 };

@@ -64,6 +64,10 @@ impl Snapshot {
                 .filter(|((_, t), _)| t == gpu_type)
                 .map(|(k, &w)| (k.clone(), w))
                 .collect(),
+            reserved: (self.reserved.iter())
+                .filter(|r| r.gpu_type == gpu_type)
+                .cloned()
+                .collect(),
         }
     }
 }

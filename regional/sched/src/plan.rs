@@ -9,6 +9,7 @@ use crate::fair::FairOrder;
 use crate::index::{first_of_each_id, TypeIndex};
 use crate::place::{self, FirstFit};
 use crate::preempt;
+use crate::reserved::Reserved;
 use crate::timeline::Known;
 use crate::types::{
     Level, Plan, Policy, PolicyKind, Request, Reservation, Running, Snapshot, WaitReason, Waiting,
@@ -181,6 +182,13 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
         .iter()
         .map(|((t, g), &u)| ((t.as_str(), g.as_str()), u64::from(u)))
         .collect();
+    // What runs in capacity reservations is not the tenants' usage of the
+    // shared pool (`reserved.rs`).
+    for r in snapshot.running.iter().filter(|r| r.reservation.is_some()) {
+        if let Some(u) = usage.get_mut(&(r.tenant.as_str(), r.gpu_type.as_str())) {
+            *u = u.saturating_sub(r.gpu_count());
+        }
+    }
 
     let mut out = Plan {
         generation: snapshot.generation,
@@ -191,6 +199,17 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
         ..Plan::default()
     };
     let max = policy.max_placements.unwrap_or(usize::MAX);
+    // Units in capacity reservations go first, inside their reservations.
+    let (in_reserved, order): (Vec<&Request>, Vec<&Request>) =
+        order.into_iter().partition(|r| r.reservation.is_some());
+    let mut reserved = Reserved::new(snapshot);
+    let mut reserved_waits = Vec::new();
+    reserved.place_units(
+        &in_reserved,
+        &mut types,
+        &mut out.placements,
+        &mut reserved_waits,
+    );
     let mut queue = order;
     // Rounds: a unit started around a reservation can change where the
     // reservation would be computed (not when), so the pass runs again on
@@ -201,6 +220,7 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
     loop {
         out.waiting.clear();
         out.reservations.clear();
+        reserved.hold(&mut types, &running);
         // Reserved GPUs count against the tenant's quota for the rest of the
         // round, so the tenant's own backfill cannot push the reserved unit
         // over its quota by the time it starts.
@@ -313,8 +333,18 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
         }
         queue = left;
     }
+    // The reservations' units that wait come first: their borrowers are
+    // the first victims.
+    reserved_waits.append(&mut out.waiting);
+    out.waiting = reserved_waits;
     if kind == PolicyKind::Gangway && policy.preemption.enabled {
-        preempt::choose(snapshot, &policy.preemption, &mut types, &mut out);
+        preempt::choose(
+            snapshot,
+            &policy.preemption,
+            &reserved,
+            &mut types,
+            &mut out,
+        );
     }
     out
 }

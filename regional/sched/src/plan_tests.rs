@@ -42,7 +42,7 @@ pub(crate) fn fleet(
     out
 }
 
-pub(super) fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request {
+pub(crate) fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request {
     Request {
         job: job.into(),
         ranks: (0..workers).collect(),
@@ -56,10 +56,11 @@ pub(super) fn req(job: &str, workers: u32, gpw: u32, required: Level) -> Request
         estimated_duration_s: 0,
         min_workers: 0,
         submitted: 0,
+        reservation: None,
     }
 }
 
-pub(super) fn snap(nodes: Vec<Node>, queue: Vec<Request>) -> Snapshot {
+pub(crate) fn snap(nodes: Vec<Node>, queue: Vec<Request>) -> Snapshot {
     Snapshot {
         generation: 7,
         nodes,

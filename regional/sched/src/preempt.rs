@@ -48,9 +48,10 @@ use std::ops::Range;
 
 use crate::backfill::TypeState;
 use crate::index::TypeIndex;
+use crate::reserved::Reserved;
 use crate::types::{
-    Elastic, Level, Plan, PreemptCause, Preemption, PreemptionPolicy, Request, Running, Snapshot,
-    WaitReason, PREEMPTIBLE_PRIORITY,
+    Elastic, Level, Plan, PreemptCause, Preemption, PreemptionPolicy, Request, ReservedCapacity,
+    Running, Snapshot, WaitReason, PREEMPTIBLE_PRIORITY,
 };
 
 /// Victim searches a pass may make, per victim it may choose.
@@ -116,8 +117,17 @@ impl<'s> TypeVictims<'s> {
 
 /// What decides whether victims can be found for a unit: type, GPUs per
 /// worker, workers, required level, priority, the tenant if it reclaims,
-/// and whether it may defragment.
-type Shape<'s> = (&'s str, u32, u64, Level, i32, Option<&'s str>, bool);
+/// whether it may defragment, and the capacity reservation it runs in.
+type Shape<'s> = (
+    &'s str,
+    u32,
+    u64,
+    Level,
+    i32,
+    Option<&'s str>,
+    bool,
+    Option<&'s str>,
+);
 
 /// The victims chosen for one unit.
 struct Choice {
@@ -134,6 +144,7 @@ struct Choice {
 pub(crate) fn choose(
     snapshot: &Snapshot,
     policy: &PreemptionPolicy,
+    reserved: &Reserved,
     types: &mut BTreeMap<&str, TypeState>,
     out: &mut Plan,
 ) {
@@ -156,9 +167,18 @@ pub(crate) fn choose(
     for req in &snapshot.queue {
         by_job.entry(req.job.as_str()).or_insert(req);
     }
+    // What runs in capacity reservations is not usage of the shared pool.
+    for r in snapshot.running.iter().filter(|r| r.reservation.is_some()) {
+        if let Some(u) = usage.get_mut(&(r.tenant.as_str(), r.gpu_type.as_str())) {
+            *u = u.saturating_sub(r.gpu_count());
+        }
+    }
     for p in &out.placements {
         // (An elastic unit may have started with a prefix of its ranks.)
-        if let Some(req) = by_job.get(p.job.as_str()) {
+        if let Some(req) = by_job
+            .get(p.job.as_str())
+            .filter(|r| r.reservation.is_none())
+        {
             let took = p.workers.len() as u64 * u64::from(req.gpus_per_worker);
             *usage.entry((&req.tenant, &req.gpu_type)).or_insert(0) += took;
         }
@@ -239,15 +259,26 @@ pub(crate) fn choose(
         }
         let ty = req.gpu_type.as_str();
         let need = req.gpus();
-        let by_priority = req.priority > PREEMPTIBLE_PRIORITY;
+        // A unit in a capacity reservation takes its GPUs back from
+        // borrowers inside the reservation, and preempts nothing else.
+        let within = match req.reservation.as_deref() {
+            Some(id) => match reserved.active(id) {
+                Some(res) => Some(res),
+                None => continue,
+            },
+            None => None,
+        };
+        let by_priority = within.is_none() && req.priority > PREEMPTIBLE_PRIORITY;
         let held = usage.get(&(req.tenant.as_str(), ty)).copied().unwrap_or(0);
-        let reclaim = held + need <= guaranteed(&req.tenant, ty)
+        let reclaim = within.is_none()
+            && held + need <= guaranteed(&req.tenant, ty)
             && top_waiting.get(ty).is_none_or(|&top| req.priority >= top);
-        let defrag = policy.defrag
+        let defrag = within.is_none()
+            && policy.defrag
             && reserved_late
             && req.ranks.len() >= 2
             && top_waiting.get(ty).is_none_or(|&top| req.priority >= top);
-        if !by_priority && !reclaim && !defrag {
+        if !by_priority && !reclaim && !defrag && within.is_none() {
             continue;
         }
         let shape = (
@@ -258,6 +289,7 @@ pub(crate) fn choose(
             req.priority,
             reclaim.then_some(req.tenant.as_str()),
             defrag,
+            within.map(|r| r.id.as_str()),
         );
         if failed.contains(&shape) {
             continue;
@@ -270,10 +302,15 @@ pub(crate) fn choose(
         let mut cause: Vec<Option<PreemptCause>> = Vec::with_capacity(tv.cands.len());
         for c in tv.cands.iter() {
             let r = c.run;
-            let eligible = !taken.contains(&c.at)
-                && r.job != req.job
-                && now.saturating_sub(r.started) >= policy.min_run_s;
-            let why = if !eligible {
+            let free_to_go = !taken.contains(&c.at) && r.job != req.job && r.reservation.is_none();
+            let eligible = free_to_go && now.saturating_sub(r.started) >= policy.min_run_s;
+            let why = if let Some(res) = within {
+                // Borrowers of the reservation's GPUs, whatever their age.
+                let inside =
+                    (c.slots.iter()).any(|&(s, _)| res.holds(ts.index.slots[s as usize].node));
+                (free_to_go && inside && r.priority <= PREEMPTIBLE_PRIORITY)
+                    .then_some(PreemptCause::Reservation)
+            } else if !eligible {
                 None
             } else if by_priority
                 && r.priority <= PREEMPTIBLE_PRIORITY
@@ -303,7 +340,10 @@ pub(crate) fn choose(
             };
             cause.push(why);
         }
-        let own: Vec<(u32, Vec<u32>)> = ts.held_for(&req.job);
+        let mut own: Vec<(u32, Vec<u32>)> = ts.held_for(&req.job);
+        if let Some(res) = within {
+            own.extend(ts.held_for_capacity(&res.id));
+        }
         let mut free: Vec<u32> = (ts.index.slots.iter().enumerate())
             .map(|(s, slot)| (slot.free_count() + tv.soon[s]).saturating_sub(tv.promised[s]))
             .collect();
@@ -311,7 +351,7 @@ pub(crate) fn choose(
             free[*slot as usize] += gpus.len() as u32;
         }
         searches -= 1;
-        let Some(choice) = search(&ts.index, &free, tv, &cause, req) else {
+        let Some(choice) = search(&ts.index, &free, tv, &cause, req, within) else {
             failed.insert(shape);
             continue;
         };
@@ -399,6 +439,7 @@ pub(crate) fn choose(
         }
         let Some(e) = r.elastic else { continue };
         if e.workers >= e.max_workers
+            || r.reservation.is_some()
             || e.gpus_per_worker == 0
             || r.preempted_for.is_some()
             || taken.contains(&at)
@@ -570,6 +611,7 @@ fn search(
     tv: &mut TypeVictims,
     cause: &[Option<PreemptCause>],
     req: &Request,
+    within: Option<&ReservedCapacity>,
 ) -> Option<Choice> {
     let gpw = req.gpus_per_worker;
     let workers = req.ranks.len() as u64;
@@ -579,7 +621,8 @@ fn search(
     let mut freed: Vec<u32> = vec![0; free.len()];
     let mut best: Option<Choice> = None;
     let mut list: Vec<usize> = Vec::new();
-    for level in Level::ALL.into_iter().filter(|&l| l <= req.required) {
+    let top = within.map_or(req.required, |r| req.required.min(r.level));
+    for level in Level::ALL.into_iter().filter(|&l| l <= top) {
         if best.as_ref().is_some_and(|b| !b.score.0) && level > tight {
             break;
         }
@@ -601,6 +644,11 @@ fn search(
                 continue;
             }
             let range = slots_of(index, level, dom);
+            // (At or below the reservation's level a domain is inside it
+            // or apart from it.)
+            if within.is_some_and(|r| !r.holds(index.slots[range.start as usize].node)) {
+                continue;
+            }
             let base: u64 = range.clone().map(|s| fits(s, 0)).sum();
             if base >= workers {
                 // It fits here without victims (once units expected to end by

@@ -154,6 +154,11 @@ pub struct Request {
     /// for [`Policy::size_aging_s`]. 0 when the caller does not say.
     #[serde(default)]
     pub submitted: u64,
+    /// The capacity reservation ([`Snapshot::reserved`]) it runs in: it is
+    /// placed only inside the reservation's domain, within its GPUs, ahead
+    /// of other work and outside the tenant's quota; `None`: ordinary work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
 }
 
 impl Request {
@@ -224,6 +229,43 @@ pub struct Snapshot {
     /// Absent: no budget. No placement ever takes more (`power.rs`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub power_headroom_w: BTreeMap<(String, String), u64>,
+    /// Capacity reservations not yet over (`reserved.rs`): the pass keeps
+    /// their GPUs for their owners' units, lending them meanwhile only to
+    /// work that ends before they start or that may be preempted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved: Vec<ReservedCapacity>,
+}
+
+/// Capacity promised to a tenant: `gpus` GPUs of `gpu_type` inside one
+/// domain, from `start` on (until `end`), as admitted by
+/// [`crate::capacity::admit`] (which pinned it to its domain).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservedCapacity {
+    pub id: String,
+    pub tenant: String,
+    pub gpu_type: String,
+    pub gpus: u32,
+    /// The level of its domain, and the domain's path from the region down
+    /// (`[spine]`, `[spine, leaf]`, `[spine, leaf, NVLink domain]`; empty
+    /// for the region).
+    pub level: Level,
+    pub path: Vec<String>,
+    pub start: u64,
+    /// `None`: open-ended.
+    pub end: Option<u64>,
+}
+
+impl ReservedCapacity {
+    /// Whether `node` is inside the reservation's domain.
+    pub fn holds(&self, node: &Node) -> bool {
+        let parts = [&node.spine, &node.leaf, &node.nvlink_domain];
+        self.path.len() <= 3 && self.path.iter().zip(parts).all(|(a, b)| a == b)
+    }
+
+    /// Whether it is over at `now`.
+    pub fn over(&self, now: u64) -> bool {
+        self.end.is_some_and(|e| e <= now)
+    }
 }
 
 /// A tenant's terms and history for one GPU type, for fair sharing.
@@ -314,6 +356,9 @@ pub struct Running {
     /// when idle GPUs could hold more of its workers.
     #[serde(default)]
     pub elastic: Option<Elastic>,
+    /// The capacity reservation it runs in, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
 }
 
 /// The shape of a running elastic unit.
@@ -498,6 +543,9 @@ pub enum PreemptCause {
     /// for it elsewhere — so that a reserved gang of its class or higher
     /// waiting for whole nodes can start now instead of at its reservation.
     Defrag,
+    /// Capacity reservation: a preemptible unit borrowing GPUs of a
+    /// reservation gives them back to the owner's unit that needs them.
+    Reservation,
 }
 
 impl PreemptCause {
@@ -507,6 +555,7 @@ impl PreemptCause {
             PreemptCause::Reclaim => "reclaim",
             PreemptCause::Grow => "grow",
             PreemptCause::Defrag => "defrag",
+            PreemptCause::Reservation => "reservation",
         }
     }
 }
@@ -597,6 +646,21 @@ pub enum WaitReason {
     /// Running units were asked to checkpoint and stop to make room for it;
     /// their GPUs are expected to be free by `until`.
     Preempting { victims: Vec<String>, until: u64 },
+    /// It names a capacity reservation it cannot run in (none by that id,
+    /// another tenant's, another GPU type's, or over).
+    ReservationUnavailable { reservation: String, detail: String },
+    /// Its reservation starts at `start`.
+    ReservationNotStarted { reservation: String, start: u64 },
+    /// Its reservation's GPUs are taken by the owner's other units.
+    ReservationFull {
+        reservation: String,
+        gpus: u32,
+        in_use: u32,
+        requested: u32,
+    },
+    /// It would fit, but only on GPUs of a capacity reservation, and it is
+    /// neither preemptible nor done before the reservation starts.
+    HeldForReservation { reservation: String, start: u64 },
 }
 
 impl WaitReason {
@@ -609,6 +673,10 @@ impl WaitReason {
             WaitReason::Reserved { .. } => "reserved",
             WaitReason::BlockedByReservation { .. } => "reserved_for_other",
             WaitReason::Preempting { .. } => "waiting_for_preemption",
+            WaitReason::ReservationUnavailable { .. } => "reservation_unavailable",
+            WaitReason::ReservationNotStarted { .. } => "reservation_not_started",
+            WaitReason::ReservationFull { .. } => "reservation_full",
+            WaitReason::HeldForReservation { .. } => "reserved_capacity",
         }
     }
 }
@@ -655,6 +723,29 @@ impl fmt::Display for WaitReason {
                     victims.join(", ")
                 )
             }
+            WaitReason::ReservationUnavailable {
+                reservation,
+                detail,
+            } => write!(f, "reservation {reservation} cannot run it: {detail}"),
+            WaitReason::ReservationNotStarted { reservation, start } => write!(
+                f,
+                "reservation {reservation} starts at t={start}s; the job waits for it"
+            ),
+            WaitReason::ReservationFull {
+                reservation,
+                gpus,
+                in_use,
+                requested,
+            } => write!(
+                f,
+                "reservation {reservation} is full: its other jobs hold {in_use} of its {gpus} \
+                 GPUs and this one needs {requested}"
+            ),
+            WaitReason::HeldForReservation { reservation, start } => write!(
+                f,
+                "the free GPUs that would fit it are reservation {reservation}'s (from \
+                 t={start}s); only preemptible work, or work done before then, may use them"
+            ),
         }
     }
 }

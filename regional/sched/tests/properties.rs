@@ -130,6 +130,7 @@ fn queue(estimates: bool) -> impl Strategy<Value = Vec<Request>> {
                         estimated_duration_s: est,
                         min_workers: 0,
                         submitted: 0,
+                        reservation: None,
                     }
                 },
             )
@@ -290,6 +291,7 @@ fn gang_snapshot() -> impl Strategy<Value = Snapshot> {
                     estimated_duration_s: [0, 5, 10, 40, 200][rng.below(5) as usize],
                     min_workers: 0,
                     submitted: 0,
+                    reservation: None,
                 })
                 .collect();
             Snapshot {
@@ -1181,6 +1183,24 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
                 prop_assert!(r.preemptions < rules.max_preemptions);
             }
             gangway_sched::PreemptCause::Grow => unreachable!("handled above"),
+            gangway_sched::PreemptCause::Reservation => {
+                let id = u.reservation.as_deref().expect("only a reservation's unit");
+                prop_assert!(r.priority <= gangway_sched::PREEMPTIBLE_PRIORITY);
+                prop_assert!(r.reservation.as_deref() != Some(id));
+                let res = s
+                    .reserved
+                    .iter()
+                    .find(|x| x.id == id)
+                    .expect("a known reservation");
+                prop_assert!(
+                    r.gpus
+                        .iter()
+                        .any(|(n, _)| s.nodes.iter().any(|x| x.id == *n && res.holds(x))),
+                    "{} is not in {}",
+                    r.job,
+                    id
+                );
+            }
             gangway_sched::PreemptCause::Defrag => {
                 prop_assert!(rules.defrag);
                 prop_assert!(u.ranks.len() >= 2, "only gangs defragment");
@@ -1462,6 +1482,141 @@ proptest! {
             // The same through partitions.
             let parts = gangway_sched::plan_partitioned(&s, &policy);
             check_invariants(&s, &parts, kind)?;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Capacity reservations.
+
+/// A busy snapshot with one capacity reservation of tenant `t0` on a domain
+/// of a node of type "a" (active or starting later), some of `t0`'s queued
+/// units in it and some of its running units inside the domain in it. No
+/// quotas (a reservation's units are outside them anyway).
+fn reserved_case() -> impl Strategy<Value = Snapshot> {
+    (busy_snapshot(), any::<u64>()).prop_filter_map("no node of type a", |(mut s, seed)| {
+        let mut rng = Lcg(seed);
+        let nodes: Vec<&Node> = s.nodes.iter().filter(|n| n.gpu_type == "a").collect();
+        if nodes.is_empty() {
+            return None;
+        }
+        let n = nodes[rng.below(nodes.len() as u64) as usize].clone();
+        let level = Level::ALL[rng.below(4) as usize];
+        let depth = match level {
+            Level::Region => 0,
+            Level::Spine => 1,
+            Level::Leaf => 2,
+            Level::Nvlink => 3,
+        };
+        let path: Vec<String> =
+            [n.spine.clone(), n.leaf.clone(), n.nvlink_domain.clone()][..depth].to_vec();
+        let res = gangway_sched::ReservedCapacity {
+            id: "r".into(),
+            tenant: "t0".into(),
+            gpu_type: "a".into(),
+            gpus: 1 + rng.below(24) as u32,
+            level,
+            path,
+            start: if rng.below(3) == 0 {
+                s.now + rng.below(40)
+            } else {
+                s.now.saturating_sub(rng.below(5))
+            },
+            end: None,
+        };
+        for q in &mut s.queue {
+            if q.tenant == "t0" && q.gpu_type == "a" && rng.below(2) == 0 {
+                q.reservation = Some("r".into());
+            }
+        }
+        for r in &mut s.running {
+            let inside = r
+                .gpus
+                .iter()
+                .all(|(id, _)| s.nodes.iter().any(|x| x.id == *id && res.holds(x)));
+            if r.tenant == "t0" && r.gpu_type == "a" && inside && rng.below(2) == 0 {
+                r.reservation = Some("r".into());
+            }
+        }
+        s.quotas.clear();
+        s.reserved = vec![res];
+        Some(s)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+    ))]
+
+    #[test]
+    fn a_reservation_keeps_its_gpus_for_its_owner(s in reserved_case()) {
+        let res = &s.reserved[0];
+        let by_id = nodes_by_id(&s);
+        let queue: BTreeMap<&str, &Request> = s.queue.iter().map(|r| (r.job.as_str(), r)).collect();
+        let free_before: u64 = (s.nodes.iter())
+            .filter(|n| n.schedulable && n.gpu_type == "a" && res.holds(n))
+            .map(|n| n.free.iter().filter(|&&g| g < n.gpus).count() as u64)
+            .sum();
+        let running_in: u64 = (s.running.iter())
+            .filter(|r| r.reservation.as_deref() == Some("r"))
+            .map(|r| r.gpu_count())
+            .sum();
+        for kind in [PolicyKind::Gangway, PolicyKind::SlurmBackfill] {
+            let p = plan(&s, &policy(kind));
+            check_invariants(&s, &p, kind)?;
+            let mut owner = 0u64;
+            let mut others = 0u64;
+            for pl in &p.placements {
+                let q = queue[pl.job.as_str()];
+                let gpus: u64 = pl.workers.iter().map(|w| w.gpus.len() as u64).sum();
+                let inside = pl.workers.iter().all(|w| res.holds(by_id[w.node.as_str()]));
+                if q.reservation.is_some() {
+                    prop_assert!(inside, "{} placed outside its reservation", pl.job);
+                    prop_assert!(res.start <= s.now, "{} placed before the start", pl.job);
+                    owner += gpus;
+                    continue;
+                }
+                // Only preemptible units, or ones done before the start,
+                // may use what the reservation holds.
+                let ends_in_time = q.estimated_duration_s > 0
+                    && s.now + q.estimated_duration_s <= res.start;
+                let borrows = q.priority <= gangway_sched::PREEMPTIBLE_PRIORITY || ends_in_time;
+                if !borrows && q.gpu_type == "a" {
+                    others += pl
+                        .workers
+                        .iter()
+                        .filter(|w| res.holds(by_id[w.node.as_str()]))
+                        .map(|w| w.gpus.len() as u64)
+                        .sum::<u64>();
+                }
+            }
+            // (The generator may put more running units in it than it
+            // holds; then nothing more starts in it.)
+            prop_assert!(
+                owner == 0 || running_in + owner <= u64::from(res.gpus),
+                "over the reservation"
+            );
+            let left = free_before - owner;
+            let protect = u64::from(res.gpus).saturating_sub(running_in + owner);
+            prop_assert!(
+                others <= left - protect.min(left),
+                "{} GPUs of the reservation's {} protected went to other work",
+                others,
+                protect.min(left)
+            );
+            for v in p.preemptions.iter().filter(|v| v.cause == gangway_sched::PreemptCause::Reservation) {
+                let r = s.running.iter().find(|r| r.job == v.job).expect("running");
+                prop_assert!(r.priority <= gangway_sched::PREEMPTIBLE_PRIORITY);
+                prop_assert!(r.reservation.is_none());
+                prop_assert!(r.gpus.iter().any(|(n, _)| res.holds(by_id[n.as_str()])));
+                prop_assert_eq!(queue[v.for_job.as_str()].reservation.as_deref(), Some("r"));
+            }
+            // Nothing of the reservation's is ever a victim.
+            for v in &p.preemptions {
+                let r = s.running.iter().find(|r| r.job == v.job).expect("running");
+                prop_assert!(r.reservation.is_none(), "{} preempted", r.job);
+            }
         }
     }
 }

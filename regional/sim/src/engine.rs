@@ -586,6 +586,7 @@ impl<'a, 'p> Run<'a, 'p> {
             estimated_duration_s: remaining.ceil() as u64,
             min_workers: 0,
             submitted: spec.submit,
+            reservation: None,
         }
     }
 
@@ -863,6 +864,9 @@ impl<'a, 'p> Run<'a, 'p> {
             // restarts one larger; counted in the total if it did.
             PreemptCause::Grow => self.acc.preempt_grow += 1,
             PreemptCause::Defrag => self.acc.preempt_defrag += 1,
+            // The simulator makes no capacity reservations yet: the core
+            // never preempts for one here.
+            PreemptCause::Reservation => {}
         }
         self.acc.at_risk_gpu_s += p.at_risk_gpu_s as f64;
         let tenant = self.spec(job).tenant as usize;

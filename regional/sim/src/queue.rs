@@ -220,6 +220,7 @@ mod tests {
             estimated_duration_s: 1,
             min_workers: 0,
             submitted: 0,
+            reservation: None,
         }
     }
 

@@ -768,6 +768,10 @@ pub(crate) async fn preempt_in_tx(
                     "moved to defragment: reserved gang {for_job} needs whole nodes, and there \
                      is room for this job elsewhere"
                 ),
+                gangway_sched::PreemptCause::Reservation => format!(
+                    "it borrowed GPUs of a capacity reservation, and the reservation's job \
+                     {for_job} needs them"
+                ),
             };
             (
                 format!(

@@ -387,6 +387,7 @@ impl Store {
                 } else {
                     row.get::<_, DateTime<Utc>>("created_at").timestamp().max(0) as u64
                 },
+                reservation: None,
             };
             if mode == "gang" {
                 // An elastic gang may start with a prefix of its ranks.
@@ -506,6 +507,7 @@ impl Store {
                             required: level_from_db(row.get("required")),
                         }
                     }),
+                    reservation: None,
                 }
             })
             .collect();
@@ -595,6 +597,8 @@ impl Store {
                 running,
                 gpu_power_w,
                 power_headroom_w,
+                // Capacity reservations are not stored yet.
+                reserved: Vec::new(),
             },
             submitted_at,
             racks,

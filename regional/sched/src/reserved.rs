@@ -1,0 +1,214 @@
+//! Capacity reservations in a pass ([`Snapshot::reserved`]): keeping the
+//! promise [`crate::capacity::admit`] made.
+//!
+//! - **The owner's units first.** A unit naming a reservation
+//!   ([`Request::reservation`]) is decided before any other unit of its
+//!   type: it must be its tenant's, of its type, the reservation started
+//!   and not over, and its GPUs must fit in what the reservation's other
+//!   units leave of it. It is placed only inside the reservation's domain
+//!   (best fit at the lowest level its `required` allows there), whole,
+//!   outside its tenant's quota and fair share: the reservation is
+//!   capacity of its own, so neither what it places nor what its units
+//!   hold counts as the tenant's usage of the shared pool.
+//! - **The rest of the reservation is held.** Each round then holds, for
+//!   every reservation not over (the earliest [`MAX_CAPACITY_HOLDS`] of a
+//!   type), the free GPUs of its domain up to what its units do not use,
+//!   whole nodes first. Like a waiting gang's reservation, a unit that ends
+//!   before the reservation starts may use them; unlike it, a preemptible
+//!   unit (priority ≤ [`crate::PREEMPTIBLE_PRIORITY`]) may always borrow them.
+//!   Nothing else can take them, so at its start the reservation's domain
+//!   holds its GPUs free, or lent to work that will have ended or that can
+//!   be preempted.
+//! - **Borrowers give them back.** An owner's unit that does not fit in
+//!   the domain preempts borrowers there (`PreemptCause::Reservation`,
+//!   `preempt.rs`): preemptible units not of the reservation, whatever
+//!   their age. A reservation's running units are never victims of
+//!   anything else, and never grow.
+
+use std::collections::BTreeMap;
+
+use crate::backfill::{TypeState, MAX_CAPACITY_HOLDS};
+use crate::index::TypeIndex;
+use crate::place;
+use crate::types::{
+    Node, Placement, Request, ReservedCapacity, Running, Snapshot, WaitReason, Waiting,
+};
+
+/// What a pass knows of the capacity reservations.
+pub(crate) struct Reserved<'s> {
+    /// By id: the reservation and the GPUs its units hold (running, and
+    /// placed by this pass).
+    by_id: BTreeMap<&'s str, (&'s ReservedCapacity, u64)>,
+    now: u64,
+}
+
+impl<'s> Reserved<'s> {
+    pub fn new(snapshot: &'s Snapshot) -> Reserved<'s> {
+        let mut by_id: BTreeMap<&str, (&ReservedCapacity, u64)> = (snapshot.reserved.iter())
+            .map(|r| (r.id.as_str(), (r, 0)))
+            .collect();
+        for r in &snapshot.running {
+            if let Some(e) = r.reservation.as_deref().and_then(|id| by_id.get_mut(id)) {
+                e.1 += r.gpu_count();
+            }
+        }
+        Reserved {
+            by_id,
+            now: snapshot.now,
+        }
+    }
+
+    /// The reservation `id` if it is live now (started, not over).
+    pub fn active(&self, id: &str) -> Option<&'s ReservedCapacity> {
+        let (r, _) = self.by_id.get(id)?;
+        (r.start <= self.now && !r.over(self.now)).then_some(*r)
+    }
+
+    /// Decides the owners' units (in queue order): placements, and waits.
+    pub fn place_units(
+        &mut self,
+        units: &[&Request],
+        types: &mut BTreeMap<&str, TypeState>,
+        placements: &mut Vec<Placement>,
+        waits: &mut Vec<Waiting>,
+    ) {
+        for &req in units {
+            let id = req
+                .reservation
+                .as_deref()
+                .expect("only reservations' units");
+            let wait = |reason| Waiting {
+                job: req.job.clone(),
+                ranks: req.ranks.clone(),
+                reason,
+            };
+            let unavailable = |detail: String| {
+                wait(WaitReason::ReservationUnavailable {
+                    reservation: id.to_string(),
+                    detail,
+                })
+            };
+            let Some(&(res, in_use)) = self.by_id.get(id) else {
+                waits.push(unavailable("no reservation with this id here".into()));
+                continue;
+            };
+            if res.tenant != req.tenant {
+                waits.push(unavailable("it is another tenant's".into()));
+                continue;
+            }
+            if res.gpu_type != req.gpu_type {
+                waits.push(unavailable(format!("it holds {} GPUs", res.gpu_type)));
+                continue;
+            }
+            if res.over(self.now) {
+                let end = res.end.unwrap_or(0);
+                waits.push(unavailable(format!("it ended at t={end}s")));
+                continue;
+            }
+            if res.start > self.now {
+                waits.push(wait(WaitReason::ReservationNotStarted {
+                    reservation: id.to_string(),
+                    start: res.start,
+                }));
+                continue;
+            }
+            let need = req.gpus();
+            if in_use + need > u64::from(res.gpus) {
+                waits.push(wait(WaitReason::ReservationFull {
+                    reservation: id.to_string(),
+                    gpus: res.gpus,
+                    in_use: sat(in_use),
+                    requested: sat(need),
+                }));
+                continue;
+            }
+            let Some(ts) = types.get_mut(req.gpu_type.as_str()) else {
+                unreachable!("every queued type has a state")
+            };
+            match place_inside(&mut ts.index, res, req) {
+                Some(p) => {
+                    self.by_id.get_mut(id).expect("found above").1 += need;
+                    placements.push(p);
+                }
+                None => waits.push(wait(WaitReason::NoCapacity {
+                    required: req.required.min(res.level),
+                    free_gpus: ts.free_gpus(),
+                })),
+            }
+        }
+    }
+
+    /// Holds, for this round, each type's reservations' free GPUs beyond
+    /// what their units use (the earliest-starting first); what is not free
+    /// now is fenced on the units running in the domain that end first.
+    pub fn hold(&self, types: &mut BTreeMap<&str, TypeState>, running: &[Running]) {
+        let mut live: Vec<&(&ReservedCapacity, u64)> = (self.by_id.values())
+            .filter(|(r, _)| !r.over(self.now))
+            .collect();
+        live.sort_by_key(|(r, _)| (r.start, r.id.as_str()));
+        let mut per_type: BTreeMap<&str, usize> = BTreeMap::new();
+        for &(res, in_use) in live {
+            let Some(ts) = types.get_mut(res.gpu_type.as_str()) else {
+                continue;
+            };
+            let n = per_type.entry(res.gpu_type.as_str()).or_default();
+            if *n == MAX_CAPACITY_HOLDS {
+                continue;
+            }
+            *n += 1;
+            let inside: Vec<(&str, &[u32], u64)> = (running.iter())
+                .filter(|r| r.gpu_type == res.gpu_type && r.reservation.as_deref() != Some(&res.id))
+                .flat_map(|r| {
+                    (r.gpus.iter())
+                        .map(move |(node, gpus)| (node.as_str(), gpus.as_slice(), r.expected_end))
+                })
+                .collect();
+            let protect = u64::from(res.gpus).saturating_sub(in_use);
+            ts.hold_capacity(res, protect, self.now, &inside);
+        }
+    }
+}
+
+/// `req` placed inside `res`'s domain on the type's free GPUs there, the
+/// index updated; `None` when it does not fit there now.
+fn place_inside(index: &mut TypeIndex, res: &ReservedCapacity, req: &Request) -> Option<Placement> {
+    // The domain's nodes as they are now, as a tree of their own.
+    let inside: Vec<(u32, Node)> = (index.slots.iter().enumerate())
+        .filter(|(_, slot)| res.holds(slot.node))
+        .map(|(s, slot)| {
+            let node = Node {
+                free: slot.free_now().to_vec(),
+                ..slot.node.clone()
+            };
+            (s as u32, node)
+        })
+        .collect();
+    if inside.is_empty() {
+        return None;
+    }
+    let mut sub = TypeIndex::build(
+        (inside.iter().enumerate())
+            .map(|(i, (_, n))| (i as u32, n))
+            .collect(),
+    );
+    let workers = req.ranks.len() as u64;
+    let gpw = req.gpus_per_worker;
+    let (level, dom) = place::best_fit(&mut sub, workers, gpw, req.required, None)?;
+    let picks = place::picks(&sub, level, dom, workers, gpw)?;
+    let placement = place::commit(&mut sub, req, level, &picks);
+    for w in &placement.workers {
+        let (slot, _) = (inside.iter())
+            .find(|(_, n)| n.id == w.node)
+            .expect("placed inside the domain");
+        index.remove(*slot, &w.gpus);
+    }
+    Some(placement)
+}
+
+fn sat(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+#[path = "reserved_tests.rs"]
+mod tests;
