@@ -222,6 +222,9 @@ struct Run<'a, 'p> {
     /// Free GPUs the last pass held for reserved gangs (out of reach of
     /// everything that does not end before their start).
     held_free: u64,
+    /// While stranded: the smallest waiting unit that fits the free count,
+    /// by [`stranded_class`].
+    stranded_for: &'static str,
     waiting_units: u64,
     running_units: u64,
     done: u64,
@@ -244,6 +247,9 @@ struct Acc {
     sched_while_waiting: f64,
     stranded_while_waiting: f64,
     held_while_waiting: f64,
+    /// Stranded GPU-seconds by the smallest waiting unit that could have
+    /// used them ([`stranded_class`]).
+    stranded_by: BTreeMap<&'static str, f64>,
     alloc_total: f64,
     sched_total: f64,
     gangs: GangStats,
@@ -408,6 +414,7 @@ impl<'a, 'p> Run<'a, 'p> {
             allocated: 0,
             stranded: false,
             held_free: 0,
+            stranded_for: "",
             waiting_units: 0,
             running_units: 0,
             done: 0,
@@ -550,6 +557,7 @@ impl<'a, 'p> Run<'a, 'p> {
                 acc.sched_while_waiting += sched * dt;
                 if self.stranded {
                     acc.stranded_while_waiting += self.free as f64 * dt;
+                    *acc.stranded_by.entry(self.stranded_for).or_default() += self.free as f64 * dt;
                 }
                 acc.held_while_waiting += self.held_free as f64 * dt;
             }
@@ -689,11 +697,13 @@ impl<'a, 'p> Run<'a, 'p> {
                         self.acc.skipped += 1;
                     }
                     // A newcomer that fits the free count but no node is stranded.
-                    if new_units
-                        .iter()
-                        .any(|&j| self.spec(j).gpus() <= self.free && self.under_quota(j))
-                    {
+                    let smallest = (new_units.iter())
+                        .filter(|&&j| self.spec(j).gpus() <= self.free && self.under_quota(j))
+                        .map(|&j| self.spec(j).gpus())
+                        .min();
+                    if let Some(gpus) = smallest {
                         self.stranded = true;
+                        self.stranded_for = stranded_class(gpus, false);
                     }
                     return;
                 }
@@ -729,13 +739,23 @@ impl<'a, 'p> Run<'a, 'p> {
                 })
                 .sum();
             let free = self.free;
-            self.stranded = self.queue.min_gpus().is_some_and(|m| m <= free)
-                && plan.waiting.iter().any(|w| {
+            let smallest = (plan.waiting.iter())
+                .filter(|w| {
                     matches!(
                         w.reason,
                         WaitReason::NoCapacity { .. } | WaitReason::Reserved { .. }
-                    ) && self.spec(job_index(&w.job)).gpus() <= free
-                });
+                    )
+                })
+                .map(|w| {
+                    let gpus = self.spec(job_index(&w.job)).gpus();
+                    (gpus, matches!(w.reason, WaitReason::Reserved { .. }))
+                })
+                .filter(|&(gpus, _)| gpus <= free)
+                .min();
+            self.stranded = self.queue.min_gpus().is_some_and(|m| m <= free) && smallest.is_some();
+            if let Some((gpus, reserved)) = smallest {
+                self.stranded_for = stranded_class(gpus, reserved);
+            }
             if placed.is_empty() {
                 return;
             }
@@ -1419,6 +1439,9 @@ impl<'a, 'p> Run<'a, 'p> {
                 acc.held_while_waiting,
                 acc.sched_while_waiting,
             ),
+            stranded_by_waiting_unit_pct: (acc.stranded_by.iter())
+                .filter_map(|(k, &v)| Some((k.to_string(), pct(v, acc.sched_while_waiting)?)))
+                .collect(),
             jct_s: Summary::of(jct),
             queueing_delay_s: Summary::of(delay),
             makespan_s: makespan,
@@ -1472,4 +1495,22 @@ fn job_index(id: &str) -> u32 {
     id.strip_prefix('j')
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("the core returned a job id {id:?} the simulator never queued"))
+}
+
+/// The class of the smallest waiting unit that could have used stranded
+/// GPUs: its size, and whether it held a reservation (waiting for the
+/// domain it prefers or the first it fits) or had none (no domain now).
+fn stranded_class(gpus: u64, reserved: bool) -> &'static str {
+    match (gpus, reserved) {
+        (0..=1, false) => "1 GPU, no capacity",
+        (0..=1, true) => "1 GPU, reserved",
+        (2..=4, false) => "2-4 GPUs, no capacity",
+        (2..=4, true) => "2-4 GPUs, reserved",
+        (5..=8, false) => "5-8 GPUs, no capacity",
+        (5..=8, true) => "5-8 GPUs, reserved",
+        (9..=32, false) => "9-32 GPUs, no capacity",
+        (9..=32, true) => "9-32 GPUs, reserved",
+        (_, false) => "33+ GPUs, no capacity",
+        (_, true) => "33+ GPUs, reserved",
+    }
 }

@@ -116,6 +116,12 @@ pub struct Metrics {
     /// time-weighted while some unit waits, as % of the schedulable GPUs.
     #[serde(default)]
     pub held_for_reservations_while_waiting_pct: Option<f64>,
+    /// The stranded share split by the smallest waiting unit that could
+    /// have used the GPUs by count: its size class, and whether it held a
+    /// reservation (`reserved`) or had none (`no capacity`); the values add
+    /// up to `stranded_while_gang_waits_pct`.
+    #[serde(default)]
+    pub stranded_by_waiting_unit_pct: std::collections::BTreeMap<String, f64>,
     /// Completion time (end − submit).
     pub jct_s: Summary,
     /// Queueing delay (first start − submit).

@@ -326,6 +326,15 @@ fn stranded_gpus_count_while_a_gang_fits_the_total_but_no_node() {
             _ => 0.0,
         };
         assert!((held - want).abs() < 1e-9, "{policy:?}: {held}");
+        // All of the stranded share is G's (8 GPUs): reserved under
+        // Gangway, with no reservation where no pass ran.
+        let class = match policy {
+            PolicyKind::Gangway => "5-8 GPUs, reserved",
+            _ => "5-8 GPUs, no capacity",
+        };
+        let by = &m.stranded_by_waiting_unit_pct;
+        assert_eq!(by.keys().collect::<Vec<_>>(), vec![class], "{policy:?}");
+        assert!((by[class] - 50.0).abs() < 1e-9, "{policy:?}: {by:?}");
     }
 }
 
