@@ -191,6 +191,67 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
         Some("not_found")
     );
 
+    // Reservations through the CLI: one admitted, one that overlaps it
+    // refused with the earliest window and the command that reserves it.
+    let cli = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .env("GANGWAY_STATE_DIR", &state)
+            .output()
+            .unwrap()
+    };
+    let start = chrono::DateTime::from_timestamp(chrono::Utc::now().timestamp() + 3600, 0)
+        .unwrap()
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let ask = |json: bool| {
+        let mut a = vec![
+            "reservation",
+            "create",
+            "--gpus",
+            "48",
+            "--gpu-type",
+            "h100",
+        ];
+        a.extend([
+            "--region",
+            "us-east",
+            "--start",
+            &start,
+            "--duration-s",
+            "3600",
+        ]);
+        if json {
+            a.push("--json");
+        }
+        cli(&a)
+    };
+    let out = ask(true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let held: gangway_shared::api::Reservation = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((held.region.as_str(), held.gpus), ("us-east", 48));
+    let out = ask(false);
+    assert!(!out.status.success());
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(why.contains("the earliest window that would work"), "{why}");
+    assert!(
+        why.contains("to reserve it: gangway reservation create"),
+        "{why}"
+    );
+    let out = cli(&["reservation", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.starts_with("ID") && listed.contains(&held.id.to_string()),
+        "{listed}"
+    );
+    let out = cli(&["reservation", "delete", &held.id.to_string(), "--json"]);
+    let gone: gangway_shared::api::Reservation = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(gone.state, gangway_shared::api::ReservationState::Deleted);
+
     dev.interrupt();
     assert!(!state.join("env").exists(), "env file removed on stop");
     for r in ["us-east", "us-west", "eu-central"] {

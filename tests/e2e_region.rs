@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use gangway_auth::jwt::{Role, SigningKey};
 use gangway_shared::api::{
-    Job, JobMode, JobSpec, JobState, LimitsUpdate, Priority, QuotaUpdate, WorkerState,
+    Job, JobMode, JobSpec, JobState, LimitsUpdate, Priority, QuotaUpdate, ReservationResize,
+    ReservationSpec, ReservationState, TopologyLevel, WorkerState,
 };
 use gangway_shared::client::{Client, ListQuery};
 use uuid::Uuid;
@@ -172,6 +173,7 @@ fn spec(gpus: i64, estimated_s: i64, command: &[&str]) -> JobSpec {
         min_gpus: None,
         topology: Default::default(),
         region: None,
+        reservation: None,
     }
 }
 
@@ -1103,4 +1105,215 @@ async fn an_elastic_job_starts_on_what_is_free_grows_when_a_job_ends_and_resumes
     assert_eq!(events[3].detail["for_job"], job.id.to_string());
     assert_eq!(events[5].detail["world_size"], 4);
     assert_eq!(cloud.allocated_gpus().await, 0);
+}
+
+fn reservation(
+    gpus: i64,
+    level: TopologyLevel,
+    start: Option<chrono::DateTime<chrono::Utc>>,
+    end: Option<chrono::DateTime<chrono::Utc>>,
+) -> ReservationSpec {
+    ReservationSpec {
+        gpu_type: "h100".into(),
+        gpus,
+        level,
+        start,
+        end,
+        region: None,
+    }
+}
+
+#[tokio::test]
+async fn reservations_are_refused_with_a_window_idempotent_and_run_their_jobs() {
+    let cloud = Cloud::start("sim").await;
+    let c = &cloud.client;
+    let status = |e: gangway_shared::client::ClientError| {
+        (
+            e.status().unwrap().as_u16(),
+            e.code().unwrap_or("none").to_string(),
+        )
+    };
+    let hour = chrono::Duration::seconds(3600);
+    let t = chrono::DateTime::from_timestamp(chrono::Utc::now().timestamp() + 3600, 0).unwrap();
+
+    // acme reserves the whole leaf (16 GPUs; the spare does not count) for
+    // an hour from an hour from now. A retry with the key gets the same
+    // reservation; the key with another body is refused.
+    let whole = reservation(16, TopologyLevel::Leaf, Some(t), Some(t + hour));
+    let first = c.create_reservation(&whole, Some("r1")).await.unwrap();
+    assert_eq!((first.state, first.gpus), (ReservationState::Scheduled, 16));
+    assert_eq!(first.domain.len(), 2);
+    let again = c.create_reservation(&whole, Some("r1")).await.unwrap();
+    assert_eq!(again, first);
+    let other_body = reservation(8, TopologyLevel::Leaf, Some(t), Some(t + hour));
+    let e = c.create_reservation(&other_body, Some("r1")).await;
+    assert_eq!(
+        status(e.unwrap_err()),
+        (422, "idempotency_key_reused".into())
+    );
+    assert_eq!(
+        c.list_reservations().await.unwrap().reservations,
+        [first.clone()]
+    );
+
+    // globex wants 8 of them during acme's hour: refused, with the
+    // earliest window of the same length that works (acme's end).
+    let globex = cloud.tenant("globex");
+    let overlap = reservation(
+        8,
+        TopologyLevel::Spine,
+        Some(t + hour / 2),
+        Some(t + hour * 3 / 2),
+    );
+    match globex.create_reservation(&overlap, None).await {
+        Err(gangway_shared::client::ClientError::Api { status, body }) => {
+            assert_eq!(status.as_u16(), 409);
+            assert_eq!(body.code, "reservation_unavailable");
+            assert_eq!(body.earliest_start, Some(t + hour));
+            assert_eq!(body.earliest_end, Some(t + hour * 2));
+            assert!(body.message.contains("earliest window"), "{}", body.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(globex
+        .list_reservations()
+        .await
+        .unwrap()
+        .reservations
+        .is_empty());
+    // Another tenant's reservation is not there for globex.
+    let e = globex.get_reservation(first.id).await.unwrap_err();
+    assert_eq!(status(e), (404, "not_found".into()));
+    let e = globex.delete_reservation(first.id, None).await.unwrap_err();
+    assert_eq!(status(e), (404, "not_found".into()));
+
+    // Bad requests say what to fix and create nothing.
+    let valid = r#""gpu_type":"h100""#;
+    let cases: Vec<(String, u16, &str)> = vec![
+        ("{nope".into(), 400, "malformed_json"),
+        (format!(r#"{{"gpus":0,{valid}}}"#), 422, "invalid_gpus"),
+        (
+            format!(r#"{{"gpus":8,"level":"rack",{valid}}}"#),
+            422,
+            "invalid_spec",
+        ),
+        (
+            format!(r#"{{"gpus":8,"size":1,{valid}}}"#),
+            422,
+            "invalid_spec",
+        ),
+        (
+            format!(
+                r#"{{"gpus":8,"start":"2031-01-01T01:00:00Z","end":"2031-01-01T00:00:00Z",{valid}}}"#
+            ),
+            422,
+            "invalid_reservation",
+        ),
+        (
+            format!(r#"{{"gpus":8,"end":"2001-01-01T00:00:00Z",{valid}}}"#),
+            422,
+            "invalid_reservation",
+        ),
+        (
+            r#"{"gpus":8,"gpu_type":"tpu"}"#.into(),
+            422,
+            "unknown_gpu_type",
+        ),
+        (
+            format!(r#"{{"gpus":8,"region":"elsewhere",{valid}}}"#),
+            422,
+            "wrong_region",
+        ),
+        (
+            format!(r#"{{"gpus":17,{valid}}}"#),
+            409,
+            "reservation_unavailable",
+        ),
+    ];
+    for (body, want_status, want) in cases {
+        let got = c
+            .post_raw("/v1/reservations", "application/json", body.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(status(got), (want_status, want.to_string()), "body {body}");
+    }
+    assert_eq!(c.list_reservations().await.unwrap().reservations.len(), 1);
+
+    // Resize with a key: done once, the retry answers the same; an empty
+    // resize is refused.
+    let half = ReservationResize {
+        gpus: Some(8),
+        end: None,
+    };
+    let resized = c
+        .resize_reservation(first.id, &half, Some("r2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (resized.gpus, resized.domain.clone()),
+        (8, first.domain.clone())
+    );
+    let retry = c
+        .resize_reservation(first.id, &half, Some("r2"))
+        .await
+        .unwrap();
+    assert_eq!(retry, resized);
+    let empty = ReservationResize {
+        gpus: None,
+        end: None,
+    };
+    let e = c
+        .resize_reservation(first.id, &empty, None)
+        .await
+        .unwrap_err();
+    assert_eq!(status(e), (422, "invalid_reservation".into()));
+    // Now globex's window fits beside it.
+    let theirs = globex.create_reservation(&overlap, None).await.unwrap();
+    assert_eq!(theirs.tenant, "globex");
+
+    // Delete: 200 with the deleted reservation, the second time too.
+    let deleted = c.delete_reservation(first.id, Some("r3")).await.unwrap();
+    assert_eq!(deleted.state, ReservationState::Deleted);
+    let twice = c.delete_reservation(first.id, None).await.unwrap();
+    assert_eq!(twice.state, ReservationState::Deleted);
+    let e = c
+        .resize_reservation(first.id, &half, None)
+        .await
+        .unwrap_err();
+    assert_eq!(status(e), (409, "reservation_conflict".into()));
+
+    // A job runs in a reservation that has started; one naming another
+    // tenant's, or more GPUs than it holds, is refused.
+    let now = c
+        .create_reservation(&reservation(8, TopologyLevel::Nvlink, None, None), None)
+        .await
+        .unwrap();
+    assert_eq!(now.state, ReservationState::Active);
+    let mut inside = spec(8, 60, &["train"]);
+    inside.gpus_per_worker = Some(8);
+    inside.reservation = Some(now.id);
+    let mut too_big = spec(16, 60, &["train"]);
+    too_big.reservation = Some(now.id);
+    let e = c.submit(&too_big, None).await.unwrap_err();
+    assert_eq!(status(e), (422, "invalid_reservation".into()));
+    let e = globex.submit(&inside, None).await.unwrap_err();
+    assert_eq!(status(e), (422, "invalid_reservation".into()));
+    let job = c.submit(&inside, None).await.unwrap();
+    assert_eq!(job.spec.reservation, Some(now.id));
+    wait_state(c, job.id, JobState::Running).await;
+    let held = c.get_reservation(now.id).await.unwrap();
+    assert_eq!(held.in_use_gpus, 8);
+    let placed: std::collections::BTreeSet<_> = c
+        .get(job.id)
+        .await
+        .unwrap()
+        .workers
+        .iter()
+        .filter_map(|w| w.node.clone())
+        .collect();
+    assert_eq!(
+        placed.into_iter().collect::<Vec<_>>(),
+        [now.domain[2].clone()]
+    );
+    wait_state(c, job.id, JobState::Succeeded).await;
 }

@@ -111,6 +111,10 @@ pub struct SubmitArgs {
     /// Pin the job to a region.
     #[arg(long)]
     region: Option<String>,
+    /// Run the job in this capacity reservation of yours (`gangway
+    /// reservation list`); it goes to the reservation's region.
+    #[arg(long)]
+    reservation: Option<Uuid>,
     /// Wait for the job to end, showing its progress. Exit status: 0 when
     /// it succeeded, 3 when it failed, 4 when it was cancelled.
     #[arg(long)]
@@ -147,6 +151,7 @@ impl SubmitArgs {
                 min_gpus: None,
                 topology: TopologySpec::default(),
                 region: None,
+                reservation: None,
             },
         };
         if let Some(v) = &self.name {
@@ -196,6 +201,9 @@ impl SubmitArgs {
         }
         if self.region.is_some() {
             spec.region = self.region.clone();
+        }
+        if self.reservation.is_some() {
+            spec.reservation = self.reservation;
         }
         if spec.name.is_empty() {
             spec.name = spec

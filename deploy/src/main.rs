@@ -6,6 +6,8 @@
 //! - `servers.rs`: `gangway region` and `gangway agent`.
 //! - `dev.rs`: `gangway dev up`, the local cloud launcher.
 //! - `jobs_cli.rs`: `gangway job …`, tables and `--json`.
+//! - `reservations_cli.rs`: `gangway reservation …` (create, get, list,
+//!   resize, delete).
 //! - `admin_cli.rs`: `gangway admin …` (quotas, admission limits, job
 //!   preemption, nodes, maintenance, audit).
 //! - `conn.rs`: URL, token and CA for the client commands.
@@ -17,6 +19,7 @@ mod conn;
 mod dev;
 mod jobs_cli;
 mod loadgen;
+mod reservations_cli;
 mod servers;
 mod signals;
 mod sim_cli;
@@ -56,6 +59,11 @@ enum Command {
     Job {
         #[command(subcommand)]
         command: jobs_cli::JobCommand,
+    },
+    /// Reserve capacity ahead of time, and manage your reservations.
+    Reservation {
+        #[command(subcommand)]
+        command: reservations_cli::ReservationCommand,
     },
     /// Load generator for job submissions (benchmarks).
     Loadgen(loadgen::LoadgenArgs),
@@ -106,6 +114,7 @@ fn main() -> std::process::ExitCode {
             }
             Command::Job { command } => jobs_cli::run(command).await,
             Command::Admin { command } => admin_cli::run(command).await,
+            Command::Reservation { command } => reservations_cli::run(command).await,
             Command::Regions { conn } => jobs_cli::regions(&conn).await,
             Command::Usage(args) => jobs_cli::usage(args).await,
             Command::Sim(args) => sim_cli::run(args),

@@ -611,3 +611,175 @@ async fn admission_limits_set_through_the_global_tier_refuse_creates_with_their_
     let again: serde_json::Value = r.json().await.unwrap();
     assert_eq!(again["regions"]["r1"]["code"], "not_found", "{again}");
 }
+
+fn reservation(gpus: i64, region: Option<&str>, start: i64, end: i64) -> serde_json::Value {
+    let at = |s: i64| {
+        chrono::DateTime::from_timestamp(chrono::Utc::now().timestamp() / 60 * 60 + s, 0)
+            .unwrap()
+            .to_rfc3339()
+    };
+    let mut body = serde_json::json!({"gpu_type": "h100", "gpus": gpus, "level": "leaf",
+        "start": at(start), "end": at(end)});
+    if let Some(r) = region {
+        body["region"] = r.into();
+    }
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_go_to_their_region_and_its_jobs_follow_them() {
+    let cloud = Cloud::start().await;
+    let http = cloud.http();
+    let token = cloud.token("acme");
+    let post = |g: usize, key: Option<&str>, body: serde_json::Value| {
+        let mut r = http
+            .post(format!("{}/v1/reservations", cloud.globals[g]))
+            .bearer_auth(&token)
+            .json(&body);
+        if let Some(k) = key {
+            r = r.header("idempotency-key", k);
+        }
+        r.send()
+    };
+    let hour = 3600;
+    // acme may use both regions: it must say which.
+    assert_eq!(
+        code_of(
+            post(0, None, reservation(8, None, hour, 2 * hour))
+                .await
+                .unwrap()
+        )
+        .await,
+        (422, "invalid_reservation".to_string())
+    );
+    assert_eq!(
+        code_of(
+            post(0, None, reservation(8, Some("mars"), hour, 2 * hour))
+                .await
+                .unwrap()
+        )
+        .await,
+        (422, "wrong_region".to_string())
+    );
+    // A tenant with one region gets it.
+    let boxed = cloud.client(1, "boxed");
+    let theirs: gangway_shared::api::ReservationSpec =
+        serde_json::from_value(reservation(4, None, 3 * hour, 4 * hour)).unwrap();
+    assert_eq!(
+        boxed
+            .create_reservation(&theirs, None)
+            .await
+            .unwrap()
+            .region,
+        "r2"
+    );
+
+    // Keyed, in r2, the whole leaf for an hour: the same key gives the same
+    // reservation through either replica; naming another region, or
+    // another body, it is refused.
+    let whole = reservation(16, Some("r2"), hour, 2 * hour);
+    let first = post(0, Some("res-1"), whole.clone()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first: gangway_shared::api::Reservation = first.json().await.unwrap();
+    assert_eq!(first.region, "r2");
+    let again = post(1, Some("res-1"), whole.clone()).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: gangway_shared::api::Reservation = again.json().await.unwrap();
+    assert_eq!(again, first);
+    let elsewhere = reservation(16, Some("r1"), hour, 2 * hour);
+    assert_eq!(
+        code_of(post(1, Some("res-1"), elsewhere).await.unwrap()).await,
+        (422, "idempotency_key_reused".to_string())
+    );
+    assert_eq!(
+        code_of(
+            post(0, Some("res-1"), reservation(8, Some("r2"), hour, 2 * hour))
+                .await
+                .unwrap()
+        )
+        .await,
+        (422, "idempotency_key_reused".to_string())
+    );
+
+    // r2's leaf is taken then: refused, with the earliest window, passed
+    // on from the region as it is.
+    let acme = cloud.client(1, "acme");
+    let late: gangway_shared::api::ReservationSpec =
+        serde_json::from_value(reservation(8, Some("r2"), hour, 2 * hour)).unwrap();
+    match acme.create_reservation(&late, None).await {
+        Err(gangway_shared::client::ClientError::Api { status, body }) => {
+            assert_eq!(
+                (status.as_u16(), body.code.as_str()),
+                (409, "reservation_unavailable")
+            );
+            let hour = chrono::Duration::seconds(hour);
+            assert_eq!(body.earliest_start, Some(first.end.unwrap()));
+            assert_eq!(body.earliest_end, Some(first.end.unwrap() + hour));
+        }
+        other => panic!("{other:?}"),
+    }
+    // r1 has room.
+    let in_r1: gangway_shared::api::ReservationSpec =
+        serde_json::from_value(reservation(8, Some("r1"), hour, 2 * hour)).unwrap();
+    let r1 = acme.create_reservation(&in_r1, None).await.unwrap();
+    assert_eq!(r1.region, "r1");
+
+    // Get, list and resize find the region that has it; other tenants see
+    // nothing; operators see every tenant's.
+    let globex = cloud.client(0, "globex");
+    assert_eq!(acme.get_reservation(first.id).await.unwrap().region, "r2");
+    assert_eq!(
+        globex.get_reservation(first.id).await.unwrap_err().code(),
+        Some("not_found")
+    );
+    let mine = acme.list_reservations().await.unwrap();
+    let ids: Vec<Uuid> = mine.reservations.iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), 2);
+    assert!(ids.contains(&first.id) && ids.contains(&r1.id));
+    assert!(globex
+        .list_reservations()
+        .await
+        .unwrap()
+        .reservations
+        .is_empty());
+    let all: gangway_shared::api::ReservationList = http
+        .get(format!("{}/v1/admin/reservations", cloud.globals[0]))
+        .bearer_auth(cloud.admin_token())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(all.reservations.len(), 3);
+    let smaller = gangway_shared::api::ReservationResize {
+        gpus: Some(12),
+        end: None,
+    };
+    let resized = acme
+        .resize_reservation(first.id, &smaller, Some("res-2"))
+        .await
+        .unwrap();
+    assert_eq!((resized.gpus, resized.region.as_str()), (12, "r2"));
+
+    // Jobs naming a reservation go to its region, whatever the routing
+    // would have chosen; one naming a reservation nobody has is refused.
+    for i in 0..4 {
+        let mut s: gangway_shared::api::JobSpec = serde_json::from_value(spec(4)).unwrap();
+        s.reservation = Some(first.id);
+        let job = acme.submit(&s, Some(&format!("in-res-{i}"))).await.unwrap();
+        assert_eq!(job.region, "r2");
+    }
+    let mut s: gangway_shared::api::JobSpec = serde_json::from_value(spec(4)).unwrap();
+    s.reservation = Some(Uuid::new_v4());
+    assert_eq!(
+        acme.submit(&s, None).await.unwrap_err().code(),
+        Some("invalid_reservation")
+    );
+
+    // Delete, twice: the same answer.
+    let gone = acme.delete_reservation(first.id, None).await.unwrap();
+    assert_eq!(gone.state, gangway_shared::api::ReservationState::Deleted);
+    let again = acme.delete_reservation(first.id, None).await.unwrap();
+    assert_eq!(again.state, gangway_shared::api::ReservationState::Deleted);
+}

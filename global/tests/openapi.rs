@@ -31,6 +31,12 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/jobs/{id}/events"),
     ("get", "/v1/jobs/{id}/explain"),
     ("get", "/v1/regions"),
+    ("post", "/v1/reservations"),
+    ("get", "/v1/reservations"),
+    ("get", "/v1/reservations/{id}"),
+    ("patch", "/v1/reservations/{id}"),
+    ("delete", "/v1/reservations/{id}"),
+    ("get", "/v1/admin/reservations"),
     ("get", "/v1/admin/quotas"),
     ("put", "/v1/admin/quotas/{tenant}/{gpu_type}"),
     ("delete", "/v1/admin/quotas/{tenant}/{gpu_type}"),
@@ -208,6 +214,11 @@ fn every_schema_is_there_and_every_ref_resolves() {
         "TenantLimits",
         "LimitsUpdate",
         "TenantLimitsList",
+        "ReservationSpec",
+        "ReservationResize",
+        "Reservation",
+        "ReservationList",
+        "ReservationState",
         "ErrorBody",
     ] {
         assert!(schemas.contains_key(name), "schema {name} missing");
@@ -511,5 +522,47 @@ fn create_and_dry_run_name_the_admission_limits_codes_on_429() {
     assert!(
         unprocessable.contains("`invalid_limits`"),
         "{unprocessable}"
+    );
+}
+
+#[test]
+fn reservations_document_their_refusal_window_and_idempotency_keys() {
+    let doc = doc();
+    for (method, path) in [
+        ("post", "/v1/reservations"),
+        ("patch", "/v1/reservations/{id}"),
+        ("delete", "/v1/reservations/{id}"),
+    ] {
+        let op = operation(&doc, method, path);
+        let keyed = op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "Idempotency-Key" && p["in"] == "header");
+        assert!(keyed, "{method} {path} takes no Idempotency-Key");
+    }
+    for (method, path) in [
+        ("post", "/v1/reservations"),
+        ("patch", "/v1/reservations/{id}"),
+    ] {
+        let op = operation(&doc, method, path);
+        let refused = resolve(&doc, &op["responses"]["409"]);
+        let text = refused["description"].as_str().unwrap();
+        for word in [
+            "`reservation_unavailable`",
+            "earliest_start",
+            "earliest_end",
+        ] {
+            assert!(text.contains(word), "{method} {path}: 409 lacks {word}");
+        }
+    }
+    let body = &doc["components"]["schemas"]["ErrorBody"]["properties"];
+    assert!(body.get("earliest_start").is_some() && body.get("earliest_end").is_some());
+    let spec = &doc["components"]["schemas"]["JobSpec"]["properties"];
+    assert!(spec.get("reservation").is_some(), "{spec}");
+    let create = operation(&doc, "post", "/v1/reservations");
+    assert_eq!(
+        create["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/ReservationSpec"
     );
 }

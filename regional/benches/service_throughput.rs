@@ -142,6 +142,7 @@ fn main() -> anyhow::Result<()> {
                         min_gpus: None,
                         topology: Default::default(),
                         region: None,
+                        reservation: None,
                     };
                     client
                         .submit(&spec, Some(&format!("bench-{i}")))

@@ -359,6 +359,7 @@ fn expected_start(reason: &gangway_sched::WaitReason) -> Option<chrono::DateTime
     match reason {
         gangway_sched::WaitReason::Reserved { start, .. } => at(*start),
         gangway_sched::WaitReason::Preempting { until, .. } => at(*until),
+        gangway_sched::WaitReason::ReservationNotStarted { start, .. } => at(*start),
         _ => None,
     }
 }
@@ -523,7 +524,7 @@ pub async fn dry_run(
             JobMode::Array => 0,
         },
         submitted: data.snapshot.now,
-        reservation: None,
+        reservation: spec.reservation.map(|r| r.to_string()),
     };
     match spec.mode {
         // An array job starts worker by worker: probe its first worker.

@@ -133,6 +133,7 @@ mod tests {
             min_gpus: None,
             topology: TopologySpec::default(),
             region: None,
+            reservation: None,
         }
     }
 

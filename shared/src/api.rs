@@ -13,6 +13,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+pub use crate::reservation::{
+    Reservation, ReservationList, ReservationResize, ReservationSpec, ReservationState,
+};
+
 /// Most GPUs one job may ask for. Larger numbers are typos, not jobs.
 pub const MAX_JOB_GPUS: i64 = 100_000;
 /// Most GPUs one worker (one process on one node) may hold.
@@ -85,6 +89,16 @@ pub struct JobSpec {
     /// Pin the job to this region; by default the global tier chooses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// Run the job in this capacity reservation of the tenant's
+    /// (`POST /v1/reservations`): it is placed only inside the
+    /// reservation's domain, within its GPUs, ahead of other work and
+    /// outside the tenant's quota, once the reservation has started. The
+    /// reservation must be the tenant's, of the job's GPU type, not
+    /// deleted or over, and hold at least the job's GPUs
+    /// (`invalid_reservation` otherwise). It goes to the reservation's
+    /// region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<Uuid>,
 }
 
 impl JobSpec {

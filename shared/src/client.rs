@@ -12,7 +12,8 @@ use uuid::Uuid;
 
 use crate::api::{
     DryRun, Explanation, Job, JobEvents, JobList, JobSpec, JobState, LimitsUpdate, Quota,
-    QuotaList, QuotaUpdate, RegionList, RegionStatus, TenantLimits, TenantLimitsList,
+    QuotaList, QuotaUpdate, RegionList, RegionStatus, Reservation, ReservationList,
+    ReservationResize, ReservationSpec, TenantLimits, TenantLimitsList,
 };
 use crate::error::ErrorBody;
 
@@ -191,6 +192,53 @@ impl Client {
             .await
     }
 
+    /// Reserves capacity. The same `idempotency_key` and spec always
+    /// yield the same reservation. A refusal is [`ClientError::Api`] with
+    /// `reservation_unavailable` and, when one exists, the earliest window
+    /// that would work in the body's `earliest_start` / `earliest_end`.
+    pub async fn create_reservation(
+        &self,
+        spec: &ReservationSpec,
+        idempotency_key: Option<&str>,
+    ) -> Result<Reservation, ClientError> {
+        let req = self.request(Method::POST, "/v1/reservations").json(spec);
+        self.send(keyed(req, idempotency_key)).await
+    }
+
+    pub async fn get_reservation(&self, id: Uuid) -> Result<Reservation, ClientError> {
+        self.send(self.request(Method::GET, &format!("/v1/reservations/{id}")))
+            .await
+    }
+
+    /// The tenant's reservations, newest first.
+    pub async fn list_reservations(&self) -> Result<ReservationList, ClientError> {
+        self.send(self.request(Method::GET, "/v1/reservations"))
+            .await
+    }
+
+    /// Changes a reservation's size and/or end.
+    pub async fn resize_reservation(
+        &self,
+        id: Uuid,
+        resize: &ReservationResize,
+        idempotency_key: Option<&str>,
+    ) -> Result<Reservation, ClientError> {
+        let req = self
+            .request(Method::PATCH, &format!("/v1/reservations/{id}"))
+            .json(resize);
+        self.send(keyed(req, idempotency_key)).await
+    }
+
+    /// Deletes a reservation (again: the same answer).
+    pub async fn delete_reservation(
+        &self,
+        id: Uuid,
+        idempotency_key: Option<&str>,
+    ) -> Result<Reservation, ClientError> {
+        let req = self.request(Method::DELETE, &format!("/v1/reservations/{id}"));
+        self.send(keyed(req, idempotency_key)).await
+    }
+
     /// The tenant's allocated GPU time.
     pub async fn usage(
         &self,
@@ -309,6 +357,13 @@ impl Client {
         req: reqwest::RequestBuilder,
     ) -> Result<T, ClientError> {
         send_json(req, &self.base).await
+    }
+}
+
+fn keyed(req: reqwest::RequestBuilder, key: Option<&str>) -> reqwest::RequestBuilder {
+    match key {
+        Some(k) => req.header(IDEMPOTENCY_KEY_HEADER, k),
+        None => req,
     }
 }
 

@@ -16,6 +16,15 @@ pub struct ErrorBody {
     /// `x-request-id` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// Only with `reservation_unavailable`: the start of the earliest
+    /// window of the same length (open-ended if the request was) that the
+    /// region could promise; absent when none could be found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earliest_start: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only with `reservation_unavailable` and `earliest_start`: that
+    /// window's end; absent for an open-ended window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earliest_end: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Stable machine-readable error codes.
@@ -114,6 +123,20 @@ pub mod codes {
     /// Another maintenance plan is running in the region, or the plan is
     /// no longer running (409).
     pub const MAINTENANCE_CONFLICT: &str = "maintenance_conflict";
+    /// A capacity reservation cannot be honoured as asked (no domain of the
+    /// level keeps that many GPUs unreserved for the whole window); nothing
+    /// was created or changed. The body's `earliest_start` / `earliest_end`
+    /// give the earliest window of the same length that would work, when
+    /// there is one (409).
+    pub const RESERVATION_UNAVAILABLE: &str = "reservation_unavailable";
+    /// A reservation request is out of range (an end not after its start
+    /// or now), or a job names a reservation it cannot run in: another
+    /// tenant's or none, another GPU type's, deleted or over, or smaller
+    /// than the job (422).
+    pub const INVALID_RESERVATION: &str = "invalid_reservation";
+    /// The reservation's state does not allow the change: it is deleted or
+    /// over, or the new size is below what its running jobs hold (409).
+    pub const RESERVATION_CONFLICT: &str = "reservation_conflict";
 
     /// Every code above, so documents and tests can list them. A new code
     /// goes here too.
@@ -157,5 +180,8 @@ pub mod codes {
         NODE_NOT_SIMULATED,
         INVALID_MAINTENANCE,
         MAINTENANCE_CONFLICT,
+        RESERVATION_UNAVAILABLE,
+        INVALID_RESERVATION,
+        RESERVATION_CONFLICT,
     ];
 }

@@ -6,6 +6,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 
 use crate::error::{codes, ErrorBody};
@@ -17,6 +18,9 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// The earliest window that would work, for a refused reservation
+    /// (`earliest_start`, `earliest_end` of the body; see [`ErrorBody`]).
+    pub earliest: Option<(DateTime<Utc>, Option<DateTime<Utc>>)>,
 }
 
 impl ApiError {
@@ -25,7 +29,14 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            earliest: None,
         }
+    }
+
+    /// The same error, naming the earliest window that would work.
+    pub fn with_earliest(mut self, start: DateTime<Utc>, end: Option<DateTime<Utc>>) -> Self {
+        self.earliest = Some((start, end));
+        self
     }
 
     pub fn not_found(what: &str) -> Self {
@@ -49,6 +60,8 @@ impl IntoResponse for ApiError {
             code: self.code.to_string(),
             message: self.message,
             request_id: None,
+            earliest_start: self.earliest.map(|(s, _)| s),
+            earliest_end: self.earliest.and_then(|(_, e)| e),
         };
         (self.status, axum::Json(body)).into_response()
     }
@@ -188,6 +201,56 @@ impl<S: Send + Sync> FromRequestParts<S> for JobId {
             .map(JobId)
             .map_err(|_| ApiError::not_found("job"))
     }
+}
+
+/// A capacity reservation id from the path. A malformed id names no
+/// reservation: 404, like one the tenant cannot see.
+pub struct ReservationId(pub uuid::Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for ReservationId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let axum::extract::Path(raw) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|_| ApiError::not_found("reservation"))?;
+        uuid::Uuid::parse_str(&raw)
+            .map(ReservationId)
+            .map_err(|_| ApiError::not_found("reservation"))
+    }
+}
+
+/// A reservation request from a JSON body, with every check that needs
+/// neither the fleet nor the clock.
+pub fn reservation_spec(
+    body: serde_json::Value,
+) -> Result<crate::reservation::ReservationSpec, ApiError> {
+    let spec: crate::reservation::ReservationSpec = serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!("invalid reservation: {e}"),
+        )
+    })?;
+    spec.check()?;
+    Ok(spec)
+}
+
+/// A resize from a JSON body, checked.
+pub fn reservation_resize(
+    body: serde_json::Value,
+) -> Result<crate::reservation::ReservationResize, ApiError> {
+    let resize: crate::reservation::ReservationResize =
+        serde_json::from_value(body).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::INVALID_SPEC,
+                format!("invalid resize: {e}"),
+            )
+        })?;
+    resize.check()?;
+    Ok(resize)
 }
 
 /// The stable code for an error status that reached us without one (a

@@ -1,4 +1,4 @@
-//! Job ids.
+//! Job and reservation ids.
 //!
 //! A job created with an `Idempotency-Key` gets an id derived from the tenant
 //! and the key (UUIDv5), so every replica, and every region that later holds
@@ -9,13 +9,28 @@ use uuid::Uuid;
 /// Namespace for job ids derived from idempotency keys (fixed forever).
 const JOB_NAMESPACE: Uuid = Uuid::from_u128(0x6a1c_54e3_0f0b_4a5e_9a55_2c1e_7d3b_9e01);
 
+/// Namespace for capacity reservation ids derived from idempotency keys
+/// (fixed forever; not the jobs', so a job and a reservation created with
+/// the same key get different ids).
+const RESERVATION_NAMESPACE: Uuid = Uuid::from_u128(0x2b7e_0d91_6c3f_4f0a_8d12_5e9b_a4c6_1f37);
+
 /// The id of the job created by `tenant` with idempotency key `key`.
 pub fn job_id_for_key(tenant: &str, key: &str) -> Uuid {
+    derived(&JOB_NAMESPACE, tenant, key)
+}
+
+/// The id of the capacity reservation created by `tenant` with
+/// idempotency key `key`.
+pub fn reservation_id_for_key(tenant: &str, key: &str) -> Uuid {
+    derived(&RESERVATION_NAMESPACE, tenant, key)
+}
+
+fn derived(namespace: &Uuid, tenant: &str, key: &str) -> Uuid {
     let mut name = Vec::with_capacity(tenant.len() + key.len() + 1);
     name.extend_from_slice(tenant.as_bytes());
     name.push(0);
     name.extend_from_slice(key.as_bytes());
-    Uuid::new_v5(&JOB_NAMESPACE, &name)
+    Uuid::new_v5(namespace, &name)
 }
 
 /// Checks an `Idempotency-Key`: 1–255 printable ASCII characters.
@@ -43,6 +58,14 @@ mod tests {
         assert_ne!(job_id_for_key("acme", "k1"), job_id_for_key("globex", "k1"));
         // The separator keeps ("ab","c") and ("a","bc") apart.
         assert_ne!(job_id_for_key("ab", "c"), job_id_for_key("a", "bc"));
+        assert_eq!(
+            reservation_id_for_key("acme", "k1"),
+            reservation_id_for_key("acme", "k1")
+        );
+        assert_ne!(
+            job_id_for_key("acme", "k1"),
+            reservation_id_for_key("acme", "k1")
+        );
     }
 
     #[test]

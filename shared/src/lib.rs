@@ -2,6 +2,8 @@
 //!
 //! # Layout
 //! - [`api`]: the public job API: job specs, jobs, events, list pages.
+//! - [`reservation`]: capacity reservations' requests and views
+//!   (re-exported from [`api`]).
 //! - [`error`]: the JSON error body and the stable error codes.
 //! - [`agent`]: the protocol between a region and its node agents.
 //! - [`fleet`]: the fleet file format (spines → leaves → nodes → GPUs).
@@ -18,5 +20,6 @@ pub mod error;
 pub mod fleet;
 pub mod http;
 pub mod ids;
+pub mod reservation;
 pub mod tokens;
 pub mod validate;

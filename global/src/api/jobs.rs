@@ -55,7 +55,7 @@ struct Claim {
 /// job's rendezvous order that answers records the choice (or tells us an
 /// earlier one), so concurrent first attempts through different replicas
 /// agree on one region.
-async fn claim(
+pub(super) async fn claim(
     state: &GlobalState,
     job_id: Uuid,
     tenant: &str,
@@ -149,7 +149,7 @@ async fn claim(
              Idempotency-Key was used before with a different body.",
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_MIN_GPUS,
               codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
-              codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION,
+              codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION, codes::INVALID_RESERVATION,
               codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
         (status = 429, response = openapi::CreateRefused),
         (status = 502, description = openapi::errors(
@@ -180,7 +180,9 @@ pub async fn create(
         Some(k) => job_id_for_key(&tenant, k),
         None => Uuid::new_v4(),
     };
-    let (chosen, candidates) = pick_region(&state, &tenant, &spec, job_id)?;
+    let routed = to_reservations_region(&state, &tenant, &spec).await?;
+    let (chosen, candidates) =
+        pick_region(&state, &tenant, routed.as_ref().unwrap_or(&spec), job_id)?;
     let target = match &key {
         Some(_) => {
             let order = rendezvous(job_id, candidates.iter().map(|r| r.name.as_str()));
@@ -214,6 +216,33 @@ pub async fn create(
     metrics::counter!("gangway_global_creates_total", "status" => answer.status.as_str().to_string())
         .increment(1);
     Ok(relay(answer))
+}
+
+/// For a job that names a capacity reservation and no region: the spec to
+/// route by, pinned to the region that has the reservation (the job can
+/// run nowhere else). A reservation no region has is refused here
+/// (`invalid_reservation`); the region checks the rest.
+async fn to_reservations_region(
+    state: &GlobalState,
+    tenant: &str,
+    spec: &JobSpec,
+) -> Result<Option<JobSpec>, ApiError> {
+    let (Some(id), None) = (spec.reservation, spec.region.as_deref()) else {
+        return Ok(None);
+    };
+    let path = format!("/v1/reservations/{id}");
+    match ask_every_region(state, Method::GET, &path, Some(tenant), "reservation").await {
+        Ok((region, _)) => Ok(Some(JobSpec {
+            region: Some(region.name.clone()),
+            ..spec.clone()
+        })),
+        Err(e) if e.status == StatusCode::NOT_FOUND => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_RESERVATION,
+            format!("you have no reservation {id}; GET /v1/reservations lists yours"),
+        )),
+        Err(e) => Err(e),
+    }
 }
 
 /// The region a new job should go to (see [`choose`]), and the healthy
@@ -286,18 +315,27 @@ async fn find_owner<'a>(
     tenant: &str,
     id: Uuid,
 ) -> Result<(&'a Region, Answer), ApiError> {
-    ask_every_region(state, Method::GET, &format!("/v1/jobs/{id}"), Some(tenant)).await
+    ask_every_region(
+        state,
+        Method::GET,
+        &format!("/v1/jobs/{id}"),
+        Some(tenant),
+        "job",
+    )
+    .await
 }
 
 /// Sends the same call to every region at once and returns the first
 /// answer that is not a 404 (nor a region failing): the region that has
-/// the job answers, the others do not know it. Nobody has it → 404, unless
-/// a region did not answer (503: it may be there; retry).
+/// the job (or the `what` the path names) answers, the others do not know
+/// it. Nobody has it → 404, unless a region did not answer (503: it may be
+/// there; retry).
 pub(super) async fn ask_every_region<'a>(
     state: &'a GlobalState,
     method: Method,
     path: &str,
     tenant: Option<&str>,
+    what: &str,
 ) -> Result<(&'a Region, Answer), ApiError> {
     let asks = state.regions.list.iter().map(|r| {
         let method = method.clone();
@@ -329,11 +367,13 @@ pub(super) async fn ask_every_region<'a>(
         }
     }
     match down {
-        None => Err(ApiError::not_found("job")),
+        None => Err(ApiError::not_found(what)),
         Some(why) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             codes::REGION_UNAVAILABLE,
-            format!("the job was not found in the regions that answered, and {why}; retry shortly"),
+            format!(
+                "the {what} was not found in the regions that answered, and {why}; retry shortly"
+            ),
         )),
     }
 }
@@ -648,7 +688,7 @@ pub async fn regions(
             "The spec is invalid or can never run.",
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_MIN_GPUS,
               codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
-              codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION]),
+              codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION, codes::INVALID_RESERVATION]),
             body = ErrorBody),
         (status = 429, response = openapi::CreateRefused),
         (status = 503, response = openapi::RegionUnavailable),
@@ -660,7 +700,9 @@ pub async fn dry_run(
     Json(body): Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     let spec: JobSpec = job_spec(body)?;
-    let (chosen, _) = pick_region(&state, &caller.tenant, &spec, Uuid::new_v4())?;
+    let routed = to_reservations_region(&state, &caller.tenant, &spec).await?;
+    let routing = routed.as_ref().unwrap_or(&spec);
+    let (chosen, _) = pick_region(&state, &caller.tenant, routing, Uuid::new_v4())?;
     let region = state
         .regions
         .get(&chosen)

@@ -4,12 +4,16 @@
 //! - `mod.rs`: [`GlobalState`] and [`app`].
 //! - `jobs.rs`: jobs (create with idempotency and routing, merged listing,
 //!   forwarding to the owning region) and regions.
+//! - `reservations.rs`: capacity reservations (creates routed to the
+//!   region the body names, the rest to the region that has them, merged
+//!   listing).
 //! - `admin.rs`: operator endpoints.
 //! - `openapi.rs`: the OpenAPI document.
 
 mod admin;
 mod jobs;
 pub mod openapi;
+mod reservations;
 mod usage;
 
 use std::sync::Arc;
@@ -68,6 +72,17 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/explain", get(jobs::explain))
         .route("/v1/regions", get(jobs::regions))
+        .route(
+            "/v1/reservations",
+            post(reservations::create).get(reservations::list),
+        )
+        .route(
+            "/v1/reservations/{id}",
+            get(reservations::get)
+                .patch(reservations::resize)
+                .delete(reservations::delete),
+        )
+        .route("/v1/admin/reservations", get(reservations::list_all))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/admin/quotas", get(admin::list_quotas))
         .route("/v1/admin/limits", get(admin::list_limits))

@@ -20,6 +20,7 @@ use gangway_shared::api::{
 use gangway_shared::api::{
     Explanation, GpuTypeCapacity, Job, JobEvent, JobEvents, JobList, JobMode, JobSpec, JobState,
     LimitsUpdate, Priority, Quota, QuotaList, QuotaUpdate, RegionInfo, RegionList, RegionStatus,
+    Reservation, ReservationList, ReservationResize, ReservationSpec, ReservationState,
     TenantLimits, TenantLimitsList, TopologyLevel, TopologySpec, Worker, WorkerState,
 };
 use gangway_shared::error::{codes, ErrorBody};
@@ -30,7 +31,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi, ToResponse, ToSchema};
 
-use super::{admin, jobs};
+use super::{admin, jobs, reservations};
 
 /// Name of the bearer-JWT security scheme; the handlers' `security(...)`
 /// spell it as a literal (the macro takes no constant), and the tests check
@@ -59,6 +60,12 @@ pub const BEARER: &str = "bearer";
         jobs::events,
         jobs::explain,
         jobs::regions,
+        reservations::create,
+        reservations::list,
+        reservations::get,
+        reservations::resize,
+        reservations::delete,
+        reservations::list_all,
         super::usage::usage,
         admin::list_quotas,
         admin::put_quota,
@@ -123,6 +130,11 @@ pub const BEARER: &str = "bearer";
             MaintenancePlanList,
             GoodputList,
             TenantGoodput,
+            ReservationSpec,
+            ReservationResize,
+            Reservation,
+            ReservationList,
+            ReservationState,
             ErrorBody,
         ),
         responses(
@@ -131,6 +143,8 @@ pub const BEARER: &str = "bearer";
             RateLimited,
             CreateRefused,
             JobNotFound,
+            ReservationNotFound,
+            ReservationRefused,
             RegionUnavailable,
             PayloadTooLarge,
             UnsupportedMediaType,
@@ -140,6 +154,8 @@ pub const BEARER: &str = "bearer";
     tags(
         (name = "jobs", description = "A tenant's jobs, in whichever region runs them."),
         (name = "regions", description = "Regions, their health and their capacity."),
+        (name = "reservations", description = "Capacity a tenant reserves ahead of time in \
+            a region, and its jobs run in."),
         (name = "admin", description = "Operator endpoints; they take an admin token."),
         (name = "meta", description = "Health and this document; no token needed."),
     )
@@ -343,6 +359,40 @@ impl<'r> ToResponse<'r> for JobNotFound {
             &[codes::NOT_FOUND],
         );
         ("JobNotFound", error_response(text).build().into())
+    }
+}
+
+/// 404 for a reservation id.
+pub struct ReservationNotFound;
+
+impl<'r> ToResponse<'r> for ReservationNotFound {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "No such reservation for this tenant. A malformed id, an unknown id and \
+             another tenant's reservation all answer the same.",
+            &[codes::NOT_FOUND],
+        );
+        ("ReservationNotFound", error_response(text).build().into())
+    }
+}
+
+/// 409 on a reservation's create or resize.
+pub struct ReservationRefused;
+
+impl<'r> ToResponse<'r> for ReservationRefused {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "The reservation cannot be honoured as asked (`reservation_unavailable`): no \
+             domain of the level keeps that many GPUs unreserved for the whole window (for a \
+             resize: the domain it is pinned to). Nothing was created or changed. The \
+             message says why; `earliest_start` and `earliest_end` (absent for an \
+             open-ended window) give the earliest window of the same length that would \
+             work, and are absent when none would: ask for that window, fewer GPUs or a \
+             wider level. Or the reservation is deleted or over, or the new size is below \
+             what its running jobs hold (`reservation_conflict`).",
+            &[codes::RESERVATION_UNAVAILABLE, codes::RESERVATION_CONFLICT],
+        );
+        ("ReservationRefused", error_response(text).build().into())
     }
 }
 

@@ -109,9 +109,25 @@ pub enum Admission {
 /// Decides `ask` on the GPUs of `nodes` (the type's reservable nodes: not
 /// spares) given what is already `promised` on them.
 pub fn admit(nodes: &[Node], promised: &[Promised], ask: &Ask) -> Admission {
+    admit_in(nodes, promised, ask, None)
+}
+
+/// [`admit`] with the domain fixed: whether `ask` fits in `domain` (of
+/// `ask.level`), as when a reservation pinned there is resized.
+pub fn admit_within(
+    nodes: &[Node],
+    promised: &[Promised],
+    ask: &Ask,
+    domain: &Domain,
+) -> Admission {
+    admit_in(nodes, promised, ask, Some(domain))
+}
+
+fn admit_in(nodes: &[Node], promised: &[Promised], ask: &Ask, only: Option<&Domain>) -> Admission {
     let caps = capacities(nodes);
     let candidates: Vec<&Domain> = (caps.iter())
         .filter(|(d, &c)| d.level == ask.level && c >= u64::from(ask.gpus))
+        .filter(|(d, _)| only.is_none_or(|o| *d == o))
         .map(|(d, _)| d)
         .collect();
     if candidates.is_empty() {

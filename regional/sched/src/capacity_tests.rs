@@ -193,3 +193,47 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_resize_is_decided_in_the_domain_the_reservation_is_pinned_to() {
+    let nodes = region();
+    let mut promised = Vec::new();
+    let mine = admitted(&nodes, &mut promised, ask(16, Level::Leaf, 0, None));
+    // The next 16 go to the same leaf (the tightest).
+    let theirs = admitted(&nodes, &mut promised, ask(16, Level::Leaf, 0, None));
+    assert_eq!(theirs, mine);
+    let others: Vec<Promised> = promised[1..].to_vec();
+    let bigger = ask(32, Level::Leaf, 0, None);
+    // Other leaves could hold 32, but a resize stays in its leaf: refused,
+    // and never possible there while the other one holds its half.
+    assert!(matches!(
+        admit(&nodes, &others, &bigger),
+        Admission::Admitted { .. }
+    ));
+    assert!(matches!(
+        admit_within(&nodes, &others, &bigger, &mine),
+        Admission::Refused { earliest: None, .. }
+    ));
+    // Alone in its leaf it may grow to the whole leaf, not beyond.
+    assert_eq!(
+        admit_within(&nodes, &[], &bigger, &mine),
+        Admission::Admitted {
+            domain: mine.clone()
+        }
+    );
+    assert!(matches!(
+        admit_within(&nodes, &[], &ask(40, Level::Leaf, 0, None), &mine),
+        Admission::Refused { earliest: None, .. }
+    ));
+    // Room comes back when the other one ends.
+    let full = vec![Promised {
+        gpus: 32,
+        domain: mine.clone(),
+        start: 0,
+        end: Some(5 * H),
+    }];
+    match admit_within(&nodes, &full, &ask(8, Level::Leaf, H, Some(2 * H)), &mine) {
+        Admission::Refused { earliest, .. } => assert_eq!(earliest, Some((5 * H, Some(6 * H)))),
+        other => panic!("admitted: {other:?}"),
+    }
+}

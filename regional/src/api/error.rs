@@ -79,6 +79,39 @@ impl From<StoreError> for ApiError {
                     )
                 },
             ),
+            StoreError::ReservationRefused { why, earliest } => {
+                let next = match earliest {
+                    Some((s, Some(e))) => format!(
+                        "; the earliest window of the same length that would work is [{}, {}): \
+                         ask for that, or for fewer GPUs or a wider level",
+                        s.to_rfc3339(),
+                        e.to_rfc3339()
+                    ),
+                    Some((s, None)) => format!(
+                        "; the earliest open-ended start that would work is {}: ask for that, \
+                         or for fewer GPUs or a wider level",
+                        s.to_rfc3339()
+                    ),
+                    None => "; no later window of the same length would work either: ask for \
+                             fewer GPUs or a wider level"
+                        .to_string(),
+                };
+                let err = ApiError::new(
+                    StatusCode::CONFLICT,
+                    codes::RESERVATION_UNAVAILABLE,
+                    format!("the reservation cannot be honoured, so nothing changed: {why}{next}"),
+                );
+                match earliest {
+                    Some((s, e)) => err.with_earliest(s, e),
+                    None => err,
+                }
+            }
+            StoreError::Invalid { code, message } => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
+            }
+            StoreError::Conflict { code, message } => {
+                ApiError::new(StatusCode::CONFLICT, code, message)
+            }
             e if e.is_unavailable() => {
                 tracing::warn!(error = %e, "database unavailable");
                 ApiError::new(

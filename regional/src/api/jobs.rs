@@ -224,11 +224,13 @@ pub async fn dry_run(
         &spec,
         fleet.get(&spec.gpu_type).map(Vec::as_slice).unwrap_or(&[]),
     )?;
-    // A submit over the tenant's limits would be refused: say so the same way.
+    // A submit over the tenant's limits, or naming a reservation it cannot
+    // run in, would be refused: say so the same way.
     state
         .store
         .check_admission(&tenant, spec.gpus.max(0) as u64)
         .await?;
+    state.store.check_job_reservation(&tenant, &spec).await?;
     let d =
         crate::scheduler::dry_run(&state.store, &tenant, &spec, &state.config.planning()).await?;
     Ok(axum::Json(d))

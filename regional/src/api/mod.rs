@@ -4,6 +4,8 @@
 //! # Layout
 //! - `mod.rs`: [`AppState`] and [`app`], the router with its layers.
 //! - `jobs.rs`, `agents.rs`, `admin.rs`, `usage.rs`: handlers.
+//! - `reservations.rs`: capacity reservations (create, list, get,
+//!   resize, delete; every tenant's for operators).
 //! - `nodes.rs`: operators' node endpoints (list, get, cordon, uncordon,
 //!   drain, injected faults).
 //! - `auth.rs`: only the global tier and this region's agents get in.
@@ -18,6 +20,7 @@ mod extract;
 mod jobs;
 mod maintenance;
 mod nodes;
+mod reservations;
 mod usage;
 
 use std::collections::BTreeMap;
@@ -98,6 +101,17 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/explain", get(jobs::explain))
+        .route(
+            "/v1/reservations",
+            post(reservations::create).get(reservations::list),
+        )
+        .route(
+            "/v1/reservations/{id}",
+            get(reservations::get)
+                .patch(reservations::resize)
+                .delete(reservations::delete),
+        )
+        .route("/v1/admin/reservations", get(reservations::list_all))
         .route("/internal/v1/claims", post(jobs::claim))
         .route("/v1/region", get(jobs::region))
         .route("/v1/usage", get(usage::usage))

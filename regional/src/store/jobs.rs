@@ -65,9 +65,34 @@ impl Store {
     /// [`StoreError::QueuedJobsLimit`] or [`StoreError::RequestedGpusLimit`]
     /// when the job would put it over one, and nothing is written; a retry
     /// of a create it already accepted still gets that job back.
+    ///
+    /// A job naming a capacity reservation is checked against it first
+    /// ([`Store::check_job_reservation`]; [`StoreError::Invalid`] when it
+    /// cannot run in it); a job naming none takes the one-statement path
+    /// alone.
     pub async fn submit(&self, job: &NewJob) -> Result<SubmitOutcome> {
         let spec = serde_json::to_value(&job.spec).expect("a JobSpec always serializes");
         let mut conn = self.conn().await?;
+        if let Some(reservation) = job.spec.reservation {
+            let check = super::reservations::check_job_reservation(
+                &**conn,
+                self.region(),
+                &job.tenant,
+                &job.spec,
+                reservation,
+            )
+            .await;
+            if let Err(e) = check {
+                // A retry of a create accepted before the reservation went
+                // away still gets its job.
+                if job.idempotency_key.is_some() {
+                    if let Some(existing) = job_row(&**conn, &job.tenant, job.id).await? {
+                        return self.replay(job, &spec, existing);
+                    }
+                }
+                return Err(e);
+            }
+        }
         // One statement, so one round trip and one implicit transaction: the
         // key's lock, the job, its workers and its first event. The lock is
         // held until the statement ends; a concurrent request with the same
@@ -88,11 +113,11 @@ impl Store {
                      INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
                                        gpus, gpus_per_worker, workers, priority,
                                        required_level, preferred_level, estimated_duration_s,
-                                       min_workers)
+                                       min_workers, reservation_id)
                      SELECT $1::uuid, $2::text, $3::text, $4::jsonb, $5::text, $6::text::job_mode,
                             $7::text, $8::int, $9::int, $10::int, $11::smallint,
                             $12::text::topology_level, $13::text::topology_level, $14::bigint,
-                            $19::int
+                            $19::int, $21::uuid
                      FROM lock, lim WHERE lock.got AND NOT lim.limited
                      ON CONFLICT DO NOTHING
                      RETURNING job_id, created_at),
@@ -134,7 +159,7 @@ impl Store {
         let keyed = job.idempotency_key.is_some();
         let lock_key = key_lock(job.id);
         let (unchecked, checked) = (false, true);
-        let mut params: [&(dyn ToSql + Sync); 20] = [
+        let mut params: [&(dyn ToSql + Sync); 21] = [
             &job.id,
             &job.tenant,
             &job.idempotency_key,
@@ -155,6 +180,7 @@ impl Store {
             &detail,
             &min_workers,
             &unchecked,
+            &job.spec.reservation,
         ];
         let row = conn.query_one(&submit, &params).await?;
         if row.get::<_, bool>(2) {

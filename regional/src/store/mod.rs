@@ -4,7 +4,8 @@
 //! - `sched_state.generation`: the region's scheduling generation, moved
 //!   by every change to what may be scheduled (nodes, their states, spares,
 //!   maintenance). `sched_partitions`: per GPU type, the partition's
-//!   version, moved by every plan that places or preempts on that type. A
+//!   version, moved by every plan that places or preempts on that type
+//!   (and by every capacity reservation admitted for it). A
 //!   plan records both as it read them and commits only if both are still
 //!   current for what it decides, so a stale plan (another scheduler of the
 //!   same type won the race, or the fleet changed) is rejected whole, while
@@ -75,6 +76,20 @@
 //!   injected fault) that its rack throttles; every node of that leaf is
 //!   then unschedulable. Kept because a report says it only when it
 //!   changes.
+//! - Capacity reservations (`V13`, `reservations.rs`):
+//!   `capacity_reservations`, one row per promise a tenant was made: GPUs
+//!   of a type inside the domain admission pinned it to (`level`, `path`),
+//!   for `[start_at, end_at)` (NULL end: open-ended), `active` or
+//!   `deleted` (kept, so its jobs and retries still resolve). Tenant intent
+//!   and the region's promise, which nothing else can tell us again. A
+//!   keyed create's id is derived from (tenant, key) and the accepted
+//!   request kept for retries, like jobs; keyed resizes and deletes are
+//!   recorded in `reservation_requests` (key, reservation, operation,
+//!   request), so a retry is answered without doing it again. Admissions
+//!   are serialised per region by a transaction-level advisory lock.
+//!   `jobs.reservation_id`: the reservation a job runs in (NULL: ordinary
+//!   work), checked at submission. What a reservation's jobs hold is not
+//!   stored: it is counted from the live allocations.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
@@ -92,6 +107,9 @@
 //!   actions.
 //! - `spares.rs`: spare swaps under failed nodes, held GPUs, refills.
 //! - `maintenance.rs`: rolling maintenance plans and the leader's tick.
+//! - `reservations.rs`: capacity reservations: admission (create,
+//!   resize) under the region's lock, reads, deletes, and the check a job
+//!   naming one makes.
 
 mod agents;
 mod audit;
@@ -100,6 +118,7 @@ mod limits;
 mod maintenance;
 mod nodes;
 mod plans;
+mod reservations;
 mod rows;
 mod spares;
 mod usage;
@@ -116,6 +135,7 @@ pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
 pub use plans::{ApplyOutcome, FleetShape, RackPower, SnapshotData};
+pub use reservations::{NewReservation, ReservationOutcome};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -152,6 +172,25 @@ pub enum StoreError {
     /// no longer applies; nothing was written.
     #[error("stale plan: {0}")]
     StalePlan(String),
+    /// A capacity reservation that cannot be honoured; nothing was
+    /// written. `earliest`: the earliest window of the same length that
+    /// would work (start, end; `None` end: open-ended), if any.
+    #[error("reservation refused: {why}")]
+    ReservationRefused {
+        why: String,
+        earliest: Option<(
+            chrono::DateTime<chrono::Utc>,
+            Option<chrono::DateTime<chrono::Utc>>,
+        )>,
+    },
+    /// The request is invalid given what the store holds (a stable code of
+    /// `gangway_shared::error::codes` and what to fix); nothing was written.
+    #[error("{message}")]
+    Invalid { code: &'static str, message: String },
+    /// The object's state does not allow the change (a stable code and
+    /// why); nothing was written.
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
     /// Admitting the job would leave the tenant with more queued jobs in
     /// the region than its limit; nothing was written.
     #[error("{queued} queued job(s) in region {region}, at the limit of {limit}")]

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use gangway_sched::{Level, Node, Plan, PreemptCause, Request, Running, Share, Snapshot};
+use gangway_sched::{
+    Level, Node, Plan, PreemptCause, Request, ReservedCapacity, Running, Share, Snapshot,
+};
 use gangway_shared::api::GpuTypeCapacity;
 use serde_json::json;
 use tokio_postgres::error::SqlState;
@@ -354,6 +356,7 @@ impl Store {
                         j.mode::text AS mode, j.required_level::text AS required,
                         j.preferred_level::text AS preferred, j.created_at,
                         j.estimated_duration_s, j.min_workers, j.requeue_front,
+                        j.reservation_id,
                         array_agg(w.rank ORDER BY w.rank) AS ranks
                  FROM workers w JOIN jobs j ON j.job_id = w.job_id
                  WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
@@ -387,7 +390,9 @@ impl Store {
                 } else {
                     row.get::<_, DateTime<Utc>>("created_at").timestamp().max(0) as u64
                 },
-                reservation: None,
+                // A reservation deleted or over is not in `reserved`: the
+                // core tells its units it is unavailable.
+                reservation: (row.get::<_, Option<Uuid>>("reservation_id")).map(|r| r.to_string()),
             };
             if mode == "gang" {
                 // An elastic gang may start with a prefix of its ranks.
@@ -459,7 +464,8 @@ impl Store {
                         j.preemptions - j.grows - j.node_moves AS capped_preemptions,
                         CASE WHEN j.mode = 'gang' AND j.min_workers < j.workers
                              THEN j.run_workers END AS elastic_workers,
-                        j.workers, j.gpus_per_worker, j.required_level::text AS required
+                        j.workers, j.gpus_per_worker, j.required_level::text AS required,
+                        j.reservation_id
                  FROM allocations a JOIN jobs j ON j.job_id = a.job_id
                  WHERE a.released_at IS NULL AND ($1::text IS NULL OR a.gpu_type = $1)
                  GROUP BY a.job_id, j.job_id
@@ -467,6 +473,31 @@ impl Store {
                 &[&only],
             )
             .await?;
+        // Capacity reservations not deleted nor over, the earliest first.
+        let reserved: Vec<ReservedCapacity> = (tx.query(
+            "SELECT reservation_id, tenant, gpu_type, gpus, level::text AS level, path,
+                    extract(epoch FROM start_at)::bigint AS start_s,
+                    extract(epoch FROM end_at)::bigint AS end_s
+             FROM capacity_reservations
+             WHERE state = 'active' AND (end_at IS NULL OR end_at > now())
+               AND ($1::text IS NULL OR gpu_type = $1)
+             ORDER BY start_at, reservation_id",
+            &[&only],
+        ))
+        .await?
+        .iter()
+        .map(|r| ReservedCapacity {
+            id: r.get::<_, Uuid>("reservation_id").to_string(),
+            tenant: r.get("tenant"),
+            gpu_type: r.get("gpu_type"),
+            gpus: r.get::<_, i32>("gpus").max(0) as u32,
+            level: level_from_db(r.get("level")),
+            path: r.get("path"),
+            start: r.get::<_, i64>("start_s").max(0) as u64,
+            end: r.get::<_, Option<i64>>("end_s").map(|e| e.max(0) as u64),
+        })
+        .collect();
+        let live: BTreeSet<&str> = reserved.iter().map(|r| r.id.as_str()).collect();
         let running = running_rows
             .iter()
             .map(|row| {
@@ -507,7 +538,11 @@ impl Store {
                             required: level_from_db(row.get("required")),
                         }
                     }),
-                    reservation: None,
+                    // Only a live reservation's: once it is deleted or over,
+                    // what runs in it is ordinary work (a victim like any).
+                    reservation: (row.get::<_, Option<Uuid>>("reservation_id"))
+                        .map(|r| r.to_string())
+                        .filter(|r| live.contains(r.as_str())),
                 }
             })
             .collect();
@@ -597,8 +632,7 @@ impl Store {
                 running,
                 gpu_power_w,
                 power_headroom_w,
-                // Capacity reservations are not stored yet.
-                reserved: Vec::new(),
+                reserved,
             },
             submitted_at,
             racks,

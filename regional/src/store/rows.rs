@@ -51,6 +51,7 @@ pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job
             min_gpus: None,
             topology: Default::default(),
             region: None,
+            reservation: None,
         }),
         created_at: row.get("created_at"),
         started_at: row.get("started_at"),

@@ -44,6 +44,8 @@ fn error(status: StatusCode, code: &str) -> Response {
         code: code.to_string(),
         message: code.replace('_', " "),
         request_id: None,
+        earliest_start: None,
+        earliest_end: None,
     };
     (status, Json(body)).into_response()
 }
