@@ -646,3 +646,44 @@ async fn a_reservation_starts_on_time_with_its_borrowers_evicted_through_checkpo
         Err(StoreError::Invalid { .. })
     ));
 }
+
+#[tokio::test]
+async fn jobs_in_a_reservation_ask_nothing_of_the_tenants_gpu_limit() {
+    let (store, _client) = store("resv_limits").await;
+    fleet(&store, 1, 2, 2).await;
+    let res = done(
+        create(
+            &store,
+            "acme",
+            None,
+            ask(16, TopologyLevel::Leaf, None, None),
+        )
+        .await
+        .unwrap(),
+    );
+    let limits = gangway_shared::api::LimitTerms {
+        max_queued_jobs: None,
+        max_gpus: Some(8),
+    };
+    store.set_limits_as("sre", "acme", &limits).await.unwrap();
+    // 16 GPUs in the reservation: over the 8-GPU limit of the shared pool,
+    // but none of them are the pool's.
+    let mut inside = job_at("acme", 16, 8, Priority::Normal, 3600);
+    inside.spec.reservation = Some(res.id);
+    submit(&store, &inside).await;
+    // The pool's 8 still count, and fill the limit.
+    submit(&store, &job_at("acme", 8, 8, Priority::Normal, 3600)).await;
+    match store
+        .submit(&job_at("acme", 8, 8, Priority::Normal, 3600))
+        .await
+    {
+        Err(StoreError::RequestedGpusLimit {
+            unfinished_gpus, ..
+        }) => assert_eq!(unfinished_gpus, 8),
+        other => panic!("admitted past the limit: {other:?}"),
+    }
+    // A second job in the reservation is still admitted.
+    let mut more = job_at("acme", 8, 8, Priority::Normal, 3600);
+    more.spec.reservation = Some(res.id);
+    submit(&store, &more).await;
+}

@@ -228,7 +228,14 @@ pub async fn dry_run(
     // run in, would be refused: say so the same way.
     state
         .store
-        .check_admission(&tenant, spec.gpus.max(0) as u64)
+        .check_admission(
+            &tenant,
+            if spec.reservation.is_some() {
+                0
+            } else {
+                spec.gpus.max(0) as u64
+            },
+        )
         .await?;
     state.store.check_job_reservation(&tenant, &spec).await?;
     let d =

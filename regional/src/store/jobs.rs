@@ -217,7 +217,13 @@ impl Store {
                 return self.replay(job, spec, existing);
             }
         }
-        super::limits::admit_in_tx(&tx, self.region(), &job.tenant, job.gpus.max(0) as u64).await?;
+        // A job in a capacity reservation asks nothing of the shared pool.
+        let asks = if job.spec.reservation.is_some() {
+            0
+        } else {
+            job.gpus.max(0) as u64
+        };
+        super::limits::admit_in_tx(&tx, self.region(), &job.tenant, asks).await?;
         // The key's lock is held already (advisory locks are re-entrant).
         let row = tx.query_one(submit, params).await?;
         let outcome = self.submit_outcome(&*tx, &row, job, spec).await?;

@@ -29,12 +29,14 @@ use super::{Result, Store, StoreError};
 pub(super) const ADMISSION_LOCK_CLASS: i32 = 0x6c69_6d74; // "limt"
 
 /// A limited tenant's limits, with what it has now: queued jobs and GPUs
-/// of unfinished jobs. No row: no limits.
+/// of unfinished jobs (those running in a capacity reservation, on GPUs of
+/// their own, not counted). No row: no limits.
 const ADMISSION: &str = "
     SELECT l.max_queued_jobs, l.max_gpus, c.queued, c.gpus
     FROM tenant_limits l,
          LATERAL (SELECT count(*) FILTER (WHERE j.state = 'queued') AS queued,
-                         coalesce(sum(j.gpus), 0)::bigint AS gpus
+                         coalesce(sum(j.gpus) FILTER (WHERE j.reservation_id IS NULL), 0)::bigint
+                             AS gpus
                   FROM jobs j
                   WHERE j.tenant = $1
                     AND j.state NOT IN ('succeeded', 'failed', 'cancelled')) c
@@ -74,7 +76,7 @@ fn admit(region: &str, s: &Standing, job_gpus: u64) -> Result<()> {
         }
     }
     if let Some(limit) = s.limits.max_gpus {
-        if s.unfinished_gpus + job_gpus > u64::from(limit) {
+        if job_gpus > 0 && s.unfinished_gpus + job_gpus > u64::from(limit) {
             return Err(StoreError::RequestedGpusLimit {
                 region: region.to_string(),
                 limit,
