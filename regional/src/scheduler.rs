@@ -501,12 +501,7 @@ pub async fn dry_run(
         .await?;
     let per = spec.gpus_per_worker() as u32;
     let workers = spec.workers() as u32;
-    let level = |l: TopologyLevel| match l {
-        TopologyLevel::Nvlink => gangway_sched::Level::Nvlink,
-        TopologyLevel::Leaf => gangway_sched::Level::Leaf,
-        TopologyLevel::Spine => gangway_sched::Level::Spine,
-        TopologyLevel::Region => gangway_sched::Level::Region,
-    };
+    let level = crate::store::level_of;
     let base = gangway_sched::Request {
         job: PROBE.to_string(),
         ranks: (0..workers).collect(),

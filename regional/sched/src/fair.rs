@@ -34,17 +34,7 @@ impl<'r> FairOrder<'r> {
     /// `units` in queue order (priority, then age); `size_aging_s` as
     /// [`crate::Policy::size_aging_s`].
     pub fn new(snapshot: &'r Snapshot, units: &[&'r Request], size_aging_s: u64) -> FairOrder<'r> {
-        let mut capacity: BTreeMap<&str, u64> = BTreeMap::new();
-        if snapshot.capacity.is_empty() {
-            let mut seen: BTreeSet<&str> = BTreeSet::new();
-            for node in &snapshot.nodes {
-                if seen.insert(node.id.as_str()) {
-                    *capacity.entry(node.gpu_type.as_str()).or_insert(0) += u64::from(node.gpus);
-                }
-            }
-        } else {
-            capacity.extend(snapshot.capacity.iter().map(|(t, &n)| (t.as_str(), n)));
-        }
+        let capacity = snapshot.gpus_by_type();
         let mut types: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
         for (t, g) in snapshot.usage.keys().chain(snapshot.shares.keys()) {
             types.entry(t.as_str()).or_default().insert(g.as_str());

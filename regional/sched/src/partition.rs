@@ -9,12 +9,30 @@
 //! span types as in one pass — as of the snapshot (what the other pools'
 //! concurrent passes start is seen by the next pass).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::plan::{plan, plan_in};
 use crate::types::{Plan, Policy, Snapshot};
 
 impl Snapshot {
+    /// GPUs of each type in the region: [`Snapshot::capacity`], or when it
+    /// is empty, counted from the nodes (each id once).
+    pub(crate) fn gpus_by_type(&self) -> BTreeMap<&str, u64> {
+        if !self.capacity.is_empty() {
+            return (self.capacity.iter())
+                .map(|(t, &n)| (t.as_str(), n))
+                .collect();
+        }
+        let mut capacity: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        for n in &self.nodes {
+            if seen.insert(n.id.as_str()) {
+                *capacity.entry(n.gpu_type.as_str()).or_insert(0) += u64::from(n.gpus);
+            }
+        }
+        capacity
+    }
+
     /// The GPU types of this snapshot's nodes, queued and running units.
     pub fn gpu_types(&self) -> BTreeSet<&str> {
         let nodes = self.nodes.iter().map(|n| n.gpu_type.as_str());
@@ -27,15 +45,9 @@ impl Snapshot {
     /// units, with every type's terms, usage and capacity (dominant shares
     /// span types).
     pub fn partition(&self, gpu_type: &str) -> Snapshot {
-        let mut capacity = self.capacity.clone();
-        if capacity.is_empty() {
-            let mut seen = BTreeSet::new();
-            for n in &self.nodes {
-                if seen.insert(n.id.as_str()) {
-                    *capacity.entry(n.gpu_type.clone()).or_insert(0) += u64::from(n.gpus);
-                }
-            }
-        }
+        let capacity = (self.gpus_by_type().into_iter())
+            .map(|(t, n)| (t.to_string(), n))
+            .collect();
         Snapshot {
             generation: self.generation,
             partitions: (self.partitions.iter())

@@ -9,7 +9,7 @@ use crate::fair::FairOrder;
 use crate::index::{first_of_each_id, TypeIndex};
 use crate::place::{self, FirstFit};
 use crate::preempt;
-use crate::reserved::Reserved;
+use crate::reserved::{pool_usage, Reserved};
 use crate::timeline::Known;
 use crate::types::{
     Level, Plan, Policy, PolicyKind, Request, Reservation, Running, Snapshot, WaitReason, Waiting,
@@ -177,18 +177,9 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
         .iter()
         .map(|((t, g), &q)| ((t.as_str(), g.as_str()), q))
         .collect();
-    let mut usage: BTreeMap<(&str, &str), u64> = snapshot
-        .usage
-        .iter()
-        .map(|((t, g), &u)| ((t.as_str(), g.as_str()), u64::from(u)))
-        .collect();
-    // What runs in capacity reservations is not the tenants' usage of the
-    // shared pool (`reserved.rs`).
-    for r in snapshot.running.iter().filter(|r| r.reservation.is_some()) {
-        if let Some(u) = usage.get_mut(&(r.tenant.as_str(), r.gpu_type.as_str())) {
-            *u = u.saturating_sub(r.gpu_count());
-        }
-    }
+    // (What runs in capacity reservations is not the tenants' usage of the
+    // shared pool.)
+    let mut usage = pool_usage(snapshot);
 
     let mut out = Plan {
         generation: snapshot.generation,

@@ -48,7 +48,7 @@ use std::ops::Range;
 
 use crate::backfill::TypeState;
 use crate::index::TypeIndex;
-use crate::reserved::Reserved;
+use crate::reserved::{pool_usage, Reserved};
 use crate::types::{
     Elastic, Level, Plan, PreemptCause, Preemption, PreemptionPolicy, Request, ReservedCapacity,
     Running, Snapshot, WaitReason, PREEMPTIBLE_PRIORITY,
@@ -158,20 +158,11 @@ pub(crate) fn choose(
     }
     // What tenants will hold: now, plus what the pass starts, minus what is
     // already on its way out.
-    let mut usage: BTreeMap<(&str, &str), u64> = snapshot
-        .usage
-        .iter()
-        .map(|((t, g), &u)| ((t.as_str(), g.as_str()), u64::from(u)))
-        .collect();
+    // (What runs in capacity reservations is not usage of the shared pool.)
+    let mut usage = pool_usage(snapshot);
     let mut by_job: BTreeMap<&str, &Request> = BTreeMap::new();
     for req in &snapshot.queue {
         by_job.entry(req.job.as_str()).or_insert(req);
-    }
-    // What runs in capacity reservations is not usage of the shared pool.
-    for r in snapshot.running.iter().filter(|r| r.reservation.is_some()) {
-        if let Some(u) = usage.get_mut(&(r.tenant.as_str(), r.gpu_type.as_str())) {
-            *u = u.saturating_sub(r.gpu_count());
-        }
     }
     for p in &out.placements {
         // (An elastic unit may have started with a prefix of its ranks.)

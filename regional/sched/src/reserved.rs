@@ -169,6 +169,20 @@ impl<'s> Reserved<'s> {
     }
 }
 
+/// What each tenant holds of each type's shared pool: the snapshot's
+/// usage, less what runs in capacity reservations (GPUs of their own).
+pub(crate) fn pool_usage(snapshot: &Snapshot) -> BTreeMap<(&str, &str), u64> {
+    let mut usage: BTreeMap<(&str, &str), u64> = (snapshot.usage.iter())
+        .map(|((t, g), &u)| ((t.as_str(), g.as_str()), u64::from(u)))
+        .collect();
+    for r in snapshot.running.iter().filter(|r| r.reservation.is_some()) {
+        if let Some(u) = usage.get_mut(&(r.tenant.as_str(), r.gpu_type.as_str())) {
+            *u = u.saturating_sub(r.gpu_count());
+        }
+    }
+    usage
+}
+
 /// `req` placed inside `res`'s domain on the type's free GPUs there, the
 /// index updated; `None` when it does not fit there now.
 fn place_inside(index: &mut TypeIndex, res: &ReservedCapacity, req: &Request) -> Option<Placement> {

@@ -136,6 +136,7 @@ pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
 pub use plans::{ApplyOutcome, FleetShape, RackPower, SnapshotData};
 pub use reservations::{NewReservation, ReservationOutcome};
+pub(crate) use rows::level_of;
 
 mod embedded {
     refinery::embed_migrations!("migrations");

@@ -217,7 +217,7 @@ pub struct FleetShape {
     pub rack_power_gpus: Option<u64>,
 }
 
-fn level_from_db(s: &str) -> Level {
+pub(super) fn level_from_db(s: &str) -> Level {
     match s {
         "nvlink" => Level::Nvlink,
         "leaf" => Level::Leaf,
@@ -579,17 +579,16 @@ impl Store {
         // same whichever partition reads them.
         let power_rows = rack_power_rows(&*tx).await?;
         let (mut racks, mut power_headroom_w) = rack_power(&power_rows);
-        let mut gpu_power_w: BTreeMap<String, u32> = BTreeMap::new();
-        for r in tx
-            .query(
-                "SELECT gpu_type, max(gpu_power_w) FROM nodes
-                 WHERE gpu_power_w IS NOT NULL GROUP BY gpu_type",
-                &[],
-            )
-            .await?
-        {
-            gpu_power_w.insert(r.get(0), r.get::<_, i32>(1).max(0) as u32);
-        }
+        // The draws that matter: those of types in budgeted racks (the
+        // rows' draw is the type's, the most any of its nodes reports).
+        let gpu_power_w: BTreeMap<String, u32> = (power_rows.iter())
+            .map(|r| {
+                (
+                    r.gpu_type.clone(),
+                    u32::try_from(r.draw_w).unwrap_or(u32::MAX),
+                )
+            })
+            .collect();
         if let Some(t) = only {
             power_headroom_w.retain(|(_, ty), _| ty == t);
             let covered: BTreeSet<&str> = (power_rows.iter())

@@ -14,12 +14,14 @@ use chrono::{DateTime, Utc};
 use gangway_sched::capacity::{admit, Admission, Ask, Domain, Promised};
 use gangway_sched::{Level, Node, PREEMPTIBLE_PRIORITY};
 use gangway_shared::api::{
-    JobSpec, Reservation, ReservationResize, ReservationSpec, ReservationState, TopologyLevel,
+    JobSpec, Reservation, ReservationResize, ReservationSpec, ReservationState,
 };
 use gangway_shared::error::codes;
 use tokio_postgres::{GenericClient, Row, Transaction};
 use uuid::Uuid;
 
+use super::plans::level_from_db;
+use super::rows::{level_of, topology_of};
 use super::{Result, Store, StoreError};
 
 /// Advisory lock key held while a reservation is admitted or changed
@@ -65,28 +67,6 @@ impl ReservationOutcome {
             ReservationOutcome::Done(r) | ReservationOutcome::Replayed(r) => r,
         }
     }
-}
-
-fn level_of(t: TopologyLevel) -> Level {
-    match t {
-        TopologyLevel::Nvlink => Level::Nvlink,
-        TopologyLevel::Leaf => Level::Leaf,
-        TopologyLevel::Spine => Level::Spine,
-        TopologyLevel::Region => Level::Region,
-    }
-}
-
-fn topology_of(l: Level) -> TopologyLevel {
-    match l {
-        Level::Nvlink => TopologyLevel::Nvlink,
-        Level::Leaf => TopologyLevel::Leaf,
-        Level::Spine => TopologyLevel::Spine,
-        Level::Region => TopologyLevel::Region,
-    }
-}
-
-fn level_from_db(s: &str) -> Level {
-    s.parse().unwrap_or(Level::Region)
 }
 
 /// A snapshot-clock second as a time.

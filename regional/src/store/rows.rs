@@ -95,3 +95,27 @@ pub(super) fn event_from_row(row: &Row) -> JobEvent {
         detail: row.get("detail"),
     }
 }
+
+/// The API's topology level as the scheduler core's (one for one).
+pub(crate) fn level_of(t: gangway_shared::api::TopologyLevel) -> gangway_sched::Level {
+    use gangway_sched::Level;
+    use gangway_shared::api::TopologyLevel as T;
+    match t {
+        T::Nvlink => Level::Nvlink,
+        T::Leaf => Level::Leaf,
+        T::Spine => Level::Spine,
+        T::Region => Level::Region,
+    }
+}
+
+/// The core's topology level as the API's.
+pub(crate) fn topology_of(l: gangway_sched::Level) -> gangway_shared::api::TopologyLevel {
+    use gangway_sched::Level;
+    use gangway_shared::api::TopologyLevel as T;
+    match l {
+        Level::Nvlink => T::Nvlink,
+        Level::Leaf => T::Leaf,
+        Level::Spine => T::Spine,
+        Level::Region => T::Region,
+    }
+}
