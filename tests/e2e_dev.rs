@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gangway_shared::api::JobState;
+use gangway_shared::api::{Cluster, ClusterList, ClusterState, JobState};
 use gangway_shared::client::{Client, ListQuery};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gangway");
@@ -251,6 +251,145 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
     let out = cli(&["reservation", "delete", &held.id.to_string(), "--json"]);
     let gone: gangway_shared::api::Reservation = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(gone.state, gangway_shared::api::ReservationState::Deleted);
+    // An operator reserves on globex's behalf, then deletes it.
+    let out = cli(&[
+        "reservation",
+        "create",
+        "--for-tenant",
+        "globex",
+        "--gpus",
+        "8",
+        "--gpu-type",
+        "h100",
+        "--region",
+        "us-east",
+        "--start",
+        &start,
+        "--duration-s",
+        "60",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: gangway_shared::api::Reservation = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(theirs.tenant, "globex");
+    assert_eq!(
+        globex.get_reservation(theirs.id).await.unwrap().gpus,
+        8,
+        "globex sees it as its own"
+    );
+    let out = cli(&[
+        "reservation",
+        "delete",
+        "--operator",
+        &theirs.id.to_string(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Dedicated clusters through the CLI: made (the same key: the same
+    // cluster), refused when no leaf has the free nodes, shown, listed,
+    // grown, run on, and deleted.
+    let ok = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "exit {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let make = |nodes: &str| {
+        let mut a = vec!["cluster", "create", "--gpu-type", "h100", "--nodes", nodes];
+        a.extend(["--level", "leaf", "--region", "us-east", "--name", "train"]);
+        a.extend(["--idempotency-key", "cl-1", "--json"]);
+        cli(&a)
+    };
+    let made: Cluster = serde_json::from_slice(&ok(make("2")).stdout).unwrap();
+    assert_eq!(
+        (made.region.as_str(), made.members.len(), made.state),
+        ("us-east", 2, ClusterState::Ready)
+    );
+    assert_eq!(made.name.as_deref(), Some("train"));
+    assert_eq!(made.domain.len(), 2, "inside one leaf: {:?}", made.domain);
+    let again: Cluster = serde_json::from_slice(&ok(make("2")).stdout).unwrap();
+    assert_eq!(again.id, made.id);
+    // Each leaf has three H100 nodes besides its spare.
+    let out = cli(&[
+        "cluster",
+        "create",
+        "--gpu-type",
+        "h100",
+        "--nodes",
+        "4",
+        "--level",
+        "leaf",
+        "--region",
+        "us-east",
+    ]);
+    assert!(!out.status.success());
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(why.contains("cluster_unavailable"), "{why}");
+    assert!(why.contains("nothing was bound"), "{why}");
+    assert!(why.contains("--level spine"), "{why}");
+    let id = made.id.to_string();
+    let shown = String::from_utf8_lossy(&ok(cli(&["cluster", "get", &id])).stdout).into_owned();
+    assert!(shown.starts_with("ID") && shown.contains(&id), "{shown}");
+    assert!(shown.contains("SCHEDULABLE"), "{shown}");
+    for m in &made.members {
+        assert!(shown.contains(&m.node_id), "{shown}");
+    }
+    assert!(shown.contains("created"), "{shown}");
+    let got: Cluster =
+        serde_json::from_slice(&ok(cli(&["cluster", "get", &id, "--json"])).stdout).unwrap();
+    assert_eq!(got.events.first().map(|e| e.kind.as_str()), Some("created"));
+    let listed = String::from_utf8_lossy(&ok(cli(&["cluster", "list"])).stdout).into_owned();
+    assert!(listed.starts_with("ID") && listed.contains(&id), "{listed}");
+    let list: ClusterList =
+        serde_json::from_slice(&ok(cli(&["cluster", "list", "--json"])).stdout).unwrap();
+    assert_eq!(list.clusters.len(), 1);
+    let grown: Cluster = serde_json::from_slice(
+        &ok(cli(&["cluster", "resize", &id, "--nodes", "3", "--json"])).stdout,
+    )
+    .unwrap();
+    assert_eq!((grown.nodes, grown.members.len()), (3, 3));
+    // A job naming the cluster runs there, and only there.
+    let out = ok(cli(&[
+        "job",
+        "submit",
+        "--wait",
+        "--json",
+        "--gpus",
+        "8",
+        "--gpu-type",
+        "h100",
+        "--cluster",
+        &id,
+        "--",
+        "true",
+    ]));
+    let ran: gangway_shared::api::Job = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (ran.region.as_str(), ran.state),
+        ("us-east", JobState::Succeeded)
+    );
+    let node = ran.workers[0].node.clone().unwrap();
+    assert!(grown.members.iter().any(|m| m.node_id == node), "{node}");
+    // Nothing runs on it now: the delete completes at once.
+    let out = ok(cli(&["cluster", "delete", &id, "--wait", "--json"]));
+    let gone: Cluster = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(gone.state, ClusterState::Deleted);
+    let out = cli(&["cluster", "get", &uuid::Uuid::new_v4().to_string()]);
+    assert!(!out.status.success());
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(why.contains("gangway cluster list"), "{why}");
 
     dev.interrupt();
     assert!(!state.join("env").exists(), "env file removed on stop");
@@ -264,7 +403,7 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
     let env2 = read_env(&state);
     assert_eq!(env2["GANGWAY_URL"], env["GANGWAY_URL"]);
     let jobs = client.list(&ListQuery::default()).await.unwrap().jobs;
-    assert_eq!(jobs.len(), 2);
+    assert_eq!(jobs.len(), 3, "hello, the failing one and the cluster's");
     assert!(jobs
         .iter()
         .any(|j| j.id == job.id && j.state == JobState::Succeeded));

@@ -223,6 +223,7 @@ async fn an_agent_cut_off_from_its_region_checkpoints_and_stops_its_workers_befo
         topology: Default::default(),
         region: None,
         reservation: None,
+        cluster: None,
     };
     let job = client.submit(&spec, None).await.unwrap();
     let check = until("the job to run", 60);

@@ -4,7 +4,9 @@
 //! operator injects XID 79 into the node running a job with the CLI; the job
 //! is checkpointed, requeued, runs elsewhere from its checkpoint and
 //! succeeds; `gangway admin node get` says why the node is out, and the
-//! audit log names who did it.
+//! audit log names who did it. A dedicated cluster loses a node the same
+//! way and the region swaps in the leaf's spare without being asked; the
+//! tenant reads it on the cluster.
 
 mod support;
 
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use gangway_auth::dev::DevMaterial;
 use gangway_auth::jwt::{claims_for, Role};
-use gangway_shared::api::{Job, JobSpec, JobState};
+use gangway_shared::api::{ClusterSpec, ClusterState, Job, JobSpec, JobState};
 use gangway_shared::client::Client;
 use gangway_shared::tokens;
 use uuid::Uuid;
@@ -515,4 +517,105 @@ async fn a_spare_takes_the_place_of_a_failed_node_under_a_running_gang() {
     let back = cloud.admin_json(&["node", "uncordon", &failed, "--reason", "GPU reseated"]);
     assert_eq!(back["spare"], true, "{back}");
     assert_eq!(back["schedulable"], false, "{back}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedicated_cluster_that_loses_a_node_is_healed_from_its_leafs_spare() {
+    let cloud = Cloud::start_with(FLEET_WITH_SPARE, 16).await;
+    let spec: ClusterSpec = serde_json::from_value(serde_json::json!({
+        "name": "e2e", "gpu_type": "h100", "nodes": 2, "level": "leaf"
+    }))
+    .unwrap();
+    let cluster = cloud
+        .tenant
+        .create_cluster(&spec, Some("c-1"))
+        .await
+        .unwrap();
+    assert_eq!(cluster.state, ClusterState::Ready, "{cluster:?}");
+    let members: Vec<String> = cluster.members.iter().map(|m| m.node_id.clone()).collect();
+    assert_eq!(members.len(), 2);
+    // A job bigger than the cluster is refused at once, with what to fix.
+    let job = |gpus: i64| -> JobSpec {
+        serde_json::from_value(serde_json::json!({
+            "name": "e2e-cluster", "gpus": gpus, "gpus_per_worker": 8, "gpu_type": "h100",
+            "estimated_duration_s": 1200, "command": ["train"], "cluster": cluster.id
+        }))
+        .unwrap()
+    };
+    match cloud.tenant.submit(&job(24), None).await {
+        Err(gangway_shared::client::ClientError::Api { status, body }) => {
+            assert_eq!(
+                (status.as_u16(), body.code.as_str()),
+                (422, "invalid_cluster"),
+                "{body:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A 16-GPU gang on it: 1200 s × 0.05 = 60 s.
+    let id = cloud
+        .tenant
+        .submit(&job(16), Some("cl-job"))
+        .await
+        .unwrap()
+        .id;
+    let running = cloud
+        .wait_for(id, "running", |j| j.state == JobState::Running)
+        .await;
+    let on: Vec<String> = running
+        .workers
+        .iter()
+        .map(|w| w.node.clone().unwrap())
+        .collect();
+    assert_eq!(on, members);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // XID 79 on one member: the leaf's spare joins the cluster in its place
+    // and the gang resumes there from its checkpoint.
+    let failed = members[1].clone();
+    cloud.admin_json(&[
+        "node",
+        "inject-fault",
+        &failed,
+        "--kind",
+        "xid",
+        "--code",
+        "79",
+        "--gpu",
+        "0",
+    ]);
+    let moved = cloud
+        .wait_for(id, "running again", |j| {
+            j.state == JobState::Running
+                && j.workers
+                    .iter()
+                    .all(|w| w.node.as_deref() != Some(failed.as_str()))
+        })
+        .await;
+    assert!(moved.restore_from.is_some(), "{moved:?}");
+    let healed = cloud.tenant.get_cluster(cluster.id).await.unwrap();
+    assert_eq!(healed.state, ClusterState::Ready, "{healed:?}");
+    let now: Vec<String> = healed.members.iter().map(|m| m.node_id.clone()).collect();
+    assert!(
+        now.contains(&members[0]) && !now.contains(&failed),
+        "{now:?}"
+    );
+    let spare = now.iter().find(|n| **n != members[0]).unwrap();
+    let kinds: Vec<&str> = healed.events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["created", "node_failed", "spare_swapped"],
+        "{healed:?}"
+    );
+    assert_eq!(healed.events[2].details["spare"], spare.as_str());
+    assert_eq!(healed.events[2].details["domain"], "leaf");
+    let mut on: Vec<String> = moved
+        .workers
+        .iter()
+        .map(|w| w.node.clone().unwrap())
+        .collect();
+    on.sort();
+    let mut want = now.clone();
+    want.sort();
+    assert_eq!(on, want);
 }

@@ -174,6 +174,7 @@ fn spec(gpus: i64, estimated_s: i64, command: &[&str]) -> JobSpec {
         topology: Default::default(),
         region: None,
         reservation: None,
+        cluster: None,
     }
 }
 

@@ -113,8 +113,12 @@ pub struct SubmitArgs {
     region: Option<String>,
     /// Run the job in this capacity reservation of yours (`gangway
     /// reservation list`); it goes to the reservation's region.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cluster")]
     reservation: Option<Uuid>,
+    /// Run the job on this dedicated cluster of yours (`gangway cluster
+    /// list`), and only there; it goes to the cluster's region.
+    #[arg(long)]
+    cluster: Option<Uuid>,
     /// Wait for the job to end, showing its progress. Exit status: 0 when
     /// it succeeded, 3 when it failed, 4 when it was cancelled.
     #[arg(long)]
@@ -152,6 +156,7 @@ impl SubmitArgs {
                 topology: TopologySpec::default(),
                 region: None,
                 reservation: None,
+                cluster: None,
             },
         };
         if let Some(v) = &self.name {
@@ -204,6 +209,9 @@ impl SubmitArgs {
         }
         if self.reservation.is_some() {
             spec.reservation = self.reservation;
+        }
+        if self.cluster.is_some() {
+            spec.cluster = self.cluster;
         }
         if spec.name.is_empty() {
             spec.name = spec
@@ -310,12 +318,7 @@ pub async fn run(cmd: JobCommand) -> anyhow::Result<u8> {
                 return Ok(0);
             }
             print_jobs(&conn, &list.jobs, false)?;
-            if !list.unavailable_regions.is_empty() {
-                eprintln!(
-                    "warning: regions not answering, their jobs are missing: {}",
-                    list.unavailable_regions.join(", ")
-                );
-            }
+            warn_unavailable("jobs", &list.unavailable_regions);
             if let Some(c) = list.next_cursor {
                 eprintln!("more: gangway job list --cursor {c}");
             }
@@ -398,38 +401,52 @@ async fn wait_for(client: &gangway_shared::client::Client, id: Uuid) -> anyhow::
 }
 
 fn print_jobs(conn: &Conn, jobs: &[Job], single: bool) -> anyhow::Result<()> {
+    let headers = ["ID", "NAME", "STATE", "GPUS", "REGION", "NODES", "REASON"];
+    print_rows(conn, jobs, single, &headers, |j| {
+        let nodes: std::collections::BTreeSet<&str> =
+            j.workers.iter().filter_map(|w| w.node.as_deref()).collect();
+        vec![
+            j.id.to_string(),
+            j.name.clone(),
+            j.state.to_string(),
+            gpus_cell(j),
+            j.region.clone(),
+            nodes.len().to_string(),
+            j.reason.clone().unwrap_or_default(),
+        ]
+    })
+}
+
+/// `items` as JSON (one as an object when `single`, else an array), or as
+/// a table of `headers` with a `row` each.
+pub fn print_rows<T: serde::Serialize>(
+    conn: &Conn,
+    items: &[T],
+    single: bool,
+    headers: &[&str],
+    row: impl Fn(&T) -> Vec<String>,
+) -> anyhow::Result<()> {
     if conn.json {
-        if single && jobs.len() == 1 {
-            println!("{}", serde_json::to_string_pretty(&jobs[0])?);
+        if single && items.len() == 1 {
+            println!("{}", serde_json::to_string_pretty(&items[0])?);
         } else {
-            println!("{}", serde_json::to_string_pretty(jobs)?);
+            println!("{}", serde_json::to_string_pretty(items)?);
         }
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = jobs
-        .iter()
-        .map(|j| {
-            let nodes: std::collections::BTreeSet<&str> =
-                j.workers.iter().filter_map(|w| w.node.as_deref()).collect();
-            vec![
-                j.id.to_string(),
-                j.name.clone(),
-                j.state.to_string(),
-                gpus_cell(j),
-                j.region.clone(),
-                nodes.len().to_string(),
-                j.reason.clone().unwrap_or_default(),
-            ]
-        })
-        .collect();
-    print!(
-        "{}",
-        table(
-            &["ID", "NAME", "STATE", "GPUS", "REGION", "NODES", "REASON"],
-            &rows
-        )
-    );
+    let rows: Vec<Vec<String>> = items.iter().map(row).collect();
+    print!("{}", table(headers, &rows));
     Ok(())
+}
+
+/// The warning a merged list gives when some regions did not answer.
+pub fn warn_unavailable(what: &str, regions: &[String]) {
+    if !regions.is_empty() {
+        eprintln!(
+            "warning: regions not answering, their {what} are missing: {}",
+            regions.join(", ")
+        );
+    }
 }
 
 /// `16×h100`; an elastic gang running with fewer workers: `8/16×h100`.

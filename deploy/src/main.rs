@@ -8,6 +8,8 @@
 //! - `jobs_cli.rs`: `gangway job …`, tables and `--json`.
 //! - `reservations_cli.rs`: `gangway reservation …` (create, get, list,
 //!   resize, delete).
+//! - `clusters_cli.rs`: `gangway cluster …` (create, get, list, resize,
+//!   delete, with `--wait`).
 //! - `admin_cli.rs`: `gangway admin …` (quotas, admission limits, job
 //!   preemption, nodes, maintenance, audit).
 //! - `conn.rs`: URL, token and CA for the client commands.
@@ -15,6 +17,7 @@
 //! - `sim_cli.rs`: `gangway sim`, the trace simulator's command line.
 
 mod admin_cli;
+mod clusters_cli;
 mod conn;
 mod dev;
 mod jobs_cli;
@@ -64,6 +67,12 @@ enum Command {
     Reservation {
         #[command(subcommand)]
         command: reservations_cli::ReservationCommand,
+    },
+    /// Dedicated clusters: whole nodes bound to you, that only your jobs
+    /// naming them run on.
+    Cluster {
+        #[command(subcommand)]
+        command: clusters_cli::ClusterCommand,
     },
     /// Load generator for job submissions (benchmarks).
     Loadgen(loadgen::LoadgenArgs),
@@ -115,6 +124,7 @@ fn main() -> std::process::ExitCode {
             Command::Job { command } => jobs_cli::run(command).await,
             Command::Admin { command } => admin_cli::run(command).await,
             Command::Reservation { command } => reservations_cli::run(command).await,
+            Command::Cluster { command } => clusters_cli::run(command).await,
             Command::Regions { conn } => jobs_cli::regions(&conn).await,
             Command::Usage(args) => jobs_cli::usage(args).await,
             Command::Sim(args) => sim_cli::run(args),

@@ -11,7 +11,7 @@ use gangway_shared::error::{codes, ErrorBody};
 use uuid::Uuid;
 
 use crate::conn::Conn;
-use crate::jobs_cli::table;
+use crate::jobs_cli::{print_rows, warn_unavailable};
 
 #[derive(Subcommand, Debug)]
 pub enum ReservationCommand {
@@ -41,6 +41,9 @@ pub enum ReservationCommand {
         id: Uuid,
         #[command(flatten)]
         args: ResizeArgs,
+        /// Operators: resize any tenant's (operator token; audited).
+        #[arg(long)]
+        operator: bool,
     },
     /// Delete a reservation: its GPUs are no longer held; its running jobs
     /// go on as ordinary work, its queued jobs wait until you cancel them.
@@ -51,6 +54,9 @@ pub enum ReservationCommand {
         /// Idempotency key, to make a retried delete safe.
         #[arg(long)]
         idempotency_key: Option<String>,
+        /// Operators: delete any tenant's (operator token; audited).
+        #[arg(long)]
+        operator: bool,
     },
 }
 
@@ -76,6 +82,10 @@ pub struct CreateArgs {
     /// The region to reserve in (needed when you may use several).
     #[arg(long)]
     region: Option<String>,
+    /// Operators: reserve on this tenant's behalf (with the operator
+    /// token; the region audits it). The reservation is the tenant's.
+    #[arg(long)]
+    for_tenant: Option<String>,
     /// Idempotency key. The CLI always sends one (a fresh one by default);
     /// pass your own to make a retried create safe across invocations.
     #[arg(long)]
@@ -139,8 +149,17 @@ impl ResizeArgs {
     }
 }
 
-fn when(t: DateTime<Utc>) -> String {
+pub(crate) fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// A domain, from the region down (`s00/l01`); the empty one is the region.
+pub(crate) fn domain_cell(domain: &[String]) -> String {
+    if domain.is_empty() {
+        "(region)".to_string()
+    } else {
+        domain.join("/")
+    }
 }
 
 /// What to do about a refused reservation: the earliest window that would
@@ -191,8 +210,15 @@ pub async fn run(cmd: ReservationCommand) -> anyhow::Result<u8> {
         ReservationCommand::Create { conn, args } => {
             let spec = args.spec(Utc::now())?;
             let key = (args.idempotency_key.clone()).unwrap_or_else(|| Uuid::new_v4().to_string());
-            let r = (conn.client()?.create_reservation(&spec, Some(&key)).await)
-                .map_err(|e| explained(e, Some(&args)))?;
+            let made = match &args.for_tenant {
+                Some(t) => {
+                    (conn.admin_client()?)
+                        .create_reservation_for(t, &spec, Some(&key))
+                        .await
+                }
+                None => conn.client()?.create_reservation(&spec, Some(&key)).await,
+            };
+            let r = made.map_err(|e| explained(e, Some(&args)))?;
             print(&conn, &[r], true)?;
         }
         ReservationCommand::Get { conn, id } => {
@@ -206,27 +232,38 @@ pub async fn run(cmd: ReservationCommand) -> anyhow::Result<u8> {
                 return Ok(0);
             }
             print(&conn, &list.reservations, false)?;
-            if !list.unavailable_regions.is_empty() {
-                eprintln!(
-                    "warning: regions not answering, their reservations are missing: {}",
-                    list.unavailable_regions.join(", ")
-                );
-            }
+            warn_unavailable("reservations", &list.unavailable_regions);
         }
-        ReservationCommand::Resize { conn, id, args } => {
+        ReservationCommand::Resize {
+            conn,
+            id,
+            args,
+            operator,
+        } => {
             let resize = args.resize()?;
             let key = args.idempotency_key.as_deref();
-            let r = (conn.client()?.resize_reservation(id, &resize, key).await)
-                .map_err(|e| explained(e, None))?;
+            let done = if operator {
+                (conn.admin_client()?)
+                    .resize_any_reservation(id, &resize, key)
+                    .await
+            } else {
+                conn.client()?.resize_reservation(id, &resize, key).await
+            };
+            let r = done.map_err(|e| explained(e, None))?;
             print(&conn, &[r], true)?;
         }
         ReservationCommand::Delete {
             conn,
             id,
             idempotency_key,
+            operator,
         } => {
             let key = idempotency_key.as_deref();
-            let r = conn.client()?.delete_reservation(id, key).await?;
+            let r = if operator {
+                conn.admin_client()?.delete_any_reservation(id, key).await?
+            } else {
+                conn.client()?.delete_reservation(id, key).await?
+            };
             print(&conn, &[r], true)?;
         }
     }
@@ -234,35 +271,20 @@ pub async fn run(cmd: ReservationCommand) -> anyhow::Result<u8> {
 }
 
 fn print(conn: &Conn, list: &[Reservation], single: bool) -> anyhow::Result<()> {
-    if conn.json {
-        if single && list.len() == 1 {
-            println!("{}", serde_json::to_string_pretty(&list[0])?);
-        } else {
-            println!("{}", serde_json::to_string_pretty(list)?);
-        }
-        return Ok(());
-    }
-    let rows: Vec<Vec<String>> = list.iter().map(row).collect();
     let headers = [
         "ID", "REGION", "GPUS", "IN USE", "LEVEL", "DOMAIN", "START", "END", "STATE",
     ];
-    print!("{}", table(&headers, &rows));
-    Ok(())
+    print_rows(conn, list, single, &headers, row)
 }
 
 fn row(r: &Reservation) -> Vec<String> {
-    let domain = if r.domain.is_empty() {
-        "(region)".to_string()
-    } else {
-        r.domain.join("/")
-    };
     vec![
         r.id.to_string(),
         r.region.clone(),
         format!("{}×{}", r.gpus, r.gpu_type),
         r.in_use_gpus.to_string(),
         r.level.to_string(),
-        domain,
+        domain_cell(&r.domain),
         when(r.start),
         r.end.map_or_else(|| "open-ended".to_string(), when),
         r.state.to_string(),

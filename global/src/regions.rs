@@ -73,6 +73,30 @@ pub struct Call<'a> {
     pub body: Option<Bytes>,
 }
 
+/// On whose behalf a forwarded call is made: a tenant (about its own
+/// things) or an operator (about anyone's; named in the region's audit log).
+#[derive(Clone, Copy, Debug)]
+pub enum Who<'a> {
+    Tenant(&'a str),
+    Operator(&'a str),
+}
+
+impl<'a> Who<'a> {
+    /// A call naming the tenant or the operator, and nothing else yet.
+    pub fn call(self) -> Call<'a> {
+        match self {
+            Who::Tenant(t) => Call {
+                tenant: Some(t),
+                ..Default::default()
+            },
+            Who::Operator(a) => Call {
+                actor: Some(a),
+                ..Default::default()
+            },
+        }
+    }
+}
+
 impl Regions {
     pub fn new(config: &GlobalConfig) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()

@@ -782,4 +782,317 @@ async fn reservations_go_to_their_region_and_its_jobs_follow_them() {
     assert_eq!(gone.state, gangway_shared::api::ReservationState::Deleted);
     let again = acme.delete_reservation(first.id, None).await.unwrap();
     assert_eq!(again.state, gangway_shared::api::ReservationState::Deleted);
+
+    // An operator reserves for a tenant (keyed: the same key gives the
+    // same one), resizes and deletes it; the tenant sees it as its own, and
+    // the region audits each under the operator's name.
+    let admin = cloud.admin_token();
+    let for_acme = format!("{}/v1/admin/tenants/acme/reservations", cloud.globals[0]);
+    let body = reservation(8, Some("r1"), 3 * hour, 4 * hour);
+    let mut made = None;
+    for _ in 0..2 {
+        let r = http
+            .post(&for_acme)
+            .bearer_auth(&admin)
+            .header("idempotency-key", "ops-1")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let r: gangway_shared::api::Reservation = r.json().await.unwrap();
+        assert_eq!((r.tenant.as_str(), r.region.as_str()), ("acme", "r1"));
+        assert!(made.is_none_or(|id| id == r.id));
+        made = Some(r.id);
+    }
+    let made = made.unwrap();
+    assert_eq!(acme.get_reservation(made).await.unwrap().gpus, 8);
+    // A tenant cannot use the operators' route.
+    let as_tenant = http
+        .post(&for_acme)
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(as_tenant.status(), StatusCode::FORBIDDEN);
+    let bad = format!(
+        "{}/v1/admin/tenants/Not%20A%20Tenant/reservations",
+        cloud.globals[0]
+    );
+    let r = http
+        .post(&bad)
+        .bearer_auth(&admin)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code_of(r).await, (422, "invalid_spec".to_string()));
+    let path = format!("{}/v1/admin/reservations/{made}", cloud.globals[1]);
+    let r = http
+        .patch(&path)
+        .bearer_auth(&admin)
+        .json(&serde_json::json!({"gpus": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = http.delete(&path).bearer_auth(&admin).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        acme.get_reservation(made).await.unwrap().state,
+        gangway_shared::api::ReservationState::Deleted
+    );
+    let log: serde_json::Value = http
+        .get(format!("{}/v1/admin/audit?region=r1", cloud.globals[0]))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entries = log["regions"]["r1"]["entries"].as_array().unwrap();
+    for action in [
+        "reservation.create",
+        "reservation.resize",
+        "reservation.delete",
+    ] {
+        let entry = entries
+            .iter()
+            .find(|e| e["action"] == action && e["target"] == made.to_string())
+            .unwrap_or_else(|| panic!("no {action} in {log}"));
+        assert_eq!(entry["actor"], "test", "{entry}");
+    }
+}
+
+fn cluster(nodes: i64, region: Option<&str>) -> serde_json::Value {
+    let mut body = serde_json::json!({"gpu_type": "h100", "nodes": nodes, "level": "leaf"});
+    if let Some(r) = region {
+        body["region"] = r.into();
+    }
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_go_to_their_region_and_their_jobs_follow_them() {
+    use gangway_shared::api::{Cluster, ClusterList, ClusterResize, ClusterSpec, ClusterState};
+    let cloud = Cloud::start().await;
+    let http = cloud.http();
+    let token = cloud.token("acme");
+    let admin = cloud.admin_token();
+    let send = |g: usize, method: &str, path: &str, key: Option<&str>, auth: &str| {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut r = http
+            .request(method, format!("{}{path}", cloud.globals[g]))
+            .bearer_auth(auth);
+        if let Some(k) = key {
+            r = r.header("idempotency-key", k);
+        }
+        r
+    };
+    let post = |g: usize, key: Option<&str>, body: serde_json::Value| {
+        send(g, "POST", "/v1/clusters", key, &token)
+            .json(&body)
+            .send()
+    };
+    // acme may use both regions: it must say which.
+    assert_eq!(
+        code_of(post(0, None, cluster(1, None)).await.unwrap()).await,
+        (422, "invalid_cluster".to_string())
+    );
+    assert_eq!(
+        code_of(post(0, None, cluster(1, Some("mars"))).await.unwrap()).await,
+        (422, "wrong_region".to_string())
+    );
+    // A tenant with one region gets it.
+    let boxed = cloud.client(1, "boxed");
+    let theirs: ClusterSpec = serde_json::from_value(cluster(1, None)).unwrap();
+    let theirs = boxed.create_cluster(&theirs, None).await.unwrap();
+    assert_eq!((theirs.region.as_str(), theirs.members.len()), ("r2", 1));
+
+    // Keyed, in r1: the same key gives the same cluster through either
+    // replica; naming another region, it is refused.
+    let first = post(0, Some("cl-1"), cluster(1, Some("r1"))).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first: Cluster = first.json().await.unwrap();
+    assert_eq!(
+        (first.region.as_str(), first.state, first.members.len()),
+        ("r1", ClusterState::Ready, 1)
+    );
+    let again = post(1, Some("cl-1"), cluster(1, Some("r1"))).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: Cluster = again.json().await.unwrap();
+    assert_eq!((again.id, &again.members), (first.id, &first.members));
+    assert_eq!(
+        code_of(post(1, Some("cl-1"), cluster(1, Some("r2"))).await.unwrap()).await,
+        (422, "idempotency_key_reused".to_string())
+    );
+    // r2 has one free node left (boxed holds the other): two are refused,
+    // passed on from the region as it is, and nothing is bound.
+    let acme = cloud.client(1, "acme");
+    let two: ClusterSpec = serde_json::from_value(cluster(2, Some("r2"))).unwrap();
+    let e = acme.create_cluster(&two, None).await.unwrap_err();
+    assert_eq!(
+        (e.status().map(|s| s.as_u16()), e.code()),
+        (Some(409), Some("cluster_unavailable"))
+    );
+
+    // Get and list find the region that has it; other tenants see nothing;
+    // operators see every tenant's.
+    let globex = cloud.client(0, "globex");
+    let got = acme.get_cluster(first.id).await.unwrap();
+    assert_eq!(got.region, "r1");
+    assert_eq!(got.events.first().map(|e| e.kind.as_str()), Some("created"));
+    assert_eq!(
+        globex.get_cluster(first.id).await.unwrap_err().code(),
+        Some("not_found")
+    );
+    let mine = acme.list_clusters().await.unwrap();
+    let ids: Vec<Uuid> = mine.clusters.iter().map(|c| c.id).collect();
+    assert_eq!(ids, vec![first.id]);
+    assert!(mine.unavailable_regions.is_empty());
+    assert!(globex.list_clusters().await.unwrap().clusters.is_empty());
+    let all: ClusterList = send(0, "GET", "/v1/admin/clusters", None, &admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<Uuid> = all.clusters.iter().map(|c| c.id).collect();
+    assert_eq!(ids, vec![first.id, theirs.id], "newest first");
+    assert_eq!(
+        send(0, "GET", "/v1/admin/clusters", None, &token)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+
+    // Resize through the global tier: it grows inside r1's leaf.
+    let grown = acme
+        .resize_cluster(first.id, &ClusterResize { nodes: 2 }, Some("cl-2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (grown.region.as_str(), grown.nodes, grown.members.len()),
+        ("r1", 2, 2)
+    );
+
+    // A job naming the cluster and no region goes to its region, and is
+    // placed on its nodes; one naming a cluster nobody has is refused.
+    let mut s: gangway_shared::api::JobSpec = serde_json::from_value(spec(16)).unwrap();
+    s.cluster = Some(first.id);
+    let job = acme.submit(&s, Some("on-cluster")).await.unwrap();
+    assert_eq!(job.region, "r1");
+    let members: std::collections::BTreeSet<String> =
+        grown.members.iter().map(|m| m.node_id.clone()).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let placed = loop {
+        let j = acme.get(job.id).await.unwrap();
+        if j.workers.iter().all(|w| w.node.is_some()) && !j.workers.is_empty() {
+            break j;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never placed: {:?}",
+            j.state
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for w in &placed.workers {
+        assert!(members.contains(w.node.as_ref().unwrap()), "{w:?}");
+    }
+    let busy = acme.get_cluster(first.id).await.unwrap();
+    assert_eq!(busy.in_use_gpus, 16);
+    s.cluster = Some(Uuid::new_v4());
+    let e = acme.submit(&s, None).await.unwrap_err();
+    assert_eq!(e.code(), Some("invalid_cluster"));
+    assert!(e.to_string().contains("you have no cluster"), "{e}");
+    // A reservation and a cluster at once: refused before any region.
+    s.reservation = Some(Uuid::new_v4());
+    s.cluster = Some(first.id);
+    assert_eq!(
+        acme.submit(&s, None).await.unwrap_err().code(),
+        Some("invalid_cluster")
+    );
+
+    // Operators find any tenant's cluster, resize and delete it; the region
+    // audits it under the operator's name.
+    let path = format!("/v1/admin/clusters/{}", theirs.id);
+    let r = send(1, "GET", &path, None, &admin).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Cluster>().await.unwrap().tenant, "boxed");
+    let r = send(1, "PATCH", &path, Some("op-1"), &admin)
+        .json(&serde_json::json!({"nodes": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Cluster>().await.unwrap().members.len(), 2);
+    let r = send(0, "DELETE", &path, None, &admin).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.json::<Cluster>().await.unwrap().state,
+        ClusterState::Deleted
+    );
+    let missing = format!("/v1/admin/clusters/{}", Uuid::new_v4());
+    assert_eq!(
+        code_of(send(0, "GET", &missing, None, &admin).send().await.unwrap()).await,
+        (404, "not_found".to_string())
+    );
+    let log: serde_json::Value = send(0, "GET", "/v1/admin/audit?region=r2", None, &admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entries = log["regions"]["r2"]["entries"].as_array().unwrap();
+    for action in ["cluster.resize", "cluster.delete"] {
+        let entry = entries
+            .iter()
+            .find(|e| e["action"] == action)
+            .unwrap_or_else(|| panic!("no {action} in {log}"));
+        assert_eq!(entry["actor"], "test", "{entry}");
+    }
+
+    // A cluster with nothing running is deleted at once (200), again the
+    // same; one whose job still runs is `deleting` (202) until it stops.
+    let spare: ClusterSpec = serde_json::from_value(cluster(1, Some("r2"))).unwrap();
+    let spare = acme.create_cluster(&spare, None).await.unwrap();
+    for _ in 0..2 {
+        let path = format!("/v1/clusters/{}", spare.id);
+        let r = send(0, "DELETE", &path, None, &token).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            r.json::<Cluster>().await.unwrap().state,
+            ClusterState::Deleted
+        );
+    }
+    let path = format!("/v1/clusters/{}", first.id);
+    let r = send(1, "DELETE", &path, Some("cl-3"), &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    assert_eq!(
+        r.json::<Cluster>().await.unwrap().state,
+        ClusterState::Deleting
+    );
+    let deleting = acme.get_cluster(first.id).await.unwrap();
+    assert_eq!(deleting.state, ClusterState::Deleting);
+    assert_eq!(
+        deleting.events.last().map(|e| e.kind.as_str()),
+        Some("deleting")
+    );
+    // It takes no new jobs.
+    s.reservation = None;
+    assert_eq!(
+        acme.submit(&s, None).await.unwrap_err().code(),
+        Some("invalid_cluster")
+    );
 }

@@ -37,6 +37,19 @@ const ROUTES: &[(&str, &str)] = &[
     ("patch", "/v1/reservations/{id}"),
     ("delete", "/v1/reservations/{id}"),
     ("get", "/v1/admin/reservations"),
+    ("get", "/v1/admin/reservations/{id}"),
+    ("patch", "/v1/admin/reservations/{id}"),
+    ("delete", "/v1/admin/reservations/{id}"),
+    ("post", "/v1/admin/tenants/{tenant}/reservations"),
+    ("post", "/v1/clusters"),
+    ("get", "/v1/clusters"),
+    ("get", "/v1/clusters/{id}"),
+    ("patch", "/v1/clusters/{id}"),
+    ("delete", "/v1/clusters/{id}"),
+    ("get", "/v1/admin/clusters"),
+    ("get", "/v1/admin/clusters/{id}"),
+    ("patch", "/v1/admin/clusters/{id}"),
+    ("delete", "/v1/admin/clusters/{id}"),
     ("get", "/v1/admin/quotas"),
     ("put", "/v1/admin/quotas/{tenant}/{gpu_type}"),
     ("delete", "/v1/admin/quotas/{tenant}/{gpu_type}"),
@@ -219,6 +232,13 @@ fn every_schema_is_there_and_every_ref_resolves() {
         "Reservation",
         "ReservationList",
         "ReservationState",
+        "ClusterSpec",
+        "ClusterResize",
+        "Cluster",
+        "ClusterList",
+        "ClusterState",
+        "ClusterNode",
+        "ClusterEvent",
         "ErrorBody",
     ] {
         assert!(schemas.contains_key(name), "schema {name} missing");
@@ -565,4 +585,64 @@ fn reservations_document_their_refusal_window_and_idempotency_keys() {
         create["requestBody"]["content"]["application/json"]["schema"]["$ref"],
         "#/components/schemas/ReservationSpec"
     );
+}
+
+#[test]
+fn clusters_document_their_refusals_deletes_and_idempotency_keys() {
+    let doc = doc();
+    let keyed = |method: &str, path: &str| {
+        let op = operation(&doc, method, path);
+        op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "Idempotency-Key" && p["in"] == "header")
+    };
+    for base in ["/v1/clusters", "/v1/admin/clusters"] {
+        let one = format!("{base}/{{id}}");
+        for method in ["patch", "delete"] {
+            assert!(
+                keyed(method, &one),
+                "{method} {one} takes no Idempotency-Key"
+            );
+        }
+        // A delete answers 202 while its jobs stop, 200 once gone.
+        let delete = &operation(&doc, "delete", &one)["responses"];
+        for s in ["200", "202"] {
+            assert_eq!(
+                delete[s]["content"]["application/json"]["schema"]["$ref"],
+                "#/components/schemas/Cluster",
+                "delete {one} {s}"
+            );
+        }
+        let refused = resolve(&doc, &operation(&doc, "patch", &one)["responses"]["409"]);
+        let text = refused["description"].as_str().unwrap();
+        assert!(text.contains("`cluster_unavailable`"), "{text}");
+        assert!(text.contains("`cluster_conflict`"), "{text}");
+        let list = operation(&doc, "get", base);
+        assert_eq!(
+            list["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/ClusterList"
+        );
+    }
+    assert!(keyed("post", "/v1/clusters"));
+    let create = operation(&doc, "post", "/v1/clusters");
+    assert_eq!(
+        create["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/ClusterSpec"
+    );
+    let unprocessable = create["responses"]["422"]["description"].as_str().unwrap();
+    assert!(
+        unprocessable.contains("`invalid_cluster`"),
+        "{unprocessable}"
+    );
+    // Jobs name a cluster, and an unknown one is refused on submit.
+    let spec = &doc["components"]["schemas"]["JobSpec"]["properties"];
+    assert!(spec.get("cluster").is_some(), "{spec}");
+    let submit = operation(&doc, "post", "/v1/jobs");
+    let text = submit["responses"]["422"]["description"].as_str().unwrap();
+    assert!(text.contains("`invalid_cluster`"), "{text}");
+    // The spec's bounds are the ones the validation applies.
+    let nodes = &doc["components"]["schemas"]["ClusterSpec"]["properties"]["nodes"];
+    assert_eq!(nodes["maximum"], gangway_shared::cluster::MAX_CLUSTER_NODES);
 }

@@ -143,6 +143,7 @@ fn main() -> anyhow::Result<()> {
                         topology: Default::default(),
                         region: None,
                         reservation: None,
+                        cluster: None,
                     };
                     client
                         .submit(&spec, Some(&format!("bench-{i}")))

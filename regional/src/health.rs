@@ -1,7 +1,8 @@
 //! Node health in the region's loop: the leader lets time pass for nodes
 //! (`Store::health_tick`) every `health_tick_interval`, so silent nodes turn
 //! suspect then lost, hold-downs and `wait` drains end, and what both axes
-//! decide (evacuate, lost) is carried out again until it is done. The
+//! decide (evacuate, lost) is carried out again until it is done; then
+//! dedicated clusters are tended (`Store::tend_clusters`). The
 //! policy itself is the pure `gangway-health` crate; the store applies it
 //! (`store/nodes.rs`). The running maintenance plan, if any, advances on
 //! the same beat (`Store::maintenance_tick`).
@@ -31,6 +32,17 @@ pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "health tick failed"),
+    }
+    // Dedicated clusters heal, shrink and finish deleting on the same beat
+    // (store/clusters.rs).
+    match crate::store::retry_races(|| state.store.tend_clusters()).await {
+        Ok(o) => {
+            if o.changed() {
+                tracing::info!(?o, "dedicated clusters tended");
+                state.wake_scheduler();
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cluster tend failed"),
     }
     // Rolling maintenance advances on the same beat (store/maintenance.rs).
     match crate::store::retry_races(|| state.store.maintenance_tick(&ctx)).await {

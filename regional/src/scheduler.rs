@@ -6,6 +6,8 @@
 //! type's nodes and jobs, committing against that type's partition
 //! version ([`Store::apply_plan`]). A slow or busy pool never holds up
 //! another's passes, and two pools' commits never make each other stale.
+//! Each dedicated cluster is a partition too (`store::pool_key`): its own
+//! loop, snapshot and version, over its nodes and jobs only.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -51,19 +53,33 @@ pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutc
 }
 
 /// Runs one scheduling pass over every GPU type against the store (the
-/// types' partitions planned at once, [`plan_partitioned`]; committed
-/// together).
+/// types' shared pools planned at once, [`plan_partitioned`]; committed
+/// together), then one over each dedicated cluster; the outcomes summed.
 pub async fn run_pass_with(store: &Store, planning: &Planning) -> Result<PassOutcome, StoreError> {
-    pass(store, planning, None).await
+    let mut out = pass(store, planning, None).await?;
+    let (_, shape) = store.fleet_shape().await?;
+    for key in shape
+        .keys()
+        .filter(|k| crate::store::cluster_of_key(k).is_some())
+    {
+        let o = pass(store, planning, Some(key)).await?;
+        out.placements += o.placements;
+        out.placed_workers += o.placed_workers;
+        out.waiting += o.waiting;
+        out.preempted += o.preempted;
+        out.stale |= o.stale;
+    }
+    Ok(out)
 }
 
-/// Runs one scheduling pass over one GPU type's partition.
+/// Runs one scheduling pass over one partition: a GPU type's shared pool,
+/// or a dedicated cluster's (`store::pool_key`).
 pub async fn run_partition_pass(
     store: &Store,
     planning: &Planning,
-    gpu_type: &str,
+    partition: &str,
 ) -> Result<PassOutcome, StoreError> {
-    pass(store, planning, Some(gpu_type)).await
+    pass(store, planning, Some(partition)).await
 }
 
 async fn pass(
@@ -87,7 +103,7 @@ async fn pass(
     .await
     .expect("the planner does not panic");
     let partition = only.unwrap_or("all").to_string();
-    record_fleet_metrics(&snapshot, &data.racks);
+    record_fleet_metrics(&snapshot, &data.racks, only);
     let mut outcome = PassOutcome {
         placements: planned.placements.len(),
         waiting: planned.waiting.len(),
@@ -151,11 +167,15 @@ async fn pass(
     Ok(outcome)
 }
 
-/// GPU and queue gauges per type, and each budgeted rack's power budget
-/// and headroom. A partition's pass covers only the racks holding its
+/// GPU and queue gauges per type (per dedicated cluster, for a cluster's
+/// `partition`), and each budgeted rack's power budget and headroom. A partition's pass covers only the racks holding its
 /// type's nodes; their figures are whole-rack, so passes of different
 /// partitions agree on a shared rack.
-fn record_fleet_metrics(s: &Snapshot, racks: &BTreeMap<String, crate::store::RackPower>) {
+fn record_fleet_metrics(
+    s: &Snapshot,
+    racks: &BTreeMap<String, crate::store::RackPower>,
+    partition: Option<&str>,
+) {
     for (rack, p) in racks {
         metrics::gauge!("gangway_rack_power_budget_watts", "rack" => rack.clone())
             .set(p.budget_w as f64);
@@ -173,6 +193,16 @@ fn record_fleet_metrics(s: &Snapshot, racks: &BTreeMap<String, crate::store::Rac
     let mut queued: BTreeMap<&str, u64> = BTreeMap::new();
     for r in &s.queue {
         *queued.entry(r.gpu_type.as_str()).or_default() += 1;
+    }
+    if let Some(cluster) = partition.and_then(crate::store::cluster_of_key) {
+        // A dedicated cluster's GPUs are not its type's shared pool's.
+        let (allocated, free) = by_type.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let id = cluster.to_string();
+        metrics::gauge!("gangway_cluster_gpus_allocated", "cluster" => id.clone())
+            .set(allocated as f64);
+        metrics::gauge!("gangway_cluster_gpus_free", "cluster" => id.clone()).set(free as f64);
+        metrics::gauge!("gangway_cluster_queue_depth", "cluster" => id).set(s.queue.len() as f64);
+        return;
     }
     for (t, (allocated, free)) in by_type {
         metrics::gauge!("gangway_gpus_allocated", "gpu_type" => t.to_string())
@@ -243,15 +273,15 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
     .await
 }
 
-/// The running pass loops, by GPU type.
+/// The running pass loops, by partition (GPU type, or cluster key).
 #[derive(Default)]
 struct Partitions {
     loops: BTreeMap<String, (CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
 impl Partitions {
-    /// Starts a loop for every type that has none, stops those of types
-    /// gone from the fleet.
+    /// Starts a loop for every partition that has none, stops those gone
+    /// from the fleet (a type no node has any more, a deleted cluster).
     fn reconcile<'t>(
         &mut self,
         state: &AppState,
@@ -456,7 +486,11 @@ pub async fn explain(
     }
     // What the job's own partition's pass would decide.
     let data = store
-        .snapshot_partition(&job.spec.gpu_type, planning.agent_timeout, planning.history)
+        .snapshot_partition(
+            &crate::store::job_pool(&job.spec),
+            planning.agent_timeout,
+            planning.history,
+        )
         .await?;
     let job_key = id.to_string();
     let policy = planning.policy.clone();
@@ -495,9 +529,14 @@ pub async fn dry_run(
 ) -> Result<gangway_shared::api::DryRun, StoreError> {
     use gangway_shared::api::{DryRun, DryRunNode, JobMode, TopologyLevel};
     const PROBE: &str = "dry-run";
-    // The pass of the job's GPU type's partition, as the region runs it.
+    // The pass of the job's partition (its GPU type's, or its cluster's),
+    // as the region runs it.
     let mut data = store
-        .snapshot_partition(&spec.gpu_type, planning.agent_timeout, planning.history)
+        .snapshot_partition(
+            &crate::store::job_pool(spec),
+            planning.agent_timeout,
+            planning.history,
+        )
         .await?;
     let per = spec.gpus_per_worker() as u32;
     let workers = spec.workers() as u32;

@@ -134,6 +134,7 @@ mod tests {
             topology: TopologySpec::default(),
             region: None,
             reservation: None,
+            cluster: None,
         }
     }
 

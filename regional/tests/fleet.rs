@@ -11,21 +11,16 @@ use std::time::Duration;
 use axum::http::Method;
 use gangway_health::{HealthPolicy, Signal};
 use gangway_regional::scheduler::run_pass;
-use gangway_regional::store::{AdminChange, NewJob, StopTiming, SubmitOutcome};
+use gangway_regional::store::{AdminChange, NewJob, SubmitOutcome};
 use gangway_regional::{RegionConfig, Store};
 use gangway_shared::agent::{
-    AgentGpu, AgentNode, Assignment, Desired, NodeReport, RegisterRequest, SyncRequest,
-    WorkerReport, WorkerStatus,
+    AgentGpu, AgentNode, Desired, RegisterRequest, WorkerReport, WorkerStatus,
 };
 use gangway_shared::api::{DrainMode, JobMode, JobState, NodeView, TopologyLevel};
 use serde_json::json;
 use uuid::Uuid;
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(3600);
-const TIMING: StopTiming = StopTiming {
-    grace_period_s: 5,
-    checkpoint_deadline_s: 30,
-};
 
 /// A fast policy for tests: suspect after 2 s of silence, lost after 5 s.
 fn policy() -> HealthPolicy {
@@ -73,92 +68,12 @@ fn node(id: &str) -> AgentNode {
     }
 }
 
-/// One agent per node, as on real machines: `n0` by `agent-n0`, …
-struct Fleet {
-    boots: Vec<Uuid>,
-}
+mod common;
+use common::Fleet;
 
 impl Fleet {
     async fn register(store: &Store, nodes: usize) -> Fleet {
         Self::register_nodes(store, (0..nodes).map(|n| node(&format!("n{n}"))).collect()).await
-    }
-
-    /// Registers these nodes, which must be named `n0`, `n1`, … in order.
-    async fn register_nodes(store: &Store, nodes: Vec<AgentNode>) -> Fleet {
-        let mut boots = Vec::new();
-        for (n, node) in nodes.into_iter().enumerate() {
-            assert_eq!(node.node_id, format!("n{n}"));
-            let boot = Uuid::new_v4();
-            store
-                .register_agent(&RegisterRequest {
-                    agent_id: format!("agent-n{n}"),
-                    boot_id: boot,
-                    executor: "sim".into(),
-                    nodes: vec![node],
-                })
-                .await
-                .unwrap();
-            boots.push(boot);
-        }
-        Fleet { boots }
-    }
-
-    /// Syncs node `n`'s agent with these signals and reports; returns the
-    /// assignments.
-    async fn sync(
-        &self,
-        store: &Store,
-        n: usize,
-        machine_boot: &str,
-        signals: Vec<Signal>,
-        workers: Vec<WorkerReport>,
-    ) -> Vec<Assignment> {
-        store
-            .sync_agent(
-                &format!("agent-n{n}"),
-                &SyncRequest {
-                    boot_id: self.boots[n],
-                    workers,
-                    nodes: vec![NodeReport {
-                        node_id: format!("n{n}"),
-                        boot_id: machine_boot.into(),
-                        signals,
-                    }],
-                },
-                TIMING,
-            )
-            .await
-            .unwrap()
-            .assignments
-    }
-
-    /// Syncs as the agent would: wanted workers run; workers asked to
-    /// checkpoint exit with `checkpoint`; workers asked to stop exit.
-    async fn act(&self, store: &Store, n: usize, checkpoint: Option<&str>) -> Vec<Assignment> {
-        let wanted = self.sync(store, n, "boot-1", vec![], vec![]).await;
-        let reports = wanted
-            .iter()
-            .map(|a| WorkerReport {
-                job_id: a.job_id,
-                rank: a.rank,
-                attempt: a.attempt,
-                status: match a.desired {
-                    Desired::Run => WorkerStatus::Running,
-                    _ => WorkerStatus::Exited {
-                        exit_code: None,
-                        signal: Some(15),
-                        message: Some("checkpointed and stopped".into()),
-                    },
-                },
-                checkpoint: match a.desired {
-                    Desired::Checkpoint => checkpoint.map(String::from),
-                    _ => None,
-                },
-                fenced: false,
-            })
-            .collect();
-        self.sync(store, n, "boot-1", vec![], reports).await;
-        wanted
     }
 }
 

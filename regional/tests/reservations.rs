@@ -12,7 +12,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use gangway_regional::config::Planning;
 use gangway_regional::scheduler::{explain, run_pass_with};
-use gangway_regional::store::{NewJob, NewReservation, ReservationOutcome, StopTiming, StoreError};
+use gangway_regional::store::{
+    NewJob, NewReservation, ReservationOutcome, StopTiming, StoreError, Who,
+};
 use gangway_regional::Store;
 use gangway_shared::agent::{Assignment, Desired, SyncRequest, WorkerReport, WorkerStatus};
 use gangway_shared::api::{
@@ -86,12 +88,15 @@ async fn create(
     spec: ReservationSpec,
 ) -> Result<ReservationOutcome, StoreError> {
     store
-        .create_reservation(&NewReservation {
-            id: key.map_or_else(Uuid::new_v4, |k| reservation_id_for_key(tenant, k)),
-            tenant: tenant.into(),
-            idempotency_key: key.map(String::from),
-            spec,
-        })
+        .create_reservation(
+            &NewReservation {
+                id: key.map_or_else(Uuid::new_v4, |k| reservation_id_for_key(tenant, k)),
+                tenant: tenant.into(),
+                idempotency_key: key.map(String::from),
+                spec,
+            },
+            Who::Tenant(tenant),
+        )
         .await
 }
 
@@ -374,7 +379,7 @@ async fn create_resize_and_delete_are_idempotent_under_a_key() {
     };
     let grown = done(
         store
-            .resize_reservation("acme", made.id, Some("k2"), &grow)
+            .resize_reservation(Who::Tenant("acme"), made.id, Some("k2"), &grow)
             .await
             .unwrap(),
     );
@@ -388,14 +393,14 @@ async fn create_resize_and_delete_are_idempotent_under_a_key() {
     };
     let reopened = done(
         store
-            .resize_reservation("acme", made.id, Some("k3"), &open)
+            .resize_reservation(Who::Tenant("acme"), made.id, Some("k3"), &open)
             .await
             .unwrap(),
     );
     assert_eq!((reopened.gpus, reopened.end), (12, None));
     let retry = replayed(
         store
-            .resize_reservation("acme", made.id, Some("k2"), &grow)
+            .resize_reservation(Who::Tenant("acme"), made.id, Some("k2"), &grow)
             .await
             .unwrap(),
     );
@@ -404,7 +409,7 @@ async fn create_resize_and_delete_are_idempotent_under_a_key() {
         assert!(
             matches!(
                 store
-                    .resize_reservation("acme", made.id, Some(key), body)
+                    .resize_reservation(Who::Tenant("acme"), made.id, Some(key), body)
                     .await,
                 Err(StoreError::KeyReused)
             ),
@@ -417,7 +422,7 @@ async fn create_resize_and_delete_are_idempotent_under_a_key() {
         end: None,
     };
     match store
-        .resize_reservation("acme", made.id, None, &too_big)
+        .resize_reservation(Who::Tenant("acme"), made.id, None, &too_big)
         .await
     {
         Err(StoreError::ReservationRefused { earliest, .. }) => assert_eq!(earliest, None),
@@ -435,36 +440,43 @@ async fn create_resize_and_delete_are_idempotent_under_a_key() {
     // the same.
     let deleted = done(
         store
-            .delete_reservation("acme", made.id, Some("k4"))
+            .delete_reservation(Who::Tenant("acme"), made.id, Some("k4"))
             .await
             .unwrap(),
     );
     assert_eq!(deleted.state, ReservationState::Deleted);
     let retry = replayed(
         store
-            .delete_reservation("acme", made.id, Some("k4"))
+            .delete_reservation(Who::Tenant("acme"), made.id, Some("k4"))
             .await
             .unwrap(),
     );
     assert_eq!(retry, deleted);
     let twice = done(
         store
-            .delete_reservation("acme", made.id, None)
+            .delete_reservation(Who::Tenant("acme"), made.id, None)
             .await
             .unwrap(),
     );
     assert_eq!(twice.state, ReservationState::Deleted);
     assert!(matches!(
-        store.delete_reservation("acme", made.id, Some("k3")).await,
+        store
+            .delete_reservation(Who::Tenant("acme"), made.id, Some("k3"))
+            .await,
         Err(StoreError::KeyReused)
     ));
     assert!(matches!(
-        store.delete_reservation("globex", made.id, None).await,
+        store
+            .delete_reservation(Who::Tenant("globex"), made.id, None)
+            .await,
         Err(StoreError::NotFound)
     ));
     // A deleted reservation cannot be resized, and its GPUs are free to
     // promise again.
-    match store.resize_reservation("acme", made.id, None, &grow).await {
+    match store
+        .resize_reservation(Who::Tenant("acme"), made.id, None, &grow)
+        .await
+    {
         Err(StoreError::Conflict { code, .. }) => assert_eq!(code, codes::RESERVATION_CONFLICT),
         other => panic!("{other:?}"),
     }
@@ -603,7 +615,7 @@ async fn a_reservation_starts_on_time_with_its_borrowers_evicted_through_checkpo
         end: None,
     };
     match store
-        .resize_reservation("acme", res.id, None, &shrink)
+        .resize_reservation(Who::Tenant("acme"), res.id, None, &shrink)
         .await
     {
         Err(StoreError::Conflict { code, message }) => {
@@ -626,7 +638,7 @@ async fn a_reservation_starts_on_time_with_its_borrowers_evicted_through_checkpo
     // Once deleted, its job runs on as ordinary work, and new jobs may
     // not name it.
     store
-        .delete_reservation("acme", res.id, None)
+        .delete_reservation(Who::Tenant("acme"), res.id, None)
         .await
         .unwrap();
     let data = store.snapshot(AGENT_TIMEOUT).await.unwrap();
@@ -686,4 +698,75 @@ async fn jobs_in_a_reservation_ask_nothing_of_the_tenants_gpu_limit() {
     let mut more = job_at("acme", 8, 8, Priority::Normal, 3600);
     more.spec.reservation = Some(res.id);
     submit(&store, &more).await;
+}
+
+#[tokio::test]
+async fn an_operator_reserves_resizes_and_deletes_on_a_tenants_behalf_and_each_is_audited() {
+    let (store, _client) = store("resv_operator").await;
+    fleet(&store, 1, 2, 2).await;
+    let spec = ask(16, TopologyLevel::Leaf, None, None);
+    let new = NewReservation {
+        id: reservation_id_for_key("acme", "ops-1"),
+        tenant: "acme".into(),
+        idempotency_key: Some("ops-1".into()),
+        spec: spec.clone(),
+    };
+    let made = done(
+        store
+            .create_reservation(&new, Who::Operator("ops"))
+            .await
+            .unwrap(),
+    );
+    // It is the tenant's: it sees it, and a retry of the tenant's own with
+    // the key is the same reservation.
+    assert_eq!(made.tenant, "acme");
+    assert_eq!(
+        store
+            .get_reservation(Some("acme"), made.id)
+            .await
+            .unwrap()
+            .id,
+        made.id
+    );
+    let again = create(&store, "acme", Some("ops-1"), spec).await.unwrap();
+    assert!(matches!(again, ReservationOutcome::Replayed(ref r) if r.id == made.id));
+    let grow = ReservationResize {
+        gpus: Some(8),
+        end: None,
+    };
+    store
+        .resize_reservation(Who::Operator("ops"), made.id, None, &grow)
+        .await
+        .unwrap();
+    // A tenant's own changes are not operator actions.
+    store
+        .resize_reservation(Who::Tenant("acme"), made.id, None, &grow)
+        .await
+        .unwrap();
+    store
+        .delete_reservation(Who::Operator("ops"), made.id, None)
+        .await
+        .unwrap();
+    let audit = store
+        .audit_log(&serde_json::from_value(serde_json::json!({})).unwrap())
+        .await
+        .unwrap();
+    let ours: Vec<&str> = (audit.entries.iter())
+        .filter(|e| e.target == made.id.to_string())
+        .map(|e| e.action.as_str())
+        .collect();
+    // Newest first.
+    assert_eq!(
+        ours,
+        [
+            "reservation.delete",
+            "reservation.resize",
+            "reservation.create"
+        ]
+    );
+    assert!(audit
+        .entries
+        .iter()
+        .filter(|e| e.target == made.id.to_string())
+        .all(|e| e.actor == "ops"));
 }

@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+pub use crate::cluster::{
+    Cluster, ClusterEvent, ClusterList, ClusterNode, ClusterResize, ClusterSpec, ClusterState,
+};
 pub use crate::reservation::{
     Reservation, ReservationList, ReservationResize, ReservationSpec, ReservationState,
 };
@@ -99,6 +102,15 @@ pub struct JobSpec {
     /// region.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation: Option<Uuid>,
+    /// Run the job on this dedicated cluster of the tenant's
+    /// (`POST /v1/clusters`): it is placed only on the cluster's nodes,
+    /// with the same gang and topology rules, outside the tenant's quota.
+    /// The cluster must be the tenant's, of the job's GPU type, not being
+    /// deleted, and have room for the job's shape (`invalid_cluster`
+    /// otherwise); not together with `reservation`. It goes to the
+    /// cluster's region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<Uuid>,
 }
 
 impl JobSpec {

@@ -11,9 +11,10 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::api::{
-    DryRun, Explanation, Job, JobEvents, JobList, JobSpec, JobState, LimitsUpdate, Quota,
-    QuotaList, QuotaUpdate, RegionList, RegionStatus, Reservation, ReservationList,
-    ReservationResize, ReservationSpec, TenantLimits, TenantLimitsList,
+    Cluster, ClusterList, ClusterResize, ClusterSpec, DryRun, Explanation, Job, JobEvents, JobList,
+    JobSpec, JobState, LimitsUpdate, Quota, QuotaList, QuotaUpdate, RegionList, RegionStatus,
+    Reservation, ReservationList, ReservationResize, ReservationSpec, TenantLimits,
+    TenantLimitsList,
 };
 use crate::error::ErrorBody;
 
@@ -201,19 +202,18 @@ impl Client {
         spec: &ReservationSpec,
         idempotency_key: Option<&str>,
     ) -> Result<Reservation, ClientError> {
-        let req = self.request(Method::POST, "/v1/reservations").json(spec);
-        self.send(keyed(req, idempotency_key)).await
+        self.keyed(Method::POST, RESERVATIONS, Some(spec), idempotency_key)
+            .await
     }
 
     pub async fn get_reservation(&self, id: Uuid) -> Result<Reservation, ClientError> {
-        self.send(self.request(Method::GET, &format!("/v1/reservations/{id}")))
+        self.keyed(Method::GET, &one(RESERVATIONS, id), NO_BODY, None)
             .await
     }
 
     /// The tenant's reservations, newest first.
     pub async fn list_reservations(&self) -> Result<ReservationList, ClientError> {
-        self.send(self.request(Method::GET, "/v1/reservations"))
-            .await
+        self.keyed(Method::GET, RESERVATIONS, NO_BODY, None).await
     }
 
     /// Changes a reservation's size and/or end.
@@ -223,10 +223,9 @@ impl Client {
         resize: &ReservationResize,
         idempotency_key: Option<&str>,
     ) -> Result<Reservation, ClientError> {
-        let req = self
-            .request(Method::PATCH, &format!("/v1/reservations/{id}"))
-            .json(resize);
-        self.send(keyed(req, idempotency_key)).await
+        let path = one(RESERVATIONS, id);
+        self.keyed(Method::PATCH, &path, Some(resize), idempotency_key)
+            .await
     }
 
     /// Deletes a reservation (again: the same answer).
@@ -235,8 +234,94 @@ impl Client {
         id: Uuid,
         idempotency_key: Option<&str>,
     ) -> Result<Reservation, ClientError> {
-        let req = self.request(Method::DELETE, &format!("/v1/reservations/{id}"));
-        self.send(keyed(req, idempotency_key)).await
+        let path = one(RESERVATIONS, id);
+        self.keyed(Method::DELETE, &path, NO_BODY, idempotency_key)
+            .await
+    }
+
+    /// An operator's reservation for `tenant` (operator token), as the
+    /// tenant's own create; its region audits it.
+    pub async fn create_reservation_for(
+        &self,
+        tenant: &str,
+        spec: &ReservationSpec,
+        idempotency_key: Option<&str>,
+    ) -> Result<Reservation, ClientError> {
+        let path = format!("/v1/admin/tenants/{tenant}/reservations");
+        self.keyed(Method::POST, &path, Some(spec), idempotency_key)
+            .await
+    }
+
+    /// An operator's resize of any tenant's reservation (audited).
+    pub async fn resize_any_reservation(
+        &self,
+        id: Uuid,
+        resize: &ReservationResize,
+        idempotency_key: Option<&str>,
+    ) -> Result<Reservation, ClientError> {
+        let path = one(ADMIN_RESERVATIONS, id);
+        self.keyed(Method::PATCH, &path, Some(resize), idempotency_key)
+            .await
+    }
+
+    /// An operator's delete of any tenant's reservation (audited).
+    pub async fn delete_any_reservation(
+        &self,
+        id: Uuid,
+        idempotency_key: Option<&str>,
+    ) -> Result<Reservation, ClientError> {
+        let path = one(ADMIN_RESERVATIONS, id);
+        self.keyed(Method::DELETE, &path, NO_BODY, idempotency_key)
+            .await
+    }
+
+    /// Creates a dedicated cluster: whole nodes bound all at once, or a
+    /// refusal ([`ClientError::Api`] with `cluster_unavailable`) with
+    /// nothing bound. The same `idempotency_key` and spec always yield the
+    /// same cluster.
+    pub async fn create_cluster(
+        &self,
+        spec: &ClusterSpec,
+        idempotency_key: Option<&str>,
+    ) -> Result<Cluster, ClientError> {
+        self.keyed(Method::POST, CLUSTERS, Some(spec), idempotency_key)
+            .await
+    }
+
+    /// A cluster, with its newest events.
+    pub async fn get_cluster(&self, id: Uuid) -> Result<Cluster, ClientError> {
+        self.keyed(Method::GET, &one(CLUSTERS, id), NO_BODY, None)
+            .await
+    }
+
+    /// The tenant's clusters, newest first.
+    pub async fn list_clusters(&self) -> Result<ClusterList, ClientError> {
+        self.keyed(Method::GET, CLUSTERS, NO_BODY, None).await
+    }
+
+    /// Grows or shrinks a cluster to `resize.nodes`.
+    pub async fn resize_cluster(
+        &self,
+        id: Uuid,
+        resize: &ClusterResize,
+        idempotency_key: Option<&str>,
+    ) -> Result<Cluster, ClientError> {
+        let path = one(CLUSTERS, id);
+        self.keyed(Method::PATCH, &path, Some(resize), idempotency_key)
+            .await
+    }
+
+    /// Deletes a cluster. The answer is the cluster: `deleting` while its
+    /// jobs stop (poll [`Client::get_cluster`]), `deleted` once its nodes
+    /// are back in the region.
+    pub async fn delete_cluster(
+        &self,
+        id: Uuid,
+        idempotency_key: Option<&str>,
+    ) -> Result<Cluster, ClientError> {
+        let path = one(CLUSTERS, id);
+        self.keyed(Method::DELETE, &path, NO_BODY, idempotency_key)
+            .await
     }
 
     /// The tenant's allocated GPU time.
@@ -358,13 +443,35 @@ impl Client {
     ) -> Result<T, ClientError> {
         send_json(req, &self.base).await
     }
+
+    /// `method` on `path` with an optional JSON body and Idempotency-Key.
+    async fn keyed<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        key: Option<&str>,
+    ) -> Result<T, ClientError> {
+        let mut req = self.request(method, path);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        if let Some(k) = key {
+            req = req.header(IDEMPOTENCY_KEY_HEADER, k);
+        }
+        self.send(req).await
+    }
 }
 
-fn keyed(req: reqwest::RequestBuilder, key: Option<&str>) -> reqwest::RequestBuilder {
-    match key {
-        Some(k) => req.header(IDEMPOTENCY_KEY_HEADER, k),
-        None => req,
-    }
+const RESERVATIONS: &str = "/v1/reservations";
+const ADMIN_RESERVATIONS: &str = "/v1/admin/reservations";
+const CLUSTERS: &str = "/v1/clusters";
+/// No body, for [`Client::keyed`].
+const NO_BODY: Option<&()> = None;
+
+/// The path of one member of a collection.
+fn one(collection: &str, id: Uuid) -> String {
+    format!("{collection}/{id}")
 }
 
 /// Sends a request and decodes our JSON answer or our JSON error.

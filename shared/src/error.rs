@@ -137,6 +137,18 @@ pub mod codes {
     /// The reservation's state does not allow the change: it is deleted or
     /// over, or the new size is below what its running jobs hold (409).
     pub const RESERVATION_CONFLICT: &str = "reservation_conflict";
+    /// A dedicated cluster cannot be created or grown as asked: no domain
+    /// of the level has that many free whole nodes of the type (or taking
+    /// them would break a capacity reservation's promise); nothing was
+    /// bound (409).
+    pub const CLUSTER_UNAVAILABLE: &str = "cluster_unavailable";
+    /// A cluster request is out of range, or a job names a cluster it
+    /// cannot run in: another tenant's or none, another GPU type's, being
+    /// deleted, or too small for the job (422).
+    pub const INVALID_CLUSTER: &str = "invalid_cluster";
+    /// The cluster's state does not allow the change: it is being deleted
+    /// or is gone (409).
+    pub const CLUSTER_CONFLICT: &str = "cluster_conflict";
 
     /// Every code above, so documents and tests can list them. A new code
     /// goes here too.
@@ -183,5 +195,8 @@ pub mod codes {
         RESERVATION_UNAVAILABLE,
         INVALID_RESERVATION,
         RESERVATION_CONFLICT,
+        CLUSTER_UNAVAILABLE,
+        INVALID_CLUSTER,
+        CLUSTER_CONFLICT,
     ];
 }

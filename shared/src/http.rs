@@ -185,40 +185,58 @@ where
     }
 }
 
-/// A job id from the path. A malformed id names no job: 404, like any
-/// job the tenant cannot see.
-pub struct JobId(pub uuid::Uuid);
+/// An id extractor for `{id}` paths: a malformed id names nothing, so it
+/// is 404 like one the tenant cannot see.
+macro_rules! uuid_path {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        pub struct $name(pub uuid::Uuid);
 
-impl<S: Send + Sync> FromRequestParts<S> for JobId {
-    type Rejection = ApiError;
+        impl<S: Send + Sync> FromRequestParts<S> for $name {
+            type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let axum::extract::Path(raw) =
-            axum::extract::Path::<String>::from_request_parts(parts, state)
-                .await
-                .map_err(|_| ApiError::not_found("job"))?;
-        uuid::Uuid::parse_str(&raw)
-            .map(JobId)
-            .map_err(|_| ApiError::not_found("job"))
-    }
+            async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+                let axum::extract::Path(raw) =
+                    axum::extract::Path::<String>::from_request_parts(parts, state)
+                        .await
+                        .map_err(|_| ApiError::not_found($what))?;
+                uuid::Uuid::parse_str(&raw)
+                    .map($name)
+                    .map_err(|_| ApiError::not_found($what))
+            }
+        }
+    };
 }
 
-/// A capacity reservation id from the path. A malformed id names no
-/// reservation: 404, like one the tenant cannot see.
-pub struct ReservationId(pub uuid::Uuid);
+uuid_path!(
+    /// A job id from the path.
+    JobId,
+    "job"
+);
+uuid_path!(
+    /// A capacity reservation id from the path.
+    ReservationId,
+    "reservation"
+);
+uuid_path!(
+    /// A dedicated cluster id from the path.
+    ClusterId,
+    "cluster"
+);
 
-impl<S: Send + Sync> FromRequestParts<S> for ReservationId {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let axum::extract::Path(raw) =
-            axum::extract::Path::<String>::from_request_parts(parts, state)
-                .await
-                .map_err(|_| ApiError::not_found("reservation"))?;
-        uuid::Uuid::parse_str(&raw)
-            .map(ReservationId)
-            .map_err(|_| ApiError::not_found("reservation"))
-    }
+/// A JSON body as `T`, or 422 `invalid_spec` saying what is wrong with
+/// the `what`.
+fn body_as<T: serde::de::DeserializeOwned>(
+    body: serde_json::Value,
+    what: &str,
+) -> Result<T, ApiError> {
+    serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!("invalid {what}: {e}"),
+        )
+    })
 }
 
 /// A reservation request from a JSON body, with every check that needs
@@ -226,13 +244,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ReservationId {
 pub fn reservation_spec(
     body: serde_json::Value,
 ) -> Result<crate::reservation::ReservationSpec, ApiError> {
-    let spec: crate::reservation::ReservationSpec = serde_json::from_value(body).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            codes::INVALID_SPEC,
-            format!("invalid reservation: {e}"),
-        )
-    })?;
+    let spec: crate::reservation::ReservationSpec = body_as(body, "reservation")?;
     spec.check()?;
     Ok(spec)
 }
@@ -241,14 +253,22 @@ pub fn reservation_spec(
 pub fn reservation_resize(
     body: serde_json::Value,
 ) -> Result<crate::reservation::ReservationResize, ApiError> {
-    let resize: crate::reservation::ReservationResize =
-        serde_json::from_value(body).map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                codes::INVALID_SPEC,
-                format!("invalid resize: {e}"),
-            )
-        })?;
+    let resize: crate::reservation::ReservationResize = body_as(body, "resize")?;
+    resize.check()?;
+    Ok(resize)
+}
+
+/// A dedicated cluster request from a JSON body, with every check that
+/// needs no fleet.
+pub fn cluster_spec(body: serde_json::Value) -> Result<crate::cluster::ClusterSpec, ApiError> {
+    let spec: crate::cluster::ClusterSpec = body_as(body, "cluster")?;
+    spec.check()?;
+    Ok(spec)
+}
+
+/// A cluster resize from a JSON body, checked.
+pub fn cluster_resize(body: serde_json::Value) -> Result<crate::cluster::ClusterResize, ApiError> {
+    let resize: crate::cluster::ClusterResize = body_as(body, "resize")?;
     resize.check()?;
     Ok(resize)
 }

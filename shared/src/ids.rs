@@ -1,4 +1,4 @@
-//! Job and reservation ids.
+//! Job, reservation and cluster ids.
 //!
 //! A job created with an `Idempotency-Key` gets an id derived from the tenant
 //! and the key (UUIDv5), so every replica, and every region that later holds
@@ -14,6 +14,10 @@ const JOB_NAMESPACE: Uuid = Uuid::from_u128(0x6a1c_54e3_0f0b_4a5e_9a55_2c1e_7d3b
 /// the same key get different ids).
 const RESERVATION_NAMESPACE: Uuid = Uuid::from_u128(0x2b7e_0d91_6c3f_4f0a_8d12_5e9b_a4c6_1f37);
 
+/// Namespace for dedicated cluster ids derived from idempotency keys
+/// (fixed forever; its own, like the reservations').
+const CLUSTER_NAMESPACE: Uuid = Uuid::from_u128(0x9d4f_61a2_3e8b_4c07_b5e1_7a2c_0f96_d358);
+
 /// The id of the job created by `tenant` with idempotency key `key`.
 pub fn job_id_for_key(tenant: &str, key: &str) -> Uuid {
     derived(&JOB_NAMESPACE, tenant, key)
@@ -23,6 +27,12 @@ pub fn job_id_for_key(tenant: &str, key: &str) -> Uuid {
 /// idempotency key `key`.
 pub fn reservation_id_for_key(tenant: &str, key: &str) -> Uuid {
     derived(&RESERVATION_NAMESPACE, tenant, key)
+}
+
+/// The id of the dedicated cluster created by `tenant` with idempotency
+/// key `key`.
+pub fn cluster_id_for_key(tenant: &str, key: &str) -> Uuid {
+    derived(&CLUSTER_NAMESPACE, tenant, key)
 }
 
 fn derived(namespace: &Uuid, tenant: &str, key: &str) -> Uuid {

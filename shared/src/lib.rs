@@ -4,6 +4,8 @@
 //! - [`api`]: the public job API: job specs, jobs, events, list pages.
 //! - [`reservation`]: capacity reservations' requests and views
 //!   (re-exported from [`api`]).
+//! - [`cluster`]: dedicated clusters' requests and views (re-exported
+//!   from [`api`]).
 //! - [`error`]: the JSON error body and the stable error codes.
 //! - [`agent`]: the protocol between a region and its node agents.
 //! - [`fleet`]: the fleet file format (spines → leaves → nodes → GPUs).
@@ -16,6 +18,7 @@
 pub mod agent;
 pub mod api;
 pub mod client;
+pub mod cluster;
 pub mod error;
 pub mod fleet;
 pub mod http;

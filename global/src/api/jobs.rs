@@ -15,9 +15,11 @@ use tracing::instrument;
 use utoipa::IntoParams;
 use uuid::Uuid;
 
-use super::{openapi, GlobalState};
+use super::clusters::Clusters;
+use super::reservations::Reservations;
+use super::{openapi, resources, GlobalState};
 use crate::auth::TenantCaller;
-use crate::regions::{Answer, Call, Region, Unreachable};
+use crate::regions::{Answer, Call, Region, Unreachable, Who};
 use crate::routing::{choose, rendezvous, Candidate};
 
 /// A region's answer, passed on as it is.
@@ -112,7 +114,8 @@ pub(super) async fn claim(
 
 /// Submit a job
 ///
-/// Validates the spec, chooses a region (the pinned one, else by health and
+/// Validates the spec, chooses a region (the pinned one, the one that has
+/// the reservation or dedicated cluster the job names, else by health and
 /// free GPUs of the type) and creates the job there. With an
 /// `Idempotency-Key`, the same key and body give the same job and the same
 /// answer however often they are sent, through any replica. A tenant with
@@ -150,7 +153,7 @@ pub(super) async fn claim(
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_MIN_GPUS,
               codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
               codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION, codes::INVALID_RESERVATION,
-              codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
+              codes::INVALID_CLUSTER, codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
         (status = 429, response = openapi::CreateRefused),
         (status = 502, description = openapi::errors(
             "A region gave an answer that could not be understood; retry with the same \
@@ -180,7 +183,7 @@ pub async fn create(
         Some(k) => job_id_for_key(&tenant, k),
         None => Uuid::new_v4(),
     };
-    let routed = to_reservations_region(&state, &tenant, &spec).await?;
+    let routed = to_home_region(&state, &tenant, &spec).await?;
     let (chosen, candidates) =
         pick_region(&state, &tenant, routed.as_ref().unwrap_or(&spec), job_id)?;
     let target = match &key {
@@ -218,31 +221,32 @@ pub async fn create(
     Ok(relay(answer))
 }
 
-/// For a job that names a capacity reservation and no region: the spec to
-/// route by, pinned to the region that has the reservation (the job can
-/// run nowhere else). A reservation no region has is refused here
-/// (`invalid_reservation`); the region checks the rest.
-async fn to_reservations_region(
+/// For a job that names a capacity reservation or a dedicated cluster and
+/// no region: the spec to route by, pinned to the region that has the
+/// reservation or the cluster (the job can run nowhere else). One no region
+/// has is refused here (`invalid_reservation`, `invalid_cluster`); the
+/// region checks the rest.
+async fn to_home_region(
     state: &GlobalState,
     tenant: &str,
     spec: &JobSpec,
 ) -> Result<Option<JobSpec>, ApiError> {
-    let (Some(id), None) = (spec.reservation, spec.region.as_deref()) else {
-        return Ok(None);
+    let home = match (spec.reservation, spec.cluster, spec.region.as_deref()) {
+        (_, _, Some(_)) | (None, None, None) => return Ok(None),
+        (Some(_), Some(_), None) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::INVALID_CLUSTER,
+                "a job runs in a reservation or on a cluster, not both; name one",
+            ))
+        }
+        (Some(id), None, None) => resources::home::<Reservations>(state, tenant, id).await?,
+        (None, Some(id), None) => resources::home::<Clusters>(state, tenant, id).await?,
     };
-    let path = format!("/v1/reservations/{id}");
-    match ask_every_region(state, Method::GET, &path, Some(tenant), "reservation").await {
-        Ok((region, _)) => Ok(Some(JobSpec {
-            region: Some(region.name.clone()),
-            ..spec.clone()
-        })),
-        Err(e) if e.status == StatusCode::NOT_FOUND => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            codes::INVALID_RESERVATION,
-            format!("you have no reservation {id}; GET /v1/reservations lists yours"),
-        )),
-        Err(e) => Err(e),
-    }
+    Ok(Some(JobSpec {
+        region: Some(home.name.clone()),
+        ..spec.clone()
+    }))
 }
 
 /// The region a new job should go to (see [`choose`]), and the healthy
@@ -319,7 +323,7 @@ async fn find_owner<'a>(
         state,
         Method::GET,
         &format!("/v1/jobs/{id}"),
-        Some(tenant),
+        Who::Tenant(tenant),
         "job",
     )
     .await
@@ -334,24 +338,13 @@ pub(super) async fn ask_every_region<'a>(
     state: &'a GlobalState,
     method: Method,
     path: &str,
-    tenant: Option<&str>,
+    who: Who<'_>,
     what: &str,
 ) -> Result<(&'a Region, Answer), ApiError> {
     let asks = state.regions.list.iter().map(|r| {
         let method = method.clone();
         async move {
-            let a = state
-                .regions
-                .call(
-                    r,
-                    method,
-                    path,
-                    Call {
-                        tenant,
-                        ..Default::default()
-                    },
-                )
-                .await;
+            let a = state.regions.call(r, method, path, who.call()).await;
             (r, a)
         }
     });
@@ -688,7 +681,8 @@ pub async fn regions(
             "The spec is invalid or can never run.",
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_MIN_GPUS,
               codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
-              codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION, codes::INVALID_RESERVATION]),
+              codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION, codes::INVALID_RESERVATION,
+              codes::INVALID_CLUSTER]),
             body = ErrorBody),
         (status = 429, response = openapi::CreateRefused),
         (status = 503, response = openapi::RegionUnavailable),
@@ -700,7 +694,7 @@ pub async fn dry_run(
     Json(body): Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     let spec: JobSpec = job_spec(body)?;
-    let routed = to_reservations_region(&state, &caller.tenant, &spec).await?;
+    let routed = to_home_region(&state, &caller.tenant, &spec).await?;
     let routing = routed.as_ref().unwrap_or(&spec);
     let (chosen, _) = pick_region(&state, &caller.tenant, routing, Uuid::new_v4())?;
     let region = state

@@ -7,13 +7,18 @@
 //! - `reservations.rs`: capacity reservations (creates routed to the
 //!   region the body names, the rest to the region that has them, merged
 //!   listing).
+//! - `clusters.rs`: dedicated clusters, routed the same way, and their
+//!   operator endpoints.
+//! - `resources.rs`: that routing, shared by reservations and clusters.
 //! - `admin.rs`: operator endpoints.
 //! - `openapi.rs`: the OpenAPI document.
 
 mod admin;
+mod clusters;
 mod jobs;
 pub mod openapi;
 mod reservations;
+mod resources;
 mod usage;
 
 use std::sync::Arc;
@@ -83,6 +88,30 @@ pub fn app(state: GlobalState) -> Router {
                 .delete(reservations::delete),
         )
         .route("/v1/admin/reservations", get(reservations::list_all))
+        .route(
+            "/v1/admin/reservations/{id}",
+            get(reservations::get_any)
+                .patch(reservations::resize_any)
+                .delete(reservations::delete_any),
+        )
+        .route(
+            "/v1/admin/tenants/{tenant}/reservations",
+            post(reservations::create_for),
+        )
+        .route("/v1/clusters", post(clusters::create).get(clusters::list))
+        .route(
+            "/v1/clusters/{id}",
+            get(clusters::get)
+                .patch(clusters::resize)
+                .delete(clusters::delete),
+        )
+        .route("/v1/admin/clusters", get(clusters::list_all))
+        .route(
+            "/v1/admin/clusters/{id}",
+            get(clusters::get_any)
+                .patch(clusters::resize_any)
+                .delete(clusters::delete_any),
+        )
         .route("/v1/usage", get(usage::usage))
         .route("/v1/admin/quotas", get(admin::list_quotas))
         .route("/v1/admin/limits", get(admin::list_limits))

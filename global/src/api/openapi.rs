@@ -13,7 +13,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use gangway_auth::error::AuthError;
 use gangway_shared::api::{
-    AuditEntry, AuditList, DrainMode, DrainRequest, Fault, GoodputList, MaintenanceNode,
+    AuditEntry, AuditList, Cluster, ClusterEvent, ClusterList, ClusterNode, ClusterResize,
+    ClusterSpec, ClusterState, DrainMode, DrainRequest, Fault, GoodputList, MaintenanceNode,
     MaintenancePlan, MaintenancePlanList, MaintenanceStart, NodeActionRequest, NodeEvent, NodeList,
     NodeView, SkippedNode, TenantGoodput,
 };
@@ -31,7 +32,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi, ToResponse, ToSchema};
 
-use super::{admin, jobs, reservations};
+use super::{admin, clusters, jobs, reservations};
 
 /// Name of the bearer-JWT security scheme; the handlers' `security(...)`
 /// spell it as a literal (the macro takes no constant), and the tests check
@@ -43,7 +44,8 @@ pub const BEARER: &str = "bearer";
     info(
         title = "Gangway",
         description = "The public API of Gangway, a multi-region GPU cloud: submit jobs, \
-            follow them, see regions' capacity; operators set quotas and admission limits.\n\n\
+            follow them, see regions' capacity, reserve capacity, run dedicated clusters; operators \
+            set quotas and admission limits.\n\n\
             Every call except `/healthz` and `/v1/openapi.json` takes a bearer JWT \
             (`Authorization: Bearer <token>`). Every error is a JSON `ErrorBody` with a \
             stable `code`. Besides the answers each operation lists, any call may get \
@@ -66,6 +68,19 @@ pub const BEARER: &str = "bearer";
         reservations::resize,
         reservations::delete,
         reservations::list_all,
+        reservations::create_for,
+        reservations::get_any,
+        reservations::resize_any,
+        reservations::delete_any,
+        clusters::create,
+        clusters::list,
+        clusters::get,
+        clusters::resize,
+        clusters::delete,
+        clusters::list_all,
+        clusters::get_any,
+        clusters::resize_any,
+        clusters::delete_any,
         super::usage::usage,
         admin::list_quotas,
         admin::put_quota,
@@ -135,6 +150,13 @@ pub const BEARER: &str = "bearer";
             Reservation,
             ReservationList,
             ReservationState,
+            ClusterSpec,
+            ClusterResize,
+            Cluster,
+            ClusterList,
+            ClusterState,
+            ClusterNode,
+            ClusterEvent,
             ErrorBody,
         ),
         responses(
@@ -145,6 +167,8 @@ pub const BEARER: &str = "bearer";
             JobNotFound,
             ReservationNotFound,
             ReservationRefused,
+            ClusterNotFound,
+            ClusterRefused,
             RegionUnavailable,
             PayloadTooLarge,
             UnsupportedMediaType,
@@ -156,6 +180,8 @@ pub const BEARER: &str = "bearer";
         (name = "regions", description = "Regions, their health and their capacity."),
         (name = "reservations", description = "Capacity a tenant reserves ahead of time in \
             a region, and its jobs run in."),
+        (name = "clusters", description = "Dedicated clusters: whole nodes of a region bound \
+            to one tenant, inside one topology domain, that only its jobs naming them run on."),
         (name = "admin", description = "Operator endpoints; they take an admin token."),
         (name = "meta", description = "Health and this document; no token needed."),
     )
@@ -348,17 +374,24 @@ impl<'r> ToResponse<'r> for CreateRefused {
     }
 }
 
+/// A 404 for an id of `what` (`a job`, `a reservation`, …), named `name`.
+fn not_found<'r>(name: &'r str, what: &str) -> (&'r str, RefOr<utoipa::openapi::Response>) {
+    let text = errors(
+        &format!(
+            "No such {what} for this tenant. A malformed id, an unknown id and another \
+             tenant's {what} all answer the same."
+        ),
+        &[codes::NOT_FOUND],
+    );
+    (name, error_response(text).build().into())
+}
+
 /// 404 for a job id.
 pub struct JobNotFound;
 
 impl<'r> ToResponse<'r> for JobNotFound {
     fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
-        let text = errors(
-            "No such job for this tenant. A malformed id, an unknown id and another \
-             tenant's job all answer the same.",
-            &[codes::NOT_FOUND],
-        );
-        ("JobNotFound", error_response(text).build().into())
+        not_found("JobNotFound", "job")
     }
 }
 
@@ -367,12 +400,16 @@ pub struct ReservationNotFound;
 
 impl<'r> ToResponse<'r> for ReservationNotFound {
     fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
-        let text = errors(
-            "No such reservation for this tenant. A malformed id, an unknown id and \
-             another tenant's reservation all answer the same.",
-            &[codes::NOT_FOUND],
-        );
-        ("ReservationNotFound", error_response(text).build().into())
+        not_found("ReservationNotFound", "reservation")
+    }
+}
+
+/// 404 for a dedicated cluster id (operators: any tenant's).
+pub struct ClusterNotFound;
+
+impl<'r> ToResponse<'r> for ClusterNotFound {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        not_found("ClusterNotFound", "cluster")
     }
 }
 
@@ -393,6 +430,30 @@ impl<'r> ToResponse<'r> for ReservationRefused {
             &[codes::RESERVATION_UNAVAILABLE, codes::RESERVATION_CONFLICT],
         );
         ("ReservationRefused", error_response(text).build().into())
+    }
+}
+
+/// 409 on a dedicated cluster's create or resize.
+pub struct ClusterRefused;
+
+impl<'r> ToResponse<'r> for ClusterRefused {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "The cluster cannot be made (or grown) as asked (`cluster_unavailable`): no \
+             domain of the level has that many free whole nodes of the type (none running \
+             work, spares excluded; for a resize: inside the cluster's domain), or taking \
+             them would break a capacity reservation's promise. Nothing was bound; the \
+             message says why and how many are free: ask for fewer nodes or a wider level, \
+             or try again when work finishes. Or the cluster is being deleted or is gone \
+             (`cluster_conflict`), or another request with the same Idempotency-Key is \
+             still being processed (`idempotency_request_in_flight`: retry in a moment).",
+            &[
+                codes::CLUSTER_UNAVAILABLE,
+                codes::CLUSTER_CONFLICT,
+                codes::IDEMPOTENCY_REQUEST_IN_FLIGHT,
+            ],
+        );
+        ("ClusterRefused", error_response(text).build().into())
     }
 }
 

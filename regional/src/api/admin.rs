@@ -94,7 +94,7 @@ pub async fn list_limits(
     Ok(axum::Json(state.store.list_limits().await?))
 }
 
-fn check_tenant(tenant: &str) -> Result<(), ApiError> {
+pub(super) fn check_tenant(tenant: &str) -> Result<(), ApiError> {
     if !valid_tenant(tenant) {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

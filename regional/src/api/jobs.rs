@@ -14,7 +14,9 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::extract::{JobId, Json, Query, Tenant};
 use super::AppState;
-use crate::store::{retry_races, ListFilter, NewJob, StoreError, SubmitOutcome};
+use std::collections::BTreeMap;
+
+use crate::store::{job_pool, retry_races, ListFilter, NewJob, StoreError, SubmitOutcome};
 use crate::validate::check_fits;
 
 const DEFAULT_PAGE: i64 = 50;
@@ -42,10 +44,7 @@ pub async fn submit(
         }
     }
     let fleet = state.fleet_shape().await?;
-    check_fits(
-        &spec,
-        fleet.get(&spec.gpu_type).map(Vec::as_slice).unwrap_or(&[]),
-    )?;
+    fits_its_partition(&state, &tenant, &spec, &fleet).await?;
 
     let id = match &key {
         Some(k) => job_id_for_key(&tenant, k),
@@ -90,6 +89,32 @@ pub async fn submit(
         );
     }
     Ok(resp)
+}
+
+/// Whether the job could ever fit where it would run: its GPU type's
+/// shared pool, or (checked first, so its errors say so) the tenant's
+/// dedicated cluster it names.
+async fn fits_its_partition(
+    state: &AppState,
+    tenant: &str,
+    spec: &JobSpec,
+    fleet: &BTreeMap<String, Vec<crate::store::FleetShape>>,
+) -> Result<(), ApiError> {
+    if spec.cluster.is_some() {
+        state.store.check_job_cluster(tenant, spec).await?;
+    }
+    let shape = fleet.get(&job_pool(spec)).map(Vec::as_slice).unwrap_or(&[]);
+    match (check_fits(spec, shape), spec.cluster) {
+        (Err(e), Some(c)) => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_CLUSTER,
+            format!(
+                "the job cannot fit on cluster {c} as it is now: {}",
+                e.message
+            ),
+        )),
+        (r, _) => Ok(r?),
+    }
 }
 
 pub async fn get(
@@ -220,17 +245,14 @@ pub async fn dry_run(
 ) -> Result<axum::Json<gangway_shared::api::DryRun>, ApiError> {
     let spec: JobSpec = job_spec(body)?;
     let fleet = state.fleet_shape().await?;
-    check_fits(
-        &spec,
-        fleet.get(&spec.gpu_type).map(Vec::as_slice).unwrap_or(&[]),
-    )?;
+    fits_its_partition(&state, &tenant, &spec, &fleet).await?;
     // A submit over the tenant's limits, or naming a reservation it cannot
     // run in, would be refused: say so the same way.
     state
         .store
         .check_admission(
             &tenant,
-            if spec.reservation.is_some() {
+            if spec.reservation.is_some() || spec.cluster.is_some() {
                 0
             } else {
                 spec.gpus.max(0) as u64

@@ -6,6 +6,8 @@
 //! - `jobs.rs`, `agents.rs`, `admin.rs`, `usage.rs`: handlers.
 //! - `reservations.rs`: capacity reservations (create, list, get,
 //!   resize, delete; every tenant's for operators).
+//! - `clusters.rs`: dedicated clusters (create, list, get, resize,
+//!   delete; every tenant's for operators, whose changes are audited).
 //! - `nodes.rs`: operators' node endpoints (list, get, cordon, uncordon,
 //!   drain, injected faults).
 //! - `auth.rs`: only the global tier and this region's agents get in.
@@ -15,6 +17,7 @@
 mod admin;
 mod agents;
 mod auth;
+mod clusters;
 pub mod error;
 mod extract;
 mod jobs;
@@ -112,6 +115,30 @@ pub fn app(state: AppState) -> Router {
                 .delete(reservations::delete),
         )
         .route("/v1/admin/reservations", get(reservations::list_all))
+        .route(
+            "/v1/admin/reservations/{id}",
+            get(reservations::get_any)
+                .patch(reservations::resize_any)
+                .delete(reservations::delete_any),
+        )
+        .route(
+            "/v1/admin/tenants/{tenant}/reservations",
+            post(reservations::create_for),
+        )
+        .route("/v1/clusters", post(clusters::create).get(clusters::list))
+        .route(
+            "/v1/clusters/{id}",
+            get(clusters::get)
+                .patch(clusters::resize)
+                .delete(clusters::delete),
+        )
+        .route("/v1/admin/clusters", get(clusters::list_all))
+        .route(
+            "/v1/admin/clusters/{id}",
+            get(clusters::get_any)
+                .patch(clusters::resize_any)
+                .delete(clusters::delete_any),
+        )
         .route("/internal/v1/claims", post(jobs::claim))
         .route("/v1/region", get(jobs::region))
         .route("/v1/usage", get(usage::usage))

@@ -1,6 +1,10 @@
 //! Capacity reservation endpoints under `/v1/reservations` (a tenant's
 //! own) and `/v1/admin/reservations` (every tenant's, for operators).
 //!
+//! Operators may also create, resize and delete any tenant's
+//! (`/v1/admin/tenants/{tenant}/reservations`, `/v1/admin/reservations/{id}`),
+//! audited as `reservation.create` / `.resize` / `.delete`.
+//!
 //! A reservation that cannot be honoured is 409 `reservation_unavailable`
 //! with why, and the earliest window that would work in the error body's
 //! `earliest_start` / `earliest_end`. Create, resize and delete take an
@@ -13,7 +17,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use gangway_shared::api::{Reservation, ReservationList};
 use gangway_shared::error::codes;
-use gangway_shared::http::{idempotency_key, reservation_resize, reservation_spec, ReservationId};
+use gangway_shared::http::{
+    idempotency_key, reservation_resize, reservation_spec, Path, ReservationId,
+};
 use gangway_shared::ids::reservation_id_for_key;
 use tracing::instrument;
 use uuid::Uuid;
@@ -21,7 +27,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::extract::{Json, Tenant};
 use super::AppState;
-use crate::store::{NewReservation, ReservationOutcome, StoreError};
+use crate::store::{NewReservation, ReservationOutcome, StoreError, Who};
 
 /// The store's answer as the API gives it: reservations are what is not
 /// found, and a reused key is about reservation requests.
@@ -73,7 +79,30 @@ pub async fn create(
     headers: HeaderMap,
     Json(body): Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
+    do_create(&state, &tenant, Who::Tenant(&tenant), &headers, body).await
+}
+
+/// `POST /v1/admin/tenants/{tenant}/reservations`: an operator reserves on
+/// a tenant's behalf (audited).
+pub async fn create_for(
+    State(state): State<AppState>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    super::admin::check_tenant(&tenant)?;
+    let actor = super::nodes::actor(&headers);
+    do_create(&state, &tenant, Who::Operator(&actor), &headers, body).await
+}
+
+async fn do_create(
+    state: &AppState,
+    tenant: &str,
+    who: Who<'_>,
+    headers: &HeaderMap,
+    body: serde_json::Value,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(headers)?;
     let spec = reservation_spec(body)?;
     if let Some(pinned) = spec.region.as_deref() {
         if pinned != state.store.region() {
@@ -88,16 +117,16 @@ pub async fn create(
         }
     }
     let id = match &key {
-        Some(k) => reservation_id_for_key(&tenant, k),
+        Some(k) => reservation_id_for_key(tenant, k),
         None => Uuid::new_v4(),
     };
     let new = NewReservation {
         id,
-        tenant,
+        tenant: tenant.to_string(),
         idempotency_key: key,
         spec,
     };
-    let outcome = (state.store.create_reservation(&new).await)
+    let outcome = (state.store.create_reservation(&new, who).await)
         .inspect_err(|e| count_refusal("create", e))
         .map_err(refused)?;
     if matches!(outcome, ReservationOutcome::Done(_)) {
@@ -111,7 +140,14 @@ pub async fn list(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
 ) -> Result<axum::Json<ReservationList>, ApiError> {
-    let reservations = (state.store.list_reservations(Some(&tenant)).await).map_err(refused)?;
+    listed(&state, Some(&tenant)).await
+}
+
+async fn listed(
+    state: &AppState,
+    tenant: Option<&str>,
+) -> Result<axum::Json<ReservationList>, ApiError> {
+    let reservations = (state.store.list_reservations(tenant).await).map_err(refused)?;
     Ok(axum::Json(ReservationList {
         reservations,
         unavailable_regions: Vec::new(),
@@ -137,10 +173,20 @@ pub async fn resize(
     headers: HeaderMap,
     Json(body): Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
+    do_resize(&state, Who::Tenant(&tenant), id, &headers, body).await
+}
+
+async fn do_resize(
+    state: &AppState,
+    who: Who<'_>,
+    id: Uuid,
+    headers: &HeaderMap,
+    body: serde_json::Value,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(headers)?;
     let resize = reservation_resize(body)?;
     let outcome = (state.store)
-        .resize_reservation(&tenant, id, key.as_deref(), &resize)
+        .resize_reservation(who, id, key.as_deref(), &resize)
         .await
         .inspect_err(|e| count_refusal("resize", e))
         .map_err(refused)?;
@@ -159,10 +205,19 @@ pub async fn delete(
     ReservationId(id): ReservationId,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
+    do_delete(&state, Who::Tenant(&tenant), id, &headers).await
+}
+
+async fn do_delete(
+    state: &AppState,
+    who: Who<'_>,
+    id: Uuid,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(headers)?;
     let outcome = (state
         .store
-        .delete_reservation(&tenant, id, key.as_deref())
+        .delete_reservation(who, id, key.as_deref())
         .await)
         .map_err(refused)?;
     state.wake_scheduler();
@@ -173,9 +228,37 @@ pub async fn delete(
 pub async fn list_all(
     State(state): State<AppState>,
 ) -> Result<axum::Json<ReservationList>, ApiError> {
-    let reservations = (state.store.list_reservations(None).await).map_err(refused)?;
-    Ok(axum::Json(ReservationList {
-        reservations,
-        unavailable_regions: Vec::new(),
-    }))
+    listed(&state, None).await
+}
+
+/// `GET /v1/admin/reservations/{id}`: any tenant's (operators).
+pub async fn get_any(
+    State(state): State<AppState>,
+    ReservationId(id): ReservationId,
+) -> Result<axum::Json<Reservation>, ApiError> {
+    let r = (state.store.get_reservation(None, id).await).map_err(refused)?;
+    Ok(axum::Json(r))
+}
+
+/// `PATCH /v1/admin/reservations/{id}`: an operator resizes a tenant's
+/// (audited).
+pub async fn resize_any(
+    State(state): State<AppState>,
+    ReservationId(id): ReservationId,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let actor = super::nodes::actor(&headers);
+    do_resize(&state, Who::Operator(&actor), id, &headers, body).await
+}
+
+/// `DELETE /v1/admin/reservations/{id}`: an operator deletes a tenant's
+/// (audited).
+pub async fn delete_any(
+    State(state): State<AppState>,
+    ReservationId(id): ReservationId,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let actor = super::nodes::actor(&headers);
+    do_delete(&state, Who::Operator(&actor), id, &headers).await
 }

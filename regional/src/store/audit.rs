@@ -12,6 +12,40 @@ use super::limits::{limits_from_row, LIMITS_COLUMNS};
 use super::nodes::insert_audit;
 use super::{Result, Store};
 
+/// Who changes a tenant's reservation or dedicated cluster: the tenant
+/// (only its own), or an operator (any tenant's, audited in the change's
+/// transaction).
+#[derive(Clone, Copy, Debug)]
+pub enum Who<'a> {
+    Tenant(&'a str),
+    Operator(&'a str),
+}
+
+impl Who<'_> {
+    /// The tenant whose objects it may see (`None`: every tenant's).
+    pub(super) fn tenant(&self) -> Option<&str> {
+        match self {
+            Who::Tenant(t) => Some(t),
+            Who::Operator(_) => None,
+        }
+    }
+
+    /// An operator's action, written to the audit log in `tx` (a tenant's
+    /// own changes are not operator actions).
+    pub(super) async fn audit(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        action: &str,
+        target: Uuid,
+        detail: serde_json::Value,
+    ) -> Result<()> {
+        if let Who::Operator(actor) = self {
+            insert_audit(tx, actor, action, &target.to_string(), None, detail).await?;
+        }
+        Ok(())
+    }
+}
+
 impl Store {
     /// [`Store::set_quota`], audited: `quota.set` on `tenant/gpu_type`.
     pub async fn set_quota_as(

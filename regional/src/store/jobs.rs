@@ -66,32 +66,41 @@ impl Store {
     /// when the job would put it over one, and nothing is written; a retry
     /// of a create it already accepted still gets that job back.
     ///
-    /// A job naming a capacity reservation is checked against it first
-    /// ([`Store::check_job_reservation`]; [`StoreError::Invalid`] when it
-    /// cannot run in it); a job naming none takes the one-statement path
-    /// alone.
+    /// A job naming a capacity reservation or a dedicated cluster is
+    /// checked against it first ([`Store::check_job_reservation`],
+    /// [`Store::check_job_cluster`]; [`StoreError::Invalid`] when it cannot
+    /// run there); a job naming neither takes the one-statement path alone.
     pub async fn submit(&self, job: &NewJob) -> Result<SubmitOutcome> {
         let spec = serde_json::to_value(&job.spec).expect("a JobSpec always serializes");
         let mut conn = self.conn().await?;
-        if let Some(reservation) = job.spec.reservation {
-            let check = super::reservations::check_job_reservation(
-                &**conn,
-                self.region(),
-                &job.tenant,
-                &job.spec,
-                reservation,
-            )
-            .await;
-            if let Err(e) = check {
-                // A retry of a create accepted before the reservation went
-                // away still gets its job.
-                if job.idempotency_key.is_some() {
-                    if let Some(existing) = job_row(&**conn, &job.tenant, job.id).await? {
-                        return self.replay(job, &spec, existing);
-                    }
-                }
-                return Err(e);
+        // A job naming a reservation or a cluster must be able to run in it.
+        let check = match (job.spec.cluster, job.spec.reservation) {
+            (Some(cluster), _) => {
+                let (region, tenant) = (self.region(), &job.tenant);
+                super::clusters::check_job_cluster(&**conn, region, tenant, &job.spec, cluster)
+                    .await
             }
+            (None, Some(reservation)) => {
+                super::reservations::check_job_reservation(
+                    &**conn,
+                    self.region(),
+                    &job.tenant,
+                    &job.spec,
+                    reservation,
+                )
+                .await
+            }
+            (None, None) => Ok(()),
+        };
+        if let Err(e) = check {
+            // A retry of a create accepted before the reservation or
+            // cluster went away still gets its job.
+            if job.idempotency_key.is_some() {
+                if let Some(existing) = job_row(&**conn, &job.tenant, job.id).await? {
+                    return self.replay(job, &spec, existing);
+                }
+            }
+            return Err(e);
         }
         // One statement, so one round trip and one implicit transaction: the
         // key's lock, the job, its workers and its first event. The lock is
@@ -113,11 +122,11 @@ impl Store {
                      INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
                                        gpus, gpus_per_worker, workers, priority,
                                        required_level, preferred_level, estimated_duration_s,
-                                       min_workers, reservation_id)
+                                       min_workers, reservation_id, cluster_id)
                      SELECT $1::uuid, $2::text, $3::text, $4::jsonb, $5::text, $6::text::job_mode,
                             $7::text, $8::int, $9::int, $10::int, $11::smallint,
                             $12::text::topology_level, $13::text::topology_level, $14::bigint,
-                            $19::int, $21::uuid
+                            $19::int, $21::uuid, $22::uuid
                      FROM lock, lim WHERE lock.got AND NOT lim.limited
                      ON CONFLICT DO NOTHING
                      RETURNING job_id, created_at),
@@ -159,7 +168,7 @@ impl Store {
         let keyed = job.idempotency_key.is_some();
         let lock_key = key_lock(job.id);
         let (unchecked, checked) = (false, true);
-        let mut params: [&(dyn ToSql + Sync); 21] = [
+        let mut params: [&(dyn ToSql + Sync); 22] = [
             &job.id,
             &job.tenant,
             &job.idempotency_key,
@@ -181,6 +190,7 @@ impl Store {
             &min_workers,
             &unchecked,
             &job.spec.reservation,
+            &job.spec.cluster,
         ];
         let row = conn.query_one(&submit, &params).await?;
         if row.get::<_, bool>(2) {
@@ -217,8 +227,9 @@ impl Store {
                 return self.replay(job, spec, existing);
             }
         }
-        // A job in a capacity reservation asks nothing of the shared pool.
-        let asks = if job.spec.reservation.is_some() {
+        // A job in a capacity reservation or on a dedicated cluster asks
+        // nothing of the shared pool.
+        let asks = if job.spec.reservation.is_some() || job.spec.cluster.is_some() {
             0
         } else {
             job.gpus.max(0) as u64
@@ -427,39 +438,46 @@ impl Store {
             state.as_str(),
             "succeeded" | "failed" | "cancelled" | "cancelling"
         ) {
-            tx.execute(
-                "UPDATE jobs SET state = 'cancelling', reason = 'cancelled' WHERE job_id = $1",
-                &[&id],
-            )
-            .await?;
-            tx.execute(
-                "UPDATE workers SET state = 'cancelled', finished_at = now(),
-                        message = 'cancelled before it was placed'
-                 WHERE job_id = $1 AND state = 'pending'",
-                &[&id],
-            )
-            .await?;
-            let stopping = tx
-                .execute(
-                    "UPDATE workers SET state = 'stopping'
-                     WHERE job_id = $1 AND state IN ('assigned', 'running', 'checkpointing')",
-                    &[&id],
-                )
-                .await?;
-            insert_event(
-                &tx,
-                id,
-                "cancel_requested",
-                &format!("cancel requested; stopping {stopping} worker(s)"),
-                json!({"stopping_workers": stopping}),
-            )
-            .await?;
-            settle_job(&tx, id).await?;
+            cancel_in_tx(&tx, id, "cancel requested").await?;
         }
         tx.commit().await?;
         drop(conn);
         self.get_job(tenant, id).await
     }
+}
+
+/// Cancels an unfinished job (`why` opens its event): workers not placed
+/// yet are cancelled, running ones told to stop. The caller holds the
+/// job's lock and has checked it is not finished or cancelling.
+pub(super) async fn cancel_in_tx(tx: &Transaction<'_>, id: Uuid, why: &str) -> Result<()> {
+    tx.execute(
+        "UPDATE jobs SET state = 'cancelling', reason = 'cancelled' WHERE job_id = $1",
+        &[&id],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE workers SET state = 'cancelled', finished_at = now(),
+                message = 'cancelled before it was placed'
+         WHERE job_id = $1 AND state = 'pending'",
+        &[&id],
+    )
+    .await?;
+    let stopping = tx
+        .execute(
+            "UPDATE workers SET state = 'stopping'
+             WHERE job_id = $1 AND state IN ('assigned', 'running', 'checkpointing')",
+            &[&id],
+        )
+        .await?;
+    insert_event(
+        tx,
+        id,
+        "cancel_requested",
+        &format!("{why}; stopping {stopping} worker(s)"),
+        json!({"stopping_workers": stopping}),
+    )
+    .await?;
+    settle_job(tx, id).await
 }
 
 /// (idempotency_key, spec, created_at) of a tenant's job, if it has it.

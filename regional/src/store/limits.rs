@@ -29,13 +29,14 @@ use super::{Result, Store, StoreError};
 pub(super) const ADMISSION_LOCK_CLASS: i32 = 0x6c69_6d74; // "limt"
 
 /// A limited tenant's limits, with what it has now: queued jobs and GPUs
-/// of unfinished jobs (those running in a capacity reservation, on GPUs of
-/// their own, not counted). No row: no limits.
+/// of unfinished jobs (those running in a capacity reservation or on a
+/// dedicated cluster, on GPUs of their own, not counted). No row: no limits.
 const ADMISSION: &str = "
     SELECT l.max_queued_jobs, l.max_gpus, c.queued, c.gpus
     FROM tenant_limits l,
          LATERAL (SELECT count(*) FILTER (WHERE j.state = 'queued') AS queued,
-                         coalesce(sum(j.gpus) FILTER (WHERE j.reservation_id IS NULL), 0)::bigint
+                         coalesce(sum(j.gpus) FILTER (WHERE j.reservation_id IS NULL
+                                                    AND j.cluster_id IS NULL), 0)::bigint
                              AS gpus
                   FROM jobs j
                   WHERE j.tenant = $1

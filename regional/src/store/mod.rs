@@ -90,6 +90,20 @@
 //!   `jobs.reservation_id`: the reservation a job runs in (NULL: ordinary
 //!   work), checked at submission. What a reservation's jobs hold is not
 //!   stored: it is counted from the live allocations.
+//! - Dedicated clusters (`V14`, `clusters.rs`): `clusters`, one row per
+//!   cluster a tenant asked for (GPU type, nodes asked, the level and the
+//!   domain its nodes lie in, `active` / `deleting` / `deleted`, the
+//!   accepted request for keyed retries); `nodes.cluster_id`, which
+//!   cluster a node is bound to (the region's decision, which agents cannot
+//!   tell us again; a member is never a spare and is `spare_managed`),
+//!   `nodes.cluster_release` (being given back by a shrink until its jobs
+//!   are off); `jobs.cluster_id`, the cluster a job runs on;
+//!   `cluster_requests`, keyed resizes and deletes; `cluster_events`, the
+//!   timeline the tenant reads (created, resized, a node failed, a spare
+//!   swapped in or none free, nodes given back, deleted). The state people
+//!   see (ready, degraded, resizing) is not stored: it is derived from the
+//!   members. Partition keys of clusters (`cluster:<id>`) share
+//!   `sched_partitions` with the GPU types'.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
@@ -110,10 +124,17 @@
 //! - `reservations.rs`: capacity reservations: admission (create,
 //!   resize) under the region's lock, reads, deletes, and the check a job
 //!   naming one makes.
+//! - `keyed.rs`: idempotency keys of reservations' and clusters' creates
+//!   and keyed changes.
+//! - `clusters.rs`: dedicated clusters: create, resize and delete (all or
+//!   nothing), healing failed members from spares of the domain, the
+//!   leader's tend, partition keys, and the check a job naming one makes.
 
 mod agents;
 mod audit;
+mod clusters;
 mod jobs;
+mod keyed;
 mod limits;
 mod maintenance;
 mod nodes;
@@ -131,6 +152,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
 pub use agents::{StopTiming, SyncOutcome};
+pub use audit::Who;
+pub use clusters::{cluster_of_key, job_pool, pool_key, ClusterOutcome, NewCluster, TendOutcome};
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};

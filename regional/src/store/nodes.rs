@@ -368,12 +368,25 @@ pub(super) async fn reconcile_node(
         Observed::Degraded { quarantined, .. } => format!("GPUs {quarantined:?} quarantined"),
         _ => code.to_string(),
     });
+    // A dedicated cluster's member that fails is replaced from the
+    // cluster's domain (`clusters.rs`).
+    let member = if decision.lost || decision.evacuate {
+        super::clusters::membership(tx, &node.node_id).await?
+    } else {
+        None
+    };
+    let within = member.as_ref().map_or(&[][..], |m| m.path.as_slice());
     if decision.lost {
         // Running gangs here get a spare in the node's place.
         let gangs = super::spares::gangs_on(tx, &node.node_id).await?;
         let lost = lose_jobs(tx, &node.node_id, &why).await?;
+        let mut swapped = None;
         if !gangs.is_empty() {
-            super::spares::swap_in(tx, &node.node_id, &why, &gangs).await?;
+            swapped = super::spares::swap_in(tx, &node.node_id, &why, &gangs, within).await?;
+            out.fleet_changed = true;
+        }
+        if let Some(m) = &member {
+            super::clusters::member_failed(tx, m, &node.node_id, &why, swapped).await?;
             out.fleet_changed = true;
         }
         if !lost.is_empty() {
@@ -415,8 +428,13 @@ pub(super) async fn reconcile_node(
             Vec::new()
         };
         let moved = evacuate(tx, &node.node_id, gpus.as_deref(), cause, &why).await?;
+        let mut swapped = None;
         if !gangs.is_empty() {
-            super::spares::swap_in(tx, &node.node_id, &why, &gangs).await?;
+            swapped = super::spares::swap_in(tx, &node.node_id, &why, &gangs, within).await?;
+            out.fleet_changed = true;
+        }
+        if let (Some(m), "health", None) = (&member, cause, &gpus) {
+            super::clusters::member_failed(tx, m, &node.node_id, &why, swapped).await?;
             out.fleet_changed = true;
         }
         if !moved.is_empty() {
@@ -444,7 +462,7 @@ pub(super) async fn reconcile_node(
 
 /// Asks the running jobs on the node (or on `gpus` of it) to checkpoint,
 /// stop and requeue at the front; returns those asked now.
-async fn evacuate(
+pub(super) async fn evacuate(
     tx: &Transaction<'_>,
     node_id: &str,
     gpus: Option<&[u32]>,

@@ -49,8 +49,10 @@ impl RackPower {
     }
 }
 
-/// Per (rack, GPU type) of the racks with a budget, over every type: the
-/// rack's budget, the type's GPUs there (spares included) and how many of
+/// Per (rack, GPU type, scheduling partition: the type's shared pool or a
+/// dedicated cluster, `clusters::pool_key`) of the racks with a budget,
+/// over every type: the rack's budget, the partition's GPUs there (spares
+/// included) and how many of
 /// them are taken (live allocations, and GPUs held for a gang moving onto
 /// a spare while it is being preempted, as the snapshot's `live` read),
 /// and the type's draw (the most any of its nodes reports). Only types
@@ -69,14 +71,16 @@ const RACK_POWER_SQL: &str = "
         JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'
     )
     SELECT n.leaf, n.gpu_type, b.budget_w, d.draw_w,
+           CASE WHEN n.cluster_id IS NULL THEN n.gpu_type
+                ELSE 'cluster:' || n.cluster_id::text END AS pool,
            count(*)::bigint AS gpus, count(t.node_id)::bigint AS taken
     FROM nodes n
     JOIN budget b ON b.leaf = n.leaf
     JOIN draw d ON d.gpu_type = n.gpu_type
     JOIN gpus g ON g.node_id = n.node_id
     LEFT JOIN taken t ON t.node_id = g.node_id AND t.gpu_index = g.gpu_index
-    GROUP BY n.leaf, n.gpu_type, b.budget_w, d.draw_w
-    ORDER BY n.leaf, n.gpu_type";
+    GROUP BY n.leaf, n.gpu_type, pool, b.budget_w, d.draw_w
+    ORDER BY n.leaf, pool";
 
 /// [`RACK_POWER_SQL`]'s rows.
 async fn rack_power_rows<C: tokio_postgres::GenericClient + Sync>(
@@ -88,6 +92,7 @@ async fn rack_power_rows<C: tokio_postgres::GenericClient + Sync>(
         .map(|r| RackTypePower {
             leaf: r.get("leaf"),
             gpu_type: r.get("gpu_type"),
+            pool: r.get("pool"),
             budget_w: n(r, "budget_w"),
             draw_w: n(r, "draw_w"),
             gpus: n(r, "gpus"),
@@ -96,14 +101,14 @@ async fn rack_power_rows<C: tokio_postgres::GenericClient + Sync>(
         .collect())
 }
 
-/// Per (rack, GPU type), how many more GPUs of the type its headroom
+/// Per (rack, partition), how many more GPUs of its type its headroom
 /// ([`rack_power`]) can feed.
 fn gpus_fed(rows: &[RackTypePower]) -> BTreeMap<(String, String), u64> {
     let (_, headroom) = rack_power(rows);
     (rows.iter())
         .filter(|r| r.draw_w > 0)
         .map(|r| {
-            let key = (r.leaf.clone(), r.gpu_type.clone());
+            let key = (r.leaf.clone(), r.pool.clone());
             let watts = headroom.get(&key).copied().unwrap_or(0);
             (key, watts / r.draw_w)
         })
@@ -115,14 +120,16 @@ fn gpus_fed(rows: &[RackTypePower]) -> BTreeMap<(String, String), u64> {
 struct RackTypePower {
     leaf: String,
     gpu_type: String,
+    /// The scheduling partition: `gpu_type`'s shared pool, or a cluster.
+    pool: String,
     budget_w: u64,
     draw_w: u64,
     gpus: u64,
     taken: u64,
 }
 
-/// Each rack's whole-rack power, and each (rack, type)'s headroom: the
-/// watts this pass's placements of the type may add there.
+/// Each rack's whole-rack power, and each (rack, partition)'s headroom:
+/// the watts this pass's placements of the partition may add there.
 ///
 /// A rack of one type gets all of it: budget − what its GPUs draw. Where
 /// types share a rack, each type's partition is planned and committed on
@@ -137,7 +144,8 @@ struct RackTypePower {
 /// the budget. (Splitting the rack's *remaining* headroom instead would
 /// not: a type whose passes commit several times while another type's
 /// plan is in flight could take more than its fraction of what the other
-/// one read.)
+/// one read.) A dedicated cluster's nodes are a partition of their own,
+/// so they own a share the same way next to their type's shared pool.
 fn rack_power(
     rows: &[RackTypePower],
 ) -> (BTreeMap<String, RackPower>, BTreeMap<(String, String), u64>) {
@@ -159,7 +167,7 @@ fn rack_power(
         };
         let own = r.taken.saturating_mul(r.draw_w);
         headroom.insert(
-            (r.leaf.clone(), r.gpu_type.clone()),
+            (r.leaf.clone(), r.pool.clone()),
             share.saturating_sub(own).min(whole),
         );
     }
@@ -200,8 +208,10 @@ const HISTORY_SQL: &str = "
                exp(-ln(2) * greatest(0, extract(epoch FROM now() - coalesce(released_at, now()))::float8) / $1)
              - exp(-ln(2) * least(10 * $1, greatest(0, extract(epoch FROM now() - allocated_at)::float8)) / $1)
            ))::bigint AS history
-    FROM allocations
-    WHERE released_at IS NULL OR released_at > now() - make_interval(secs => 10 * $1)
+    FROM allocations a
+    WHERE (released_at IS NULL OR released_at > now() - make_interval(secs => 10 * $1))
+      -- A dedicated cluster's use is not the tenant's share of the pool.
+      AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = a.job_id AND j.cluster_id IS NOT NULL)
     GROUP BY tenant, gpu_type";
 
 /// One non-spare node as the validator sees it.
@@ -245,10 +255,13 @@ impl Store {
         self.snapshot_of(None, agent_timeout, history_options).await
     }
 
-    /// [`Store::snapshot_with`] for one scheduling partition: the nodes,
-    /// queued and running jobs of `gpu_type` only, with every tenant's
-    /// terms, usage and the region's capacity of every type (fair sharing's
-    /// dominant shares span types; see `gangway_sched::plan_partitioned`).
+    /// [`Store::snapshot_with`] for one scheduling partition: a GPU type's
+    /// shared pool — the nodes, queued and running jobs of that type only,
+    /// with every tenant's terms, usage and the region's capacity of every
+    /// type (fair sharing's dominant shares span types; see
+    /// `gangway_sched::plan_partitioned`) — or a dedicated cluster
+    /// (`clusters::pool_key`): its nodes and jobs only, with no quotas,
+    /// shares or reservations (the nodes are its tenant's alone).
     pub async fn snapshot_partition(
         &self,
         gpu_type: &str,
@@ -281,6 +294,22 @@ impl Store {
         // The database's clock, so every replica plans on the same time.
         let now = head.get::<_, i64>(1).max(0) as u64;
         let timeout_s = agent_timeout.as_secs_f64();
+        // The partition's key (`only`), the cluster it names if it names
+        // one, and the GPU type it covers (a cluster's: its nodes').
+        // Without a cluster, only the shared pools: no cluster's nodes,
+        // jobs or use.
+        let key = only;
+        let cluster = only.and_then(super::clusters::cluster_of_key);
+        let cluster_type: Option<String> = match cluster {
+            Some(c) => Some(
+                tx.query_opt("SELECT gpu_type FROM clusters WHERE cluster_id = $1", &[&c])
+                    .await?
+                    .ok_or(StoreError::NotFound)?
+                    .get(0),
+            ),
+            None => None,
+        };
+        let only: Option<&str> = cluster_type.as_deref().or(only);
         // A rack reporting thermal throttling: none of its nodes takes new
         // work (running work stays).
         let node_rows = tx
@@ -289,7 +318,11 @@ impl Store {
                         (NOT n.spare
                          AND a.last_sync_at > now() - make_interval(secs => $1)
                          AND NOT EXISTS (SELECT 1 FROM nodes r
-                                         WHERE r.leaf = n.leaf AND r.rack_throttled))
+                                         WHERE r.leaf = n.leaf AND r.rack_throttled)
+                         -- A cluster's node being given back, or of a
+                         -- cluster being deleted, takes no new work.
+                         AND NOT n.cluster_release
+                         AND (n.cluster_id IS NULL OR c.state = 'active'))
                             AS schedulable,
                         n.operator_state, n.admin_reason, n.drain_wait,
                         extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s,
@@ -298,10 +331,12 @@ impl Store {
                  FROM nodes n
                  JOIN agents a ON a.agent_id = n.agent_id
                  JOIN gpus g ON g.node_id = n.node_id
-                 WHERE $2::text IS NULL OR n.gpu_type = $2
-                 GROUP BY n.node_id, a.last_sync_at
+                 LEFT JOIN clusters c ON c.cluster_id = n.cluster_id
+                 WHERE ($2::text IS NULL OR n.gpu_type = $2)
+                   AND n.cluster_id IS NOT DISTINCT FROM $3
+                 GROUP BY n.node_id, a.last_sync_at, c.cluster_id
                  ORDER BY n.node_id",
-                &[&timeout_s, &only],
+                &[&timeout_s, &only, &cluster],
             )
             .await?;
         let live = tx
@@ -361,8 +396,9 @@ impl Store {
                  FROM workers w JOIN jobs j ON j.job_id = w.job_id
                  WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
                    AND j.run_workers IS NULL AND ($1::text IS NULL OR j.gpu_type = $1)
+                   AND j.cluster_id IS NOT DISTINCT FROM $2
                  GROUP BY j.job_id",
-                &[&only],
+                &[&only, &cluster],
             )
             .await?;
         let mut queue = Vec::new();
@@ -416,15 +452,19 @@ impl Store {
 
         // Quotas: the cap is the core's hard limit; guarantee and weight
         // feed fair sharing together with the decayed history.
+        // A cluster's nodes are its tenant's: no terms, no history.
         let mut quotas = BTreeMap::new();
         let mut shares: BTreeMap<(String, String), Share> = BTreeMap::new();
-        for row in tx
-            .query(
+        let terms = if cluster.is_some() {
+            Vec::new()
+        } else {
+            tx.query(
                 "SELECT tenant, gpu_type, guaranteed_gpus, max_gpus, weight FROM quotas",
                 &[],
             )
             .await?
-        {
+        };
+        for row in terms {
             let key: (String, String) = (row.get(0), row.get(1));
             if let Some(max) = row.get::<_, Option<i32>>(3) {
                 quotas.insert(key.clone(), max.max(0) as u32);
@@ -438,8 +478,10 @@ impl Store {
                 },
             );
         }
-        for (key, history) in self.history(&tx, history_options).await? {
-            shares.entry(key).or_default().history = history;
+        if cluster.is_none() {
+            for (key, history) in self.history(&tx, history_options).await? {
+                shares.entry(key).or_default().history = history;
+            }
         }
         // What holds GPUs now, and when each is expected to let go (start
         // plus estimate), for reservations; when it started and last
@@ -468,9 +510,10 @@ impl Store {
                         j.reservation_id
                  FROM allocations a JOIN jobs j ON j.job_id = a.job_id
                  WHERE a.released_at IS NULL AND ($1::text IS NULL OR a.gpu_type = $1)
+                   AND j.cluster_id IS NOT DISTINCT FROM $2
                  GROUP BY a.job_id, j.job_id
                  ORDER BY a.job_id",
-                &[&only],
+                &[&only, &cluster],
             )
             .await?;
         // Capacity reservations not deleted nor over, the earliest first.
@@ -480,9 +523,9 @@ impl Store {
                     extract(epoch FROM end_at)::bigint AS end_s
              FROM capacity_reservations
              WHERE state = 'active' AND (end_at IS NULL OR end_at > now())
-               AND ($1::text IS NULL OR gpu_type = $1)
+               AND ($1::text IS NULL OR gpu_type = $1) AND $2::uuid IS NULL
              ORDER BY start_at, reservation_id",
-            &[&only],
+            &[&only, &cluster],
         ))
         .await?
         .iter()
@@ -549,9 +592,10 @@ impl Store {
         let mut usage = BTreeMap::new();
         for row in tx
             .query(
-                "SELECT tenant, gpu_type, count(*) FROM allocations
-                 WHERE released_at IS NULL GROUP BY tenant, gpu_type",
-                &[],
+                "SELECT a.tenant, a.gpu_type, count(*) FROM allocations a JOIN jobs j USING (job_id)
+                 WHERE a.released_at IS NULL AND j.cluster_id IS NOT DISTINCT FROM $1
+                 GROUP BY a.tenant, a.gpu_type",
+                &[&cluster],
             )
             .await?
         {
@@ -566,19 +610,31 @@ impl Store {
                     "SELECT n.gpu_type, count(*) FROM nodes n
                      JOIN agents a ON a.agent_id = n.agent_id
                      JOIN gpus g ON g.node_id = n.node_id
+                     WHERE n.cluster_id IS NOT DISTINCT FROM $1
                      GROUP BY n.gpu_type",
-                    &[],
+                    &[&cluster],
                 )
                 .await?
             {
                 capacity.insert(row.get(0), row.get::<_, i64>(1).max(0) as u64);
             }
         }
-        // Rack power: computed over every type of every budgeted rack, then
-        // narrowed to the partition's type, so a rack's figures are the
-        // same whichever partition reads them.
+        // Rack power: computed over every partition of every budgeted
+        // rack, then narrowed to this one's (the shared pools', without a
+        // key), so a rack's figures are the same whichever partition reads
+        // them.
         let power_rows = rack_power_rows(&*tx).await?;
-        let (mut racks, mut power_headroom_w) = rack_power(&power_rows);
+        let (mut racks, headroom) = rack_power(&power_rows);
+        let pool_type: BTreeMap<&str, &str> = (power_rows.iter())
+            .map(|r| (r.pool.as_str(), r.gpu_type.as_str()))
+            .collect();
+        let mut power_headroom_w: BTreeMap<(String, String), u64> = (headroom.into_iter())
+            .filter(|((_, pool), _)| match key {
+                Some(k) => pool == k,
+                None => super::clusters::cluster_of_key(pool).is_none(),
+            })
+            .map(|((leaf, pool), w)| ((leaf, pool_type[pool.as_str()].to_string()), w))
+            .collect();
         // The draws that matter: those of types in budgeted racks (the
         // rows' draw is the type's, the most any of its nodes reports).
         let gpu_power_w: BTreeMap<String, u32> = (power_rows.iter())
@@ -589,18 +645,18 @@ impl Store {
                 )
             })
             .collect();
-        if let Some(t) = only {
-            power_headroom_w.retain(|(_, ty), _| ty == t);
+        if let Some(k) = key {
+            power_headroom_w.retain(|(_, ty), _| Some(ty.as_str()) == only);
             let covered: BTreeSet<&str> = (power_rows.iter())
-                .filter(|r| r.gpu_type == t)
+                .filter(|r| r.pool == k)
                 .map(|r| r.leaf.as_str())
                 .collect();
             racks.retain(|leaf, _| covered.contains(leaf.as_str()));
         }
 
         // Every covered type's partition version (no row yet: 0).
-        let mut partitions: BTreeMap<String, i64> = match only {
-            Some(t) => [(t.to_string(), 0)].into(),
+        let mut partitions: BTreeMap<String, i64> = match key {
+            Some(k) => [(k.to_string(), 0)].into(),
             None => (nodes.iter().map(|n: &Node| n.gpu_type.clone()))
                 .chain(queue.iter().map(|r: &Request| r.gpu_type.clone()))
                 .map(|t| (t, 0))
@@ -609,8 +665,8 @@ impl Store {
         for row in tx
             .query(
                 "SELECT gpu_type, generation FROM sched_partitions
-                 WHERE $1::text IS NULL OR gpu_type = $1",
-                &[&only],
+                 WHERE ($1::text IS NULL AND gpu_type NOT LIKE 'cluster:%') OR gpu_type = $1",
+                &[&key],
             )
             .await?
         {
@@ -765,7 +821,9 @@ async fn bump_partitions(
 ) -> Result<()> {
     let rows = tx
         .query(
-            "SELECT DISTINCT gpu_type FROM jobs WHERE job_id = ANY($1) ORDER BY gpu_type",
+            "SELECT DISTINCT CASE WHEN cluster_id IS NULL THEN gpu_type
+                                  ELSE 'cluster:' || cluster_id::text END AS pool
+             FROM jobs WHERE job_id = ANY($1) ORDER BY pool",
             &[&jobs],
         )
         .await?;
@@ -1043,8 +1101,10 @@ impl Store {
         Ok(conn.query_one(&version, &[]).await?.get(0))
     }
 
-    /// The region's non-spare nodes by GPU type (for validating that a job
-    /// could ever fit), with the fleet version they were read at.
+    /// The region's non-spare nodes by scheduling partition (a GPU type's
+    /// shared pool, or a dedicated cluster's `clusters::pool_key`), for
+    /// validating that a job could ever fit and for the scheduler's pass
+    /// loops, with the fleet version they were read at.
     pub async fn fleet_shape(&self) -> Result<(i64, BTreeMap<String, Vec<FleetShape>>)> {
         let mut conn = self.conn().await?;
         let tx = conn
@@ -1059,7 +1119,9 @@ impl Store {
             .get(0);
         let rows = tx
             .query(
-                "SELECT n.gpu_type, n.spine, n.leaf, n.nvlink_domain, count(*) AS gpus
+                "SELECT CASE WHEN n.cluster_id IS NULL THEN n.gpu_type
+                             ELSE 'cluster:' || n.cluster_id::text END AS pool,
+                        n.spine, n.leaf, n.nvlink_domain, count(*) AS gpus
                  FROM nodes n JOIN gpus g ON g.node_id = n.node_id
                  WHERE NOT n.spare
                  GROUP BY n.node_id",
@@ -1092,8 +1154,9 @@ impl Store {
 impl Store {
     /// Capacity per GPU type and job counts, for `GET /v1/region` and metrics
     /// (the global tier routes by `free`): schedulable and free GPUs leave
-    /// out racks reporting thermal throttling, and a budgeted rack counts
-    /// no more free GPUs than its power headroom can feed.
+    /// out racks reporting thermal throttling and dedicated clusters' nodes
+    /// (the shared pool's capacity), and a budgeted rack counts no more
+    /// free GPUs than its power headroom can feed.
     pub async fn capacity(
         &self,
         agent_timeout: Duration,
@@ -1109,11 +1172,11 @@ impl Store {
                         count(DISTINCT n.node_id) AS nodes,
                         count(*) FILTER (WHERE NOT n.spare AND g.gpu_index = ANY(n.usable)
                             AND a.last_sync_at > now() - make_interval(secs => $1)
-                            AND NOT t.throttled) AS schedulable,
+                            AND NOT t.throttled AND n.cluster_id IS NULL) AS schedulable,
                         count(al.alloc_id) AS allocated,
                         count(*) FILTER (WHERE NOT n.spare AND g.gpu_index = ANY(n.usable)
                             AND a.last_sync_at > now() - make_interval(secs => $1)
-                            AND NOT t.throttled
+                            AND NOT t.throttled AND n.cluster_id IS NULL
                             AND al.alloc_id IS NULL) AS free,
                         count(*) FILTER (WHERE n.spare) AS spare
                  FROM nodes n
@@ -1184,6 +1247,7 @@ mod power_tests {
         RackTypePower {
             leaf: leaf.into(),
             gpu_type: ty.into(),
+            pool: ty.into(),
             budget_w: budget,
             draw_w: draw,
             gpus,

@@ -22,11 +22,21 @@ use uuid::Uuid;
 
 use super::plans::level_from_db;
 use super::rows::{level_of, topology_of};
-use super::{Result, Store, StoreError};
+use super::{Result, Store, StoreError, Who};
 
 /// Advisory lock key held while a reservation is admitted or changed
 /// ("gangresv").
 const RESERVATION_LOCK_KEY: i64 = 0x6761_6e67_7265_7376;
+
+/// Takes the region's capacity lock (transaction-level): reservation
+/// admissions and changes, and the dedicated clusters' creates and grows
+/// (which take nodes out of what reservations are admitted on), one at a
+/// time.
+pub(super) async fn lock_capacity(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&RESERVATION_LOCK_KEY])
+        .await?;
+    Ok(())
+}
 
 /// Columns every reservation query selects, in the shape
 /// [`reservation_from_row`] reads. `r` is `capacity_reservations`.
@@ -115,7 +125,10 @@ pub(super) fn reservation_from_row(row: &Row, region: &str) -> Reservation {
 struct Ground {
     now: u64,
     nodes: Vec<Node>,
+    /// The reservations' promises first (`reserved` of them), then the
+    /// running work's.
     promised: Vec<Promised>,
+    reserved: usize,
 }
 
 /// Running units the scheduler may not evict for a reservation (above
@@ -131,6 +144,7 @@ const RUNNING_WORK_SQL: &str = "
                extract(epoch FROM min(a.allocated_at))::bigint + j.estimated_duration_s AS end_s
         FROM allocations a JOIN jobs j ON j.job_id = a.job_id
         WHERE a.released_at IS NULL AND a.gpu_type = $1 AND j.priority > $2
+          AND j.cluster_id IS NULL
           AND NOT EXISTS (SELECT 1 FROM capacity_reservations r
                           WHERE r.reservation_id = j.reservation_id AND r.state = 'active'
                             AND (r.end_at IS NULL OR r.end_at > now()))
@@ -164,7 +178,7 @@ async fn ground(tx: &Transaction<'_>, gpu_type: &str, except: Option<Uuid>) -> R
     let nodes = (tx.query(
         "SELECT n.node_id, n.spine, n.leaf, n.nvlink_domain, count(*)::int AS gpus
              FROM nodes n JOIN gpus g ON g.node_id = n.node_id
-             WHERE n.gpu_type = $1 AND NOT n.spare
+             WHERE n.gpu_type = $1 AND NOT n.spare AND n.cluster_id IS NULL
              GROUP BY n.node_id ORDER BY n.node_id",
         &[&gpu_type],
     ))
@@ -219,12 +233,54 @@ async fn ground(tx: &Transaction<'_>, gpu_type: &str, except: Option<Uuid>) -> R
             end: Some(r.get::<_, i64>("end_s").max(0) as u64),
         })
         .collect::<Vec<_>>();
+    let reserved = promised.len();
     let promised = promised.into_iter().chain(running).collect();
     Ok(Ground {
         now,
         nodes,
         promised,
+        reserved,
     })
+}
+
+/// Whether every live reservation of `gpu_type` could still be honoured
+/// if `removed` (idle nodes a dedicated cluster takes) left the capacity
+/// reservations are admitted on: `Err` with the first one that could not.
+/// The caller holds the capacity lock ([`lock_capacity`]).
+pub(super) async fn promises_hold_without(
+    tx: &Transaction<'_>,
+    gpu_type: &str,
+    removed: &std::collections::BTreeSet<String>,
+) -> Result<std::result::Result<(), String>> {
+    let g = ground(tx, gpu_type, None).await?;
+    let nodes: Vec<Node> = (g.nodes.into_iter())
+        .filter(|n| !removed.contains(&n.id))
+        .collect();
+    for i in 0..g.reserved {
+        let p = &g.promised[i];
+        let others: Vec<Promised> = (g.promised.iter().enumerate())
+            .filter(|(j, _)| *j != i)
+            .map(|(_, q)| q.clone())
+            .collect();
+        let ask = Ask {
+            gpus: p.gpus,
+            level: p.domain.level,
+            start: p.start.max(g.now),
+            end: p.end,
+        };
+        if let Admission::Refused { .. } =
+            gangway_sched::capacity::admit_within(&nodes, &others, &ask, &p.domain)
+        {
+            return Ok(Err(format!(
+                "{} GPUs reserved in {} {} for {}",
+                p.gpus,
+                p.domain.level,
+                p.domain.name(),
+                window(ask.start, ask.end)
+            )));
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// Whether `ask` fits in `domain` (a resize keeps its reservation's
@@ -268,65 +324,6 @@ fn conflict(message: String) -> StoreError {
     }
 }
 
-/// Refuses `key` when it already named another reservation operation of
-/// `tenant`'s than (`id`, `op`, `request`); `Ok(true)` when it named this
-/// one (a retry).
-async fn key_matches(
-    tx: &Transaction<'_>,
-    tenant: &str,
-    key: &str,
-    id: Uuid,
-    op: &str,
-    request: &serde_json::Value,
-) -> Result<bool> {
-    let created = tx
-        .query_opt(
-            "SELECT 1 FROM capacity_reservations WHERE tenant = $1 AND idempotency_key = $2",
-            &[&tenant, &key],
-        )
-        .await?;
-    if created.is_some() {
-        return Err(StoreError::KeyReused);
-    }
-    let Some(row) = tx
-        .query_opt(
-            "SELECT reservation_id, op, request FROM reservation_requests
-             WHERE tenant = $1 AND idempotency_key = $2",
-            &[&tenant, &key],
-        )
-        .await?
-    else {
-        return Ok(false);
-    };
-    let same = row.get::<_, Uuid>(0) == id
-        && row.get::<_, &str>(1) == op
-        && row.get::<_, serde_json::Value>(2) == *request;
-    if same {
-        Ok(true)
-    } else {
-        Err(StoreError::KeyReused)
-    }
-}
-
-async fn record_key(
-    tx: &Transaction<'_>,
-    tenant: &str,
-    key: Option<&str>,
-    id: Uuid,
-    op: &str,
-    request: &serde_json::Value,
-) -> Result<()> {
-    if let Some(key) = key {
-        tx.execute(
-            "INSERT INTO reservation_requests (tenant, idempotency_key, reservation_id, op, request)
-             VALUES ($1, $2, $3, $4, $5)",
-            &[&tenant, &key, &id, &op, request],
-        )
-        .await?;
-    }
-    Ok(())
-}
-
 impl Store {
     async fn reservation_in<C: GenericClient + Sync>(
         &self,
@@ -351,38 +348,24 @@ impl Store {
     /// create with the same key made. One that cannot be honoured is
     /// [`StoreError::ReservationRefused`] with why and the earliest window
     /// of the same length that would work; nothing is written.
-    pub async fn create_reservation(&self, new: &NewReservation) -> Result<ReservationOutcome> {
+    /// An operator's create (`who`) is audited as `reservation.create`.
+    pub async fn create_reservation(
+        &self,
+        new: &NewReservation,
+        who: Who<'_>,
+    ) -> Result<ReservationOutcome> {
         let request = serde_json::to_value(&new.spec).expect("a ReservationSpec serializes");
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&RESERVATION_LOCK_KEY])
-            .await?;
+        lock_capacity(&tx).await?;
         if let Some(key) = &new.idempotency_key {
-            let earlier = tx
-                .query_opt(
-                    "SELECT tenant, idempotency_key, request FROM capacity_reservations
-                     WHERE reservation_id = $1",
-                    &[&new.id],
-                )
-                .await?;
-            if let Some(row) = earlier {
-                let same = row.get::<_, &str>(0) == new.tenant
-                    && row.get::<_, Option<&str>>(1) == Some(key.as_str())
-                    && row.get::<_, serde_json::Value>(2) == request;
-                if !same {
-                    return Err(StoreError::KeyReused);
-                }
+            let keyed = &super::keyed::RESERVATIONS;
+            if keyed
+                .earlier_create(&tx, new.id, &new.tenant, key, &request)
+                .await?
+            {
                 let r = self.reservation_in(&*tx, Some(&new.tenant), new.id).await?;
                 return Ok(ReservationOutcome::Replayed(r));
-            }
-            let used = tx
-                .query_opt(
-                    "SELECT 1 FROM reservation_requests WHERE tenant = $1 AND idempotency_key = $2",
-                    &[&new.tenant, key],
-                )
-                .await?;
-            if used.is_some() {
-                return Err(StoreError::KeyReused);
             }
         }
         let spec = &new.spec;
@@ -436,6 +419,14 @@ impl Store {
         )
         .await?;
         let r = self.reservation_in(&*tx, None, new.id).await?;
+        who.audit(
+            &tx,
+            "reservation.create",
+            new.id,
+            serde_json::json!({"tenant": new.tenant, "gpu_type": r.gpu_type, "gpus": r.gpus,
+                               "domain": r.domain, "start": r.start, "end": r.end}),
+        )
+        .await?;
         tx.commit().await?;
         Ok(ReservationOutcome::Done(r))
     }
@@ -476,7 +467,7 @@ impl Store {
     /// size is below what its running jobs hold.
     pub async fn resize_reservation(
         &self,
-        tenant: &str,
+        who: Who<'_>,
         id: Uuid,
         key: Option<&str>,
         resize: &ReservationResize,
@@ -484,11 +475,14 @@ impl Store {
         let request = serde_json::to_value(resize).expect("a ReservationResize serializes");
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&RESERVATION_LOCK_KEY])
-            .await?;
-        let current = self.reservation_in(&*tx, Some(tenant), id).await?;
+        lock_capacity(&tx).await?;
+        let current = self.reservation_in(&*tx, who.tenant(), id).await?;
+        let tenant = current.tenant.as_str();
         if let Some(k) = key {
-            if key_matches(&tx, tenant, k, id, "resize", &request).await? {
+            if super::keyed::RESERVATIONS
+                .earlier_change(&tx, tenant, k, id, "resize", &request)
+                .await?
+            {
                 return Ok(ReservationOutcome::Replayed(current));
             }
         }
@@ -548,7 +542,16 @@ impl Store {
             &[&id, &(gpus as i32), &end_s.map(|e| e as i64)],
         )
         .await?;
-        record_key(&tx, tenant, key, id, "resize", &request).await?;
+        super::keyed::RESERVATIONS
+            .record(&tx, tenant, key, id, "resize", &request)
+            .await?;
+        who.audit(
+            &tx,
+            "reservation.resize",
+            id,
+            serde_json::json!({"tenant": tenant, "gpus": gpus, "end": end}),
+        )
+        .await?;
         let r = self.reservation_in(&*tx, None, id).await?;
         tx.commit().await?;
         Ok(ReservationOutcome::Done(r))
@@ -560,18 +563,21 @@ impl Store {
     /// reservation changes nothing and answers the same.
     pub async fn delete_reservation(
         &self,
-        tenant: &str,
+        who: Who<'_>,
         id: Uuid,
         key: Option<&str>,
     ) -> Result<ReservationOutcome> {
         let request = serde_json::json!({});
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&RESERVATION_LOCK_KEY])
-            .await?;
-        let current = self.reservation_in(&*tx, Some(tenant), id).await?;
+        lock_capacity(&tx).await?;
+        let current = self.reservation_in(&*tx, who.tenant(), id).await?;
+        let tenant = current.tenant.as_str();
         if let Some(k) = key {
-            if key_matches(&tx, tenant, k, id, "delete", &request).await? {
+            if super::keyed::RESERVATIONS
+                .earlier_change(&tx, tenant, k, id, "delete", &request)
+                .await?
+            {
                 return Ok(ReservationOutcome::Replayed(current));
             }
         }
@@ -583,7 +589,16 @@ impl Store {
             )
             .await?;
         }
-        record_key(&tx, tenant, key, id, "delete", &request).await?;
+        super::keyed::RESERVATIONS
+            .record(&tx, tenant, key, id, "delete", &request)
+            .await?;
+        who.audit(
+            &tx,
+            "reservation.delete",
+            id,
+            serde_json::json!({"tenant": tenant}),
+        )
+        .await?;
         let r = self.reservation_in(&*tx, None, id).await?;
         tx.commit().await?;
         Ok(ReservationOutcome::Done(r))

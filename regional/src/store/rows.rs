@@ -52,6 +52,7 @@ pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job
             topology: Default::default(),
             region: None,
             reservation: None,
+            cluster: None,
         }),
         created_at: row.get("created_at"),
         started_at: row.get("started_at"),

@@ -67,8 +67,10 @@ pub(super) async fn gangs_on(
 }
 
 /// Takes a spare for the gangs that were running on `failed` (from
-/// [`gangs_on`], before they were moved): the spare leaves the pool, the
-/// failed node goes to repair, and the gangs' new placements are held.
+/// [`gangs_on`], before they were moved), inside the domain `within`
+/// (from the region down; empty: anywhere; a cluster's member gets one of
+/// its cluster's domain): the spare leaves the pool, the failed node goes
+/// to repair, and the gangs' new placements are held.
 /// Returns the spare, or `None` when there is no fitting spare (the gangs
 /// then simply wait at the front of their queues).
 pub(super) async fn swap_in(
@@ -76,6 +78,7 @@ pub(super) async fn swap_in(
     failed: &str,
     why: &str,
     gangs: &[(Uuid, Vec<Slot>)],
+    within: &[String],
 ) -> Result<Option<String>> {
     if gangs.is_empty() {
         return Ok(None);
@@ -98,38 +101,15 @@ pub(super) async fn swap_in(
     };
     let (spine, leaf, gpu_type): (String, String, String) =
         (place.get(0), place.get(1), place.get(2));
-    // The nearest healthy, idle spare that has the failed node's GPU
-    // indices; one locked elsewhere (its agent syncing) is passed over
-    // rather than waited for. Not on a rack reporting thermal throttling,
-    // and, in another rack than the failed node's, only where the rack's
-    // power budget can feed the GPUs moving there (within the failed
-    // node's rack, the draw only moves).
-    let Some(spare) = tx
-        .query_opt(
-            "SELECT n.node_id, n.leaf = $2 AS same_leaf, n.spine = $3 AS same_spine
-             FROM nodes n
-             WHERE n.spare AND n.gpu_type = $1 AND n.node_id <> $5
-               AND n.operator_state = 'active' AND n.observed = 'healthy'
-               AND n.usable @> $4::int[]
-               AND NOT EXISTS (SELECT 1 FROM allocations x
-                               WHERE x.node_id = n.node_id AND x.released_at IS NULL)
-               AND NOT EXISTS (SELECT 1 FROM gpu_holds h JOIN jobs j USING (job_id)
-                               WHERE h.node_id = n.node_id AND j.state = 'preempting')
-               AND NOT EXISTS (SELECT 1 FROM nodes r WHERE r.leaf = n.leaf AND r.rack_throttled)
-               AND (n.leaf = $2 OR n.gpu_power_w IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM nodes b
-                        WHERE b.leaf = n.leaf AND b.rack_power_budget_w IS NOT NULL)
-                    OR (SELECT min(b.rack_power_budget_w) FROM nodes b WHERE b.leaf = n.leaf)
-                       >= (SELECT coalesce(sum(d.gpu_power_w), 0) FROM allocations a
-                           JOIN nodes d ON d.node_id = a.node_id
-                           WHERE d.leaf = n.leaf AND a.released_at IS NULL)
-                          + cardinality($4::int[]) * n.gpu_power_w::bigint)
-             ORDER BY (n.leaf = $2) DESC, (n.spine = $3) DESC, n.node_id
-             LIMIT 1
-             FOR UPDATE OF n SKIP LOCKED",
-            &[&gpu_type, &leaf, &spine, &needed, &failed],
-        )
-        .await?
+    let Some(spare) = find_spare(
+        tx,
+        &gpu_type,
+        Some((spine.as_str(), leaf.as_str())),
+        Some(failed),
+        within,
+        Some(&needed),
+    )
+    .await?
     else {
         let jobs: Vec<Uuid> = gangs.iter().map(|(j, _)| *j).collect();
         node_event(
@@ -142,12 +122,8 @@ pub(super) async fn swap_in(
         .await?;
         return Ok(None);
     };
-    let spare_id: String = spare.get(0);
-    let domain = match (spare.get::<_, bool>(1), spare.get::<_, bool>(2)) {
-        (true, _) => "leaf",
-        (false, true) => "spine",
-        _ => "region",
-    };
+    let spare_id = spare.node_id.clone();
+    let domain = spare.domain.as_str();
 
     tx.execute(
         "UPDATE nodes SET spare = false, spare_managed = true WHERE node_id = $1",
@@ -189,13 +165,15 @@ pub(super) async fn swap_in(
         &[&h_node, &h_gpu, &h_job, &h_rank],
     )
     .await?;
-    // What may be scheduled changed (a spare joined, a node left).
+    // What may be scheduled changed (a spare joined, a node left), and
+    // the fleet's shape with it.
     tx.execute(
-        "UPDATE sched_state SET generation = generation + 1 WHERE id = 1",
+        "UPDATE sched_state SET generation = generation + 1, fleet_version = fleet_version + 1
+         WHERE id = 1",
         &[],
     )
     .await?;
-    metrics::counter!("gangway_spare_swaps_total", "domain" => domain).increment(1);
+    metrics::counter!("gangway_spare_swaps_total", "domain" => domain.to_string()).increment(1);
     let jobs: Vec<Uuid> = gangs.iter().map(|(j, _)| *j).collect();
     node_event(
         tx,
@@ -242,6 +220,79 @@ pub(super) async fn swap_in(
         }
     }
     Ok(Some(spare_id))
+}
+
+/// A spare found for a node: its id, and the tightest level it shares
+/// with the node it is near (`leaf`, `spine` or `region`).
+#[derive(Clone, Debug)]
+pub(super) struct Spare {
+    pub node_id: String,
+    pub domain: String,
+}
+
+/// The nearest healthy, idle spare of `gpu_type` inside `within` (from
+/// the region down; empty: anywhere): in `near`'s leaf first, then its
+/// spine, then by id; never `exclude`. One locked elsewhere (its agent
+/// syncing) is passed over rather than waited for, and none on a rack
+/// reporting thermal throttling.
+///
+/// With `feeds` (the GPU indices a moving gang takes on it): it must have
+/// those usable and, in another rack than `near`'s, its rack's power
+/// budget must feed them (within `near`'s rack, the draw only moves).
+/// Without: every GPU of it usable (a whole node joining a cluster; its
+/// GPUs draw nothing until the scheduler places work there, within the
+/// budget).
+pub(super) async fn find_spare(
+    tx: &Transaction<'_>,
+    gpu_type: &str,
+    near: Option<(&str, &str)>,
+    exclude: Option<&str>,
+    within: &[String],
+    feeds: Option<&[i32]>,
+) -> Result<Option<Spare>> {
+    let (spine, leaf) = near.unwrap_or(("", ""));
+    let row = tx
+        .query_opt(
+            &format!(
+                "SELECT n.node_id, n.leaf = $2 AS same_leaf, n.spine = $3 AS same_spine
+                 FROM nodes n
+                 WHERE n.spare AND n.gpu_type = $1 AND n.node_id IS DISTINCT FROM $5
+                   AND n.operator_state = 'active' AND n.observed = 'healthy'
+                   AND CASE WHEN $4::int[] IS NULL
+                            THEN cardinality(n.usable) = (SELECT count(*) FROM gpus g
+                                                          WHERE g.node_id = n.node_id)
+                            ELSE n.usable @> $4::int[] END
+                   AND NOT EXISTS (SELECT 1 FROM allocations x
+                                   WHERE x.node_id = n.node_id AND x.released_at IS NULL)
+                   AND NOT EXISTS (SELECT 1 FROM gpu_holds h JOIN jobs j USING (job_id)
+                                   WHERE h.node_id = n.node_id AND j.state = 'preempting')
+                   AND NOT EXISTS (SELECT 1 FROM nodes r WHERE r.leaf = n.leaf AND r.rack_throttled)
+                   AND ($4::int[] IS NULL OR n.leaf = $2 OR n.gpu_power_w IS NULL OR NOT EXISTS (
+                            SELECT 1 FROM nodes b
+                            WHERE b.leaf = n.leaf AND b.rack_power_budget_w IS NOT NULL)
+                        OR (SELECT min(b.rack_power_budget_w) FROM nodes b WHERE b.leaf = n.leaf)
+                           >= (SELECT coalesce(sum(d.gpu_power_w), 0) FROM allocations a
+                               JOIN nodes d ON d.node_id = a.node_id
+                               WHERE d.leaf = n.leaf AND a.released_at IS NULL)
+                              + cardinality($4::int[]) * n.gpu_power_w::bigint)
+                   AND {}
+                 ORDER BY (n.leaf = $2) DESC, (n.spine = $3) DESC, n.node_id
+                 LIMIT 1
+                 FOR UPDATE OF n SKIP LOCKED",
+                super::clusters::in_domain(6)
+            ),
+            &[&gpu_type, &leaf, &spine, &feeds, &exclude, &within],
+        )
+        .await?;
+    Ok(row.map(|r| Spare {
+        node_id: r.get(0),
+        domain: match (r.get::<_, bool>(1), r.get::<_, bool>(2)) {
+            (true, _) => "leaf",
+            (false, true) => "spine",
+            _ => "region",
+        }
+        .to_string(),
+    }))
 }
 
 /// A requeued gang with held GPUs is placed onto them now, through the

@@ -3,9 +3,13 @@
 
 #![allow(dead_code)]
 
-use gangway_regional::store::{NewJob, SubmitOutcome};
+use gangway_health::Signal;
+use gangway_regional::store::{NewJob, StopTiming, SubmitOutcome};
 use gangway_regional::Store;
-use gangway_shared::agent::{AgentGpu, AgentNode, RegisterRequest};
+use gangway_shared::agent::{
+    AgentGpu, AgentNode, Assignment, Desired, NodeReport, RegisterRequest, SyncRequest,
+    WorkerReport, WorkerStatus,
+};
 use gangway_shared::api::{JobMode, TopologyLevel};
 use uuid::Uuid;
 
@@ -86,5 +90,96 @@ pub async fn submit(store: &Store, j: &NewJob) -> Uuid {
     match store.submit(j).await.unwrap() {
         SubmitOutcome::Created(job) => job.id,
         SubmitOutcome::Replayed(_) => panic!("fresh job replayed"),
+    }
+}
+
+/// How long agents give workers to stop and to checkpoint, in tests.
+pub const TIMING: StopTiming = StopTiming {
+    grace_period_s: 5,
+    checkpoint_deadline_s: 30,
+};
+
+/// One agent per node, as on real machines: `n0` by `agent-n0`, …
+pub struct Fleet {
+    pub boots: Vec<Uuid>,
+}
+
+impl Fleet {
+    /// Registers these nodes, which must be named `n0`, `n1`, … in order.
+    pub async fn register_nodes(store: &Store, nodes: Vec<AgentNode>) -> Fleet {
+        let mut boots = Vec::new();
+        for (n, node) in nodes.into_iter().enumerate() {
+            assert_eq!(node.node_id, format!("n{n}"));
+            let boot = Uuid::new_v4();
+            store
+                .register_agent(&RegisterRequest {
+                    agent_id: format!("agent-n{n}"),
+                    boot_id: boot,
+                    executor: "sim".into(),
+                    nodes: vec![node],
+                })
+                .await
+                .unwrap();
+            boots.push(boot);
+        }
+        Fleet { boots }
+    }
+
+    /// Syncs node `n`'s agent with these signals and reports; returns the
+    /// assignments.
+    pub async fn sync(
+        &self,
+        store: &Store,
+        n: usize,
+        machine_boot: &str,
+        signals: Vec<Signal>,
+        workers: Vec<WorkerReport>,
+    ) -> Vec<Assignment> {
+        store
+            .sync_agent(
+                &format!("agent-n{n}"),
+                &SyncRequest {
+                    boot_id: self.boots[n],
+                    workers,
+                    nodes: vec![NodeReport {
+                        node_id: format!("n{n}"),
+                        boot_id: machine_boot.into(),
+                        signals,
+                    }],
+                },
+                TIMING,
+            )
+            .await
+            .unwrap()
+            .assignments
+    }
+
+    /// Syncs as the agent would: wanted workers run; workers asked to
+    /// checkpoint exit with `checkpoint`; workers asked to stop exit.
+    pub async fn act(&self, store: &Store, n: usize, checkpoint: Option<&str>) -> Vec<Assignment> {
+        let wanted = self.sync(store, n, "boot-1", vec![], vec![]).await;
+        let reports = wanted
+            .iter()
+            .map(|a| WorkerReport {
+                job_id: a.job_id,
+                rank: a.rank,
+                attempt: a.attempt,
+                status: match a.desired {
+                    Desired::Run => WorkerStatus::Running,
+                    _ => WorkerStatus::Exited {
+                        exit_code: None,
+                        signal: Some(15),
+                        message: Some("checkpointed and stopped".into()),
+                    },
+                },
+                checkpoint: match a.desired {
+                    Desired::Checkpoint => checkpoint.map(String::from),
+                    _ => None,
+                },
+                fenced: false,
+            })
+            .collect();
+        self.sync(store, n, "boot-1", vec![], reports).await;
+        wanted
     }
 }
