@@ -63,6 +63,21 @@ pub struct SimArgs {
     /// Also enforce the guarantees as hard quotas (no borrowing).
     #[arg(long, requires = "quotas")]
     quota_caps: bool,
+    /// Reserve this % of the fleet's GPUs at the start: the tenants with
+    /// the largest guarantees each get an open-ended capacity reservation
+    /// of their guarantee (taken out of their share of the pool) until the
+    /// reservations cover the share; their jobs run in it while they fit.
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        requires = "quotas",
+        conflicts_with = "quota_caps"
+    )]
+    reserve_pct: f64,
+    /// Reservations keep their idle GPUs to themselves instead of lending
+    /// them to preemptible (low-priority) work.
+    #[arg(long, requires = "reserve_pct")]
+    no_borrow: bool,
     /// Fair-share weights, e.g. `a=2,b=0.5` (1 for tenants not named).
     #[arg(long, value_delimiter = ',')]
     weights: Vec<String>,
@@ -225,6 +240,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<u8> {
         pass_interval_s: args.pass_interval_s,
         spares: args.spares,
         scheduled_failures: Vec::new(),
+        reserve_pct: args.reserve_pct,
+        lend_reserved: !args.no_borrow,
     };
     let sim = Simulation::new(&trace, &nodes, config)?;
     let kinds = args.policy.kinds();

@@ -41,9 +41,12 @@ pub(crate) fn max_reservations(kind: PolicyKind) -> usize {
 struct Hold {
     job: String,
     start: u64,
-    /// `Some(id)`: capacity reservation `id`'s GPUs (`reserved.rs`), which
-    /// preemptible units may borrow too; `None`: a waiting unit's.
+    /// `Some(id)`: capacity reservation `id`'s GPUs (`reserved.rs`);
+    /// `None`: a waiting unit's.
     capacity: Option<String>,
+    /// Whether preemptible units may borrow them whenever they end: a
+    /// capacity reservation's, when the policy lends them.
+    lends: bool,
     /// Its GPUs that are free now, out of the index.
     held: Vec<SlotGpus>,
     count: u64,
@@ -129,8 +132,8 @@ impl<'a> TypeState<'a> {
 
     /// Holds up to `protect` free GPUs inside `res`'s domain for it, whole
     /// nodes first (its units are often gangs), until the round ends. Units
-    /// that end by its start may use them, and preemptible ones always
-    /// ([`Self::allowed`]).
+    /// that end by its start may use them, and, when it `lends`, preemptible
+    /// ones always ([`Self::allowed`]).
     ///
     /// What it cannot hold free now comes from the units running in its
     /// domain (`inside`: slot, GPUs, expected end), the first to end first:
@@ -140,6 +143,7 @@ impl<'a> TypeState<'a> {
         &mut self,
         res: &ReservedCapacity,
         protect: u64,
+        lends: bool,
         now: u64,
         inside_running: &[(&str, &[u32], u64)],
     ) {
@@ -185,6 +189,7 @@ impl<'a> TypeState<'a> {
             job: res.id.clone(),
             start: res.start.max(now),
             capacity: Some(res.id.clone()),
+            lends,
             count: held.iter().map(|(_, g)| g.len() as u64).sum(),
             held,
         });
@@ -272,13 +277,14 @@ impl<'a> TypeState<'a> {
     }
 
     /// The holds `req`, ending at `end`, may use, as a view mask: those it
-    /// ends in time for, and capacity reservations' when it is preemptible.
+    /// ends in time for, and lending capacity reservations' when it is
+    /// preemptible.
     fn allowed(&self, req: &Request, end: Option<u64>) -> u64 {
         let borrows = req.priority <= PREEMPTIBLE_PRIORITY;
         self.holds
             .iter()
             .enumerate()
-            .filter(|(_, h)| end.is_some_and(|e| e <= h.start) || (borrows && h.capacity.is_some()))
+            .filter(|(_, h)| end.is_some_and(|e| e <= h.start) || (borrows && h.lends))
             .fold(0, |m, (i, _)| m | 1 << i)
     }
 
@@ -508,6 +514,7 @@ impl<'a> TypeState<'a> {
             job: req.job.clone(),
             start: found.start,
             capacity: None,
+            lends: false,
             count: held.iter().map(|(_, g)| g.len() as u64).sum(),
             held,
         });

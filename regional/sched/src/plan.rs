@@ -193,7 +193,7 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
     // Units in capacity reservations go first, inside their reservations.
     let (in_reserved, order): (Vec<&Request>, Vec<&Request>) =
         order.into_iter().partition(|r| r.reservation.is_some());
-    let mut reserved = Reserved::new(snapshot);
+    let mut reserved = Reserved::new(snapshot, policy.lend_reserved);
     let mut reserved_waits = Vec::new();
     reserved.place_units(
         &in_reserved,

@@ -15,10 +15,12 @@
 //!   type), the free GPUs of its domain up to what its units do not use,
 //!   whole nodes first. Like a waiting gang's reservation, a unit that ends
 //!   before the reservation starts may use them; unlike it, a preemptible
-//!   unit (priority ≤ [`crate::PREEMPTIBLE_PRIORITY`]) may always borrow them.
+//!   unit (priority ≤ [`crate::PREEMPTIBLE_PRIORITY`]) may always borrow them
+//!   while the policy lends reserved GPUs ([`crate::Policy::lend_reserved`]).
 //!   Nothing else can take them, so at its start the reservation's domain
 //!   holds its GPUs free, or lent to work that will have ended or that can
-//!   be preempted.
+//!   be preempted. Without lending, an owner's unit never waits for a
+//!   borrower to checkpoint, at the price of the GPUs it leaves idle.
 //! - **Borrowers give them back.** An owner's unit that does not fit in
 //!   the domain preempts borrowers there (`PreemptCause::Reservation`,
 //!   `preempt.rs`): preemptible units not of the reservation, whatever
@@ -40,10 +42,12 @@ pub(crate) struct Reserved<'s> {
     /// placed by this pass).
     by_id: BTreeMap<&'s str, (&'s ReservedCapacity, u64)>,
     now: u64,
+    /// [`crate::Policy::lend_reserved`].
+    lend: bool,
 }
 
 impl<'s> Reserved<'s> {
-    pub fn new(snapshot: &'s Snapshot) -> Reserved<'s> {
+    pub fn new(snapshot: &'s Snapshot, lend: bool) -> Reserved<'s> {
         let mut by_id: BTreeMap<&str, (&ReservedCapacity, u64)> = (snapshot.reserved.iter())
             .map(|r| (r.id.as_str(), (r, 0)))
             .collect();
@@ -55,6 +59,7 @@ impl<'s> Reserved<'s> {
         Reserved {
             by_id,
             now: snapshot.now,
+            lend,
         }
     }
 
@@ -164,7 +169,7 @@ impl<'s> Reserved<'s> {
                 })
                 .collect();
             let protect = u64::from(res.gpus).saturating_sub(in_use);
-            ts.hold_capacity(res, protect, self.now, &inside);
+            ts.hold_capacity(res, protect, self.lend, self.now, &inside);
         }
     }
 }

@@ -194,6 +194,53 @@ fn preemptible_work_borrows_reserved_gpus_and_gives_them_back() {
 }
 
 #[test]
+fn without_lending_preemptible_work_waits_outside_the_reservation() {
+    let no_lending = Policy {
+        lend_reserved: false,
+        ..Policy::default()
+    };
+    // Leaf 0 full, the reservation idle: the low unit that borrows it
+    // with lending on (above) now waits for leaf 0.
+    let mut s = region(0, vec![unit("low", "globex", 8, 0, 1)]);
+    occupy(&mut s, running("x", "globex", "h100-s0-l0-n00", 8, 1));
+    occupy(&mut s, running("y", "globex", "h100-s0-l0-n01", 8, 1));
+    assert_eq!(
+        leaf_of(&plan(&s, &Policy::default()), "low"),
+        Some("h100-s0-l1")
+    );
+    let p = plan(&s, &no_lending);
+    assert!(p.placements.is_empty(), "{:?}", p.placements);
+    assert_eq!(reserved_on(&p, "low"), vec!["h100-s0-l0"]);
+    // Beyond the discipline's own reservations, a low unit is told why.
+    s.queue = (1..=6)
+        .map(|i| unit(&format!("low{i}"), "globex", 8, 0, i))
+        .collect();
+    let p = plan(&s, &no_lending);
+    assert!(p.placements.is_empty(), "{:?}", p.placements);
+    assert_eq!(code_of(&p, "low6"), "reserved_capacity");
+    // The Slurm-like discipline keeps it too.
+    let slurm = Policy {
+        kind: PolicyKind::SlurmBackfill,
+        ..no_lending.clone()
+    };
+    assert!(plan(&s, &slurm).placements.is_empty());
+    // The owner's units still run inside it, and take back what a borrower
+    // placed while it lent holds there.
+    let mut s = region(0, vec![owned("mine", 16, 5)]);
+    s.queue[0].ranks = vec![0, 1];
+    s.queue[0].gpus_per_worker = 8;
+    occupy(&mut s, running("b1", "globex", "h100-s0-l1-n00", 8, 0));
+    let p = plan(&s, &no_lending);
+    assert_eq!(p.preemptions.len(), 1);
+    assert_eq!(p.preemptions[0].job, "b1");
+    assert_eq!(p.preemptions[0].cause, PreemptCause::Reservation);
+    let s = region(0, vec![owned("mine", 8, 5), unit("low", "globex", 8, 0, 1)]);
+    let p = plan(&s, &no_lending);
+    assert_eq!(leaf_of(&p, "mine"), Some("h100-s0-l1"));
+    assert_eq!(leaf_of(&p, "low"), Some("h100-s0-l0"));
+}
+
+#[test]
 fn before_it_starts_only_work_that_ends_in_time_may_use_it() {
     // Starts in 10,000 s; leaf 0 full.
     let mut s = region(NOW + 10_000, vec![]);
@@ -208,6 +255,14 @@ fn before_it_starts_only_work_that_ends_in_time_may_use_it() {
     assert_eq!(leaf_of(&p, "short"), Some("h100-s0-l1"));
     assert_eq!(leaf_of(&p, "long"), None);
     assert_eq!(reserved_on(&p, "long"), vec!["h100-s0-l0"]);
+    // Without lending, too: it is free again when the reservation starts.
+    let no_lending = Policy {
+        lend_reserved: false,
+        ..Policy::default()
+    };
+    let p = plan(&s, &no_lending);
+    assert_eq!(leaf_of(&p, "short"), Some("h100-s0-l1"));
+    assert_eq!(leaf_of(&p, "long"), None);
     // The owner's units wait for the start.
     let mut s = region(NOW + 10_000, vec![owned("mine", 8, 5)]);
     s.now = NOW;

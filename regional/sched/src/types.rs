@@ -231,7 +231,8 @@ pub struct Snapshot {
     pub power_headroom_w: BTreeMap<(String, String), u64>,
     /// Capacity reservations not yet over (`reserved.rs`): the pass keeps
     /// their GPUs for their owners' units, lending them meanwhile only to
-    /// work that ends before they start or that may be preempted.
+    /// work that ends before they start or (where [`Policy::lend_reserved`])
+    /// that may be preempted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reserved: Vec<ReservedCapacity>,
 }
@@ -445,6 +446,15 @@ pub struct Policy {
     /// first (spread wider, but sooner).
     #[serde(default = "Policy::default_locality_patience_pct")]
     pub locality_patience_pct: u32,
+    /// Whether capacity reservations ([`Snapshot::reserved`]) lend the GPUs
+    /// their owners leave idle to preemptible units (priority ≤
+    /// [`PREEMPTIBLE_PRIORITY`]), which give them back when the owner needs
+    /// them (`PreemptCause::Reservation`). Off: during its window a
+    /// reservation's held GPUs run its owner's units only, whatever the
+    /// priority of the rest; before its start, units that end by then may
+    /// still use them either way (they are free again when it starts).
+    #[serde(default = "Policy::default_lend_reserved")]
+    pub lend_reserved: bool,
 }
 
 impl Policy {
@@ -454,6 +464,10 @@ impl Policy {
 
     fn default_locality_patience_pct() -> u32 {
         25
+    }
+
+    fn default_lend_reserved() -> bool {
+        true
     }
 }
 
@@ -465,6 +479,7 @@ impl Default for Policy {
             preemption: PreemptionPolicy::default(),
             size_aging_s: Policy::default_size_aging_s(),
             locality_patience_pct: Policy::default_locality_patience_pct(),
+            lend_reserved: Policy::default_lend_reserved(),
         }
     }
 }
@@ -659,7 +674,8 @@ pub enum WaitReason {
         requested: u32,
     },
     /// It would fit, but only on GPUs of a capacity reservation, and it is
-    /// neither preemptible nor done before the reservation starts.
+    /// not done before the reservation starts, nor preemptible where the
+    /// policy lends reserved GPUs ([`Policy::lend_reserved`]).
     HeldForReservation { reservation: String, start: u64 },
 }
 

@@ -1562,8 +1562,11 @@ proptest! {
             .filter(|r| r.reservation.as_deref() == Some("r"))
             .map(|r| r.gpu_count())
             .sum();
-        for kind in [PolicyKind::Gangway, PolicyKind::SlurmBackfill] {
-            let p = plan(&s, &policy(kind));
+        let cases = [PolicyKind::Gangway, PolicyKind::SlurmBackfill]
+            .into_iter()
+            .flat_map(|kind| [true, false].map(|lend| (kind, lend)));
+        for (kind, lend) in cases {
+            let p = plan(&s, &Policy { lend_reserved: lend, ..policy(kind) });
             check_invariants(&s, &p, kind)?;
             let mut owner = 0u64;
             let mut others = 0u64;
@@ -1577,11 +1580,12 @@ proptest! {
                     owner += gpus;
                     continue;
                 }
-                // Only preemptible units, or ones done before the start,
-                // may use what the reservation holds.
+                // Only preemptible units while it lends, or ones done
+                // before the start, may use what the reservation holds.
                 let ends_in_time = q.estimated_duration_s > 0
                     && s.now + q.estimated_duration_s <= res.start;
-                let borrows = q.priority <= gangway_sched::PREEMPTIBLE_PRIORITY || ends_in_time;
+                let preemptible = q.priority <= gangway_sched::PREEMPTIBLE_PRIORITY;
+                let borrows = (lend && preemptible) || ends_in_time;
                 if !borrows && q.gpu_type == "a" {
                     others += pl
                         .workers

@@ -81,6 +81,23 @@ pub struct SimConfig {
     /// Extra failures at fixed times (seconds of virtual time, node id), on
     /// top of the random ones: for tests and what-if runs.
     pub scheduled_failures: Vec<(u64, String)>,
+    /// Percent of the fleet's GPUs given, at the start of the replay, to
+    /// open-ended capacity reservations of the tenants with the largest
+    /// guarantees (`workload.rs`, [`crate::Simulation::new`]). 0 = none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reserve_pct: f64,
+    /// Whether the reservations lend their idle GPUs to preemptible work
+    /// (`Policy::lend_reserved`).
+    #[serde(skip_serializing_if = "is_true")]
+    pub lend_reserved: bool,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 impl Default for SimConfig {
@@ -108,6 +125,8 @@ impl Default for SimConfig {
             pass_interval_s: 0,
             spares: SpareMode::Swap,
             scheduled_failures: Vec::new(),
+            reserve_pct: 0.0,
+            lend_reserved: gangway_sched::Policy::default().lend_reserved,
         }
     }
 }

@@ -19,7 +19,7 @@ use gangway_sched::{
 use serde::Serialize;
 
 use crate::config::SpareMode;
-use crate::metrics::{pct, GangStats, Metrics, Summary, TenantAcc};
+use crate::metrics::{pct, GangStats, Metrics, ReservedStats, Summary, TenantAcc};
 use crate::queue::{QKey, Queue};
 use crate::rng::SplitMix64;
 use crate::workload::{JobSpec, Simulation, STREAM_FAILURES};
@@ -147,6 +147,9 @@ struct JobRun {
     low_counted: bool,
     /// When a failure stopped it and requeued it (until it starts again).
     hit_at: Option<u64>,
+    /// The capacity reservation (index in `Simulation::reserved`) it was
+    /// queued in and runs in, if any.
+    reservation: Option<u32>,
 }
 
 /// Event kinds, in the order they apply within one second: completions
@@ -199,6 +202,13 @@ struct Run<'a, 'p> {
     waiting_high: u64,
     /// Per tenant: decayed average GPUs held.
     history: Vec<f64>,
+    /// Per tenant: GPUs its units hold in its capacity reservation (not
+    /// its usage of the shared pool).
+    reserved_held: Vec<u64>,
+    /// Per reservation: GPUs of the units queued or running in it.
+    committed: Vec<u64>,
+    /// Queued units in capacity reservations.
+    waiting_owner_units: u64,
     /// The history's decay rate per second (ln 2 / half-life; 0 = none).
     decay: f64,
     node_up: Vec<bool>,
@@ -247,6 +257,11 @@ struct Acc {
     sched_while_waiting: f64,
     stranded_while_waiting: f64,
     held_while_waiting: f64,
+    /// While some unit waits: reserved GPU-seconds, and those used by the
+    /// reservations' units and by other work (`Run::reserved_use`).
+    reserved_while_waiting: f64,
+    reserved_owner_while_waiting: f64,
+    reserved_borrowed_while_waiting: f64,
     /// Stranded GPU-seconds by the smallest waiting unit that could have
     /// used them ([`stranded_class`]).
     stranded_by: BTreeMap<&'static str, f64>,
@@ -263,6 +278,7 @@ struct Acc {
     preempt_reclaim: u64,
     preempt_grow: u64,
     preempt_defrag: u64,
+    preempt_reservation: u64,
     victims_finished: u64,
     checkpoint_timeouts: u64,
     node_failures: u64,
@@ -330,6 +346,7 @@ impl<'a, 'p> Run<'a, 'p> {
                 lost_preempt_gpu_s: 0.0,
                 low_counted: false,
                 hit_at: None,
+                reservation: None,
             })
             .collect();
         let shares = sim
@@ -350,6 +367,7 @@ impl<'a, 'p> Run<'a, 'p> {
             preemption: sim.config.preemption.clone(),
             size_aging_s: sim.config.size_aging_s,
             locality_patience_pct: sim.config.locality_patience_pct,
+            lend_reserved: sim.config.lend_reserved,
             ..Policy::default()
         };
         // Only Gangway's discipline preempts; the others never look at it.
@@ -368,6 +386,7 @@ impl<'a, 'p> Run<'a, 'p> {
                 nodes,
                 quotas,
                 shares,
+                reserved: sim.reserved.clone(),
                 ..Snapshot::default()
             },
             jobs,
@@ -388,6 +407,9 @@ impl<'a, 'p> Run<'a, 'p> {
             low_pri_gpus: 0,
             waiting_high: 0,
             history: vec![0.0; sim.tenants.len()],
+            reserved_held: vec![0; sim.tenants.len()],
+            committed: vec![0; sim.reserved.len()],
+            waiting_owner_units: 0,
             decay: if half_life == 0 {
                 0.0
             } else {
@@ -560,6 +582,13 @@ impl<'a, 'p> Run<'a, 'p> {
                     *acc.stranded_by.entry(self.stranded_for).or_default() += self.free as f64 * dt;
                 }
                 acc.held_while_waiting += self.held_free as f64 * dt;
+                if !self.sim.reserved.is_empty() {
+                    let (reserved, owner, borrowed) = self.reserved_use();
+                    let acc = &mut self.acc;
+                    acc.reserved_while_waiting += reserved as f64 * dt;
+                    acc.reserved_owner_while_waiting += owner as f64 * dt;
+                    acc.reserved_borrowed_while_waiting += borrowed as f64 * dt;
+                }
             }
             for (i, t) in self.tenants.iter_mut().enumerate() {
                 t.integrate(dt, self.schedulable, self.sim.shares[i]);
@@ -594,14 +623,48 @@ impl<'a, 'p> Run<'a, 'p> {
             estimated_duration_s: remaining.ceil() as u64,
             min_workers: 0,
             submitted: spec.submit,
-            reservation: None,
+            reservation: (self.jobs[job as usize].reservation)
+                .map(|r| self.sim.reserved[r as usize].id.clone()),
         }
+    }
+
+    /// GPUs of the capacity reservations now: reserved in all, used by
+    /// their own units, and used by other work. The core holds a
+    /// reservation's idle GPUs anywhere in its domain, so what other work
+    /// holds in the reservations' domains beyond the GPUs there that no
+    /// reservation covers is on reserved GPUs: borrowed.
+    fn reserved_use(&self) -> (u64, u64, u64) {
+        let reserved: u64 = self.sim.reserved.iter().map(|r| u64::from(r.gpus)).sum();
+        let owner: u64 = self.reserved_held.iter().sum();
+        let (mut gpus, mut allocated) = (0u64, 0u64);
+        for (n, node) in self.snap.nodes.iter().enumerate() {
+            if node.schedulable && self.sim.in_reserved_domain[n] {
+                gpus += u64::from(node.gpus);
+                allocated += u64::from(node.gpus) - node.free.len() as u64;
+            }
+        }
+        let others = allocated.saturating_sub(owner);
+        let borrowed = (others.saturating_sub(gpus.saturating_sub(reserved)))
+            .min(reserved.saturating_sub(owner));
+        (reserved, owner, borrowed)
     }
 
     /// Queues a unit with `seq` (fresh arrivals: `FRESH_SEQ + job`; after a
     /// failure: `job`, at the front; after a preemption: the seq it had);
     /// `new_units` gets it when it entered the window.
     fn enqueue(&mut self, job: u32, seq: u64, new_units: &mut Vec<u32>) {
+        // A reserving tenant's unit goes into its reservation when it fits
+        // in what the tenant's units there leave of it, else to the pool.
+        let spec = self.spec(job);
+        let routed = self.sim.reservation_of[spec.tenant as usize].filter(|&r| {
+            self.committed[r as usize] + spec.gpus()
+                <= u64::from(self.sim.reserved[r as usize].gpus)
+        });
+        if let Some(r) = routed {
+            self.committed[r as usize] += spec.gpus();
+            self.waiting_owner_units += 1;
+        }
+        self.jobs[job as usize].reservation = routed;
         let req = self.request(job, seq);
         let key = (Reverse(req.priority), req.seq, job);
         let spec = self.spec(job);
@@ -798,11 +861,9 @@ impl<'a, 'p> Run<'a, 'p> {
     /// GPUs held beyond their guarantee by tenants other than `tenant`:
     /// every unit of such a tenant may be a reclaim victim.
     fn borrowers_gpus(&self, tenant: usize) -> u64 {
-        self.tenants
-            .iter()
-            .enumerate()
-            .filter(|&(u, acc)| u != tenant && acc.held > self.sim.guarantees[u])
-            .map(|(_, acc)| acc.held)
+        (0..self.tenants.len())
+            .filter(|&u| u != tenant && self.pool_held(u) > self.sim.guarantees[u])
+            .map(|u| self.pool_held(u))
             .sum()
     }
 
@@ -815,13 +876,27 @@ impl<'a, 'p> Run<'a, 'p> {
     fn could_preempt(&self, job: u32) -> bool {
         let spec = self.spec(job);
         let gpus = spec.gpus();
+        if self.jobs[job as usize].reservation.is_some() {
+            return self.may_borrow_reserved();
+        }
         if spec.priority > PREEMPTIBLE_PRIORITY && self.free + self.low_pri_gpus >= gpus {
             return true;
         }
         let t = spec.tenant as usize;
-        self.tenants[t].held < self.sim.guarantees[t]
+        self.pool_held(t) < self.sim.guarantees[t]
             && self.under_quota(job)
             && self.free + self.borrowers_gpus(t) >= gpus
+    }
+
+    /// Whether preemptible work may hold reserved GPUs, which a unit in the
+    /// reservation takes back (`PreemptCause::Reservation`).
+    fn may_borrow_reserved(&self) -> bool {
+        self.policy.lend_reserved && !self.sim.config.low_priority_tenants.is_empty()
+    }
+
+    /// GPUs the tenant holds of the shared pool (outside its reservation).
+    fn pool_held(&self, tenant: usize) -> u64 {
+        self.tenants[tenant].held - self.reserved_held[tenant]
     }
 
     /// Could some queued unit (in the window or beyond) preempt, by the
@@ -830,8 +905,13 @@ impl<'a, 'p> Run<'a, 'p> {
         if self.waiting_high > 0 && self.low_pri_gpus > 0 {
             return true;
         }
+        if self.waiting_owner_units > 0 && self.may_borrow_reserved() {
+            return true;
+        }
         self.tenants.iter().enumerate().any(|(t, acc)| {
-            acc.waiting_units > 0 && acc.held < self.sim.guarantees[t] && self.borrowers_gpus(t) > 0
+            acc.waiting_units > 0
+                && self.pool_held(t) < self.sim.guarantees[t]
+                && self.borrowers_gpus(t) > 0
         })
     }
 
@@ -842,12 +922,13 @@ impl<'a, 'p> Run<'a, 'p> {
         if self.jobs[job as usize].low_counted && self.waiting_high > 0 {
             return true;
         }
-        self.tenants[t].held > self.sim.guarantees[t]
-            && self
-                .tenants
-                .iter()
-                .enumerate()
-                .any(|(u, acc)| acc.waiting_units > 0 && acc.held < self.sim.guarantees[u])
+        // A unit in a reservation is never a victim; a reservation's
+        // borrowers are victims whatever their age (no wake-up needed).
+        self.jobs[job as usize].reservation.is_none()
+            && self.pool_held(t) > self.sim.guarantees[t]
+            && (0..self.tenants.len()).any(|u| {
+                self.tenants[u].waiting_units > 0 && self.pool_held(u) < self.sim.guarantees[u]
+            })
     }
 
     /// A run reached the minimum run time: true (a pass) when some queued
@@ -884,9 +965,7 @@ impl<'a, 'p> Run<'a, 'p> {
             // restarts one larger; counted in the total if it did.
             PreemptCause::Grow => self.acc.preempt_grow += 1,
             PreemptCause::Defrag => self.acc.preempt_defrag += 1,
-            // The simulator makes no capacity reservations yet: the core
-            // never preempts for one here.
-            PreemptCause::Reservation => {}
+            PreemptCause::Reservation => self.acc.preempt_reservation += 1,
         }
         self.acc.at_risk_gpu_s += p.at_risk_gpu_s as f64;
         let tenant = self.spec(job).tenant as usize;
@@ -1012,7 +1091,8 @@ impl<'a, 'p> Run<'a, 'p> {
         }
         let run = &mut self.jobs[job as usize];
         let attempt = run.attempt;
-        let (checkpointed, preemptions) = (run.checkpointed, run.preemptions);
+        let (checkpointed, preemptions, reservation) =
+            (run.checkpointed, run.preemptions, run.reservation);
         let tenant = &self.sim.tenants[spec.tenant as usize];
         self.running_at[job as usize] = self.snap.running.len() as u32;
         self.running_jobs.push(job);
@@ -1032,8 +1112,13 @@ impl<'a, 'p> Run<'a, 'p> {
             checkpointed,
             preemptions,
             preempted_for: None,
+            reservation: reservation.map(|r| self.sim.reserved[r as usize].id.clone()),
             ..Running::default()
         };
+        if reservation.is_some() {
+            self.reserved_held[spec.tenant as usize] += gpus;
+            self.waiting_owner_units -= 1;
+        }
         self.snap.running.push(entry);
         self.jobs[job as usize].held = held;
         let usage_key = &self.usage_keys[spec.tenant as usize];
@@ -1129,6 +1214,10 @@ impl<'a, 'p> Run<'a, 'p> {
             *u = u.saturating_sub(gpus as u32);
         }
         self.tenants[spec.tenant as usize].held -= gpus;
+        if let Some(r) = self.jobs[job as usize].reservation {
+            self.reserved_held[spec.tenant as usize] -= gpus;
+            self.committed[r as usize] -= gpus;
+        }
         self.allocated -= gpus;
         self.running_units -= 1;
     }
@@ -1365,6 +1454,53 @@ impl<'a, 'p> Run<'a, 'p> {
         true
     }
 
+    /// How the capacity reservations were used, and what the reserving
+    /// tenants' jobs saw against the others'.
+    fn reserved_stats(&self) -> ReservedStats {
+        let sim = self.sim;
+        let acc = &self.acc;
+        let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        let (mut jct_reserving, mut jct_others) = (Vec::new(), Vec::new());
+        let (mut delay_in, mut delay_pool) = (Vec::new(), Vec::new());
+        let mut jobs_in = 0;
+        for (spec, run) in sim.jobs.iter().zip(&self.jobs) {
+            let reserving = sim.reservation_of[spec.tenant as usize].is_some();
+            if let Some(end) = run.end {
+                let jct = (end - spec.submit) as f64;
+                if reserving {
+                    jct_reserving.push(jct);
+                } else {
+                    jct_others.push(jct);
+                }
+            }
+            if let (true, Some(start)) = (reserving, run.first_start) {
+                let delay = (start - spec.submit) as f64;
+                if run.reservation.is_some() {
+                    jobs_in += 1;
+                    delay_in.push(delay);
+                } else {
+                    delay_pool.push(delay);
+                }
+            }
+        }
+        ReservedStats {
+            gpus: sim.reserved.iter().map(|r| u64::from(r.gpus)).sum(),
+            lent: self.policy.lend_reserved,
+            used_by_owners_pct: pct(acc.reserved_owner_while_waiting, acc.reserved_while_waiting),
+            used_by_borrowers_pct: pct(
+                acc.reserved_borrowed_while_waiting,
+                acc.reserved_while_waiting,
+            ),
+            preemptions: acc.preempt_reservation,
+            owner_jobs_in_reservations: jobs_in,
+            owner_jobs_in_pool: delay_pool.len() as u64,
+            jct_mean_reserving_tenants_s: mean(&jct_reserving),
+            jct_mean_other_tenants_s: mean(&jct_others),
+            queueing_delay_mean_in_reservations_s: mean(&delay_in),
+            queueing_delay_mean_owners_in_pool_s: mean(&delay_pool),
+        }
+    }
+
     fn finish(mut self) -> SimOutcome {
         let sim = self.sim;
         let mut jct = Vec::new();
@@ -1401,6 +1537,7 @@ impl<'a, 'p> Run<'a, 'p> {
         if self.acc.unfinished == 0 {
             self.acc.unfinished = self.waiting_units + self.running_units;
         }
+        let reserved = (!sim.reserved.is_empty()).then(|| self.reserved_stats());
         let acc = &self.acc;
         let tenants: Vec<_> = self
             .tenants
@@ -1452,7 +1589,8 @@ impl<'a, 'p> Run<'a, 'p> {
             preemptions: acc.preempt_priority
                 + acc.preempt_reclaim
                 + acc.preempt_grow
-                + acc.preempt_defrag,
+                + acc.preempt_defrag
+                + acc.preempt_reservation,
             preemptions_priority: acc.preempt_priority,
             preemptions_reclaim: acc.preempt_reclaim,
             preemptions_defrag: acc.preempt_defrag,
@@ -1476,6 +1614,7 @@ impl<'a, 'p> Run<'a, 'p> {
             tenants,
             passes: acc.passes,
             passes_skipped: acc.skipped,
+            reserved,
         };
         SimOutcome {
             metrics,

@@ -54,12 +54,12 @@ mod workload;
 pub use config::{SimConfig, SpareMode};
 pub use engine::{JobOutcome, Planner, Progress, SimOutcome};
 pub use locality::{LocalityError, LocalityModel, V100_SPREAD_RATIO};
-pub use metrics::{GangStats, Metrics, Summary, TenantShare};
+pub use metrics::{GangStats, Metrics, ReservedStats, Summary, TenantShare};
 pub use report::{human_duration, policy_label, render_table};
 pub use rng::SplitMix64;
 pub use tenants::{Entitlements, EntitlementsError};
 pub use trace::{parse_timestamp, SkippedRows, Trace, TraceError, TraceJob};
-pub use workload::{SimError, Simulation, WorkloadSummary};
+pub use workload::{SimError, SimReservation, Simulation, WorkloadSummary};
 
 /// The policies a run compares, in column order.
 pub const POLICIES: [gangway_sched::PolicyKind; 3] = [

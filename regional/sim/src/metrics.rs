@@ -181,6 +181,41 @@ pub struct Metrics {
     /// nothing new could fit.
     pub passes: u64,
     pub passes_skipped: u64,
+    /// The capacity reservations' use, when the run made any
+    /// (`SimConfig::reserve_pct`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<ReservedStats>,
+}
+
+/// How a run's capacity reservations were used. Shares of the reserved GPUs
+/// are time-weighted over the intervals when some unit waits, like
+/// `allocation_while_waiting_pct`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReservedStats {
+    /// GPUs reserved in all.
+    pub gpus: u64,
+    /// Whether the reservations lent idle GPUs to preemptible work.
+    pub lent: bool,
+    /// % of the reserved GPUs held by the reservations' own units.
+    pub used_by_owners_pct: Option<f64>,
+    /// % of them held by other work: what other work holds in the
+    /// reservations' domains beyond the GPUs there no reservation covers.
+    pub used_by_borrowers_pct: Option<f64>,
+    /// Borrowers asked to checkpoint and stop for an owner's unit
+    /// (`PreemptCause::Reservation`).
+    pub preemptions: u64,
+    /// The reserving tenants' jobs that (last) ran in their reservation,
+    /// and those that went to the shared pool (no room left in it).
+    pub owner_jobs_in_reservations: u64,
+    pub owner_jobs_in_pool: u64,
+    /// Mean completion time of the reserving tenants' jobs, and of the
+    /// other tenants' jobs, seconds.
+    pub jct_mean_reserving_tenants_s: Option<f64>,
+    pub jct_mean_other_tenants_s: Option<f64>,
+    /// Mean queueing delay (first start − submit) of the reserving tenants'
+    /// jobs in their reservations, and of those in the pool, seconds.
+    pub queueing_delay_mean_in_reservations_s: Option<f64>,
+    pub queueing_delay_mean_owners_in_pool_s: Option<f64>,
 }
 
 pub(crate) fn pct(num: f64, den: f64) -> Option<f64> {

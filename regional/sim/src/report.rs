@@ -5,7 +5,7 @@ use std::fmt::Write;
 use gangway_sched::PolicyKind;
 
 use crate::config::SpareMode;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ReservedStats};
 use crate::workload::WorkloadSummary;
 
 /// A short column label for a policy.
@@ -162,6 +162,57 @@ pub fn render_table(
     row("planning passes (skipped)", &|m| {
         format!("{} ({})", thousands(m.passes), thousands(m.passes_skipped))
     });
+    if results.iter().any(|m| m.reserved.is_some()) {
+        let of = |m: &Metrics, f: &dyn Fn(&ReservedStats) -> String| {
+            m.reserved.as_ref().map_or("-".into(), f)
+        };
+        let mean = |v: Option<f64>| v.map_or("-".into(), human_duration);
+        row("reserved GPUs", &|m| {
+            of(m, &|r| {
+                let lent = if r.lent { "lent" } else { "not lent" };
+                format!("{} ({lent})", thousands(r.gpus))
+            })
+        });
+        row("  used by owners / borrowers while jobs wait", &|m| {
+            of(m, &|r| {
+                format!(
+                    "{} / {}",
+                    opt_pct(r.used_by_owners_pct, 1),
+                    opt_pct(r.used_by_borrowers_pct, 1)
+                )
+            })
+        });
+        row("  borrowers preempted for owners", &|m| {
+            of(m, &|r| thousands(r.preemptions))
+        });
+        row("  owners' jobs in reservations / in the pool", &|m| {
+            of(m, &|r| {
+                format!(
+                    "{} / {}",
+                    thousands(r.owner_jobs_in_reservations),
+                    thousands(r.owner_jobs_in_pool)
+                )
+            })
+        });
+        row("  owners' queueing delay mean, reservations / pool", &|m| {
+            of(m, &|r| {
+                format!(
+                    "{} / {}",
+                    mean(r.queueing_delay_mean_in_reservations_s),
+                    mean(r.queueing_delay_mean_owners_in_pool_s)
+                )
+            })
+        });
+        row("JCT mean, reserving tenants / others", &|m| {
+            of(m, &|r| {
+                format!(
+                    "{} / {}",
+                    mean(r.jct_mean_reserving_tenants_s),
+                    mean(r.jct_mean_other_tenants_s)
+                )
+            })
+        });
+    }
     if let Some(first) = results.first() {
         for (i, t) in first.tenants.iter().enumerate() {
             if t.entitlement_pct <= 0.0 {
@@ -206,6 +257,17 @@ pub fn render_table(
         summary.demand_gpu_hours,
         human_duration(summary.arrival_span_s as f64),
     );
+    if !summary.reservations.is_empty() {
+        let list: Vec<String> = (summary.reservations.iter())
+            .map(|r| {
+                format!(
+                    "{} GPUs for {} ({} {})",
+                    r.gpus, r.tenant, r.level, r.domain
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "capacity reservations: {}", list.join(", "));
+    }
     let label_w = rows
         .iter()
         .map(|(l, _)| l.chars().count())

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use gangway_sched::Level;
+use gangway_sched::capacity::{admit, Admission, Ask, Promised};
+use gangway_sched::{Level, Node, ReservedCapacity};
 use gangway_shared::fleet::FleetNode;
 use serde::Serialize;
 
@@ -38,6 +39,12 @@ pub struct Simulation {
     pub(crate) weights: Vec<u32>,
     /// Hard quota per tenant index, when capped.
     pub(crate) quotas: Vec<Option<u32>>,
+    /// The capacity reservations made at the start ([`SimConfig::reserve_pct`]).
+    pub(crate) reserved: Vec<ReservedCapacity>,
+    /// Per tenant index: its reservation's index in `reserved`, if any.
+    pub(crate) reservation_of: Vec<Option<u32>>,
+    /// Per node: inside some reservation's domain.
+    pub(crate) in_reserved_domain: Vec<bool>,
     pub(crate) jobs: Vec<JobSpec>,
     pub(crate) summary: WorkloadSummary,
 }
@@ -89,6 +96,19 @@ pub struct WorkloadSummary {
     /// Seconds from the first to the last arrival after load scaling.
     pub arrival_span_s: u64,
     pub tenants: u64,
+    /// The capacity reservations made at the start, largest guarantee first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<SimReservation>,
+}
+
+/// A capacity reservation the replay makes at its start.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimReservation {
+    pub tenant: String,
+    pub gpus: u32,
+    /// The level of the domain it is pinned to, and the domain's name.
+    pub level: Level,
+    pub domain: String,
 }
 
 /// Why a run could not be set up.
@@ -218,9 +238,24 @@ impl Simulation {
             .iter()
             .map(|t| config.entitlements.as_ref().map_or(0.0, |e| e.share(t)))
             .collect();
-        let guarantees: Vec<u64> = shares
+        let mut guarantees: Vec<u64> = shares
             .iter()
             .map(|&s| (s * fleet_gpus as f64).floor() as u64)
+            .collect();
+        let reserved = reserve(&config, &nodes, &tenants, &guarantees, node_gpus, &gpu_type)?;
+        let mut reservation_of = vec![None; tenants.len()];
+        for (i, (r, t)) in reserved.iter().enumerate() {
+            reservation_of[*t as usize] = Some(i as u32);
+            // What a tenant reserves comes out of its guarantee of the
+            // shared pool: the two together are what it was promised.
+            guarantees[*t as usize] -= u64::from(r.gpus);
+        }
+        let reserved: Vec<ReservedCapacity> = reserved.into_iter().map(|(r, _)| r).collect();
+        let in_reserved_domain: Vec<bool> = (nodes.iter())
+            .map(|n| {
+                let node = as_node(n);
+                reserved.iter().any(|r| r.holds(&node))
+            })
             .collect();
         let quotas: Vec<Option<u32>> = shares
             .iter()
@@ -247,6 +282,14 @@ impl Simulation {
             fleet_gpus,
             node_gpus,
             tenants: tenants.len() as u64,
+            reservations: (reserved.iter())
+                .map(|r| SimReservation {
+                    tenant: r.tenant.clone(),
+                    gpus: r.gpus,
+                    level: r.level,
+                    domain: r.path.last().cloned().unwrap_or_else(|| "region".into()),
+                })
+                .collect(),
             ..WorkloadSummary::default()
         };
         let mut jobs = Vec::with_capacity(selected.len());
@@ -305,6 +348,9 @@ impl Simulation {
             guarantees,
             weights,
             quotas,
+            reserved,
+            reservation_of,
+            in_reserved_domain,
             jobs,
             summary,
         })
@@ -317,6 +363,110 @@ impl Simulation {
 
     pub fn config(&self) -> &SimConfig {
         &self.config
+    }
+}
+
+/// The capacity reservations of [`SimConfig::reserve_pct`], each with its
+/// tenant's index: the tenants with the largest guarantees (then by name)
+/// each reserve their guarantee, the last one what is left of the share, in
+/// whole nodes, until the reservations cover the share of the fleet's GPUs
+/// (rounded to whole nodes). Each is open-ended from the start, at the
+/// lowest level one domain of which can hold it, pinned to a domain by
+/// [`admit`] as the region pins one (the next level up when no domain of
+/// that level has room left; a tenant is skipped when none has).
+fn reserve(
+    config: &SimConfig,
+    nodes: &[FleetNode],
+    tenants: &[String],
+    guarantees: &[u64],
+    node_gpus: u32,
+    gpu_type: &str,
+) -> Result<Vec<(ReservedCapacity, u32)>, SimError> {
+    let pct = config.reserve_pct;
+    if pct == 0.0 {
+        return Ok(Vec::new());
+    }
+    if !(pct.is_finite() && pct > 0.0 && pct <= 100.0) {
+        return Err(SimError::Config(format!(
+            "the reserved share must be a percentage in (0, 100], not {pct}"
+        )));
+    }
+    if config.entitlements.is_none() {
+        return Err(SimError::Config(
+            "reservations are made from the tenants' guarantees: give them (--quotas)".into(),
+        ));
+    }
+    if config.quota_caps {
+        return Err(SimError::Config(
+            "reservations and hard quotas do not combine yet".into(),
+        ));
+    }
+    let in_service: Vec<Node> = nodes.iter().filter(|n| !n.spare).map(as_node).collect();
+    let fleet_gpus: u64 = in_service.iter().map(|n| u64::from(n.gpus)).sum();
+    let node = u64::from(node_gpus);
+    let share = (pct / 100.0 * fleet_gpus as f64 / node as f64).round() as u64 * node;
+    let mut by_guarantee: Vec<usize> = (0..tenants.len()).collect();
+    by_guarantee.sort_by_key(|&t| (std::cmp::Reverse(guarantees[t]), t));
+    let mut capacity = Capacity::new(nodes);
+    let mut promised: Vec<Promised> = Vec::new();
+    let mut out = Vec::new();
+    let mut total = 0;
+    for t in by_guarantee {
+        let gpus = guarantees[t].min(share - total) / node * node;
+        if gpus == 0 {
+            break;
+        }
+        let lowest = capacity
+            .best_level((gpus / node) as u32, node_gpus)
+            .unwrap_or(Level::Region);
+        let admitted = (Level::ALL.into_iter().filter(|&l| l >= lowest)).find_map(|level| {
+            let ask = Ask {
+                gpus: gpus as u32,
+                level,
+                start: 0,
+                end: None,
+            };
+            match admit(&in_service, &promised, &ask) {
+                Admission::Admitted { domain } => Some(domain),
+                Admission::Refused { .. } => None,
+            }
+        });
+        let Some(domain) = admitted else { continue };
+        promised.push(Promised {
+            gpus: gpus as u32,
+            domain: domain.clone(),
+            start: 0,
+            end: None,
+        });
+        out.push((
+            ReservedCapacity {
+                id: format!("reserved-{}", tenants[t]),
+                tenant: tenants[t].clone(),
+                gpu_type: gpu_type.to_string(),
+                gpus: gpus as u32,
+                level: domain.level,
+                path: domain.path,
+                start: 0,
+                end: None,
+            },
+            t as u32,
+        ));
+        total += gpus;
+    }
+    Ok(out)
+}
+
+/// `n` as the scheduler sees it in the empty fleet.
+fn as_node(n: &FleetNode) -> Node {
+    Node {
+        id: n.node_id.clone(),
+        spine: n.spine.clone(),
+        leaf: n.leaf.clone(),
+        nvlink_domain: n.nvlink_domain.clone(),
+        gpu_type: n.gpu_type.clone(),
+        gpus: n.gpus,
+        free: (0..n.gpus).collect(),
+        schedulable: !n.spare,
     }
 }
 
