@@ -106,32 +106,11 @@ impl Cloud {
                 .spawn()
                 .unwrap(),
         );
-        let global = Proc(
-            Command::new(BIN)
-                .args(["global", "--listen", &format!("127.0.0.1:{global_port}")])
-                .arg("--tls-cert")
-                .arg(&auth.server_cert)
-                .arg("--tls-key")
-                .arg(&auth.server_key)
-                .arg("--region")
-                .arg(format!("test=http://127.0.0.1:{region_port}"))
-                .arg("--tenant-key")
-                .arg(format!(
-                    "{}={}",
-                    auth.tenant_key.kid(),
-                    keys.join("tenant-signing.pub.pem").display()
-                ))
-                .arg("--service-signing-key")
-                .arg(format!(
-                    "{}={}",
-                    auth.service_key.kid(),
-                    keys.join("service-signing.pem").display()
-                ))
-                .env("GANGWAY_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(log_file(dir.path(), "global.log"))
-                .spawn()
-                .unwrap(),
+        let global = support::spawn_global(
+            dir.path(),
+            &auth,
+            global_port,
+            &[("test", format!("http://127.0.0.1:{region_port}"))],
         );
         let sign = |role, sub: &str, tenant: Option<&str>| {
             auth.tenant_key
@@ -163,26 +142,7 @@ impl Cloud {
             _procs: vec![region, agent, global],
         };
         // Ready: the global tier sees the region with all its GPUs.
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            if let Ok(list) = cloud.tenant.regions().await {
-                let ready = list.regions.iter().any(|r| {
-                    r.healthy
-                        && r.status.as_ref().is_some_and(|s| {
-                            s.capacity.iter().any(|c| c.schedulable == schedulable)
-                        })
-                });
-                if ready {
-                    break;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the cloud did not come up; logs in {}",
-                cloud.dir.path().display()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        support::until_ready(&cloud.tenant, 1, schedulable, cloud.dir.path()).await;
         cloud
     }
 

@@ -62,6 +62,8 @@ impl Cloud {
                 .args(["--executor", executor, "--time-factor", "0.05"])
                 .arg("--work-dir")
                 .arg(dir.path().join("agent"))
+                .arg("--checkpoint-store")
+                .arg(format!("file://{}", dir.path().join("store").display()))
                 .env("GANGWAY_LOG", "info")
                 .stdout(Stdio::null())
                 .stderr(log_file(dir.path(), "agent.log"))
@@ -131,10 +133,14 @@ impl Cloud {
     }
 }
 
+/// The region of a test cloud, with the checkpoint store its agents share
+/// (`DIR/store`).
 fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
     Proc(
         Command::new(BIN)
             .args(["region", "--name", "test", "--database-url", db])
+            .arg("--checkpoint-store")
+            .arg(format!("file://{}", dir.join("store").display()))
             .arg("--service-key")
             .arg(format!(
                 "e2e-service={}",
@@ -826,12 +832,7 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
         assert!(std::time::Instant::now() < deadline, "never resumed: {j:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let restore = resumed
-        .restore_from
-        .clone()
-        .expect("a checkpoint to restore from");
-    assert!(restore.contains("ckpt-attempt-1"), "{restore}");
-    assert!(std::path::Path::new(&restore).join("state").exists());
+    let restore = restored_dir(&cloud, &resumed, "ckpt-attempt-1-rank-0");
     // The second attempt of every rank was told where to resume.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     for rank in 0..2 {
@@ -886,6 +887,44 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
         .unwrap();
     assert_eq!(r.status().as_u16(), 409);
     assert_eq!(cloud.allocated_gpus().await, 0);
+}
+
+/// The directory a restarted worker of `job` was handed in
+/// `GANGWAY_RESTORE_FROM`: the job's newest checkpoint, committed to the
+/// region's checkpoint store by the agent of its rank 0, fetched back and
+/// verified into the agent's work dir under the name the job gave it.
+fn restored_dir(cloud: &Cloud, job: &Job, name: &str) -> String {
+    let key = job
+        .restore_from
+        .clone()
+        .expect("a checkpoint to restore from");
+    assert!(
+        key.starts_with(&format!("jobs/{}/epoch-1/", job.id)),
+        "{key}"
+    );
+    let newest = job.checkpoint.as_ref().expect("its newest checkpoint");
+    assert_eq!(newest.key, key);
+    assert_eq!(newest.name, name);
+    assert!(cloud
+        .dir
+        .path()
+        .join("store")
+        .join(&key)
+        .join("manifest.json")
+        .is_file());
+    let parts = gangway_checkpoint::parse_key(&key).expect("a store key");
+    let dir = cloud
+        .dir
+        .path()
+        .join("agent/restore")
+        .join(job.id.to_string())
+        .join(format!(
+            "epoch-{}-seq-{}-attempt-{}",
+            parts.epoch, parts.seq, parts.attempt
+        ))
+        .join(name);
+    assert!(dir.join("state").exists(), "{}", dir.display());
+    dir.to_string_lossy().into_owned()
 }
 
 /// Like [`TRAINER`], but a run restored from a checkpoint checks that the
@@ -943,12 +982,7 @@ async fn the_scheduler_preempts_a_low_priority_job_for_a_normal_one_and_the_low_
     // Then the low job resumes from its checkpoint and finishes.
     let done = wait_state(&cloud.client, low.id, JobState::Succeeded).await;
     assert_eq!(done.preemptions, 1);
-    let restore = done
-        .restore_from
-        .clone()
-        .expect("a checkpoint to restore from");
-    assert!(restore.contains("ckpt-attempt-1"), "{restore}");
-    assert!(Path::new(&restore).join("state").exists());
+    let restore = restored_dir(&cloud, &done, "ckpt-attempt-1-rank-0");
     for rank in 0..2 {
         let text = std::fs::read_to_string(out.join(format!("rank-{rank}.log"))).unwrap();
         assert!(text.contains("attempt 1 restore none"), "{text}");
@@ -1070,12 +1104,7 @@ async fn an_elastic_job_starts_on_what_is_free_grows_when_a_job_ends_and_resumes
         .workers
         .iter()
         .all(|w| w.state == WorkerState::Succeeded));
-    let restore = done
-        .restore_from
-        .clone()
-        .expect("a checkpoint to restore from");
-    assert!(restore.contains("ckpt-attempt-1"), "{restore}");
-    assert!(Path::new(&restore).join("state").exists());
+    let restore = restored_dir(&cloud, &done, "ckpt-attempt-1-rank-0");
     for rank in 0..4 {
         let text = std::fs::read_to_string(out.join(format!("rank-{rank}.log"))).unwrap();
         // Ranks 0 and 1 start a second time, ranks 2 and 3 a first.
@@ -1317,4 +1346,202 @@ async fn reservations_are_refused_with_a_window_idempotent_and_run_their_jobs() 
         [now.domain[2].clone()]
     );
     wait_state(c, job.id, JobState::Succeeded).await;
+}
+
+/// The example trainer (deploy/examples/trainer): counts steps, checkpoints
+/// every N into GANGWAY_CHECKPOINT_DIR, resumes from GANGWAY_RESTORE_FROM.
+const EXAMPLE_TRAINER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/trainer");
+
+/// One node of 8 GPUs; agents name it after their `--region`.
+const ONE_NODE: &str = r#"
+[[spine]]
+  [[spine.leaf]]
+  nodes = 1
+  gpu_type = "h100"
+  gpus_per_node = 8
+"#;
+
+/// An agent of region `test` serving one node named after `name`, with its
+/// own work dir and the cloud's checkpoint store.
+fn spawn_agent(dir: &Path, key: &SigningKey, port: u16, name: &str) -> Proc {
+    let fleet = dir.join(format!("{name}.toml"));
+    std::fs::write(&fleet, ONE_NODE).unwrap();
+    Proc(
+        Command::new(BIN)
+            .env("GANGWAY_AGENT_TOKEN", token(key, Role::Agent, Some("test")))
+            .args(["agent", "--region", name, "--agent-id", name])
+            .arg("--region-url")
+            .arg(format!("http://127.0.0.1:{port}"))
+            .arg("--fleet")
+            .arg(&fleet)
+            .args(["--executor", "real"])
+            .arg("--work-dir")
+            .arg(dir.join(name))
+            .arg("--checkpoint-store")
+            .arg(format!("file://{}", dir.join("store").display()))
+            .env("GANGWAY_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file(dir, &format!("{name}.log")))
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_drained_trainer_resumes_on_another_machine_from_the_checkpoint_store() {
+    let db = gangway_devkit::fresh_database("e2e").await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = SigningKey::generate("e2e-service");
+    std::fs::write(dir.path().join("service.pub.pem"), key.public_pem()).unwrap();
+    let port = gangway_devkit::free_port();
+    let _region = spawn_region(dir.path(), &db, port);
+    let _a = spawn_agent(dir.path(), &key, port, "machine-a");
+    let client = Client::new(format!("http://127.0.0.1:{port}"), "acme").with_token(token(
+        &key,
+        Role::Service,
+        None,
+    ));
+    let logs = dir.path().display().to_string();
+    let gpus = || async {
+        client
+            .region_status()
+            .await
+            .map(|s| s.capacity.iter().map(|c| c.schedulable).sum::<u32>())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while gpus().await < 8 {
+        assert!(Instant::now() < deadline, "no GPUs; logs in {logs}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // 60 steps of 0.1 s, a checkpoint every 5.
+    let trainer_log = dir.path().join("trainer.log");
+    let mut s = spec(
+        1,
+        600,
+        &[
+            EXAMPLE_TRAINER,
+            "--step-s",
+            "0.1",
+            "--every",
+            "5",
+            "--total",
+            "60",
+        ],
+    );
+    s.env.insert(
+        "TRAINER_LOG".into(),
+        trainer_log.to_string_lossy().into_owned(),
+    );
+    let job = client.submit(&s, None).await.unwrap();
+    let running = wait_state(&client, job.id, JobState::Running).await;
+    let node_a = running.workers[0].node.clone().unwrap();
+    assert!(node_a.starts_with("machine-a"), "{node_a}");
+
+    // Its periodic checkpoints reach the store and the region records them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let periodic = loop {
+        let j = client.get(job.id).await.unwrap();
+        if let Some(c) = j.checkpoint.clone().filter(|c| c.seq >= 10) {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint recorded: {j:?}; logs in {logs}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(periodic.name, format!("step-{}", periodic.seq));
+    assert_eq!(
+        (periodic.epoch, periodic.files, periodic.size_bytes),
+        (1, 1, 3)
+    );
+
+    // A second machine, with a work dir of its own, joins; the first is
+    // drained: the trainer checkpoints at once (SIGUSR1), its agent commits
+    // that checkpoint before reporting it stopped, and it moves.
+    let _b = spawn_agent(dir.path(), &key, port, "machine-b");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while gpus().await < 16 {
+        assert!(
+            Instant::now() < deadline,
+            "machine-b never joined; logs in {logs}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = reqwest::Client::new()
+        .post(format!(
+            "http://127.0.0.1:{port}/v1/admin/nodes/{node_a}/drain"
+        ))
+        .bearer_auth(token(&key, Role::Service, None))
+        .json(&serde_json::json!({"mode": "checkpoint", "reason": "e2e"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+
+    let done = wait_state(&client, job.id, JobState::Succeeded).await;
+    let node_b = done.workers[0].node.clone().unwrap();
+    assert!(node_b.starts_with("machine-b"), "{node_b}");
+    assert_eq!((done.preemptions, done.node_moves), (1, 1));
+    let log = std::fs::read_to_string(&trainer_log).unwrap();
+    let resumed: u64 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("attempt 2 rank 0 resumed from step "))
+        .unwrap_or_else(|| panic!("no second attempt: {log}"))
+        .parse()
+        .unwrap();
+    // From the checkpoint written when asked, later than the periodic one
+    // seen before the drain, and on to the end.
+    assert!(resumed as i64 >= periodic.seq, "{log}");
+    assert!(
+        log.contains("attempt 1 rank 0 resumed from step 0"),
+        "{log}"
+    );
+    assert!(log.contains(&format!("checkpoint step-{resumed}")), "{log}");
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.starts_with("final step"))
+            .collect::<Vec<_>>(),
+        ["final step 60"],
+        "{log}"
+    );
+    // It restarted from the store: machine-b fetched the checkpoint into
+    // its own work dir (one checkpoint, named as the trainer named it);
+    // machine-a ran only the first attempt.
+    let restored: Vec<PathBuf> = std::fs::read_dir(
+        dir.path()
+            .join("machine-b/restore")
+            .join(job.id.to_string()),
+    )
+    .unwrap()
+    .map(|e| e.unwrap().path())
+    .collect();
+    assert_eq!(restored.len(), 1, "{restored:?}");
+    let fetched = restored[0].join(format!("step-{resumed}/step"));
+    assert_eq!(
+        std::fs::read_to_string(&fetched).unwrap().trim(),
+        resumed.to_string()
+    );
+    assert!(
+        restored[0].to_string_lossy().ends_with("-attempt-1"),
+        "written by the first attempt: {restored:?}"
+    );
+    let jobs_a = dir.path().join("machine-a/jobs").join(job.id.to_string());
+    assert!(jobs_a.join("rank-0-attempt-1").exists());
+    assert!(!jobs_a.join("rank-0-attempt-2").exists());
+    let stdout_b = std::fs::read_to_string(
+        dir.path()
+            .join("machine-b/jobs")
+            .join(job.id.to_string())
+            .join("rank-0-attempt-2/stdout.log"),
+    )
+    .unwrap();
+    assert!(stdout_b.ends_with("final step 60\n"), "{stdout_b}");
+    // The newest checkpoint is the one it resumed from or a later one of
+    // the second run (written on machine-b, uploaded by its agent).
+    let newest = done.checkpoint.unwrap();
+    assert!(newest.seq >= resumed as i64, "{newest:?}");
+    assert_eq!(done.restore_from, Some(newest.key));
 }

@@ -223,6 +223,11 @@ async fn start_all(
     );
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
+    let signing_key = format!(
+        "{}={}",
+        auth.service_key.kid(),
+        dir.join("keys/service-signing.pem").display()
+    );
     for name in &args.regions {
         let ports = state.regions[name];
         let region_dir = dir.join("regions").join(name);
@@ -232,6 +237,12 @@ async fn start_all(
             ports.postgres
         );
         let pg_dir = region_dir.join("pg");
+        // The region's checkpoint store, shared by its control plane and
+        // its agent (docs/jobs.md).
+        let checkpoint_store = format!(
+            "file://{}",
+            std::path::absolute(region_dir.join("checkpoints"))?.display()
+        );
         let opts = PgOptions {
             port: Some(ports.postgres),
             ..PgOptions::default()
@@ -270,7 +281,26 @@ async fn start_all(
                 &db,
                 "--service-key",
                 &service_key,
-            ],
+                // Regions watch each other and hold each other's job
+                // intent (docs/failover.md); agents fence after 8 s without
+                // their region, so a dead region's jobs run elsewhere
+                // within about 20 s.
+                "--peer-signing-key",
+                &signing_key,
+                "--fence-after-s",
+                "8",
+                "--fence-checkpoint-s",
+                "6",
+                "--checkpoint-store",
+                &checkpoint_store,
+            ]
+            .into_iter()
+            .map(String::from)
+            .chain(peer_args(args, state, name))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
             &[],
             &logs.join(format!("{name}-region.log")),
         )?);
@@ -309,6 +339,8 @@ async fn start_all(
                 &args.time_factor.to_string(),
                 "--work-dir",
                 &work_dir.to_string_lossy(),
+                "--checkpoint-store",
+                &checkpoint_store,
             ],
             &[("GANGWAY_AGENT_TOKEN", agent_token.as_str())],
             &logs.join(format!("{name}-agent.log")),
@@ -582,4 +614,17 @@ fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
     } else {
         std::env::current_dir()?.join(p)
     })
+}
+
+/// `--peer NAME=URL` for every other region of the dev cloud.
+fn peer_args(args: &UpArgs, state: &DevState, me: &str) -> Vec<String> {
+    (args.regions.iter())
+        .filter(|r| *r != me)
+        .flat_map(|r| {
+            [
+                "--peer".to_string(),
+                format!("{r}=http://127.0.0.1:{}", state.regions[r].api),
+            ]
+        })
+        .collect()
 }

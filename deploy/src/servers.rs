@@ -81,6 +81,35 @@ pub struct RegionArgs {
     /// Accept calls without tokens (benchmarks only; never in production).
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// The region's checkpoint store, the URL its agents are given too:
+    /// file:///path or s3://bucket/prefix (AWS_* variables configure S3).
+    /// With one, a checkpoint an agent reports is recorded only once its
+    /// manifest is read back from the store; without, reports are trusted
+    /// (restoring agents still verify every file).
+    #[arg(long)]
+    pub checkpoint_store: Option<String>,
+    /// Another region, as NAME=URL; repeat for each (docs/failover.md).
+    /// Regions with peers hold each other's job intent, fence themselves
+    /// when cut off from a majority, and adopt the jobs of a dead peer.
+    #[arg(long = "peer", value_name = "NAME=URL")]
+    pub peers: Vec<String>,
+    /// The private key (PEM) that signs this region's tokens for its peers
+    /// (the key whose public half they verify service tokens with), as
+    /// KEY_ID=PATH.
+    #[arg(long, value_name = "KID=PATH")]
+    pub peer_signing_key: Option<String>,
+    /// Milliseconds between heartbeats to each peer.
+    #[arg(long, default_value_t = 1000)]
+    pub peer_heartbeat_ms: u64,
+    /// The regions' lease, in seconds: with no round trip to a majority of
+    /// regions for this long, a region fences itself.
+    #[arg(long, default_value_t = 8)]
+    pub peer_lease_s: u64,
+    /// Seconds of silence to a majority after which a peer's jobs are
+    /// adopted (default, and least: the longer of the regions' and the
+    /// agents' lease, plus the fenced checkpoint time, plus 2).
+    #[arg(long)]
+    pub adopt_after_s: Option<u64>,
 }
 
 /// Reads `KID=PATH` key arguments into (kid, PEM) pairs.
@@ -121,6 +150,12 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
         config.health =
             toml::from_str(&text).with_context(|| format!("--health-policy {}", path.display()))?;
     }
+    if let Some(url) = &args.checkpoint_store {
+        let store = gangway_checkpoint::CheckpointStore::open(url)
+            .map_err(|e| anyhow::anyhow!("--checkpoint-store: {e}"))?;
+        tracing::info!(url = %store.url(), "checkpoint store");
+        config.checkpoint_store = Some(store);
+    }
     config.fence_after = args.fence_after_s.map(Duration::from_secs);
     config.fence_checkpoint = args.fence_checkpoint_s.map(Duration::from_secs);
     config
@@ -143,6 +178,45 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
             "pass --service-key KID=PATH (the public key that signs the global tier's and agents' tokens), or --insecure-no-auth for a benchmark"
         ),
     };
+    config.peers = gangway_regional::peers::PeerConfig {
+        peers: args
+            .peers
+            .iter()
+            .map(|p| {
+                let (name, url) = p
+                    .split_once('=')
+                    .with_context(|| format!("--peer {p:?} is not NAME=URL"))?;
+                anyhow::ensure!(
+                    name != args.name,
+                    "--peer names this region itself ({name})"
+                );
+                Ok(gangway_regional::peers::Peer {
+                    name: name.to_string(),
+                    url: url.to_string(),
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?,
+        signing_key: match &args.peer_signing_key {
+            Some(k) => {
+                let (kid, path) = k
+                    .split_once('=')
+                    .context("--peer-signing-key is not KEY_ID=PATH")?;
+                let pem =
+                    std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+                Some(
+                    gangway_auth::jwt::SigningKey::from_pem(kid, &pem)
+                        .map_err(|e| anyhow::anyhow!("--peer-signing-key: {e}"))?,
+                )
+            }
+            None => None,
+        },
+        heartbeat_interval: Duration::from_millis(args.peer_heartbeat_ms.max(10)),
+        lease: Duration::from_secs(args.peer_lease_s),
+        adopt_after: args.adopt_after_s.map(Duration::from_secs),
+    };
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid region configuration: {e}"))?;
     let shutdown = shutdown_token();
     let state =
         gangway_regional::prepare(config, Duration::from_secs(args.database_wait_s)).await?;
@@ -197,6 +271,13 @@ pub struct AgentArgs {
     /// (its lost_after_s − 30 by default); the shorter of the two applies.
     #[arg(long)]
     pub fence_after_s: Option<u64>,
+    /// Real executor: the region's checkpoint store (the region's
+    /// --checkpoint-store URL): file:///path or s3://bucket/prefix. Rank 0's
+    /// checkpoints are uploaded there, and a restarted worker's fetched
+    /// from there. Default: WORK_DIR/checkpoint-store, which serves only
+    /// restarts on this machine.
+    #[arg(long)]
+    pub checkpoint_store: Option<String>,
 }
 
 pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
@@ -221,6 +302,7 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         machine_boot_id: args.boot_id,
         health_poll_interval: Duration::from_secs(args.health_poll_interval_s.max(1)),
         fence_after: args.fence_after_s.map(Duration::from_secs),
+        checkpoint_store: args.checkpoint_store,
     };
     gangway_agent::run(config, shutdown_token()).await
 }

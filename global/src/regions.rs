@@ -241,6 +241,10 @@ impl Regions {
         {
             Ok(a) if a.status.is_success() => {
                 match serde_json::from_slice::<RegionStatus>(&a.body) {
+                    // A fenced region takes no new work: route around it.
+                    Ok(status) if status.fenced => {
+                        region.mark_failed("fenced: cut off from a majority of regions".into())
+                    }
                     Ok(status) => region.mark_ok(Some(status)),
                     Err(e) => region.mark_failed(format!("bad status document: {e}")),
                 }

@@ -8,31 +8,7 @@
 
 use uuid::Uuid;
 
-/// FNV-1a, 64 bit: stable across builds and platforms (unlike std's
-/// hashers), which a routing decision shared by replicas needs.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in *part {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// `names` ranked for `job_id`, best first.
-pub fn rendezvous<'a>(job_id: Uuid, names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
-    let mut scored: Vec<(u64, &str)> = names
-        .into_iter()
-        .map(|n| (fnv1a(&[job_id.as_bytes(), n.as_bytes()]), n))
-        .collect();
-    // Highest score first; the name breaks (improbable) ties.
-    scored.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-    scored.into_iter().map(|(_, n)| n).collect()
-}
+pub use gangway_shared::ids::rendezvous;
 
 /// A candidate region as the chooser sees it.
 #[derive(Clone, Debug)]

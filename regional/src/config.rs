@@ -59,6 +59,15 @@ pub struct RegionConfig {
     /// Verifies the tokens of callers (the global tier, agents). `None`
     /// lets anyone in: only for benchmarks and `--insecure-no-auth`.
     pub auth: Option<gangway_auth::jwt::Verifier>,
+    /// The other regions, the lease, and when a silent region is adopted
+    /// (`peers.rs`). No peers: a region alone, never fenced.
+    pub peers: crate::peers::PeerConfig,
+    /// The region's checkpoint store (`--checkpoint-store`, the same URL
+    /// its agents are given). With one, a checkpoint an agent reports is
+    /// recorded only once its manifest is read back from the store and
+    /// matches; `None` records what agents report (each restoring agent
+    /// still verifies every file).
+    pub checkpoint_store: Option<gangway_checkpoint::CheckpointStore>,
 }
 
 impl RegionConfig {
@@ -83,6 +92,8 @@ impl RegionConfig {
             fence_after: None,
             fence_checkpoint: None,
             auth: None,
+            peers: crate::peers::PeerConfig::default(),
+            checkpoint_store: None,
         }
     }
 
@@ -138,7 +149,59 @@ impl RegionConfig {
                 "the health policy's suspect_after_s must be less than lost_after_s".into(),
             );
         }
-        self.fencing().map(|_| ())
+        let fencing = self.fencing()?;
+        let p = &self.peers;
+        if !p.peers.is_empty() {
+            if p.lease < p.heartbeat_interval * 3 {
+                return Err(format!(
+                    "the regions' lease (--peer-lease-s, {} s) must be at least three heartbeats ({} s)",
+                    p.lease.as_secs_f64(),
+                    (p.heartbeat_interval * 3).as_secs_f64()
+                ));
+            }
+            let least = self.least_adopt_after(&fencing);
+            if let Some(a) = p.adopt_after.filter(|a| *a < least) {
+                return Err(format!(
+                    "--adopt-after-s ({} s) must exceed the time a dead region's workers may \
+                     still run: the longer of the regions' lease ({} s) and the agents' lease \
+                     ({} s), plus the fenced checkpoint time ({} s), plus 2 s: at least {} s",
+                    a.as_secs_f64(),
+                    p.lease.as_secs_f64(),
+                    fencing.fence_after.as_secs_f64(),
+                    fencing.fence_checkpoint.as_secs_f64(),
+                    least.as_secs_f64()
+                ));
+            }
+            if p.signing_key.is_none() && self.auth.is_some() {
+                return Err(
+                    "a region with peers needs --peer-signing-key (the key that signs the \
+                     service tokens it calls its peers with)"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The shortest safe [`crate::peers::PeerConfig::adopt_after`]: a dead
+    /// region's workers have stopped by then, whether their region fenced
+    /// itself (the regions' lease, then the fenced checkpoint time) or their
+    /// agents did (the agents' lease, then the same), plus 2 s of margin for
+    /// clocks and beats.
+    fn least_adopt_after(&self, fencing: &Fencing) -> Duration {
+        self.peers.lease.max(fencing.fence_after)
+            + fencing.fence_checkpoint
+            + Duration::from_secs(2)
+    }
+
+    /// When a region silent to a majority is adopted: as configured, or the
+    /// shortest safe time.
+    pub fn adopt_after(&self) -> Duration {
+        let least = self
+            .fencing()
+            .map(|f| self.least_adopt_after(&f))
+            .unwrap_or(Duration::from_secs(60));
+        self.peers.adopt_after.unwrap_or(least)
     }
 
     /// What every planning pass of this region (scheduling, explain,

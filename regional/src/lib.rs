@@ -7,6 +7,7 @@
 //! - [`scheduler`]: the leader's loop around the pure `gangway-sched` core.
 //! - [`health`]: the leader's health tick (node health meets the clock).
 //! - [`leader`]: leadership through a PostgreSQL advisory lock.
+//! - [`peers`]: regions watching each other: leases, fencing, adoption.
 //! - [`validate`]: job spec validation.
 //! - [`telemetry`]: the Prometheus recorder and metric descriptions.
 
@@ -14,6 +15,7 @@ pub mod api;
 pub mod config;
 pub mod health;
 pub mod leader;
+pub mod peers;
 pub mod scheduler;
 pub mod store;
 pub mod telemetry;
@@ -38,7 +40,8 @@ pub async fn prepare(config: RegionConfig, db_wait: Duration) -> anyhow::Result<
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid region configuration: {e}"))?;
     let store = Store::connect(&config.database_url, &config.region, config.pool_size)?
-        .with_health(config.health.clone(), config.checkpoint_deadline);
+        .with_health(config.health.clone(), config.checkpoint_deadline)
+        .with_replication(!config.peers.peers.is_empty());
     let deadline = tokio::time::Instant::now() + db_wait;
     loop {
         match store.migrate().await {
@@ -70,6 +73,7 @@ pub async fn serve_on(
     let tracker = TaskTracker::new();
     let loops = shutdown.child_token();
     tracker.spawn(scheduler::run_loop(state.clone(), loops.clone()));
+    tracker.spawn(peers::run_loop(state.clone(), loops.clone()));
     let server_shutdown = shutdown.clone();
     axum::serve(listener, app(state))
         .with_graceful_shutdown(async move { server_shutdown.cancelled().await })

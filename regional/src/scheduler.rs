@@ -336,6 +336,14 @@ async fn partition_loop(
         while !stop.is_cancelled() {
             // Wake-ups from now on count for the next wait.
             wake.borrow_and_update();
+            // A fenced region places nothing (`peers.rs`).
+            if state.peers.is_fenced() {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(state.config.schedule_interval) => {}
+                }
+                continue;
+            }
             // A pass under way finishes (its commit is checked anyway).
             match run_partition_pass(&state.store, &planning, &gpu_type).await {
                 Ok(o) if o.stale => continue, // replan at once on fresh state

@@ -271,6 +271,7 @@ async fn act(store: &Store, boot: Uuid, signals: Vec<(String, Signal)>) -> Vec<D
         boot_id: boot,
         workers,
         nodes,
+        checkpoints: None,
     };
     let wanted = store
         .sync_agent("agent-0", &sync(vec![], nodes), TIMING)

@@ -130,6 +130,7 @@ async fn agent(store: &Store, boot: Uuid, finish: &[Uuid]) -> Vec<Assignment> {
         boot_id: boot,
         workers,
         nodes: Vec::new(),
+        checkpoints: None,
     };
     let wanted = store
         .sync_agent("agent-0", &sync(Vec::new()), TIMING)

@@ -433,6 +433,7 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
                 boot_id: boot,
                 workers: Vec::new(),
                 nodes: Vec::new(),
+                checkpoints: None,
             },
             TIMING,
         )
@@ -467,6 +468,7 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
                 boot_id: boot,
                 workers: reports,
                 nodes: Vec::new(),
+                checkpoints: None,
             },
             TIMING,
         )
@@ -1037,6 +1039,7 @@ async fn a_checkpoint_reported_by_a_running_worker_is_where_the_work_at_risk_sta
             fenced: false,
         }],
         nodes: Vec::new(),
+        checkpoints: None,
     };
     store
         .sync_agent("agent-0", &report("/ckpt/a"), TIMING)

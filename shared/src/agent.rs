@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -118,12 +119,55 @@ pub struct WorkerReport {
 pub struct SyncRequest {
     pub boot_id: Uuid,
     pub workers: Vec<WorkerReport>,
+    /// Checkpoints the agent has uploaded to the region's checkpoint store
+    /// (manifest written: committed) that the region has not yet accepted:
+    /// each is sent until a sync carrying it succeeds. `Some` — even
+    /// empty — says the agent uploads its workers' checkpoints, so its
+    /// workers' [`WorkerReport::checkpoint`] paths are local to it and do
+    /// not become the job's restore point; `None` from agents before the
+    /// checkpoint store and from the simulated executor, whose reported
+    /// `checkpoint` is the restore point, as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<Vec<CheckpointRecord>>,
     /// Each served node's machine boot id and the health signals seen since
     /// the last sync the region accepted. A node left out counts as heard
     /// from, with the agent's `boot_id` as its machine boot id (agents from
     /// before health reporting).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeReport>,
+}
+
+/// A checkpoint committed to the region's checkpoint store: the summary of
+/// its manifest (`{key}/manifest.json`, written last: the commit point), as
+/// an agent reports it and the region records it. See docs/jobs.md.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub job_id: Uuid,
+    /// The ownership epoch of the assignment the worker ran under: a region
+    /// refuses a checkpoint of an epoch other than the job's current one
+    /// (a stale worker of a superseded owner).
+    pub epoch: i32,
+    /// Monotonic per job within an epoch (the `step-N` of the checkpoint's
+    /// directory name when it is above every seq known, else the highest
+    /// known + 1).
+    pub seq: u64,
+    /// The placement attempt that wrote it (tells apart two uploads that
+    /// picked the same seq, the later attempt winning).
+    pub attempt: i32,
+    /// Where it lies in the store: `jobs/{job}/epoch-{e}/seq-{n:08}-attempt-{a}`.
+    pub key: String,
+    /// The checkpoint directory's name as the job wrote it (`step-1200`);
+    /// a restore recreates it under that name.
+    pub name: String,
+    pub size_bytes: u64,
+    pub files: u32,
+    /// SHA-256 over the manifest's file list (each file's path, size and
+    /// SHA-256), hex.
+    pub sha256: String,
+    pub created_at: DateTime<Utc>,
+    /// The node and rank whose agent uploaded it.
+    pub node_id: String,
+    pub rank: u32,
 }
 
 /// What an agent saw of one node's health since its last accepted sync.
@@ -180,9 +224,24 @@ pub struct Assignment {
     /// before it is stopped anyway.
     #[serde(default)]
     pub checkpoint_deadline_s: u64,
-    /// Set when the worker restarts from a checkpoint (`GANGWAY_RESTORE_FROM`).
+    /// Set when the worker restarts from a checkpoint: a key in the
+    /// region's checkpoint store (`jobs/…`), which the agent fetches and
+    /// verifies before the start and hands over as a local directory in
+    /// `GANGWAY_RESTORE_FROM`; or, from agents and jobs before the store,
+    /// a path on the agent or a simulated executor's `sim:` marker, passed
+    /// as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<String>,
+    /// The job's ownership epoch: the worker's checkpoints are uploaded
+    /// under it. Moves when another region adopts the job (failover), so a
+    /// stale owner's uploads are refused. 1 from regions before epochs.
+    #[serde(default = "first_epoch")]
+    pub epoch: i32,
+}
+
+/// The epoch every job starts in.
+fn first_epoch() -> i32 {
+    1
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

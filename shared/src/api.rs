@@ -465,6 +465,46 @@ pub struct Job {
     /// The checkpoint its next start resumes from, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<String>,
+    /// Its ownership epoch: 1 in the region that accepted it, one more
+    /// each time another region adopts it after its home was cut off
+    /// (docs/failover.md). Work of an older epoch is refused.
+    #[serde(default = "first_epoch")]
+    pub epoch: i32,
+    /// The region that adopted it while this region was cut off: this copy
+    /// is cancelled and the job goes on there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
+    /// The region it was adopted from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted_from: Option<String>,
+    /// Its newest checkpoint in the region's checkpoint store (the highest
+    /// (epoch, seq) recorded), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(inline)]
+    pub checkpoint: Option<JobCheckpoint>,
+}
+
+/// A job's checkpoint, as committed to its region's checkpoint store
+/// (docs/jobs.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct JobCheckpoint {
+    /// Its key in the store (also the job's `restore_from`).
+    pub key: String,
+    /// The ownership epoch it was written under.
+    pub epoch: i32,
+    /// Its sequence number (the job's `step-N` when its directory was
+    /// named so and that is above every earlier one).
+    pub seq: i64,
+    /// The directory name the job gave it.
+    pub name: String,
+    pub size_bytes: i64,
+    pub files: i32,
+    /// When its upload began.
+    pub created_at: DateTime<Utc>,
+}
+
+fn first_epoch() -> i32 {
+    1
 }
 
 /// One entry of a job's timeline.
@@ -554,6 +594,10 @@ pub struct RegionStatus {
     pub queued_jobs: u64,
     pub running_jobs: u64,
     pub capacity: Vec<GpuTypeCapacity>,
+    /// Cut off from a majority of regions: it places nothing and takes no
+    /// new jobs (docs/failover.md).
+    #[serde(default)]
+    pub fenced: bool,
 }
 
 /// Largest GPU count a quota accepts (larger is a typo).

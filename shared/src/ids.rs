@@ -43,6 +43,34 @@ fn derived(namespace: &Uuid, tenant: &str, key: &str) -> Uuid {
     Uuid::new_v5(namespace, &name)
 }
 
+/// FNV-1a, 64 bit: stable across builds and platforms (unlike std's
+/// hashers), which a routing decision shared by replicas needs.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in *part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// `names` ranked for `job_id`, best first.
+/// (Regions rank a job this way: the global tier to place it, a region
+/// to choose the buddy that holds its intent.)
+pub fn rendezvous<'a>(job_id: Uuid, names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut scored: Vec<(u64, &str)> = names
+        .into_iter()
+        .map(|n| (fnv1a(&[job_id.as_bytes(), n.as_bytes()]), n))
+        .collect();
+    // Highest score first; the name breaks (improbable) ties.
+    scored.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    scored.into_iter().map(|(_, n)| n).collect()
+}
+
 /// Checks an `Idempotency-Key`: 1–255 printable ASCII characters.
 pub fn valid_idempotency_key(key: &str) -> bool {
     !key.is_empty() && key.len() <= 255 && key.bytes().all(|b| (0x20..0x7f).contains(&b))

@@ -2,8 +2,10 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use gangway_auth::dev::DevMaterial;
 
 use gangway_auth::jwt::{claims_for, Role, SigningKey};
 use gangway_shared::tokens;
@@ -44,4 +46,78 @@ pub fn token(key: &SigningKey, role: Role, region: Option<&str>) -> String {
         Duration::from_secs(3600),
     ))
     .unwrap()
+}
+
+/// `KID=PATH` of a dev key's PEM under `auth`'s `keys/` (`file`:
+/// `service-signing.pem`, `service-signing.pub.pem`,
+/// `tenant-signing.pub.pem`).
+pub fn key_arg(auth: &DevMaterial, file: &str) -> String {
+    let key = if file.starts_with("tenant") {
+        &auth.tenant_key
+    } else {
+        &auth.service_key
+    };
+    format!(
+        "{}={}",
+        key.kid(),
+        auth.dir.join("keys").join(file).display()
+    )
+}
+
+/// A `gangway global` on HTTPS at `port` in front of `regions` (name,
+/// URL), logging to `dir/global.log`.
+pub fn spawn_global(dir: &Path, auth: &DevMaterial, port: u16, regions: &[(&str, String)]) -> Proc {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["global", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--tls-cert")
+        .arg(&auth.server_cert)
+        .arg("--tls-key")
+        .arg(&auth.server_key)
+        .args(["--tenant-key", &key_arg(auth, "tenant-signing.pub.pem")])
+        .args([
+            "--service-signing-key",
+            &key_arg(auth, "service-signing.pem"),
+        ]);
+    for (name, url) in regions {
+        cmd.arg("--region").arg(format!("{name}={url}"));
+    }
+    Proc(
+        cmd.env("GANGWAY_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file(dir, "global.log"))
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Waits (up to 90 s) until the global tier behind `client` sees `regions`
+/// regions, every one healthy with `schedulable` GPUs of a type
+/// schedulable; panics naming `logs` otherwise.
+pub async fn until_ready(
+    client: &gangway_shared::client::Client,
+    regions: usize,
+    schedulable: u32,
+    logs: &Path,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Ok(list) = client.regions().await {
+            let ready = list.regions.len() == regions
+                && list.regions.iter().all(|r| {
+                    r.healthy
+                        && r.status.as_ref().is_some_and(|s| {
+                            s.capacity.iter().any(|c| c.schedulable == schedulable)
+                        })
+                });
+            if ready {
+                return;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cloud did not come up; logs in {}",
+            logs.display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -214,8 +214,29 @@ pub async fn create(
                 ..Default::default()
             },
         )
-        .await
-        .map_err(|e| unavailable(&e))?;
+        .await;
+    // A keyed create its region cannot answer for (gone, fenced, or its
+    // copy moved): the job may have been adopted by another region, which
+    // then answers for it, as a retry.
+    let moved = |a: &Answer| a.status.is_success() && !ownership(&a.body).0;
+    let lost = match &answer {
+        Err(_) => true,
+        Ok(a) => a.status == StatusCode::SERVICE_UNAVAILABLE || moved(a),
+    };
+    if key.is_some() && lost {
+        if let Ok((_, found)) = find_owner(&state, &tenant, job_id).await {
+            if !moved(&found) {
+                metrics::counter!("gangway_global_creates_total", "status" => "adopted")
+                    .increment(1);
+                return Ok(relay(Answer {
+                    status: StatusCode::CREATED,
+                    replayed: true,
+                    ..found
+                }));
+            }
+        }
+    }
+    let answer = answer.map_err(|e| unavailable(&e))?;
     metrics::counter!("gangway_global_creates_total", "status" => answer.status.as_str().to_string())
         .increment(1);
     Ok(relay(answer))
@@ -334,6 +355,16 @@ async fn find_owner<'a>(
 /// the job (or the `what` the path names) answers, the others do not know
 /// it. Nobody has it → 404, unless a region did not answer (503: it may be
 /// there; retry).
+/// How much an answer's copy of a job owns it: not moved away first, then
+/// the highest ownership epoch (bodies without them rank alike).
+fn ownership(body: &[u8]) -> (bool, i64) {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    (
+        v.get("moved_to").is_none_or(|m| m.is_null()),
+        v.get("epoch").and_then(|e| e.as_i64()).unwrap_or(1),
+    )
+}
+
 pub(super) async fn ask_every_region<'a>(
     state: &'a GlobalState,
     method: Method,
@@ -349,15 +380,21 @@ pub(super) async fn ask_every_region<'a>(
         }
     });
     let mut down = None;
+    let mut found: Vec<(&Region, Answer)> = Vec::new();
     for (region, answer) in join_all(asks).await {
         match answer {
             Ok(a) if a.status == StatusCode::NOT_FOUND => {}
             Ok(a) if a.status.is_server_error() => {
                 down = Some(format!("region {} answered {}", region.name, a.status))
             }
-            Ok(a) => return Ok((region, a)),
+            Ok(a) => found.push((region, a)),
             Err(e) => down = Some(e.to_string()),
         }
+    }
+    // A job adopted by another region after its home was cut off is in
+    // both: the owner is the copy that did not move, at the highest epoch.
+    if let Some(best) = (found.into_iter()).max_by_key(|(_, a)| ownership(&a.body)) {
+        return Ok(best);
     }
     match down {
         None => Err(ApiError::not_found(what)),

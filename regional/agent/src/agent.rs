@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::checkpoints::Checkpoints;
 use crate::config::{AgentConfig, ExecutorKind};
 use crate::executor::Executor;
 use crate::health::{machine_boot_id, nvml_gpu_power_w, spawn_nvml, Signals};
@@ -53,6 +54,8 @@ struct Agent {
     exited: Arc<Notify>,
     backoff: Backoff,
     lease: Lease,
+    /// Real executor: the checkpoint store and what waits to be reported.
+    checkpoints: Option<Arc<Checkpoints>>,
 }
 
 /// The agent's lease on its workers: renewed by every successful sync (and
@@ -110,7 +113,25 @@ impl Agent {
             &boot_id.to_string(),
         );
         let fence_after = config.fence_after;
+        let checkpoints = match config.executor {
+            ExecutorKind::Real => {
+                let url = match &config.checkpoint_store {
+                    Some(url) => url.clone(),
+                    None => {
+                        let dir = std::path::absolute(config.work_dir.join("checkpoint-store"))
+                            .context("resolving the work directory")?;
+                        format!("file://{}", dir.display())
+                    }
+                };
+                let store = gangway_checkpoint::CheckpointStore::open(&url)
+                    .context("cannot open the checkpoint store (--checkpoint-store)")?;
+                tracing::info!(url = %store.url(), "checkpoint store");
+                Some(Arc::new(Checkpoints::new(store, &config.agent_id)))
+            }
+            ExecutorKind::Sim => None,
+        };
         Ok(Agent {
+            checkpoints,
             config,
             boot_id,
             machine_boot,
@@ -135,6 +156,7 @@ impl Agent {
             work_dir: self.config.work_dir.clone(),
             agent_id: self.config.agent_id.clone(),
             exited: self.exited.clone(),
+            checkpoints: self.checkpoints.clone(),
         };
         let nodes = self
             .config
@@ -174,9 +196,11 @@ impl Agent {
         loop {
             workers.collect_exits().await;
             let signals = self.signals.pending();
+            let uploaded = self.checkpoints.as_ref().map(|c| c.pending());
             let req = SyncRequest {
                 boot_id: self.boot_id,
                 workers: workers.reports(),
+                checkpoints: uploaded.clone(),
                 nodes: self
                     .config
                     .nodes
@@ -208,6 +232,9 @@ impl Agent {
                     self.lease.renew();
                     self.backoff.reset();
                     self.signals.accepted(signals.len());
+                    if let (Some(store), Some(sent)) = (&self.checkpoints, &uploaded) {
+                        store.accepted(sent);
+                    }
                     workers.reconcile(&resp.assignments);
                     // Sync early when a worker exits, so the region hears
                     // of it within one round trip rather than one interval.

@@ -67,6 +67,12 @@ pub struct AgentConfig {
     /// syncs again). The region names one at registration; the shorter of
     /// the two applies. `None` and a region naming none: never fences.
     pub fence_after: Option<Duration>,
+    /// Real only: the region's checkpoint store (`file:///path`,
+    /// `s3://bucket/prefix`), the same URL the region is given. Rank 0's
+    /// checkpoints are uploaded there and restores fetched from there.
+    /// `None`: `work_dir/checkpoint-store`, which serves only restarts on
+    /// this machine.
+    pub checkpoint_store: Option<String>,
 }
 
 /// A configuration the agent cannot run with.

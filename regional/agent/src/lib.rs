@@ -20,6 +20,9 @@
 //!   into reports. Pure bookkeeping over executor handles.
 //! - `health`: the machine boot id and GPU health signals (NVML, loaded at
 //!   run time; none where it does not load) reported with every sync.
+//! - `checkpoints`: the checkpoint store from the agent's side: rank 0's
+//!   checkpoints uploaded (manifest last) and reported until the region
+//!   accepts them; a restarted worker's checkpoint fetched and verified.
 //! - `executor`: one task per worker. `executor::real` runs a process in
 //!   its own process group (SIGTERM, then SIGKILL after the grace period);
 //!   `executor::sim` only waits out the job's scaled estimated duration.
@@ -33,6 +36,7 @@
 //! `CUDA_VISIBLE_DEVICES`, `GANGWAY_NODE_ID` and `GANGWAY_ATTEMPT`.
 
 mod agent;
+mod checkpoints;
 pub mod config;
 mod executor;
 pub mod fleet;

@@ -318,6 +318,7 @@ mod tests {
             work_dir: std::env::temp_dir(),
             agent_id: "agent-test".into(),
             exited: Arc::new(Notify::new()),
+            checkpoints: None,
         };
         Workers::new(executor, vec!["node-a".into()])
     }
@@ -341,6 +342,7 @@ mod tests {
             grace_period_s: 30,
             checkpoint_deadline_s: 5,
             restore_from: None,
+            epoch: 1,
         }
     }
 

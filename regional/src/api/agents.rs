@@ -54,11 +54,23 @@ pub async fn register(
 pub async fn sync(
     State(state): State<AppState>,
     Path(agent_id): Path<String>,
-    Json(req): Json<SyncRequest>,
+    Json(mut req): Json<SyncRequest>,
 ) -> Result<axum::Json<SyncResponse>, ApiError> {
+    if let (Some(store), Some(reported)) = (&state.config.checkpoint_store, &mut req.checkpoints) {
+        verify_checkpoints(store, reported).await;
+    }
     let timing = StopTiming {
         grace_period_s: state.config.grace_period.as_secs(),
-        checkpoint_deadline_s: state.config.checkpoint_deadline.as_secs(),
+        // A fenced region's workers must be down before a peer may adopt
+        // their jobs: they get the fenced checkpoint time at most.
+        checkpoint_deadline_s: if state.peers.is_fenced() {
+            let fenced = state.config.fencing().map(|f| f.fence_checkpoint);
+            (state.config.checkpoint_deadline)
+                .min(fenced.unwrap_or(state.config.checkpoint_deadline))
+                .as_secs()
+        } else {
+            state.config.checkpoint_deadline.as_secs()
+        },
     };
     let outcome = retry_races(|| state.store.sync_agent(&agent_id, &req, timing)).await?;
     if outcome.freed_gpus {
@@ -67,4 +79,33 @@ pub async fn sync(
     Ok(axum::Json(SyncResponse {
         assignments: outcome.assignments,
     }))
+}
+
+/// Keeps only the reported checkpoints whose manifest the region reads
+/// back from its store and finds to say what the agent said: a checkpoint
+/// the region records is surely committed where restores fetch from. One
+/// that does not check out is dropped with a log (a store other than the
+/// agent's, a manifest not written, a report that does not match it); an
+/// unreachable store drops it too, and the restore point stays where it
+/// was — the job loses at most the work since its last recorded one.
+async fn verify_checkpoints(
+    store: &gangway_checkpoint::CheckpointStore,
+    reported: &mut Vec<gangway_shared::agent::CheckpointRecord>,
+) {
+    let mut kept = Vec::with_capacity(reported.len());
+    for r in reported.drain(..) {
+        match store.manifest(&r.key).await {
+            Ok(m) if m.record() == r => kept.push(r),
+            Ok(m) => {
+                tracing::warn!(job_id = %r.job_id, key = %r.key, reported = ?r, manifest = ?m.record(), "checkpoint report does not match its manifest in the store: not recorded");
+                metrics::counter!("gangway_checkpoints_refused_total", "reason" => "manifest_mismatch").increment(1);
+            }
+            Err(e) => {
+                tracing::warn!(job_id = %r.job_id, key = %r.key, error = %e, store = %store.url(), "reported checkpoint not found whole in the region's checkpoint store (is the agent's --checkpoint-store the region's?): not recorded");
+                metrics::counter!("gangway_checkpoints_refused_total", "reason" => "not_in_store")
+                    .increment(1);
+            }
+        }
+    }
+    *reported = kept;
 }

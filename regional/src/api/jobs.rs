@@ -16,6 +16,7 @@ use super::extract::{JobId, Json, Query, Tenant};
 use super::AppState;
 use std::collections::BTreeMap;
 
+use crate::store::replicas::replicate_intent;
 use crate::store::{job_pool, retry_races, ListFilter, NewJob, StoreError, SubmitOutcome};
 use crate::validate::check_fits;
 
@@ -50,21 +51,34 @@ pub async fn submit(
         Some(k) => job_id_for_key(&tenant, k),
         None => Uuid::new_v4(),
     };
-    let new = NewJob {
-        id,
-        tenant: tenant.clone(),
-        idempotency_key: key,
-        name: spec.name.clone(),
-        mode: spec.mode,
-        gpu_type: spec.gpu_type.clone(),
-        gpus: spec.gpus as i32,
-        gpus_per_worker: spec.gpus_per_worker() as i32,
-        workers: spec.workers() as i32,
-        priority: spec.priority.rank() as i16,
-        required: spec.topology.required(),
-        preferred: spec.topology.preferred(),
-        spec,
-    };
+    if state.peers.is_fenced() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::REGION_UNAVAILABLE,
+            format!(
+                "region {} is cut off from a majority of regions (fenced) and takes no new \
+                 jobs; retry (with the same Idempotency-Key): the global tier sends it to \
+                 another region",
+                state.store.region()
+            ),
+        ));
+    }
+    // A keyed create of a job whose intent this region holds for its home:
+    // the job is that region's (alive or not) and must not be made twice.
+    if key.is_some() {
+        if let Some(home) = state.store.held_for_another(id).await? {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::REGION_UNAVAILABLE,
+                format!(
+                    "this job was accepted by region {home}, which does not answer now; it is \
+                     kept, and runs here once that region is declared dead: retry with the \
+                     same Idempotency-Key"
+                ),
+            ));
+        }
+    }
+    let new = NewJob::from_spec(id, &tenant, key.clone(), spec);
     let outcome = state.store.submit(&new).await.inspect_err(|e| {
         let limit = match e {
             StoreError::QueuedJobsLimit { .. } => "queued_jobs",
@@ -81,6 +95,26 @@ pub async fn submit(
         }
         SubmitOutcome::Replayed(job) => (job, true),
     };
+    // Acknowledged only once a buddy region holds the job's intent.
+    if state.store.replicating() && (!replayed || state.store.awaits_buddy(id).await?) {
+        let held = replicate_intent(&state, id).await;
+        if !matches!(held, Ok(Some(_))) {
+            if let Err(e) = &held {
+                tracing::warn!(error = %e, job_id = %id, "replicating a new job's intent failed");
+            }
+            if key.is_none() {
+                // Never acknowledged, so never run: a client retrying
+                // without a key must not find it running twice.
+                state.store.drop_unacknowledged(id).await?;
+            }
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::REGION_UNAVAILABLE,
+                "no other region took this job's intent, so it is not accepted yet; retry with \
+                 the same Idempotency-Key",
+            ));
+        }
+    }
     let mut resp = (StatusCode::CREATED, axum::Json(job)).into_response();
     if replayed {
         resp.headers_mut().insert(
@@ -198,6 +232,7 @@ pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionSt
         queued_jobs: queued,
         running_jobs: running,
         capacity,
+        fenced: state.peers.is_fenced(),
     }))
 }
 

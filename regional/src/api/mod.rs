@@ -10,7 +10,10 @@
 //!   delete; every tenant's for operators, whose changes are audited).
 //! - `nodes.rs`: operators' node endpoints (list, get, cordon, uncordon,
 //!   drain, injected faults).
-//! - `auth.rs`: only the global tier and this region's agents get in.
+//! - `peers.rs`: what regions ask each other (heartbeats, job intent,
+//!   updates, moves).
+//! - `auth.rs`: only the global tier, peer regions and this region's agents
+//!   get in.
 //! - `extract.rs`: extractors whose rejections are our JSON errors.
 //! - `error.rs`: [`ApiError`], the one mapping from internal errors.
 
@@ -23,6 +26,7 @@ mod extract;
 mod jobs;
 mod maintenance;
 mod nodes;
+mod peers;
 mod reservations;
 mod usage;
 
@@ -53,6 +57,8 @@ pub struct AppState {
     pub sched_wakeup: Arc<tokio::sync::watch::Sender<u64>>,
     /// Whether this replica holds the scheduling leadership.
     pub leader: Arc<AtomicBool>,
+    /// The other regions, and whether this one is fenced.
+    pub peers: Arc<crate::peers::Peers>,
     /// The fleet's shape by GPU type, for validating submissions, with the
     /// fleet version it was read at.
     fleet: Arc<Mutex<Option<(i64, Arc<FleetByType>)>>>,
@@ -62,11 +68,13 @@ type FleetByType = BTreeMap<String, Vec<FleetShape>>;
 
 impl AppState {
     pub fn new(store: Store, config: RegionConfig) -> Self {
+        let peers = crate::peers::Peers::new(config.peers.clone(), config.adopt_after());
         AppState {
             store,
             config: Arc::new(config),
             sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(0)),
             leader: Arc::new(AtomicBool::new(false)),
+            peers: Arc::new(peers),
             fleet: Arc::new(Mutex::new(None)),
         }
     }
@@ -140,6 +148,11 @@ pub fn app(state: AppState) -> Router {
                 .delete(clusters::delete_any),
         )
         .route("/internal/v1/claims", post(jobs::claim))
+        .route("/internal/v1/peers/heartbeat", post(peers::heartbeat))
+        .route("/internal/v1/replicas/intents", post(peers::hold_intent))
+        .route("/internal/v1/replicas/updates", post(peers::updates))
+        .route("/internal/v1/replicas/moves", post(peers::witness_move))
+        .route("/internal/v1/replicas/moves/list", post(peers::moves))
         .route("/v1/region", get(jobs::region))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/admin/quotas", get(admin::list_quotas))

@@ -20,6 +20,8 @@ pub struct SyncOutcome {
     pub assignments: Vec<Assignment>,
     /// GPUs were released: the scheduler has new room.
     pub freed_gpus: bool,
+    /// The reported checkpoints recorded and refused.
+    pub checkpoints: super::Recorded,
 }
 
 /// The port rank 0 listens on for the gang's rendezvous, derived from the
@@ -199,21 +201,39 @@ impl Store {
         let nodes =
             super::nodes::observe_sync(&tx, &ctx, agent_id, &boot.to_string(), &req.nodes, false)
                 .await?;
-        let freed_gpus = apply_reports(&tx, agent_id, &req.workers).await?;
+        // Lock order, everywhere: jobs (by id), then their workers; every
+        // job this sync touches is locked here, at once, in that order.
+        let mut jobs: Vec<Uuid> = req.workers.iter().map(|r| r.job_id).collect();
+        jobs.extend(req.checkpoints.iter().flatten().map(|c| c.job_id));
+        jobs.sort();
+        jobs.dedup();
+        lock_jobs(&tx, &jobs).await?;
+        // Checkpoints before the workers' reports: a worker's exit that
+        // requeues its job then finds the checkpoint it ended with.
+        let checkpoints =
+            super::checkpoints::record(&tx, agent_id, req.checkpoints.as_deref().unwrap_or(&[]))
+                .await?;
+        let freed_gpus =
+            apply_reports(&tx, agent_id, &req.workers, req.checkpoints.is_some()).await?;
         let assignments = load_assignments(&tx, agent_id, timing).await?;
         tx.commit().await?;
         Ok(SyncOutcome {
             assignments,
             freed_gpus: freed_gpus || nodes.freed_gpus || nodes.fleet_changed,
+            checkpoints,
         })
     }
 }
 
-/// Applies worker reports; returns whether any GPUs were released.
+/// Applies worker reports; returns whether any GPUs were released. An
+/// agent that `uploads` its checkpoints to the store reports them apart
+/// (recorded before this), so its workers' `checkpoint` paths are local to
+/// it and move nothing — except a simulated executor's `sim:` markers.
 async fn apply_reports(
     tx: &Transaction<'_>,
     agent_id: &str,
     reports: &[WorkerReport],
+    uploads: bool,
 ) -> Result<bool> {
     if reports.is_empty() {
         return Ok(false);
@@ -255,7 +275,8 @@ async fn apply_reports(
         if *attempt != report.attempt {
             continue; // about an earlier placement
         }
-        if let Some(ckpt) = &report.checkpoint {
+        let legacy = |c: &&String| !uploads || c.starts_with("sim:");
+        if let Some(ckpt) = report.checkpoint.as_ref().filter(legacy) {
             // A new checkpoint (reported with an exit, or by a running
             // worker that checkpoints periodically) moves the time
             // preemption counts the work at risk from; a repeated report
@@ -418,7 +439,7 @@ async fn load_assignments(
         .query(
             "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
                     w.local_rank, coalesce(j.run_workers, j.workers) AS world_size,
-                    j.mode::text AS mode, j.spec, j.restore_from,
+                    j.mode::text AS mode, j.spec, j.restore_from, j.epoch,
                     n.address, m.address AS master_addr,
                     CASE WHEN n.operator_state = 'draining' AND NOT n.drain_wait
                          THEN greatest(1, ceil(extract(epoch FROM n.drain_deadline - now())))::bigint
@@ -483,6 +504,7 @@ async fn load_assignments(
                     timing.checkpoint_deadline_s.min(left.max(1) as u64)
                 }),
             restore_from: row.get("restore_from"),
+            epoch: row.get("epoch"),
         });
     }
     Ok(out)

@@ -34,6 +34,32 @@ pub struct NewJob {
     pub preferred: TopologyLevel,
 }
 
+impl NewJob {
+    /// The job a validated `spec` makes, with this id and key.
+    pub fn from_spec(
+        id: Uuid,
+        tenant: &str,
+        idempotency_key: Option<String>,
+        spec: JobSpec,
+    ) -> NewJob {
+        NewJob {
+            id,
+            tenant: tenant.to_string(),
+            idempotency_key,
+            name: spec.name.clone(),
+            mode: spec.mode,
+            gpu_type: spec.gpu_type.clone(),
+            gpus: spec.gpus as i32,
+            gpus_per_worker: spec.gpus_per_worker() as i32,
+            workers: spec.workers() as i32,
+            priority: spec.priority.rank() as i16,
+            required: spec.topology.required(),
+            preferred: spec.topology.preferred(),
+            spec,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum SubmitOutcome {
     Created(Job),
@@ -71,6 +97,16 @@ impl Store {
     /// [`Store::check_job_cluster`]; [`StoreError::Invalid`] when it cannot
     /// run there); a job naming neither takes the one-statement path alone.
     pub async fn submit(&self, job: &NewJob) -> Result<SubmitOutcome> {
+        self.submit_checked(job, true).await
+    }
+
+    /// [`Store::submit`] without the tenant's admission limits: a job
+    /// another region accepted and this one adopts (`replicas.rs`).
+    pub(super) async fn submit_adopted(&self, job: &NewJob) -> Result<SubmitOutcome> {
+        self.submit_checked(job, false).await
+    }
+
+    async fn submit_checked(&self, job: &NewJob, limits: bool) -> Result<SubmitOutcome> {
         let spec = serde_json::to_value(&job.spec).expect("a JobSpec always serializes");
         let mut conn = self.conn().await?;
         // A job naming a reservation or a cluster must be able to run in it.
@@ -122,11 +158,11 @@ impl Store {
                      INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
                                        gpus, gpus_per_worker, workers, priority,
                                        required_level, preferred_level, estimated_duration_s,
-                                       min_workers, reservation_id, cluster_id)
+                                       min_workers, reservation_id, cluster_id, awaits_buddy)
                      SELECT $1::uuid, $2::text, $3::text, $4::jsonb, $5::text, $6::text::job_mode,
                             $7::text, $8::int, $9::int, $10::int, $11::smallint,
                             $12::text::topology_level, $13::text::topology_level, $14::bigint,
-                            $19::int, $21::uuid, $22::uuid
+                            $19::int, $21::uuid, $22::uuid, $23::bool
                      FROM lock, lim WHERE lock.got AND NOT lim.limited
                      ON CONFLICT DO NOTHING
                      RETURNING job_id, created_at),
@@ -167,8 +203,10 @@ impl Store {
         }
         let keyed = job.idempotency_key.is_some();
         let lock_key = key_lock(job.id);
-        let (unchecked, checked) = (false, true);
-        let mut params: [&(dyn ToSql + Sync); 22] = [
+        // `$20`: the limits were checked (or do not apply).
+        let (unchecked, checked) = (!limits, true);
+        let replicating = self.replicating;
+        let mut params: [&(dyn ToSql + Sync); 23] = [
             &job.id,
             &job.tenant,
             &job.idempotency_key,
@@ -191,6 +229,7 @@ impl Store {
             &unchecked,
             &job.spec.reservation,
             &job.spec.cluster,
+            &replicating,
         ];
         let row = conn.query_one(&submit, &params).await?;
         if row.get::<_, bool>(2) {
@@ -311,6 +350,10 @@ impl Store {
             lost_gpu_s: 0.0,
             goodput: None,
             restore_from: None,
+            epoch: 1,
+            moved_to: None,
+            adopted_from: None,
+            checkpoint: None,
         }
     }
 
@@ -724,6 +767,8 @@ pub(crate) enum PreemptBy<'a> {
         node: &'a str,
         why: &'a str,
     },
+    /// The region itself, fenced (cut off from a majority of regions).
+    Region { why: &'a str },
     /// The scheduler, to make room for `for_job`.
     Scheduler {
         for_job: &'a str,
@@ -762,7 +807,7 @@ pub(crate) async fn preempt_in_tx(
         )
         .await?;
     let for_job = match by {
-        PreemptBy::Operator { .. } | PreemptBy::Node { .. } => "",
+        PreemptBy::Operator { .. } | PreemptBy::Node { .. } | PreemptBy::Region { .. } => "",
         PreemptBy::Scheduler { for_job, .. } => for_job,
     };
     // A restart to grow counts as a preemption, but not against the cap on
@@ -776,7 +821,7 @@ pub(crate) async fn preempt_in_tx(
     );
     // A move for a node's sake (drain, health, lost, maintenance, fenced)
     // is counted, but not against that cap either (`node_moves`).
-    let node_move = matches!(by, PreemptBy::Node { .. });
+    let node_move = matches!(by, PreemptBy::Node { .. } | PreemptBy::Region { .. });
     tx.execute(
         "UPDATE jobs SET state = 'preempting', preemptions = preemptions + 1, preempted_for = $2,
                 grows = grows + CASE WHEN $3 THEN 1 ELSE 0 END,
@@ -789,6 +834,10 @@ pub(crate) async fn preempt_in_tx(
         PreemptBy::Operator { why } => (
             format!("preempted ({why}): {workers} worker(s) asked to checkpoint and stop"),
             json!({"why": why, "cause": "operator", "workers": workers}),
+        ),
+        PreemptBy::Region { why } => (
+            format!("preempted (fenced: {why}): {workers} worker(s) asked to checkpoint and stop"),
+            json!({"why": why, "cause": "fenced", "workers": workers}),
         ),
         PreemptBy::Node { cause, node, why } => (
             format!(

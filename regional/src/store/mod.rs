@@ -104,6 +104,28 @@
 //!   see (ready, degraded, resizing) is not stored: it is derived from the
 //!   members. Partition keys of clusters (`cluster:<id>`) share
 //!   `sched_partitions` with the GPU types'.
+//! - Regions watching each other (`V16`, `replicas.rs`, docs/failover.md):
+//!   `peer_leases` (per peer: our last round trip to it, its last
+//!   heartbeat to us, and what it hears of every region — what fencing and
+//!   adoption decide from, on the database's clock so every replica sees
+//!   the same); `replica_jobs` (other regions' job intent we hold as their
+//!   buddy: the only copy of an acknowledged job outside its home);
+//!   `job_moves` (adoptions we recorded for an adopter, read back by a
+//!   returning home); `jobs.epoch` (ownership epoch), `jobs.awaits_buddy`
+//!   (not acknowledged nor scheduled until a buddy holds its intent),
+//!   `jobs.buddy`, `buddy_told_*` and `buddy_dirty_since` (what the buddy
+//!   was told, and since when it lags: a trigger keeps it),
+//!   `jobs.adopted_from`, `jobs.moved_to`.
+//!
+//! - Checkpoints (`V15`, `checkpoints.rs`): `checkpoints`, one row per
+//!   checkpoint committed to the region's checkpoint store (its manifest
+//!   written) that an agent reported: job, epoch, seq, attempt, key, size,
+//!   digest, when, by whom. Agents report each only until a sync carrying it
+//!   succeeds, so this is the region's only memory of them (the store could
+//!   be listed again, but the epoch check happened here).
+//!   `jobs.restore_from` caches the newest one's key (highest epoch, seq,
+//!   attempt) for assignments and the buddy. `jobs.epoch`: the job's
+//!   ownership epoch (also V16's), which checkpoints must carry.
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
@@ -111,6 +133,8 @@
 //! - `limits.rs`: per-tenant admission limits: the check a limited
 //!   tenant's submit (and dry run) makes, and listing them.
 //! - `agents.rs`: agent registration and sync (reports in, assignments out).
+//! - `checkpoints.rs`: recording the checkpoints agents report (epoch
+//!   checked) and moving each job's restore point to its newest.
 //! - `plans.rs`: the scheduler's snapshot (rack power headroom and
 //!   throttled racks included) and the generation-checked commit.
 //! - `rows.rs`: row → domain conversions.
@@ -124,6 +148,8 @@
 //! - `reservations.rs`: capacity reservations: admission (create,
 //!   resize) under the region's lock, reads, deletes, and the check a job
 //!   naming one makes.
+//! - `replicas.rs`: other regions' job intent, leases, adoption, and a
+//!   returning region learning which of its jobs moved.
 //! - `keyed.rs`: idempotency keys of reservations' and clusters' creates
 //!   and keyed changes.
 //! - `clusters.rs`: dedicated clusters: create, resize and delete (all or
@@ -132,6 +158,7 @@
 
 mod agents;
 mod audit;
+mod checkpoints;
 mod clusters;
 mod jobs;
 mod keyed;
@@ -139,6 +166,7 @@ mod limits;
 mod maintenance;
 mod nodes;
 mod plans;
+pub mod replicas;
 mod reservations;
 mod rows;
 mod spares;
@@ -153,6 +181,7 @@ use tokio_postgres::NoTls;
 
 pub use agents::{StopTiming, SyncOutcome};
 pub use audit::Who;
+pub use checkpoints::{Recorded, Refusal};
 pub use clusters::{cluster_of_key, job_pool, pool_key, ClusterOutcome, NewCluster, TendOutcome};
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
@@ -306,6 +335,9 @@ pub struct Store {
     /// checkpoint deadline a `wait` drain past its deadline gives its jobs.
     health: Arc<gangway_health::HealthPolicy>,
     checkpoint_deadline_s: u64,
+    /// The region has peers: a new job waits for a buddy to hold its
+    /// intent before it is acknowledged or scheduled (`replicas.rs`).
+    replicating: bool,
 }
 
 impl Store {
@@ -332,6 +364,7 @@ impl Store {
             history: Arc::new(Mutex::new(None)),
             health: Arc::new(gangway_health::HealthPolicy::default()),
             checkpoint_deadline_s: 120,
+            replicating: false,
         })
     }
 
@@ -345,6 +378,17 @@ impl Store {
         self.health = Arc::new(policy);
         self.checkpoint_deadline_s = checkpoint_deadline.as_secs();
         self
+    }
+
+    /// New jobs wait for a buddy region to hold their intent before they
+    /// are acknowledged or scheduled (a region with peers).
+    pub fn with_replication(mut self, replicating: bool) -> Store {
+        self.replicating = replicating;
+        self
+    }
+
+    pub fn replicating(&self) -> bool {
+        self.replicating
     }
 
     /// The node-health policy in force.

@@ -397,6 +397,8 @@ impl Store {
                  WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
                    AND j.run_workers IS NULL AND ($1::text IS NULL OR j.gpu_type = $1)
                    AND j.cluster_id IS NOT DISTINCT FROM $2
+                   -- Not acknowledged until a buddy region holds its intent.
+                   AND NOT j.awaits_buddy
                  GROUP BY j.job_id",
                 &[&only, &cluster],
             )

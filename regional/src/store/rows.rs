@@ -11,7 +11,11 @@ pub(super) const JOB_COLUMNS: &str = "j.job_id, j.tenant, j.spec, j.name, j.stat
      j.reason, j.created_at, j.started_at, j.finished_at, j.preemptions, j.node_moves, j.restore_from, j.lost_gpu_s, \
      (SELECT coalesce(sum(extract(epoch FROM coalesce(x.released_at, now()) - x.allocated_at)), 0)::float8 \
       FROM allocations x WHERE x.job_id = j.job_id) AS allocated_gpu_s, \
-     j.run_workers";
+     j.run_workers, j.epoch, j.moved_to, j.adopted_from, \
+     (SELECT json_build_object('key', c.key, 'epoch', c.epoch, 'seq', c.seq, 'name', c.name, \
+             'size_bytes', c.size_bytes, 'files', c.files, 'created_at', c.created_at) \
+      FROM checkpoints c WHERE c.job_id = j.job_id \
+      ORDER BY c.epoch DESC, c.seq DESC, c.attempt DESC LIMIT 1) AS checkpoint";
 
 pub(super) const WORKER_COLUMNS: &str = "w.job_id, w.rank, w.state::text AS state, w.node_id, \
      w.gpus, w.exit_code";
@@ -68,6 +72,14 @@ pub(super) fn job_from_row(row: &Row, region: &str, workers: Vec<Worker>) -> Job
         lost_gpu_s: lost,
         goodput: goodput(allocated, lost),
         restore_from: row.get("restore_from"),
+        epoch: row.get("epoch"),
+        moved_to: row.get("moved_to"),
+        adopted_from: row.get("adopted_from"),
+        // Written by this code: one that does not decode is left out
+        // rather than failing the read.
+        checkpoint: row
+            .get::<_, Option<serde_json::Value>>("checkpoint")
+            .and_then(|v| serde_json::from_value(v).ok()),
     }
 }
 

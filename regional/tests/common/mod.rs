@@ -146,6 +146,7 @@ impl Fleet {
                         boot_id: machine_boot.into(),
                         signals,
                     }],
+                    checkpoints: None,
                 },
                 TIMING,
             )

@@ -137,6 +137,7 @@ fn config(addr: SocketAddr, executor: ExecutorKind, work_dir: &Path) -> AgentCon
         token: None,
         machine_boot_id: Some("machine-boot-1".into()),
         health_poll_interval: Duration::from_secs(10),
+        checkpoint_store: None,
     }
 }
 
@@ -159,6 +160,7 @@ fn run_assignment(script: &str) -> Assignment {
         grace_period_s: 5,
         checkpoint_deadline_s: 5,
         restore_from: None,
+        epoch: 1,
     }
 }
 
@@ -446,4 +448,286 @@ async fn reports_the_machine_boot_and_running_checkpoints_and_takes_the_deadline
         .await
         .unwrap()
         .unwrap();
+}
+
+/// A store in `dir`, and an agent config that uses it.
+fn store_config(addr: SocketAddr, work: &Path, store: &Path) -> AgentConfig {
+    let mut c = config(addr, ExecutorKind::Real, work);
+    c.checkpoint_store = Some(format!("file://{}", store.display()));
+    c
+}
+
+fn uploaded(f: &Fake) -> Vec<gangway_shared::agent::CheckpointRecord> {
+    f.syncs
+        .iter()
+        .flat_map(|s| s.checkpoints.clone().unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test]
+async fn rank_zeros_checkpoints_are_uploaded_committed_and_reported_until_accepted() {
+    let fake = Shared::default();
+    let work = tempfile::tempdir().unwrap();
+    let store_dir = work.path().join("store");
+    // Two complete checkpoints (renamed into place), one left half
+    // written under a dot-name, then it trains on.
+    let mut assignment = run_assignment(
+        "for s in 1 2; do \
+           mkdir -p \"$GANGWAY_CHECKPOINT_DIR/.tmp\" && echo $s > \"$GANGWAY_CHECKPOINT_DIR/.tmp/step\" && \
+           mv \"$GANGWAY_CHECKPOINT_DIR/.tmp\" \"$GANGWAY_CHECKPOINT_DIR/step-$s\"; sleep 0.7; \
+         done; \
+         mkdir -p \"$GANGWAY_CHECKPOINT_DIR/.half\" && echo x > \"$GANGWAY_CHECKPOINT_DIR/.half/step\"; \
+         while true; do sleep 0.05; done",
+    );
+    assignment.epoch = 3;
+    let job_id = assignment.job_id;
+    fake.lock().unwrap().assignments.push(assignment);
+    let addr = fake_region(fake.clone()).await;
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(super::run(
+        store_config(addr, work.path(), &store_dir),
+        shutdown.clone(),
+    ));
+    until(&fake, "both checkpoints reported", |f| {
+        uploaded(f).iter().any(|r| r.name == "step-2")
+    })
+    .await;
+    let syncs_then = fake.lock().unwrap().syncs.len();
+    until(&fake, "a few more syncs", |f| {
+        f.syncs.len() > syncs_then + 3
+    })
+    .await;
+    {
+        let f = fake.lock().unwrap();
+        let all = uploaded(&f);
+        let mut keys: Vec<&str> = all.iter().map(|r| r.key.as_str()).collect();
+        keys.dedup();
+        assert_eq!(
+            keys,
+            [
+                gangway_checkpoint::key(job_id, 3, 1, 1),
+                gangway_checkpoint::key(job_id, 3, 2, 1)
+            ],
+            "seq from step-N, under the assignment's epoch; nothing from the dot-dir"
+        );
+        let r = all.iter().find(|r| r.name == "step-2").unwrap();
+        assert_eq!((r.epoch, r.seq, r.attempt, r.rank), (3, 2, 1, 0));
+        assert_eq!((r.size_bytes, r.files), (2, 1));
+        assert_eq!(r.node_id, "node-a");
+        // Each is reported until a sync carrying it succeeds, then no more:
+        // every sync of the real agent says it uploads (Some), mostly empty.
+        assert!(f.syncs.iter().all(|s| s.checkpoints.is_some()));
+        let last = f.syncs.last().unwrap();
+        assert_eq!(last.checkpoints, Some(vec![]));
+    }
+    // Committed in the store: the manifest says what the report said.
+    let store = gangway_checkpoint::CheckpointStore::open(store_dir.to_str().unwrap()).unwrap();
+    let newest = store.newest(job_id).await.unwrap().expect("committed");
+    assert_eq!(newest.name, "step-2");
+    assert_eq!(newest.agent_id, "agent-1");
+    shutdown.cancel();
+    within(Duration::from_secs(5), agent)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_checkpoint_request_commits_the_final_checkpoint_before_the_exit_is_reported() {
+    let fake = Shared::default();
+    let work = tempfile::tempdir().unwrap();
+    let store_dir = work.path().join("store");
+    // Checkpoints only when asked, then exits; a big file makes the upload
+    // take a moment.
+    let mut assignment = run_assignment(
+        "trap 'mkdir -p \"$GANGWAY_CHECKPOINT_DIR/.tmp\" && \
+               head -c 20000000 /dev/zero > \"$GANGWAY_CHECKPOINT_DIR/.tmp/weights\" && \
+               mv \"$GANGWAY_CHECKPOINT_DIR/.tmp\" \"$GANGWAY_CHECKPOINT_DIR/final\"; exit 0' USR1; \
+         touch ready; while true; do sleep 0.05; done",
+    );
+    assignment.checkpoint_deadline_s = 30;
+    let job_id = assignment.job_id;
+    let ready = work
+        .path()
+        .join(format!("jobs/{job_id}/rank-0-attempt-1/ready"));
+    fake.lock().unwrap().assignments.push(assignment.clone());
+    let addr = fake_region(fake.clone()).await;
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(super::run(
+        store_config(addr, work.path(), &store_dir),
+        shutdown.clone(),
+    ));
+    while !ready.exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    {
+        let mut f = fake.lock().unwrap();
+        let mut checkpoint = assignment.clone();
+        checkpoint.desired = Desired::Checkpoint;
+        f.assignments = vec![checkpoint];
+    }
+    until(&fake, "the exit", |f| {
+        f.syncs.iter().any(|s| {
+            s.workers
+                .iter()
+                .any(|w| w.job_id == job_id && matches!(w.status, WorkerStatus::Exited { .. }))
+        })
+    })
+    .await;
+    {
+        let f = fake.lock().unwrap();
+        let first_exit = f
+            .syncs
+            .iter()
+            .position(|s| {
+                s.workers
+                    .iter()
+                    .any(|w| matches!(w.status, WorkerStatus::Exited { .. }))
+            })
+            .unwrap();
+        // The checkpoint was reported no later than the exit.
+        let before: Vec<_> = f.syncs[..=first_exit]
+            .iter()
+            .flat_map(|s| s.checkpoints.clone().unwrap_or_default())
+            .collect();
+        assert!(
+            before
+                .iter()
+                .any(|r| r.name == "final" && r.size_bytes == 20_000_000),
+            "{before:?}"
+        );
+    }
+    shutdown.cancel();
+    within(Duration::from_secs(5), agent)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// Runs `assignment` on a real agent with the store in `store_dir` until
+/// it exits; returns its exit status and what it wrote to `out`.
+async fn run_to_exit(
+    assignment: Assignment,
+    work: &Path,
+    store_dir: &Path,
+) -> (WorkerStatus, String) {
+    let fake = Shared::default();
+    let job_id = assignment.job_id;
+    fake.lock().unwrap().assignments.push(assignment);
+    let addr = fake_region(fake.clone()).await;
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(super::run(
+        store_config(addr, work, store_dir),
+        shutdown.clone(),
+    ));
+    until(&fake, "the exit", |f| {
+        f.syncs.iter().any(|s| {
+            s.workers
+                .iter()
+                .any(|w| w.job_id == job_id && matches!(w.status, WorkerStatus::Exited { .. }))
+        })
+    })
+    .await;
+    let status = fake
+        .lock()
+        .unwrap()
+        .syncs
+        .iter()
+        .flat_map(|s| s.workers.clone())
+        .find(|w| matches!(w.status, WorkerStatus::Exited { .. }))
+        .unwrap()
+        .status;
+    shutdown.cancel();
+    within(Duration::from_secs(5), agent)
+        .await
+        .unwrap()
+        .unwrap();
+    let out = std::fs::read_to_string(work.join(format!("jobs/{job_id}/rank-0-attempt-1/out")))
+        .unwrap_or_default();
+    (status, out)
+}
+
+#[tokio::test]
+async fn a_restart_fetches_its_checkpoint_verified_and_a_bad_one_fails_the_start() {
+    let work = tempfile::tempdir().unwrap();
+    let store_dir = work.path().join("store");
+    let store = gangway_checkpoint::CheckpointStore::open(store_dir.to_str().unwrap()).unwrap();
+    let src = work.path().join("src/step-40");
+    std::fs::create_dir_all(src.join("opt")).unwrap();
+    std::fs::write(src.join("step"), "40").unwrap();
+    std::fs::write(src.join("opt/state"), "adam").unwrap();
+    let read_back =
+        "cat \"$GANGWAY_RESTORE_FROM/step\" \"$GANGWAY_RESTORE_FROM/opt/state\" > out; \
+                     echo \" $GANGWAY_RESTORE_FROM\" >> out";
+    let up = |job_id, seq| gangway_checkpoint::Upload {
+        job_id,
+        epoch: 1,
+        seq,
+        attempt: 1,
+        agent_id: "elsewhere".into(),
+        node_id: "node-z".into(),
+        rank: 0,
+    };
+
+    // A whole checkpoint: fetched into this agent's work dir under the
+    // name the job gave it, and handed over.
+    let mut good = run_assignment(read_back);
+    let m = store.upload(&src, &up(good.job_id, 40)).await.unwrap();
+    good.restore_from = Some(m.key.clone());
+    let (status, out) = run_to_exit(good.clone(), work.path(), &store_dir).await;
+    assert!(
+        matches!(
+            status,
+            WorkerStatus::Exited {
+                exit_code: Some(0),
+                ..
+            }
+        ),
+        "{status:?}"
+    );
+    let restored = work.path().join(format!(
+        "restore/{}/epoch-1-seq-40-attempt-1/step-40",
+        good.job_id
+    ));
+    assert_eq!(out, format!("40adam {}\n", restored.display()));
+
+    // A file changed in the store: the start fails and says why.
+    let mut bad = run_assignment(read_back);
+    let m = store.upload(&src, &up(bad.job_id, 41)).await.unwrap();
+    std::fs::write(store_dir.join(&m.key).join("data/opt/state"), "sgd!").unwrap();
+    bad.restore_from = Some(m.key.clone());
+    let (status, out) = run_to_exit(bad, work.path(), &store_dir).await;
+    let WorkerStatus::Exited {
+        exit_code: Some(127),
+        message: Some(message),
+        ..
+    } = status
+    else {
+        panic!("{status:?}")
+    };
+    assert!(
+        message.starts_with("cannot start: cannot restore its checkpoint"),
+        "{message}"
+    );
+    assert!(message.contains("file opt/state: sha256"), "{message}");
+    assert!(message.contains("does not match the manifest"), "{message}");
+    assert_eq!(out, "", "the worker never ran");
+
+    // A partial upload (objects, no manifest) is no checkpoint to restore.
+    let mut partial = run_assignment(read_back);
+    let m = store
+        .upload_data(&src, &up(partial.job_id, 42))
+        .await
+        .unwrap();
+    partial.restore_from = Some(m.key);
+    let (status, _) = run_to_exit(partial, work.path(), &store_dir).await;
+    let WorkerStatus::Exited {
+        exit_code: Some(127),
+        message: Some(message),
+        ..
+    } = status
+    else {
+        panic!("{status:?}")
+    };
+    assert!(message.contains("never committed"), "{message}");
 }

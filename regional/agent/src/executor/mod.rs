@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::checkpoints::Checkpoints;
 use crate::config::ExecutorKind;
 
 /// A worker's identity within a boot: the region never reuses it for a
@@ -71,10 +72,13 @@ pub(crate) struct WorkerSpec {
     pub max_duration: Option<Duration>,
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
-    /// The checkpoint to resume from (`GANGWAY_RESTORE_FROM`).
+    /// The checkpoint to resume from: a checkpoint store key (fetched to a
+    /// local directory for `GANGWAY_RESTORE_FROM`), else passed as it is.
     pub restore_from: Option<String>,
     /// How long a worker asked to checkpoint has before it is stopped.
     pub checkpoint_deadline: Duration,
+    /// The job's ownership epoch: its checkpoints are uploaded under it.
+    pub epoch: i32,
 }
 
 impl WorkerSpec {
@@ -100,6 +104,7 @@ impl WorkerSpec {
             grace: Duration::from_secs(a.grace_period_s),
             restore_from: a.restore_from.clone(),
             checkpoint_deadline: Duration::from_secs(a.checkpoint_deadline_s),
+            epoch: a.epoch,
         }
     }
 }
@@ -191,6 +196,9 @@ pub(crate) struct Executor {
     pub agent_id: String,
     /// Notified whenever a worker ends, so its exit is reported promptly.
     pub exited: Arc<Notify>,
+    /// Real only: the region's checkpoint store, where rank 0's
+    /// checkpoints are uploaded and restores come from.
+    pub checkpoints: Option<Arc<Checkpoints>>,
 }
 
 impl Executor {
@@ -227,11 +235,14 @@ impl Executor {
             let exited = self.exited.clone();
             let kind = self.kind;
             let work_dir = self.work_dir.clone();
+            let checkpoints = self.checkpoints.clone();
             tokio::spawn(
                 async move {
                     tracing::info!("worker starting");
                     let exit = match kind {
-                        ExecutorKind::Real => real::run(&spec, &work_dir, &control).await,
+                        ExecutorKind::Real => {
+                            real::run(&spec, &work_dir, &control, checkpoints.as_ref()).await
+                        }
                         ExecutorKind::Sim => sim::run(&spec, &control).await,
                     };
                     tracing::info!(
@@ -282,6 +293,7 @@ pub(crate) mod test_support {
             grace: Duration::from_secs(5),
             restore_from: None,
             checkpoint_deadline: Duration::from_secs(5),
+            epoch: 1,
         }
     }
 }

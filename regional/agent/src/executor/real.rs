@@ -5,15 +5,21 @@
 //! stragglers left in its group get SIGKILL too: a worker that has exited
 //! must not keep holding its GPUs.
 
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use tokio::process::Child;
 use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::checkpoints::{Checkpoints, Uploader};
 
 use super::{
     sleep_opt, Control, Exit, WorkerSpec, CHECKPOINTED, CHECKPOINT_DEADLINE, MAX_DURATION_EXCEEDED,
@@ -43,6 +49,8 @@ pub(crate) enum StartError {
         #[source]
         source: io::Error,
     },
+    #[error("cannot restore its checkpoint: {0}")]
+    Restore(String),
 }
 
 /// The exit code reported for a worker that could not be started, as a
@@ -71,10 +79,14 @@ pub(crate) fn job_checkpoint_dir(work_dir: &Path, job_id: uuid::Uuid) -> PathBuf
     work_dir.join("checkpoints").join(job_id.to_string())
 }
 
+/// A complete checkpoint directory: (modification time, name) tells one
+/// apart from the next, and the path is where it is.
+type Entry = (SystemTime, OsString, PathBuf);
+
 /// The newest complete checkpoint in `dir`: a directory whose name does
 /// not start with `.` (a checkpoint is written under a dot-name and renamed
 /// into place when whole), newest by modification time, then name.
-pub(crate) fn newest_checkpoint(dir: &Path) -> Option<String> {
+fn newest_entry(dir: &Path) -> Option<Entry> {
     let entries = std::fs::read_dir(dir).ok()?;
     entries
         .filter_map(Result::ok)
@@ -85,26 +97,200 @@ pub(crate) fn newest_checkpoint(dir: &Path) -> Option<String> {
             Some((modified, e.file_name(), e.path()))
         })
         .max()
-        .map(|(_, _, path)| path.to_string_lossy().into_owned())
 }
 
-/// Starts the worker and supervises it until it ends.
-pub(crate) async fn run(spec: &WorkerSpec, work_dir: &Path, control: &Control) -> Exit {
+/// [`newest_entry`]'s path.
+pub(crate) fn newest_checkpoint(dir: &Path) -> Option<String> {
+    newest_entry(dir).map(|(_, _, path)| path.to_string_lossy().into_owned())
+}
+
+fn cannot_start(e: StartError) -> Exit {
+    tracing::warn!(error = %e, "cannot start worker");
+    Exit {
+        exit_code: Some(CANNOT_START_EXIT_CODE),
+        signal: None,
+        message: Some(format!("cannot start: {e}")),
+        checkpoint: None,
+    }
+}
+
+/// Starts the worker and supervises it until it ends. With a checkpoint
+/// store: a worker restored from a store key starts only once that
+/// checkpoint is fetched and verified, and rank 0's new checkpoints are
+/// uploaded while it runs (see [`crate::checkpoints`]).
+pub(crate) async fn run(
+    spec: &WorkerSpec,
+    work_dir: &Path,
+    control: &Control,
+    store: Option<&Arc<Checkpoints>>,
+) -> Exit {
     let checkpoints = checkpoint_dir(work_dir, spec);
-    match start(spec, work_dir, &checkpoints).await {
+    // A fetch may take a while: a stop meanwhile ends it before it starts.
+    let restore = tokio::select! {
+        r = restore_dir(spec, work_dir, store) => r,
+        _ = control.stop.cancelled() => return not_started(),
+        _ = control.kill.cancelled() => return not_started(),
+        _ = control.checkpoint.cancelled() => return not_started(),
+    };
+    let restore = match restore {
+        Ok(r) => r,
+        Err(e) => return cannot_start(StartError::Restore(e)),
+    };
+    // What is there already is an earlier run's (uploaded then, or older
+    // than what this run restored from): only what appears now is new.
+    let baseline = newest_entry(&checkpoints);
+    match start(spec, work_dir, &checkpoints, restore.as_deref()).await {
         Ok(child) => {
-            let mut exit = supervise(child, spec, control, &checkpoints).await;
+            let watch = match store {
+                Some(store) if spec.key.rank == 0 => Some(Watch::spawn(
+                    store.clone(),
+                    spec,
+                    checkpoints.clone(),
+                    baseline,
+                )),
+                _ => None,
+            };
+            let (mut exit, upload_by) = supervise(child, spec, control, &checkpoints).await;
             exit.checkpoint = newest_checkpoint(&checkpoints);
+            if let Some(watch) = watch {
+                watch.finish(upload_by).await;
+            }
             exit
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot start worker");
-            Exit {
-                exit_code: Some(CANNOT_START_EXIT_CODE),
-                signal: None,
-                message: Some(format!("cannot start: {e}")),
-                checkpoint: None,
+        Err(e) => cannot_start(e),
+    }
+}
+
+fn not_started() -> Exit {
+    Exit {
+        exit_code: None,
+        signal: None,
+        message: Some("stopped before it started (while fetching its checkpoint)".into()),
+        checkpoint: None,
+    }
+}
+
+/// What `GANGWAY_RESTORE_FROM` is: a store key's verified local copy, or
+/// the assignment's `restore_from` as it is (a path from before the store).
+async fn restore_dir(
+    spec: &WorkerSpec,
+    work_dir: &Path,
+    store: Option<&Arc<Checkpoints>>,
+) -> Result<Option<String>, String> {
+    match spec.restore_from.as_deref() {
+        None => Ok(None),
+        Some(key) if gangway_checkpoint::is_store_key(key) => {
+            let store = store.ok_or_else(|| {
+                format!(
+                    "it resumes from {key} in the checkpoint store, but this agent has no \
+                     checkpoint store (start it with --checkpoint-store, the region's URL)"
+                )
+            })?;
+            let dir = store.restore(work_dir, spec.key.job_id, key).await?;
+            Ok(Some(dir.to_string_lossy().into_owned()))
+        }
+        Some(other) => Ok(Some(other.to_string())),
+    }
+}
+
+/// How often a rank-0 worker's checkpoint directory is looked at.
+const WATCH_INTERVAL: Duration = Duration::from_millis(500);
+/// How long after a failed upload the next try waits.
+const UPLOAD_RETRY: Duration = Duration::from_secs(5);
+
+/// Uploads a rank-0 worker's new checkpoints, one at a time, on a task of
+/// its own: the worker and the agent's syncs never wait for it, except
+/// for the final checkpoint of a worker asked to checkpoint and stop.
+struct Watch {
+    finish: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watch {
+    fn spawn(
+        store: Arc<Checkpoints>,
+        spec: &WorkerSpec,
+        dir: PathBuf,
+        baseline: Option<Entry>,
+    ) -> Watch {
+        let who = Uploader {
+            job_id: spec.key.job_id,
+            epoch: spec.epoch,
+            attempt: spec.key.attempt,
+            node_id: spec.node_id.clone(),
+            rank: spec.key.rank,
+        };
+        let finish = CancellationToken::new();
+        let task = tokio::spawn(
+            watch(store, who, dir, baseline, finish.clone()).instrument(tracing::Span::current()),
+        );
+        Watch { finish, task }
+    }
+
+    /// The worker ended: upload what it left that is new, then stop. Waits
+    /// for that until `by` (the deadline of a checkpoint request, so the
+    /// final checkpoint is committed before the exit is reported); without
+    /// one, or once it passes, the upload goes on in the background and is
+    /// reported when it commits.
+    async fn finish(mut self, by: Option<tokio::time::Instant>) {
+        self.finish.cancel();
+        // Past the deadline already (the worker ignored the request): no
+        // time is left to wait with.
+        let Some(by) = by.filter(|by| *by > tokio::time::Instant::now()) else {
+            return;
+        };
+        if tokio::time::timeout_at(by, &mut self.task).await.is_err() {
+            tracing::warn!(
+                "the final checkpoint's upload outlives the checkpoint deadline: reporting the \
+                 worker stopped now; the upload goes on and is reported once committed"
+            );
+        }
+    }
+}
+
+async fn watch(
+    store: Arc<Checkpoints>,
+    who: Uploader,
+    dir: PathBuf,
+    mut last: Option<Entry>,
+    finish: CancellationToken,
+) {
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    loop {
+        let finishing = tokio::select! {
+            _ = finish.cancelled() => true,
+            _ = sleep(WATCH_INTERVAL) => false,
+        };
+        let waiting = retry_at.is_some_and(|t| tokio::time::Instant::now() < t);
+        if !finishing && waiting {
+            continue;
+        }
+        let newest = newest_entry(&dir);
+        let new = match (&newest, &last) {
+            (Some((t, n, _)), Some((lt, ln, _))) => (t, n) != (lt, ln),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if let (true, Some(entry)) = (new, newest) {
+            match store.upload(&entry.2, &who).await {
+                Ok(_) => {
+                    last = Some(entry);
+                    retry_at = None;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        dir = %entry.2.display(),
+                        retry_in_s = UPLOAD_RETRY.as_secs(),
+                        "cannot upload checkpoint (check the checkpoint store); it is not the job's \
+                         restore point until it is uploaded"
+                    );
+                    retry_at = Some(tokio::time::Instant::now() + UPLOAD_RETRY);
+                }
             }
+        }
+        if finishing {
+            return;
         }
     }
 }
@@ -113,6 +299,7 @@ async fn start(
     spec: &WorkerSpec,
     work_dir: &Path,
     checkpoints: &Path,
+    restore: Option<&str>,
 ) -> Result<Child, StartError> {
     let (program, args) = spec.command.split_first().ok_or(StartError::EmptyCommand)?;
     let dir = worker_dir(work_dir, spec);
@@ -152,7 +339,7 @@ async fn start(
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0);
-    match &spec.restore_from {
+    match restore {
         Some(from) => cmd.env("GANGWAY_RESTORE_FROM", from),
         None => cmd.env_remove("GANGWAY_RESTORE_FROM"),
     };
@@ -177,11 +364,26 @@ fn append(path: &Path) -> Result<File, StartError> {
         })
 }
 
+/// Supervises the worker until it ends; returns its exit and, when it was
+/// asked to checkpoint, the deadline it was given (its final checkpoint's
+/// upload may use what is left of it).
 async fn supervise(
+    child: Child,
+    spec: &WorkerSpec,
+    control: &Control,
+    checkpoints: &Path,
+) -> (Exit, Option<tokio::time::Instant>) {
+    let mut asked_by = None;
+    let exit = supervise_until(child, spec, control, checkpoints, &mut asked_by).await;
+    (exit, asked_by)
+}
+
+async fn supervise_until(
     mut child: Child,
     spec: &WorkerSpec,
     control: &Control,
     checkpoints: &Path,
+    asked_by: &mut Option<tokio::time::Instant>,
 ) -> Exit {
     // A child that has not been waited for always has an id.
     let pgid = child.id().expect("unreaped child has a pid") as libc::pid_t;
@@ -206,6 +408,7 @@ async fn supervise(
         );
         signal_group(pgid, libc::SIGUSR1);
         let deadline = tokio::time::Instant::now() + within;
+        *asked_by = Some(deadline);
         loop {
             tokio::select! {
                 status = child.wait() => {
@@ -338,7 +541,7 @@ mod tests {
         // The assignment's env comes first; the contract's names win.
         spec.env.insert("RANK".into(), "99".into());
         spec.env.insert("EXTRA".into(), "from-env".into());
-        let exit = run(&spec, dir.path(), &Control::default()).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None).await;
         assert_eq!(exit.exit_code, Some(0), "{exit:?}");
 
         let out = std::fs::read_to_string(worker_dir(dir.path(), &spec).join("out")).unwrap();
@@ -357,7 +560,7 @@ mod tests {
     async fn reports_the_exit_code_and_keeps_the_logs() {
         let dir = tempfile::tempdir().unwrap();
         let spec = sh("echo hello; echo oops >&2; exit 3");
-        let exit = run(&spec, dir.path(), &Control::default()).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None).await;
         assert_eq!(exit.exit_code, Some(3));
         assert_eq!(exit.signal, None);
         let wd = worker_dir(dir.path(), &spec);
@@ -379,7 +582,7 @@ mod tests {
         let control = Control::default();
         let task = tokio::spawn({
             let (spec, control, work_dir) = (spec.clone(), control.clone(), dir.path().to_owned());
-            async move { run(&spec, &work_dir, &control).await }
+            async move { run(&spec, &work_dir, &control, None).await }
         });
         wait_for_file(&ready).await;
         sleep(Duration::from_millis(20)).await;
@@ -408,7 +611,7 @@ mod tests {
         let control = Control::default();
         let task = tokio::spawn({
             let (spec, control, work_dir) = (spec.clone(), control.clone(), dir.path().to_owned());
-            async move { run(&spec, &work_dir, &control).await }
+            async move { run(&spec, &work_dir, &control, None).await }
         });
         wait_for_file(&ready).await;
         sleep(Duration::from_millis(20)).await;
@@ -436,7 +639,7 @@ mod tests {
     async fn a_missing_command_reports_127() {
         let dir = tempfile::tempdir().unwrap();
         let spec = spec(&["gangway-no-such-command-xyz", "--flag"]);
-        let exit = run(&spec, dir.path(), &Control::default()).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None).await;
         assert_eq!(exit.exit_code, Some(127));
         assert_eq!(exit.signal, None);
         let message = exit.message.unwrap();
@@ -451,7 +654,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = sh("sleep 60");
         spec.max_duration = Some(Duration::from_millis(200));
-        let exit = run(&spec, dir.path(), &Control::default()).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None).await;
         assert_eq!(exit.signal, Some(libc::SIGTERM));
         assert_eq!(exit.message.as_deref(), Some(MAX_DURATION_EXCEEDED));
     }
@@ -477,7 +680,7 @@ mod tests {
         let control = Control::default();
         let task = {
             let (spec, control, work) = (spec.clone(), control.clone(), dir.path().to_path_buf());
-            tokio::spawn(async move { run(&spec, &work, &control).await })
+            tokio::spawn(async move { run(&spec, &work, &control, None).await })
         };
         wait_for_file(&worker_dir(dir.path(), &spec).join("ready")).await;
         control.checkpoint.cancel();
@@ -496,7 +699,7 @@ mod tests {
         let control = Control::default();
         let task = {
             let (spec, control, work) = (spec.clone(), control.clone(), dir.path().to_path_buf());
-            tokio::spawn(async move { run(&spec, &work, &control).await })
+            tokio::spawn(async move { run(&spec, &work, &control, None).await })
         };
         wait_for_file(&worker_dir(dir.path(), &spec).join("ready")).await;
         let asked = Instant::now();
@@ -516,7 +719,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = sh("echo \"$GANGWAY_RESTORE_FROM\" > restored_from");
         spec.restore_from = Some("/ckpt/step-7".into());
-        let exit = run(&spec, dir.path(), &Control::default()).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None).await;
         assert_eq!(exit.exit_code, Some(0));
         let got =
             std::fs::read_to_string(worker_dir(dir.path(), &spec).join("restored_from")).unwrap();

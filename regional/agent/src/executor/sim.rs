@@ -94,6 +94,7 @@ mod tests {
             grace_period_s: 30,
             checkpoint_deadline_s: 5,
             restore_from: None,
+            epoch: 1,
         };
         WorkerSpec::from_assignment(&a, crate::ExecutorKind::Sim, time_factor)
     }

@@ -1,0 +1,798 @@
+//! Other regions' job intent, and our jobs' moves (docs/failover.md).
+//!
+//! - **Intent.** A new job is written with `awaits_buddy` (not scheduled,
+//!   not acknowledged); [`replicate_intent`] hands it to the first peer of
+//!   its rendezvous order that takes it (`replica_jobs` there), and only
+//!   then is it acknowledged and scheduled. Later changes (it ended, a new
+//!   checkpoint) are sent by [`flush_outbox`] from `buddy_dirty_since`.
+//! - **Leases** (`peer_leases`): round trips we made, heartbeats we heard,
+//!   and what each peer last heard of every region.
+//! - **Adoption** ([`adopt_dead`]): the live replicas of a region that a
+//!   majority has not heard from for `adopt_after` become our jobs at the
+//!   next epoch, from their newest checkpoint — each recorded first in
+//!   `job_moves` at a majority of regions, every one of which refuses if it
+//!   heard from the home since (so a home alive to a majority is never
+//!   adopted).
+//! - **Return** ([`learn_moves`]): a region regaining a majority asks those
+//!   regions which of its jobs moved, and cancels its copies before it
+//!   places anything again.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use gangway_shared::api::JobSpec;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::jobs::{cancel_in_tx, insert_event, lock_jobs, preempt_in_tx, PreemptBy};
+use super::{NewJob, Result, Store, StoreError, SubmitOutcome};
+use crate::api::AppState;
+use crate::peers::Peers;
+
+/// A job's intent as its home hands it to its buddy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Intent {
+    pub job_id: Uuid,
+    pub home: String,
+    pub tenant: String,
+    pub idempotency_key: Option<String>,
+    pub spec: JobSpec,
+    pub created_at: DateTime<Utc>,
+    pub epoch: i32,
+}
+
+/// What a home tells its buddy about a job after its intent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Update {
+    pub job_id: Uuid,
+    pub home: String,
+    pub epoch: i32,
+    /// The job ended (succeeded, failed, cancelled): never adopt it.
+    pub finished: bool,
+    /// Its newest checkpoint's store key.
+    pub checkpoint: Option<String>,
+}
+
+/// A move of a job from its dead home to its adopter, recorded at a
+/// majority before the adopter runs it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Move {
+    pub job_id: Uuid,
+    pub from_home: String,
+    pub to_region: String,
+    pub epoch: i32,
+}
+
+/// The answer to a move: recorded, or refused because the home was heard
+/// from within `adopt_after`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MoveAnswer {
+    pub recorded: bool,
+}
+
+/// A returning home's question: which of my jobs moved?
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MovesQuery {
+    pub home: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MovesList {
+    pub moves: Vec<Move>,
+}
+
+const TERMINAL: &[&str] = &["succeeded", "failed", "cancelled"];
+
+impl Store {
+    /// Seconds since each peer was last heard from (by any replica of this
+    /// region), at most this process's uptime: what the region could not
+    /// have heard while it was down is not counted as silence.
+    pub async fn silences(&self, peers: &Peers) -> Result<BTreeMap<String, f64>> {
+        let conn = self.conn().await?;
+        let uptime = peers.started.elapsed().as_secs_f64();
+        let rows = conn
+            .query(
+                "SELECT peer, extract(epoch FROM now() - last_heard_at)::float8
+                 FROM peer_leases",
+                &[],
+            )
+            .await?;
+        let heard: BTreeMap<String, Option<f64>> =
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok((peers.config.peers.iter())
+            .map(|p| {
+                let s = heard.get(&p.name).copied().flatten().unwrap_or(f64::MAX);
+                (p.name.clone(), s.min(uptime).max(0.0))
+            })
+            .collect())
+    }
+
+    /// A heartbeat from `peer` arrived (and what it hears of everyone).
+    pub async fn peer_heard(&self, peer: &str, silent_s: &BTreeMap<String, f64>) -> Result<()> {
+        let conn = self.conn().await?;
+        conn.execute(
+            "INSERT INTO peer_leases (peer, last_heard_at, silent_s, silent_at)
+             VALUES ($1, now(), $2, now())
+             ON CONFLICT (peer) DO UPDATE
+               SET last_heard_at = now(), silent_s = $2, silent_at = now()",
+            &[&peer, &json!(silent_s)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `peer` answered our heartbeat (with what it hears of everyone).
+    pub async fn peer_answered(&self, peer: &str, silent_s: &BTreeMap<String, f64>) -> Result<()> {
+        let conn = self.conn().await?;
+        conn.execute(
+            "INSERT INTO peer_leases (peer, last_ok_at, silent_s, silent_at)
+             VALUES ($1, now(), $2, now())
+             ON CONFLICT (peer) DO UPDATE SET last_ok_at = now(), silent_s = $2, silent_at = now()",
+            &[&peer, &json!(silent_s)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Seconds since the last round trip to each configured peer (`None`:
+    /// never), in the peers' order.
+    pub async fn round_trip_ages(&self, peers: &Peers) -> Result<Vec<Option<f64>>> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT peer, extract(epoch FROM now() - last_ok_at)::float8 FROM peer_leases",
+                &[],
+            )
+            .await?;
+        let ok: BTreeMap<String, Option<f64>> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok((peers.config.peers.iter())
+            .map(|p| ok.get(&p.name).copied().flatten())
+            .collect())
+    }
+
+    /// Fenced: asks every starting or running job to checkpoint and stop
+    /// (they requeue, and are not placed while the region is fenced).
+    /// Returns how many were asked now.
+    pub async fn fence_jobs(&self) -> Result<usize> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let jobs: Vec<Uuid> = (tx
+            .query(
+                "SELECT job_id FROM jobs WHERE state IN ('starting', 'running') ORDER BY job_id",
+                &[],
+            )
+            .await?)
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        lock_jobs(&tx, &jobs).await?;
+        let why = "the region lost its majority of peer regions and fenced itself";
+        let mut n = 0;
+        for job in jobs {
+            if preempt_in_tx(&tx, job, &PreemptBy::Region { why }).await? {
+                tx.execute(
+                    "UPDATE jobs SET requeue_front = true WHERE job_id = $1",
+                    &[&job],
+                )
+                .await?;
+                n += 1;
+            }
+        }
+        tx.commit().await?;
+        if n > 0 {
+            metrics::counter!("gangway_preemptions_total", "cause" => "fenced").increment(n as u64);
+        }
+        Ok(n)
+    }
+
+    /// Seconds the oldest change not yet held by a buddy has waited (a
+    /// job's intent, or a later update); 0 when there is none.
+    pub async fn replication_lag(&self) -> Result<f64> {
+        let conn = self.conn().await?;
+        let row = conn
+            .query_one(
+                "SELECT coalesce(extract(epoch FROM now() - least(
+                     (SELECT min(created_at) FROM jobs WHERE awaits_buddy),
+                     (SELECT min(buddy_dirty_since) FROM jobs
+                      WHERE buddy_dirty_since IS NOT NULL))), 0)::float8",
+                &[],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Holds another region's job intent (idempotent: the same intent again
+    /// changes nothing; a higher epoch replaces a lower one).
+    pub async fn hold_intent(&self, i: &Intent) -> Result<()> {
+        let conn = self.conn().await?;
+        let spec = serde_json::to_value(&i.spec).expect("a JobSpec serializes");
+        conn.execute(
+            "INSERT INTO replica_jobs (job_id, home, tenant, idempotency_key, spec, created_at, epoch)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (job_id) DO UPDATE
+               SET home = EXCLUDED.home, spec = EXCLUDED.spec, epoch = EXCLUDED.epoch,
+                   state = 'live', updated_at = now()
+               WHERE replica_jobs.epoch < EXCLUDED.epoch",
+            &[
+                &i.job_id,
+                &i.home,
+                &i.tenant,
+                &i.idempotency_key,
+                &spec,
+                &i.created_at,
+                &i.epoch,
+            ],
+        )
+        .await?;
+        // A keyed create retried while its home is gone reaches its buddy
+        // first (the next region of the job's rendezvous order): the claim
+        // says where the job is, so it is not made a second time here.
+        if i.idempotency_key.is_some() {
+            conn.execute(
+                "INSERT INTO idempotency_claims (job_id, tenant, region) VALUES ($1, $2, $3)
+                 ON CONFLICT (job_id) DO NOTHING",
+                &[&i.job_id, &i.tenant, &i.home],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Applies a home's updates to the replicas it holds here (older epochs
+    /// than the replica's are ignored; an adopted replica stays adopted).
+    pub async fn apply_updates(&self, updates: &[Update]) -> Result<()> {
+        let conn = self.conn().await?;
+        for u in updates {
+            conn.execute(
+                "UPDATE replica_jobs
+                 SET state = CASE WHEN $3 THEN 'finished' ELSE state END,
+                     checkpoint = coalesce($4, checkpoint), updated_at = now()
+                 WHERE job_id = $1 AND epoch = $2 AND state = 'live'",
+                &[&u.job_id, &u.epoch, &u.finished, &u.checkpoint],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Records a move another region asks us to witness, unless we heard
+    /// from its home within `adopt_after` (then the home is alive to us, and
+    /// the move is refused). Serialised with heartbeats from the home by the
+    /// home's lease row, so a home that heard us before asking which of its
+    /// jobs moved sees every move we witnessed.
+    pub async fn witness_move(&self, m: &Move, adopt_after_s: f64) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        tx.execute(
+            "INSERT INTO peer_leases (peer) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&m.from_home],
+        )
+        .await?;
+        let silent: Option<f64> = tx
+            .query_one(
+                "SELECT extract(epoch FROM now() - last_heard_at)::float8 FROM peer_leases
+                 WHERE peer = $1 FOR UPDATE",
+                &[&m.from_home],
+            )
+            .await?
+            .get(0);
+        if silent.is_some_and(|s| s < adopt_after_s) {
+            return Ok(false);
+        }
+        tx.execute(
+            "INSERT INTO job_moves (job_id, from_home, to_region, epoch) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (job_id) DO UPDATE
+               SET to_region = EXCLUDED.to_region, epoch = EXCLUDED.epoch, at = now()
+               WHERE job_moves.epoch < EXCLUDED.epoch",
+            &[&m.job_id, &m.from_home, &m.to_region, &m.epoch],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The moves of `home`'s jobs this region has recorded.
+    pub async fn moves_from(&self, home: &str) -> Result<Vec<Move>> {
+        let conn = self.conn().await?;
+        Ok((conn
+            .query(
+                "SELECT job_id, from_home, to_region, epoch FROM job_moves WHERE from_home = $1",
+                &[&home],
+            )
+            .await?)
+            .iter()
+            .map(|r| Move {
+                job_id: r.get(0),
+                from_home: r.get(1),
+                to_region: r.get(2),
+                epoch: r.get(3),
+            })
+            .collect())
+    }
+
+    /// Our copies of jobs another region adopted: cancelled (their workers
+    /// stopped and GPUs released), with where they went. Returns how many
+    /// changed now.
+    pub async fn release_moved(&self, moves: &[Move]) -> Result<usize> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let ids: Vec<Uuid> = moves.iter().map(|m| m.job_id).collect();
+        lock_jobs(&tx, &ids).await?;
+        let mut n = 0;
+        for m in moves {
+            let Some(row) = tx
+                .query_opt(
+                    "SELECT state::text, epoch, moved_to FROM jobs WHERE job_id = $1",
+                    &[&m.job_id],
+                )
+                .await?
+            else {
+                continue;
+            };
+            let (state, epoch, moved): (String, i32, Option<String>) =
+                (row.get(0), row.get(1), row.get(2));
+            if moved.is_some() || epoch >= m.epoch {
+                continue;
+            }
+            tx.execute(
+                "UPDATE jobs SET moved_to = $2 WHERE job_id = $1",
+                &[&m.job_id, &m.to_region],
+            )
+            .await?;
+            let why = format!(
+                "adopted by region {} at epoch {} while this region was cut off",
+                m.to_region, m.epoch
+            );
+            if !TERMINAL.contains(&state.as_str()) && state != "cancelling" {
+                cancel_in_tx(&tx, m.job_id, &why).await?;
+            }
+            insert_event(
+                &tx,
+                m.job_id,
+                "finished",
+                &format!("moved: {why}; this region's copy is released"),
+                json!({"moved_to": m.to_region, "epoch": m.epoch}),
+            )
+            .await?;
+            n += 1;
+        }
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    /// A job's intent is held by `buddy`: acknowledged, and schedulable.
+    pub async fn replicated(&self, job: Uuid, buddy: &str) -> Result<()> {
+        let conn = self.conn().await?;
+        conn.execute(
+            "UPDATE jobs SET awaits_buddy = false, buddy = $2, buddy_told_state = state::text
+             WHERE job_id = $1",
+            &[&job, &buddy],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Whether a job waits for a buddy to hold its intent.
+    pub async fn awaits_buddy(&self, job: Uuid) -> Result<bool> {
+        let conn = self.conn().await?;
+        Ok((conn
+            .query_opt("SELECT awaits_buddy FROM jobs WHERE job_id = $1", &[&job])
+            .await?)
+            .is_some_and(|r| r.get(0)))
+    }
+
+    /// Jobs created but not yet held by a buddy (oldest first).
+    pub async fn awaiting_buddy(&self, limit: i64) -> Result<Vec<Uuid>> {
+        let conn = self.conn().await?;
+        Ok((conn
+            .query(
+                "SELECT job_id FROM jobs WHERE awaits_buddy ORDER BY created_at LIMIT $1",
+                &[&limit],
+            )
+            .await?)
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    /// A job's intent as its buddy holds it.
+    pub async fn intent_of(&self, job: Uuid) -> Result<Intent> {
+        let conn = self.conn().await?;
+        let row = conn
+            .query_opt(
+                "SELECT tenant, idempotency_key, spec, created_at, epoch FROM jobs
+                 WHERE job_id = $1",
+                &[&job],
+            )
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        Ok(Intent {
+            job_id: job,
+            home: self.region().to_string(),
+            tenant: row.get(0),
+            idempotency_key: row.get(1),
+            spec: serde_json::from_value(row.get(2)).map_err(|e| {
+                StoreError::Migration(format!("job {job}'s stored spec does not parse: {e}"))
+            })?,
+            created_at: row.get(3),
+            epoch: row.get(4),
+        })
+    }
+
+    /// An unacknowledged, unkeyed job whose intent no buddy took: cancelled,
+    /// so a client that was told to retry never finds it running twice.
+    pub async fn drop_unacknowledged(&self, job: Uuid) -> Result<()> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        lock_jobs(&tx, &[job]).await?;
+        cancel_in_tx(
+            &tx,
+            job,
+            "not acknowledged: no other region took its intent",
+        )
+        .await?;
+        tx.execute(
+            "UPDATE jobs SET awaits_buddy = false WHERE job_id = $1",
+            &[&job],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Per buddy, the updates it has not been told (at most `limit`), each
+    /// with the state it was read in.
+    async fn dirty(&self, limit: i64) -> Result<BTreeMap<String, Vec<(Update, String)>>> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT job_id, buddy, epoch, state::text, restore_from FROM jobs
+                 WHERE buddy_dirty_since IS NOT NULL ORDER BY buddy_dirty_since LIMIT $1",
+                &[&limit],
+            )
+            .await?;
+        let mut out: BTreeMap<String, Vec<(Update, String)>> = BTreeMap::new();
+        for r in &rows {
+            let state: String = r.get(3);
+            let u = Update {
+                job_id: r.get(0),
+                home: self.region().to_string(),
+                epoch: r.get(2),
+                finished: TERMINAL.contains(&state.as_str()),
+                checkpoint: r.get(4),
+            };
+            out.entry(r.get(1)).or_default().push((u, state));
+        }
+        Ok(out)
+    }
+
+    /// The buddy holds these updates now (what changed since they were
+    /// read is dirty again: the trigger compares with what was sent).
+    async fn told(&self, updates: &[(Update, String)]) -> Result<()> {
+        let conn = self.conn().await?;
+        for (u, state) in updates {
+            conn.execute(
+                "UPDATE jobs SET buddy_told_state = $2, buddy_told_checkpoint = $3,
+                        buddy_dirty_since = NULL
+                 WHERE job_id = $1",
+                &[&u.job_id, state, &u.checkpoint],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// `home`'s live replicas here (not finished, not adopted).
+    async fn live_replicas(&self, home: &str) -> Result<Vec<(Intent, Option<String>)>> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT job_id, tenant, idempotency_key, spec, created_at, epoch, checkpoint
+                 FROM replica_jobs WHERE home = $1 AND state = 'live' ORDER BY created_at",
+                &[&home],
+            )
+            .await?;
+        let mut out = Vec::new();
+        for r in &rows {
+            let Ok(spec) = serde_json::from_value::<JobSpec>(r.get(3)) else {
+                tracing::warn!(job_id = %r.get::<_, Uuid>(0), "a replica's spec does not parse");
+                continue;
+            };
+            out.push((
+                Intent {
+                    job_id: r.get(0),
+                    home: home.to_string(),
+                    tenant: r.get(1),
+                    idempotency_key: r.get(2),
+                    spec,
+                    created_at: r.get(4),
+                    epoch: r.get(5),
+                },
+                r.get(6),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// What each peer last told us it hears of every region: seconds of
+    /// silence, aged by the time since it told us.
+    pub async fn peer_views(&self) -> Result<BTreeMap<String, BTreeMap<String, f64>>> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT peer, silent_s,
+                        coalesce(extract(epoch FROM now() - silent_at)::float8, 0)
+                 FROM peer_leases",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let aged: f64 = r.get(2);
+                let view: BTreeMap<String, f64> =
+                    serde_json::from_value(r.get(1)).unwrap_or_default();
+                let view = view.into_iter().map(|(k, v)| (k, v + aged)).collect();
+                (r.get(0), view)
+            })
+            .collect())
+    }
+
+    /// Homes with live replicas here.
+    async fn replica_homes(&self) -> Result<Vec<String>> {
+        let conn = self.conn().await?;
+        Ok((conn
+            .query(
+                "SELECT DISTINCT home FROM replica_jobs WHERE state = 'live' ORDER BY home",
+                &[],
+            )
+            .await?)
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    /// Whether a keyed create of `job` must wait: we hold its intent for a
+    /// home that has not been adopted from (the job is that home's, alive
+    /// or not; it must not be made again here).
+    pub async fn held_for_another(&self, job: Uuid) -> Result<Option<String>> {
+        let conn = self.conn().await?;
+        Ok((conn
+            .query_opt(
+                "SELECT home FROM replica_jobs WHERE job_id = $1 AND state = 'live'",
+                &[&job],
+            )
+            .await?)
+            .map(|r| r.get(0)))
+    }
+
+    /// Makes an adopted job ours: submitted here with its id, spec and key,
+    /// at the next epoch, resuming from the newest checkpoint we hold, and
+    /// at the front of its queue; the replica is marked adopted.
+    async fn adopt(&self, i: &Intent, checkpoint: Option<&str>) -> Result<()> {
+        let new = NewJob::from_spec(
+            i.job_id,
+            &i.tenant,
+            i.idempotency_key.clone(),
+            i.spec.clone(),
+        );
+        // Accepted once already: the tenant's admission limits do not apply.
+        match self.submit_adopted(&new).await? {
+            SubmitOutcome::Created(_) | SubmitOutcome::Replayed(_) => {}
+        }
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let n = tx
+            .execute(
+                "UPDATE jobs SET epoch = greatest(epoch, $2), adopted_from = $3,
+                        restore_from = coalesce($4, restore_from), requeue_front = true
+                 WHERE job_id = $1",
+                &[&i.job_id, &(i.epoch + 1), &i.home, &checkpoint],
+            )
+            .await?;
+        if n == 1 {
+            insert_event(
+                &tx,
+                i.job_id,
+                "requeued",
+                &format!(
+                    "adopted from region {} (silent to a majority of regions) at epoch {}; {}",
+                    i.home,
+                    i.epoch + 1,
+                    match checkpoint {
+                        Some(c) => format!("resumes from checkpoint {c}"),
+                        None => "no checkpoint was replicated, so it starts over".into(),
+                    }
+                ),
+                json!({"adopted_from": i.home, "epoch": i.epoch + 1, "restore_from": checkpoint}),
+            )
+            .await?;
+        }
+        tx.execute(
+            "UPDATE replica_jobs SET state = 'adopted', updated_at = now() WHERE job_id = $1",
+            &[&i.job_id],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE idempotency_claims SET region = $2 WHERE job_id = $1",
+            &[&i.job_id, &self.region()],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Hands `job`'s intent to its first buddy that takes it; then the job is
+/// acknowledged and schedulable. Returns the buddy, or `None` when none
+/// took it. A region without peers needs none.
+pub async fn replicate_intent(state: &AppState, job: Uuid) -> Result<Option<String>> {
+    let peers = &state.peers;
+    let intent = state.store.intent_of(job).await?;
+    for buddy in peers.buddies_of(job) {
+        let took: std::result::Result<serde_json::Value, _> = peers
+            .post(buddy, "/internal/v1/replicas/intents", &intent)
+            .await;
+        match took {
+            Ok(_) => {
+                state.store.replicated(job, buddy).await?;
+                metrics::counter!("gangway_intents_replicated_total").increment(1);
+                return Ok(Some(buddy.to_string()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, job_id = %job, buddy, "a buddy did not take the intent")
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Sends buddies what they have not been told: intents not yet held (jobs
+/// whose create was not acknowledged in time) and later updates.
+pub async fn flush_outbox(state: &AppState) {
+    match state.store.awaiting_buddy(100).await {
+        Ok(jobs) => {
+            for job in jobs {
+                if let Err(e) = replicate_intent(state, job).await {
+                    tracing::warn!(error = %e, job_id = %job, "replicating an intent failed");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read the jobs awaiting a buddy"),
+    }
+    let dirty = match state.store.dirty(500).await {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the buddies' updates");
+            return;
+        }
+    };
+    for (buddy, updates) in dirty {
+        let wire: Vec<&Update> = updates.iter().map(|(u, _)| u).collect();
+        let sent: std::result::Result<serde_json::Value, _> = state
+            .peers
+            .post(&buddy, "/internal/v1/replicas/updates", &wire)
+            .await;
+        match sent {
+            Ok(_) => {
+                if let Err(e) = state.store.told(&updates).await {
+                    tracing::warn!(error = %e, "cannot record what a buddy was told");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, buddy, "a buddy was not told its updates"),
+        }
+    }
+}
+
+/// Adopts the live jobs of every region that a majority of regions has
+/// not heard from for `adopt_after`. Returns how many were adopted.
+pub async fn adopt_dead(state: &AppState) -> Result<usize> {
+    let peers = &state.peers;
+    let cfg = &peers.config;
+    let adopt_after = peers.adopt_after.as_secs_f64();
+    let me = state.store.region().to_string();
+    let silences = state.store.silences(peers).await?;
+    let views = state.store.peer_views().await?;
+    let ages = state.store.round_trip_ages(peers).await?;
+    let mut adopted = 0;
+    for home in state.store.replica_homes().await? {
+        if silences.get(&home).is_none_or(|s| *s < adopt_after) {
+            continue;
+        }
+        // Regions that agree the home is silent: us, and peers we reach
+        // now whose latest word says they have not heard it either.
+        let agree = 1
+            + (cfg.peers.iter().zip(&ages))
+                .filter(|(p, age)| {
+                    p.name != home && age.is_some_and(|a| a < cfg.lease.as_secs_f64())
+                })
+                .filter(|(p, _)| {
+                    (views.get(&p.name))
+                        .and_then(|v| v.get(&home))
+                        .is_some_and(|s| *s >= adopt_after)
+                })
+                .count();
+        if agree < cfg.majority() {
+            continue;
+        }
+        for (intent, checkpoint) in state.store.live_replicas(&home).await? {
+            let m = Move {
+                job_id: intent.job_id,
+                from_home: home.clone(),
+                to_region: me.clone(),
+                epoch: intent.epoch + 1,
+            };
+            // Recorded at a majority (us included) before it runs here.
+            let mut recorded = usize::from(state.store.witness_move(&m, adopt_after).await?);
+            for p in cfg.peers.iter().filter(|p| p.name != home) {
+                let answer: std::result::Result<MoveAnswer, _> =
+                    peers.post(&p.name, "/internal/v1/replicas/moves", &m).await;
+                if answer.is_ok_and(|a| a.recorded) {
+                    recorded += 1;
+                }
+            }
+            if recorded < cfg.majority() {
+                tracing::warn!(job_id = %m.job_id, recorded, "a move was not recorded at a majority: not adopted yet");
+                continue;
+            }
+            state.store.adopt(&intent, checkpoint.as_deref()).await?;
+            // Its intent goes to a buddy of ours at once, so it is
+            // scheduled now (and survives our own failure next).
+            replicate_intent(state, intent.job_id).await?;
+            metrics::counter!("gangway_jobs_adopted_total").increment(1);
+            adopted += 1;
+        }
+    }
+    Ok(adopted)
+}
+
+/// Asks the regions of our new majority which of our jobs moved while we
+/// were cut off, and releases those. Fails (so we stay fenced) unless a
+/// majority, us included, answered.
+pub async fn learn_moves(state: &AppState) -> Result<usize> {
+    let peers = &state.peers;
+    let q = MovesQuery {
+        home: state.store.region().to_string(),
+    };
+    let calls = peers.config.peers.iter().map(|p| {
+        let q = &q;
+        async move {
+            let r: std::result::Result<MovesList, _> = peers
+                .post(&p.name, "/internal/v1/replicas/moves/list", q)
+                .await;
+            r
+        }
+    });
+    let mut answered = 1;
+    let mut moves: BTreeMap<Uuid, Move> = BTreeMap::new();
+    for r in futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        answered += 1;
+        for m in r.moves {
+            let keep = moves.get(&m.job_id).is_none_or(|k| k.epoch < m.epoch);
+            if keep {
+                moves.insert(m.job_id, m);
+            }
+        }
+    }
+    if answered < peers.config.majority() {
+        return Err(StoreError::Conflict {
+            code: gangway_shared::error::codes::UNAVAILABLE,
+            message: format!(
+                "only {answered} region(s) answered which jobs moved; a majority is {}",
+                peers.config.majority()
+            ),
+        });
+    }
+    let moves: Vec<Move> = moves.into_values().collect();
+    let homes: BTreeSet<&str> = moves.iter().map(|m| m.to_region.as_str()).collect();
+    let n = state.store.release_moved(&moves).await?;
+    if n > 0 {
+        tracing::warn!(jobs = n, to = ?homes, "jobs moved while this region was cut off");
+    }
+    Ok(n)
+}

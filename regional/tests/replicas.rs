@@ -1,0 +1,151 @@
+//! The store's side of regions watching each other, against a real,
+//! throwaway PostgreSQL (docs/failover.md): a witness refuses to record a
+//! move of a home it heard from within the adoption time; a held intent is
+//! idempotent and answers claims for its home; a returning home's copies
+//! of moved jobs are cancelled with where they went, only for a higher
+//! epoch; a job written while the region replicates is not scheduled until
+//! a buddy holds it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use gangway_regional::scheduler::run_pass;
+use gangway_regional::store::replicas::{Intent, Move};
+use gangway_shared::api::JobState;
+use uuid::Uuid;
+
+mod common;
+use common::{register, store, submit};
+
+const AGENT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+fn intent(home: &str, epoch: i32) -> Intent {
+    Intent {
+        job_id: Uuid::new_v4(),
+        home: home.into(),
+        tenant: "acme".into(),
+        idempotency_key: Some("k1".into()),
+        spec: common::job("acme", "h100", 8, 8).spec,
+        created_at: chrono::Utc::now(),
+        epoch,
+    }
+}
+
+#[tokio::test]
+async fn a_witness_refuses_a_move_of_a_home_it_heard_from_recently() {
+    let (store, client) = store("replicas_witness").await;
+    let m = Move {
+        job_id: Uuid::new_v4(),
+        from_home: "r1".into(),
+        to_region: "r2".into(),
+        epoch: 2,
+    };
+    // Never heard from r1: recorded.
+    assert!(store.witness_move(&m, 16.0).await.unwrap());
+    assert_eq!(store.moves_from("r1").await.unwrap(), vec![m.clone()]);
+    // r1 heartbeats us: from now on its jobs' moves are refused.
+    store.peer_heard("r1", &BTreeMap::new()).await.unwrap();
+    let later = Move {
+        job_id: Uuid::new_v4(),
+        ..m.clone()
+    };
+    assert!(!store.witness_move(&later, 16.0).await.unwrap());
+    assert_eq!(store.moves_from("r1").await.unwrap().len(), 1);
+    // Heard from long enough ago: recorded again.
+    client
+        .execute(
+            "UPDATE peer_leases SET last_heard_at = now() - interval '20 seconds' WHERE peer = 'r1'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(store.witness_move(&later, 16.0).await.unwrap());
+    assert_eq!(store.moves_from("r1").await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_held_intent_is_idempotent_and_claims_its_job_for_its_home() {
+    let (store, client) = store("replicas_intent").await;
+    let i = intent("r1", 1);
+    store.hold_intent(&i).await.unwrap();
+    store.hold_intent(&i).await.unwrap();
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM replica_jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    // A keyed create of it here is the home's.
+    assert_eq!(
+        store.held_for_another(i.job_id).await.unwrap().as_deref(),
+        Some("r1")
+    );
+    assert_eq!(
+        store.claim(i.job_id, "acme", "test-region").await.unwrap(),
+        "r1"
+    );
+    // The home says it ended: it is never adopted.
+    let done = gangway_regional::store::replicas::Update {
+        job_id: i.job_id,
+        home: "r1".into(),
+        epoch: 1,
+        finished: true,
+        checkpoint: Some("ckpt-7".into()),
+    };
+    store.apply_updates(&[done]).await.unwrap();
+    let state: String = client
+        .query_one(
+            "SELECT state FROM replica_jobs WHERE job_id = $1",
+            &[&i.job_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "finished");
+    assert!(store.held_for_another(i.job_id).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_returning_home_cancels_its_copies_of_jobs_that_moved_at_a_higher_epoch() {
+    let (store, _client) = store("replicas_return").await;
+    register(&store, vec![common::node("n0", "s0", "l0", "h100")]).await;
+    let a = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    let b = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    let moves = vec![
+        Move {
+            job_id: a,
+            from_home: "test-region".into(),
+            to_region: "r2".into(),
+            epoch: 2,
+        },
+        // Not a higher epoch than ours: ignored.
+        Move {
+            job_id: b,
+            from_home: "test-region".into(),
+            to_region: "r3".into(),
+            epoch: 1,
+        },
+    ];
+    assert_eq!(store.release_moved(&moves).await.unwrap(), 1);
+    assert_eq!(store.release_moved(&moves).await.unwrap(), 0, "once");
+    let ja = store.get_job("acme", a).await.unwrap();
+    assert_eq!(ja.state, JobState::Cancelled);
+    assert_eq!(ja.moved_to.as_deref(), Some("r2"));
+    let jb = store.get_job("acme", b).await.unwrap();
+    assert_eq!((jb.state, jb.moved_to), (JobState::Queued, None));
+}
+
+#[tokio::test]
+async fn a_job_is_not_scheduled_until_a_buddy_holds_its_intent() {
+    let (store, _client) = store("replicas_ack").await;
+    let store = store.with_replication(true);
+    register(&store, vec![common::node("n0", "s0", "l0", "h100")]).await;
+    let id = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    assert!(store.awaits_buddy(id).await.unwrap());
+    let o = run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    assert_eq!(o.placements, 0, "not acknowledged yet: {o:?}");
+    store.replicated(id, "r2").await.unwrap();
+    let o = run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    assert_eq!(o.placements, 1, "{o:?}");
+    assert_eq!(store.intent_of(id).await.unwrap().epoch, 1);
+}
