@@ -736,6 +736,17 @@ pub async fn adopt_dead(state: &AppState) -> Result<usize> {
                 tracing::warn!(job_id = %m.job_id, recorded, "a move was not recorded at a majority: not adopted yet");
                 continue;
             }
+            // Only a checkpoint this region's store holds can be resumed
+            // from here (checkpoint objects are not copied between regions
+            // yet): otherwise the job starts over rather than failing to
+            // start.
+            let checkpoint = match (checkpoint, &state.config.checkpoint_store) {
+                (Some(c), Some(store)) if gangway_checkpoint::is_store_key(&c) => {
+                    store.manifest(&c).await.ok().map(|_| c)
+                }
+                (Some(c), _) if gangway_checkpoint::is_store_key(&c) => None,
+                (c, _) => c,
+            };
             state.store.adopt(&intent, checkpoint.as_deref()).await?;
             // Its intent goes to a buddy of ours at once, so it is
             // scheduled now (and survives our own failure next).
