@@ -203,6 +203,41 @@ impl Peers {
         resp.json().await.map_err(transport)
     }
 
+    /// POSTs raw bytes to `path?query` of peer `name`.
+    pub async fn post_bytes(
+        &self,
+        name: &str,
+        path: &str,
+        query: &[(&str, String)],
+        body: Vec<u8>,
+    ) -> Result<(), PeerError> {
+        let peer = self
+            .peer(name)
+            .ok_or_else(|| PeerError::Unknown(name.to_string()))?;
+        let mut req = self
+            .http
+            .post(format!("{}{path}", peer.url.trim_end_matches('/')))
+            .query(query)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(body);
+        if let Some(t) = self.token() {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|source| PeerError::Transport {
+            peer: name.to_string(),
+            source,
+        })?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(PeerError::Refused {
+                peer: name.to_string(),
+                status: status.as_u16(),
+                body: resp.text().await.unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
     /// The peers in the order a job's intent goes to them: the job's
     /// rendezvous order of regions (the global tier's), without this one,
     /// so the first of them is the region a retry reaches when this one is

@@ -149,3 +149,97 @@ async fn a_job_is_not_scheduled_until_a_buddy_holds_its_intent() {
     assert_eq!(o.placements, 1, "{o:?}");
     assert_eq!(store.intent_of(id).await.unwrap().epoch, 1);
 }
+
+/// A region's state for tests: `name`, its store, its checkpoint store at
+/// `ckpt`, and its peers (name, URL).
+fn region_state(
+    name: &str,
+    store: gangway_regional::Store,
+    ckpt: &std::path::Path,
+    peers: &[(&str, String)],
+) -> gangway_regional::AppState {
+    let mut config = gangway_regional::RegionConfig::new(name, "127.0.0.1:0".parse().unwrap(), "");
+    config.checkpoint_store = Some(
+        gangway_checkpoint::CheckpointStore::open(&format!("file://{}", ckpt.display())).unwrap(),
+    );
+    config.peers.peers = peers
+        .iter()
+        .map(|(n, u)| gangway_regional::peers::Peer {
+            name: n.to_string(),
+            url: u.clone(),
+        })
+        .collect();
+    gangway_regional::AppState::new(store, config)
+}
+
+#[tokio::test]
+async fn a_checkpoint_reaches_the_buddys_store_whole_and_an_older_epoch_is_refused() {
+    let (home_store, _c1) = store("replicas_ckpt_home").await;
+    let (buddy_store, _c2) = store("replicas_ckpt_buddy").await;
+    let dirs = tempfile::tempdir().unwrap();
+    // The buddy serves its API; the home only calls it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let buddy_url = format!("http://{}", listener.local_addr().unwrap());
+    let buddy = region_state(
+        "rb",
+        buddy_store.clone(),
+        &dirs.path().join("rb"),
+        &[("ra", "http://127.0.0.1:9".into())],
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(gangway_regional::serve_on(listener, buddy, stop.clone()));
+    let home = region_state(
+        "ra",
+        home_store,
+        &dirs.path().join("ra"),
+        &[("rb", buddy_url)],
+    );
+    let home_ckpt = home.config.checkpoint_store.clone().unwrap();
+    let buddy_ckpt = gangway_checkpoint::CheckpointStore::open(&format!(
+        "file://{}",
+        dirs.path().join("rb").display()
+    ))
+    .unwrap();
+
+    // A job of ra's, held by rb at epoch 1, with a checkpoint in ra's store
+    // (one file larger than a copy chunk, so it goes in several).
+    let job = Uuid::new_v4();
+    let mut i = intent("ra", 1);
+    i.job_id = job;
+    buddy_store.hold_intent(&i).await.unwrap();
+    let src = dirs.path().join("src").join("step-3");
+    std::fs::create_dir_all(src.join("shards")).unwrap();
+    std::fs::write(src.join("step"), b"3").unwrap();
+    std::fs::write(src.join("shards/model.bin"), vec![7u8; 9 * 1024 * 1024]).unwrap();
+    let up = |seq| gangway_checkpoint::Upload {
+        job_id: job,
+        epoch: 1,
+        seq,
+        attempt: 1,
+        agent_id: "ra-agent".into(),
+        node_id: "ra-n0".into(),
+        rank: 0,
+    };
+    let m = home_ckpt.upload(&src, &up(3)).await.unwrap();
+    gangway_regional::store::replicas::copy_checkpoint(&home, "rb", &m.key)
+        .await
+        .unwrap();
+    // Whole in the buddy's store: the same manifest, every file verified.
+    assert_eq!(buddy_ckpt.manifest(&m.key).await.unwrap(), m);
+    let got = dirs.path().join("got").join("step-3");
+    buddy_ckpt.fetch(&m.key, &got).await.unwrap();
+    assert_eq!(std::fs::read(got.join("step")).unwrap(), b"3");
+
+    // The job moved on at rb (epoch 2): a late epoch-1 checkpoint of the
+    // old owner is refused, never committed.
+    let mut adopted = i.clone();
+    adopted.epoch = 2;
+    buddy_store.hold_intent(&adopted).await.unwrap();
+    let late = home_ckpt.upload(&src, &up(4)).await.unwrap();
+    gangway_regional::store::replicas::copy_checkpoint(&home, "rb", &late.key)
+        .await
+        .unwrap();
+    assert!(buddy_ckpt.manifest(&late.key).await.is_err());
+    stop.cancel();
+    let _ = server.await;
+}

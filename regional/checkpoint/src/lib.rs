@@ -429,6 +429,36 @@ impl CheckpointStore {
         })
     }
 
+    /// Copies in a checkpoint another store holds, its files fetched into
+    /// `dir` (named as the manifest's `name`): they are uploaded under the
+    /// manifest's key and, only if every one's size and SHA-256 match the
+    /// manifest, the manifest is committed as it is (its provenance kept).
+    /// A copy that does not match is never committed. How a region's
+    /// checkpoints reach the region holding its jobs' intent.
+    pub async fn upload_copy(&self, dir: &Path, manifest: &Manifest) -> Result<()> {
+        manifest.validate().map_err(|why| Error::BadManifest {
+            key: manifest.key.clone(),
+            why,
+        })?;
+        let up = Upload {
+            job_id: manifest.job_id,
+            epoch: manifest.epoch,
+            seq: manifest.seq,
+            attempt: manifest.attempt,
+            agent_id: manifest.agent_id.clone(),
+            node_id: manifest.node_id.clone(),
+            rank: manifest.rank,
+        };
+        let copied = self.upload_data(dir, &up).await?;
+        if copied.key != manifest.key || copied.files != manifest.files {
+            return Err(Error::BadManifest {
+                key: manifest.key.clone(),
+                why: "the copied files do not match the manifest".into(),
+            });
+        }
+        self.commit(manifest).await
+    }
+
     /// Writes the manifest: from now on the checkpoint exists.
     pub async fn commit(&self, manifest: &Manifest) -> Result<()> {
         manifest.validate().map_err(|why| Error::BadManifest {

@@ -187,6 +187,15 @@ pub fn app(state: AppState) -> Router {
     let internal = Router::new()
         .route("/internal/v1/agents/register", post(agents::register))
         .route("/internal/v1/agents/{agent_id}/sync", post(agents::sync))
+        // Chunks of checkpoint files copied in by a home region.
+        .route(
+            "/internal/v1/replicas/checkpoints/file",
+            post(peers::checkpoint_file),
+        )
+        .route(
+            "/internal/v1/replicas/checkpoints/commit",
+            post(peers::checkpoint_commit),
+        )
         .layer(DefaultBodyLimit::max(AGENT_BODY_LIMIT));
     let router = Router::new()
         .merge(public)

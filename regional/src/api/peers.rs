@@ -4,11 +4,14 @@
 //! adopter and read back by a returning home. See `peers.rs` and
 //! `store/replicas.rs`.
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
+use serde::Deserialize;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
 use super::error::ApiError;
-use super::extract::Json;
+use super::extract::{Json, Query};
 use super::AppState;
 use crate::peers::Heartbeat;
 use crate::store::replicas::{Intent, Move, MoveAnswer, MovesList, MovesQuery, Update};
@@ -87,4 +90,122 @@ pub async fn moves(
     Ok(axum::Json(MovesList {
         moves: state.store.moves_from(&q.home).await?,
     }))
+}
+
+fn bad(message: String) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        gangway_shared::error::codes::INVALID_SPEC,
+        message,
+    )
+}
+
+/// One chunk of a checkpoint file a home copies in.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileChunk {
+    key: String,
+    name: String,
+    path: String,
+    offset: u64,
+}
+
+/// A relative path of plain components (no `.`, `..`, empty or absolute).
+fn plain(path: &str) -> bool {
+    !path.is_empty()
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\\'))
+}
+
+/// The staging directory of a checkpoint being copied in.
+fn staged(state: &AppState, key: &str, name: &str) -> std::path::PathBuf {
+    crate::store::replicas::staging_root(state.store.region(), "in")
+        .join(key.replace('/', "_"))
+        .join(name)
+}
+
+/// `POST /internal/v1/replicas/checkpoints/file?key&name&path&offset`: a
+/// chunk of a file of a checkpoint a home copies to this region's store,
+/// staged on local disk until its manifest arrives.
+pub async fn checkpoint_file(
+    State(state): State<AppState>,
+    Query(q): Query<FileChunk>,
+    body: Bytes,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    if gangway_checkpoint::parse_key(&q.key).is_none() || !plain(&q.name) || q.name.contains('/') {
+        return Err(bad(format!(
+            "{:?} / {:?} names no checkpoint",
+            q.key, q.name
+        )));
+    }
+    if !plain(&q.path) {
+        return Err(bad(format!(
+            "{:?} is not a relative path of a checkpoint",
+            q.path
+        )));
+    }
+    let file = (q.path.split('/')).fold(staged(&state, &q.key, &q.name), |p, c| p.join(c));
+    let io = |e: std::io::Error| bad(format!("cannot stage {}: {e}", q.path));
+    if let Some(parent) = file.parent() {
+        tokio::fs::create_dir_all(parent).await.map_err(io)?;
+    }
+    let mut f = tokio::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(q.offset == 0)
+        .open(&file)
+        .await
+        .map_err(io)?;
+    f.seek(std::io::SeekFrom::Start(q.offset))
+        .await
+        .map_err(io)?;
+    f.write_all(&body).await.map_err(io)?;
+    f.flush().await.map_err(io)?;
+    Ok(axum::Json(serde_json::json!({"staged": body.len()})))
+}
+
+/// `POST /internal/v1/replicas/checkpoints/commit`: the manifest of a
+/// checkpoint whose files were staged: committed to this region's store
+/// (only if every file matches it) when this region holds the job's intent
+/// at that epoch, live; refused for an older epoch (the job was adopted or
+/// moved on: the checkpoint store refuses work of a superseded owner).
+pub async fn checkpoint_commit(
+    State(state): State<AppState>,
+    Json(m): Json<gangway_checkpoint::Manifest>,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let dir = staged(&state, &m.key, &m.name);
+    let root = dir.parent().map(std::path::Path::to_path_buf);
+    let clean = || async {
+        if let Some(r) = &root {
+            let _ = tokio::fs::remove_dir_all(r).await;
+        }
+    };
+    let Some(store) = &state.config.checkpoint_store else {
+        clean().await;
+        return Ok(axum::Json(serde_json::json!({"held": false})));
+    };
+    match state.store.replica_epoch(m.job_id).await? {
+        Some((epoch, live)) if epoch == m.epoch && live == "live" => {}
+        held => {
+            clean().await;
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                gangway_shared::error::codes::INVALID_SPEC,
+                format!(
+                    "checkpoint {} is of epoch {}, and this region holds {}: refused",
+                    m.key,
+                    m.epoch,
+                    match held {
+                        Some((e, st)) => format!("the job at epoch {e} ({st})"),
+                        None => "no intent of the job".into(),
+                    }
+                ),
+            ));
+        }
+    }
+    let done = store.upload_copy(&dir, &m).await;
+    clean().await;
+    done.map_err(|e| bad(format!("checkpoint {} not copied: {e}", m.key)))?;
+    Ok(axum::Json(serde_json::json!({"held": true})))
 }

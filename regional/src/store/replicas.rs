@@ -668,7 +668,27 @@ pub async fn flush_outbox(state: &AppState) {
             return;
         }
     };
-    for (buddy, updates) in dirty {
+    for (buddy, mut updates) in dirty {
+        // A new checkpoint reaches the buddy's store before the buddy is
+        // told of it; one whose copy failed waits for the next beat.
+        let mut held = Vec::with_capacity(updates.len());
+        for (u, st) in updates.drain(..) {
+            match &u.checkpoint {
+                Some(key) if gangway_checkpoint::is_store_key(key) => {
+                    match copy_checkpoint(state, &buddy, key).await {
+                        Ok(()) => held.push((u, st)),
+                        Err(e) => {
+                            tracing::debug!(error = %e, buddy, key, "checkpoint not copied yet")
+                        }
+                    }
+                }
+                _ => held.push((u, st)),
+            }
+        }
+        let updates = held;
+        if updates.is_empty() {
+            continue;
+        }
         let wire: Vec<&Update> = updates.iter().map(|(u, _)| u).collect();
         let sent: std::result::Result<serde_json::Value, _> = state
             .peers
@@ -806,4 +826,100 @@ pub async fn learn_moves(state: &AppState) -> Result<usize> {
         tracing::warn!(jobs = n, to = ?homes, "jobs moved while this region was cut off");
     }
     Ok(n)
+}
+
+/// Bytes of a checkpoint file sent in one request.
+const COPY_CHUNK: usize = 8 * 1024 * 1024;
+
+/// Where a region stages what is copied in or out of its checkpoint store.
+pub fn staging_root(region: &str, way: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("gangway-{region}-checkpoints-{way}"))
+}
+
+/// Copies the checkpoint `key` from this region's store to `buddy`'s: the
+/// files in chunks (`POST /internal/v1/replicas/checkpoints/file`), then
+/// the manifest (`…/commit`), which the buddy commits only once every
+/// file matches it. A buddy that refuses it (no store, an older epoch than
+/// its copy of the job) counts as done: nothing more can be sent. Without
+/// a store here there is nothing to copy.
+pub async fn copy_checkpoint(
+    state: &AppState,
+    buddy: &str,
+    key: &str,
+) -> std::result::Result<(), String> {
+    let Some(store) = &state.config.checkpoint_store else {
+        return Ok(());
+    };
+    let root = staging_root(state.store.region(), "out").join(Uuid::new_v4().simple().to_string());
+    let result = async {
+        let m = store.manifest(key).await.map_err(|e| e.to_string())?;
+        let dir = root.join(&m.name);
+        store.fetch(key, &dir).await.map_err(|e| e.to_string())?;
+        for f in &m.files {
+            let local = f.path.split('/').fold(dir.clone(), |p, c| p.join(c));
+            let bytes = tokio::fs::read(&local).await.map_err(|e| e.to_string())?;
+            let mut offset = 0;
+            loop {
+                let end = (offset + COPY_CHUNK).min(bytes.len());
+                let query = [
+                    ("key", key.to_string()),
+                    ("name", m.name.clone()),
+                    ("path", f.path.clone()),
+                    ("offset", offset.to_string()),
+                ];
+                state
+                    .peers
+                    .post_bytes(
+                        buddy,
+                        "/internal/v1/replicas/checkpoints/file",
+                        &query,
+                        bytes[offset..end].to_vec(),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                offset = end;
+                if offset >= bytes.len() {
+                    break;
+                }
+            }
+        }
+        let committed: std::result::Result<serde_json::Value, _> = state
+            .peers
+            .post(buddy, "/internal/v1/replicas/checkpoints/commit", &m)
+            .await;
+        match committed {
+            Ok(_) => {
+                metrics::counter!("gangway_checkpoints_replicated_total").increment(1);
+                Ok(())
+            }
+            Err(crate::peers::PeerError::Refused { status, body, .. }) if status < 500 => {
+                tracing::warn!(
+                    key,
+                    buddy,
+                    status,
+                    body,
+                    "the buddy refused a checkpoint copy"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+    .await;
+    let _ = tokio::fs::remove_dir_all(&root).await;
+    result
+}
+
+impl Store {
+    /// The epoch and state of the job's intent held here, if any.
+    pub async fn replica_epoch(&self, job: Uuid) -> Result<Option<(i32, String)>> {
+        let conn = self.conn().await?;
+        Ok((conn
+            .query_opt(
+                "SELECT epoch, state FROM replica_jobs WHERE job_id = $1",
+                &[&job],
+            )
+            .await?)
+            .map(|r| (r.get(0), r.get(1))))
+    }
 }
