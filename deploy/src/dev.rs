@@ -282,15 +282,11 @@ async fn start_all(
                 "--service-key",
                 &service_key,
                 // Regions watch each other and hold each other's job
-                // intent (docs/failover.md); agents fence after 8 s without
-                // their region, so a dead region's jobs run elsewhere
-                // within about 20 s.
+                // intent (docs/failover.md); with peers, agents fence after
+                // the regions' lease (8 s) and a dead region's jobs run
+                // elsewhere after about 16 s.
                 "--peer-signing-key",
                 &signing_key,
-                "--fence-after-s",
-                "8",
-                "--fence-checkpoint-s",
-                "6",
                 "--checkpoint-store",
                 &checkpoint_store,
             ]

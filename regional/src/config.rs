@@ -105,21 +105,29 @@ impl RegionConfig {
     /// agent_sync_interval`). Defaults: `fence_after` = L − 30 s (L / 2
     /// when L < 60 s); `fence_checkpoint` = two thirds of what is left
     /// below L, at most 20 s. With the defaults (L = 120 s): fence at
-    /// 90 s, workers stopped by 110 s, GPUs released at 120 s.
+    /// 90 s, workers stopped by 110 s, GPUs released at 120 s. A region
+    /// with peers defaults to the regions' lease and at most 6 s instead
+    /// (8 s and 6 s: a dead region's jobs are adopted after 16 s).
     pub fn fencing(&self) -> Result<Fencing, String> {
         let lost = Duration::from_secs(self.health.lost_after_s);
-        let fence_after = self
-            .fence_after
-            .unwrap_or(if lost >= Duration::from_secs(60) {
-                lost - Duration::from_secs(30)
-            } else {
-                lost / 2
-            });
+        // With peers, a dead region's jobs are adopted once its agents
+        // have surely stopped its workers: the agents' lease defaults to
+        // the regions' lease (and a short checkpoint time), so adoption
+        // comes within about 16 s of the death rather than minutes.
+        let multi_region = !self.peers.peers.is_empty();
+        let fence_after = self.fence_after.unwrap_or(if multi_region {
+            self.peers.lease
+        } else if lost >= Duration::from_secs(60) {
+            lost - Duration::from_secs(30)
+        } else {
+            lost / 2
+        });
         if fence_after.is_zero() {
             return Err("the agents' lease (--fence-after-s) must be above zero".into());
         }
         let fence_checkpoint = self.fence_checkpoint.unwrap_or_else(|| {
-            (lost.saturating_sub(fence_after) * 2 / 3).min(Duration::from_secs(20))
+            let cap = Duration::from_secs(if multi_region { 6 } else { 20 });
+            (lost.saturating_sub(fence_after) * 2 / 3).min(cap)
         });
         if fence_after + fence_checkpoint >= lost {
             return Err(format!(
