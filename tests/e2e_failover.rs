@@ -6,7 +6,11 @@
 //! agents) is killed, the buddy adopts it once a majority of regions has
 //! not heard from the home for the adoption time, at the next ownership
 //! epoch, and runs it; a retried create with the job's key returns the
-//! adopted job. See docs/failover.md.
+//! adopted job. A region cut off from the others and the global tier (its
+//! links through proxies that can be cut) fences itself and stops its job,
+//! which its buddy adopts; sampled every 100 ms, the job never runs in two
+//! regions at once, and once healed the home releases its copy. See
+//! docs/failover.md.
 
 mod support;
 
@@ -42,6 +46,13 @@ struct Cloud {
     dir: tempfile::TempDir,
     tenant: Client,
     regions: Vec<Region>,
+    /// The regions' API ports (agents and direct checks use them).
+    ports: Vec<u16>,
+    /// Every link between regions, and from the global tier to each
+    /// region (`from` = "global"), through a proxy that can be cut.
+    links: Vec<(&'static str, &'static str, support::Proxy)>,
+    /// A service token, to ask regions directly.
+    service: String,
     _global: Proc,
 }
 
@@ -58,6 +69,21 @@ impl Cloud {
         let global_port = gangway_devkit::free_port();
         let service_pub = support::key_arg(&auth, "service-signing.pub.pem");
         let service_priv = support::key_arg(&auth, "service-signing.pem");
+        let mut links = Vec::new();
+        for (j, to) in REGIONS.iter().enumerate() {
+            for from in REGIONS.iter().chain(["global"].iter()) {
+                if from != to {
+                    links.push((*from, *to, support::Proxy::start(ports[j]).await));
+                }
+            }
+        }
+        let via = |from: &str, to: &str| {
+            let (_, _, p) = links
+                .iter()
+                .find(|(f, t, _)| *f == from && *t == to)
+                .unwrap();
+            format!("http://127.0.0.1:{}", p.port)
+        };
         let mut regions = Vec::new();
         for (i, name) in REGIONS.iter().enumerate() {
             let db = gangway_devkit::fresh_database(&format!("e2e_failover_{name}")).await;
@@ -80,11 +106,8 @@ impl Cloud {
                 cmd.args(["--fence-after-s", "4", "--fence-checkpoint-s", "3"])
                     .args(["--peer-heartbeat-ms", "250", "--peer-lease-s", "3"]);
             }
-            for (j, peer) in REGIONS.iter().enumerate() {
-                if j != i {
-                    cmd.arg("--peer")
-                        .arg(format!("{peer}=http://127.0.0.1:{}", ports[j]));
-                }
+            for peer in REGIONS.iter().filter(|p| *p != name) {
+                cmd.arg("--peer").arg(format!("{peer}={}", via(name, peer)));
             }
             let control = Proc(
                 cmd.env("GANGWAY_LOG", "info")
@@ -133,9 +156,7 @@ impl Cloud {
                 agent: Some(agent),
             });
         }
-        let urls: Vec<(&str, String)> = (REGIONS.iter().zip(&ports))
-            .map(|(n, p)| (*n, format!("http://127.0.0.1:{p}")))
-            .collect();
+        let urls: Vec<(&str, String)> = REGIONS.iter().map(|n| (*n, via("global", n))).collect();
         let global = support::spawn_global(dir.path(), &auth, global_port, &urls);
         let token = auth
             .tenant_key
@@ -152,10 +173,14 @@ impl Cloud {
         let ca = std::fs::read(&auth.ca_cert).unwrap();
         let tenant =
             Client::public(format!("https://127.0.0.1:{global_port}"), token, Some(&ca)).unwrap();
+        let service = support::token(&auth.service_key, Role::Service, None);
         let cloud = Cloud {
             dir,
             tenant,
             regions,
+            ports,
+            links,
+            service,
             _global: global,
         };
         // Ready: every region healthy with its 16 GPUs schedulable.
@@ -184,6 +209,24 @@ impl Cloud {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Cuts (or heals) every link of region `name` to the other regions
+    /// and from the global tier; its agents still reach it.
+    fn partition(&self, name: &str, cut: bool) {
+        for (from, to, p) in &self.links {
+            if *from == name || *to == name {
+                p.set_cut(cut);
+            }
+        }
+    }
+
+    /// The job as region `name` itself has it (its own copy), if it has one.
+    async fn copy_in(&self, name: &str, id: Uuid) -> Option<Job> {
+        let i = REGIONS.iter().position(|r| *r == name).unwrap();
+        let c = Client::new(format!("http://127.0.0.1:{}", self.ports[i]), "acme")
+            .with_token(self.service.clone());
+        c.get(id).await.ok()
     }
 
     /// Kills a whole region: its control plane and its agent (and with it
@@ -270,4 +313,96 @@ async fn a_dead_regions_jobs_are_adopted_by_their_buddy_and_run_on() {
             })
             .await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_region_fences_its_job_moves_and_it_never_runs_in_two_regions() {
+    let cloud = std::sync::Arc::new(Cloud::start().await);
+    let job = cloud
+        .tenant
+        .submit(&spec("part"), Some("part"))
+        .await
+        .unwrap();
+    let id = job.id;
+    let home = job.region.clone();
+    cloud
+        .wait_for(id, "running", Duration::from_secs(60), |j| {
+            j.state == JobState::Running
+        })
+        .await;
+    // Every 100 ms, every region's own copy: never two starting or running.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = {
+        let (cloud, stop) = (cloud.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut twice = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let mut live = Vec::new();
+                for r in REGIONS {
+                    if let Some(j) = cloud.copy_in(r, id).await {
+                        if matches!(j.state, JobState::Starting | JobState::Running) {
+                            live.push(r);
+                        }
+                    }
+                }
+                if live.len() > 1 {
+                    twice.push(live);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            twice
+        })
+    };
+
+    // Cut the home off from the other regions and the global tier (its
+    // agent still reaches it): it fences, its job stops, and the job is
+    // adopted by its buddy once the adoption time has passed.
+    cloud.partition(&home, true);
+    let moved = cloud
+        .wait_for(id, "adopted elsewhere", Duration::from_secs(60), |j| {
+            j.state == JobState::Running && j.region != home
+        })
+        .await;
+    assert_eq!(moved.epoch, 2, "{moved:?}");
+    let theirs = cloud.copy_in(&home, id).await.unwrap();
+    assert!(
+        !matches!(theirs.state, JobState::Starting | JobState::Running),
+        "the cut-off home still runs it: {theirs:?}"
+    );
+
+    // Healed: the home learns its job moved, releases its copy (cancelled,
+    // naming the new owner) and takes work again.
+    cloud.partition(&home, false);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let copy = cloud.copy_in(&home, id).await.unwrap();
+        if copy.state == JobState::Cancelled
+            && copy.moved_to.as_deref() == Some(moved.region.as_str())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the home never released its copy: {copy:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let twice = watch.await.unwrap();
+    assert!(
+        twice.is_empty(),
+        "running in two regions at once: {twice:?}"
+    );
+    // The global tier answers with the owner's copy.
+    let now = cloud.tenant.get(id).await.unwrap();
+    assert_eq!((now.region.as_str(), now.epoch), (moved.region.as_str(), 2));
+    let again = cloud
+        .tenant
+        .submit(&spec("part"), Some("part"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.id, again.region.as_str()),
+        (id, moved.region.as_str())
+    );
 }

@@ -121,3 +121,68 @@ pub async fn until_ready(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A TCP proxy on loopback that can be cut: while cut it drops every
+/// connection it has and every new one, as a network partition would.
+pub struct Proxy {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Forwards a new loopback port to `target_port`.
+    pub async fn start(target_port: u16) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> =
+            std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, k) = (cut.clone(), conns.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if c.load(Ordering::SeqCst) {
+                    continue; // dropped
+                }
+                let conn = tokio::spawn(async move {
+                    let Ok(mut out) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                });
+                let mut list = k.lock().unwrap();
+                list.retain(|h| !h.is_finished());
+                list.push(conn);
+            }
+        });
+        Proxy {
+            port,
+            cut,
+            conns,
+            task,
+        }
+    }
+
+    /// Cuts (`true`) or heals (`false`) the link.
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+        if cut {
+            for h in self.conns.lock().unwrap().drain(..) {
+                h.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        for h in self.conns.lock().unwrap().drain(..) {
+            h.abort();
+        }
+    }
+}

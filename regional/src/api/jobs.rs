@@ -93,7 +93,12 @@ pub async fn submit(
             state.wake_scheduler();
             (job, false)
         }
-        SubmitOutcome::Replayed(job) => (job, true),
+        SubmitOutcome::Replayed(job) => {
+            // A copy that moved to another region says so, so the global
+            // tier answers with the owner's.
+            let here = state.store.get_job(&tenant, id).await?;
+            (if here.moved_to.is_some() { here } else { job }, true)
+        }
     };
     // Acknowledged only once a buddy region holds the job's intent.
     if state.store.replicating() && (!replayed || state.store.awaits_buddy(id).await?) {
