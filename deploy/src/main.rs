@@ -80,6 +80,20 @@ enum Command {
     Sim(sim_cli::SimArgs),
     /// Your allocated GPU time, per period, by GPU type, job or region.
     Usage(jobs_cli::UsageArgs),
+    /// Failure drills: start a local cloud of three regions, break it
+    /// (`region-kill`, `partition`), check the invariants, report
+    /// (docs/failover.md). Exits 1 when an invariant broke.
+    Chaos {
+        /// `region-kill` or `partition`.
+        drill: gangway_chaos::Drill,
+        /// The short timers CI uses (leases of 3–4 s) instead of the
+        /// defaults.
+        #[arg(long)]
+        short_timers: bool,
+        /// The report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every region's health and capacity.
     Regions {
         #[command(flatten)]
@@ -129,6 +143,21 @@ fn main() -> std::process::ExitCode {
             Command::Usage(args) => jobs_cli::usage(args).await,
             Command::Sim(args) => sim_cli::run(args),
             Command::Loadgen(args) => loadgen::run(args).await,
+            Command::Chaos {
+                drill,
+                short_timers,
+                json,
+            } => {
+                let bin = std::env::current_exe()?;
+                eprintln!("starting a local cloud of three regions for the drill…");
+                let report = gangway_chaos::run(drill, &bin, short_timers).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    println!("{report}");
+                }
+                Ok(if report.passed() { 0 } else { 1 })
+            }
         }
     });
     match result {

@@ -1,0 +1,193 @@
+//! Real processes on loopback: children killed with their handle, logs,
+//! dev keys as arguments, the global tier, readiness, and a TCP proxy that
+//! can be cut (a network partition). The drills and the end-to-end tests
+//! use them.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use gangway_auth::dev::DevMaterial;
+
+use gangway_auth::jwt::{claims_for, Role, SigningKey};
+use gangway_shared::tokens;
+
+/// A child process killed when the test ends, however it ends.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A log file for a child process in the test's directory (appended to, so
+/// a restarted process keeps its history).
+pub fn log_file(dir: &Path, name: &str) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(name))
+        .unwrap()
+}
+
+/// A token for a region: the global tier's service role, or an agent's
+/// naming its region.
+pub fn token(key: &SigningKey, role: Role, region: Option<&str>) -> String {
+    key.sign(&claims_for(
+        role,
+        "e2e",
+        None,
+        region,
+        tokens::ISSUER,
+        tokens::REGION_AUDIENCE,
+        Duration::from_secs(3600),
+    ))
+    .unwrap()
+}
+
+/// `KID=PATH` of a dev key's PEM under `auth`'s `keys/` (`file`:
+/// `service-signing.pem`, `service-signing.pub.pem`,
+/// `tenant-signing.pub.pem`).
+pub fn key_arg(auth: &DevMaterial, file: &str) -> String {
+    let key = if file.starts_with("tenant") {
+        &auth.tenant_key
+    } else {
+        &auth.service_key
+    };
+    format!(
+        "{}={}",
+        key.kid(),
+        auth.dir.join("keys").join(file).display()
+    )
+}
+
+/// `bin`'s `gangway global` on HTTPS at `port` in front of `regions` (name,
+/// URL), logging to `dir/global.log`.
+pub fn spawn_global(
+    bin: &Path,
+    dir: &Path,
+    auth: &DevMaterial,
+    port: u16,
+    regions: &[(&str, String)],
+) -> Proc {
+    let mut cmd = Command::new(bin);
+    cmd.args(["global", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--tls-cert")
+        .arg(&auth.server_cert)
+        .arg("--tls-key")
+        .arg(&auth.server_key)
+        .args(["--tenant-key", &key_arg(auth, "tenant-signing.pub.pem")])
+        .args([
+            "--service-signing-key",
+            &key_arg(auth, "service-signing.pem"),
+        ]);
+    for (name, url) in regions {
+        cmd.arg("--region").arg(format!("{name}={url}"));
+    }
+    Proc(
+        cmd.env("GANGWAY_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file(dir, "global.log"))
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Waits (up to 90 s) until the global tier behind `client` sees `regions`
+/// regions, every one healthy with `schedulable` GPUs of a type
+/// schedulable; panics naming `logs` otherwise.
+pub async fn until_ready(
+    client: &gangway_shared::client::Client,
+    regions: usize,
+    schedulable: u32,
+    logs: &Path,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Ok(list) = client.regions().await {
+            let ready = list.regions.len() == regions
+                && list.regions.iter().all(|r| {
+                    r.healthy
+                        && r.status.as_ref().is_some_and(|s| {
+                            s.capacity.iter().any(|c| c.schedulable == schedulable)
+                        })
+                });
+            if ready {
+                return;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cloud did not come up; logs in {}",
+            logs.display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A TCP proxy on loopback that can be cut: while cut it drops every
+/// connection it has and every new one, as a network partition would.
+pub struct Proxy {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Forwards a new loopback port to `target_port`.
+    pub async fn start(target_port: u16) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> =
+            std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, k) = (cut.clone(), conns.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if c.load(Ordering::SeqCst) {
+                    continue; // dropped
+                }
+                let conn = tokio::spawn(async move {
+                    let Ok(mut out) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                });
+                let mut list = k.lock().unwrap();
+                list.retain(|h| !h.is_finished());
+                list.push(conn);
+            }
+        });
+        Proxy {
+            port,
+            cut,
+            conns,
+            task,
+        }
+    }
+
+    /// Cuts (`true`) or heals (`false`) the link.
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+        if cut {
+            for h in self.conns.lock().unwrap().drain(..) {
+                h.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        for h in self.conns.lock().unwrap().drain(..) {
+            h.abort();
+        }
+    }
+}
