@@ -77,34 +77,14 @@ impl Cloud {
                 .spawn()
                 .unwrap(),
         );
-        let agent_token = auth
-            .service_key
-            .sign(&claims_for(
-                Role::Agent,
-                "test-agent",
-                None,
-                Some("test"),
-                tokens::ISSUER,
-                tokens::REGION_AUDIENCE,
-                Duration::from_secs(3600),
-            ))
-            .unwrap();
-        let agent = Proc(
-            Command::new(BIN)
-                .env("GANGWAY_AGENT_TOKEN", agent_token)
-                .args(["agent", "--region", "test", "--agent-id", "test-agent"])
-                .arg("--region-url")
-                .arg(format!("http://127.0.0.1:{region_port}"))
-                .arg("--fleet")
-                .arg(&fleet)
-                .args(["--executor", "sim", "--time-factor", "0.05"])
-                .arg("--work-dir")
-                .arg(dir.path().join("agent"))
-                .env("GANGWAY_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(log_file(dir.path(), "agent.log"))
-                .spawn()
-                .unwrap(),
+        let agent = gangway_chaos::procs::spawn_sim_agent(
+            std::path::Path::new(BIN),
+            dir.path(),
+            &auth,
+            "test",
+            region_port,
+            &fleet,
+            "agent",
         );
         let global = support::spawn_global(
             dir.path(),

@@ -15,7 +15,7 @@ use gangway_shared::client::Client;
 use gangway_shared::tokens;
 use uuid::Uuid;
 
-use crate::procs::{key_arg, log_file, spawn_global, until_ready, Proc, Proxy};
+use crate::procs::{key_arg, log_file, spawn_global, spawn_sim_agent, until_ready, Proc, Proxy};
 
 /// Two nodes × 8 h100 per region.
 const FLEET: &str = r#"
@@ -108,41 +108,8 @@ impl Cloud {
                     .spawn()
                     .unwrap(),
             );
-            let agent_token = auth
-                .service_key
-                .sign(&claims_for(
-                    Role::Agent,
-                    &format!("{name}-agent"),
-                    None,
-                    Some(name),
-                    tokens::ISSUER,
-                    tokens::REGION_AUDIENCE,
-                    Duration::from_secs(3600),
-                ))
-                .unwrap();
-            let agent = Proc(
-                Command::new(bin)
-                    .env("GANGWAY_AGENT_TOKEN", agent_token)
-                    .args([
-                        "agent",
-                        "--region",
-                        name,
-                        "--agent-id",
-                        &format!("{name}-agent"),
-                    ])
-                    .arg("--region-url")
-                    .arg(format!("http://127.0.0.1:{}", ports[i]))
-                    .arg("--fleet")
-                    .arg(&fleet)
-                    .args(["--executor", "sim", "--time-factor", "0.05"])
-                    .arg("--work-dir")
-                    .arg(dir.path().join(format!("{name}-agent")))
-                    .env("GANGWAY_LOG", "info")
-                    .stdout(Stdio::null())
-                    .stderr(log_file(dir.path(), &format!("{name}-agent.log")))
-                    .spawn()
-                    .unwrap(),
-            );
+            let log = format!("{name}-agent");
+            let agent = spawn_sim_agent(bin, dir.path(), &auth, name, ports[i], &fleet, &log);
             regions.push(Region {
                 control: Some(control),
                 agent: Some(agent),

@@ -191,3 +191,50 @@ impl Drop for Proxy {
         }
     }
 }
+
+/// `bin`'s `gangway agent` with id `{region}-agent`, serving `fleet` with
+/// the simulated executor (time factor 0.05) for the region at
+/// `region_port`, working and logging under `dir` (`{log}.log`).
+pub fn spawn_sim_agent(
+    bin: &Path,
+    dir: &Path,
+    auth: &DevMaterial,
+    region: &str,
+    region_port: u16,
+    fleet: &Path,
+    log: &str,
+) -> Proc {
+    let agent_id = format!("{region}-agent");
+    let agent_token = token_for_agent(&auth.service_key, &agent_id, region);
+    Proc(
+        Command::new(bin)
+            .env("GANGWAY_AGENT_TOKEN", agent_token)
+            .args(["agent", "--region", region, "--agent-id", &agent_id])
+            .arg("--region-url")
+            .arg(format!("http://127.0.0.1:{region_port}"))
+            .arg("--fleet")
+            .arg(fleet)
+            .args(["--executor", "sim", "--time-factor", "0.05"])
+            .arg("--work-dir")
+            .arg(dir.join(log))
+            .env("GANGWAY_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file(dir, &format!("{log}.log")))
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// An agent token for `agent_id` of `region`.
+fn token_for_agent(key: &SigningKey, agent_id: &str, region: &str) -> String {
+    key.sign(&claims_for(
+        Role::Agent,
+        agent_id,
+        None,
+        Some(region),
+        tokens::ISSUER,
+        tokens::REGION_AUDIENCE,
+        Duration::from_secs(3600),
+    ))
+    .unwrap()
+}
