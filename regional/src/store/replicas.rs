@@ -856,29 +856,35 @@ pub async fn copy_checkpoint(
         let dir = root.join(&m.name);
         store.fetch(key, &dir).await.map_err(|e| e.to_string())?;
         for f in &m.files {
+            // Read and sent a chunk at a time, so a large shard never sits
+            // in memory whole.
+            use tokio::io::AsyncReadExt;
             let local = f.path.split('/').fold(dir.clone(), |p, c| p.join(c));
-            let bytes = tokio::fs::read(&local).await.map_err(|e| e.to_string())?;
-            let mut offset = 0;
+            let mut file = tokio::fs::File::open(&local)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut offset: u64 = 0;
             loop {
-                let end = (offset + COPY_CHUNK).min(bytes.len());
+                let mut chunk = Vec::with_capacity(COPY_CHUNK);
+                (&mut file)
+                    .take(COPY_CHUNK as u64)
+                    .read_to_end(&mut chunk)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let n = chunk.len() as u64;
                 let query = [
                     ("key", key.to_string()),
                     ("name", m.name.clone()),
                     ("path", f.path.clone()),
                     ("offset", offset.to_string()),
                 ];
-                state
-                    .peers
-                    .post_bytes(
-                        buddy,
-                        "/internal/v1/replicas/checkpoints/file",
-                        &query,
-                        bytes[offset..end].to_vec(),
-                    )
+                let path = "/internal/v1/replicas/checkpoints/file";
+                (state.peers.post_bytes(buddy, path, &query, chunk))
                     .await
                     .map_err(|e| e.to_string())?;
-                offset = end;
-                if offset >= bytes.len() {
+                offset += n;
+                // An empty file is sent once, as an empty chunk.
+                if n < COPY_CHUNK as u64 || offset >= f.size {
                     break;
                 }
             }
