@@ -278,8 +278,8 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
 async fn beat(state: &AppState) {
     let peers = &state.peers;
     let me = state.store.region().to_string();
-    let view = match state.store.silences(peers).await {
-        Ok(v) => v,
+    let view = match state.store.leases(peers).await {
+        Ok(l) => l.silent_s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the peers' leases");
             return;
@@ -311,14 +311,19 @@ async fn beat(state: &AppState) {
             Err(e) => tracing::debug!(error = %e, peer, "heartbeat failed"),
         }
     }
-    let ages = match state.store.round_trip_ages(peers).await {
-        Ok(a) => a,
+    // What the heartbeats just recorded decides fencing and adoption.
+    let leases = match state.store.leases(peers).await {
+        Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the peers' leases");
             return;
         }
     };
-    let majority = holds_majority(&ages, peers.config.lease, peers.config.majority());
+    let majority = holds_majority(
+        &leases.round_trip_s,
+        peers.config.lease,
+        peers.config.majority(),
+    );
     metrics::gauge!("gangway_region_fenced").set(if majority { 0.0 } else { 1.0 });
     if !majority {
         if !peers.set_fenced(true) {
@@ -362,7 +367,7 @@ async fn beat(state: &AppState) {
     }
     if state.is_leader() {
         crate::store::replicas::flush_outbox(state).await;
-        match crate::store::replicas::adopt_dead(state).await {
+        match crate::store::replicas::adopt_dead(state, &leases).await {
             Ok(n) if n > 0 => {
                 tracing::warn!(jobs = n, "adopted the jobs of a dead region");
                 state.wake_scheduler();

@@ -39,7 +39,7 @@ pub async fn heartbeat(
     state.store.peer_heard(&hb.from, &hb.silent_s).await?;
     Ok(axum::Json(Heartbeat {
         from: state.store.region().to_string(),
-        silent_s: state.store.silences(&state.peers).await?,
+        silent_s: state.store.leases(&state.peers).await?.silent_s,
     }))
 }
 

@@ -375,7 +375,7 @@ async fn bind(tx: &Transaction<'_>, cluster: Uuid, nodes: &[String]) -> Result<b
     Ok(true)
 }
 
-/// How many nodes a cluster's members hold, by place; for events.
+/// The tightest level holding all of `nodes`.
 fn placement_of(nodes: &[&Candidate]) -> Level {
     Level::holding(
         nodes

@@ -84,28 +84,58 @@ pub struct MovesList {
 
 const TERMINAL: &[&str] = &["succeeded", "failed", "cancelled"];
 
-impl Store {
+/// What this region knows of its peers' leases, read at once.
+#[derive(Clone, Debug, Default)]
+pub struct Leases {
     /// Seconds since each peer was last heard from (by any replica of this
     /// region), at most this process's uptime: what the region could not
     /// have heard while it was down is not counted as silence.
-    pub async fn silences(&self, peers: &Peers) -> Result<BTreeMap<String, f64>> {
+    pub silent_s: BTreeMap<String, f64>,
+    /// Seconds since the last round trip to each configured peer, in the
+    /// peers' order (`None`: never).
+    pub round_trip_s: Vec<Option<f64>>,
+    /// What each peer last told us it hears of every region: seconds of
+    /// silence, aged by the time since it told us.
+    pub views: BTreeMap<String, BTreeMap<String, f64>>,
+}
+
+impl Store {
+    /// Everything `peer_leases` says of the configured peers, in one read
+    /// (fencing, heartbeats and adoption decide from it).
+    pub async fn leases(&self, peers: &Peers) -> Result<Leases> {
         let conn = self.conn().await?;
-        let uptime = peers.started.elapsed().as_secs_f64();
         let rows = conn
             .query(
-                "SELECT peer, extract(epoch FROM now() - last_heard_at)::float8
+                "SELECT peer, extract(epoch FROM now() - last_heard_at)::float8,
+                        extract(epoch FROM now() - last_ok_at)::float8, silent_s,
+                        coalesce(extract(epoch FROM now() - silent_at)::float8, 0)
                  FROM peer_leases",
                 &[],
             )
             .await?;
-        let heard: BTreeMap<String, Option<f64>> =
-            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        Ok((peers.config.peers.iter())
-            .map(|p| {
-                let s = heard.get(&p.name).copied().flatten().unwrap_or(f64::MAX);
-                (p.name.clone(), s.min(uptime).max(0.0))
-            })
-            .collect())
+        let uptime = peers.started.elapsed().as_secs_f64();
+        let mut heard = BTreeMap::new();
+        let mut ok = BTreeMap::new();
+        let mut views = BTreeMap::new();
+        for r in &rows {
+            let peer: String = r.get(0);
+            heard.insert(peer.clone(), r.get::<_, Option<f64>>(1));
+            ok.insert(peer.clone(), r.get::<_, Option<f64>>(2));
+            let aged: f64 = r.get(4);
+            let view: BTreeMap<String, f64> = serde_json::from_value(r.get(3)).unwrap_or_default();
+            views.insert(peer, view.into_iter().map(|(k, v)| (k, v + aged)).collect());
+        }
+        let names = peers.config.peers.iter().map(|p| &p.name);
+        Ok(Leases {
+            silent_s: (names.clone())
+                .map(|n| {
+                    let s = heard.get(n).copied().flatten().unwrap_or(f64::MAX);
+                    (n.clone(), s.min(uptime).max(0.0))
+                })
+                .collect(),
+            round_trip_s: names.map(|n| ok.get(n).copied().flatten()).collect(),
+            views,
+        })
     }
 
     /// A heartbeat from `peer` arrived (and what it hears of everyone).
@@ -133,22 +163,6 @@ impl Store {
         )
         .await?;
         Ok(())
-    }
-
-    /// Seconds since the last round trip to each configured peer (`None`:
-    /// never), in the peers' order.
-    pub async fn round_trip_ages(&self, peers: &Peers) -> Result<Vec<Option<f64>>> {
-        let conn = self.conn().await?;
-        let rows = conn
-            .query(
-                "SELECT peer, extract(epoch FROM now() - last_ok_at)::float8 FROM peer_leases",
-                &[],
-            )
-            .await?;
-        let ok: BTreeMap<String, Option<f64>> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        Ok((peers.config.peers.iter())
-            .map(|p| ok.get(&p.name).copied().flatten())
-            .collect())
     }
 
     /// Fenced: asks every starting or running job to checkpoint and stop
@@ -515,30 +529,6 @@ impl Store {
         Ok(out)
     }
 
-    /// What each peer last told us it hears of every region: seconds of
-    /// silence, aged by the time since it told us.
-    pub async fn peer_views(&self) -> Result<BTreeMap<String, BTreeMap<String, f64>>> {
-        let conn = self.conn().await?;
-        let rows = conn
-            .query(
-                "SELECT peer, silent_s,
-                        coalesce(extract(epoch FROM now() - silent_at)::float8, 0)
-                 FROM peer_leases",
-                &[],
-            )
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let aged: f64 = r.get(2);
-                let view: BTreeMap<String, f64> =
-                    serde_json::from_value(r.get(1)).unwrap_or_default();
-                let view = view.into_iter().map(|(k, v)| (k, v + aged)).collect();
-                (r.get(0), view)
-            })
-            .collect())
-    }
-
     /// Homes with live replicas here.
     async fn replica_homes(&self) -> Result<Vec<String>> {
         let conn = self.conn().await?;
@@ -706,15 +696,14 @@ pub async fn flush_outbox(state: &AppState) {
 }
 
 /// Adopts the live jobs of every region that a majority of regions has
-/// not heard from for `adopt_after`. Returns how many were adopted.
-pub async fn adopt_dead(state: &AppState) -> Result<usize> {
+/// not heard from for `adopt_after`, judged on `leases` (read after this
+/// beat's heartbeats). Returns how many were adopted.
+pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
     let peers = &state.peers;
     let cfg = &peers.config;
     let adopt_after = peers.adopt_after.as_secs_f64();
     let me = state.store.region().to_string();
-    let silences = state.store.silences(peers).await?;
-    let views = state.store.peer_views().await?;
-    let ages = state.store.round_trip_ages(peers).await?;
+    let (silences, views, ages) = (&leases.silent_s, &leases.views, &leases.round_trip_s);
     let mut adopted = 0;
     for home in state.store.replica_homes().await? {
         if silences.get(&home).is_none_or(|s| *s < adopt_after) {
@@ -723,7 +712,7 @@ pub async fn adopt_dead(state: &AppState) -> Result<usize> {
         // Regions that agree the home is silent: us, and peers we reach
         // now whose latest word says they have not heard it either.
         let agree = 1
-            + (cfg.peers.iter().zip(&ages))
+            + (cfg.peers.iter().zip(ages))
                 .filter(|(p, age)| {
                     p.name != home && age.is_some_and(|a| a < cfg.lease.as_secs_f64())
                 })
