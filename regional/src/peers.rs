@@ -111,6 +111,8 @@ pub struct Peers {
     http: reqwest::Client,
     token: Mutex<Option<(String, Instant)>>,
     fenced: AtomicBool,
+    /// When the beat last found a majority of round trips fresh.
+    last_majority: Mutex<Instant>,
     /// Replicas in this process made no round trip before this.
     pub started: Instant,
 }
@@ -132,7 +134,24 @@ impl Peers {
             http,
             token: Mutex::new(None),
             fenced: AtomicBool::new(fenced),
+            last_majority: Mutex::new(Instant::now()),
             started: Instant::now(),
+        }
+    }
+
+    /// A beat that could not tell whether a majority hears us (our own
+    /// database is unreachable): once that has lasted the lease, this
+    /// region fences as if cut off. Its peers stop hearing it at the same
+    /// time (no heartbeat is sent or answered without the database), so
+    /// they may adopt its jobs; when the database is back it must learn
+    /// which moved before placing anything again.
+    fn beat_failed(&self) {
+        let since = self.last_majority.lock().expect("majority lock").elapsed();
+        if since > self.config.lease && !self.set_fenced(true) {
+            tracing::warn!(
+                lease_s = self.config.lease.as_secs_f64(),
+                "the database has been unreachable for the lease: fenced"
+            );
         }
     }
 
@@ -282,6 +301,7 @@ async fn beat(state: &AppState) {
         Ok(l) => l.silent_s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the peers' leases");
+            peers.beat_failed();
             return;
         }
     };
@@ -316,6 +336,7 @@ async fn beat(state: &AppState) {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the peers' leases");
+            peers.beat_failed();
             return;
         }
     };
@@ -325,6 +346,9 @@ async fn beat(state: &AppState) {
         peers.config.majority(),
     );
     metrics::gauge!("gangway_region_fenced").set(if majority { 0.0 } else { 1.0 });
+    if majority {
+        *peers.last_majority.lock().expect("majority lock") = Instant::now();
+    }
     if !majority {
         if !peers.set_fenced(true) {
             tracing::warn!(
