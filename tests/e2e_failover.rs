@@ -1,47 +1,84 @@
-//! A region dies, or is cut off, and its jobs go on elsewhere, across real
-//! processes: the `gangway chaos` drills (chaos/, docs/failover.md), each on
-//! a cloud of three `gangway region`s (each with its own database, peers of
-//! each other, every link through a proxy that can be cut), an agent each
-//! serving a simulated fleet, and `gangway global` in front.
+//! A region dies, loses its database or its control plane, or is cut off,
+//! and its jobs go on elsewhere, across real processes: the `gangway chaos`
+//! drills (chaos/, docs/failover.md), each on a cloud of three `gangway
+//! region`s (each with its own PostgreSQL, peers of each other, every link
+//! through a proxy that can be cut), an agent each running the example
+//! trainer as real processes with a checkpoint store per region, and
+//! `gangway global` in front.
 //!
-//! - region-kill: the home region of a job (control plane and agent) is
-//!   killed; its buddy adopts the job at the next epoch once a majority has
-//!   not heard from the home for the adoption time, and runs it; a retried
-//!   create with the job's key returns the adopted job; every job succeeds.
-//! - partition (through the CLI): a region cut off from its peers and the
-//!   global tier fences itself and stops its job, which its buddy adopts;
-//!   sampled every 100 ms the job never runs in two regions at once, and
-//!   once healed the home releases its copy.
+//! Every drill checks, besides what is particular to it: the broken
+//! region's jobs run again elsewhere at epoch 2, resuming from a checkpoint
+//! they wrote; no job ever trained in two places at once (the trainers'
+//! own logs) or ran in two regions' records at once (sampled every 100 ms);
+//! no GPU was allocated twice; a create retried with the job's key returns
+//! the adopted job; every job ends with its full step count.
+//!
+//! - region-kill: the home region (control plane, PostgreSQL, agent and its
+//!   workers) is killed with SIGKILL; the other regions' jobs are
+//!   undisturbed.
+//! - control-plane-kill: only the home's control plane dies; its agent
+//!   fences and stops the worker; restarted, the home releases its copy.
+//! - database-kill: only the home's PostgreSQL dies; the home fences; its
+//!   database restarted, it releases its copy before placing anything.
+//! - partition (through the CLI): the home is cut off from its peers and
+//!   the global tier; it fences and stops its job, and once healed it
+//!   releases its copy.
 
 mod support;
 
 use std::path::Path;
 use std::process::Command;
 
+use gangway_chaos::{Drill, Report, TRAINING};
 use support::BIN;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_region_kill_drill_moves_a_dead_regions_jobs_and_loses_none() {
-    let report = gangway_chaos::run(gangway_chaos::Drill::RegionKill, Path::new(BIN), true)
-        .await
-        .unwrap();
-    eprintln!("{report}");
+/// What every drill must show of the broken region's jobs.
+fn moved_and_resumed(report: &Report) {
     assert!(report.passed(), "{report}");
-    assert_eq!(report.jobs.len(), 2, "{report}");
-    let moved: Vec<_> = report
-        .jobs
-        .iter()
+    let moved: Vec<_> = (report.jobs.iter())
         .filter(|j| j.home == report.region)
         .collect();
-    assert!(!moved.is_empty());
+    assert!(!moved.is_empty(), "{report}");
     for j in &moved {
         assert_eq!(j.epoch, 2, "{report}");
         assert_ne!(j.region, report.region, "{report}");
+        assert_eq!(j.state, "succeeded", "{report}");
+        assert_eq!(j.final_step, Some(TRAINING.total), "{report}");
         assert!(j.recovered_s.is_some_and(|s| s < 30.0), "{report}");
+        // Failed past its second checkpoint, it resumed from one (not from
+        // scratch).
+        let lost = j.lost.expect("lost work measured");
+        assert!(lost.resumed >= TRAINING.every, "{report}");
     }
+}
+
+async fn drill(drill: Drill) -> Report {
+    let report = gangway_chaos::run(drill, Path::new(BIN), true)
+        .await
+        .unwrap();
+    eprintln!("{report}");
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_region_kill_drill_moves_a_dead_regions_jobs_and_loses_none() {
+    let report = drill(Drill::RegionKill).await;
+    moved_and_resumed(&report);
+    assert_eq!(report.jobs.len(), 2, "{report}");
     for j in report.jobs.iter().filter(|j| j.home != report.region) {
         assert_eq!((j.epoch, &j.region), (1, &j.home), "undisturbed: {report}");
+        assert_eq!(j.final_step, Some(TRAINING.total), "{report}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_kill_drill_moves_the_job_and_the_restarted_region_lets_it_go() {
+    moved_and_resumed(&drill(Drill::ControlPlaneKill).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_kill_drill_fences_the_region_until_it_learns_its_job_moved() {
+    moved_and_resumed(&drill(Drill::DatabaseKill).await);
 }
 
 #[test]
@@ -62,4 +99,6 @@ fn the_partition_drill_never_runs_a_job_in_two_regions() {
     assert_eq!(job["epoch"], 2, "{report}");
     assert_ne!(job["region"], report["region"], "{report}");
     assert_eq!(job["state"], "succeeded", "{report}");
+    assert_eq!(job["final_step"], TRAINING.total, "{report}");
+    assert!(job["lost"]["resumed"].as_u64() >= Some(TRAINING.every.into()), "{report}");
 }

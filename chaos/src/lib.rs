@@ -1,46 +1,78 @@
 //! Failure drills against a local cloud (`gangway chaos <drill>`,
 //! docs/failover.md): each starts its own cloud of three regions
-//! ([`cloud::Cloud`]), runs a workload, breaks something, and checks the
-//! invariants afterwards — no acknowledged job lost, no job running in two
-//! regions at once (every region's own copy sampled every 100 ms), every
-//! job ending well — and reports what happened and how long recovery took.
+//! ([`cloud::Cloud`]) whose agents run the example trainer as real
+//! processes, runs keyed trainer jobs, breaks something, and checks the
+//! invariants afterwards — no acknowledged job lost; no job running in two
+//! regions at once (every region's own copy sampled every 100 ms, and the
+//! trainers' own logs: no two runs of a job ever stepped at the same
+//! time); no GPU allocated twice in any region; every job ending with its
+//! full step count — and reports how long recovery took and how much work
+//! each job lost, split into the checkpoint interval's share and the
+//! share not yet replicated.
 //!
-//! - `region-kill`: a whole region (control plane and agent) is killed;
-//!   its jobs must run again in another region at the next epoch, and a
-//!   retried create must return the adopted job.
+//! - `region-kill`: a whole region (control plane, PostgreSQL, agent and
+//!   its workers) is killed; its jobs must run again in another region at
+//!   the next epoch, and a retried create must return the adopted job.
+//! - `control-plane-kill`: only the region's control plane is killed; its
+//!   agent fences and stops the workers, the buddy adopts; restarted, the
+//!   region must release its copy.
+//! - `database-kill`: only the region's PostgreSQL is killed; the region
+//!   fences, its agent stops the workers, the buddy adopts; restarted, the
+//!   region must release its copy.
 //! - `partition`: a region is cut off from its peers and the global tier
 //!   (its agent still reaches it); it must fence and stop its job, its
 //!   buddy must adopt it, and once healed the home must release its copy.
 
 pub mod cloud;
 pub mod procs;
+pub mod trainer;
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gangway_shared::api::JobState;
+use gangway_shared::api::{Job, JobState};
 use serde::Serialize;
 use uuid::Uuid;
 
-use cloud::{spec, Cloud, REGIONS};
+use cloud::{trainer_spec, Cloud, Executor, Training, REGIONS};
 
 /// A drill's name as `gangway chaos` takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Drill {
     RegionKill,
+    ControlPlaneKill,
+    DatabaseKill,
     Partition,
+}
+
+impl Drill {
+    pub const ALL: [Drill; 4] = [
+        Drill::RegionKill,
+        Drill::ControlPlaneKill,
+        Drill::DatabaseKill,
+        Drill::Partition,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Drill::RegionKill => "region-kill",
+            Drill::ControlPlaneKill => "control-plane-kill",
+            Drill::DatabaseKill => "database-kill",
+            Drill::Partition => "partition",
+        }
+    }
 }
 
 impl std::str::FromStr for Drill {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "region-kill" => Ok(Drill::RegionKill),
-            "partition" => Ok(Drill::Partition),
-            _ => Err(format!("unknown drill {s:?}: region-kill or partition")),
-        }
+        Drill::ALL.into_iter().find(|d| d.as_str() == s).ok_or_else(|| {
+            let names: Vec<&str> = Drill::ALL.iter().map(|d| d.as_str()).collect();
+            format!("unknown drill {s:?}: one of {}", names.join(", "))
+        })
     }
 }
 
@@ -56,6 +88,12 @@ pub struct JobReport {
     /// Seconds from the failure until it ran again elsewhere (its home's
     /// jobs only).
     pub recovered_s: Option<f64>,
+    /// The work the failure cost it (the broken region's jobs only).
+    pub lost: Option<trainer::Lost>,
+    /// [`Self::lost`] in seconds of training.
+    pub lost_s: Option<f64>,
+    /// The step its last run ended at (the trainer's `final step`).
+    pub final_step: Option<u32>,
 }
 
 /// What a drill found.
@@ -64,10 +102,12 @@ pub struct Report {
     pub drill: String,
     /// The region broken.
     pub region: String,
+    /// How every job trained.
+    pub training: Training,
     pub jobs: Vec<JobReport>,
     /// Every broken invariant, in words; empty when the drill passed.
     pub violations: Vec<String>,
-    /// Where the processes' logs are (kept only with `keep`).
+    /// Where the processes' logs are (kept only when the drill failed).
     pub logs: String,
 }
 
@@ -79,22 +119,41 @@ impl Report {
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "drill {} on region {}", self.drill, self.region)?;
+        let t = &self.training;
         writeln!(
             f,
-            "{:<38} {:<6} {:<6} {:>5} {:<10} {:>10}",
-            "JOB", "HOME", "NOW", "EPOCH", "STATE", "RECOVERED"
+            "drill {} on region {}: trainer jobs of {} steps × {} s, a checkpoint every {} steps ({:.1} s)",
+            self.drill,
+            self.region,
+            t.total,
+            t.step_s,
+            t.every,
+            f64::from(t.every) * t.step_s
+        )?;
+        writeln!(
+            f,
+            "{:<36} {:<4} {:<4} {:>5} {:<9} {:>9} {:>22} {:>5}",
+            "JOB", "HOME", "NOW", "EPOCH", "STATE", "RECOVERED", "LOST (CKPT+UNREPL)", "FINAL"
         )?;
         for j in &self.jobs {
+            let lost = match (j.lost, j.lost_s) {
+                (Some(l), Some(s)) => format!(
+                    "{s:.1} s ({}+{} steps)",
+                    l.since_checkpoint, l.unreplicated
+                ),
+                _ => "-".into(),
+            };
             writeln!(
                 f,
-                "{:<38} {:<6} {:<6} {:>5} {:<10} {:>10}",
+                "{:<36} {:<4} {:<4} {:>5} {:<9} {:>9} {:>22} {:>5}",
                 j.id,
                 j.home,
                 j.region,
                 j.epoch,
                 j.state,
-                j.recovered_s.map_or("-".into(), |s| format!("{s:.1} s"))
+                j.recovered_s.map_or("-".into(), |s| format!("{s:.1} s")),
+                lost,
+                j.final_step.map_or("-".into(), |s| s.to_string()),
             )?;
         }
         if self.passed() {
@@ -110,7 +169,10 @@ impl std::fmt::Display for Report {
 }
 
 /// Samples every region's own copy of `jobs` every 100 ms until stopped,
-/// and returns each moment one ran in two regions at once.
+/// and returns each moment one ran in two regions at once. A fenced
+/// region's copies do not count: what its database says of them is stale
+/// until it has learned which moved (and the trainers' logs are checked
+/// for that time).
 fn watch_twice(
     cloud: Arc<Cloud>,
     jobs: Vec<Uuid>,
@@ -122,10 +184,13 @@ fn watch_twice(
             for id in &jobs {
                 let mut live = Vec::new();
                 for r in REGIONS {
-                    if let Some(j) = cloud.copy_in(r, *id).await {
-                        if matches!(j.state, JobState::Starting | JobState::Running) {
-                            live.push(r);
-                        }
+                    let before = cloud.fenced(r).await;
+                    let Some(j) = cloud.copy_in(r, *id).await else {
+                        continue;
+                    };
+                    let runs = matches!(j.state, JobState::Starting | JobState::Running);
+                    if runs && before == Some(false) && cloud.fenced(r).await == Some(false) {
+                        live.push(r);
                     }
                 }
                 if live.len() > 1 {
@@ -138,77 +203,145 @@ fn watch_twice(
     })
 }
 
+/// The workload's training: 30 s of steps, a checkpoint every 2 s.
+pub const TRAINING: Training = Training {
+    step_s: 0.1,
+    every: 20,
+    total: 300,
+};
+
+/// A job of the workload.
+struct Work {
+    key: String,
+    id: Uuid,
+    home: String,
+    log: PathBuf,
+}
+
+fn read_log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Waits until the trainer logging to `log` has finished `step` steps.
+async fn until_step(log: &Path, step: u32, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let l = trainer::Log::parse(&read_log(log));
+        if l.runs.last().is_some_and(|r| r.reached >= step) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!("{} never reached step {step}", log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs `drill` on a cloud of `bin` (short timers with `short`).
 pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report> {
-    let cloud = Arc::new(Cloud::start(bin, short).await);
+    let cloud = Arc::new(Cloud::start_with(bin, short, Executor::Real).await);
+    let t = TRAINING;
     let n = match drill {
         Drill::RegionKill => 2,
-        Drill::Partition => 1,
+        _ => 1,
     };
-    // The workload: keyed jobs, every one running before the failure.
+    // The workload: keyed trainer jobs, every one past its second
+    // checkpoint before the failure.
     let mut jobs = Vec::new();
     for i in 0..n {
         let key = format!("drill-{i}");
-        let job = cloud.tenant.submit(&spec(&key), Some(&key)).await?;
-        jobs.push((key, job.id, job.region.clone()));
+        let log = cloud.dir.path().join(format!("trainer-{key}.log"));
+        let spec = trainer_spec(&cloud.trainer(), &key, t, &log);
+        let job = cloud.tenant.submit(&spec, Some(&key)).await?;
+        jobs.push(Work {
+            key,
+            id: job.id,
+            home: job.region.clone(),
+            log,
+        });
     }
-    for (_, id, _) in &jobs {
+    for w in &jobs {
         let within = Duration::from_secs(60);
-        (cloud.wait_for(*id, "running", within, |j| j.state == JobState::Running)).await?;
+        (cloud.wait_for(w.id, "running", within, |j| j.state == JobState::Running)).await?;
+        until_step(&w.log, 2 * t.every + t.every / 2, within).await?;
     }
-    let victim = jobs[0].2.clone();
-    let ids: Vec<Uuid> = jobs.iter().map(|(_, id, _)| *id).collect();
+    let victim = jobs[0].home.clone();
+    let ids: Vec<Uuid> = jobs.iter().map(|w| w.id).collect();
     let mut violations = Vec::new();
     let stop = Arc::new(AtomicBool::new(false));
     let watch = watch_twice(cloud.clone(), ids.clone(), stop.clone());
+    // Where each trainer's log stood at the failure.
+    let at: Vec<usize> = jobs.iter().map(|w| read_log(&w.log).len()).collect();
     let broke = Instant::now();
     match drill {
         Drill::RegionKill => cloud.kill(&victim),
+        Drill::ControlPlaneKill => cloud.kill_control(&victim),
+        Drill::DatabaseKill => cloud.kill_database(&victim),
         Drill::Partition => cloud.partition(&victim, true),
     }
     // Each of the victim's jobs runs again elsewhere at the next epoch.
-    let mut recovered = std::collections::BTreeMap::new();
-    for (_, id, home) in jobs.iter().filter(|(_, _, r)| *r == victim) {
+    let mut recovered = BTreeMap::new();
+    for w in jobs.iter().filter(|w| w.home == victim) {
         let moved = cloud
-            .wait_for(*id, "running elsewhere", Duration::from_secs(90), |j| {
-                j.state == JobState::Running && j.region != *home
+            .wait_for(w.id, "running elsewhere", Duration::from_secs(90), |j| {
+                j.state == JobState::Running && j.region != w.home
             })
             .await;
         match moved {
             Ok(j) if j.epoch == 2 => {
-                recovered.insert(*id, broke.elapsed().as_secs_f64());
+                recovered.insert(w.id, broke.elapsed().as_secs_f64());
             }
-            Ok(j) => violations.push(format!("job {id} moved at epoch {}, not 2", j.epoch)),
+            Ok(j) => violations.push(format!("job {} moved at epoch {}, not 2", w.id, j.epoch)),
             Err(e) => violations.push(e.to_string()),
         }
     }
-    if drill == Drill::Partition {
-        let copy = cloud.copy_in(&victim, ids[0]).await;
-        if copy.is_some_and(|c| matches!(c.state, JobState::Starting | JobState::Running)) {
-            violations.push(format!("the cut-off region {victim} still runs its job"));
+    // The broken region comes back (but a killed one), and must release
+    // its copies of the moved jobs.
+    let back = match drill {
+        Drill::RegionKill => false,
+        Drill::Partition => {
+            let copy = cloud.copy_in(&victim, ids[0]).await;
+            if copy.is_some_and(|c| matches!(c.state, JobState::Starting | JobState::Running)) {
+                violations.push(format!("the cut-off region {victim} still runs its job"));
+            }
+            cloud.partition(&victim, false);
+            true
         }
-        // Healed: the home releases its copy, naming the new owner.
-        cloud.partition(&victim, false);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let c = cloud.copy_in(&victim, ids[0]).await;
-            let released = c
-                .as_ref()
-                .is_some_and(|c| c.state == JobState::Cancelled && c.moved_to.is_some());
-            if released {
-                break;
+        Drill::ControlPlaneKill => {
+            cloud.restart_control(&victim);
+            true
+        }
+        Drill::DatabaseKill => {
+            if let Err(e) = cloud.restart_database(&victim).await {
+                violations.push(format!("{victim}'s PostgreSQL did not start again: {e:#}"));
             }
-            if Instant::now() >= deadline {
-                violations.push(format!("healed, {victim} never released its copy: {c:?}"));
-                break;
+            true
+        }
+    };
+    if back {
+        for w in jobs.iter().filter(|w| w.home == victim) {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let c = cloud.copy_in(&victim, w.id).await;
+                let released = c
+                    .as_ref()
+                    .is_some_and(|c| c.state == JobState::Cancelled && c.moved_to.is_some());
+                if released {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    violations.push(format!("back, {victim} never released its copy: {c:?}"));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
     // A retried create with the moved job's key returns the adopted job.
-    let (key, id, _) = &jobs[0];
-    match cloud.tenant.submit(&spec(key), Some(key)).await {
-        Ok(j) if j.id == *id && j.region != victim => {}
+    let w = &jobs[0];
+    let spec = trainer_spec(&cloud.trainer(), &w.key, t, &w.log);
+    match cloud.tenant.submit(&spec, Some(&w.key)).await {
+        Ok(j) if j.id == w.id && j.region != victim => {}
         Ok(j) => violations.push(format!(
             "a retried create answered {} in {}",
             j.id, j.region
@@ -216,35 +349,114 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
         Err(e) => violations.push(format!("a retried create failed: {e}")),
     }
     // Every acknowledged job ends well, wherever it is.
-    let mut reports = Vec::new();
-    for (_, id, home) in &jobs {
+    let mut ended: Vec<Option<Job>> = Vec::new();
+    for w in &jobs {
         let within = Duration::from_secs(150);
         let done = cloud
-            .wait_for(*id, "succeeded", within, |j| j.state == JobState::Succeeded)
+            .wait_for(w.id, "succeeded", within, |j| j.state == JobState::Succeeded)
             .await;
         match done {
-            Ok(j) => reports.push(JobReport {
-                id: *id,
-                home: home.clone(),
-                region: j.region.clone(),
-                epoch: j.epoch,
-                state: j.state.as_str().to_string(),
-                recovered_s: recovered.get(id).copied(),
-            }),
-            Err(e) => violations.push(format!("acknowledged job {id} did not succeed: {e}")),
+            Ok(j) => ended.push(Some(j)),
+            Err(e) => {
+                violations.push(format!("acknowledged job {} did not succeed: {e}", w.id));
+                ended.push(None);
+            }
         }
     }
     stop.store(true, Ordering::SeqCst);
     violations.extend(watch.await?);
-    Ok(Report {
-        drill: match drill {
-            Drill::RegionKill => "region-kill",
-            Drill::Partition => "partition",
+    // What the trainers themselves say.
+    let mut reports = Vec::new();
+    for ((w, j), at) in jobs.iter().zip(ended).zip(at) {
+        let log = trainer::Log::parse(&read_log(&w.log));
+        violations.extend(judge_log(w.id, &log, t));
+        let lost = (w.home == victim).then(|| log.lost_at(at)).flatten();
+        if w.home == victim && lost.is_none() {
+            violations.push(format!("job {}: no run after the failure in its log", w.id));
         }
-        .into(),
+        if let Some(l) = lost {
+            if !log.wrote_before(l.resumed, log.runs.last().map_or(0, |r| r.first)) {
+                violations.push(format!(
+                    "job {} resumed from step {}, a checkpoint it never wrote",
+                    w.id, l.resumed
+                ));
+            }
+        }
+        reports.push(JobReport {
+            id: w.id,
+            home: w.home.clone(),
+            region: j.as_ref().map_or("?".into(), |j| j.region.clone()),
+            epoch: j.as_ref().map_or(0, |j| j.epoch),
+            state: j.as_ref().map_or("?".into(), |j| j.state.as_str().to_string()),
+            recovered_s: recovered.get(&w.id).copied(),
+            lost,
+            lost_s: lost.map(|l| f64::from(l.steps()) * t.step_s),
+            final_step: log.finals.last().copied(),
+        });
+    }
+    // No region ever gave a GPU to two workers at once.
+    for r in REGIONS {
+        if drill == Drill::RegionKill && r == victim {
+            continue;
+        }
+        match twice_allocated(cloud.database(r)).await {
+            Ok(0) => {}
+            Ok(n) => violations.push(format!("{r}: {n} GPU(s) allocated to two workers at once")),
+            Err(e) => violations.push(format!("{r}: cannot check its allocations: {e:#}")),
+        }
+    }
+    let logs = cloud.dir.path().display().to_string();
+    if !violations.is_empty() {
+        // Kept for whoever reads the report.
+        if let Some(mut cloud) = Arc::into_inner(cloud) {
+            cloud.dir.disable_cleanup(true);
+        }
+    }
+    Ok(Report {
+        drill: drill.as_str().into(),
         region: victim,
+        training: t,
         jobs: reports,
         violations,
-        logs: cloud.dir.path().display().to_string(),
+        logs,
     })
+}
+
+/// What a job's trainer log shows broken: two runs stepping at once, or an
+/// end other than one `final step` at the full count.
+fn judge_log(id: Uuid, log: &trainer::Log, t: Training) -> Vec<String> {
+    let mut v = Vec::new();
+    for (a, b) in log.overlaps() {
+        v.push(format!(
+            "job {id} trained twice at once: pid {} on {} (to step {}) and pid {} on {} (from step {})",
+            a.pid, a.node, a.reached, b.pid, b.node, b.from
+        ));
+    }
+    if log.finals != [t.total] {
+        v.push(format!(
+            "job {id} ended with final steps {:?}, not once at {}",
+            log.finals, t.total
+        ));
+    }
+    v
+}
+
+/// How many pairs of allocations in the database at `url` gave one GPU to
+/// two workers over overlapping times.
+async fn twice_allocated(url: &str) -> anyhow::Result<i64> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let conn = tokio::spawn(conn);
+    let n: i64 = client
+        .query_one(
+            "SELECT count(*) FROM allocations a JOIN allocations b
+               ON a.node_id = b.node_id AND a.gpu_index = b.gpu_index AND a.alloc_id < b.alloc_id
+             WHERE tstzrange(a.allocated_at, coalesce(a.released_at, 'infinity'))
+                && tstzrange(b.allocated_at, coalesce(b.released_at, 'infinity'))",
+            &[],
+        )
+        .await?
+        .get(0);
+    drop(client);
+    let _ = conn.await;
+    Ok(n)
 }

@@ -204,25 +204,85 @@ pub fn spawn_sim_agent(
     fleet: &Path,
     log: &str,
 ) -> Proc {
+    let mut cmd = agent_command(bin, dir, auth, region, region_port, fleet, log);
+    cmd.args(["--executor", "sim", "--time-factor", "0.05"]);
+    Proc(cmd.spawn().unwrap())
+}
+
+/// `bin`'s `gangway agent` `{region}-agent` for a drill's cloud: serving
+/// `fleet` for the region at `region_port` with `executor` and the
+/// region's checkpoint `store`, working in `dir/{region}-agent` and
+/// logging to `{region}-agent.log`.
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_agent(
+    bin: &Path,
+    dir: &Path,
+    auth: &DevMaterial,
+    region: &str,
+    region_port: u16,
+    fleet: &Path,
+    executor: crate::cloud::Executor,
+    store: &str,
+) -> Proc {
+    let log = format!("{region}-agent");
+    let mut cmd = agent_command(bin, dir, auth, region, region_port, fleet, &log);
+    match executor {
+        crate::cloud::Executor::Real => cmd.args(["--executor", "real"]),
+        crate::cloud::Executor::Sim => cmd.args(["--executor", "sim", "--time-factor", "0.05"]),
+    };
+    Proc(cmd.args(["--checkpoint-store", store]).spawn().unwrap())
+}
+
+fn agent_command(
+    bin: &Path,
+    dir: &Path,
+    auth: &DevMaterial,
+    region: &str,
+    region_port: u16,
+    fleet: &Path,
+    log: &str,
+) -> Command {
     let agent_id = format!("{region}-agent");
     let agent_token = token_for_agent(&auth.service_key, &agent_id, region);
-    Proc(
-        Command::new(bin)
-            .env("GANGWAY_AGENT_TOKEN", agent_token)
-            .args(["agent", "--region", region, "--agent-id", &agent_id])
-            .arg("--region-url")
-            .arg(format!("http://127.0.0.1:{region_port}"))
-            .arg("--fleet")
-            .arg(fleet)
-            .args(["--executor", "sim", "--time-factor", "0.05"])
-            .arg("--work-dir")
-            .arg(dir.join(log))
-            .env("GANGWAY_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log_file(dir, &format!("{log}.log")))
-            .spawn()
-            .unwrap(),
-    )
+    let mut cmd = Command::new(bin);
+    cmd.env("GANGWAY_AGENT_TOKEN", agent_token)
+        .args(["agent", "--region", region, "--agent-id", &agent_id])
+        .arg("--region-url")
+        .arg(format!("http://127.0.0.1:{region_port}"))
+        .arg("--fleet")
+        .arg(fleet)
+        .arg("--work-dir")
+        .arg(dir.join(log))
+        .env("GANGWAY_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log_file(dir, &format!("{log}.log")));
+    cmd
+}
+
+/// Kills with SIGKILL the process group of every process working in a
+/// directory under `dir` (a dead machine's workers: the agent starts each
+/// in a process group of its own). Linux: reads `/proc/*/cwd`.
+pub fn kill_processes_under(dir: &Path) {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let inside = std::fs::read_link(p.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir));
+        if inside {
+            // SAFETY: plain syscalls on pids we just read; a process gone
+            // meanwhile makes them fail harmlessly.
+            unsafe {
+                let group = libc::getpgid(pid);
+                if group > 1 && group != libc::getpgid(0) {
+                    libc::killpg(group, libc::SIGKILL);
+                }
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
 }
 
 /// An agent token for `agent_id` of `region`.
