@@ -16,6 +16,11 @@
 //! - region-kill: the home region (control plane, PostgreSQL, agent and its
 //!   workers) is killed with SIGKILL; the other regions' jobs are
 //!   undisturbed.
+//! - agent-kill: the home's agent is killed in the middle of a checkpoint
+//!   upload and started again: the half-uploaded checkpoint never becomes
+//!   the job's, the worker the dead agent left is killed before the job
+//!   runs again (in the same region, at the same epoch), and it resumes
+//!   from its last whole checkpoint.
 //! - control-plane-kill: only the home's control plane dies; its agent
 //!   fences and stops the worker; restarted, the home releases its copy.
 //! - database-kill: only the home's PostgreSQL dies; the home fences; its
@@ -69,6 +74,17 @@ async fn the_region_kill_drill_moves_a_dead_regions_jobs_and_loses_none() {
         assert_eq!((j.epoch, &j.region), (1, &j.home), "undisturbed: {report}");
         assert_eq!(j.final_step, Some(TRAINING.total), "{report}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_kill_drill_resumes_from_the_last_whole_checkpoint_never_a_half_uploaded_one() {
+    let report = drill(Drill::AgentKill).await;
+    assert!(report.passed(), "{report}");
+    let j = &report.jobs[0];
+    assert_eq!((j.epoch, &j.region), (1, &report.region), "{report}");
+    assert_eq!(j.final_step, Some(TRAINING.total), "{report}");
+    let lost = j.lost.expect("lost work measured");
+    assert!(lost.resumed >= TRAINING.every, "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

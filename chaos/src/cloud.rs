@@ -73,6 +73,9 @@ pub struct Cloud {
     /// A service token, to ask regions directly.
     service: String,
     bin: PathBuf,
+    /// What agents are started with (to restart one).
+    auth: DevMaterial,
+    fleet: PathBuf,
     _global: Proc,
 }
 
@@ -137,7 +140,7 @@ impl Cloud {
         let mut dbs = Vec::new();
         for (i, (name, pg)) in REGIONS.iter().zip(pgs).enumerate() {
             let (pg, db) = pg.unwrap().unwrap_or_else(|e| panic!("{name}'s PostgreSQL: {e:#}"));
-            let store = format!("file://{}", dir.path().join(format!("{name}-store")).display());
+            let store = store_url(dir.path(), name);
             let mut args: Vec<OsString> = Vec::new();
             let mut arg = |a: &str| args.push(a.into());
             for a in ["region", "--name", name, "--database-url", &db] {
@@ -229,6 +232,8 @@ impl Cloud {
             links,
             service,
             bin: bin.to_path_buf(),
+            auth,
+            fleet,
             _global: global,
         };
         // Ready: every region healthy with its 16 GPUs schedulable.
@@ -321,6 +326,37 @@ impl Cloud {
         ));
     }
 
+    /// Kills region `name`'s agent with SIGKILL, as a crash would: its
+    /// workers go on (process groups of their own).
+    pub fn kill_agent(&self, name: &str) {
+        self.regions.lock().expect("regions lock")[index(name)]
+            .agent
+            .take();
+    }
+
+    /// Starts region `name`'s agent again, as it was started.
+    pub fn restart_agent(&self, name: &str) {
+        let i = index(name);
+        let agent = spawn_agent(
+            &self.bin,
+            self.dir.path(),
+            &self.auth,
+            name,
+            self.ports[i],
+            &self.fleet,
+            self.executor,
+            &store_url(self.dir.path(), name),
+        );
+        let mut regions = self.regions.lock().expect("regions lock");
+        assert!(regions[i].agent.is_none(), "{name}'s agent is running");
+        regions[i].agent = Some(agent);
+    }
+
+    /// Where region `name`'s checkpoint store keeps its objects.
+    pub fn store_dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}-store"))
+    }
+
     /// Kills region `name`'s PostgreSQL with SIGKILL (its control plane
     /// goes on, without a database).
     pub fn kill_database(&self, name: &str) {
@@ -378,6 +414,11 @@ impl Drop for Cloud {
     }
 }
 
+/// Region `name`'s checkpoint store, shared by its control plane and agent.
+fn store_url(dir: &Path, name: &str) -> String {
+    format!("file://{}", dir.join(format!("{name}-store")).display())
+}
+
 fn index(name: &str) -> usize {
     REGIONS
         .iter()
@@ -416,6 +457,8 @@ pub struct Training {
     pub every: u32,
     /// Steps to train.
     pub total: u32,
+    /// MiB of weights in each checkpoint.
+    pub checkpoint_mb: u32,
 }
 
 /// An 8-GPU job named `name` running the example trainer with `t`,
@@ -427,7 +470,8 @@ pub fn trainer_spec(trainer: &Path, name: &str, t: Training, log: &Path) -> JobS
         "estimated_duration_s": run_s.max(1),
         "command": [
             "sh", trainer, "--step-s", t.step_s.to_string(),
-            "--every", t.every.to_string(), "--total", t.total.to_string()
+            "--every", t.every.to_string(), "--total", t.total.to_string(),
+            "--checkpoint-mb", t.checkpoint_mb.to_string()
         ],
         "env": {"TRAINER_LOG": log, "TRAINER_LOG_STEPS": "1"}
     }))

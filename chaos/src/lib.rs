@@ -13,6 +13,11 @@
 //! - `region-kill`: a whole region (control plane, PostgreSQL, agent and
 //!   its workers) is killed; its jobs must run again in another region at
 //!   the next epoch, and a retried create must return the adopted job.
+//! - `agent-kill`: a region's agent is killed while it uploads a
+//!   checkpoint (large ones, so that the upload takes a while) and started
+//!   again; the half-uploaded checkpoint must never become the job's, the
+//!   workers the dead agent left must be gone before the job runs again,
+//!   and it must resume from its last whole checkpoint.
 //! - `control-plane-kill`: only the region's control plane is killed; its
 //!   agent fences and stops the workers, the buddy adopts; restarted, the
 //!   region must release its copy.
@@ -43,14 +48,16 @@ use cloud::{trainer_spec, Cloud, Executor, Training, REGIONS};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Drill {
     RegionKill,
+    AgentKill,
     ControlPlaneKill,
     DatabaseKill,
     Partition,
 }
 
 impl Drill {
-    pub const ALL: [Drill; 4] = [
+    pub const ALL: [Drill; 5] = [
         Drill::RegionKill,
+        Drill::AgentKill,
         Drill::ControlPlaneKill,
         Drill::DatabaseKill,
         Drill::Partition,
@@ -59,6 +66,7 @@ impl Drill {
     pub fn as_str(self) -> &'static str {
         match self {
             Drill::RegionKill => "region-kill",
+            Drill::AgentKill => "agent-kill",
             Drill::ControlPlaneKill => "control-plane-kill",
             Drill::DatabaseKill => "database-kill",
             Drill::Partition => "partition",
@@ -208,6 +216,7 @@ pub const TRAINING: Training = Training {
     step_s: 0.1,
     every: 20,
     total: 300,
+    checkpoint_mb: 0,
 };
 
 /// A job of the workload.
@@ -240,6 +249,9 @@ async fn until_step(log: &Path, step: u32, within: Duration) -> anyhow::Result<(
 /// Runs `drill` on a cloud of `bin` (short timers with `short`).
 pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report> {
     let cloud = Arc::new(Cloud::start_with(bin, short, Executor::Real).await);
+    if drill == Drill::AgentKill {
+        return agent_kill(cloud).await;
+    }
     let t = TRAINING;
     let n = match drill {
         Drill::RegionKill => 2,
@@ -275,6 +287,7 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     let broke = Instant::now();
     match drill {
         Drill::RegionKill => cloud.kill(&victim),
+        Drill::AgentKill => unreachable!("agent_kill"),
         Drill::ControlPlaneKill => cloud.kill_control(&victim),
         Drill::DatabaseKill => cloud.kill_database(&victim),
         Drill::Partition => cloud.partition(&victim, true),
@@ -298,7 +311,7 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     // The broken region comes back (but a killed one), and must release
     // its copies of the moved jobs.
     let back = match drill {
-        Drill::RegionKill => false,
+        Drill::RegionKill | Drill::AgentKill => false,
         Drill::Partition => {
             let copy = cloud.copy_in(&victim, ids[0]).await;
             if copy.is_some_and(|c| matches!(c.state, JobState::Starting | JobState::Running)) {
@@ -365,61 +378,193 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     }
     stop.store(true, Ordering::SeqCst);
     violations.extend(watch.await?);
-    // What the trainers themselves say.
     let mut reports = Vec::new();
     for ((w, j), at) in jobs.iter().zip(ended).zip(at) {
-        let log = trainer::Log::parse(&read_log(&w.log));
-        violations.extend(judge_log(w.id, &log, t));
-        let lost = (w.home == victim).then(|| log.lost_at(at)).flatten();
-        if w.home == victim && lost.is_none() {
-            violations.push(format!("job {}: no run after the failure in its log", w.id));
-        }
-        if let Some(l) = lost {
-            if !log.wrote_before(l.resumed, log.runs.last().map_or(0, |r| r.first)) {
-                violations.push(format!(
-                    "job {} resumed from step {}, a checkpoint it never wrote",
-                    w.id, l.resumed
-                ));
-            }
-        }
-        reports.push(JobReport {
-            id: w.id,
-            home: w.home.clone(),
-            region: j.as_ref().map_or("?".into(), |j| j.region.clone()),
-            epoch: j.as_ref().map_or(0, |j| j.epoch),
-            state: j.as_ref().map_or("?".into(), |j| j.state.as_str().to_string()),
-            recovered_s: recovered.get(&w.id).copied(),
-            lost,
-            lost_s: lost.map(|l| f64::from(l.steps()) * t.step_s),
-            final_step: log.finals.last().copied(),
-        });
+        let failed = w.home == victim;
+        let recovered_s = recovered.get(&w.id).copied();
+        reports.push(judge(w, j, failed.then_some(at), recovered_s, t, &mut violations));
     }
-    // No region ever gave a GPU to two workers at once.
-    for r in REGIONS {
-        if drill == Drill::RegionKill && r == victim {
-            continue;
+    let skip = (drill == Drill::RegionKill).then_some(victim.as_str());
+    violations.extend(allocated_twice(&cloud, skip).await);
+    Ok(finish(cloud, drill, victim, t, reports, violations))
+}
+
+/// What the trainer's own log says of job `w` (`ended` as the control
+/// plane last saw it): the violations it shows go into `violations`; with
+/// `failed_at` (where its log stood when its region broke), what the
+/// failure cost it.
+fn judge(
+    w: &Work,
+    ended: Option<Job>,
+    failed_at: Option<usize>,
+    recovered_s: Option<f64>,
+    t: Training,
+    violations: &mut Vec<String>,
+) -> JobReport {
+    let log = trainer::Log::parse(&read_log(&w.log));
+    violations.extend(judge_log(w.id, &log, t));
+    let lost = failed_at.and_then(|at| log.lost_at(at));
+    if failed_at.is_some() && lost.is_none() {
+        violations.push(format!("job {}: no run after the failure in its log", w.id));
+    }
+    if let Some(l) = lost {
+        if !log.wrote_before(l.resumed, log.runs.last().map_or(0, |r| r.first)) {
+            violations.push(format!(
+                "job {} resumed from step {}, a checkpoint it never wrote",
+                w.id, l.resumed
+            ));
         }
+    }
+    JobReport {
+        id: w.id,
+        home: w.home.clone(),
+        region: ended.as_ref().map_or("?".into(), |j| j.region.clone()),
+        epoch: ended.as_ref().map_or(0, |j| j.epoch),
+        state: (ended.as_ref()).map_or("?".into(), |j| j.state.as_str().to_string()),
+        recovered_s,
+        lost,
+        lost_s: lost.map(|l| f64::from(l.steps()) * t.step_s),
+        final_step: log.finals.last().copied(),
+    }
+}
+
+/// Every region that gave a GPU to two workers at once (`skip`: a region
+/// whose database is gone).
+async fn allocated_twice(cloud: &Cloud, skip: Option<&str>) -> Vec<String> {
+    let mut v = Vec::new();
+    for r in REGIONS.into_iter().filter(|r| Some(*r) != skip) {
         match twice_allocated(cloud.database(r)).await {
             Ok(0) => {}
-            Ok(n) => violations.push(format!("{r}: {n} GPU(s) allocated to two workers at once")),
-            Err(e) => violations.push(format!("{r}: cannot check its allocations: {e:#}")),
+            Ok(n) => v.push(format!("{r}: {n} GPU(s) allocated to two workers at once")),
+            Err(e) => v.push(format!("{r}: cannot check its allocations: {e:#}")),
         }
     }
+    v
+}
+
+/// The report; a failed drill's cloud directory is kept for its logs.
+fn finish(
+    cloud: Arc<Cloud>,
+    drill: Drill,
+    region: String,
+    training: Training,
+    jobs: Vec<JobReport>,
+    violations: Vec<String>,
+) -> Report {
     let logs = cloud.dir.path().display().to_string();
     if !violations.is_empty() {
-        // Kept for whoever reads the report.
         if let Some(mut cloud) = Arc::into_inner(cloud) {
             cloud.dir.disable_cleanup(true);
         }
     }
-    Ok(Report {
+    Report {
         drill: drill.as_str().into(),
-        region: victim,
-        training: t,
-        jobs: reports,
+        region,
+        training,
+        jobs,
         violations,
         logs,
-    })
+    }
+}
+
+/// The agent-kill drill: see the crate's documentation.
+async fn agent_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
+    // Checkpoints big enough that their upload takes a while.
+    let t = Training {
+        checkpoint_mb: 64,
+        ..TRAINING
+    };
+    let key = "drill-0".to_string();
+    let log = cloud.dir.path().join(format!("trainer-{key}.log"));
+    let spec = trainer_spec(&cloud.trainer(), &key, t, &log);
+    let job = cloud.tenant.submit(&spec, Some(&key)).await?;
+    let w = Work {
+        key,
+        id: job.id,
+        home: job.region.clone(),
+        log,
+    };
+    let within = Duration::from_secs(60);
+    (cloud.wait_for(w.id, "running", within, |j| j.state == JobState::Running)).await?;
+    until_step(&w.log, 2 * t.every + t.every / 2, within).await?;
+    let victim = w.home.clone();
+    let mut violations = Vec::new();
+    // Kill the agent while a checkpoint's files are in the store and its
+    // manifest is not.
+    let uploading = until_uploading(&cloud.store_dir(&victim), w.id, within).await?;
+    let at = read_log(&w.log).len();
+    cloud.kill_agent(&victim);
+    let broke = Instant::now();
+    let half = uploading.join(gangway_checkpoint::MANIFEST);
+    if half.exists() {
+        violations.push(format!(
+            "the agent was killed too late: {} committed",
+            uploading.display()
+        ));
+    }
+    cloud.restart_agent(&victim);
+    // It runs again once the old worker is gone.
+    let mut recovered_s = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let l = trainer::Log::parse(&read_log(&w.log));
+        if l.runs.iter().any(|r| r.first >= at) {
+            recovered_s = Some(broke.elapsed().as_secs_f64());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if recovered_s.is_none() {
+        violations.push(format!("job {} never ran again after its agent restarted", w.id));
+    }
+    let within = Duration::from_secs(150);
+    let ended = match cloud
+        .wait_for(w.id, "succeeded", within, |j| j.state == JobState::Succeeded)
+        .await
+    {
+        Ok(j) => {
+            // The half-uploaded checkpoint never became the job's.
+            let newest = j.checkpoint.as_ref().map(|c| c.key.clone());
+            let half_key = uploading.strip_prefix(cloud.store_dir(&victim)).ok();
+            if newest.is_some_and(|k| half_key.is_some_and(|h| Path::new(&k) == h)) {
+                violations.push(format!(
+                    "job {}'s newest checkpoint is the half-uploaded {}",
+                    w.id,
+                    uploading.display()
+                ));
+            }
+            Some(j)
+        }
+        Err(e) => {
+            violations.push(format!("acknowledged job {} did not succeed: {e}", w.id));
+            None
+        }
+    };
+    let report = judge(&w, ended, Some(at), recovered_s, t, &mut violations);
+    violations.extend(allocated_twice(&cloud, None).await);
+    Ok(finish(cloud, Drill::AgentKill, victim, t, vec![report], violations))
+}
+
+/// Waits until a checkpoint of `job` is being uploaded into the store at
+/// `store`: a key with files and no manifest; returns its directory.
+async fn until_uploading(store: &Path, job: Uuid, within: Duration) -> anyhow::Result<PathBuf> {
+    let root = store.join("jobs").join(job.to_string());
+    let deadline = Instant::now() + within;
+    loop {
+        for epoch in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            for key in std::fs::read_dir(epoch.path()).into_iter().flatten().flatten() {
+                let dir = key.path();
+                let files = std::fs::read_dir(&dir).map_or(0, |d| d.count());
+                if files > 0 && !dir.join(gangway_checkpoint::MANIFEST).exists() {
+                    return Ok(dir);
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!("no checkpoint upload of job {job} seen in {}", root.display());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// What a job's trainer log shows broken: two runs stepping at once, or an

@@ -20,8 +20,9 @@
 //!   own lease when the region process is gone). A region heard from by a
 //!   majority is never adopted, so a job never runs in two regions.
 //! - **Replication** of job intent happens on each create (synchronous,
-//!   `api/jobs.rs`); what comes after (a job ended, a new checkpoint) goes
-//!   through `replication_outbox`, flushed on this beat.
+//!   `api/jobs.rs`); what comes after (a job ended, a new checkpoint) is
+//!   sent by a loop of its own ([`run_loop`]), so that a large checkpoint
+//!   copy never holds up a heartbeat.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,8 +112,10 @@ pub struct Peers {
     http: reqwest::Client,
     token: Mutex<Option<(String, Instant)>>,
     fenced: AtomicBool,
-    /// When the beat last found a majority of round trips fresh.
-    last_majority: Mutex<Instant>,
+    /// Until when the round trips the last beat found keep a majority
+    /// fresh (`None`: they did not). Past it, the region fences, whether
+    /// or not a beat runs to notice (see [`watchdog`]).
+    majority_until: Mutex<Option<Instant>>,
     /// Replicas in this process made no round trip before this.
     pub started: Instant,
 }
@@ -134,25 +137,15 @@ impl Peers {
             http,
             token: Mutex::new(None),
             fenced: AtomicBool::new(fenced),
-            last_majority: Mutex::new(Instant::now()),
+            majority_until: Mutex::new(None),
             started: Instant::now(),
         }
     }
 
-    /// A beat that could not tell whether a majority hears us (our own
-    /// database is unreachable): once that has lasted the lease, this
-    /// region fences as if cut off. Its peers stop hearing it at the same
-    /// time (no heartbeat is sent or answered without the database), so
-    /// they may adopt its jobs; when the database is back it must learn
-    /// which moved before placing anything again.
-    fn beat_failed(&self) {
-        let since = self.last_majority.lock().expect("majority lock").elapsed();
-        if since > self.config.lease && !self.set_fenced(true) {
-            tracing::warn!(
-                lease_s = self.config.lease.as_secs_f64(),
-                "the database has been unreachable for the lease: fenced"
-            );
-        }
+    /// Whether the majority the last beat saw has run out (or it saw none).
+    fn majority_lost(&self) -> bool {
+        let until = *self.majority_until.lock().expect("majority lock");
+        until.is_none_or(|t| Instant::now() >= t)
     }
 
     pub fn is_fenced(&self) -> bool {
@@ -270,26 +263,91 @@ impl Peers {
 /// these ages (seconds since the last one; `None`: never) holds a majority
 /// of `regions` (itself included).
 pub fn holds_majority(ok_ages: &[Option<f64>], lease: Duration, majority: usize) -> bool {
-    let fresh = ok_ages
-        .iter()
-        .filter(|a| a.is_some_and(|a| a < lease.as_secs_f64()))
-        .count();
-    1 + fresh >= majority
+    majority_left(ok_ages, lease, majority).is_some()
 }
 
-/// The heartbeat loop: every beat, heartbeat every peer, record the
-/// answers, fence or unfence, and (the leader) flush the outbox and adopt
-/// dead regions' jobs.
+/// How much longer the round trips with these ages keep a majority fresh
+/// without another one; `None` when they do not now.
+pub fn majority_left(ok_ages: &[Option<f64>], lease: Duration, majority: usize) -> Option<Duration> {
+    let lease = lease.as_secs_f64();
+    let mut fresh: Vec<f64> = ok_ages.iter().flatten().copied().filter(|a| *a < lease).collect();
+    fresh.sort_by(f64::total_cmp);
+    match majority.checked_sub(2) {
+        // Alone (or a majority of one): nothing to lose.
+        None => Some(Duration::MAX),
+        Some(k) => fresh.get(k).map(|age| Duration::from_secs_f64(lease - age.max(0.0))),
+    }
+}
+
+/// The peers' loops, each a task of its own so that nothing slow delays a
+/// heartbeat or a fence:
+///
+/// - the heartbeats: every beat, heartbeat every peer, record the answers,
+///   unfence (after learning which jobs moved), and (the leader) adopt
+///   dead regions' jobs;
+/// - the [`watchdog`], which fences the region the moment the majority the
+///   last beat saw runs out — also when no beat runs (its database is
+///   down, or a beat is stuck), since the peers stop hearing a region
+///   whose beats stall and adopt its jobs on that count;
+/// - replication: the leader sends buddies what they have not been told,
+///   checkpoint copies included (a large one takes a while).
 pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
     if state.peers.config.peers.is_empty() {
         return;
     }
     let every = state.peers.config.heartbeat_interval;
-    loop {
-        beat(&state).await;
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+    let each = |f: fn(AppState) -> futures_util::future::BoxFuture<'static, ()>| {
+        let (state, shutdown) = (state.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                f(state.clone()).await;
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+            }
+        })
+    };
+    let loops = [
+        each(|s| Box::pin(async move { beat(&s).await })),
+        each(|s| Box::pin(async move { watchdog(&s).await })),
+        each(|s| {
+            Box::pin(async move {
+                if s.is_leader() && !s.peers.is_fenced() {
+                    crate::store::replicas::flush_outbox(&s).await;
+                }
+                if let Ok(lag) = s.store.replication_lag().await {
+                    metrics::gauge!("gangway_replication_lag_seconds").set(lag);
+                }
+            })
+        }),
+    ];
+    for l in loops {
+        let _ = l.await;
+    }
+}
+
+/// Fences the region once the majority the last beat saw has run out:
+/// places nothing, refuses creates, and (the leader) asks every starting or
+/// running job to checkpoint and stop, every beat while it lasts.
+async fn watchdog(state: &AppState) {
+    let peers = &state.peers;
+    if !peers.majority_lost() {
+        return;
+    }
+    if !peers.set_fenced(true) {
+        tracing::warn!(
+            lease_s = peers.config.lease.as_secs_f64(),
+            "no round trip to a majority of regions within the lease (or none could be \
+             recorded): fenced (placing nothing, asking running jobs to checkpoint and stop)"
+        );
+    }
+    metrics::gauge!("gangway_region_fenced").set(1.0);
+    if state.is_leader() {
+        match state.store.fence_jobs().await {
+            Ok(n) if n > 0 => tracing::warn!(jobs = n, "fenced: jobs asked to checkpoint and stop"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot stop jobs while fenced"),
         }
     }
 }
@@ -301,7 +359,6 @@ async fn beat(state: &AppState) {
         Ok(l) => l.silent_s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the peers' leases");
-            peers.beat_failed();
             return;
         }
     };
@@ -336,38 +393,21 @@ async fn beat(state: &AppState) {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the peers' leases");
-            peers.beat_failed();
             return;
         }
     };
-    let majority = holds_majority(
+    let left = majority_left(
         &leases.round_trip_s,
         peers.config.lease,
         peers.config.majority(),
     );
-    metrics::gauge!("gangway_region_fenced").set(if majority { 0.0 } else { 1.0 });
-    if majority {
-        *peers.last_majority.lock().expect("majority lock") = Instant::now();
-    }
-    if !majority {
-        if !peers.set_fenced(true) {
-            tracing::warn!(
-                lease_s = peers.config.lease.as_secs_f64(),
-                "no round trip to a majority of regions within the lease: fenced (placing \
-                 nothing, asking running jobs to checkpoint and stop)"
-            );
-        }
-        if state.is_leader() {
-            match state.store.fence_jobs().await {
-                Ok(n) if n > 0 => {
-                    tracing::warn!(jobs = n, "fenced: jobs asked to checkpoint and stop")
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot stop jobs while fenced"),
-            }
-        }
+    *peers.majority_until.lock().expect("majority lock") =
+        left.map(|l| Instant::now().checked_add(l).unwrap_or_else(far_future));
+    if left.is_none() {
+        watchdog(state).await;
         return;
     }
+    metrics::gauge!("gangway_region_fenced").set(0.0);
     if peers.is_fenced() {
         // Before placing anything again: which of our jobs moved while we
         // were cut off.
@@ -390,7 +430,6 @@ async fn beat(state: &AppState) {
         }
     }
     if state.is_leader() {
-        crate::store::replicas::flush_outbox(state).await;
         match crate::store::replicas::adopt_dead(state, &leases).await {
             Ok(n) if n > 0 => {
                 tracing::warn!(jobs = n, "adopted the jobs of a dead region");
@@ -400,9 +439,11 @@ async fn beat(state: &AppState) {
             Err(e) => tracing::warn!(error = %e, "adoption check failed"),
         }
     }
-    if let Ok(lag) = state.store.replication_lag().await {
-        metrics::gauge!("gangway_replication_lag_seconds").set(lag);
-    }
+}
+
+/// An instant no lease reaches.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
 }
 
 #[cfg(test)]
@@ -438,6 +479,20 @@ mod tests {
             ..PeerConfig::default()
         };
         assert_eq!(c.majority(), 3);
+    }
+
+    #[test]
+    fn a_majority_lasts_until_its_freshest_needed_round_trip_is_a_lease_old() {
+        let lease = Duration::from_secs(8);
+        let left = |ages: &[Option<f64>], m| majority_left(ages, lease, m).map(|d| d.as_secs_f64());
+        // Three regions: the freshest peer's round trip keeps it.
+        assert_eq!(left(&[Some(3.0), Some(6.0)], 2), Some(5.0));
+        assert_eq!(left(&[Some(9.0), None], 2), None);
+        // Five regions: the second freshest.
+        assert_eq!(left(&[Some(1.0), None, Some(7.0), Some(2.0)], 3), Some(6.0));
+        assert_eq!(left(&[Some(1.0), None, None, Some(8.5)], 3), None);
+        // Alone: never lost.
+        assert_eq!(left(&[], 1), Some(Duration::MAX.as_secs_f64()));
     }
 
     #[test]

@@ -150,6 +150,12 @@ impl Agent {
     }
 
     async fn run(mut self, shutdown: CancellationToken) {
+        if self.config.executor == ExecutorKind::Real {
+            // Before registering: the region takes this start as a new boot
+            // and launches our assignments again.
+            let dir = self.config.work_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || crate::executor::reap_orphans(&dir)).await;
+        }
         let executor = Executor {
             kind: self.config.executor,
             time_factor: self.config.time_factor,

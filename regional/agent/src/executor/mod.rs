@@ -6,6 +6,7 @@
 //! after the worker's grace period; `kill` cuts the grace short.
 
 pub(crate) mod real;
+pub(crate) use real::reap_orphans;
 pub(crate) mod sim;
 
 use std::collections::BTreeMap;

@@ -141,6 +141,9 @@ pub(crate) async fn run(
     let baseline = newest_entry(&checkpoints);
     match start(spec, work_dir, &checkpoints, restore.as_deref()).await {
         Ok(child) => {
+            // Recorded, so that an agent started after this one crashed
+            // stops it before anything runs on its GPUs again.
+            let record = child.id().and_then(|pid| record_worker(work_dir, pid));
             let watch = match store {
                 Some(store) if spec.key.rank == 0 => Some(Watch::spawn(
                     store.clone(),
@@ -151,6 +154,9 @@ pub(crate) async fn run(
                 _ => None,
             };
             let (mut exit, upload_by) = supervise(child, spec, control, &checkpoints).await;
+            if let Some(record) = record {
+                let _ = std::fs::remove_file(record);
+            }
             exit.checkpoint = newest_checkpoint(&checkpoints);
             if let Some(watch) = watch {
                 watch.finish(upload_by).await;
@@ -159,6 +165,96 @@ pub(crate) async fn run(
         }
         Err(e) => cannot_start(e),
     }
+}
+
+/// Where the agent records the process groups of the workers it runs.
+fn records_dir(work_dir: &Path) -> PathBuf {
+    work_dir.join("workers")
+}
+
+/// When process `pid` started (clock ticks since boot, `/proc/PID/stat`
+/// field 22): with the pid, it names one process, whatever pids are
+/// reused later.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Records worker `pid` (the leader of its process group) as running;
+/// returns the record, to remove once it is reaped.
+fn record_worker(work_dir: &Path, pid: u32) -> Option<PathBuf> {
+    let dir = records_dir(work_dir);
+    let started = start_time(pid)?;
+    let path = dir.join(pid.to_string());
+    let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, format!("{started}\n")));
+    match written {
+        Ok(()) => Some(path),
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "cannot record a worker");
+            None
+        }
+    }
+}
+
+/// Kills (SIGKILL, the whole process group) every worker a previous run
+/// of the agent recorded that still runs, and waits until they are gone.
+/// Workers are left running when the agent dies so that a crash does not
+/// stop training by itself; but a new agent is a new boot to the region,
+/// which launches the assignments again, so the old workers must be gone
+/// first or two copies of a rank would share its GPUs. Returns how many
+/// were killed.
+pub(crate) fn reap_orphans(work_dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(records_dir(work_dir)) else {
+        return 0;
+    };
+    let mut killed = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let pid: Option<u32> = entry.file_name().to_str().and_then(|n| n.parse().ok());
+        let recorded: Option<u64> = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        if let (Some(pid), Some(recorded)) = (pid, recorded) {
+            if start_time(pid) == Some(recorded) {
+                // SAFETY: signals the process group this agent made for
+                // the worker (the same process: its start time matches).
+                unsafe { libc::killpg(pid as libc::pid_t, libc::SIGKILL) };
+                killed.push(pid);
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while killed.iter().any(|pid| group_running(*pid)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !killed.is_empty() {
+        tracing::warn!(
+            workers = killed.len(),
+            "killed the workers a previous run of this agent left running (they are launched \
+             again from their assignments)"
+        );
+    }
+    killed.len()
+}
+
+/// Whether a process of group `pgid` still runs (zombies aside).
+fn group_running(pgid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            return false;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string()
+    })
 }
 
 fn not_started() -> Exit {
@@ -514,20 +610,7 @@ mod tests {
     /// Whether any process of the group still runs. Zombies do not count:
     /// an orphan is reaped by init, whenever init gets to it.
     fn group_alive(pgid: libc::pid_t) -> bool {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            panic!("needs /proc");
-        };
-        entries.flatten().any(|entry| {
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                return false;
-            };
-            // pid (comm) state ppid pgrp ...; comm may hold spaces.
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string()
-        })
+        group_running(pgid as u32)
     }
 
     #[tokio::test]
@@ -600,6 +683,36 @@ mod tests {
             .parse()
             .unwrap();
         assert!(!group_alive(pgid));
+    }
+
+    #[tokio::test]
+    async fn a_restarted_agent_kills_the_workers_its_crashed_predecessor_left_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = sh("echo $$ > pid; sleep 60");
+        let ready = worker_dir(dir.path(), &spec).join("pid");
+        let task = tokio::spawn({
+            let (spec, work_dir) = (spec.clone(), dir.path().to_owned());
+            async move { run(&spec, &work_dir, &Control::default(), None).await }
+        });
+        wait_for_file(&ready).await;
+        sleep(Duration::from_millis(20)).await;
+        // The agent dies: its task is gone, the worker is not.
+        task.abort();
+        let _ = task.await;
+        let pgid: libc::pid_t = std::fs::read_to_string(&ready)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(group_alive(pgid), "a crash alone must not stop training");
+        // The next agent kills it (group and all) before anything else.
+        assert_eq!(reap_orphans(dir.path()), 1);
+        assert!(!group_alive(pgid));
+        assert_eq!(reap_orphans(dir.path()), 0, "its record is gone");
+        // A record naming a pid now used by someone else kills nothing.
+        std::fs::write(records_dir(dir.path()).join(std::process::id().to_string()), "1\n")
+            .unwrap();
+        assert_eq!(reap_orphans(dir.path()), 0);
     }
 
     #[tokio::test]
