@@ -21,6 +21,9 @@
 //!   the job's, the worker the dead agent left is killed before the job
 //!   runs again (in the same region, at the same epoch), and it resumes
 //!   from its last whole checkpoint.
+//! - global-kill: one of two global replicas is killed in the middle of a
+//!   burst of keyed creates, which are retried at the other with their
+//!   keys: every acknowledged job exists exactly once and succeeds.
 //! - control-plane-kill: only the home's control plane dies; its agent
 //!   fences and stops the worker; restarted, the home releases its copy.
 //! - database-kill: only the home's PostgreSQL dies; the home fences; its
@@ -85,6 +88,19 @@ async fn the_agent_kill_drill_resumes_from_the_last_whole_checkpoint_never_a_hal
     assert_eq!(j.final_step, Some(TRAINING.total), "{report}");
     let lost = j.lost.expect("lost work measured");
     assert!(lost.resumed >= TRAINING.every, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_kill_drill_loses_and_doubles_no_create_of_a_burst() {
+    let report = drill(Drill::GlobalKill).await;
+    assert!(report.passed(), "{report}");
+    // The whole burst was acknowledged, part of it by the survivor.
+    assert_eq!(report.jobs.len(), 48, "{report}");
+    assert!(report.jobs.iter().any(|j| j.recovered_s.is_some()), "{report}");
+    for j in &report.jobs {
+        assert_eq!(j.state, "succeeded", "{report}");
+        assert_eq!(j.final_step, Some(30), "{report}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,8 @@
 //! PostgreSQL of its own (so a drill can kill one), peers of each other,
 //! an agent each serving two 8-GPU nodes — running real trainer processes
 //! ([`Executor::Real`], with a checkpoint store per region) or simulated
-//! workers — and a `gangway global` on HTTPS in front; every link between
+//! workers — and two `gangway global` replicas on HTTPS in front; every
+//! link between
 //! regions, and from the global tier to each, goes through a proxy that
 //! can be cut.
 
@@ -21,7 +22,7 @@ use gangway_shared::tokens;
 use uuid::Uuid;
 
 use crate::procs::{
-    key_arg, kill_processes_under, log_file, spawn_agent, spawn_global, until_ready, Proc, Proxy,
+    key_arg, kill_processes_under, log_file, spawn_agent, spawn_global_as, until_ready, Proc, Proxy,
 };
 
 /// Two nodes × 8 h100 per region.
@@ -38,6 +39,9 @@ const FLEET: &str = r#"
 const TRAINER: &str = include_str!("../../deploy/examples/trainer");
 
 pub const REGIONS: [&str; 3] = ["r1", "r2", "r3"];
+
+/// Replicas of the global tier.
+pub const GLOBALS: usize = 2;
 
 /// How the agents run workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +64,10 @@ struct Region {
 
 pub struct Cloud {
     pub dir: tempfile::TempDir,
+    /// A tenant's client of the first global replica.
     pub tenant: Client,
+    /// The same tenant's client of each global replica.
+    pub tenants: Vec<Client>,
     pub executor: Executor,
     regions: Mutex<Vec<Region>>,
     /// The regions' API ports (agents and direct checks use them).
@@ -76,7 +83,8 @@ pub struct Cloud {
     /// What agents are started with (to restart one).
     auth: DevMaterial,
     fleet: PathBuf,
-    _global: Proc,
+    /// The global tier's replicas (`None`: killed).
+    globals: Mutex<Vec<Option<Proc>>>,
 }
 
 impl Cloud {
@@ -102,7 +110,7 @@ impl Cloud {
             .iter()
             .map(|_| gangway_devkit::free_port())
             .collect();
-        let global_port = gangway_devkit::free_port();
+        let global_ports: Vec<u16> = (0..GLOBALS).map(|_| gangway_devkit::free_port()).collect();
         let service_pub = key_arg(&auth, "service-signing.pub.pem");
         let service_priv = key_arg(&auth, "service-signing.pem");
         let mut links = Vec::new();
@@ -139,14 +147,21 @@ impl Cloud {
         let mut regions = Vec::new();
         let mut dbs = Vec::new();
         for (i, (name, pg)) in REGIONS.iter().zip(pgs).enumerate() {
-            let (pg, db) = pg.unwrap().unwrap_or_else(|e| panic!("{name}'s PostgreSQL: {e:#}"));
+            let (pg, db) = pg
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{name}'s PostgreSQL: {e:#}"));
             let store = store_url(dir.path(), name);
             let mut args: Vec<OsString> = Vec::new();
             let mut arg = |a: &str| args.push(a.into());
             for a in ["region", "--name", name, "--database-url", &db] {
                 arg(a);
             }
-            for a in ["--service-key", &service_pub, "--peer-signing-key", &service_priv] {
+            for a in [
+                "--service-key",
+                &service_pub,
+                "--peer-signing-key",
+                &service_priv,
+            ] {
                 arg(a);
             }
             arg("--listen");
@@ -205,7 +220,12 @@ impl Cloud {
             dbs.push(db);
         }
         let urls: Vec<(&str, String)> = REGIONS.iter().map(|n| (*n, via("global", n))).collect();
-        let global = spawn_global(bin, dir.path(), &auth, global_port, &urls);
+        let globals: Vec<Option<Proc>> = (global_ports.iter().enumerate())
+            .map(|(i, port)| {
+                let name = format!("global-{i}");
+                Some(spawn_global_as(bin, dir.path(), &auth, *port, &urls, &name))
+            })
+            .collect();
         let token = auth
             .tenant_key
             .sign(&claims_for(
@@ -219,12 +239,21 @@ impl Cloud {
             ))
             .unwrap();
         let ca = std::fs::read(&auth.ca_cert).unwrap();
-        let tenant =
-            Client::public(format!("https://127.0.0.1:{global_port}"), token, Some(&ca)).unwrap();
+        let tenants: Vec<Client> = (global_ports.iter())
+            .map(|port| {
+                Client::public(
+                    format!("https://127.0.0.1:{port}"),
+                    token.clone(),
+                    Some(&ca),
+                )
+                .unwrap()
+            })
+            .collect();
         let service = crate::procs::token(&auth.service_key, Role::Service, None);
         let cloud = Cloud {
             dir,
-            tenant,
+            tenant: tenants[0].clone(),
+            tenants,
             executor,
             regions: Mutex::new(regions),
             ports,
@@ -234,7 +263,7 @@ impl Cloud {
             bin: bin.to_path_buf(),
             auth,
             fleet,
-            _global: global,
+            globals: Mutex::new(globals),
         };
         // Ready: every region healthy with its 16 GPUs schedulable.
         until_ready(&cloud.tenant, 3, 16, cloud.dir.path()).await;
@@ -283,13 +312,20 @@ impl Cloud {
 
     /// Whether region `name` says it is fenced (`None`: it did not say).
     pub async fn fenced(&self, name: &str) -> Option<bool> {
-        self.direct(name).region_status().await.ok().map(|s| s.fenced)
+        self.direct(name)
+            .region_status()
+            .await
+            .ok()
+            .map(|s| s.fenced)
     }
 
     /// A client of region `name` itself, not through the global tier.
     fn direct(&self, name: &str) -> Client {
-        Client::new(format!("http://127.0.0.1:{}", self.ports[index(name)]), "acme")
-            .with_token(self.service.clone())
+        Client::new(
+            format!("http://127.0.0.1:{}", self.ports[index(name)]),
+            "acme",
+        )
+        .with_token(self.service.clone())
     }
 
     /// Kills a whole region with SIGKILL, as a power cut would: its
@@ -324,6 +360,11 @@ impl Cloud {
             name,
             &r.control_args,
         ));
+    }
+
+    /// Kills global replica `i` with SIGKILL.
+    pub fn kill_global(&self, i: usize) {
+        self.globals.lock().expect("globals lock")[i].take();
     }
 
     /// Kills region `name`'s agent with SIGKILL, as a crash would: its
@@ -375,8 +416,10 @@ impl Cloud {
     /// Starts region `name`'s PostgreSQL again on its data (crash
     /// recovery) and port.
     pub async fn restart_database(&self, name: &str) -> anyhow::Result<()> {
-        let mut pg = (self.regions.lock().expect("regions lock")[index(name)].pg.take())
-            .ok_or_else(|| anyhow::anyhow!("{name}'s database is being restarted already"))?;
+        let mut pg = (self.regions.lock().expect("regions lock")[index(name)]
+            .pg
+            .take())
+        .ok_or_else(|| anyhow::anyhow!("{name}'s database is being restarted already"))?;
         let (pg, started) = tokio::task::spawn_blocking(move || {
             let started = pg.start();
             (pg, started)

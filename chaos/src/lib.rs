@@ -18,6 +18,10 @@
 //!   again; the half-uploaded checkpoint must never become the job's, the
 //!   workers the dead agent left must be gone before the job runs again,
 //!   and it must resume from its last whole checkpoint.
+//! - `global-kill`: one of the global tier's two replicas is killed in
+//!   the middle of a burst of keyed creates; the client retries what it
+//!   was not answered at the other with the same keys; every acknowledged
+//!   job must exist exactly once and succeed.
 //! - `control-plane-kill`: only the region's control plane is killed; its
 //!   agent fences and stops the workers, the buddy adopts; restarted, the
 //!   region must release its copy.
@@ -49,15 +53,17 @@ use cloud::{trainer_spec, Cloud, Executor, Training, REGIONS};
 pub enum Drill {
     RegionKill,
     AgentKill,
+    GlobalKill,
     ControlPlaneKill,
     DatabaseKill,
     Partition,
 }
 
 impl Drill {
-    pub const ALL: [Drill; 5] = [
+    pub const ALL: [Drill; 6] = [
         Drill::RegionKill,
         Drill::AgentKill,
+        Drill::GlobalKill,
         Drill::ControlPlaneKill,
         Drill::DatabaseKill,
         Drill::Partition,
@@ -67,6 +73,7 @@ impl Drill {
         match self {
             Drill::RegionKill => "region-kill",
             Drill::AgentKill => "agent-kill",
+            Drill::GlobalKill => "global-kill",
             Drill::ControlPlaneKill => "control-plane-kill",
             Drill::DatabaseKill => "database-kill",
             Drill::Partition => "partition",
@@ -77,10 +84,13 @@ impl Drill {
 impl std::str::FromStr for Drill {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Drill::ALL.into_iter().find(|d| d.as_str() == s).ok_or_else(|| {
-            let names: Vec<&str> = Drill::ALL.iter().map(|d| d.as_str()).collect();
-            format!("unknown drill {s:?}: one of {}", names.join(", "))
-        })
+        Drill::ALL
+            .into_iter()
+            .find(|d| d.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Drill::ALL.iter().map(|d| d.as_str()).collect();
+                format!("unknown drill {s:?}: one of {}", names.join(", "))
+            })
     }
 }
 
@@ -115,6 +125,9 @@ pub struct Report {
     pub jobs: Vec<JobReport>,
     /// Every broken invariant, in words; empty when the drill passed.
     pub violations: Vec<String>,
+    /// What happened, in a few lines, beyond the table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// Where the processes' logs are (kept only when the drill failed).
     pub logs: String,
 }
@@ -145,10 +158,9 @@ impl std::fmt::Display for Report {
         )?;
         for j in &self.jobs {
             let lost = match (j.lost, j.lost_s) {
-                (Some(l), Some(s)) => format!(
-                    "{s:.1} s ({}+{} steps)",
-                    l.since_checkpoint, l.unreplicated
-                ),
+                (Some(l), Some(s)) => {
+                    format!("{s:.1} s ({}+{} steps)", l.since_checkpoint, l.unreplicated)
+                }
                 _ => "-".into(),
             };
             writeln!(
@@ -163,6 +175,9 @@ impl std::fmt::Display for Report {
                 lost,
                 j.final_step.map_or("-".into(), |s| s.to_string()),
             )?;
+        }
+        for n in &self.notes {
+            writeln!(f, "{n}")?;
         }
         if self.passed() {
             write!(f, "passed: every invariant held")
@@ -249,8 +264,10 @@ async fn until_step(log: &Path, step: u32, within: Duration) -> anyhow::Result<(
 /// Runs `drill` on a cloud of `bin` (short timers with `short`).
 pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report> {
     let cloud = Arc::new(Cloud::start_with(bin, short, Executor::Real).await);
-    if drill == Drill::AgentKill {
-        return agent_kill(cloud).await;
+    match drill {
+        Drill::AgentKill => return agent_kill(cloud).await,
+        Drill::GlobalKill => return global_kill(cloud).await,
+        _ => {}
     }
     let t = TRAINING;
     let n = match drill {
@@ -287,7 +304,7 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     let broke = Instant::now();
     match drill {
         Drill::RegionKill => cloud.kill(&victim),
-        Drill::AgentKill => unreachable!("agent_kill"),
+        Drill::AgentKill | Drill::GlobalKill => unreachable!("drills of their own"),
         Drill::ControlPlaneKill => cloud.kill_control(&victim),
         Drill::DatabaseKill => cloud.kill_database(&victim),
         Drill::Partition => cloud.partition(&victim, true),
@@ -311,7 +328,7 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     // The broken region comes back (but a killed one), and must release
     // its copies of the moved jobs.
     let back = match drill {
-        Drill::RegionKill | Drill::AgentKill => false,
+        Drill::RegionKill | Drill::AgentKill | Drill::GlobalKill => false,
         Drill::Partition => {
             let copy = cloud.copy_in(&victim, ids[0]).await;
             if copy.is_some_and(|c| matches!(c.state, JobState::Starting | JobState::Running)) {
@@ -366,7 +383,9 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     for w in &jobs {
         let within = Duration::from_secs(150);
         let done = cloud
-            .wait_for(w.id, "succeeded", within, |j| j.state == JobState::Succeeded)
+            .wait_for(w.id, "succeeded", within, |j| {
+                j.state == JobState::Succeeded
+            })
             .await;
         match done {
             Ok(j) => ended.push(Some(j)),
@@ -382,7 +401,14 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     for ((w, j), at) in jobs.iter().zip(ended).zip(at) {
         let failed = w.home == victim;
         let recovered_s = recovered.get(&w.id).copied();
-        reports.push(judge(w, j, failed.then_some(at), recovered_s, t, &mut violations));
+        reports.push(judge(
+            w,
+            j,
+            failed.then_some(at),
+            recovered_s,
+            t,
+            &mut violations,
+        ));
     }
     let skip = (drill == Drill::RegionKill).then_some(victim.as_str());
     violations.extend(allocated_twice(&cloud, skip).await);
@@ -463,6 +489,7 @@ fn finish(
         training,
         jobs,
         violations,
+        notes: Vec::new(),
         logs,
     }
 }
@@ -515,11 +542,16 @@ async fn agent_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     if recovered_s.is_none() {
-        violations.push(format!("job {} never ran again after its agent restarted", w.id));
+        violations.push(format!(
+            "job {} never ran again after its agent restarted",
+            w.id
+        ));
     }
     let within = Duration::from_secs(150);
     let ended = match cloud
-        .wait_for(w.id, "succeeded", within, |j| j.state == JobState::Succeeded)
+        .wait_for(w.id, "succeeded", within, |j| {
+            j.state == JobState::Succeeded
+        })
         .await
     {
         Ok(j) => {
@@ -542,7 +574,202 @@ async fn agent_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
     };
     let report = judge(&w, ended, Some(at), recovered_s, t, &mut violations);
     violations.extend(allocated_twice(&cloud, None).await);
-    Ok(finish(cloud, Drill::AgentKill, victim, t, vec![report], violations))
+    Ok(finish(
+        cloud,
+        Drill::AgentKill,
+        victim,
+        t,
+        vec![report],
+        violations,
+    ))
+}
+
+/// Creates in the global-kill drill's burst.
+const BURST: usize = 48;
+
+/// The global-kill drill: see the crate's documentation.
+async fn global_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
+    use futures_util::StreamExt;
+    use std::sync::atomic::AtomicUsize;
+    // Short one-GPU trainers: the burst fits the fleet at once.
+    let t = Training {
+        step_s: 0.1,
+        every: 10,
+        total: 30,
+        checkpoint_mb: 0,
+    };
+    let (first, second) = (cloud.tenants[0].clone(), cloud.tenants[1].clone());
+    let answered = Arc::new(AtomicUsize::new(0));
+    let killed: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    let killed_ms = Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX));
+    // The killer: the first replica dies once a third of the burst is in.
+    let killer = {
+        let (cloud, answered, killed) = (cloud.clone(), answered.clone(), killed.clone());
+        let killed_ms = killed_ms.clone();
+        tokio::spawn(async move {
+            while answered.load(Ordering::SeqCst) < BURST / 3 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            killed_ms.store(now.map_or(0, |d| d.as_millis() as i64), Ordering::SeqCst);
+            cloud.kill_global(0);
+            *killed.lock().expect("killed lock") = Some(Instant::now());
+        })
+    };
+    let works: Vec<(Work, gangway_shared::api::JobSpec)> = (0..BURST)
+        .map(|i| {
+            let key = format!("burst-{i}");
+            let log = cloud.dir.path().join(format!("trainer-{key}.log"));
+            let mut spec = trainer_spec(&cloud.trainer(), &key, t, &log);
+            (spec.gpus, spec.gpus_per_worker) = (1, Some(1));
+            let w = Work {
+                key,
+                id: Uuid::nil(),
+                home: String::new(),
+                log,
+            };
+            (w, spec)
+        })
+        .collect();
+    // Eight creates at a time at the first replica; what it does not
+    // answer is retried at the second with the same key, as a client
+    // behind a load balancer would.
+    let outcomes: Vec<(Work, Result<(Job, bool, Option<f64>), String>)> =
+        futures_util::stream::iter(works.into_iter().map(|(mut w, spec)| {
+            let (first, second, answered, killed) = (
+                first.clone(),
+                second.clone(),
+                answered.clone(),
+                killed.clone(),
+            );
+            async move {
+                let mut at_second = false;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let outcome = loop {
+                    let via = if at_second { &second } else { &first };
+                    match via.submit(&spec, Some(&w.key)).await {
+                        Ok(job) => {
+                            answered.fetch_add(1, Ordering::SeqCst);
+                            let after = (*killed.lock().expect("killed lock"))
+                                .filter(|_| at_second)
+                                .map(|k| k.elapsed().as_secs_f64());
+                            break Ok((job, at_second, after));
+                        }
+                        Err(e) if Instant::now() >= deadline => break Err(e.to_string()),
+                        // Overloaded or unavailable: the same replica again.
+                        Err(gangway_shared::client::ClientError::Api { status, .. })
+                            if status.as_u16() == 429 || status.as_u16() == 503 =>
+                        {
+                            tokio::time::sleep(Duration::from_millis(100)).await
+                        }
+                        Err(gangway_shared::client::ClientError::Api { body, .. }) => {
+                            break Err(format!("{}: {}", body.code, body.message))
+                        }
+                        // No answer: maybe made, maybe not; the other replica.
+                        Err(_) => at_second = true,
+                    }
+                };
+                if let Ok((job, _, _)) = &outcome {
+                    (w.id, w.home) = (job.id, job.region.clone());
+                }
+                (w, outcome)
+            }
+        }))
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    killer.abort();
+    let mut violations = Vec::new();
+    let (mut by_first, mut by_second, mut in_flight) = (0, 0, 0);
+    let killed_at_ms = killed_ms.load(Ordering::SeqCst);
+    let mut recovered = BTreeMap::new();
+    let mut works = Vec::new();
+    for (w, outcome) in outcomes {
+        match outcome {
+            Ok((_, false, _)) => by_first += 1,
+            Ok((job, true, after)) => {
+                by_second += 1;
+                // Made through the dead replica, never answered by it.
+                if job.created_at.timestamp_millis() < killed_at_ms {
+                    in_flight += 1;
+                }
+                if let Some(a) = after {
+                    recovered.insert(w.id, a);
+                }
+            }
+            Err(e) => violations.push(format!("create {} never acknowledged: {e}", w.key)),
+        }
+        if !w.id.is_nil() {
+            works.push(w);
+        }
+    }
+    if killed.lock().expect("killed lock").is_none() {
+        violations.push("the first global replica was never killed".into());
+    }
+    // Every acknowledged job: there once, and done.
+    let mut ended = Vec::new();
+    for w in &works {
+        let q = gangway_shared::client::ListQuery {
+            name: Some(w.key.clone()),
+            ..Default::default()
+        };
+        match second.list(&q).await {
+            Ok(l) if l.jobs.len() == 1 && l.jobs[0].id == w.id => {}
+            Ok(l) => violations.push(format!(
+                "create {} made {} job(s): {:?}",
+                w.key,
+                l.jobs.len(),
+                l.jobs.iter().map(|j| j.id).collect::<Vec<_>>()
+            )),
+            Err(e) => violations.push(format!("cannot list {}: {e}", w.key)),
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let done = loop {
+            match second.get(w.id).await {
+                Ok(j) if j.state == JobState::Succeeded => break Some(j),
+                Ok(j) if j.state.is_terminal() => {
+                    violations.push(format!("job {} ended {}", w.id, j.state.as_str()));
+                    break Some(j);
+                }
+                _ if Instant::now() >= deadline => {
+                    violations.push(format!("acknowledged job {} did not succeed", w.id));
+                    break None;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        ended.push(done);
+    }
+    let mut reports = Vec::new();
+    for (w, j) in works.iter().zip(ended) {
+        let r = recovered.get(&w.id).copied();
+        reports.push(judge(w, j, None, r, t, &mut violations));
+    }
+    violations.extend(allocated_twice(&cloud, None).await);
+    let first_after = recovered
+        .values()
+        .copied()
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
+    let mut report = finish(
+        cloud,
+        Drill::GlobalKill,
+        "global-0".into(),
+        t,
+        reports,
+        violations,
+    );
+    report.notes = vec![
+        format!(
+            "{BURST} keyed creates, 8 at a time: {by_first} answered by global-0, {by_second} \
+             by global-1 after global-0 died, of which {in_flight} had been made through global-0 \
+             but not answered (the retry with the same key returned that job)"
+        ),
+        match first_after {
+            Some(s) => format!("global-1 answered its first retry {s:.2} s after the kill"),
+            None => "no create was retried".into(),
+        },
+    ];
+    Ok(report)
 }
 
 /// Waits until a checkpoint of `job` is being uploaded into the store at
@@ -552,7 +779,11 @@ async fn until_uploading(store: &Path, job: Uuid, within: Duration) -> anyhow::R
     let deadline = Instant::now() + within;
     loop {
         for epoch in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-            for key in std::fs::read_dir(epoch.path()).into_iter().flatten().flatten() {
+            for key in std::fs::read_dir(epoch.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let dir = key.path();
                 let files = std::fs::read_dir(&dir).map_or(0, |d| d.count());
                 if files > 0 && !dir.join(gangway_checkpoint::MANIFEST).exists() {
@@ -561,7 +792,10 @@ async fn until_uploading(store: &Path, job: Uuid, within: Duration) -> anyhow::R
             }
         }
         if Instant::now() >= deadline {
-            anyhow::bail!("no checkpoint upload of job {job} seen in {}", root.display());
+            anyhow::bail!(
+                "no checkpoint upload of job {job} seen in {}",
+                root.display()
+            );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

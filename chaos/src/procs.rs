@@ -72,6 +72,18 @@ pub fn spawn_global(
     port: u16,
     regions: &[(&str, String)],
 ) -> Proc {
+    spawn_global_as(bin, dir, auth, port, regions, "global")
+}
+
+/// [`spawn_global`] logging to `dir/{name}.log` (one of several replicas).
+pub fn spawn_global_as(
+    bin: &Path,
+    dir: &Path,
+    auth: &DevMaterial,
+    port: u16,
+    regions: &[(&str, String)],
+    name: &str,
+) -> Proc {
     let mut cmd = Command::new(bin);
     cmd.args(["global", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--tls-cert")
@@ -89,7 +101,7 @@ pub fn spawn_global(
     Proc(
         cmd.env("GANGWAY_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(log_file(dir, "global.log"))
+            .stderr(log_file(dir, &format!("{name}.log")))
             .spawn()
             .unwrap(),
     )

@@ -202,7 +202,10 @@ mod tests {
         let at = text.len();
         let l = Log::parse(&(text + &log(&["start pid 11 node r2-s0-l0-n0 from step 1"])));
         let lost = l.lost_at(at).unwrap();
-        assert_eq!((lost.steps(), lost.since_checkpoint, lost.unreplicated), (0, 0, 0));
+        assert_eq!(
+            (lost.steps(), lost.since_checkpoint, lost.unreplicated),
+            (0, 0, 0)
+        );
         assert!(Log::parse("").lost_at(0).is_none());
     }
 }
