@@ -96,7 +96,10 @@ async fn the_global_kill_drill_loses_and_doubles_no_create_of_a_burst() {
     assert!(report.passed(), "{report}");
     // The whole burst was acknowledged, part of it by the survivor.
     assert_eq!(report.jobs.len(), 48, "{report}");
-    assert!(report.jobs.iter().any(|j| j.recovered_s.is_some()), "{report}");
+    assert!(
+        report.jobs.iter().any(|j| j.recovered_s.is_some()),
+        "{report}"
+    );
     for j in &report.jobs {
         assert_eq!(j.state, "succeeded", "{report}");
         assert_eq!(j.final_step, Some(30), "{report}");
@@ -132,5 +135,8 @@ fn the_partition_drill_never_runs_a_job_in_two_regions() {
     assert_ne!(job["region"], report["region"], "{report}");
     assert_eq!(job["state"], "succeeded", "{report}");
     assert_eq!(job["final_step"], TRAINING.total, "{report}");
-    assert!(job["lost"]["resumed"].as_u64() >= Some(TRAINING.every.into()), "{report}");
+    assert!(
+        job["lost"]["resumed"].as_u64() >= Some(TRAINING.every.into()),
+        "{report}"
+    );
 }

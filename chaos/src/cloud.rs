@@ -265,8 +265,12 @@ impl Cloud {
             fleet,
             globals: Mutex::new(globals),
         };
-        // Ready: every region healthy with its 16 GPUs schedulable.
+        // Ready: every region healthy with its 16 GPUs schedulable (or the
+        // logs are kept for whoever reads the failure).
+        let mut cloud = cloud;
+        cloud.dir.disable_cleanup(true);
         until_ready(&cloud.tenant, 3, 16, cloud.dir.path()).await;
+        cloud.dir.disable_cleanup(false);
         cloud
     }
 
@@ -308,6 +312,20 @@ impl Cloud {
     /// The job as region `name` itself has it (its own copy), if it has one.
     pub async fn copy_in(&self, name: &str, id: Uuid) -> Option<Job> {
         self.direct(name).get(id).await.ok()
+    }
+
+    /// Region `name`'s usage ledger: its own rows and those it holds for
+    /// its peers, of the last day.
+    pub async fn usage_in(
+        &self,
+        name: &str,
+    ) -> anyhow::Result<Vec<gangway_shared::billing::UsageRecord>> {
+        let now = chrono::Utc::now();
+        let day = chrono::Duration::days(1);
+        Ok(self
+            .direct(name)
+            .usage_records(now - day, now + day, None)
+            .await?)
     }
 
     /// Whether region `name` says it is fenced (`None`: it did not say).
@@ -360,6 +378,36 @@ impl Cloud {
             name,
             &r.control_args,
         ));
+    }
+
+    /// A client of the global tier with an operator's token, and the
+    /// command-line flags that give the CLI the same.
+    pub fn operator(&self) -> (Client, Vec<String>) {
+        let token = (self.auth.tenant_key)
+            .sign(&claims_for(
+                Role::Admin,
+                "ops-e2e",
+                None,
+                None,
+                tokens::ISSUER,
+                tokens::PUBLIC_AUDIENCE,
+                Duration::from_secs(3600),
+            ))
+            .unwrap();
+        let ca = std::fs::read(&self.auth.ca_cert).unwrap();
+        let url = self.tenant.base().to_string();
+        let client = Client::public(url.clone(), token.clone(), Some(&ca)).unwrap();
+        let flags = vec![
+            "--url".into(),
+            url,
+            "--admin-token".into(),
+            token,
+            "--ca-cert".into(),
+            self.auth.ca_cert.display().to_string(),
+            "--state-dir".into(),
+            self.dir.path().join("no-dev-state").display().to_string(),
+        ];
+        (client, flags)
     }
 
     /// Kills global replica `i` with SIGKILL.
@@ -446,13 +494,24 @@ impl Cloud {
 }
 
 impl Drop for Cloud {
-    /// The agents die with their handles; their workers, in process
-    /// groups of their own, would not.
+    /// Everything stops before the directory goes (fields drop after
+    /// this, `dir` first): the agents and their workers (in process
+    /// groups of their own, they would outlive the agents), the control
+    /// planes, the global tier, and the databases (killed: they are
+    /// thrown away, and a database whose directory is gone takes its
+    /// stop timeout to notice).
     fn drop(&mut self) {
         let mut regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         for (name, r) in REGIONS.iter().zip(regions.iter_mut()) {
             r.agent.take();
             kill_processes_under(&self.dir.path().join(format!("{name}-agent")));
+            r.control.take();
+        }
+        (self.globals.lock().unwrap_or_else(|e| e.into_inner())).clear();
+        for r in regions.iter_mut() {
+            if let Some(pg) = r.pg.take() {
+                pg.kill_for_exit(Duration::from_secs(5));
+            }
         }
     }
 }

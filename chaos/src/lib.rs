@@ -12,7 +12,9 @@
 //!
 //! - `region-kill`: a whole region (control plane, PostgreSQL, agent and
 //!   its workers) is killed; its jobs must run again in another region at
-//!   the next epoch, and a retried create must return the adopted job.
+//!   the next epoch, and a retried create must return the adopted job;
+//!   brought back (its machines freshly booted), the region must release
+//!   its copies and start none of them.
 //! - `agent-kill`: a region's agent is killed while it uploads a
 //!   checkpoint (large ones, so that the upload takes a while) and started
 //!   again; the half-uploaded checkpoint must never become the job's, the
@@ -325,10 +327,18 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
             Err(e) => violations.push(e.to_string()),
         }
     }
-    // The broken region comes back (but a killed one), and must release
-    // its copies of the moved jobs.
+    // The broken region comes back, and must release its copies of the
+    // moved jobs (and, freshly booted, start none of them meanwhile).
     let back = match drill {
-        Drill::RegionKill | Drill::AgentKill | Drill::GlobalKill => false,
+        Drill::AgentKill | Drill::GlobalKill => false,
+        Drill::RegionKill => {
+            if let Err(e) = cloud.restart_database(&victim).await {
+                violations.push(format!("{victim}'s PostgreSQL did not start again: {e:#}"));
+            }
+            cloud.restart_control(&victim);
+            cloud.restart_agent(&victim);
+            true
+        }
         Drill::Partition => {
             let copy = cloud.copy_in(&victim, ids[0]).await;
             if copy.is_some_and(|c| matches!(c.state, JobState::Starting | JobState::Running)) {
@@ -410,8 +420,8 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
             &mut violations,
         ));
     }
-    let skip = (drill == Drill::RegionKill).then_some(victim.as_str());
-    violations.extend(allocated_twice(&cloud, skip).await);
+    violations.extend(allocated_twice(&cloud, None).await);
+    violations.extend(usage_counted_twice(&cloud, &ids, None).await);
     Ok(finish(cloud, drill, victim, t, reports, violations))
 }
 
@@ -452,6 +462,66 @@ fn judge(
         lost_s: lost.map(|l| f64::from(l.steps()) * t.step_s),
         final_step: log.finals.last().copied(),
     }
+}
+
+/// What the usage ledger shows broken, merged from every region but
+/// `skip` (its own rows and those held for peers) and deduplicated by row
+/// id: one row held with two contents, or two rows of a job and rank over
+/// overlapping times (GPU time counted twice). Waits a few seconds first,
+/// for the last rows to reach the buddies.
+async fn usage_counted_twice(cloud: &Cloud, jobs: &[Uuid], skip: Option<&str>) -> Vec<String> {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut v = Vec::new();
+    let mut rows: BTreeMap<Uuid, gangway_shared::billing::UsageRecord> = BTreeMap::new();
+    for r in REGIONS.into_iter().filter(|r| Some(*r) != skip) {
+        match cloud.usage_in(r).await {
+            Ok(list) => {
+                for row in list.into_iter().filter(|row| jobs.contains(&row.job_id)) {
+                    match rows.get(&row.usage_id) {
+                        Some(held) if *held != row => v.push(format!(
+                            "usage row {} differs between regions: {held:?} vs {row:?}",
+                            row.usage_id
+                        )),
+                        Some(_) => {}
+                        None => {
+                            rows.insert(row.usage_id, row);
+                        }
+                    }
+                }
+            }
+            Err(e) => v.push(format!("{r}: cannot read its usage ledger: {e:#}")),
+        }
+    }
+    let mut by_worker: BTreeMap<(Uuid, i32), Vec<&gangway_shared::billing::UsageRecord>> =
+        BTreeMap::new();
+    for row in rows.values() {
+        by_worker
+            .entry((row.job_id, row.rank))
+            .or_default()
+            .push(row);
+    }
+    for ((job, rank), mut list) in by_worker {
+        list.sort_by_key(|r| r.started_at);
+        for pair in list.windows(2) {
+            if pair[1].started_at < pair[0].ended_at {
+                v.push(format!(
+                    "job {job} rank {rank}: usage counted twice: {} in {} (epoch {}, {} to {}) \
+                     and {} in {} (epoch {}, {} to {})",
+                    pair[0].usage_id,
+                    pair[0].region,
+                    pair[0].epoch,
+                    pair[0].started_at,
+                    pair[0].ended_at,
+                    pair[1].usage_id,
+                    pair[1].region,
+                    pair[1].epoch,
+                    pair[1].started_at,
+                    pair[1].ended_at
+                ));
+            }
+        }
+    }
+    v
 }
 
 /// Every region that gave a GPU to two workers at once (`skip`: a region
@@ -516,8 +586,14 @@ async fn agent_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
     until_step(&w.log, 2 * t.every + t.every / 2, within).await?;
     let victim = w.home.clone();
     let mut violations = Vec::new();
-    // Kill the agent while a checkpoint's files are in the store and its
-    // manifest is not.
+    // Once a checkpoint is the job's (uploads of 64 MiB take a while on a
+    // busy machine), kill the agent while the next one's files are in the
+    // store and its manifest is not.
+    let within = Duration::from_secs(120);
+    (cloud.wait_for(w.id, "a committed checkpoint", within, |j| {
+        j.checkpoint.is_some()
+    }))
+    .await?;
     let uploading = until_uploading(&cloud.store_dir(&victim), w.id, within).await?;
     let at = read_log(&w.log).len();
     cloud.kill_agent(&victim);
@@ -574,6 +650,7 @@ async fn agent_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
     };
     let report = judge(&w, ended, Some(at), recovered_s, t, &mut violations);
     violations.extend(allocated_twice(&cloud, None).await);
+    violations.extend(usage_counted_twice(&cloud, &[w.id], None).await);
     Ok(finish(
         cloud,
         Drill::AgentKill,
@@ -746,6 +823,8 @@ async fn global_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
         reports.push(judge(w, j, None, r, t, &mut violations));
     }
     violations.extend(allocated_twice(&cloud, None).await);
+    let ids: Vec<Uuid> = works.iter().map(|w| w.id).collect();
+    violations.extend(usage_counted_twice(&cloud, &ids, None).await);
     let first_after = recovered
         .values()
         .copied()

@@ -624,22 +624,11 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
 }
 
 /// `path?k=v&…`, values percent-encoded.
-fn with_query(path: &str, q: &[(&str, String)]) -> String {
+pub(crate) fn with_query(path: &str, q: &[(&str, String)]) -> String {
     if q.is_empty() {
         return path.to_string();
     }
-    let enc = |v: &str| {
-        v.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    };
-    let parts: Vec<String> = q.iter().map(|(k, v)| format!("{k}={}", enc(v))).collect();
-    format!("{path}?{}", parts.join("&"))
+    format!("{path}?{}", gangway_shared::http::query_string(q))
 }
 
 fn region_query(region: Option<String>) -> Vec<(&'static str, String)> {

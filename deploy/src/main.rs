@@ -10,18 +10,22 @@
 //!   resize, delete).
 //! - `clusters_cli.rs`: `gangway cluster …` (create, get, list, resize,
 //!   delete, with `--wait`).
+//! - `billing_cli.rs`: `gangway billing export` (FOCUS rows, priced).
 //! - `admin_cli.rs`: `gangway admin …` (quotas, admission limits, job
 //!   preemption, nodes, maintenance, audit).
+//! - `region_cli.rs`: `gangway region evacuate | failback | status`.
 //! - `conn.rs`: URL, token and CA for the client commands.
 //! - `signals.rs`: Ctrl-C / SIGTERM as a cancellation token.
 //! - `sim_cli.rs`: `gangway sim`, the trace simulator's command line.
 
 mod admin_cli;
+mod billing_cli;
 mod clusters_cli;
 mod conn;
 mod dev;
 mod jobs_cli;
 mod loadgen;
+mod region_cli;
 mod reservations_cli;
 mod servers;
 mod signals;
@@ -42,8 +46,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one region's control plane (API, scheduler, reconcilers).
-    Region(servers::RegionArgs),
+    /// Run one region's control plane (API, scheduler, reconcilers); or,
+    /// with a subcommand, evacuate a whole region and fail it back
+    /// (operators).
+    Region(region_cli::RegionCli),
     /// Run the global tier (public HTTPS API).
     Global(servers::GlobalArgs),
     /// Run a node agent (a simulated fleet from a fleet file).
@@ -57,6 +63,11 @@ enum Command {
     Admin {
         #[command(subcommand)]
         command: admin_cli::AdminCommand,
+    },
+    /// Finance: the month's usage of every tenant, priced (docs/billing.md).
+    Billing {
+        #[command(subcommand)]
+        command: billing_cli::BillingCommand,
     },
     /// Submit and inspect jobs.
     Job {
@@ -80,11 +91,12 @@ enum Command {
     Sim(sim_cli::SimArgs),
     /// Your allocated GPU time, per period, by GPU type, job or region.
     Usage(jobs_cli::UsageArgs),
-    /// Failure drills: start a local cloud of three regions, break it
-    /// (`region-kill`, `partition`), check the invariants, report
+    /// Failure drills: start a local cloud of three regions running trainer
+    /// jobs, break it, check the invariants, report recovery and lost work
     /// (docs/failover.md). Exits 1 when an invariant broke.
     Chaos {
-        /// `region-kill` or `partition`.
+        /// `region-kill`, `control-plane-kill`, `database-kill` or
+        /// `partition` (docs/failover.md).
         drill: gangway_chaos::Drill,
         /// The short timers CI uses (leases of 3–4 s) instead of the
         /// defaults.
@@ -119,8 +131,15 @@ fn main() -> std::process::ExitCode {
         .expect("a tokio runtime");
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Region(args) => {
+            Command::Region(region_cli::RegionCli {
+                command: Some(command),
+                ..
+            }) => region_cli::run(command).await,
+            Command::Region(region_cli::RegionCli { server, .. }) => {
                 init_tracing();
+                let args = server.ok_or_else(|| {
+                    anyhow::anyhow!("gangway region: give --name and --database-url to run one, or a subcommand (evacuate, failback, status)")
+                })?;
                 servers::run_region(args).await.map(|()| 0)
             }
             Command::Global(args) => {
@@ -137,6 +156,7 @@ fn main() -> std::process::ExitCode {
             }
             Command::Job { command } => jobs_cli::run(command).await,
             Command::Admin { command } => admin_cli::run(command).await,
+            Command::Billing { command } => billing_cli::run(command).await,
             Command::Reservation { command } => reservations_cli::run(command).await,
             Command::Cluster { command } => clusters_cli::run(command).await,
             Command::Regions { conn } => jobs_cli::regions(&conn).await,

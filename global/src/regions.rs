@@ -278,6 +278,13 @@ impl Region {
         v.last_ok.is_some_and(|t| t.elapsed() < window)
     }
 
+    /// Being evacuated by its operators, as last seen: it takes no new
+    /// jobs (creates go to other regions).
+    pub fn is_evacuating(&self) -> bool {
+        let v = self.view.lock().expect("view lock");
+        v.status.as_ref().is_some_and(|s| s.evacuating)
+    }
+
     /// (free, schedulable) GPUs of `gpu_type` as last seen.
     pub fn capacity(&self, gpu_type: &str) -> Option<(u32, u32)> {
         let v = self.view.lock().expect("view lock");

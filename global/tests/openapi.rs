@@ -68,6 +68,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/admin/maintenance/{id}"),
     ("post", "/v1/admin/maintenance/{id}/cancel"),
     ("get", "/v1/admin/goodput"),
+    ("get", "/v1/admin/usage/records"),
+    ("post", "/v1/admin/regions/{name}/evacuate"),
+    ("post", "/v1/admin/regions/{name}/failback"),
+    ("get", "/v1/admin/regions/{name}/evacuation"),
     ("get", "/healthz"),
     ("get", "/v1/openapi.json"),
 ];
@@ -489,6 +493,7 @@ async fn the_router_answers_every_documented_operation_as_documented() {
         let uri = path
             .replace("{id}", "00000000-0000-4000-8000-000000000000")
             .replace("{tenant}", "acme")
+            .replace("{name}", "r1")
             .replace("{gpu_type}", "h100");
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let resp = router

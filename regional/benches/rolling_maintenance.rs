@@ -110,6 +110,7 @@ fn main() -> anyhow::Result<()> {
                 machine_boot_id: None,
                 health_poll_interval: Duration::from_secs(5),
                 fence_after: None,
+                checkpoint_store: None,
             };
             agent_tasks.push(tokio::spawn(gangway_agent::run(config, shutdown.clone())));
         }

@@ -5,7 +5,8 @@
 //! dedicated clusters are tended (`Store::tend_clusters`). The
 //! policy itself is the pure `gangway-health` crate; the store applies it
 //! (`store/nodes.rs`). The running maintenance plan, if any, advances on
-//! the same beat (`Store::maintenance_tick`).
+//! the same beat (`Store::maintenance_tick`), and once an hour the usage
+//! ledger gets the hours live placements completed (`Store::meter_usage`).
 
 use std::time::Instant;
 
@@ -44,6 +45,7 @@ pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
         }
         Err(e) => tracing::warn!(error = %e, "cluster tend failed"),
     }
+    meter_if_due(state).await;
     // Rolling maintenance advances on the same beat (store/maintenance.rs).
     match crate::store::retry_races(|| state.store.maintenance_tick(&ctx)).await {
         Ok(o) => {
@@ -52,5 +54,29 @@ pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "maintenance tick failed"),
+    }
+}
+
+/// Once per clock hour: the hour live placements just completed goes into
+/// the usage ledger (after a start, the last two days' are made sure of).
+async fn meter_if_due(state: &AppState) {
+    use std::sync::atomic::Ordering;
+    let hour = chrono::Utc::now().timestamp().div_euclid(3600);
+    let done = state.metered_hour.load(Ordering::Relaxed);
+    if done >= hour {
+        return;
+    }
+    let since = match done {
+        0 => chrono::Utc::now() - chrono::Duration::days(2),
+        h => chrono::DateTime::from_timestamp((h - 1) * 3600, 0).unwrap_or_default(),
+    };
+    match state.store.meter_usage(since).await {
+        Ok(n) => {
+            state.metered_hour.store(hour, Ordering::Relaxed);
+            if n > 0 {
+                tracing::info!(rows = n, "live placements' completed hours metered");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "metering live placements failed"),
     }
 }

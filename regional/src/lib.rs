@@ -8,11 +8,14 @@
 //! - [`health`]: the leader's health tick (node health meets the clock).
 //! - [`leader`]: leadership through a PostgreSQL advisory lock.
 //! - [`peers`]: regions watching each other: leases, fencing, adoption.
+//! - [`evacuation`]: planned evacuation of the region and fail back: the
+//!   leader's loop that hands jobs over.
 //! - [`validate`]: job spec validation.
 //! - [`telemetry`]: the Prometheus recorder and metric descriptions.
 
 pub mod api;
 pub mod config;
+pub mod evacuation;
 pub mod health;
 pub mod leader;
 pub mod peers;
@@ -74,6 +77,7 @@ pub async fn serve_on(
     let loops = shutdown.child_token();
     tracker.spawn(scheduler::run_loop(state.clone(), loops.clone()));
     tracker.spawn(peers::run_loop(state.clone(), loops.clone()));
+    tracker.spawn(evacuation::run_loop(state.clone(), loops.clone()));
     let server_shutdown = shutdown.clone();
     axum::serve(listener, app(state))
         .with_graceful_shutdown(async move { server_shutdown.cancelled().await })

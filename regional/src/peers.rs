@@ -268,14 +268,25 @@ pub fn holds_majority(ok_ages: &[Option<f64>], lease: Duration, majority: usize)
 
 /// How much longer the round trips with these ages keep a majority fresh
 /// without another one; `None` when they do not now.
-pub fn majority_left(ok_ages: &[Option<f64>], lease: Duration, majority: usize) -> Option<Duration> {
+pub fn majority_left(
+    ok_ages: &[Option<f64>],
+    lease: Duration,
+    majority: usize,
+) -> Option<Duration> {
     let lease = lease.as_secs_f64();
-    let mut fresh: Vec<f64> = ok_ages.iter().flatten().copied().filter(|a| *a < lease).collect();
+    let mut fresh: Vec<f64> = ok_ages
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|a| *a < lease)
+        .collect();
     fresh.sort_by(f64::total_cmp);
     match majority.checked_sub(2) {
         // Alone (or a majority of one): nothing to lose.
         None => Some(Duration::MAX),
-        Some(k) => fresh.get(k).map(|age| Duration::from_secs_f64(lease - age.max(0.0))),
+        Some(k) => fresh
+            .get(k)
+            .map(|age| Duration::from_secs_f64(lease - age.max(0.0))),
     }
 }
 
@@ -315,9 +326,13 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
             Box::pin(async move {
                 if s.is_leader() && !s.peers.is_fenced() {
                     crate::store::replicas::flush_outbox(&s).await;
+                    crate::store::flush_usage(&s).await;
                 }
                 if let Ok(lag) = s.store.replication_lag().await {
                     metrics::gauge!("gangway_replication_lag_seconds").set(lag);
+                }
+                if let Ok(lag) = s.store.usage_replication_lag().await {
+                    metrics::gauge!("gangway_usage_replication_lag_seconds").set(lag);
                 }
             })
         }),

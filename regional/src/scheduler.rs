@@ -336,8 +336,9 @@ async fn partition_loop(
         while !stop.is_cancelled() {
             // Wake-ups from now on count for the next wait.
             wake.borrow_and_update();
-            // A fenced region places nothing (`peers.rs`).
-            if state.peers.is_fenced() {
+            // A fenced region places nothing (`peers.rs`), nor does one
+            // being evacuated (`evacuation.rs`).
+            if state.peers.is_fenced() || state.is_evacuating() {
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     _ = tokio::time::sleep(state.config.schedule_interval) => {}

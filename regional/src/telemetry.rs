@@ -88,6 +88,16 @@ fn describe() {
          gangway_preemptions_total, cause drain, maintenance, repair, health, node_lost or fenced)"
     );
     describe_counter!(
+        "gangway_jobs_handed_over_total",
+        "Jobs moved between regions by a planned handover, by way (out: this region's copy \
+         released; in: taken here) and cause (evacuating, failing_back); their stops count in \
+         gangway_preemptions_total under the same causes"
+    );
+    describe_counter!(
+        "gangway_evacuations_total",
+        "Operators' evacuations of this region and fail backs, by op: evacuate or failback"
+    );
+    describe_counter!(
         "gangway_spare_swaps_total",
         "Spares swapped in for nodes failed or lost under running gangs, by the domain the \
          spare came from: leaf, spine or region"

@@ -39,10 +39,17 @@ async fn a_witness_refuses_a_move_of_a_home_it_heard_from_recently() {
         from_home: "r1".into(),
         to_region: "r2".into(),
         epoch: 2,
+        planned: false,
+        at: None,
     };
     // Never heard from r1: recorded.
     assert!(store.witness_move(&m, 16.0).await.unwrap());
-    assert_eq!(store.moves_from("r1").await.unwrap(), vec![m.clone()]);
+    let recorded = store.moves_from("r1").await.unwrap();
+    assert!(recorded[0].at.is_some(), "a witness says when");
+    let recorded: Vec<Move> = (recorded.into_iter())
+        .map(|r| Move { at: None, ..r })
+        .collect();
+    assert_eq!(recorded, vec![m.clone()]);
     // r1 heartbeats us: from now on its jobs' moves are refused.
     store.peer_heard("r1", &BTreeMap::new()).await.unwrap();
     let later = Move {
@@ -117,6 +124,8 @@ async fn a_returning_home_cancels_its_copies_of_jobs_that_moved_at_a_higher_epoc
             from_home: "test-region".into(),
             to_region: "r2".into(),
             epoch: 2,
+            planned: false,
+            at: None,
         },
         // Not a higher epoch than ours: ignored.
         Move {
@@ -124,6 +133,8 @@ async fn a_returning_home_cancels_its_copies_of_jobs_that_moved_at_a_higher_epoc
             from_home: "test-region".into(),
             to_region: "r3".into(),
             epoch: 1,
+            planned: false,
+            at: None,
         },
     ];
     assert_eq!(store.release_moved(&moves).await.unwrap(), 1);

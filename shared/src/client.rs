@@ -398,6 +398,37 @@ impl Client {
         self.send::<serde_json::Value>(req).await.map(|_| ())
     }
 
+    /// A region's usage ledger rows overlapping [from, to) (its own and
+    /// those it holds for peers), every page (`GET /v1/admin/usage/records`;
+    /// operators and the global tier).
+    pub async fn usage_records(
+        &self,
+        from: chrono::DateTime<chrono::Utc>,
+        to: chrono::DateTime<chrono::Utc>,
+        tenant: Option<&str>,
+    ) -> Result<Vec<crate::billing::UsageRecord>, ClientError> {
+        let mut all = Vec::new();
+        let mut after: Option<Uuid> = None;
+        loop {
+            let mut params = vec![("from", from.to_rfc3339()), ("to", to.to_rfc3339())];
+            if let Some(t) = tenant {
+                params.push(("tenant", t.to_string()));
+            }
+            if let Some(a) = after {
+                params.push(("after", a.to_string()));
+            }
+            let req = self
+                .request(Method::GET, "/v1/admin/usage/records")
+                .query(&params);
+            let page: crate::billing::UsageRecords = self.send(req).await?;
+            all.extend(page.records);
+            match page.next {
+                Some(n) => after = Some(n),
+                None => return Ok(all),
+            }
+        }
+    }
+
     /// Any JSON endpoint, for documents without a typed method.
     pub async fn call_json(
         &self,

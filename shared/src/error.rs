@@ -149,6 +149,10 @@ pub mod codes {
     /// The cluster's state does not allow the change: it is being deleted
     /// or is gone (409).
     pub const CLUSTER_CONFLICT: &str = "cluster_conflict";
+    /// A region cannot be evacuated or failed back now: it has no peer
+    /// regions to move its jobs to, or another region is being evacuated
+    /// (409).
+    pub const EVACUATION_CONFLICT: &str = "evacuation_conflict";
 
     /// Every code above, so documents and tests can list them. A new code
     /// goes here too.
@@ -198,5 +202,6 @@ pub mod codes {
         CLUSTER_UNAVAILABLE,
         INVALID_CLUSTER,
         CLUSTER_CONFLICT,
+        EVACUATION_CONFLICT,
     ];
 }

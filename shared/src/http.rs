@@ -377,3 +377,21 @@ pub fn finish_router(router: axum::Router) -> axum::Router {
         )
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
 }
+
+/// `k=v&…` with every value percent-encoded but for RFC 3986's unreserved
+/// characters (a query string for the URLs clients and the global tier
+/// build).
+pub fn query_string(q: &[(&str, String)]) -> String {
+    let enc = |v: &str| -> String {
+        v.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    let parts: Vec<String> = q.iter().map(|(k, v)| format!("{k}={}", enc(v))).collect();
+    parts.join("&")
+}

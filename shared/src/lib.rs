@@ -6,6 +6,7 @@
 //!   (re-exported from [`api`]).
 //! - [`cluster`]: dedicated clusters' requests and views (re-exported
 //!   from [`api`]).
+//! - [`billing`]: the usage ledger's records.
 //! - [`error`]: the JSON error body and the stable error codes.
 //! - [`agent`]: the protocol between a region and its node agents.
 //! - [`fleet`]: the fleet file format (spines → leaves → nodes → GPUs).
@@ -17,6 +18,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod billing;
 pub mod client;
 pub mod cluster;
 pub mod error;

@@ -1,5 +1,6 @@
 //! [`PgCluster`]: one PostgreSQL data directory and the server running on it.
 
+use std::collections::BTreeSet;
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -811,8 +812,9 @@ impl PgCluster {
         }
     }
 
-    /// Immediate shutdown for process exit (no pg_ctl, no waiting on locks).
-    pub(crate) fn kill_for_exit(&self, timeout: Duration) {
+    /// Immediate shutdown (SIGQUIT, no pg_ctl, no waiting on locks), for
+    /// process exit and throwaway clusters.
+    pub fn kill_for_exit(&self, timeout: Duration) {
         if let Some(pid) = self.postmaster_pid() {
             // SAFETY: plain signal to the postmaster we started.
             unsafe { libc::kill(pid, libc::SIGQUIT) };
@@ -858,10 +860,19 @@ where
 
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding 127.0.0.1:0 to find a free port")
+    // Never the same port twice in one process: a port handed out may not
+    // be bound yet when the next is asked for, and the kernel may offer it
+    // again (a cloud of a dozen processes started at once asks for many).
+    static GIVEN: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("binding 127.0.0.1:0 to find a free port");
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 struct PidFile {

@@ -1257,3 +1257,71 @@ pub async fn goodput(
         .await?,
     ))
 }
+
+/// The query of `GET /v1/admin/usage/records` (docs/billing.md).
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UsageRecordsParams {
+    /// The region whose ledger to read (its own rows and those it holds
+    /// for its peers); default: every region's first page.
+    pub region: Option<String>,
+    /// Rows overlapping [from, to), RFC 3339.
+    pub from: String,
+    pub to: String,
+    /// Only this tenant's.
+    pub tenant: Option<String>,
+    /// The previous page's `next`.
+    pub after: Option<String>,
+    /// Rows per page (at most 5000).
+    pub limit: Option<u32>,
+}
+
+/// Read a region's usage ledger
+///
+/// One page of the usage ledger rows of one region, or of each (its own
+/// and those it holds for its peers), overlapping a period, in id order:
+/// what the billing export merges from every region (`gangway billing
+/// export`). A region's next page is asked of it by name with `after`.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/usage/records",
+    operation_id = "usage_records",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(UsageRecordsParams),
+    responses(
+        (status = 200, description = "`{regions: {NAME: UsageRecords}}`.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "A query parameter is missing or malformed.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn usage_records(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<UsageRecordsParams>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
+    q.extend(p.tenant.clone().map(|t| ("tenant", t)));
+    q.extend(p.after.clone().map(|a| ("after", a)));
+    q.extend(p.limit.map(|l| ("limit", l.to_string())));
+    let query = gangway_shared::http::query_string(&q);
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/usage/records",
+            None,
+            Some(&admin.subject),
+            Some(&query),
+        )
+        .await?,
+    ))
+}

@@ -270,8 +270,10 @@ async fn to_home_region(
     }))
 }
 
-/// The region a new job should go to (see [`choose`]), and the healthy
-/// regions the tenant may use, in configuration order.
+/// The region a new job should go to (see [`choose`]: a healthy region
+/// the tenant may use, not being evacuated), and the regions its claim may
+/// be recorded in (those answering, evacuated or not; for a pinned job,
+/// its region), in configuration order.
 fn pick_region<'a>(
     state: &'a GlobalState,
     tenant: &str,
@@ -279,12 +281,23 @@ fn pick_region<'a>(
     job_id: Uuid,
 ) -> Result<(String, Vec<&'a Region>), ApiError> {
     let allowed = |name: &str| state.tenant_may_use(tenant, name);
-    let healthy: Vec<&Region> = state
+    let answering: Vec<&Region> = state
         .regions
         .healthy()
         .into_iter()
         .filter(|r| allowed(&r.name))
         .collect();
+    // A region being evacuated takes no new jobs, like a fenced one; it
+    // still records claims (so a key claimed there before the evacuation
+    // keeps its answer, and one claimed now names where the job went).
+    let healthy: Vec<&Region> = (answering.iter())
+        .copied()
+        .filter(|r| !r.is_evacuating())
+        .collect();
+    let claims = match spec.region {
+        Some(_) => None,
+        None => Some(answering),
+    };
     let candidates: Vec<&Region> = match spec.region.as_deref() {
         Some(pinned) => {
             let Some(region) = state.regions.get(pinned) else {
@@ -299,6 +312,16 @@ fn pick_region<'a>(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     codes::WRONG_REGION,
                     format!("your tenant may not use region {pinned}; ask an operator, or unpin the job"),
+                ));
+            }
+            if region.is_evacuating() {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    codes::REGION_UNAVAILABLE,
+                    format!(
+                        "region {pinned} is being evacuated by its operators and takes no new \
+                         jobs; retry after its fail back, or unpin the job"
+                    ),
                 ));
             }
             if !healthy.iter().any(|r| r.name == pinned) {
@@ -329,7 +352,7 @@ fn pick_region<'a>(
     let chosen = choose(job_id, spec.gpus.max(0) as u32, &scored)
         .expect("candidates is not empty")
         .to_string();
-    Ok((chosen, candidates))
+    Ok((chosen, claims.unwrap_or(candidates)))
 }
 
 /// The region holding `tenant`'s job `id`, with its answer to a GET.
@@ -652,6 +675,17 @@ pub async fn list(
             }
         }
     }
+    // A job that moved between regions (adopted, or handed over by an
+    // evacuation or a fail back) has a released copy where it was: only
+    // the copy that owns it is listed (not moved away, highest epoch).
+    let owner = |j: &Job| (j.moved_to.is_none(), j.epoch);
+    let mut best: std::collections::BTreeMap<Uuid, (bool, i32)> = Default::default();
+    for j in &jobs {
+        let e = best.entry(j.id).or_insert(owner(j));
+        *e = (*e).max(owner(j));
+    }
+    let mut kept = BTreeSet::new();
+    jobs.retain(|j| best.get(&j.id) == Some(&owner(j)) && kept.insert(j.id));
     jobs.sort_by_key(|j| std::cmp::Reverse(Cursor::of(j)));
     if jobs.len() > limit as usize {
         jobs.truncate(limit as usize);

@@ -11,10 +11,12 @@
 //!   operator endpoints.
 //! - `resources.rs`: that routing, shared by reservations and clusters.
 //! - `admin.rs`: operator endpoints.
+//! - `evacuation.rs`: operators' evacuation and fail back of a region.
 //! - `openapi.rs`: the OpenAPI document.
 
 mod admin;
 mod clusters;
+mod evacuation;
 mod jobs;
 pub mod openapi;
 mod reservations;
@@ -132,6 +134,19 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/admin/nodes/{id}/faults", post(admin::inject_fault))
         .route("/v1/admin/audit", get(admin::audit_log))
         .route("/v1/admin/goodput", get(admin::goodput))
+        .route("/v1/admin/usage/records", get(admin::usage_records))
+        .route(
+            "/v1/admin/regions/{name}/evacuate",
+            post(evacuation::evacuate),
+        )
+        .route(
+            "/v1/admin/regions/{name}/failback",
+            post(evacuation::failback),
+        )
+        .route(
+            "/v1/admin/regions/{name}/evacuation",
+            get(evacuation::evacuation),
+        )
         .route(
             "/v1/admin/maintenance",
             post(admin::start_maintenance).get(admin::list_maintenance),

@@ -14,9 +14,9 @@ use axum::response::{IntoResponse, Response};
 use gangway_auth::error::AuthError;
 use gangway_shared::api::{
     AuditEntry, AuditList, Cluster, ClusterEvent, ClusterList, ClusterNode, ClusterResize,
-    ClusterSpec, ClusterState, DrainMode, DrainRequest, Fault, GoodputList, MaintenanceNode,
-    MaintenancePlan, MaintenancePlanList, MaintenanceStart, NodeActionRequest, NodeEvent, NodeList,
-    NodeView, SkippedNode, TenantGoodput,
+    ClusterSpec, ClusterState, DrainMode, DrainRequest, Evacuation, EvacuationJob, EvacuationState,
+    Fault, GoodputList, MaintenanceNode, MaintenancePlan, MaintenancePlanList, MaintenanceStart,
+    NodeActionRequest, NodeEvent, NodeList, NodeView, SkippedNode, TenantGoodput,
 };
 use gangway_shared::api::{
     Explanation, GpuTypeCapacity, Job, JobEvent, JobEvents, JobList, JobMode, JobSpec, JobState,
@@ -32,7 +32,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{IntoParams, Modify, OpenApi, ToResponse, ToSchema};
 
-use super::{admin, clusters, jobs, reservations};
+use super::{admin, clusters, evacuation, jobs, reservations};
 
 /// Name of the bearer-JWT security scheme; the handlers' `security(...)`
 /// spell it as a literal (the macro takes no constant), and the tests check
@@ -101,6 +101,10 @@ pub const BEARER: &str = "bearer";
         admin::get_maintenance,
         admin::cancel_maintenance,
         admin::goodput,
+        admin::usage_records,
+        evacuation::evacuate,
+        evacuation::failback,
+        evacuation::evacuation,
         super::healthz,
         serve,
     ),
@@ -157,6 +161,9 @@ pub const BEARER: &str = "bearer";
             ClusterState,
             ClusterNode,
             ClusterEvent,
+            Evacuation,
+            EvacuationJob,
+            EvacuationState,
             ErrorBody,
         ),
         responses(

@@ -72,13 +72,34 @@ pub async fn sync(
             state.config.checkpoint_deadline.as_secs()
         },
     };
-    let outcome = retry_races(|| state.store.sync_agent(&agent_id, &req, timing)).await?;
+    let mut outcome = retry_races(|| state.store.sync_agent(&agent_id, &req, timing)).await?;
     if outcome.freed_gpus {
         state.wake_scheduler();
+    }
+    if state.peers.is_fenced() {
+        withhold_starts(&mut outcome.assignments, &req.workers);
     }
     Ok(axum::Json(SyncResponse {
         assignments: outcome.assignments,
     }))
+}
+
+/// A fenced region starts no worker: its jobs may have moved to another
+/// region meanwhile (it learns which before it unfences). So only the
+/// workers the agent runs now stay wanted; the ones it would launch — say,
+/// after the machine rebooted with the region down — wait.
+fn withhold_starts(
+    assignments: &mut Vec<gangway_shared::agent::Assignment>,
+    reports: &[gangway_shared::agent::WorkerReport],
+) {
+    use gangway_shared::agent::{Desired, WorkerStatus};
+    assignments.retain(|a| {
+        a.desired != Desired::Run
+            || reports.iter().any(|r| {
+                (r.job_id, r.rank, r.attempt) == (a.job_id, a.rank, a.attempt)
+                    && r.status == WorkerStatus::Running
+            })
+    });
 }
 
 /// Keeps only the reported checkpoints whose manifest the region reads

@@ -63,6 +63,17 @@ pub async fn submit(
             ),
         ));
     }
+    if state.is_evacuating() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::REGION_UNAVAILABLE,
+            format!(
+                "region {} is being evacuated by its operators and takes no new jobs; retry \
+                 (with the same Idempotency-Key): the global tier sends it to another region",
+                state.store.region()
+            ),
+        ));
+    }
     // A keyed create of a job whose intent this region holds for its home:
     // the job is that region's (alive or not) and must not be made twice.
     if key.is_some() {
@@ -213,7 +224,16 @@ pub async fn cancel(
     Tenant(tenant): Tenant,
     JobId(id): JobId,
 ) -> Result<axum::Json<gangway_shared::api::Job>, ApiError> {
-    let job = retry_races(|| state.store.cancel_job(&tenant, id)).await?;
+    let job = retry_races(|| state.store.cancel_job(&tenant, id))
+        .await
+        .map_err(|e| match e {
+            // Being handed to another region this moment: retry, and the
+            // global tier finds it there.
+            StoreError::Conflict { code, message } if code == codes::REGION_UNAVAILABLE => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
+            }
+            e => e.into(),
+        })?;
     state.wake_scheduler();
     Ok(axum::Json(job))
 }
@@ -238,6 +258,7 @@ pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionSt
         running_jobs: running,
         capacity,
         fenced: state.peers.is_fenced(),
+        evacuating: state.is_evacuating(),
     }))
 }
 

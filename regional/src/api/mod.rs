@@ -12,6 +12,8 @@
 //!   drain, injected faults).
 //! - `peers.rs`: what regions ask each other (heartbeats, job intent,
 //!   updates, moves).
+//! - `evacuation.rs`: operators' evacuation and fail back of the region,
+//!   and the handovers regions ask each other for.
 //! - `auth.rs`: only the global tier, peer regions and this region's agents
 //!   get in.
 //! - `extract.rs`: extractors whose rejections are our JSON errors.
@@ -20,8 +22,10 @@
 mod admin;
 mod agents;
 mod auth;
+mod billing;
 mod clusters;
 pub mod error;
+mod evacuation;
 mod extract;
 mod jobs;
 mod maintenance;
@@ -59,6 +63,13 @@ pub struct AppState {
     pub leader: Arc<AtomicBool>,
     /// The other regions, and whether this one is fenced.
     pub peers: Arc<crate::peers::Peers>,
+    /// Evacuated by its operators (`evacuation.rs`): the region takes no
+    /// new jobs and places nothing. Read from the database on every
+    /// evacuation beat, so every replica follows within one.
+    pub evacuating: Arc<AtomicBool>,
+    /// The clock hour (since the epoch) up to which the leader metered live
+    /// placements into the usage ledger (`health.rs`); 0: not yet.
+    pub metered_hour: Arc<std::sync::atomic::AtomicI64>,
     /// The fleet's shape by GPU type, for validating submissions, with the
     /// fleet version it was read at.
     fleet: Arc<Mutex<Option<(i64, Arc<FleetByType>)>>>,
@@ -75,6 +86,8 @@ impl AppState {
             sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(0)),
             leader: Arc::new(AtomicBool::new(false)),
             peers: Arc::new(peers),
+            evacuating: Arc::new(AtomicBool::new(false)),
+            metered_hour: Arc::new(std::sync::atomic::AtomicI64::new(0)),
             fleet: Arc::new(Mutex::new(None)),
         }
     }
@@ -100,6 +113,15 @@ impl AppState {
 
     pub fn is_leader(&self) -> bool {
         self.leader.load(Ordering::Relaxed)
+    }
+
+    /// Whether the region is being evacuated (evacuating or evacuated).
+    pub fn is_evacuating(&self) -> bool {
+        self.evacuating.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_evacuating(&self, evacuating: bool) -> bool {
+        self.evacuating.swap(evacuating, Ordering::Relaxed)
     }
 }
 
@@ -153,6 +175,15 @@ pub fn app(state: AppState) -> Router {
         .route("/internal/v1/replicas/updates", post(peers::updates))
         .route("/internal/v1/replicas/moves", post(peers::witness_move))
         .route("/internal/v1/replicas/moves/list", post(peers::moves))
+        .route("/internal/v1/replicas/take", post(evacuation::take))
+        .route("/internal/v1/replicas/handback", post(evacuation::handback))
+        .route(
+            "/internal/v1/evacuation/state",
+            post(evacuation::peer_state),
+        )
+        .route("/v1/admin/region/evacuate", post(evacuation::evacuate))
+        .route("/v1/admin/region/failback", post(evacuation::failback))
+        .route("/v1/admin/region/evacuation", get(evacuation::status))
         .route("/v1/region", get(jobs::region))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/admin/quotas", get(admin::list_quotas))
@@ -168,6 +199,8 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/admin/audit", get(admin::audit))
         .route("/v1/admin/goodput", get(admin::goodput))
+        .route("/v1/admin/usage/records", get(billing::records))
+        .route("/internal/v1/replicas/usage", post(billing::hold))
         .route("/v1/admin/nodes", get(nodes::list))
         .route("/v1/admin/nodes/{id}", get(nodes::get))
         .route("/v1/admin/nodes/{id}/cordon", post(nodes::cordon))

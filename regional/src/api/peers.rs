@@ -49,6 +49,18 @@ pub async fn hold_intent(
     Json(intent): Json<Intent>,
 ) -> Result<axum::Json<serde_json::Value>, ApiError> {
     known(&state, &intent.home)?;
+    // A region being evacuated holds no new job's intent (it could have to
+    // adopt it): the home gives it to its next buddy.
+    if state.is_evacuating() && state.store.replica_epoch(intent.job_id).await?.is_none() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            gangway_shared::error::codes::REGION_UNAVAILABLE,
+            format!(
+                "region {} is being evacuated and holds no new job's intent",
+                state.store.region()
+            ),
+        ));
+    }
     state.store.hold_intent(&intent).await?;
     Ok(axum::Json(serde_json::json!({"held": intent.job_id})))
 }
@@ -67,13 +79,17 @@ pub async fn updates(
 }
 
 /// `POST /internal/v1/replicas/moves`: witnesses an adopter's move, unless
-/// this region heard from the home too recently.
+/// this region heard from the home too recently, or a home's planned move;
+/// either unless a conflicting one is recorded here.
 pub async fn witness_move(
     State(state): State<AppState>,
     Json(m): Json<Move>,
 ) -> Result<axum::Json<MoveAnswer>, ApiError> {
     known(&state, &m.from_home)?;
-    known(&state, &m.to_region)?;
+    // A planned move may name us as where the job goes.
+    if m.to_region != state.store.region() {
+        known(&state, &m.to_region)?;
+    }
     let recorded = (state.store)
         .witness_move(&m, state.peers.adopt_after.as_secs_f64())
         .await?;

@@ -1,6 +1,7 @@
 //! Agents: registration (the fleet as agents see it) and sync (worker
 //! reports in, assignments out).
 
+use chrono::{DateTime, Utc};
 use std::collections::{BTreeMap, BTreeSet};
 
 use gangway_shared::agent::{
@@ -38,13 +39,17 @@ impl Store {
     pub async fn register_agent(&self, req: &RegisterRequest) -> Result<()> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
-        let previous: Option<Uuid> = tx
+        // The previous boot, and the last time it was heard: its workers
+        // are known to have run until then, not after.
+        let previous: Option<(Uuid, Option<DateTime<Utc>>)> = tx
             .query_opt(
-                "SELECT boot_id FROM agents WHERE agent_id = $1 FOR UPDATE",
+                "SELECT boot_id, last_sync_at FROM agents WHERE agent_id = $1 FOR UPDATE",
                 &[&req.agent_id],
             )
             .await?
-            .map(|r| r.get(0));
+            .map(|r| (r.get(0), r.get(1)));
+        let last_heard = previous.and_then(|(_, at)| at);
+        let previous = previous.map(|(boot, _)| boot);
         tx.execute(
             "INSERT INTO agents (agent_id, boot_id, executor) VALUES ($1, $2, $3)
              ON CONFLICT (agent_id) DO UPDATE
@@ -124,35 +129,28 @@ impl Store {
         .await?;
 
         if previous.is_some_and(|p| p != req.boot_id) {
-            // Workers being stopped died with the old boot: they are done.
-            let gone = tx
+            // A new boot: the agent's workers died with the old one. Each
+            // of its nodes loses them as a lost node does (the rest of each
+            // gang checkpoints, the jobs requeue at the front, and are
+            // placed again by the scheduler — which a fenced region does
+            // not run, so a job that moved meanwhile never starts here);
+            // their GPU time ends when the old boot was last heard.
+            let nodes: Vec<String> = tx
                 .query(
-                    "SELECT w.job_id, w.rank, w.state::text FROM workers w JOIN nodes n USING (node_id)
-                     WHERE n.agent_id = $1 AND w.state IN ('stopping', 'checkpointing')",
+                    "SELECT DISTINCT w.node_id FROM workers w JOIN nodes n USING (node_id)
+                     WHERE n.agent_id = $1
+                       AND w.state IN ('assigned', 'running', 'checkpointing', 'stopping')
+                     ORDER BY 1",
                     &[&req.agent_id],
                 )
-                .await?;
-            let jobs: BTreeSet<Uuid> = gone.iter().map(|r| r.get(0)).collect();
-            lock_jobs(&tx, &jobs.iter().copied().collect::<Vec<_>>()).await?;
-            for row in &gone {
-                let (job, rank, state): (Uuid, i32, String) = (row.get(0), row.get(1), row.get(2));
-                if state == "checkpointing" {
-                    requeue_worker(&tx, job, rank, "agent restarted").await?;
-                } else {
-                    finish_worker(&tx, job, rank, "cancelled", None, None, "agent restarted")
-                        .await?;
-                }
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            for node in &nodes {
+                let why = "its agent restarted: the workers died with the old boot";
+                super::nodes::lose_jobs_at(&tx, node, why, last_heard).await?;
             }
-            for job in jobs {
-                settle_job(&tx, job).await?;
-            }
-            // Running workers will be launched again: they are assigned now.
-            tx.execute(
-                "UPDATE workers w SET state = 'assigned' FROM nodes n
-                 WHERE n.node_id = w.node_id AND n.agent_id = $1 AND w.state = 'running'",
-                &[&req.agent_id],
-            )
-            .await?;
         }
         // Registering is a sign of life: each node is heard from, on the
         // machine boot it last reported (its first sync says which it is).
@@ -184,14 +182,20 @@ impl Store {
     ) -> Result<SyncOutcome> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
-        let boot: Uuid = tx
+        // The sync before this one: a worker the agent stopped on its own
+        // (it fenced, having lost us) ran until about then, as far as we
+        // know.
+        let row = tx
             .query_opt(
-                "UPDATE agents SET last_sync_at = now() WHERE agent_id = $1 RETURNING boot_id",
+                "UPDATE agents a SET last_sync_at = now()
+                 FROM (SELECT agent_id, last_sync_at FROM agents WHERE agent_id = $1 FOR UPDATE) p
+                 WHERE a.agent_id = p.agent_id
+                 RETURNING a.boot_id, p.last_sync_at",
                 &[&agent_id],
             )
             .await?
-            .ok_or(StoreError::UnknownAgent)?
-            .get(0);
+            .ok_or(StoreError::UnknownAgent)?;
+        let (boot, last_heard): (Uuid, Option<DateTime<Utc>>) = (row.get(0), row.get(1));
         if boot != req.boot_id {
             return Err(StoreError::StaleBoot);
         }
@@ -213,8 +217,8 @@ impl Store {
         let checkpoints =
             super::checkpoints::record(&tx, agent_id, req.checkpoints.as_deref().unwrap_or(&[]))
                 .await?;
-        let freed_gpus =
-            apply_reports(&tx, agent_id, &req.workers, req.checkpoints.is_some()).await?;
+        let uploads = req.checkpoints.is_some();
+        let freed_gpus = apply_reports(&tx, agent_id, &req.workers, uploads, last_heard).await?;
         let assignments = load_assignments(&tx, agent_id, timing).await?;
         tx.commit().await?;
         Ok(SyncOutcome {
@@ -229,11 +233,14 @@ impl Store {
 /// agent that `uploads` its checkpoints to the store reports them apart
 /// (recorded before this), so its workers' `checkpoint` paths are local to
 /// it and move nothing — except a simulated executor's `sim:` markers.
+/// `last_heard`: the agent's previous sync (a worker it stopped on its own
+/// is billed to then).
 async fn apply_reports(
     tx: &Transaction<'_>,
     agent_id: &str,
     reports: &[WorkerReport],
     uploads: bool,
+    last_heard: Option<DateTime<Utc>>,
 ) -> Result<bool> {
     if reports.is_empty() {
         return Ok(false);
@@ -324,7 +331,7 @@ async fn apply_reports(
                         &[&key.0],
                     )
                     .await?;
-                    requeue_worker(tx, key.0, key.1, "its agent fenced").await?;
+                    requeue_worker_at(tx, key.0, key.1, "its agent fenced", last_heard).await?;
                     freed = true;
                     touched.insert(key.0);
                     continue;
@@ -353,7 +360,10 @@ async fn apply_reports(
                         (None, Some(s)) => format!("killed by signal {s}"),
                         (None, None) => "exited".to_string(),
                     });
-                finish_worker(tx, key.0, key.1, outcome, *exit_code, *signal, &message).await?;
+                finish_worker(
+                    tx, key.0, key.1, outcome, *exit_code, *signal, &message, None,
+                )
+                .await?;
                 if outcome == "failed" {
                     insert_event(
                         tx,
@@ -377,6 +387,20 @@ async fn apply_reports(
 
 /// Puts a preempted worker back in the queue and releases its GPUs.
 async fn requeue_worker(tx: &Transaction<'_>, job_id: Uuid, rank: i32, why: &str) -> Result<()> {
+    requeue_worker_at(tx, job_id, rank, why, None).await
+}
+
+/// [`requeue_worker`], its GPUs released as of `ended` (not now) when
+/// given: the last moment the worker is known to have run, for one that
+/// stopped while the region could not hear of it. The usage ledger bills
+/// the placement to then.
+async fn requeue_worker_at(
+    tx: &Transaction<'_>,
+    job_id: Uuid,
+    rank: i32,
+    why: &str,
+    ended: Option<DateTime<Utc>>,
+) -> Result<()> {
     tx.execute(
         "UPDATE workers SET state = 'pending', node_id = NULL, gpus = '{}', local_rank = NULL,
                 message = $3
@@ -385,15 +409,19 @@ async fn requeue_worker(tx: &Transaction<'_>, job_id: Uuid, rank: i32, why: &str
     )
     .await?;
     tx.execute(
-        "UPDATE allocations SET released_at = now(), release_reason = 'preempted'
+        "UPDATE allocations
+         SET released_at = greatest(allocated_at, least(now(), coalesce($3, now()))),
+             release_reason = 'preempted'
          WHERE job_id = $1 AND rank = $2 AND released_at IS NULL",
-        &[&job_id, &rank],
+        &[&job_id, &rank, &ended],
     )
     .await?;
     Ok(())
 }
 
-/// Ends a worker and releases its GPUs.
+/// Ends a worker and releases its GPUs (as of `ended`, as
+/// [`requeue_worker_at`]).
+#[allow(clippy::too_many_arguments)]
 async fn finish_worker(
     tx: &Transaction<'_>,
     job_id: Uuid,
@@ -402,6 +430,7 @@ async fn finish_worker(
     exit_code: Option<i32>,
     signal: Option<i32>,
     message: &str,
+    ended: Option<DateTime<Utc>>,
 ) -> Result<()> {
     tx.execute(
         "UPDATE workers SET state = $3::text::worker_state, exit_code = $4, signal = $5,
@@ -413,9 +442,11 @@ async fn finish_worker(
     )
     .await?;
     tx.execute(
-        "UPDATE allocations SET released_at = now(), release_reason = $3
+        "UPDATE allocations
+         SET released_at = greatest(allocated_at, least(now(), coalesce($4, now()))),
+             release_reason = $3
          WHERE job_id = $1 AND rank = $2 AND released_at IS NULL",
-        &[&job_id, &rank, &state],
+        &[&job_id, &rank, &state, &ended],
     )
     .await?;
     Ok(())

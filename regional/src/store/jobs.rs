@@ -477,6 +477,27 @@ impl Store {
             .await?
             .ok_or(StoreError::NotFound)?;
         let state: String = row.get(0);
+        // A job past the point of no return of a planned handover (its move
+        // is recorded here, and goes to a majority) is the other region's
+        // in a moment: the cancel must reach that copy, not this one.
+        let moving = tx
+            .query_opt(
+                "SELECT m.to_region FROM jobs j JOIN job_moves m USING (job_id)
+                 WHERE j.job_id = $1 AND j.handover_to IS NOT NULL AND j.moved_to IS NULL
+                   AND m.epoch > j.epoch",
+                &[&id],
+            )
+            .await?;
+        if let Some(to) = moving {
+            let to: String = to.get(0);
+            return Err(StoreError::Conflict {
+                code: gangway_shared::error::codes::REGION_UNAVAILABLE,
+                message: format!(
+                    "the job is being handed over to region {to} right now; retry in a moment \
+                     (it is then cancelled there)"
+                ),
+            });
+        }
         if !matches!(
             state.as_str(),
             "succeeded" | "failed" | "cancelled" | "cancelling"
@@ -767,8 +788,10 @@ pub(crate) enum PreemptBy<'a> {
         node: &'a str,
         why: &'a str,
     },
-    /// The region itself, fenced (cut off from a majority of regions).
-    Region { why: &'a str },
+    /// The region itself: `cause` is `fenced` (cut off from a majority of
+    /// regions), `evacuating` (its operators evacuate it) or
+    /// `failing_back` (the job goes back to the region it came from).
+    Region { cause: &'a str, why: &'a str },
     /// The scheduler, to make room for `for_job`.
     Scheduler {
         for_job: &'a str,
@@ -822,12 +845,18 @@ pub(crate) async fn preempt_in_tx(
     // A move for a node's sake (drain, health, lost, maintenance, fenced)
     // is counted, but not against that cap either (`node_moves`).
     let node_move = matches!(by, PreemptBy::Node { .. } | PreemptBy::Region { .. });
+    let cause = match by {
+        PreemptBy::Operator { .. } => "operator",
+        PreemptBy::Node { cause, .. } | PreemptBy::Region { cause, .. } => cause,
+        PreemptBy::Scheduler { cause, .. } => cause.as_str(),
+    };
     tx.execute(
         "UPDATE jobs SET state = 'preempting', preemptions = preemptions + 1, preempted_for = $2,
                 grows = grows + CASE WHEN $3 THEN 1 ELSE 0 END,
-                node_moves = node_moves + CASE WHEN $4 THEN 1 ELSE 0 END
+                node_moves = node_moves + CASE WHEN $4 THEN 1 ELSE 0 END,
+                preempt_cause = $5
          WHERE job_id = $1",
-        &[&id, &for_job, &grow, &node_move],
+        &[&id, &for_job, &grow, &node_move, &cause],
     )
     .await?;
     let (message, detail) = match by {
@@ -835,9 +864,9 @@ pub(crate) async fn preempt_in_tx(
             format!("preempted ({why}): {workers} worker(s) asked to checkpoint and stop"),
             json!({"why": why, "cause": "operator", "workers": workers}),
         ),
-        PreemptBy::Region { why } => (
-            format!("preempted (fenced: {why}): {workers} worker(s) asked to checkpoint and stop"),
-            json!({"why": why, "cause": "fenced", "workers": workers}),
+        PreemptBy::Region { cause, why } => (
+            format!("preempted ({cause}: {why}): {workers} worker(s) asked to checkpoint and stop"),
+            json!({"why": why, "cause": cause, "workers": workers}),
         ),
         PreemptBy::Node { cause, node, why } => (
             format!(

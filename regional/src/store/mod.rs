@@ -127,6 +127,15 @@
 //!   attempt) for assignments and the buddy. `jobs.epoch`: the job's
 //!   ownership epoch (also V16's), which checkpoints must carry.
 //!
+//! - Planned evacuation and fail back (`V17`, `handovers.rs`,
+//!   docs/failover.md): `region_evacuation` (what the operator asked of
+//!   the region — evacuating, evacuated, failing back — operator intent
+//!   that must survive restarts), `jobs.handover_to` / `handover_cause`
+//!   (the durable marker a planned move is advanced from, step by step,
+//!   so a crash anywhere resumes it; a marked job is never placed here),
+//!   `job_moves.planned` (the move was the home's own), and `handovers`
+//!   (what moved out and in, that progress is counted from).
+//!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
 //! - `jobs.rs`: submit, get, list, cancel, events.
@@ -150,6 +159,9 @@
 //!   naming one makes.
 //! - `replicas.rs`: other regions' job intent, leases, adoption, and a
 //!   returning region learning which of its jobs moved.
+//! - `handovers.rs`: planned moves: the evacuation row, handover markers,
+//!   the point of no return, the taker's side (reviving a released copy)
+//!   and the releaser's, and progress.
 //! - `keyed.rs`: idempotency keys of reservations' and clusters' creates
 //!   and keyed changes.
 //! - `clusters.rs`: dedicated clusters: create, resize and delete (all or
@@ -160,6 +172,7 @@ mod agents;
 mod audit;
 mod checkpoints;
 mod clusters;
+pub mod handovers;
 mod jobs;
 mod keyed;
 mod limits;
@@ -171,6 +184,7 @@ mod reservations;
 mod rows;
 mod spares;
 mod usage;
+pub use usage::flush_usage;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -427,7 +441,15 @@ impl Store {
             .map_err(|e| StoreError::Migration(e.to_string()));
         conn.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
             .await?;
-        result
+        result?;
+        // Rows the database writes itself (the usage ledger) name the region.
+        conn.execute(
+            "INSERT INTO region_meta (name) VALUES ($1)
+             ON CONFLICT (only_row) DO UPDATE SET name = EXCLUDED.name",
+            &[&self.region()],
+        )
+        .await?;
+        Ok(())
     }
 
     /// Sets (replaces) a tenant's terms for one GPU type: guarantee, cap

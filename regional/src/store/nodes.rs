@@ -509,6 +509,17 @@ pub(super) async fn evacuate(
 /// of each gang is asked to checkpoint and stop; the jobs requeue at the
 /// front. Returns the jobs concerned.
 async fn lose_jobs(tx: &Transaction<'_>, node_id: &str, why: &str) -> Result<Vec<Uuid>> {
+    lose_jobs_at(tx, node_id, why, None).await
+}
+
+/// [`lose_jobs`], the workers gone as of `ended` (not now) when given: the
+/// last moment they are known to have run (their GPU time ends then).
+pub(super) async fn lose_jobs_at(
+    tx: &Transaction<'_>,
+    node_id: &str,
+    why: &str,
+    ended: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<Vec<Uuid>> {
     let rows = tx
         .query(
             "SELECT DISTINCT job_id FROM workers
@@ -527,12 +538,12 @@ async fn lose_jobs(tx: &Transaction<'_>, node_id: &str, why: &str) -> Result<Vec
         // Goodput: the lost workers' work since the last checkpoint is gone.
         tx.execute(
             "UPDATE jobs j SET lost_gpu_s = lost_gpu_s + coalesce((
-                 SELECT sum(greatest(0, extract(epoch FROM now()
+                 SELECT sum(greatest(0, extract(epoch FROM least(now(), coalesce($3, now()))
                             - greatest(a.allocated_at, coalesce(j.checkpointed_at, a.allocated_at)))))
                  FROM allocations a
                  WHERE a.job_id = j.job_id AND a.node_id = $2 AND a.released_at IS NULL), 0)::float8
              WHERE j.job_id = $1",
-            &[&job, &node_id],
+            &[&job, &node_id, &ended],
         )
         .await?;
         let by = PreemptBy::Node {
@@ -557,9 +568,11 @@ async fn lose_jobs(tx: &Transaction<'_>, node_id: &str, why: &str) -> Result<Vec
         )
         .await?;
         tx.execute(
-            "UPDATE allocations SET released_at = now(), release_reason = 'node_lost'
+            "UPDATE allocations
+             SET released_at = greatest(allocated_at, least(now(), coalesce($3, now()))),
+                 release_reason = 'node_lost'
              WHERE job_id = $1 AND node_id = $2 AND released_at IS NULL",
-            &[&job, &node_id],
+            &[&job, &node_id, &ended],
         )
         .await?;
         tx.execute(

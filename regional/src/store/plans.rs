@@ -399,6 +399,9 @@ impl Store {
                    AND j.cluster_id IS NOT DISTINCT FROM $2
                    -- Not acknowledged until a buddy region holds its intent.
                    AND NOT j.awaits_buddy
+                   -- Being handed to another region (evacuation.rs): never
+                   -- placed here again.
+                   AND j.handover_to IS NULL
                  GROUP BY j.job_id",
                 &[&only, &cluster],
             )

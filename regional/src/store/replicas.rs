@@ -26,7 +26,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::jobs::{cancel_in_tx, insert_event, lock_jobs, preempt_in_tx, PreemptBy};
-use super::{NewJob, Result, Store, StoreError, SubmitOutcome};
+use super::{Result, Store, StoreError};
 use crate::api::AppState;
 use crate::peers::Peers;
 
@@ -54,18 +54,30 @@ pub struct Update {
     pub checkpoint: Option<String>,
 }
 
-/// A move of a job from its dead home to its adopter, recorded at a
-/// majority before the adopter runs it.
+/// A move of a job from its home to another region, recorded at a
+/// majority before the other region runs it: an adoption of a dead home's
+/// job, or a planned handover (an evacuation or a fail back) that the home
+/// itself asks for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Move {
     pub job_id: Uuid,
     pub from_home: String,
     pub to_region: String,
     pub epoch: i32,
+    /// Asked for by the home itself (`evacuation.rs`): witnesses record it
+    /// while they hear the home. Absent on the wire: an adoption.
+    #[serde(default)]
+    pub planned: bool,
+    /// When a witness recorded it (in a moves list): the job runs in its
+    /// new region only after, so its old home bills its copy to then at
+    /// most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The answer to a move: recorded, or refused because the home was heard
-/// from within `adopt_after`.
+/// from within `adopt_after` (an adoption), or because a move of the job at
+/// that epoch or later to another region is recorded already.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MoveAnswer {
     pub recorded: bool,
@@ -182,9 +194,13 @@ impl Store {
             .collect();
         lock_jobs(&tx, &jobs).await?;
         let why = "the region lost its majority of peer regions and fenced itself";
+        let by = PreemptBy::Region {
+            cause: "fenced",
+            why,
+        };
         let mut n = 0;
         for job in jobs {
-            if preempt_in_tx(&tx, job, &PreemptBy::Region { why }).await? {
+            if preempt_in_tx(&tx, job, &by).await? {
                 tx.execute(
                     "UPDATE jobs SET requeue_front = true WHERE job_id = $1",
                     &[&job],
@@ -270,11 +286,15 @@ impl Store {
         Ok(())
     }
 
-    /// Records a move another region asks us to witness, unless we heard
-    /// from its home within `adopt_after` (then the home is alive to us, and
-    /// the move is refused). Serialised with heartbeats from the home by the
-    /// home's lease row, so a home that heard us before asking which of its
-    /// jobs moved sees every move we witnessed.
+    /// Records a move another region asks us to witness. An adoption is
+    /// refused if we heard from its home within `adopt_after` (then the
+    /// home is alive to us); a planned move (the home's own) is not. Either
+    /// is refused if a move of the job at that epoch or later is recorded
+    /// here already, unless it is this very move (then it is recorded, and
+    /// nothing changes): two moves at one epoch to different regions can
+    /// never both reach a majority. Serialised with heartbeats from the
+    /// home by the home's lease row, so a home that heard us before asking
+    /// which of its jobs moved sees every adoption we witnessed.
     pub async fn witness_move(&self, m: &Move, adopt_after_s: f64) -> Result<bool> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
@@ -291,17 +311,12 @@ impl Store {
             )
             .await?
             .get(0);
-        if silent.is_some_and(|s| s < adopt_after_s) {
+        if !m.planned && silent.is_some_and(|s| s < adopt_after_s) {
             return Ok(false);
         }
-        tx.execute(
-            "INSERT INTO job_moves (job_id, from_home, to_region, epoch) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (job_id) DO UPDATE
-               SET to_region = EXCLUDED.to_region, epoch = EXCLUDED.epoch, at = now()
-               WHERE job_moves.epoch < EXCLUDED.epoch",
-            &[&m.job_id, &m.from_home, &m.to_region, &m.epoch],
-        )
-        .await?;
+        if !record_move_in_tx(&tx, m).await? {
+            return Ok(false);
+        }
         tx.commit().await?;
         Ok(true)
     }
@@ -311,7 +326,8 @@ impl Store {
         let conn = self.conn().await?;
         Ok((conn
             .query(
-                "SELECT job_id, from_home, to_region, epoch FROM job_moves WHERE from_home = $1",
+                "SELECT job_id, from_home, to_region, epoch, planned, at FROM job_moves
+                 WHERE from_home = $1",
                 &[&home],
             )
             .await?)
@@ -321,6 +337,8 @@ impl Store {
                 from_home: r.get(1),
                 to_region: r.get(2),
                 epoch: r.get(3),
+                planned: r.get(4),
+                at: r.get(5),
             })
             .collect())
     }
@@ -354,10 +372,29 @@ impl Store {
                 &[&m.job_id, &m.to_region],
             )
             .await?;
-            let why = format!(
-                "adopted by region {} at epoch {} while this region was cut off",
-                m.to_region, m.epoch
-            );
+            let why = if m.planned {
+                format!(
+                    "handed over to region {} at epoch {} (a planned move)",
+                    m.to_region, m.epoch
+                )
+            } else {
+                format!(
+                    "adopted by region {} at epoch {} while this region was cut off",
+                    m.to_region, m.epoch
+                )
+            };
+            // Its GPUs here are released as of the move at the latest (its
+            // workers were stopped by then; one placed since, say by a
+            // rebooted agent, never ran): the usage ledger never counts
+            // this copy's time and the new owner's twice.
+            tx.execute(
+                "UPDATE allocations
+                 SET released_at = greatest(allocated_at, least(now(), coalesce($2, now()))),
+                     release_reason = 'moved'
+                 WHERE job_id = $1 AND released_at IS NULL",
+                &[&m.job_id, &m.at],
+            )
+            .await?;
             if !TERMINAL.contains(&state.as_str()) && state != "cancelling" {
                 cancel_in_tx(&tx, m.job_id, &why).await?;
             }
@@ -557,60 +594,26 @@ impl Store {
             .map(|r| r.get(0)))
     }
 
-    /// Makes an adopted job ours: submitted here with its id, spec and key,
-    /// at the next epoch, resuming from the newest checkpoint we hold, and
-    /// at the front of its queue; the replica is marked adopted.
+    /// Makes an adopted job ours: submitted here with its id, spec and key
+    /// (or our released copy of it revived, for a job that once moved away
+    /// from here), at the next epoch, resuming from the newest checkpoint
+    /// we hold, and at the front of its queue; the replica is marked
+    /// adopted.
     async fn adopt(&self, i: &Intent, checkpoint: Option<&str>) -> Result<()> {
-        let new = NewJob::from_spec(
-            i.job_id,
-            &i.tenant,
-            i.idempotency_key.clone(),
-            i.spec.clone(),
+        let message = format!(
+            "adopted from region {} (silent to a majority of regions) at epoch {}; {}",
+            i.home,
+            i.epoch + 1,
+            match checkpoint {
+                Some(c) => format!("resumes from checkpoint {c}"),
+                None => "no checkpoint was replicated, so it starts over".into(),
+            }
         );
-        // Accepted once already: the tenant's admission limits do not apply.
-        match self.submit_adopted(&new).await? {
-            SubmitOutcome::Created(_) | SubmitOutcome::Replayed(_) => {}
-        }
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await?;
-        let n = tx
-            .execute(
-                "UPDATE jobs SET epoch = greatest(epoch, $2), adopted_from = $3,
-                        restore_from = coalesce($4, restore_from), requeue_front = true
-                 WHERE job_id = $1",
-                &[&i.job_id, &(i.epoch + 1), &i.home, &checkpoint],
-            )
-            .await?;
-        if n == 1 {
-            insert_event(
-                &tx,
-                i.job_id,
-                "requeued",
-                &format!(
-                    "adopted from region {} (silent to a majority of regions) at epoch {}; {}",
-                    i.home,
-                    i.epoch + 1,
-                    match checkpoint {
-                        Some(c) => format!("resumes from checkpoint {c}"),
-                        None => "no checkpoint was replicated, so it starts over".into(),
-                    }
-                ),
-                json!({"adopted_from": i.home, "epoch": i.epoch + 1, "restore_from": checkpoint}),
-            )
-            .await?;
-        }
-        tx.execute(
-            "UPDATE replica_jobs SET state = 'adopted', updated_at = now() WHERE job_id = $1",
-            &[&i.job_id],
-        )
-        .await?;
-        tx.execute(
-            "UPDATE idempotency_claims SET region = $2 WHERE job_id = $1",
-            &[&i.job_id, &self.region()],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        let detail =
+            json!({"adopted_from": i.home, "epoch": i.epoch + 1, "restore_from": checkpoint});
+        self.take_job(i, i.epoch + 1, checkpoint, &message, detail, None)
+            .await
+            .map(|_| ())
     }
 }
 
@@ -731,6 +734,8 @@ pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
                 from_home: home.clone(),
                 to_region: me.clone(),
                 epoch: intent.epoch + 1,
+                planned: false,
+                at: None,
             };
             // Recorded at a majority (us included) before it runs here.
             let mut recorded = usize::from(state.store.witness_move(&m, adopt_after).await?);
@@ -745,17 +750,7 @@ pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
                 tracing::warn!(job_id = %m.job_id, recorded, "a move was not recorded at a majority: not adopted yet");
                 continue;
             }
-            // Only a checkpoint this region's store holds can be resumed
-            // from here (checkpoint objects are not copied between regions
-            // yet): otherwise the job starts over rather than failing to
-            // start.
-            let checkpoint = match (checkpoint, &state.config.checkpoint_store) {
-                (Some(c), Some(store)) if gangway_checkpoint::is_store_key(&c) => {
-                    store.manifest(&c).await.ok().map(|_| c)
-                }
-                (Some(c), _) if gangway_checkpoint::is_store_key(&c) => None,
-                (c, _) => c,
-            };
+            let checkpoint = resumable_here(state, checkpoint).await;
             state.store.adopt(&intent, checkpoint.as_deref()).await?;
             // Its intent goes to a buddy of ours at once, so it is
             // scheduled now (and survives our own failure next).
@@ -765,6 +760,20 @@ pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
         }
     }
     Ok(adopted)
+}
+
+/// The checkpoint a job moved here can resume from: only one this
+/// region's store holds (a copy that never arrived, or a store-less
+/// region, means the job starts over rather than failing to start); a
+/// checkpoint that is no store key (a simulated executor's) as it is.
+pub(crate) async fn resumable_here(state: &AppState, checkpoint: Option<String>) -> Option<String> {
+    match (checkpoint, &state.config.checkpoint_store) {
+        (Some(c), Some(store)) if gangway_checkpoint::is_store_key(&c) => {
+            store.manifest(&c).await.ok().map(|_| c)
+        }
+        (Some(c), _) if gangway_checkpoint::is_store_key(&c) => None,
+        (c, _) => c,
+    }
 }
 
 /// Asks the regions of our new majority which of our jobs moved while we
@@ -793,9 +802,17 @@ pub async fn learn_moves(state: &AppState) -> Result<usize> {
     {
         answered += 1;
         for m in r.moves {
-            let keep = moves.get(&m.job_id).is_none_or(|k| k.epoch < m.epoch);
-            if keep {
-                moves.insert(m.job_id, m);
+            match moves.get_mut(&m.job_id) {
+                Some(k) if k.epoch == m.epoch => {
+                    k.at = match (k.at, m.at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                Some(k) if k.epoch > m.epoch => {}
+                _ => {
+                    moves.insert(m.job_id, m);
+                }
             }
         }
     }
@@ -820,9 +837,12 @@ pub async fn learn_moves(state: &AppState) -> Result<usize> {
 /// Bytes of a checkpoint file sent in one request.
 const COPY_CHUNK: usize = 8 * 1024 * 1024;
 
-/// Where a region stages what is copied in or out of its checkpoint store.
+/// Where a region stages what is copied in or out of its checkpoint store:
+/// the process's own (two regions of one name on a machine — a test's
+/// clouds — must not write into each other's files).
 pub fn staging_root(region: &str, way: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("gangway-{region}-checkpoints-{way}"))
+    let pid = std::process::id();
+    std::env::temp_dir().join(format!("gangway-{region}-{pid}-checkpoints-{way}"))
 }
 
 /// Copies the checkpoint `key` from this region's store to `buddy`'s: the
@@ -917,4 +937,45 @@ impl Store {
             .await?)
             .map(|r| (r.get(0), r.get(1))))
     }
+}
+
+/// Records move `m` in `job_moves` inside `tx`, unless a move of the job at
+/// that epoch or later is recorded already: then only this very move
+/// (same region, same epoch) counts as recorded, and nothing changes.
+/// Returns whether it is recorded. A later epoch replaces an earlier one
+/// (whichever home it was from).
+pub(super) async fn record_move_in_tx(
+    tx: &tokio_postgres::Transaction<'_>,
+    m: &Move,
+) -> Result<bool> {
+    let held = tx
+        .query_opt(
+            "SELECT to_region, epoch FROM job_moves WHERE job_id = $1 FOR UPDATE",
+            &[&m.job_id],
+        )
+        .await?;
+    if let Some(r) = held {
+        let (to, epoch): (String, i32) = (r.get(0), r.get(1));
+        if epoch > m.epoch || (epoch == m.epoch && to != m.to_region) {
+            tracing::warn!(
+                job_id = %m.job_id, to = %m.to_region, epoch = m.epoch, recorded_to = %to,
+                recorded_epoch = epoch,
+                "a move conflicts with one recorded already: refused"
+            );
+            return Ok(false);
+        }
+        if epoch == m.epoch {
+            return Ok(true);
+        }
+    }
+    tx.execute(
+        "INSERT INTO job_moves (job_id, from_home, to_region, epoch, planned)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (job_id) DO UPDATE
+           SET from_home = EXCLUDED.from_home, to_region = EXCLUDED.to_region,
+               epoch = EXCLUDED.epoch, planned = EXCLUDED.planned, at = now()",
+        &[&m.job_id, &m.from_home, &m.to_region, &m.epoch, &m.planned],
+    )
+    .await?;
+    Ok(true)
 }

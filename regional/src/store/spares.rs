@@ -300,6 +300,19 @@ pub(super) async fn find_spare(
 /// longer fit are dropped (the gang waits at the front of its queue).
 /// The caller holds the job's row lock.
 pub(super) async fn place_held(tx: &Transaction<'_>, job: Uuid) -> Result<bool> {
+    // A job being handed to another region is placed nowhere here: its
+    // held GPUs go back.
+    let leaving = tx
+        .query_opt(
+            "SELECT 1 FROM jobs WHERE job_id = $1 AND handover_to IS NOT NULL",
+            &[&job],
+        )
+        .await?;
+    if leaving.is_some() {
+        tx.execute("DELETE FROM gpu_holds WHERE job_id = $1", &[&job])
+            .await?;
+        return Ok(false);
+    }
     let rows = tx
         .query(
             "DELETE FROM gpu_holds WHERE job_id = $1 RETURNING rank, node_id, gpu_index",

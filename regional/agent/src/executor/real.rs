@@ -188,7 +188,8 @@ fn record_worker(work_dir: &Path, pid: u32) -> Option<PathBuf> {
     let dir = records_dir(work_dir);
     let started = start_time(pid)?;
     let path = dir.join(pid.to_string());
-    let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, format!("{started}\n")));
+    let written =
+        std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, format!("{started}\n")));
     match written {
         Ok(()) => Some(path),
         Err(e) => {
@@ -710,8 +711,11 @@ mod tests {
         assert!(!group_alive(pgid));
         assert_eq!(reap_orphans(dir.path()), 0, "its record is gone");
         // A record naming a pid now used by someone else kills nothing.
-        std::fs::write(records_dir(dir.path()).join(std::process::id().to_string()), "1\n")
-            .unwrap();
+        std::fs::write(
+            records_dir(dir.path()).join(std::process::id().to_string()),
+            "1\n",
+        )
+        .unwrap();
         assert_eq!(reap_orphans(dir.path()), 0);
     }
 

@@ -1,0 +1,97 @@
+//! The usage ledger over HTTP (docs/billing.md): a home region's rows held
+//! by its buddy (`POST /internal/v1/replicas/usage`), and the rows an
+//! operator or the global tier's billing export reads
+//! (`GET /v1/admin/usage/records`).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use gangway_shared::billing::{UsageRecord, UsageRecords};
+use gangway_shared::error::codes;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::extract::{Json, Query};
+use super::AppState;
+
+/// Most rows a peer sends, or a page holds.
+const MAX_ROWS: usize = 5000;
+
+/// `POST /internal/v1/replicas/usage`: holds a home's ledger rows. A row
+/// held already changes nothing.
+pub async fn hold(
+    State(state): State<AppState>,
+    Json(rows): Json<Vec<UsageRecord>>,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    if rows.len() > MAX_ROWS {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            codes::INVALID_SPEC,
+            format!(
+                "at most {MAX_ROWS} usage rows at a time, not {}",
+                rows.len()
+            ),
+        ));
+    }
+    if let Some(r) = rows.iter().find(|r| state.peers.peer(&r.region).is_none()) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!(
+                "usage row {} is of {:?}, not a peer of this region",
+                r.usage_id, r.region
+            ),
+        ));
+    }
+    if let Some(r) = rows
+        .iter()
+        .find(|r| !(r.ended_at >= r.started_at && r.gpus > 0))
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!(
+                "usage row {} ends before it starts or holds no GPU",
+                r.usage_id
+            ),
+        ));
+    }
+    let held = state.store.hold_usage(&rows).await?;
+    Ok(axum::Json(serde_json::json!({ "held": held })))
+}
+
+/// The query of `GET /v1/admin/usage/records`.
+#[derive(Debug, Deserialize)]
+pub struct RecordsQuery {
+    /// Rows overlapping [from, to) (RFC 3339).
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    /// Only this tenant's.
+    pub tenant: Option<String>,
+    /// The previous page's `next`.
+    pub after: Option<Uuid>,
+    /// Rows per page (default and most: 5000).
+    pub limit: Option<usize>,
+}
+
+/// `GET /v1/admin/usage/records`: the ledger rows overlapping a period —
+/// this region's own and those it holds for its peers — a page at a time
+/// in id order.
+pub async fn records(
+    State(state): State<AppState>,
+    Query(q): Query<RecordsQuery>,
+) -> Result<axum::Json<UsageRecords>, ApiError> {
+    if q.from >= q.to {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            "`from` must be before `to`",
+        ));
+    }
+    let limit = q.limit.unwrap_or(MAX_ROWS).clamp(1, MAX_ROWS) as i64;
+    let page = (state.store)
+        .usage_records(q.from, q.to, q.tenant.as_deref(), q.after, limit)
+        .await?;
+    Ok(axum::Json(page))
+}
