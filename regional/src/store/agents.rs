@@ -331,14 +331,17 @@ async fn apply_reports(
                         &[&key.0],
                     )
                     .await?;
-                    requeue_worker_at(tx, key.0, key.1, "its agent fenced", last_heard).await?;
+                    requeue_worker(tx, key.0, key.1, "its agent fenced", last_heard).await?;
                     freed = true;
                     touched.insert(key.0);
                     continue;
                 }
+                // A worker its agent stopped on its own ran until about
+                // the agent's last sync, whatever we asked of it since.
+                let ended = if report.fenced { last_heard } else { None };
                 if state == "checkpointing" {
-                    requeue_worker(tx, key.0, key.1, message.as_deref().unwrap_or("stopped"))
-                        .await?;
+                    let why = message.as_deref().unwrap_or("stopped");
+                    requeue_worker(tx, key.0, key.1, why, ended).await?;
                     freed = true;
                     touched.insert(key.0);
                     continue;
@@ -361,7 +364,7 @@ async fn apply_reports(
                         (None, None) => "exited".to_string(),
                     });
                 finish_worker(
-                    tx, key.0, key.1, outcome, *exit_code, *signal, &message, None,
+                    tx, key.0, key.1, outcome, *exit_code, *signal, &message, ended,
                 )
                 .await?;
                 if outcome == "failed" {
@@ -385,16 +388,11 @@ async fn apply_reports(
     Ok(freed)
 }
 
-/// Puts a preempted worker back in the queue and releases its GPUs.
-async fn requeue_worker(tx: &Transaction<'_>, job_id: Uuid, rank: i32, why: &str) -> Result<()> {
-    requeue_worker_at(tx, job_id, rank, why, None).await
-}
-
-/// [`requeue_worker`], its GPUs released as of `ended` (not now) when
-/// given: the last moment the worker is known to have run, for one that
-/// stopped while the region could not hear of it. The usage ledger bills
-/// the placement to then.
-async fn requeue_worker_at(
+/// Puts a preempted worker back in the queue and releases its GPUs — as
+/// of `ended` (not now) when given: the last moment the worker is known to
+/// have run, for one that stopped while the region could not hear of it.
+/// The usage ledger bills the placement to then.
+async fn requeue_worker(
     tx: &Transaction<'_>,
     job_id: Uuid,
     rank: i32,
@@ -420,7 +418,7 @@ async fn requeue_worker_at(
 }
 
 /// Ends a worker and releases its GPUs (as of `ended`, as
-/// [`requeue_worker_at`]).
+/// [`requeue_worker`]).
 #[allow(clippy::too_many_arguments)]
 async fn finish_worker(
     tx: &Transaction<'_>,
