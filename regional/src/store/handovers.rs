@@ -670,7 +670,7 @@ impl Store {
                 .await?;
                 tx.execute(
                     "UPDATE jobs SET state = 'queued', reason = NULL, finished_at = NULL,
-                            moved_to = NULL, run_workers = NULL, preempted_for = NULL,
+                            moved_to = NULL, run_workers = NULL, preempted_for = NULL, preempt_cause = NULL,
                             handover_to = NULL, handover_cause = NULL, buddy = NULL,
                             buddy_told_state = NULL, buddy_told_checkpoint = NULL,
                             buddy_dirty_since = NULL, awaits_buddy = $2

@@ -398,6 +398,13 @@ impl Store {
             if !TERMINAL.contains(&state.as_str()) && state != "cancelling" {
                 cancel_in_tx(&tx, m.job_id, &why).await?;
             }
+            // Nothing more of this copy goes to its buddy (a checkpoint of
+            // the superseded epoch would be refused there, every beat).
+            tx.execute(
+                "UPDATE jobs SET buddy = NULL, buddy_dirty_since = NULL WHERE job_id = $1",
+                &[&m.job_id],
+            )
+            .await?;
             insert_event(
                 &tx,
                 m.job_id,
