@@ -132,15 +132,26 @@ impl Cloud {
         let pgs = futures_util::future::join_all(REGIONS.iter().map(|name| {
             let data = dir.path().join(format!("{name}-pg"));
             tokio::task::spawn_blocking(move || -> anyhow::Result<(PgCluster, String)> {
-                let opts = PgOptions {
-                    port: Some(gangway_devkit::free_port()),
-                    ..PgOptions::for_tests()
-                };
-                let mut pg = PgCluster::init_or_open(&data, opts)?;
-                pg.start()?;
-                pg.create_database_blocking("gangway")?;
-                let url = pg.connection_string("gangway");
-                Ok((pg, url))
+                // A fixed port (a restart keeps the region's URL), so one
+                // some other process took meanwhile is tried again.
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    let opts = PgOptions {
+                        port: Some(gangway_devkit::free_port()),
+                        ..PgOptions::for_tests()
+                    };
+                    let mut pg = PgCluster::init_or_open(&data, opts)?;
+                    match pg.start() {
+                        Ok(()) => {
+                            pg.create_database_blocking("gangway")?;
+                            let url = pg.connection_string("gangway");
+                            return Ok((pg, url));
+                        }
+                        Err(e) if tries < 5 && format!("{e:#}").contains("already in use") => {}
+                        Err(e) => return Err(e),
+                    }
+                }
             })
         }))
         .await;
