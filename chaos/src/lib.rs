@@ -206,18 +206,31 @@ fn watch_twice(
     tokio::spawn(async move {
         let mut twice = Vec::new();
         while !stop.load(Ordering::SeqCst) {
-            for id in &jobs {
-                let mut live = Vec::new();
-                for r in REGIONS {
-                    let before = cloud.fenced(r).await;
-                    let Some(j) = cloud.copy_in(r, *id).await else {
-                        continue;
-                    };
-                    let runs = matches!(j.state, JobState::Starting | JobState::Running);
-                    if runs && before == Some(false) && cloud.fenced(r).await == Some(false) {
-                        live.push(r);
+            // Per region, once a sample: whether it said it was unfenced
+            // before and after its copies were read.
+            let mut running: Vec<(Uuid, &str)> = Vec::new();
+            for r in REGIONS {
+                if cloud.fenced(r).await != Some(false) {
+                    continue;
+                }
+                let mut seen = Vec::new();
+                for id in &jobs {
+                    let copy = cloud.copy_in(r, *id).await;
+                    if copy
+                        .is_some_and(|j| matches!(j.state, JobState::Starting | JobState::Running))
+                    {
+                        seen.push((*id, r));
                     }
                 }
+                if cloud.fenced(r).await == Some(false) {
+                    running.extend(seen);
+                }
+            }
+            for id in &jobs {
+                let live: Vec<&str> = (running.iter())
+                    .filter(|(j, _)| j == id)
+                    .map(|(_, r)| *r)
+                    .collect();
                 if live.len() > 1 {
                     twice.push(format!("job {id} running in {live:?} at once"));
                 }

@@ -192,37 +192,48 @@ impl Store {
     /// changes nothing. Returns how many are new.
     pub async fn hold_usage(&self, rows: &[UsageRecord]) -> Result<u64> {
         let conn = self.conn().await?;
-        let mut n = 0;
-        for r in rows {
-            n += conn
-                .execute(
-                    &format!(
-                        "INSERT INTO usage_ledger ({RECORD_COLUMNS})
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                                 $15, $16)
-                         ON CONFLICT (usage_id) DO NOTHING"
-                    ),
-                    &[
-                        &r.usage_id,
-                        &r.job_id,
-                        &r.epoch,
-                        &r.attempt,
-                        &r.rank,
-                        &r.tenant,
-                        &r.region,
-                        &r.gpu_type,
-                        &r.priority,
-                        &r.gpus,
-                        &r.started_at,
-                        &r.ended_at,
-                        &r.gpu_seconds,
-                        &r.ended_by,
-                        &r.cause,
-                        &r.checkpointed_at,
-                    ],
-                )
-                .await?;
-        }
+        let col = |f: fn(&UsageRecord) -> String| rows.iter().map(f).collect::<Vec<String>>();
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.usage_id).collect();
+        let jobs: Vec<Uuid> = rows.iter().map(|r| r.job_id).collect();
+        let ints = |f: fn(&UsageRecord) -> i32| rows.iter().map(f).collect::<Vec<i32>>();
+        let priorities: Vec<i16> = rows.iter().map(|r| r.priority).collect();
+        let starts: Vec<DateTime<Utc>> = rows.iter().map(|r| r.started_at).collect();
+        let ends: Vec<DateTime<Utc>> = rows.iter().map(|r| r.ended_at).collect();
+        let seconds: Vec<f64> = rows.iter().map(|r| r.gpu_seconds).collect();
+        let causes: Vec<Option<String>> = rows.iter().map(|r| r.cause.clone()).collect();
+        let checkpointed: Vec<Option<DateTime<Utc>>> =
+            rows.iter().map(|r| r.checkpointed_at).collect();
+        let n = conn
+            .execute(
+                &format!(
+                    "INSERT INTO usage_ledger ({RECORD_COLUMNS})
+                     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[],
+                                          $5::int[], $6::text[], $7::text[], $8::text[],
+                                          $9::smallint[], $10::int[], $11::timestamptz[],
+                                          $12::timestamptz[], $13::float8[], $14::text[],
+                                          $15::text[], $16::timestamptz[])
+                     ON CONFLICT (usage_id) DO NOTHING"
+                ),
+                &[
+                    &ids,
+                    &jobs,
+                    &ints(|r| r.epoch),
+                    &ints(|r| r.attempt),
+                    &ints(|r| r.rank),
+                    &col(|r| r.tenant.clone()),
+                    &col(|r| r.region.clone()),
+                    &col(|r| r.gpu_type.clone()),
+                    &priorities,
+                    &ints(|r| r.gpus),
+                    &starts,
+                    &ends,
+                    &seconds,
+                    &col(|r| r.ended_by.clone()),
+                    &causes,
+                    &checkpointed,
+                ],
+            )
+            .await?;
         Ok(n)
     }
 
