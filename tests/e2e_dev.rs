@@ -16,6 +16,10 @@ struct DevUp(Child);
 
 impl DevUp {
     fn start(state: &Path) -> DevUp {
+        DevUp::start_with(state, &[])
+    }
+
+    fn start_with(state: &Path, flags: &[&str]) -> DevUp {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -25,6 +29,7 @@ impl DevUp {
             Command::new(BIN)
                 .args(["dev", "up", "--state-dir"])
                 .arg(state)
+                .args(flags)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log)
@@ -408,4 +413,108 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
         .iter()
         .any(|j| j.id == job.id && j.state == JobState::Succeeded));
     dev.interrupt();
+}
+
+/// The drills against a cloud `gangway dev up` runs (issue 7): `gangway
+/// chaos region-kill --dev`, then `partition --dev`, break its parts
+/// through its control API (a whole region; a region's links), pass, and
+/// leave it whole; the control API refuses a caller without its token and
+/// names a part it does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_drills_run_against_a_running_dev_cloud_and_leave_it_whole() {
+    let root = tempfile::Builder::new()
+        .prefix("gangway-devchaos-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = root.path().join("state");
+    let dev = DevUp::start_with(&state, &["--short-timers"]);
+    let env = read_env(&state);
+    let endpoint: gangway_chaos::control::Endpoint =
+        serde_json::from_slice(&std::fs::read(state.join("control.json")).unwrap()).unwrap();
+    let http = reqwest::Client::new();
+    let cloud = format!("{}/v1/cloud", endpoint.url);
+    let anonymous = http.get(&cloud).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let body: serde_json::Value = anonymous.json().await.unwrap();
+    assert_eq!(body["code"], "unauthorized");
+    let unknown = http
+        .post(format!("{}/v1/cloud/break", endpoint.url))
+        .bearer_auth(&endpoint.token)
+        .json(&serde_json::json!({"part": "region", "region": "mars"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    let body: serde_json::Value = unknown.json().await.unwrap();
+    assert_eq!(body["code"], "unknown_part", "{body}");
+
+    for drill in ["region-kill", "partition"] {
+        let out = Command::new(BIN)
+            .args(["chaos", drill, "--dev", "--json", "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{drill}: {e}; exit {:?}: {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert!(out.status.success(), "{drill}: {report:#}");
+        assert_eq!(report["violations"], serde_json::json!([]), "{report:#}");
+        let region = report["region"].as_str().unwrap();
+        let moved: Vec<&serde_json::Value> = (report["jobs"].as_array().unwrap().iter())
+            .filter(|j| j["home"] == region)
+            .collect();
+        assert!(!moved.is_empty(), "{report:#}");
+        for j in moved {
+            assert_eq!(j["epoch"], 2, "{report:#}");
+            assert_ne!(j["region"], region, "{report:#}");
+            assert_eq!(j["state"], "succeeded", "{report:#}");
+        }
+        // Whole again: nothing broken, every region healthy.
+        let info: gangway_chaos::control::CloudInfo = (http.get(&cloud))
+            .bearer_auth(&endpoint.token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            info.regions.iter().all(|r| r.broken.is_empty())
+                && info.globals.iter().all(|g| !g.broken),
+            "{info:?}"
+        );
+    }
+    let ca = std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap();
+    let client = Client::public(
+        env["GANGWAY_URL"].clone(),
+        env["GANGWAY_TOKEN"].clone(),
+        Some(&ca),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let regions = client
+            .regions()
+            .await
+            .map(|l| l.regions)
+            .unwrap_or_default();
+        if regions.len() == 3 && regions.iter().all(|r| r.healthy) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not whole after the drills: {regions:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    dev.interrupt();
+    assert!(
+        !state.join("control.json").exists(),
+        "the control endpoint outlived the cloud"
+    );
 }

@@ -3,14 +3,13 @@
 //! an agent each serving two 8-GPU nodes — running real trainer processes
 //! ([`Executor::Real`], with a checkpoint store per region) or simulated
 //! workers — and two `gangway global` replicas on HTTPS in front; every
-//! link between
-//! regions, and from the global tier to each, goes through a proxy that
-//! can be cut.
+//! link between regions, and from the global tier to each, goes through a
+//! proxy that can be cut. Its processes are held by a
+//! [`Supervisor`] of its own ([`Cloud::start_with`]); or the cloud is a
+//! running `gangway dev up`'s, whose supervisor breaks and mends its parts
+//! when asked through its control API ([`Cloud::attach`]).
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gangway_auth::dev::DevMaterial;
@@ -21,9 +20,9 @@ use gangway_shared::client::Client;
 use gangway_shared::tokens;
 use uuid::Uuid;
 
-use crate::procs::{
-    key_arg, kill_processes_under, log_file, spawn_agent, spawn_global_as, until_ready, Proc, Proxy,
-};
+use crate::control::Remote;
+use crate::procs::{agent_launch, global_launch, key_arg, until_ready, Proxy};
+use crate::supervisor::{Launch, Link, RegionInfo, RegionParts, Supervisor, Target};
 
 /// Two nodes × 8 h100 per region.
 const FLEET: &str = r#"
@@ -53,38 +52,69 @@ pub enum Executor {
     Sim,
 }
 
-struct Region {
-    control: Option<Proc>,
-    agent: Option<Proc>,
-    /// The region's own PostgreSQL (`None` while a drill restarts it).
-    pg: Option<PgCluster>,
-    /// How its control plane is started (to restart it).
-    control_args: Vec<OsString>,
+/// What breaks and mends the cloud's parts: a supervisor of its own, or a
+/// running `gangway dev up`'s, through its control API.
+enum Parts {
+    Own(Supervisor),
+    Dev(Remote),
 }
 
+/// The timers every drill cloud runs with: a fast scheduler and agent
+/// syncs, short grace periods.
+pub const DRILL_TIMERS: [&str; 8] = [
+    "--schedule-interval-ms",
+    "100",
+    "--agent-sync-interval-ms",
+    "200",
+    "--grace-period-s",
+    "2",
+    "--checkpoint-deadline-s",
+    "10",
+];
+
+/// The short leases CI's drills use (`short`), instead of the defaults
+/// docs/benchmarks.md measures.
+pub const SHORT_TIMERS: [&str; 8] = [
+    "--fence-after-s",
+    "4",
+    "--fence-checkpoint-s",
+    "3",
+    "--peer-heartbeat-ms",
+    "250",
+    "--peer-lease-s",
+    "3",
+];
+
 pub struct Cloud {
+    /// First, so that it drops first: an own cloud's processes stop
+    /// before its directory goes.
+    parts: Parts,
+    /// Where the drill keeps its trainer logs (for its own cloud, also the
+    /// processes' logs and state).
     pub dir: tempfile::TempDir,
     /// A tenant's client of the first global replica.
     pub tenant: Client,
     /// The same tenant's client of each global replica.
     pub tenants: Vec<Client>,
     pub executor: Executor,
-    regions: Mutex<Vec<Region>>,
-    /// The regions' API ports (agents and direct checks use them).
-    ports: Vec<u16>,
-    /// Every region's database, as a connection string.
-    dbs: Vec<String>,
-    /// Every link between regions, and from the global tier to each
-    /// region (`from` = "global"), through a proxy that can be cut.
-    links: Vec<(&'static str, &'static str, Proxy)>,
+    /// The regions, in order.
+    regions: Vec<RegionInfo>,
     /// A service token, to ask regions directly.
     service: String,
-    bin: PathBuf,
-    /// What agents are started with (to restart one).
+    /// The cloud's dev CA and keys.
     auth: DevMaterial,
-    fleet: PathBuf,
-    /// The global tier's replicas (`None`: killed).
-    globals: Mutex<Vec<Option<Proc>>>,
+    /// Where the processes log.
+    process_logs: PathBuf,
+    /// Whether [`Cloud::dir`] outlives the cloud (for a failed drill's logs).
+    keep: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for Cloud {
+    fn drop(&mut self) {
+        if *self.keep.get_mut() {
+            self.dir.disable_cleanup(true);
+        }
+    }
 }
 
 impl Cloud {
@@ -104,8 +134,7 @@ impl Cloud {
         let auth = DevMaterial::load_or_create(dir.path()).unwrap();
         let fleet = dir.path().join("fleet.toml");
         std::fs::write(&fleet, FLEET).unwrap();
-        let trainer = dir.path().join("trainer");
-        std::fs::write(&trainer, TRAINER).unwrap();
+        write_trainer(dir.path());
         let ports: Vec<u16> = REGIONS
             .iter()
             .map(|_| gangway_devkit::free_port())
@@ -117,16 +146,17 @@ impl Cloud {
         for (j, to) in REGIONS.iter().enumerate() {
             for from in REGIONS.iter().chain(["global"].iter()) {
                 if from != to {
-                    links.push((*from, *to, Proxy::start(ports[j]).await));
+                    links.push(Link {
+                        from: from.to_string(),
+                        to: to.to_string(),
+                        proxy: Proxy::start(ports[j]).await,
+                    });
                 }
             }
         }
         let via = |from: &str, to: &str| {
-            let (_, _, p) = links
-                .iter()
-                .find(|(f, t, _)| *f == from && *t == to)
-                .unwrap();
-            format!("http://127.0.0.1:{}", p.port)
+            let l = links.iter().find(|l| l.from == from && l.to == to).unwrap();
+            format!("http://127.0.0.1:{}", l.proxy.port)
         };
         // The regions' databases, started side by side.
         let pgs = futures_util::future::join_all(REGIONS.iter().map(|name| {
@@ -156,87 +186,143 @@ impl Cloud {
         }))
         .await;
         let mut regions = Vec::new();
-        let mut dbs = Vec::new();
         for (i, (name, pg)) in REGIONS.iter().zip(pgs).enumerate() {
             let (pg, db) = pg
                 .unwrap()
                 .unwrap_or_else(|e| panic!("{name}'s PostgreSQL: {e:#}"));
             let store = store_url(dir.path(), name);
-            let mut args: Vec<OsString> = Vec::new();
-            let mut arg = |a: &str| args.push(a.into());
-            for a in ["region", "--name", name, "--database-url", &db] {
-                arg(a);
-            }
-            for a in [
-                "--service-key",
-                &service_pub,
-                "--peer-signing-key",
-                &service_priv,
-            ] {
-                arg(a);
-            }
-            arg("--listen");
-            arg(&format!("127.0.0.1:{}", ports[i]));
-            for a in [
-                "--schedule-interval-ms",
-                "100",
-                "--agent-sync-interval-ms",
-                "200",
-                "--grace-period-s",
-                "2",
-                "--checkpoint-deadline-s",
-                "10",
-                "--checkpoint-store",
-                &store,
-            ] {
-                arg(a);
-            }
+            let mut control = Launch::new(bin, dir.path().join(format!("{name}-region.log")))
+                .env("GANGWAY_LOG", "info")
+                .args(["region", "--name", name, "--database-url", &db])
+                .args(["--service-key", &service_pub])
+                .args(["--peer-signing-key", &service_priv])
+                .args(["--listen", &format!("127.0.0.1:{}", ports[i])])
+                .args(DRILL_TIMERS)
+                .args(["--checkpoint-store", &store]);
             // Short timers keep CI short; the defaults are what
             // docs/benchmarks.md measures.
             if short {
-                for a in [
-                    "--fence-after-s",
-                    "4",
-                    "--fence-checkpoint-s",
-                    "3",
-                    "--peer-heartbeat-ms",
-                    "250",
-                    "--peer-lease-s",
-                    "3",
-                ] {
-                    arg(a);
-                }
+                control = control.args(SHORT_TIMERS);
             }
             for peer in REGIONS.iter().filter(|p| *p != name) {
-                arg("--peer");
-                arg(&format!("{peer}={}", via(name, peer)));
+                control = control
+                    .arg("--peer")
+                    .arg(format!("{peer}={}", via(name, peer)));
             }
-            let control = spawn_control(bin, dir.path(), name, &args);
-            let agent = spawn_agent(
-                bin,
-                dir.path(),
-                &auth,
-                name,
-                ports[i],
-                &fleet,
-                executor,
-                &store,
-            );
-            regions.push(Region {
-                control: Some(control),
-                agent: Some(agent),
-                pg: Some(pg),
-                control_args: args,
+            let log = format!("{name}-agent");
+            let agent = agent_launch(bin, dir.path(), &auth, name, ports[i], &fleet, &log);
+            let agent = match executor {
+                Executor::Real => agent.args(["--executor", "real"]),
+                Executor::Sim => agent.args(["--executor", "sim", "--time-factor", "0.05"]),
+            };
+            regions.push(RegionParts {
+                info: RegionInfo {
+                    name: name.to_string(),
+                    url: format!("http://127.0.0.1:{}", ports[i]),
+                    database: db,
+                    store_dir: dir.path().join(format!("{name}-store")),
+                    agent_dir: dir.path().join(&log),
+                    broken: Vec::new(),
+                },
+                control,
+                agent: agent.args(["--checkpoint-store", &store]),
+                database: pg,
             });
-            dbs.push(db);
         }
         let urls: Vec<(&str, String)> = REGIONS.iter().map(|n| (*n, via("global", n))).collect();
-        let globals: Vec<Option<Proc>> = (global_ports.iter().enumerate())
+        let globals: Vec<Launch> = (global_ports.iter().enumerate())
             .map(|(i, port)| {
                 let name = format!("global-{i}");
-                Some(spawn_global_as(bin, dir.path(), &auth, *port, &urls, &name))
+                global_launch(bin, dir.path(), &auth, *port, &urls, &name)
             })
             .collect();
+        let infos: Vec<RegionInfo> = regions.iter().map(|r| r.info.clone()).collect();
+        let sup = Supervisor::new(regions, globals, links);
+        sup.start_regions().unwrap();
+        sup.start_globals().unwrap();
+        let global_urls: Vec<String> = (global_ports.iter())
+            .map(|port| format!("https://127.0.0.1:{port}"))
+            .collect();
+        let mut cloud = Cloud::new(dir, auth, executor, infos, &global_urls, Parts::Own(sup));
+        // Ready: every region healthy with its 16 GPUs schedulable (or the
+        // logs are kept for whoever reads the failure).
+        cloud.dir.disable_cleanup(true);
+        until_ready(&cloud.tenant, 3, 16, cloud.dir.path()).await;
+        cloud.dir.disable_cleanup(false);
+        cloud
+    }
+
+    /// The cloud a running `gangway dev up` with state dir `state_dir`
+    /// holds, broken and mended through its control API; the drill keeps
+    /// its logs in a directory under `state_dir/chaos`. Mends first what
+    /// an earlier drill left broken.
+    pub async fn attach(state_dir: &Path) -> anyhow::Result<Cloud> {
+        let remote = Remote::of(state_dir)?;
+        let info = remote.info().await?;
+        if info.executor != "real" {
+            anyhow::bail!(
+                "the dev cloud runs the {} executor; the drills run real trainer processes: \
+                 start it with `gangway dev up --executor real`",
+                info.executor
+            );
+        }
+        let broken: Vec<String> = (info.regions.iter())
+            .flat_map(|r| r.broken.iter().map(move |b| format!("{}'s {b}", r.name)))
+            .chain(
+                (info.globals.iter().enumerate())
+                    .filter(|(_, g)| g.broken)
+                    .map(|(i, _)| format!("global replica {i}")),
+            )
+            .collect();
+        if !broken.is_empty() {
+            eprintln!(
+                "mending what an earlier drill left broken: {}",
+                broken.join(", ")
+            );
+            remote.mend_all().await?;
+        }
+        let auth = DevMaterial::load_or_create(&info.state_dir)
+            .map_err(|e| anyhow::anyhow!("cannot read the dev cloud's keys: {e}"))?;
+        let parent = info.state_dir.join("chaos");
+        std::fs::create_dir_all(&parent)?;
+        let dir = tempfile::Builder::new()
+            .prefix("drill-")
+            .tempdir_in(&parent)?;
+        write_trainer(dir.path());
+        let global_urls: Vec<String> = info.globals.iter().map(|g| g.url.clone()).collect();
+        let cloud = Cloud::new(
+            dir,
+            auth,
+            Executor::Real,
+            info.regions,
+            &global_urls,
+            Parts::Dev(remote),
+        );
+        // Ready: the global tier sees every region healthy.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Ok(list) = cloud.tenant.regions().await {
+                if list.regions.len() == cloud.regions.len()
+                    && list.regions.iter().all(|r| r.healthy)
+                {
+                    return Ok(cloud);
+                }
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!("the dev cloud's global tier does not see every region healthy");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn new(
+        dir: tempfile::TempDir,
+        auth: DevMaterial,
+        executor: Executor,
+        regions: Vec<RegionInfo>,
+        global_urls: &[String],
+        parts: Parts,
+    ) -> Cloud {
         let token = auth
             .tenant_key
             .sign(&claims_for(
@@ -250,39 +336,71 @@ impl Cloud {
             ))
             .unwrap();
         let ca = std::fs::read(&auth.ca_cert).unwrap();
-        let tenants: Vec<Client> = (global_ports.iter())
-            .map(|port| {
-                Client::public(
-                    format!("https://127.0.0.1:{port}"),
-                    token.clone(),
-                    Some(&ca),
-                )
-                .unwrap()
-            })
+        let tenants: Vec<Client> = (global_urls.iter())
+            .map(|url| Client::public(url.clone(), token.clone(), Some(&ca)).unwrap())
             .collect();
         let service = crate::procs::token(&auth.service_key, Role::Service, None);
-        let cloud = Cloud {
+        let process_logs = match &parts {
+            Parts::Own(_) => dir.path().to_path_buf(),
+            Parts::Dev(_) => auth.dir.join("logs"),
+        };
+        Cloud {
+            process_logs,
+            keep: Default::default(),
+            parts,
             dir,
             tenant: tenants[0].clone(),
             tenants,
             executor,
-            regions: Mutex::new(regions),
-            ports,
-            dbs,
-            links,
+            regions,
             service,
-            bin: bin.to_path_buf(),
             auth,
-            fleet,
-            globals: Mutex::new(globals),
-        };
-        // Ready: every region healthy with its 16 GPUs schedulable (or the
-        // logs are kept for whoever reads the failure).
-        let mut cloud = cloud;
-        cloud.dir.disable_cleanup(true);
-        until_ready(&cloud.tenant, 3, 16, cloud.dir.path()).await;
-        cloud.dir.disable_cleanup(false);
-        cloud
+        }
+    }
+
+    /// The regions' names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.regions.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    /// Keeps [`Cloud::dir`] once the cloud is gone.
+    pub fn keep_logs(&self) {
+        self.keep.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Where the drill's and the processes' logs are, in words.
+    pub fn logs(&self) -> String {
+        let dir = self.dir.path().display();
+        if self.process_logs == self.dir.path() {
+            dir.to_string()
+        } else {
+            format!(
+                "{dir} (the trainers') and {} (the cloud's)",
+                self.process_logs.display()
+            )
+        }
+    }
+
+    /// Whether this is a running `gangway dev up`'s cloud (not the drill's
+    /// own).
+    pub fn is_dev(&self) -> bool {
+        matches!(self.parts, Parts::Dev(_))
+    }
+
+    /// Breaks `target` (`broken`) or mends it.
+    pub async fn apply(&self, target: Target, broken: bool) -> anyhow::Result<()> {
+        match &self.parts {
+            Parts::Own(sup) => sup.apply(&target, broken).await,
+            Parts::Dev(remote) => remote.apply(&target, broken).await,
+        }
+    }
+
+    /// Mends everything broken.
+    pub async fn mend_all(&self) -> anyhow::Result<()> {
+        match &self.parts {
+            Parts::Own(sup) => sup.mend_all().await,
+            Parts::Dev(remote) => remote.mend_all().await,
+        }
     }
 
     /// Waits (polling the global tier) until `cond` holds for the job.
@@ -312,12 +430,14 @@ impl Cloud {
 
     /// Cuts (or heals) every link of region `name` to the other regions
     /// and from the global tier; its agents still reach it.
-    pub fn partition(&self, name: &str, cut: bool) {
-        for (from, to, p) in &self.links {
-            if *from == name || *to == name {
-                p.set_cut(cut);
-            }
-        }
+    pub async fn partition(&self, name: &str, cut: bool) -> anyhow::Result<()> {
+        self.apply(
+            Target::Links {
+                region: name.into(),
+            },
+            cut,
+        )
+        .await
     }
 
     /// The job as region `name` itself has it (its own copy), if it has one.
@@ -348,47 +468,52 @@ impl Cloud {
             .map(|s| s.fenced)
     }
 
+    fn region(&self, name: &str) -> &RegionInfo {
+        (self.regions.iter())
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("no region {name}"))
+    }
+
     /// A client of region `name` itself, not through the global tier.
     fn direct(&self, name: &str) -> Client {
-        Client::new(
-            format!("http://127.0.0.1:{}", self.ports[index(name)]),
-            "acme",
-        )
-        .with_token(self.service.clone())
+        Client::new(self.region(name).url.clone(), "acme").with_token(self.service.clone())
     }
 
     /// Kills a whole region with SIGKILL, as a power cut would: its
     /// control plane, its PostgreSQL, its agent, and every worker process
     /// the agent started (they run in process groups of their own and
     /// would outlive the agent).
-    pub fn kill(&self, name: &str) {
-        self.kill_control(name);
-        self.kill_database(name);
-        let mut regions = self.regions.lock().expect("regions lock");
-        regions[index(name)].agent.take();
-        drop(regions);
-        kill_processes_under(&self.agent_dir(name));
+    pub async fn kill(&self, name: &str) -> anyhow::Result<()> {
+        self.apply(
+            Target::Region {
+                region: name.into(),
+            },
+            true,
+        )
+        .await
     }
 
     /// Kills region `name`'s control plane only (its agents and workers go
     /// on, and fence themselves once their lease runs out).
-    pub fn kill_control(&self, name: &str) {
-        self.regions.lock().expect("regions lock")[index(name)]
-            .control
-            .take();
+    pub async fn kill_control(&self, name: &str) -> anyhow::Result<()> {
+        self.apply(
+            Target::Control {
+                region: name.into(),
+            },
+            true,
+        )
+        .await
     }
 
     /// Starts region `name`'s control plane again, as it was started.
-    pub fn restart_control(&self, name: &str) {
-        let mut regions = self.regions.lock().expect("regions lock");
-        let r = &mut regions[index(name)];
-        assert!(r.control.is_none(), "{name}'s control plane is running");
-        r.control = Some(spawn_control(
-            &self.bin,
-            self.dir.path(),
-            name,
-            &r.control_args,
-        ));
+    pub async fn restart_control(&self, name: &str) -> anyhow::Result<()> {
+        self.apply(
+            Target::Control {
+                region: name.into(),
+            },
+            false,
+        )
+        .await
     }
 
     /// A client of the global tier with an operator's token, and the
@@ -422,80 +547,70 @@ impl Cloud {
     }
 
     /// Kills global replica `i` with SIGKILL.
-    pub fn kill_global(&self, i: usize) {
-        self.globals.lock().expect("globals lock")[i].take();
+    pub async fn kill_global(&self, i: usize) -> anyhow::Result<()> {
+        self.apply(Target::Global { index: i }, true).await
     }
 
     /// Kills region `name`'s agent with SIGKILL, as a crash would: its
     /// workers go on (process groups of their own).
-    pub fn kill_agent(&self, name: &str) {
-        self.regions.lock().expect("regions lock")[index(name)]
-            .agent
-            .take();
+    pub async fn kill_agent(&self, name: &str) -> anyhow::Result<()> {
+        self.apply(
+            Target::Agent {
+                region: name.into(),
+            },
+            true,
+        )
+        .await
     }
 
     /// Starts region `name`'s agent again, as it was started.
-    pub fn restart_agent(&self, name: &str) {
-        let i = index(name);
-        let agent = spawn_agent(
-            &self.bin,
-            self.dir.path(),
-            &self.auth,
-            name,
-            self.ports[i],
-            &self.fleet,
-            self.executor,
-            &store_url(self.dir.path(), name),
-        );
-        let mut regions = self.regions.lock().expect("regions lock");
-        assert!(regions[i].agent.is_none(), "{name}'s agent is running");
-        regions[i].agent = Some(agent);
+    pub async fn restart_agent(&self, name: &str) -> anyhow::Result<()> {
+        self.apply(
+            Target::Agent {
+                region: name.into(),
+            },
+            false,
+        )
+        .await
     }
 
     /// Where region `name`'s checkpoint store keeps its objects.
     pub fn store_dir(&self, name: &str) -> PathBuf {
-        self.dir.path().join(format!("{name}-store"))
+        self.region(name).store_dir.clone()
     }
 
     /// Kills region `name`'s PostgreSQL with SIGKILL (its control plane
     /// goes on, without a database).
-    pub fn kill_database(&self, name: &str) {
-        let regions = self.regions.lock().expect("regions lock");
-        if let Some(pid) = regions[index(name)]
-            .pg
-            .as_ref()
-            .and_then(PgCluster::postmaster_pid)
-        {
-            // SAFETY: signalling a process of ours; its backends exit when
-            // they see the postmaster gone.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
+    pub async fn kill_database(&self, name: &str) -> anyhow::Result<()> {
+        self.apply(
+            Target::Database {
+                region: name.into(),
+            },
+            true,
+        )
+        .await
     }
 
     /// Starts region `name`'s PostgreSQL again on its data (crash
     /// recovery) and port.
     pub async fn restart_database(&self, name: &str) -> anyhow::Result<()> {
-        let mut pg = (self.regions.lock().expect("regions lock")[index(name)]
-            .pg
-            .take())
-        .ok_or_else(|| anyhow::anyhow!("{name}'s database is being restarted already"))?;
-        let (pg, started) = tokio::task::spawn_blocking(move || {
-            let started = pg.start();
-            (pg, started)
-        })
-        .await?;
-        self.regions.lock().expect("regions lock")[index(name)].pg = Some(pg);
-        started
+        self.apply(
+            Target::Database {
+                region: name.into(),
+            },
+            false,
+        )
+        .await
     }
 
     /// Region `name`'s database, as a connection string.
     pub fn database(&self, name: &str) -> &str {
-        &self.dbs[index(name)]
+        &self.region(name).database
     }
 
     /// Where region `name`'s agent runs its workers.
     pub fn agent_dir(&self, name: &str) -> PathBuf {
-        self.dir.path().join(format!("{name}-agent"))
+        self.region(name).agent_dir.clone()
     }
 
     /// The example trainer's path in the cloud's directory.
@@ -504,52 +619,13 @@ impl Cloud {
     }
 }
 
-impl Drop for Cloud {
-    /// Everything stops before the directory goes (fields drop after
-    /// this, `dir` first): the agents and their workers (in process
-    /// groups of their own, they would outlive the agents), the control
-    /// planes, the global tier, and the databases (killed: they are
-    /// thrown away, and a database whose directory is gone takes its
-    /// stop timeout to notice).
-    fn drop(&mut self) {
-        let mut regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
-        for (name, r) in REGIONS.iter().zip(regions.iter_mut()) {
-            r.agent.take();
-            kill_processes_under(&self.dir.path().join(format!("{name}-agent")));
-            r.control.take();
-        }
-        (self.globals.lock().unwrap_or_else(|e| e.into_inner())).clear();
-        for r in regions.iter_mut() {
-            if let Some(pg) = r.pg.take() {
-                pg.kill_for_exit(Duration::from_secs(5));
-            }
-        }
-    }
+fn write_trainer(dir: &Path) {
+    std::fs::write(dir.join("trainer"), TRAINER).unwrap();
 }
 
 /// Region `name`'s checkpoint store, shared by its control plane and agent.
 fn store_url(dir: &Path, name: &str) -> String {
     format!("file://{}", dir.join(format!("{name}-store")).display())
-}
-
-fn index(name: &str) -> usize {
-    REGIONS
-        .iter()
-        .position(|r| *r == name)
-        .unwrap_or_else(|| panic!("no region {name}"))
-}
-
-/// Region `name`'s control plane, logging to `{name}-region.log`.
-fn spawn_control(bin: &Path, dir: &Path, name: &str, args: &[OsString]) -> Proc {
-    Proc(
-        Command::new(bin)
-            .args(args)
-            .env("GANGWAY_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log_file(dir, &format!("{name}-region.log")))
-            .spawn()
-            .unwrap(),
-    )
 }
 
 /// An 8-GPU job named `name`: 1200 s estimated × 0.05 = 60 s simulated.

@@ -35,7 +35,9 @@
 //!   buddy must adopt it, and once healed the home must release its copy.
 
 pub mod cloud;
+pub mod control;
 pub mod procs;
+pub mod supervisor;
 pub mod trainer;
 
 use std::collections::BTreeMap;
@@ -48,7 +50,7 @@ use gangway_shared::api::{Job, JobState};
 use serde::Serialize;
 use uuid::Uuid;
 
-use cloud::{trainer_spec, Cloud, Executor, Training, REGIONS};
+use cloud::{trainer_spec, Cloud, Executor, Training};
 
 /// A drill's name as `gangway chaos` takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,7 +157,7 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "{:<36} {:<4} {:<4} {:>5} {:<9} {:>9} {:>22} {:>5}",
+            "{:<36} {:<10} {:<10} {:>5} {:<9} {:>9} {:>22} {:>5}",
             "JOB", "HOME", "NOW", "EPOCH", "STATE", "RECOVERED", "LOST (CKPT+UNREPL)", "FINAL"
         )?;
         for j in &self.jobs {
@@ -167,7 +169,7 @@ impl std::fmt::Display for Report {
             };
             writeln!(
                 f,
-                "{:<36} {:<4} {:<4} {:>5} {:<9} {:>9} {:>22} {:>5}",
+                "{:<36} {:<10} {:<10} {:>5} {:<9} {:>9} {:>22} {:>5}",
                 j.id,
                 j.home,
                 j.region,
@@ -209,7 +211,7 @@ fn watch_twice(
             // Per region, once a sample: whether it said it was unfenced
             // before and after its copies were read.
             let mut running: Vec<(Uuid, &str)> = Vec::new();
-            for r in REGIONS {
+            for r in cloud.names() {
                 if cloud.fenced(r).await != Some(false) {
                     continue;
                 }
@@ -276,14 +278,55 @@ async fn until_step(log: &Path, step: u32, within: Duration) -> anyhow::Result<(
     }
 }
 
-/// Runs `drill` on a cloud of `bin` (short timers with `short`).
+/// Where a drill runs.
+#[derive(Clone, Copy, Debug)]
+pub enum On<'a> {
+    /// A cloud of its own, of `bin` (the `gangway` binary), with CI's
+    /// short timers (`short`) or the defaults.
+    Own { bin: &'a Path, short: bool },
+    /// The running `gangway dev up` whose state dir this is.
+    Dev(&'a Path),
+}
+
+/// Runs `drill` on a cloud of its own of `bin` (short timers with `short`).
 pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report> {
-    let cloud = Arc::new(Cloud::start_with(bin, short, Executor::Real).await);
-    match drill {
-        Drill::AgentKill => return agent_kill(cloud).await,
-        Drill::GlobalKill => return global_kill(cloud).await,
-        _ => {}
+    run_on(drill, On::Own { bin, short }).await
+}
+
+/// Runs `drill` on the cloud `on` says. A dev cloud is left as it was
+/// found: whatever the drill broke is mended, however it ended.
+pub async fn run_on(drill: Drill, on: On<'_>) -> anyhow::Result<Report> {
+    let cloud = Arc::new(match on {
+        On::Own { bin, short } => Cloud::start_with(bin, short, Executor::Real).await,
+        On::Dev(state_dir) => Cloud::attach(state_dir).await?,
+    });
+    // Names and keys no earlier drill on the same cloud used.
+    let tag = Uuid::new_v4().simple().to_string()[..8].to_string();
+    let outcome = match drill {
+        Drill::AgentKill => agent_kill(cloud.clone(), &tag).await,
+        Drill::GlobalKill => global_kill(cloud.clone(), &tag).await,
+        _ => failover(drill, cloud.clone(), &tag).await,
+    };
+    if !cloud.is_dev() {
+        return outcome;
     }
+    match (cloud.mend_all().await, outcome) {
+        (Ok(()), outcome) => outcome,
+        (Err(e), Ok(mut report)) => {
+            report.violations.push(format!(
+                "the dev cloud was not mended after the drill: {e:#}"
+            ));
+            Ok(report)
+        }
+        (Err(e), Err(drill)) => {
+            Err(drill.context(format!("and the dev cloud was not mended: {e:#}")))
+        }
+    }
+}
+
+/// The drills that break a region and watch its jobs move: region-kill,
+/// control-plane-kill, database-kill and partition.
+async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<Report> {
     let t = TRAINING;
     let n = match drill {
         Drill::RegionKill => 2,
@@ -293,7 +336,7 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     // checkpoint before the failure.
     let mut jobs = Vec::new();
     for i in 0..n {
-        let key = format!("drill-{i}");
+        let key = format!("drill-{tag}-{i}");
         let log = cloud.dir.path().join(format!("trainer-{key}.log"));
         let spec = trainer_spec(&cloud.trainer(), &key, t, &log);
         let job = cloud.tenant.submit(&spec, Some(&key)).await?;
@@ -318,11 +361,11 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     let at: Vec<usize> = jobs.iter().map(|w| read_log(&w.log).len()).collect();
     let broke = Instant::now();
     match drill {
-        Drill::RegionKill => cloud.kill(&victim),
+        Drill::RegionKill => cloud.kill(&victim).await?,
         Drill::AgentKill | Drill::GlobalKill => unreachable!("drills of their own"),
-        Drill::ControlPlaneKill => cloud.kill_control(&victim),
-        Drill::DatabaseKill => cloud.kill_database(&victim),
-        Drill::Partition => cloud.partition(&victim, true),
+        Drill::ControlPlaneKill => cloud.kill_control(&victim).await?,
+        Drill::DatabaseKill => cloud.kill_database(&victim).await?,
+        Drill::Partition => cloud.partition(&victim, true).await?,
     }
     // Each of the victim's jobs runs again elsewhere at the next epoch.
     let mut recovered = BTreeMap::new();
@@ -345,11 +388,12 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
     let back = match drill {
         Drill::AgentKill | Drill::GlobalKill => false,
         Drill::RegionKill => {
-            if let Err(e) = cloud.restart_database(&victim).await {
-                violations.push(format!("{victim}'s PostgreSQL did not start again: {e:#}"));
+            let region = supervisor::Target::Region {
+                region: victim.clone(),
+            };
+            if let Err(e) = cloud.apply(region, false).await {
+                violations.push(format!("{victim} did not start again: {e:#}"));
             }
-            cloud.restart_control(&victim);
-            cloud.restart_agent(&victim);
             true
         }
         Drill::Partition => {
@@ -357,11 +401,17 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
             if copy.is_some_and(|c| matches!(c.state, JobState::Starting | JobState::Running)) {
                 violations.push(format!("the cut-off region {victim} still runs its job"));
             }
-            cloud.partition(&victim, false);
+            if let Err(e) = cloud.partition(&victim, false).await {
+                violations.push(format!("{victim}'s links were not healed: {e:#}"));
+            }
             true
         }
         Drill::ControlPlaneKill => {
-            cloud.restart_control(&victim);
+            if let Err(e) = cloud.restart_control(&victim).await {
+                violations.push(format!(
+                    "{victim}'s control plane did not start again: {e:#}"
+                ));
+            }
             true
         }
         Drill::DatabaseKill => {
@@ -486,7 +536,7 @@ async fn usage_counted_twice(cloud: &Cloud, jobs: &[Uuid], skip: Option<&str>) -
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut v = Vec::new();
     let mut rows: BTreeMap<Uuid, gangway_shared::billing::UsageRecord> = BTreeMap::new();
-    for r in REGIONS.into_iter().filter(|r| Some(*r) != skip) {
+    for r in cloud.names().into_iter().filter(|r| Some(*r) != skip) {
         match cloud.usage_in(r).await {
             Ok(list) => {
                 for row in list.into_iter().filter(|row| jobs.contains(&row.job_id)) {
@@ -541,7 +591,7 @@ async fn usage_counted_twice(cloud: &Cloud, jobs: &[Uuid], skip: Option<&str>) -
 /// whose database is gone).
 async fn allocated_twice(cloud: &Cloud, skip: Option<&str>) -> Vec<String> {
     let mut v = Vec::new();
-    for r in REGIONS.into_iter().filter(|r| Some(*r) != skip) {
+    for r in cloud.names().into_iter().filter(|r| Some(*r) != skip) {
         match twice_allocated(cloud.database(r)).await {
             Ok(0) => {}
             Ok(n) => v.push(format!("{r}: {n} GPU(s) allocated to two workers at once")),
@@ -560,11 +610,9 @@ fn finish(
     jobs: Vec<JobReport>,
     violations: Vec<String>,
 ) -> Report {
-    let logs = cloud.dir.path().display().to_string();
+    let logs = cloud.logs();
     if !violations.is_empty() {
-        if let Some(mut cloud) = Arc::into_inner(cloud) {
-            cloud.dir.disable_cleanup(true);
-        }
+        cloud.keep_logs();
     }
     Report {
         drill: drill.as_str().into(),
@@ -578,13 +626,13 @@ fn finish(
 }
 
 /// The agent-kill drill: see the crate's documentation.
-async fn agent_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
+async fn agent_kill(cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<Report> {
     // Checkpoints big enough that their upload takes a while.
     let t = Training {
         checkpoint_mb: 64,
         ..TRAINING
     };
-    let key = "drill-0".to_string();
+    let key = format!("drill-{tag}-0");
     let log = cloud.dir.path().join(format!("trainer-{key}.log"));
     let spec = trainer_spec(&cloud.trainer(), &key, t, &log);
     let job = cloud.tenant.submit(&spec, Some(&key)).await?;
@@ -609,7 +657,7 @@ async fn agent_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
     .await?;
     let uploading = until_uploading(&cloud.store_dir(&victim), w.id, within).await?;
     let at = read_log(&w.log).len();
-    cloud.kill_agent(&victim);
+    cloud.kill_agent(&victim).await?;
     let broke = Instant::now();
     let half = uploading.join(gangway_checkpoint::MANIFEST);
     if half.exists() {
@@ -618,10 +666,13 @@ async fn agent_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
             uploading.display()
         ));
     }
-    cloud.restart_agent(&victim);
-    // It runs again once the old worker is gone.
+    if let Err(e) = cloud.restart_agent(&victim).await {
+        violations.push(format!("{victim}'s agent did not start again: {e:#}"));
+    }
+    // It runs again once the old worker is gone (and its checkpoint,
+    // 64 MiB, is fetched and verified).
     let mut recovered_s = None;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(90);
     while Instant::now() < deadline {
         let l = trainer::Log::parse(&read_log(&w.log));
         if l.runs.iter().any(|r| r.first >= at) {
@@ -678,7 +729,7 @@ async fn agent_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
 const BURST: usize = 48;
 
 /// The global-kill drill: see the crate's documentation.
-async fn global_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
+async fn global_kill(cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<Report> {
     use futures_util::StreamExt;
     use std::sync::atomic::AtomicUsize;
     // Short one-GPU trainers: the burst fits the fleet at once.
@@ -702,13 +753,16 @@ async fn global_kill(cloud: Arc<Cloud>) -> anyhow::Result<Report> {
             }
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
             killed_ms.store(now.map_or(0, |d| d.as_millis() as i64), Ordering::SeqCst);
-            cloud.kill_global(0);
+            if let Err(e) = cloud.kill_global(0).await {
+                eprintln!("cannot kill global replica 0: {e:#}");
+                return;
+            }
             *killed.lock().expect("killed lock") = Some(Instant::now());
         })
     };
     let works: Vec<(Work, gangway_shared::api::JobSpec)> = (0..BURST)
         .map(|i| {
-            let key = format!("burst-{i}");
+            let key = format!("burst-{tag}-{i}");
             let log = cloud.dir.path().join(format!("trainer-{key}.log"));
             let mut spec = trainer_spec(&cloud.trainer(), &key, t, &log);
             (spec.gpus, spec.gpus_per_worker) = (1, Some(1));

@@ -4,13 +4,15 @@
 //! use them.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use gangway_auth::dev::DevMaterial;
 
 use gangway_auth::jwt::{claims_for, Role, SigningKey};
 use gangway_shared::tokens;
+
+use crate::supervisor::Launch;
 
 /// A child process killed when the test ends, however it ends.
 pub struct Proc(pub Child);
@@ -84,8 +86,22 @@ pub fn spawn_global_as(
     regions: &[(&str, String)],
     name: &str,
 ) -> Proc {
-    let mut cmd = Command::new(bin);
-    cmd.args(["global", "--listen", &format!("127.0.0.1:{port}")])
+    global_launch(bin, dir, auth, port, regions, name)
+        .spawn()
+        .unwrap()
+}
+
+/// How [`spawn_global_as`] starts its replica.
+pub fn global_launch(
+    bin: &Path,
+    dir: &Path,
+    auth: &DevMaterial,
+    port: u16,
+    regions: &[(&str, String)],
+    name: &str,
+) -> Launch {
+    let mut l = Launch::new(bin, dir.join(format!("{name}.log")))
+        .args(["global", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--tls-cert")
         .arg(&auth.server_cert)
         .arg("--tls-key")
@@ -94,17 +110,12 @@ pub fn spawn_global_as(
         .args([
             "--service-signing-key",
             &key_arg(auth, "service-signing.pem"),
-        ]);
+        ])
+        .env("GANGWAY_LOG", "info");
     for (name, url) in regions {
-        cmd.arg("--region").arg(format!("{name}={url}"));
+        l = l.arg("--region").arg(format!("{name}={url}"));
     }
-    Proc(
-        cmd.env("GANGWAY_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log_file(dir, &format!("{name}.log")))
-            .spawn()
-            .unwrap(),
-    )
+    l
 }
 
 /// Waits (up to 90 s) until the global tier behind `client` sees `regions`
@@ -184,6 +195,11 @@ impl Proxy {
         }
     }
 
+    /// Whether the link is cut.
+    pub fn is_cut(&self) -> bool {
+        self.cut.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Cuts (`true`) or heals (`false`) the link.
     pub fn set_cut(&self, cut: bool) {
         self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
@@ -216,36 +232,16 @@ pub fn spawn_sim_agent(
     fleet: &Path,
     log: &str,
 ) -> Proc {
-    let mut cmd = agent_command(bin, dir, auth, region, region_port, fleet, log);
-    cmd.args(["--executor", "sim", "--time-factor", "0.05"]);
-    Proc(cmd.spawn().unwrap())
+    agent_launch(bin, dir, auth, region, region_port, fleet, log)
+        .args(["--executor", "sim", "--time-factor", "0.05"])
+        .spawn()
+        .unwrap()
 }
 
-/// `bin`'s `gangway agent` `{region}-agent` for a drill's cloud: serving
-/// `fleet` for the region at `region_port` with `executor` and the
-/// region's checkpoint `store`, working in `dir/{region}-agent` and
-/// logging to `{region}-agent.log`.
-#[allow(clippy::too_many_arguments)]
-pub fn spawn_agent(
-    bin: &Path,
-    dir: &Path,
-    auth: &DevMaterial,
-    region: &str,
-    region_port: u16,
-    fleet: &Path,
-    executor: crate::cloud::Executor,
-    store: &str,
-) -> Proc {
-    let log = format!("{region}-agent");
-    let mut cmd = agent_command(bin, dir, auth, region, region_port, fleet, &log);
-    match executor {
-        crate::cloud::Executor::Real => cmd.args(["--executor", "real"]),
-        crate::cloud::Executor::Sim => cmd.args(["--executor", "sim", "--time-factor", "0.05"]),
-    };
-    Proc(cmd.args(["--checkpoint-store", store]).spawn().unwrap())
-}
-
-fn agent_command(
+/// `bin`'s `gangway agent` with id `{region}-agent` serving `fleet` for the
+/// region at `region_port`, working in `dir/{log}` and logging to
+/// `dir/{log}.log`; its executor is for the caller to add.
+pub fn agent_launch(
     bin: &Path,
     dir: &Path,
     auth: &DevMaterial,
@@ -253,11 +249,12 @@ fn agent_command(
     region_port: u16,
     fleet: &Path,
     log: &str,
-) -> Command {
+) -> Launch {
     let agent_id = format!("{region}-agent");
     let agent_token = token_for_agent(&auth.service_key, &agent_id, region);
-    let mut cmd = Command::new(bin);
-    cmd.env("GANGWAY_AGENT_TOKEN", agent_token)
+    Launch::new(bin, dir.join(format!("{log}.log")))
+        .env("GANGWAY_AGENT_TOKEN", agent_token)
+        .env("GANGWAY_LOG", "info")
         .args(["agent", "--region", region, "--agent-id", &agent_id])
         .arg("--region-url")
         .arg(format!("http://127.0.0.1:{region_port}"))
@@ -265,10 +262,6 @@ fn agent_command(
         .arg(fleet)
         .arg("--work-dir")
         .arg(dir.join(log))
-        .env("GANGWAY_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log_file(dir, &format!("{log}.log")));
-    cmd
 }
 
 /// Kills with SIGKILL the process group of every process working in a

@@ -2,26 +2,34 @@
 //!
 //! Per region: a private PostgreSQL cluster (system binaries, run as user
 //! `postgres` when started as root), a `gangway region` process and a
-//! `gangway agent` process serving a simulated fleet. In front of them, one
-//! `gangway global` on HTTPS with a dev CA. State (databases, CA, signing
-//! keys, logs) lives under the state dir; starting again on the same dir
-//! resumes with the data and keys kept.
+//! `gangway agent` process serving a simulated fleet. In front of them,
+//! `gangway global` replicas on HTTPS with a dev CA. State (databases, CA,
+//! signing keys, logs) lives under the state dir; starting again on the
+//! same dir resumes with the data and keys kept.
+//!
+//! The processes are held by a [`Supervisor`]: one that exits on its own
+//! is started again. Links between regions, and from the global tier to
+//! each, go through proxies, and a control API on loopback
+//! ([`gangway_chaos::control`]) lets `gangway chaos <drill> --dev` break
+//! and mend any part of the running cloud.
 
 use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use gangway_auth::dev::DevMaterial;
 use gangway_auth::jwt::{claims_for, Role};
+use gangway_chaos::cloud::{DRILL_TIMERS, SHORT_TIMERS};
+use gangway_chaos::control;
+use gangway_chaos::procs::Proxy;
+use gangway_chaos::supervisor::{Launch, Link, RegionInfo, RegionParts, Supervisor};
 use gangway_devkit::{free_port, PgCluster, PgOptions};
 use gangway_shared::client::Client;
 use gangway_shared::tokens;
 use serde::{Deserialize, Serialize};
-use tokio::process::{Child, Command};
 
 use crate::jobs_cli::table;
 use crate::signals::shutdown_token;
@@ -53,14 +61,29 @@ pub struct UpArgs {
     /// Sim executor: a job runs `estimated_duration_s × time_factor` seconds.
     #[arg(long, default_value_t = 1.0)]
     time_factor: f64,
+    /// Replicas of the global tier (the env file's GANGWAY_URL is the
+    /// first; GANGWAY_GLOBAL_REPLICAS lists all).
+    #[arg(long, default_value_t = 2)]
+    globals: usize,
+    /// The short timers CI's drills use (regions' leases of 3–4 s, a fast
+    /// scheduler) instead of the defaults.
+    #[arg(long)]
+    short_timers: bool,
 }
 
 /// Ports chosen on the first start, kept so URLs stay stable across restarts.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct DevState {
     regions: BTreeMap<String, RegionPorts>,
+    /// The global tier's first replica (the env file's `GANGWAY_URL`).
     #[serde(default)]
     global: GlobalPorts,
+    /// Its other replicas.
+    #[serde(default)]
+    more_globals: Vec<GlobalPorts>,
+    /// The control API the drills use (`gangway chaos <drill> --dev`).
+    #[serde(default)]
+    control: u16,
 }
 
 #[derive(Debug, Default, Clone, Copy, Serialize, Deserialize)]
@@ -79,13 +102,13 @@ struct RegionPorts {
     postgres: u16,
 }
 
-struct RegionRun {
-    name: String,
-    ports: RegionPorts,
-    pg: PgCluster,
-    region: Option<Child>,
-    agent: Option<Child>,
-}
+/// How long a stopping process has after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// A process that exits on its own this often within [`CRASH_WINDOW`]
+/// stops the cloud instead of being started again.
+const CRASH_LIMIT: usize = 5;
+const CRASH_WINDOW: Duration = Duration::from_secs(60);
 
 pub async fn run(cmd: DevCommand) -> anyhow::Result<()> {
     match cmd {
@@ -97,9 +120,19 @@ fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
+/// Keeps a port chosen earlier if it is still free, or chooses another.
+fn keep_or_choose(port: &mut u16) {
+    if *port == 0 || !port_free(*port) {
+        *port = free_port();
+    }
+}
+
 async fn up(args: UpArgs) -> anyhow::Result<()> {
     if args.regions.is_empty() {
         bail!("--regions needs at least one region");
+    }
+    if args.globals == 0 {
+        bail!("--globals needs at least one replica");
     }
     let dir = absolute(&args.state_dir)?;
     std::fs::create_dir_all(&dir)
@@ -126,45 +159,49 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             postgres: 0,
         });
         for p in [&mut ports.api, &mut ports.metrics, &mut ports.postgres] {
-            if *p == 0 || !port_free(*p) {
-                *p = free_port();
-            }
+            keep_or_choose(p);
         }
     }
-    for p in [&mut state.global.api, &mut state.global.metrics] {
-        if *p == 0 || !port_free(*p) {
-            *p = free_port();
-        }
+    state
+        .more_globals
+        .resize(args.globals - 1, GlobalPorts::default());
+    for g in std::iter::once(&mut state.global).chain(state.more_globals.iter_mut()) {
+        keep_or_choose(&mut g.api);
+        keep_or_choose(&mut g.metrics);
     }
+    keep_or_choose(&mut state.control);
     std::fs::write(&state_file, serde_json::to_vec_pretty(&state)?)?;
     let auth = DevMaterial::load_or_create(&dir)
         .map_err(|e| anyhow::anyhow!("cannot prepare the dev CA and keys: {e}"))?;
 
     let shutdown = shutdown_token();
-    let mut runs: Vec<RegionRun> = Vec::new();
-    let mut global: Option<Child> = None;
+    let sup = Arc::new(assemble(&args, &dir, &exe, &fleet, &state, &auth).await?);
     let result = async {
-        start_all(&args, &dir, &exe, &fleet, &state, &auth, &mut runs).await?;
-        global = Some(start_global(&dir, &exe, &state, &auth, &runs).await?);
-        anyhow::Ok(())
+        sup.start_regions()?;
+        for name in &args.regions {
+            wait_ready(&sup, name, state.regions[name], &auth).await?;
+            println!("{name}: ready");
+        }
+        sup.start_globals()?;
+        wait_global(&sup, &dir, &state, &auth).await
     }
     .await;
     if let Err(e) = result {
-        terminate(global.take()).await;
-        stop_all(&mut runs).await;
+        stop(&sup).await;
         return Err(e);
     }
     let tokens = Tokens::mint(&auth)?;
-    let env_file = write_env(&dir, &runs, state.global, &auth, &tokens)?;
+    let env_file = write_env(&dir, &args.regions, &state, &auth, &tokens)?;
+    let control = start_control(&sup, &args, &dir, &state, &shutdown).await?;
     println!();
-    let rows: Vec<Vec<String>> = runs
-        .iter()
-        .map(|r| {
+    let rows: Vec<Vec<String>> = (args.regions.iter())
+        .map(|name| {
+            let ports = state.regions[name];
             vec![
-                r.name.clone(),
-                format!("http://127.0.0.1:{}", r.ports.api),
-                format!("http://127.0.0.1:{}/metrics", r.ports.metrics),
-                format!("127.0.0.1:{}", r.ports.postgres),
+                name.clone(),
+                format!("http://127.0.0.1:{}", ports.api),
+                format!("http://127.0.0.1:{}/metrics", ports.metrics),
+                format!("127.0.0.1:{}", ports.postgres),
             ]
         })
         .collect();
@@ -172,32 +209,51 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         "{}",
         table(&["REGION", "API", "METRICS", "POSTGRES"], &rows)
     );
+    let replicas: Vec<String> = (global_ports(&state).iter())
+        .map(|g| format!("https://127.0.0.1:{}", g.api))
+        .collect();
     println!(
-        "\nGlobal tier: https://127.0.0.1:{} (metrics http://127.0.0.1:{}/metrics)",
-        state.global.api, state.global.metrics
+        "\nGlobal tier: {} (metrics http://127.0.0.1:{}/metrics)",
+        replicas.join(", "),
+        state.global.metrics
     );
-    println!("\nReady. In another shell:\n  source {}\n  gangway job submit --wait --gpus 8 --gpu-type h100 -- sh -c 'echo rank $RANK of $WORLD_SIZE'\nLogs: {}/logs. Ctrl-C stops everything.", env_file.display(), dir.display());
+    println!("\nReady. In another shell:\n  source {}\n  gangway job submit --wait --gpus 8 --gpu-type h100 -- sh -c 'echo rank $RANK of $WORLD_SIZE'\nFailure drills against this cloud: gangway chaos region-kill --dev --state-dir {}\nLogs: {}/logs. Ctrl-C stops everything.", env_file.display(), dir.display(), dir.display());
 
-    // Run until Ctrl-C or until a process dies under us.
+    // Run until Ctrl-C; a process that exits on its own (not broken by a
+    // drill) is started again, unless it keeps exiting.
+    let mut exits: std::collections::VecDeque<Instant> = Default::default();
     let died = loop {
         tokio::select! {
             _ = shutdown.cancelled() => break None,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
-        if let Some(what) = find_dead(&mut runs) {
-            break Some(what);
+        let gone = sup.exited();
+        if gone.is_empty() {
+            continue;
         }
-        if let Some(g) = global.as_mut() {
-            if let Ok(Some(status)) = g.try_wait() {
-                global = None;
-                break Some(format!("the global tier exited ({status})"));
-            }
+        for what in &gone {
+            println!("{what}");
+            exits.push_back(Instant::now());
+        }
+        while exits.front().is_some_and(|t| t.elapsed() > CRASH_WINDOW) {
+            exits.pop_front();
+        }
+        if exits.len() > CRASH_LIMIT {
+            break Some(format!(
+                "processes exited {} times within {} s (last: {})",
+                exits.len(),
+                CRASH_WINDOW.as_secs(),
+                gone.join("; ")
+            ));
+        }
+        for said in sup.restart_exited() {
+            println!("{said}");
         }
     };
     println!("stopping…");
-    terminate(global.take()).await;
-    stop_all(&mut runs).await;
+    let _ = std::fs::remove_file(&control);
     let _ = std::fs::remove_file(dir.join("env"));
+    stop(&sup).await;
     match died {
         None => {
             println!("stopped; state kept in {}", dir.display());
@@ -207,15 +263,33 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn start_all(
+/// Stops the whole cloud, gently.
+async fn stop(sup: &Arc<Supervisor>) {
+    let sup = sup.clone();
+    let _ = tokio::task::spawn_blocking(move || sup.stop(STOP_GRACE)).await;
+}
+
+/// Every replica's ports, the first first.
+fn global_ports(state: &DevState) -> Vec<GlobalPorts> {
+    std::iter::once(state.global)
+        .chain(state.more_globals.iter().copied())
+        .collect()
+}
+
+/// Starts every region's PostgreSQL and the links' proxies, and returns
+/// the cloud's supervisor holding them and how to start the rest: per
+/// region a control plane and an agent, and the global tier's replicas.
+/// Every link between regions, and from the global tier to each region,
+/// goes through a proxy that a drill can cut (a partition); agents and
+/// the env file's URLs reach the regions straight.
+async fn assemble(
     args: &UpArgs,
     dir: &Path,
     exe: &Path,
     fleet: &Path,
     state: &DevState,
     auth: &DevMaterial,
-    runs: &mut Vec<RegionRun>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Supervisor> {
     let service_key = format!(
         "{}={}",
         auth.service_key.kid(),
@@ -228,6 +302,24 @@ async fn start_all(
         auth.service_key.kid(),
         dir.join("keys/service-signing.pem").display()
     );
+    let mut links = Vec::new();
+    for to in &args.regions {
+        let froms = (args.regions.iter().map(String::as_str)).chain(std::iter::once("global"));
+        for from in froms.filter(|f| f != to) {
+            links.push(Link {
+                from: from.to_string(),
+                to: to.clone(),
+                proxy: Proxy::start(state.regions[to].api).await,
+            });
+        }
+    }
+    let via = |from: &str, to: &str| {
+        let l = (links.iter())
+            .find(|l| l.from == from && l.to == to)
+            .expect("a link between every two");
+        format!("http://127.0.0.1:{}", l.proxy.port)
+    };
+    let mut regions = Vec::new();
     for name in &args.regions {
         let ports = state.regions[name];
         let region_dir = dir.join("regions").join(name);
@@ -239,10 +331,8 @@ async fn start_all(
         let pg_dir = region_dir.join("pg");
         // The region's checkpoint store, shared by its control plane and
         // its agent (docs/jobs.md).
-        let checkpoint_store = format!(
-            "file://{}",
-            std::path::absolute(region_dir.join("checkpoints"))?.display()
-        );
+        let store_dir = std::path::absolute(region_dir.join("checkpoints"))?;
+        let checkpoint_store = format!("file://{}", store_dir.display());
         let opts = PgOptions {
             port: Some(ports.postgres),
             ..PgOptions::default()
@@ -255,56 +345,37 @@ async fn start_all(
         .await??;
         pg.create_database("gangway").await?;
         let db = pg.connection_string("gangway");
-        runs.push(RegionRun {
-            name: name.clone(),
-            ports,
-            pg,
-            region: None,
-            agent: None,
-        });
-        let run = runs.last_mut().expect("just pushed");
-        println!(
-            "{name}: starting the control plane on 127.0.0.1:{}",
-            ports.api
-        );
-        run.region = Some(spawn(
-            exe,
-            &[
-                "region",
-                "--name",
-                name,
-                "--listen",
-                &format!("127.0.0.1:{}", ports.api),
-                "--metrics-listen",
-                &format!("127.0.0.1:{}", ports.metrics),
-                "--database-url",
-                &db,
-                "--service-key",
-                &service_key,
-                // Regions watch each other and hold each other's job
-                // intent (docs/failover.md); with peers, agents fence after
-                // the regions' lease (8 s) and a dead region's jobs run
-                // elsewhere after about 16 s.
-                "--peer-signing-key",
-                &signing_key,
-                "--checkpoint-store",
-                &checkpoint_store,
-            ]
-            .into_iter()
-            .map(String::from)
-            .chain(peer_args(args, state, name))
-            .collect::<Vec<_>>()
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-            &[],
-            &logs.join(format!("{name}-region.log")),
-        )?);
+        let launch = |what: &str| {
+            let mut l = Launch::new(exe, logs.join(format!("{name}-{what}.log")));
+            l.die_with_parent = true;
+            l
+        };
+        let mut control = launch("region")
+            .args(["region", "--name", name])
+            .args(["--listen", &format!("127.0.0.1:{}", ports.api)])
+            .args(["--metrics-listen", &format!("127.0.0.1:{}", ports.metrics)])
+            .args(["--database-url", &db])
+            .args(["--service-key", &service_key])
+            // Regions watch each other and hold each other's job intent
+            // (docs/failover.md); with peers, agents fence after the
+            // regions' lease (8 s) and a dead region's jobs run elsewhere
+            // after about 16 s.
+            .args(["--peer-signing-key", &signing_key])
+            .args(["--checkpoint-store", &checkpoint_store]);
+        if args.short_timers {
+            control = control.args(DRILL_TIMERS).args(SHORT_TIMERS);
+        }
+        for peer in args.regions.iter().filter(|p| *p != name) {
+            control = control
+                .arg("--peer")
+                .arg(format!("{peer}={}", via(name, peer)));
+        }
+        let agent_id = format!("{name}-agent-0");
         let agent_token = auth
             .service_key
             .sign(&claims_for(
                 Role::Agent,
-                &format!("{name}-agent-0"),
+                &agent_id,
                 None,
                 Some(name),
                 tokens::ISSUER,
@@ -312,45 +383,74 @@ async fn start_all(
                 DEV_TOKEN_TTL,
             ))
             .map_err(|e| anyhow::anyhow!("cannot sign the agent token: {e}"))?;
+        let agent_dir = region_dir.join("agent");
+        let agent = launch("agent")
+            .env("GANGWAY_AGENT_TOKEN", agent_token)
+            .arg("agent")
+            .args(["--region-url", &format!("http://127.0.0.1:{}", ports.api)])
+            .args(["--region", name, "--agent-id", &agent_id])
+            .arg("--fleet")
+            .arg(fleet)
+            .args(["--executor", &args.executor])
+            .args(["--time-factor", &args.time_factor.to_string()])
+            .arg("--work-dir")
+            .arg(&agent_dir)
+            .args(["--checkpoint-store", &checkpoint_store]);
         println!(
-            "{name}: starting the node agent ({} executor)",
-            args.executor
+            "{name}: the control plane on 127.0.0.1:{}, a node agent ({} executor)",
+            ports.api, args.executor
         );
-        let work_dir = region_dir.join("agent");
-        run.agent = Some(spawn(
-            exe,
-            &[
-                "agent",
-                "--region-url",
-                &format!("http://127.0.0.1:{}", ports.api),
-                "--region",
-                name,
-                "--fleet",
-                &fleet.to_string_lossy(),
-                "--agent-id",
-                &format!("{name}-agent-0"),
-                "--executor",
-                &args.executor,
-                "--time-factor",
-                &args.time_factor.to_string(),
-                "--work-dir",
-                &work_dir.to_string_lossy(),
-                "--checkpoint-store",
-                &checkpoint_store,
-            ],
-            &[("GANGWAY_AGENT_TOKEN", agent_token.as_str())],
-            &logs.join(format!("{name}-agent.log")),
-        )?);
+        regions.push(RegionParts {
+            info: RegionInfo {
+                name: name.clone(),
+                url: format!("http://127.0.0.1:{}", ports.api),
+                database: db,
+                store_dir,
+                agent_dir,
+                broken: Vec::new(),
+            },
+            control,
+            agent,
+            database: pg,
+        });
     }
-    for run in runs.iter_mut() {
-        wait_ready(run, auth).await?;
-        println!("{}: ready", run.name);
+    let mut globals = Vec::new();
+    for (i, g) in global_ports(state).iter().enumerate() {
+        let log = match i {
+            0 => "global.log".to_string(),
+            i => format!("global-{i}.log"),
+        };
+        let mut l = Launch::new(exe, logs.join(log))
+            .arg("global")
+            .args(["--listen", &format!("127.0.0.1:{}", g.api)])
+            .args(["--metrics-listen", &format!("127.0.0.1:{}", g.metrics)])
+            .arg("--tls-cert")
+            .arg(&auth.server_cert)
+            .arg("--tls-key")
+            .arg(&auth.server_key)
+            .arg("--tenant-key")
+            .arg(format!(
+                "{}={}",
+                auth.tenant_key.kid(),
+                dir.join("keys/tenant-signing.pub.pem").display()
+            ))
+            .args(["--service-signing-key", &signing_key]);
+        l.die_with_parent = true;
+        for r in &args.regions {
+            l = l.arg("--region").arg(format!("{r}={}", via("global", r)));
+        }
+        globals.push(l);
     }
-    Ok(())
+    Ok(Supervisor::new(regions, globals, links))
 }
 
-/// Waits until the region answers and its agent has registered GPUs.
-async fn wait_ready(run: &mut RegionRun, auth: &DevMaterial) -> anyhow::Result<()> {
+/// Waits until region `name` answers and its agent has registered GPUs.
+async fn wait_ready(
+    sup: &Supervisor,
+    name: &str,
+    ports: RegionPorts,
+    auth: &DevMaterial,
+) -> anyhow::Result<()> {
     let token = auth
         .service_key
         .sign(&claims_for(
@@ -363,8 +463,7 @@ async fn wait_ready(run: &mut RegionRun, auth: &DevMaterial) -> anyhow::Result<(
             Duration::from_secs(600),
         ))
         .map_err(|e| anyhow::anyhow!("cannot sign a service token: {e}"))?;
-    let client =
-        Client::new(format!("http://127.0.0.1:{}", run.ports.api), "acme").with_token(token);
+    let client = Client::new(format!("http://127.0.0.1:{}", ports.api), "acme").with_token(token);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Ok(status) = client.region_status().await {
@@ -372,90 +471,13 @@ async fn wait_ready(run: &mut RegionRun, auth: &DevMaterial) -> anyhow::Result<(
                 return Ok(());
             }
         }
-        if let Some(what) = dead_child(run) {
+        if let Some(what) = sup.exited().first() {
             bail!("{what}");
         }
         if Instant::now() > deadline {
-            bail!(
-                "{}: not ready after 120 s (no agent registered GPUs)",
-                run.name
-            );
+            bail!("{name}: not ready after 120 s (no agent registered GPUs)");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn spawn(exe: &Path, args: &[&str], env: &[(&str, &str)], log: &Path) -> anyhow::Result<Child> {
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("cannot open log {}", log.display()))?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out);
-    // SAFETY: prctl is async-signal-safe; the child dies with us even if we
-    // are killed without a chance to stop it.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        });
-    }
-    Ok(Command::from(cmd).kill_on_drop(true).spawn()?)
-}
-
-fn dead_child(run: &mut RegionRun) -> Option<String> {
-    for (what, child) in [
-        ("control plane", &mut run.region),
-        ("agent", &mut run.agent),
-    ] {
-        if let Some(c) = child {
-            if let Ok(Some(status)) = c.try_wait() {
-                *child = None;
-                return Some(format!("{}: the {what} exited ({status})", run.name));
-            }
-        }
-    }
-    None
-}
-
-fn find_dead(runs: &mut [RegionRun]) -> Option<String> {
-    runs.iter_mut().find_map(dead_child)
-}
-
-/// Stops agents first (they stop their workers), then control planes, then
-/// databases.
-async fn stop_all(runs: &mut [RegionRun]) {
-    for run in runs.iter_mut() {
-        terminate(run.agent.take()).await;
-    }
-    for run in runs.iter_mut() {
-        terminate(run.region.take()).await;
-    }
-    for run in runs.iter_mut() {
-        if let Err(e) = run.pg.stop() {
-            eprintln!("{}: stopping PostgreSQL: {e:#}", run.name);
-        }
-    }
-}
-
-async fn terminate(child: Option<Child>) {
-    let Some(mut child) = child else { return };
-    if let Some(pid) = child.id() {
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(pid as i32, libc::SIGTERM);
-        }
-    }
-    if tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
     }
 }
 
@@ -489,88 +511,96 @@ impl Tokens {
     }
 }
 
-/// Starts the global tier over HTTPS and waits until it sees every region.
-async fn start_global(
+/// Waits until every replica of the global tier answers over HTTPS and
+/// sees every region healthy.
+async fn wait_global(
+    sup: &Supervisor,
     dir: &Path,
-    exe: &Path,
     state: &DevState,
     auth: &DevMaterial,
-    runs: &[RegionRun],
-) -> anyhow::Result<Child> {
-    println!(
-        "global: starting the public API on https://127.0.0.1:{}",
-        state.global.api
-    );
-    let mut args: Vec<String> = vec![
-        "global".into(),
-        "--listen".into(),
-        format!("127.0.0.1:{}", state.global.api),
-        "--metrics-listen".into(),
-        format!("127.0.0.1:{}", state.global.metrics),
-        "--tls-cert".into(),
-        auth.server_cert.to_string_lossy().into_owned(),
-        "--tls-key".into(),
-        auth.server_key.to_string_lossy().into_owned(),
-        "--tenant-key".into(),
-        format!(
-            "{}={}",
-            auth.tenant_key.kid(),
-            dir.join("keys/tenant-signing.pub.pem").display()
-        ),
-        "--service-signing-key".into(),
-        format!(
-            "{}={}",
-            auth.service_key.kid(),
-            dir.join("keys/service-signing.pem").display()
-        ),
-    ];
-    for r in runs {
-        args.push("--region".into());
-        args.push(format!("{}=http://127.0.0.1:{}", r.name, r.ports.api));
-    }
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut child = spawn(exe, &argv, &[], &dir.join("logs/global.log"))?;
+) -> anyhow::Result<()> {
     let ca = std::fs::read(&auth.ca_cert)?;
     let token = Tokens::mint(auth)?.acme;
-    let client = Client::public(
-        format!("https://127.0.0.1:{}", state.global.api),
-        token,
-        Some(&ca),
-    )
-    .map_err(|e| anyhow::anyhow!(e))?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(list) = client.regions().await {
-            if list.regions.iter().all(|r| r.healthy) {
-                println!("global: ready");
-                return Ok(child);
+    for (i, g) in global_ports(state).iter().enumerate() {
+        let url = format!("https://127.0.0.1:{}", g.api);
+        println!("global {i}: the public API on {url}");
+        let client =
+            Client::public(url, token.clone(), Some(&ca)).map_err(|e| anyhow::anyhow!(e))?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(list) = client.regions().await {
+                if list.regions.iter().all(|r| r.healthy) {
+                    println!("global {i}: ready");
+                    break;
+                }
             }
+            if let Some(what) = sup.exited().first() {
+                bail!("{what}; see {}/logs", dir.display());
+            }
+            if Instant::now() > deadline {
+                bail!("global replica {i} did not see every region healthy within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        if let Ok(Some(status)) = child.try_wait() {
-            bail!(
-                "the global tier exited ({status}); see {}/logs/global.log",
-                dir.display()
-            );
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill().await;
-            bail!("the global tier did not see every region healthy within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(())
+}
+
+/// Serves the drills' control API on loopback and writes its endpoint
+/// file (returned) into the state dir.
+async fn start_control(
+    sup: &Arc<Supervisor>,
+    args: &UpArgs,
+    dir: &Path,
+    state: &DevState,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<PathBuf> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", state.control))
+        .await
+        .with_context(|| format!("cannot listen on 127.0.0.1:{}", state.control))?;
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let fixed = control::Fixed {
+        state_dir: dir.to_path_buf(),
+        executor: args.executor.clone(),
+        short_timers: args.short_timers,
+        globals: (global_ports(state).iter())
+            .map(|g| format!("https://127.0.0.1:{}", g.api))
+            .collect(),
+    };
+    let stopped = shutdown.clone();
+    tokio::spawn(control::serve(
+        sup.clone(),
+        fixed,
+        token.clone(),
+        listener,
+        async move { stopped.cancelled().await },
+    ));
+    let endpoint = control::Endpoint {
+        url: format!("http://127.0.0.1:{}", state.control),
+        token,
+    };
+    control::write_endpoint(dir, &endpoint)
 }
 
 fn write_env(
     dir: &Path,
-    runs: &[RegionRun],
-    global: GlobalPorts,
+    regions: &[String],
+    state: &DevState,
     auth: &DevMaterial,
     tokens: &Tokens,
 ) -> anyhow::Result<PathBuf> {
+    let global = state.global;
     let mut s = String::from("# Written by `gangway dev up`; source it in a shell.\n");
     s.push_str(&format!(
         "export GANGWAY_URL=https://127.0.0.1:{}\n",
         global.api
+    ));
+    let replicas: Vec<String> = (global_ports(state).iter())
+        .map(|g| format!("https://127.0.0.1:{}", g.api))
+        .collect();
+    s.push_str(&format!(
+        "export GANGWAY_GLOBAL_REPLICAS={}\n",
+        replicas.join(",")
     ));
     s.push_str(&format!(
         "export GANGWAY_CA_CERT={}\n",
@@ -583,17 +613,17 @@ fn write_env(
         "export GANGWAY_GLOBAL_METRICS_URL=http://127.0.0.1:{}/metrics\n",
         global.metrics
     ));
-    let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
-    s.push_str(&format!("export GANGWAY_REGIONS={}\n", names.join(",")));
-    for r in runs {
-        let var = r.name.to_uppercase().replace('-', "_");
+    s.push_str(&format!("export GANGWAY_REGIONS={}\n", regions.join(",")));
+    for name in regions {
+        let ports = state.regions[name];
+        let var = name.to_uppercase().replace('-', "_");
         s.push_str(&format!(
             "export GANGWAY_REGION_{var}_URL=http://127.0.0.1:{}\n",
-            r.ports.api
+            ports.api
         ));
         s.push_str(&format!(
             "export GANGWAY_REGION_{var}_METRICS_URL=http://127.0.0.1:{}/metrics\n",
-            r.ports.metrics
+            ports.metrics
         ));
     }
     let path = dir.join("env");
@@ -610,17 +640,4 @@ fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
     } else {
         std::env::current_dir()?.join(p)
     })
-}
-
-/// `--peer NAME=URL` for every other region of the dev cloud.
-fn peer_args(args: &UpArgs, state: &DevState, me: &str) -> Vec<String> {
-    (args.regions.iter())
-        .filter(|r| *r != me)
-        .flat_map(|r| {
-            [
-                "--peer".to_string(),
-                format!("{r}=http://127.0.0.1:{}", state.regions[r].api),
-            ]
-        })
-        .collect()
 }

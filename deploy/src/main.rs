@@ -91,17 +91,27 @@ enum Command {
     Sim(sim_cli::SimArgs),
     /// Your allocated GPU time, per period, by GPU type, job or region.
     Usage(jobs_cli::UsageArgs),
-    /// Failure drills: start a local cloud of three regions running trainer
-    /// jobs, break it, check the invariants, report recovery and lost work
+    /// Failure drills: run trainer jobs on a local cloud of three regions
+    /// (one of its own, or with --dev the running `gangway dev up`), break
+    /// it, check the invariants, report recovery and lost work
     /// (docs/failover.md). Exits 1 when an invariant broke.
     Chaos {
-        /// `region-kill`, `control-plane-kill`, `database-kill` or
-        /// `partition` (docs/failover.md).
+        /// `region-kill`, `agent-kill`, `global-kill`, `control-plane-kill`,
+        /// `database-kill` or `partition` (docs/failover.md).
         drill: gangway_chaos::Drill,
         /// The short timers CI uses (leases of 3–4 s) instead of the
-        /// defaults.
-        #[arg(long)]
+        /// defaults (a cloud of the drill's own; a dev cloud runs its own
+        /// timers: `gangway dev up --short-timers`).
+        #[arg(long, conflicts_with = "dev")]
         short_timers: bool,
+        /// Drill on the running `gangway dev up` (of --state-dir) rather
+        /// than on a cloud of the drill's own; what the drill breaks is
+        /// mended afterwards.
+        #[arg(long)]
+        dev: bool,
+        /// The dev cloud's state dir (with --dev).
+        #[arg(long, env = "GANGWAY_STATE_DIR", default_value = ".gangway")]
+        state_dir: std::path::PathBuf,
         /// The report as JSON.
         #[arg(long)]
         json: bool,
@@ -166,11 +176,26 @@ fn main() -> std::process::ExitCode {
             Command::Chaos {
                 drill,
                 short_timers,
+                dev,
+                state_dir,
                 json,
             } => {
                 let bin = std::env::current_exe()?;
-                eprintln!("starting a local cloud of three regions for the drill…");
-                let report = gangway_chaos::run(drill, &bin, short_timers).await?;
+                let on = if dev {
+                    eprintln!(
+                        "drilling {} on the dev cloud of {}…",
+                        drill.as_str(),
+                        state_dir.display()
+                    );
+                    gangway_chaos::On::Dev(&state_dir)
+                } else {
+                    eprintln!("starting a local cloud of three regions for the drill…");
+                    gangway_chaos::On::Own {
+                        bin: &bin,
+                        short: short_timers,
+                    }
+                };
+                let report = gangway_chaos::run_on(drill, on).await?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 } else {

@@ -93,6 +93,9 @@ impl Workers {
                 fenced,
             } = state
             {
+                if handle.task.is_finished() {
+                    continue; // it ended on its own, before the fence
+                }
                 tracing::warn!(job_id = %key.job_id, worker = %key, "fenced: asking worker to checkpoint and stop");
                 handle.control.checkpoint_within(Some(deadline));
                 *stopping = true;
@@ -459,6 +462,34 @@ mod tests {
         assert!(reports.iter().all(|r| r.fenced
             && matches!(r.status, WorkerStatus::Exited { .. })
             && r.checkpoint.is_some()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_ended_before_the_fence_is_not_reported_fenced() {
+        let mut w = sim_workers();
+        let (done, going) = (Uuid::new_v4(), Uuid::new_v4());
+        w.reconcile(&[
+            assignment(done, Desired::Run, 1),
+            assignment(going, Desired::Run, 1000),
+        ]);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        settle().await;
+        // Its exit not collected yet when the agent fences.
+        assert_eq!(w.fence(Duration::from_secs(1)), 1);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        settle().await;
+        w.collect_exits().await;
+        let reports = w.reports();
+        let of = |id| reports.iter().find(|r| r.job_id == id).unwrap();
+        assert!(!of(done).fenced, "{:?}", of(done));
+        assert!(matches!(
+            of(done).status,
+            WorkerStatus::Exited {
+                exit_code: Some(0),
+                ..
+            }
+        ));
+        assert!(of(going).fenced);
     }
 
     #[tokio::test(start_paused = true)]
