@@ -1,7 +1,8 @@
-//! `gangway billing export`: a month of every tenant's usage, merged from
-//! every region's ledger (each holds its own rows and its peers'),
-//! deduplicated, priced by a price book, as FinOps FOCUS rows in CSV or
-//! JSON Lines (docs/billing.md).
+//! `gangway billing export`: a month of every tenant's usage and credits,
+//! merged from every region's ledger (each holds its own rows and its
+//! peers'), deduplicated, priced by a price book, as FinOps FOCUS rows in
+//! CSV or JSON Lines (docs/billing.md). `gangway billing reconcile`
+//! (`reconcile_cli.rs`) checks the ledger against the allocations.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,17 +11,23 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use clap::{Subcommand, ValueEnum};
-use gangway_shared::billing::{FocusRow, PriceBook, UsageRecord, UsageRecords};
+use gangway_shared::billing::{
+    CreditRecord, CreditRecords, FocusRow, PriceBook, UsageRecord, UsageRecords,
+};
 use reqwest::Method;
 use uuid::Uuid;
 
 use crate::admin_cli::with_query;
 use crate::conn::Conn;
 
+mod reconcile;
+
 #[derive(Subcommand, Debug)]
 pub enum BillingCommand {
     /// A month of every tenant's GPU usage, from every region, counted
-    /// once and priced, as FOCUS rows (one per placement and clock hour).
+    /// once and priced, as FOCUS rows (one per placement and clock hour),
+    /// and the month's credits for GPU time lost to provider-caused
+    /// events (negative rows, `ChargeCategory` `Credit`).
     Export {
         #[command(flatten)]
         conn: Conn,
@@ -36,6 +43,25 @@ pub enum BillingCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Checks, per tenant and region, that billed plus credited
+    /// GPU-seconds equal the GPU-seconds the regions' allocations held in
+    /// a period; exit status 1 when they differ (docs/billing.md).
+    Reconcile {
+        #[command(flatten)]
+        conn: Conn,
+        /// The month, as YYYY-MM (UTC); or give --from and --to.
+        #[arg(long, conflicts_with_all = ["from", "to"])]
+        month: Option<String>,
+        /// Start of the period (RFC 3339).
+        #[arg(long, requires = "to")]
+        from: Option<DateTime<Utc>>,
+        /// End of the period, exclusive (RFC 3339).
+        #[arg(long, requires = "from")]
+        to: Option<DateTime<Utc>>,
+        /// GPU-seconds a tenant's region may differ by (float rounding).
+        #[arg(long, default_value_t = 0.5)]
+        epsilon: f64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -45,7 +71,7 @@ pub enum Format {
 }
 
 /// [start, end) of month `YYYY-MM`.
-fn month_bounds(month: &str) -> anyhow::Result<(DateTime<Utc>, DateTime<Utc>)> {
+pub(crate) fn month_bounds(month: &str) -> anyhow::Result<(DateTime<Utc>, DateTime<Utc>)> {
     let first = NaiveDate::parse_from_str(&format!("{month}-01"), "%Y-%m-%d")
         .with_context(|| format!("--month {month:?} is not YYYY-MM"))?;
     let next = if first.month() == 12 {
@@ -58,93 +84,163 @@ fn month_bounds(month: &str) -> anyhow::Result<(DateTime<Utc>, DateTime<Utc>)> {
     Ok((at(first), at(next)))
 }
 
-pub async fn run(cmd: BillingCommand) -> anyhow::Result<u8> {
-    let BillingCommand::Export {
-        conn,
-        month,
-        format,
-        price_book,
-        out,
-    } = cmd;
-    let (start, end) = month_bounds(&month)?;
-    let text = std::fs::read_to_string(&price_book)
-        .with_context(|| format!("cannot read the price book {}", price_book.display()))?;
-    let book = PriceBook::parse(&text).map_err(anyhow::Error::msg)?;
-    let client = conn.admin_client()?;
-    let period = [("from", start.to_rfc3339()), ("to", end.to_rfc3339())];
+/// A page of a region's ledger as `GET /v1/admin/usage/{records,credits}`
+/// gives it.
+pub(crate) trait LedgerPage: serde::de::DeserializeOwned {
+    type Item: PartialEq + std::fmt::Debug;
+    /// What the rows are called in messages.
+    const WHAT: &'static str;
+    fn split(self) -> (Vec<Self::Item>, Option<Uuid>);
+    fn id(item: &Self::Item) -> Uuid;
+}
+
+impl LedgerPage for UsageRecords {
+    type Item = UsageRecord;
+    const WHAT: &'static str = "usage rows";
+    fn split(self) -> (Vec<UsageRecord>, Option<Uuid>) {
+        (self.records, self.next)
+    }
+    fn id(r: &UsageRecord) -> Uuid {
+        r.usage_id
+    }
+}
+
+impl LedgerPage for CreditRecords {
+    type Item = CreditRecord;
+    const WHAT: &'static str = "credits";
+    fn split(self) -> (Vec<CreditRecord>, Option<Uuid>) {
+        (self.credits, self.next)
+    }
+    fn id(c: &CreditRecord) -> Uuid {
+        c.credit_id
+    }
+}
+
+/// Every region's rows of `path` for `period`, through the global tier,
+/// page by page (progress on stderr), merged: a row held by two regions (a
+/// home's, replicated to its buddy) is one row; two regions holding one id
+/// with different contents stop it, as does a region that does not
+/// answer (its rows may be only there). Returns the rows and the regions.
+pub(crate) async fn read_merged<P: LedgerPage>(
+    client: &gangway_shared::client::Client,
+    path: &str,
+    period: &[(&str, String)],
+) -> anyhow::Result<(BTreeMap<Uuid, P::Item>, Vec<String>)> {
     // Every region's first page, then each region's next ones.
     let first = client
-        .call_json(
-            Method::GET,
-            &with_query("/v1/admin/usage/records", &period),
-            None,
-        )
+        .call_json(Method::GET, &with_query(path, period), None)
         .await?;
     let regions: Vec<String> = (first["regions"].as_object())
         .map(|m| m.keys().cloned().collect())
         .unwrap_or_default();
-    // Every region's ledger, merged: a row held by two regions (a home's,
-    // replicated to its buddy) is one row.
-    let mut rows: BTreeMap<Uuid, UsageRecord> = BTreeMap::new();
+    let mut rows: BTreeMap<Uuid, P::Item> = BTreeMap::new();
     for name in &regions {
         let mut answer = first["regions"][name].clone();
         let mut read = 0usize;
         loop {
-            let page: UsageRecords = serde_json::from_value(answer.clone()).map_err(|_| {
+            let page: P = serde_json::from_value(answer.clone()).map_err(|_| {
                 anyhow::anyhow!(
-                    "region {name} did not give its usage ({answer}): the export would be \
-                     incomplete; retry once it answers"
+                    "region {name} did not give its {} ({answer}): the result would be \
+                     incomplete; retry once it answers",
+                    P::WHAT
                 )
             })?;
-            read += page.records.len();
-            for rec in page.records {
-                match rows.get(&rec.usage_id) {
-                    Some(held) if *held != rec => bail!(
-                        "usage row {} differs between regions ({held:?} and {rec:?}): \
-                         reconcile before exporting",
-                        rec.usage_id
+            let (items, next) = page.split();
+            read += items.len();
+            for item in items {
+                match rows.get(&P::id(&item)) {
+                    Some(held) if *held != item => bail!(
+                        "{} {} differs between regions ({held:?} and {item:?}): \
+                         look into it before billing",
+                        P::WHAT,
+                        P::id(&item)
                     ),
                     Some(_) => {}
                     None => {
-                        rows.insert(rec.usage_id, rec);
+                        rows.insert(P::id(&item), item);
                     }
                 }
             }
-            eprintln!("{name}: {read} usage rows read");
-            let Some(after) = page.next else {
+            eprintln!("{name}: {read} {} read", P::WHAT);
+            let Some(after) = next else {
                 break;
             };
             let mut q = period.to_vec();
             q.push(("region", name.clone()));
             q.push(("after", after.to_string()));
             let doc = client
-                .call_json(
-                    Method::GET,
-                    &with_query("/v1/admin/usage/records", &q),
-                    None,
-                )
+                .call_json(Method::GET, &with_query(path, &q), None)
                 .await?;
             answer = doc["regions"][name].clone();
         }
     }
-    // Rows lie within one clock hour: those starting in the month are its.
+    Ok((rows, regions))
+}
+
+pub async fn run(cmd: BillingCommand) -> anyhow::Result<u8> {
+    match cmd {
+        BillingCommand::Export {
+            conn,
+            month,
+            format,
+            price_book,
+            out,
+        } => export(conn, month, format, price_book, out).await,
+        BillingCommand::Reconcile {
+            conn,
+            month,
+            from,
+            to,
+            epsilon,
+        } => reconcile::reconcile(conn, month, from, to, epsilon).await,
+    }
+}
+
+async fn export(
+    conn: Conn,
+    month: String,
+    format: Format,
+    price_book: PathBuf,
+    out: Option<PathBuf>,
+) -> anyhow::Result<u8> {
+    let (start, end) = month_bounds(&month)?;
+    let text = std::fs::read_to_string(&price_book)
+        .with_context(|| format!("cannot read the price book {}", price_book.display()))?;
+    let book = PriceBook::parse(&text).map_err(anyhow::Error::msg)?;
+    let client = conn.admin_client()?;
+    let period = [("from", start.to_rfc3339()), ("to", end.to_rfc3339())];
+    let (rows, regions) =
+        read_merged::<UsageRecords>(&client, "/v1/admin/usage/records", &period).await?;
+    let (credits, _) =
+        read_merged::<CreditRecords>(&client, "/v1/admin/usage/credits", &period).await?;
     let mut priced = Vec::new();
     let mut unpriced: BTreeMap<String, usize> = BTreeMap::new();
+    let mut no_price = |gpu_type: &str, priority: i16, region: &str| {
+        let sku = format!(
+            "{gpu_type} {} in {region}",
+            gangway_shared::billing::priority_name(priority)
+        );
+        *unpriced.entry(sku).or_default() += 1;
+    };
+    // Rows lie within one clock hour: those starting in the month are its.
     for rec in rows
         .values()
         .filter(|r| r.started_at >= start && r.started_at < end)
     {
         match FocusRow::of(rec, &book, (start, end)) {
             Some(row) => priced.push(row),
-            None => {
-                let sku = format!(
-                    "{} {} in {}",
-                    rec.gpu_type,
-                    gangway_shared::billing::priority_name(rec.priority),
-                    rec.region
-                );
-                *unpriced.entry(sku).or_default() += 1;
-            }
+            None => no_price(&rec.gpu_type, rec.priority, &rec.region),
+        }
+    }
+    // A credit is the month's that it was issued in (a month's bill is
+    // final once it is over), priced like the row it offsets.
+    for c in credits
+        .values()
+        .filter(|c| c.issued_at >= start && c.issued_at < end)
+    {
+        match FocusRow::credit(c, &book, (start, end)) {
+            Some(row) => priced.push(row),
+            None => no_price(&c.gpu_type, c.priority, &c.region),
         }
     }
     if !unpriced.is_empty() {
@@ -163,12 +259,14 @@ pub async fn run(cmd: BillingCommand) -> anyhow::Result<u8> {
             a.ChargePeriodStart,
             &a.ResourceId,
             a.x_Rank,
+            &a.ChargeCategory,
         )
             .cmp(&(
                 &b.BillingAccountId,
                 b.ChargePeriodStart,
                 &b.ResourceId,
                 b.x_Rank,
+                &b.ChargeCategory,
             ))
     });
     let mut w: Box<dyn Write> = match &out {
@@ -188,21 +286,31 @@ pub async fn run(cmd: BillingCommand) -> anyhow::Result<u8> {
         }
     }
     w.flush()?;
-    // What finance checks first: per tenant, GPU-hours and cost.
-    let mut totals: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    // What finance checks first: per tenant, GPU-hours and cost, net of
+    // credits, and the credits.
+    let mut totals: BTreeMap<&str, (f64, f64, f64, f64)> = BTreeMap::new();
     for row in &priced {
         let t = totals.entry(&row.BillingAccountId).or_default();
         t.0 += row.UsageQuantity;
         t.1 += row.BilledCost;
+        if row.ChargeCategory == "Credit" {
+            t.2 -= row.UsageQuantity;
+            t.3 -= row.BilledCost;
+        }
     }
-    for (tenant, (hours, cost)) in &totals {
+    for (tenant, (hours, cost, credit_hours, credit)) in &totals {
         eprintln!(
-            "{tenant}: {hours:.3} GPU-hours, {cost:.2} {}",
-            book.currency
+            "{tenant}: {hours:.3} GPU-hours, {cost:.2} {cur} (after credits of \
+             {credit_hours:.3} GPU-hours, {credit:.2} {cur})",
+            cur = book.currency
         );
     }
+    let n_credits = priced
+        .iter()
+        .filter(|r| r.ChargeCategory == "Credit")
+        .count();
     eprintln!(
-        "{} rows for {month} from {} regions",
+        "{} rows ({n_credits} credits) for {month} from {} regions",
         priced.len(),
         regions.len()
     );

@@ -557,9 +557,14 @@ pub struct UsageArgs {
     /// gpu_type, job or region.
     #[arg(long, value_parser = ["gpu_type", "job", "region"])]
     pub group_by: Option<String>,
+    /// Only this job's usage.
+    #[arg(long)]
+    pub job: Option<Uuid>,
 }
 
-/// `gangway usage`: the tenant's allocated GPU time.
+/// `gangway usage`: the tenant's GPU time from the usage ledger: billed,
+/// credited (lost to provider-caused events, not charged) and running
+/// time not metered yet.
 pub async fn usage(args: UsageArgs) -> anyhow::Result<u8> {
     use gangway_shared::api::{Granularity, UsageGroup, UsageQuery};
     let q = UsageQuery {
@@ -577,12 +582,14 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<u8> {
             Some(_) => Some(UsageGroup::GpuType),
             None => None,
         },
+        job: args.job,
     };
     let u = args.conn.client()?.usage(&q).await?;
     if args.conn.json {
         println!("{}", serde_json::to_string_pretty(&u)?);
         return Ok(0);
     }
+    let h = |s: f64| format!("{:.2}", s / 3600.0);
     let rows: Vec<Vec<String>> = u
         .rows
         .iter()
@@ -590,7 +597,10 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<u8> {
             vec![
                 r.period_start.format("%Y-%m-%d %H:%M").to_string(),
                 r.key.clone(),
-                format!("{:.2}", r.gpu_seconds / 3600.0),
+                h(r.gpu_seconds),
+                h(r.billed_gpu_seconds),
+                h(r.credited_gpu_seconds),
+                h(r.pending_gpu_seconds),
             ]
         })
         .collect();
@@ -600,21 +610,42 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<u8> {
             &[
                 "PERIOD",
                 u.group_by.as_str().to_uppercase().as_str(),
-                "GPU-HOURS"
+                "GPU-HOURS",
+                "BILLED",
+                "CREDITED",
+                "NOT METERED YET"
             ],
             &rows
         )
     );
     println!(
-        "total {:.2} GPU-hours from {} to {}",
-        u.total_gpu_seconds / 3600.0,
+        "total {} GPU-hours from {} to {}: {} billed, {} credited, {} not metered yet",
+        h(u.total_gpu_seconds),
         u.from.format("%Y-%m-%d %H:%M"),
-        u.to.format("%Y-%m-%d %H:%M")
+        u.to.format("%Y-%m-%d %H:%M"),
+        h(u.total_billed_gpu_seconds),
+        h(u.total_credited_gpu_seconds),
+        h(u.total_pending_gpu_seconds),
     );
+    if u.total_credited_gpu_seconds > 0.0 {
+        println!(
+            "credited: GPU time lost to provider-caused events (a node lost, a drain, a region \
+             failure, …) is not charged"
+        );
+    }
     if !u.unavailable_regions.is_empty() {
         eprintln!(
-            "warning: regions not answering, their usage is missing: {}",
-            u.unavailable_regions.join(", ")
+            "warning: regions not answering: {}{}",
+            u.unavailable_regions.join(", "),
+            if u.replicated_regions.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; the usage of {} is from their buddies' copies (their newest rows may \
+                     be missing)",
+                    u.replicated_regions.join(", ")
+                )
+            }
         );
     }
     Ok(0)

@@ -69,6 +69,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/admin/maintenance/{id}/cancel"),
     ("get", "/v1/admin/goodput"),
     ("get", "/v1/admin/usage/records"),
+    ("get", "/v1/admin/usage/credits"),
+    ("get", "/v1/admin/usage/allocated"),
     ("post", "/v1/admin/regions/{name}/evacuate"),
     ("post", "/v1/admin/regions/{name}/failback"),
     ("get", "/v1/admin/regions/{name}/evacuation"),

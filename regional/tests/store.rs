@@ -333,74 +333,84 @@ async fn usage_cuts_allocation_intervals_at_period_boundaries() {
     let a = submit(&store, &job("acme", 2, 1)).await;
     let b = submit(&store, &job("globex", 1, 1)).await;
     // acme: 2 GPUs from 10:30 to 12:15; globex: 1 GPU from 11:00, still held.
-    for (job, rank, gpu, start, end) in [
-        (
-            a,
-            0,
-            0,
-            "2026-11-02 10:30:00+00",
-            Some("2026-11-02 12:15:00+00"),
-        ),
-        (
-            a,
-            1,
-            1,
-            "2026-11-02 10:30:00+00",
-            Some("2026-11-02 12:15:00+00"),
-        ),
-        (b, 0, 2, "2026-11-02 11:00:00+00", None),
+    for (job, rank, gpu, start) in [
+        (a, 0, 0, "2026-11-02 10:30:00+00"),
+        (a, 1, 1, "2026-11-02 10:30:00+00"),
+        (b, 0, 2, "2026-11-02 11:00:00+00"),
     ] {
         client
             .execute(
                 "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant,
-                                          gpu_type, generation, allocated_at, released_at)
-                 SELECT $1, $2, 1, 's0-l0-n0', $3, tenant, 'h100', 1, $4::text::timestamptz,
-                        $5::text::timestamptz
+                                          gpu_type, generation, allocated_at)
+                 SELECT $1, $2, 1, 's0-l0-n0', $3, tenant, 'h100', 1, $4::text::timestamptz
                  FROM jobs WHERE job_id = $1",
-                &[&job, &rank, &gpu, &start, &end],
+                &[&job, &rank, &gpu, &start],
             )
             .await
             .unwrap();
     }
-    let from = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
-    let to = Utc.with_ymd_and_hms(2026, 11, 3, 0, 0, 0).unwrap();
-    let hours = store
-        .usage("acme", from, to, Granularity::Hour, UsageGroup::GpuType)
+    // acme's placements end: the database writes their ledger rows.
+    client
+        .execute(
+            "UPDATE allocations SET released_at = '2026-11-02 12:15:00+00',
+                                    release_reason = 'succeeded'
+             WHERE job_id = $1",
+            &[&a],
+        )
         .await
         .unwrap();
+    let from = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
+    let to = Utc.with_ymd_and_hms(2026, 11, 3, 0, 0, 0).unwrap();
+    let usage = |tenant: &'static str, from, to, g, group| {
+        let store = store.clone();
+        async move {
+            let u = store.usage(tenant, from, to, g, group, None).await.unwrap();
+            assert!(u.held_for.is_empty());
+            u.own
+        }
+    };
+    let hours = usage("acme", from, to, Granularity::Hour, UsageGroup::GpuType).await;
     let got: Vec<(u32, f64)> = hours
         .iter()
         .map(|r| (chrono::Timelike::hour(&r.period_start), r.gpu_seconds))
         .collect();
     assert_eq!(got, vec![(10, 3600.0), (11, 7200.0), (12, 1800.0)]);
+    // Ended: all billed, none pending.
+    assert!(hours
+        .iter()
+        .all(|r| r.billed_gpu_seconds == r.gpu_seconds && r.pending_gpu_seconds == 0.0));
     // By day and by job: one row, the whole 2 × 1 h 45 min.
-    let by_job = store
-        .usage("acme", from, to, Granularity::Day, UsageGroup::Job)
-        .await
-        .unwrap();
+    let by_job = usage("acme", from, to, Granularity::Day, UsageGroup::Job).await;
     assert_eq!(by_job.len(), 1);
     assert_eq!(by_job[0].key, a.to_string());
     assert_eq!(by_job[0].gpu_seconds, 2.0 * 6300.0);
     // A window that clips the interval counts only what lies inside.
-    let clipped = store
-        .usage(
-            "acme",
-            Utc.with_ymd_and_hms(2026, 11, 2, 11, 0, 0).unwrap(),
-            Utc.with_ymd_and_hms(2026, 11, 2, 11, 30, 0).unwrap(),
-            Granularity::Hour,
-            UsageGroup::Region,
-        )
-        .await
-        .unwrap();
+    let clipped = usage(
+        "acme",
+        Utc.with_ymd_and_hms(2026, 11, 2, 11, 0, 0).unwrap(),
+        Utc.with_ymd_and_hms(2026, 11, 2, 11, 30, 0).unwrap(),
+        Granularity::Hour,
+        UsageGroup::Region,
+    )
+    .await;
     assert_eq!(clipped.len(), 1);
     assert_eq!(clipped[0].key, "test-region");
     assert_eq!(clipped[0].gpu_seconds, 2.0 * 1800.0);
-    // globex's live allocation counts up to now; acme never sees it.
-    let g = store
-        .usage("globex", from, to, Granularity::Day, UsageGroup::GpuType)
+    // globex's live allocation counts up to now, not metered yet; acme
+    // never sees it.
+    let g = usage("globex", from, to, Granularity::Day, UsageGroup::GpuType).await;
+    assert_eq!(g[0].gpu_seconds, 13.0 * 3600.0);
+    assert_eq!(g[0].pending_gpu_seconds, 13.0 * 3600.0);
+    assert_eq!(g[0].billed_gpu_seconds, 0.0);
+    // Once metered, the same time is billed: nothing counted twice.
+    store
+        .meter_usage(Utc.with_ymd_and_hms(2026, 11, 1, 0, 0, 0).unwrap())
         .await
         .unwrap();
+    let g = usage("globex", from, to, Granularity::Day, UsageGroup::GpuType).await;
     assert_eq!(g[0].gpu_seconds, 13.0 * 3600.0);
+    assert_eq!(g[0].billed_gpu_seconds, 13.0 * 3600.0);
+    assert_eq!(g[0].pending_gpu_seconds, 0.0);
 }
 
 // ---------------------------------------------------------------------------

@@ -241,3 +241,338 @@ async fn a_preempted_placement_says_who_preempted_it() {
     let (held, billed) = totals(&db, job).await;
     assert!((held - billed).abs() < 1e-6, "held {held}, billed {billed}");
 }
+
+/// Credits of `job`: (count, GPU-seconds, causes).
+async fn credits(db: &tokio_postgres::Client, job: Uuid) -> (i64, f64, Vec<String>) {
+    let row = db
+        .query_one(
+            "SELECT count(*), coalesce(sum(gpu_seconds), 0)::float8,
+                    coalesce(array_agg(DISTINCT cause) FILTER (WHERE cause IS NOT NULL), '{}')
+             FROM usage_credits WHERE job_id = $1",
+            &[&job],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+/// The last usage row of `job` (how its placement ended): (ended_by, cause).
+async fn how_it_ended(db: &tokio_postgres::Client, job: Uuid) -> (String, Option<String>) {
+    let row = db
+        .query_one(
+            "SELECT ended_by, cause FROM usage_ledger WHERE job_id = $1 AND ended_by <> 'running'",
+            &[&job],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn a_lost_nodes_placement_is_credited_from_the_jobs_checkpoint_once() {
+    let (store, db) = common::store("usage_credit_lost").await;
+    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "l0", "h100")]).await;
+    let job = common::submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    report(&store, &fleet, 0, None).await;
+    // It has run for two and a half hours; its newest checkpoint is 100
+    // minutes old; its buddy is another region.
+    db.execute(
+        "UPDATE allocations SET allocated_at = now() - interval '150 minutes'",
+        &[],
+    )
+    .await
+    .unwrap();
+    db.execute(
+        "UPDATE jobs SET checkpointed_at = now() - interval '100 minutes', buddy = 'r2'
+         WHERE job_id = $1",
+        &[&job],
+    )
+    .await
+    .unwrap();
+    let since: DateTime<Utc> = Utc::now() - chrono::Duration::days(2);
+    assert!(store.meter_usage(since).await.unwrap() >= 2);
+    let metered = store.metered_until().await.unwrap().unwrap();
+    assert_eq!(metered.timestamp() % 3600, 0, "{metered}");
+    assert!(Utc::now() - metered < chrono::Duration::hours(1));
+    assert_eq!(credits(&db, job).await.0, 0, "nothing lost yet");
+
+    // The node dies.
+    let ctx = store.health_context();
+    store
+        .inject_fault(&ctx, "ops", "n0", &gangway_shared::api::Fault::NodeDown)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        how_it_ended(&db, job).await,
+        ("node_lost".into(), Some("node_lost".into()))
+    );
+    // Credited: from the checkpoint to the end, × 8, over the two or three
+    // hourly rows it spans — never more than a row charges.
+    let expect: f64 = db
+        .query_one(
+            "SELECT (8 * extract(epoch FROM max(a.released_at) - j.checkpointed_at))::float8
+             FROM allocations a JOIN jobs j USING (job_id) WHERE job_id = $1 GROUP BY j.checkpointed_at",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (n, credited, causes) = credits(&db, job).await;
+    assert!((credited - expect).abs() < 1e-3, "{credited} vs {expect}");
+    assert!((2..=3).contains(&n), "{n} credits");
+    assert_eq!(causes, ["node_lost"]);
+    let beyond: i64 = db
+        .query_one(
+            "SELECT count(*) FROM usage_credits c JOIN usage_ledger u USING (usage_id)
+             WHERE c.gpu_seconds > u.gpu_seconds + 1e-9 OR c.started_at < u.started_at
+                OR c.ended_at > u.ended_at OR c.usage_started_at <> u.started_at
+                OR c.credit_id <> md5('credit/' || u.usage_id::text)::uuid",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(beyond, 0);
+    let (held, billed) = totals(&db, job).await;
+    assert!((held - billed).abs() < 1e-3, "held {held}, billed {billed}");
+    // Queued for the buddy, like the usage rows.
+    let queued: i64 = db
+        .query_one("SELECT count(*) FROM usage_credit_outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(queued, n);
+
+    // Replays change nothing: the fault again, an update that releases
+    // nothing, the meter, the buddy given the same credits.
+    store
+        .inject_fault(&ctx, "ops", "n0", &gangway_shared::api::Fault::NodeDown)
+        .await
+        .unwrap()
+        .unwrap();
+    db.execute(
+        "UPDATE allocations SET release_reason = release_reason",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.meter_usage(since).await.unwrap(), 0);
+    let page = store
+        .usage_credits(since, Utc::now(), Some("acme"), None, 1000)
+        .await
+        .unwrap();
+    assert_eq!(page.credits.len() as i64, n);
+    assert_eq!(store.hold_credits(&page.credits).await.unwrap(), 0);
+    assert_eq!(credits(&db, job).await, (n, credited, causes));
+    // Pages, and a tenant's own only.
+    let first = store
+        .usage_credits(since, Utc::now(), None, None, 1)
+        .await
+        .unwrap();
+    assert_eq!(first.credits.len(), 1);
+    let rest = store
+        .usage_credits(since, Utc::now(), None, first.next, 1000)
+        .await
+        .unwrap();
+    assert_eq!(1 + rest.credits.len() as i64, n);
+    assert!(store
+        .usage_credits(since, Utc::now(), Some("globex"), None, 1000)
+        .await
+        .unwrap()
+        .credits
+        .is_empty());
+}
+
+#[tokio::test]
+async fn a_drained_job_with_a_fresh_checkpoint_is_credited_next_to_nothing() {
+    use gangway_regional::store::AdminChange;
+    let (store, db) = common::store("usage_credit_drain").await;
+    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "l0", "h100")]).await;
+    let job = common::submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    report(&store, &fleet, 0, None).await;
+    db.execute(
+        "UPDATE allocations SET allocated_at = now() - interval '90 minutes'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let ctx = store.health_context();
+    store
+        .set_node_admin(
+            &ctx,
+            "ops",
+            "n0",
+            AdminChange::Drain {
+                mode: gangway_shared::api::DrainMode::Checkpoint,
+                deadline_s: 30,
+            },
+            Some("firmware"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    // The worker checkpoints as asked and stops.
+    fleet.act(&store, 0, Some("ckpt-drain")).await;
+    assert_eq!(
+        how_it_ended(&db, job).await,
+        ("preempted".into(), Some("drain".into()))
+    );
+    let (_, credited, _) = credits(&db, job).await;
+    assert!(credited < 8.0, "at most a second of 8 GPUs: {credited}");
+    let (held, billed) = totals(&db, job).await;
+    assert!(held > 8.0 * 89.0 * 60.0, "{held}");
+    assert!((held - billed).abs() < 1e-3, "held {held}, billed {billed}");
+}
+
+#[tokio::test]
+async fn a_priority_preemption_is_attributed_to_its_cause_and_not_credited() {
+    use gangway_sched::{Plan, PreemptCause, Preemption};
+    let (store, db) = common::store("usage_credit_priority").await;
+    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "l0", "h100")]).await;
+    let mut low = common::job("globex", "h100", 8, 8);
+    low.spec.priority = gangway_shared::api::Priority::Low;
+    low.priority = 0;
+    let low = common::submit(&store, &low).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    report(&store, &fleet, 0, None).await;
+    db.execute(
+        "UPDATE allocations SET allocated_at = now() - interval '30 minutes'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let high = common::submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    let read = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    let applied = store
+        .apply_plan(&Plan {
+            generation: read.generation,
+            partitions: read.partitions.clone(),
+            preemptions: vec![Preemption {
+                job: low.to_string(),
+                for_job: high.to_string(),
+                cause: PreemptCause::Priority,
+                at_risk_gpu_s: 8 * 1800,
+                gpus: 8,
+            }],
+            ..Plan::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(applied.preempted, vec![(low, PreemptCause::Priority)]);
+    // Stopped without a checkpoint: half an hour of 8 GPUs lost, charged
+    // (the low class is priced for being preemptible), and the row says
+    // who caused it.
+    fleet.act(&store, 0, None).await;
+    assert_eq!(
+        how_it_ended(&db, low).await,
+        ("preempted".into(), Some("priority".into()))
+    );
+    assert_eq!(credits(&db, low).await.0, 0);
+    let (held, billed) = totals(&db, low).await;
+    assert!(held > 8.0 * 29.0 * 60.0, "{held}");
+    assert!((held - billed).abs() < 1e-3, "held {held}, billed {billed}");
+    // The row tells globex's bill the cause, not whose job it was.
+    let rec = store
+        .usage_records(
+            Utc::now() - chrono::Duration::hours(2),
+            Utc::now(),
+            Some("globex"),
+            None,
+            100,
+        )
+        .await
+        .unwrap();
+    let last = rec
+        .records
+        .iter()
+        .find(|r| r.ended_by == "preempted")
+        .unwrap();
+    assert_eq!(last.cause.as_deref(), Some("priority"));
+}
+
+#[tokio::test]
+async fn allocations_read_for_reconciliation_match_the_ledger_to_the_meters_hour() {
+    let (store, db) = common::store("usage_reconcile").await;
+    let fleet = Fleet::register_nodes(
+        &store,
+        vec![
+            node("n0", "s0", "l0", "h100"),
+            node("n1", "s0", "l0", "h100"),
+        ],
+    )
+    .await;
+    let (from, to) = (
+        Utc::now() - chrono::Duration::days(1),
+        Utc::now() + chrono::Duration::hours(1),
+    );
+    let ledger = || async {
+        let s: f64 = db
+            .query_one(
+                "SELECT coalesce(sum(gpu_seconds), 0)::float8 FROM usage_ledger",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        s
+    };
+    let job = common::submit(&store, &common::job("acme", "h100", 16, 8)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    for n in 0..2 {
+        report(&store, &fleet, n, None).await;
+    }
+    db.execute(
+        "UPDATE allocations SET allocated_at = now() - interval '150 minutes'",
+        &[],
+    )
+    .await
+    .unwrap();
+    // Never metered: live placements count nothing, and have no rows.
+    let a = store.allocated_usage(from, to).await.unwrap();
+    assert_eq!(a.metered_until, None);
+    assert!(a.tenants.is_empty(), "{a:?}");
+    assert_eq!(a.live.len(), 2);
+    assert!(a.live.iter().all(|p| p.job_id == job));
+
+    // Metered: both sides count the live placements to the meter's hour.
+    store
+        .meter_usage(Utc::now() - chrono::Duration::days(2))
+        .await
+        .unwrap();
+    let a = store.allocated_usage(from, to).await.unwrap();
+    let w = a.metered_until.unwrap();
+    assert!(a.as_of > w);
+    assert_eq!(a.tenants.len(), 1);
+    let acme = &a.tenants[0];
+    assert_eq!(acme.tenant, "acme");
+    assert_eq!(acme.gpu_seconds, acme.live_gpu_seconds);
+    assert!(acme.gpu_seconds > 16.0 * 3600.0, "{acme:?}");
+    assert!((acme.gpu_seconds - ledger().await).abs() < 1e-3);
+
+    // One worker ends: all of its placement on both sides.
+    report(&store, &fleet, 1, Some(0)).await;
+    let a = store.allocated_usage(from, to).await.unwrap();
+    assert_eq!(a.live.len(), 1);
+    let live_from = a.live[0].started_at.max(w);
+    let uncounted: f64 = db
+        .query_one(
+            "SELECT coalesce(sum(gpu_seconds), 0)::float8 FROM usage_ledger
+             WHERE rank = $1 AND started_at >= $2",
+            &[&a.live[0].rank, &live_from],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(uncounted, 0.0, "the meter writes only complete hours");
+    assert!((a.tenants[0].gpu_seconds - ledger().await).abs() < 1e-3);
+    assert!(a.tenants[0].live_gpu_seconds < a.tenants[0].gpu_seconds);
+    // Clipped to the period asked for.
+    let half = store
+        .allocated_usage(w - chrono::Duration::minutes(30), w)
+        .await
+        .unwrap();
+    assert!((half.tenants[0].gpu_seconds - 16.0 * 1800.0).abs() < 1e-3);
+}

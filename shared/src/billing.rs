@@ -51,6 +51,95 @@ pub struct UsageRecords {
     pub next: Option<Uuid>,
 }
 
+/// A credit (docs/billing.md): GPU time of one usage row that a
+/// provider-caused end of its placement lost (the work after the job's
+/// newest checkpoint), not charged. `credit_id` is derived from the usage
+/// row it offsets (`usage_id`), so there is one credit per row wherever
+/// it is held.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CreditRecord {
+    pub credit_id: Uuid,
+    /// The usage row it offsets, and that row's start (the credit is
+    /// priced as of then, like the row).
+    pub usage_id: Uuid,
+    pub usage_started_at: DateTime<Utc>,
+    pub job_id: Uuid,
+    pub epoch: i32,
+    pub attempt: i32,
+    pub rank: i32,
+    pub tenant: String,
+    /// The region that ran the placement.
+    pub region: String,
+    pub gpu_type: String,
+    pub priority: i16,
+    pub gpus: i32,
+    /// The lost time, within the usage row's clock hour.
+    pub started_at: DateTime<Utc>,
+    pub ended_at: DateTime<Utc>,
+    pub gpu_seconds: f64,
+    /// How the placement ended (`node_lost`, `preempted`, `moved`).
+    pub ended_by: String,
+    /// The credited cause (`node_lost`, `drain`, `maintenance`, `repair`,
+    /// `health`, `fenced`, `evacuating`, `failing_back`, `moved`,
+    /// `operator`, `reclaim`, `defrag`, `grow`).
+    pub cause: String,
+    /// The job's newest checkpoint when the placement ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpointed_at: Option<DateTime<Utc>>,
+    /// When the home wrote it: the billing month it is credited in.
+    pub issued_at: DateTime<Utc>,
+}
+
+/// A page of credits (`GET /v1/admin/usage/credits`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
+pub struct CreditRecords {
+    pub credits: Vec<CreditRecord>,
+    /// Pass as `after` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<Uuid>,
+}
+
+/// What a region's allocations held in a period, per tenant, as
+/// reconciliation compares it with the ledger (`GET
+/// /v1/admin/usage/allocated`, docs/billing.md): every placement clipped to
+/// [from, to), a live one only up to `metered_until` (the hours the meter
+/// has written). Read in one snapshot of the region's database.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AllocatedUsage {
+    pub region: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    /// The database's clock just after the snapshot was taken: ledger rows
+    /// starting later are of placements the snapshot did not hold.
+    pub as_of: DateTime<Utc>,
+    /// Every live placement has its ledger rows for the hours before this;
+    /// `None`: the meter has not run (live placements count nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metered_until: Option<DateTime<Utc>>,
+    pub tenants: Vec<TenantAllocated>,
+    /// The placements live at the snapshot: their ledger rows from
+    /// `metered_until` (or their start, if later) on are not counted.
+    pub live: Vec<LivePlacement>,
+}
+
+/// One tenant's allocated GPU-seconds in a region and period.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TenantAllocated {
+    pub tenant: String,
+    pub gpu_seconds: f64,
+    /// The part of it held by live placements (up to `metered_until`).
+    pub live_gpu_seconds: f64,
+}
+
+/// A live placement: one worker's GPUs on one node since `started_at`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+pub struct LivePlacement {
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub rank: i32,
+    pub started_at: DateTime<Utc>,
+}
+
 /// The priority class named by a record's `priority` (the scheduler's
 /// rank: 0 low, 1 normal, 2 high).
 pub fn priority_name(rank: i16) -> &'static str {
@@ -176,6 +265,9 @@ pub struct FocusRow {
     pub x_Gpus: i32,
     pub x_EndedBy: String,
     pub x_Cause: String,
+    /// On a credit, the usage row it offsets (`x_UsageId` is the
+    /// credit's own id); empty on usage.
+    pub x_CreditedUsageId: String,
 }
 
 impl FocusRow {
@@ -224,6 +316,64 @@ impl FocusRow {
             x_Gpus: r.gpus,
             x_EndedBy: r.ended_by.clone(),
             x_Cause: r.cause.clone().unwrap_or_default(),
+            x_CreditedUsageId: String::new(),
+        })
+    }
+
+    /// Credit `c` priced by `book` for the billing period [start, end) it
+    /// was issued in: like the usage row it offsets (its SKU, at that
+    /// row's start), with negative quantities and costs; `None` when the
+    /// book has no price for it.
+    pub fn credit(
+        c: &CreditRecord,
+        book: &PriceBook,
+        period: (DateTime<Utc>, DateTime<Utc>),
+    ) -> Option<FocusRow> {
+        let priority = priority_name(c.priority);
+        let price = book.price(&c.gpu_type, priority, &c.region, c.usage_started_at)?;
+        let hours = c.gpu_seconds / 3600.0;
+        let cost = hours * price.per_gpu_hour;
+        let since = match c.checkpointed_at {
+            Some(t) => format!(
+                "work since checkpoint at {}",
+                t.format("%Y-%m-%dT%H:%M:%SZ")
+            ),
+            None => "no checkpoint".to_string(),
+        };
+        Some(FocusRow {
+            BillingAccountId: c.tenant.clone(),
+            SubAccountId: c.tenant.clone(),
+            BillingPeriodStart: period.0,
+            BillingPeriodEnd: period.1,
+            ChargePeriodStart: c.started_at,
+            ChargePeriodEnd: c.ended_at,
+            ChargeCategory: "Credit".into(),
+            ChargeDescription: format!(
+                "credit: {} × {} GPU ({priority} priority) lost to {}, job {} rank {} ({since})",
+                c.gpus, c.gpu_type, c.cause, c.job_id, c.rank
+            ),
+            ResourceId: c.job_id.to_string(),
+            ResourceType: "TrainingJob".into(),
+            RegionId: c.region.clone(),
+            ServiceName: "Gangway GPU".into(),
+            SkuId: format!("gpu-{}-{priority}", c.gpu_type),
+            UsageQuantity: -hours,
+            UsageUnit: "GPU-Hours".into(),
+            PricingQuantity: -hours,
+            PricingUnit: "GPU-Hours".into(),
+            ListUnitPrice: price.per_gpu_hour,
+            ListCost: -cost,
+            BilledCost: -cost,
+            EffectiveCost: -cost,
+            BillingCurrency: book.currency.clone(),
+            x_UsageId: c.credit_id,
+            x_Epoch: c.epoch,
+            x_Attempt: c.attempt,
+            x_Rank: c.rank,
+            x_Gpus: c.gpus,
+            x_EndedBy: c.ended_by.clone(),
+            x_Cause: c.cause.clone(),
+            x_CreditedUsageId: c.usage_id.to_string(),
         })
     }
 
@@ -232,7 +382,8 @@ impl FocusRow {
         BillingPeriodEnd,ChargePeriodStart,ChargePeriodEnd,ChargeCategory,ChargeDescription,\
         ResourceId,ResourceType,RegionId,ServiceName,SkuId,UsageQuantity,UsageUnit,\
         PricingQuantity,PricingUnit,ListUnitPrice,ListCost,BilledCost,EffectiveCost,\
-        BillingCurrency,x_UsageId,x_Epoch,x_Attempt,x_Rank,x_Gpus,x_EndedBy,x_Cause";
+        BillingCurrency,x_UsageId,x_Epoch,x_Attempt,x_Rank,x_Gpus,x_EndedBy,x_Cause,\
+        x_CreditedUsageId";
 
     /// The row as one CSV line (RFC 4180 quoting where needed).
     pub fn csv(&self) -> String {
@@ -274,6 +425,7 @@ impl FocusRow {
             self.x_Gpus.to_string(),
             q(&self.x_EndedBy),
             q(&self.x_Cause),
+            q(&self.x_CreditedUsageId),
         ]
         .join(",")
     }
@@ -372,5 +524,57 @@ per_gpu_hour = 4.0
             "{line}"
         );
         assert!(line.contains(",15.000000000,"), "{line}");
+    }
+
+    #[test]
+    fn a_credit_is_priced_like_the_row_it_offsets_and_negative() {
+        let b = PriceBook::parse(BOOK).unwrap();
+        // The row it offsets began before the price change of 15 November
+        // took effect; the lost time lies after it: priced as the row is.
+        let c = CreditRecord {
+            credit_id: Uuid::from_u128(1),
+            usage_id: Uuid::from_u128(2),
+            usage_started_at: at("2026-11-14T23:00:00Z"),
+            job_id: Uuid::nil(),
+            epoch: 1,
+            attempt: 2,
+            rank: 0,
+            tenant: "acme".into(),
+            region: "us-east".into(),
+            gpu_type: "h100".into(),
+            priority: 1,
+            gpus: 8,
+            started_at: at("2026-11-14T23:30:00Z"),
+            ended_at: at("2026-11-15T00:00:00Z"),
+            gpu_seconds: 8.0 * 1800.0,
+            ended_by: "node_lost".into(),
+            cause: "node_lost".into(),
+            checkpointed_at: Some(at("2026-11-14T23:30:00Z")),
+            issued_at: at("2026-11-15T00:00:01Z"),
+        };
+        let period = (at("2026-11-01T00:00:00Z"), at("2026-12-01T00:00:00Z"));
+        let row = FocusRow::credit(&c, &b, period).unwrap();
+        // 8 GPUs × 0.5 h × 3.00, credited.
+        assert_eq!(row.ChargeCategory, "Credit");
+        assert_eq!(row.UsageQuantity, -4.0);
+        assert!((row.BilledCost + 12.0).abs() < 1e-9);
+        assert_eq!(row.EffectiveCost, row.BilledCost);
+        assert_eq!(row.ListUnitPrice, 3.0);
+        assert_eq!(row.SkuId, "gpu-h100-normal");
+        assert_eq!(row.x_Cause, "node_lost");
+        assert_eq!(row.x_UsageId, c.credit_id);
+        assert_eq!(row.x_CreditedUsageId, c.usage_id.to_string());
+        assert!(row.ChargeDescription.contains("lost to node_lost"));
+        let line = row.csv();
+        assert_eq!(
+            line.matches(',').count(),
+            FocusRow::CSV_HEADER.matches(',').count() + 1,
+            "one comma inside the quoted description: {line}"
+        );
+        assert!(line.contains(",-12.000000000,"), "{line}");
+        // No price for its SKU: none.
+        let mut other = c.clone();
+        other.gpu_type = "a100".into();
+        assert!(FocusRow::credit(&other, &b, period).is_none());
     }
 }

@@ -1276,6 +1276,28 @@ pub struct UsageRecordsParams {
     pub limit: Option<u32>,
 }
 
+/// A period of the ledger endpoints, checked here so that a bad one is
+/// one 400 `invalid_query`, not an error from every region.
+fn check_period(from: &str, to: &str) -> Result<(), ApiError> {
+    let parse = |name: &str, v: &str| {
+        chrono::DateTime::parse_from_rfc3339(v).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                codes::INVALID_QUERY,
+                format!("`{name}` is not an RFC 3339 time ({e})"),
+            )
+        })
+    };
+    if parse("from", from)? >= parse("to", to)? {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            "`from` must be before `to`",
+        ));
+    }
+    Ok(())
+}
+
 /// Read a region's usage ledger
 ///
 /// One page of the usage ledger rows of one region, or of each (its own
@@ -1307,6 +1329,7 @@ pub async fn usage_records(
     admin: AdminCaller,
     Query(p): Query<UsageRecordsParams>,
 ) -> Result<axum::Json<PerRegion>, ApiError> {
+    check_period(&p.from, &p.to)?;
     let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
     q.extend(p.tenant.clone().map(|t| ("tenant", t)));
     q.extend(p.after.clone().map(|a| ("after", a)));
@@ -1318,6 +1341,119 @@ pub async fn usage_records(
             p.region.as_deref(),
             Method::GET,
             "/v1/admin/usage/records",
+            None,
+            Some(&admin.subject),
+            Some(&query),
+        )
+        .await?,
+    ))
+}
+
+/// Read a region's credits
+///
+/// One page of the credits of one region, or of each (its own and those
+/// it holds for its peers): GPU time lost to provider-caused events, not
+/// charged (docs/billing.md). Those whose lost time overlaps [from, to) or
+/// that were issued in it, in id order; the same query as
+/// `/v1/admin/usage/records`.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/usage/credits",
+    operation_id = "usage_credits",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(UsageRecordsParams),
+    responses(
+        (status = 200, description = "`{regions: {NAME: CreditRecords}}`.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "A query parameter is missing or malformed.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn usage_credits(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<UsageRecordsParams>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    check_period(&p.from, &p.to)?;
+    let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
+    q.extend(p.tenant.clone().map(|t| ("tenant", t)));
+    q.extend(p.after.clone().map(|a| ("after", a)));
+    q.extend(p.limit.map(|l| ("limit", l.to_string())));
+    let query = gangway_shared::http::query_string(&q);
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/usage/credits",
+            None,
+            Some(&admin.subject),
+            Some(&query),
+        )
+        .await?,
+    ))
+}
+
+/// The query of `GET /v1/admin/usage/allocated` (docs/billing.md).
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct AllocatedParams {
+    /// Only this region (default: every region).
+    pub region: Option<String>,
+    /// [from, to), RFC 3339.
+    pub from: String,
+    pub to: String,
+}
+
+/// GPU time the allocations held
+///
+/// Per region (or the one named), each tenant's GPU-seconds its
+/// allocations held in [from, to) — a live placement only up to the hour
+/// the region's meter has written (`metered_until`) — and the placements
+/// live at the read, all from one snapshot of the region's database: what
+/// `gangway billing reconcile` compares with the merged usage ledger.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/usage/allocated",
+    operation_id = "usage_allocated",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(AllocatedParams),
+    responses(
+        (status = 200, description = "`{regions: {NAME: AllocatedUsage}}`.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "A query parameter is missing or malformed, or `from` is not before `to`.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn usage_allocated(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<AllocatedParams>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    check_period(&p.from, &p.to)?;
+    let query =
+        gangway_shared::http::query_string(&[("from", p.from.clone()), ("to", p.to.clone())]);
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/usage/allocated",
             None,
             Some(&admin.subject),
             Some(&query),

@@ -135,6 +135,8 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/admin/audit", get(admin::audit_log))
         .route("/v1/admin/goodput", get(admin::goodput))
         .route("/v1/admin/usage/records", get(admin::usage_records))
+        .route("/v1/admin/usage/credits", get(admin::usage_credits))
+        .route("/v1/admin/usage/allocated", get(admin::usage_allocated))
         .route(
             "/v1/admin/regions/{name}/evacuate",
             post(evacuation::evacuate),

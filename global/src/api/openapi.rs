@@ -102,6 +102,8 @@ pub const BEARER: &str = "bearer";
         admin::cancel_maintenance,
         admin::goodput,
         admin::usage_records,
+        admin::usage_credits,
+        admin::usage_allocated,
         evacuation::evacuate,
         evacuation::failback,
         evacuation::evacuation,

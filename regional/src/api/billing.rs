@@ -1,12 +1,15 @@
-//! The usage ledger over HTTP (docs/billing.md): a home region's rows held
-//! by its buddy (`POST /internal/v1/replicas/usage`), and the rows an
+//! The usage ledger over HTTP (docs/billing.md): a home region's rows and
+//! credits held by its buddy (`POST /internal/v1/replicas/usage`,
+//! `POST /internal/v1/replicas/usage/credits`), and the rows and credits an
 //! operator or the global tier's billing export reads
-//! (`GET /v1/admin/usage/records`).
+//! (`GET /v1/admin/usage/records`, `GET /v1/admin/usage/credits`).
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
-use gangway_shared::billing::{UsageRecord, UsageRecords};
+use gangway_shared::billing::{
+    AllocatedUsage, CreditRecord, CreditRecords, UsageRecord, UsageRecords,
+};
 use gangway_shared::error::codes;
 use serde::Deserialize;
 use uuid::Uuid;
@@ -94,4 +97,101 @@ pub async fn records(
         .usage_records(q.from, q.to, q.tenant.as_deref(), q.after, limit)
         .await?;
     Ok(axum::Json(page))
+}
+
+/// `POST /internal/v1/replicas/usage/credits`: holds a home's credits. A
+/// credit held already changes nothing.
+pub async fn hold_credits(
+    State(state): State<AppState>,
+    Json(credits): Json<Vec<CreditRecord>>,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    if credits.len() > MAX_ROWS {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            codes::INVALID_SPEC,
+            format!(
+                "at most {MAX_ROWS} credits at a time, not {}",
+                credits.len()
+            ),
+        ));
+    }
+    if let Some(c) = credits
+        .iter()
+        .find(|c| state.peers.peer(&c.region).is_none())
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!(
+                "credit {} is of {:?}, not a peer of this region",
+                c.credit_id, c.region
+            ),
+        ));
+    }
+    if let Some(c) = credits.iter().find(|c| {
+        !(c.ended_at >= c.started_at
+            && c.gpus > 0
+            && c.gpu_seconds.is_finite()
+            && c.gpu_seconds >= 0.0)
+    }) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_SPEC,
+            format!(
+                "credit {} ends before it starts, holds no GPU or credits no time",
+                c.credit_id
+            ),
+        ));
+    }
+    let held = state.store.hold_credits(&credits).await?;
+    Ok(axum::Json(serde_json::json!({ "held": held })))
+}
+
+/// `GET /v1/admin/usage/credits`: the credits whose lost time overlaps a
+/// period or that were issued in it — this region's own and those it
+/// holds for its peers — a page at a time in id order (same query as
+/// `GET /v1/admin/usage/records`).
+pub async fn credits(
+    State(state): State<AppState>,
+    Query(q): Query<RecordsQuery>,
+) -> Result<axum::Json<CreditRecords>, ApiError> {
+    if q.from >= q.to {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            "`from` must be before `to`",
+        ));
+    }
+    let limit = q.limit.unwrap_or(MAX_ROWS).clamp(1, MAX_ROWS) as i64;
+    let page = (state.store)
+        .usage_credits(q.from, q.to, q.tenant.as_deref(), q.after, limit)
+        .await?;
+    Ok(axum::Json(page))
+}
+
+/// The query of `GET /v1/admin/usage/allocated`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocatedQuery {
+    /// [from, to), RFC 3339.
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+}
+
+/// `GET /v1/admin/usage/allocated`: per tenant, the GPU-seconds this
+/// region's allocations held in a period (live placements up to the
+/// meter's watermark), and its live placements — what `gangway billing
+/// reconcile` compares with the merged ledger.
+pub async fn allocated(
+    State(state): State<AppState>,
+    Query(q): Query<AllocatedQuery>,
+) -> Result<axum::Json<AllocatedUsage>, ApiError> {
+    if q.from >= q.to {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            "`from` must be before `to`",
+        ));
+    }
+    Ok(axum::Json(state.store.allocated_usage(q.from, q.to).await?))
 }

@@ -200,7 +200,13 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/admin/audit", get(admin::audit))
         .route("/v1/admin/goodput", get(admin::goodput))
         .route("/v1/admin/usage/records", get(billing::records))
+        .route("/v1/admin/usage/credits", get(billing::credits))
+        .route("/v1/admin/usage/allocated", get(billing::allocated))
         .route("/internal/v1/replicas/usage", post(billing::hold))
+        .route(
+            "/internal/v1/replicas/usage/credits",
+            post(billing::hold_credits),
+        )
         .route("/v1/admin/nodes", get(nodes::list))
         .route("/v1/admin/nodes/{id}", get(nodes::get))
         .route("/v1/admin/nodes/{id}/cordon", post(nodes::cordon))

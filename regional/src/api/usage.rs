@@ -1,4 +1,7 @@
-//! `GET /v1/usage`: the tenant's allocated GPU time in this region.
+//! `GET /v1/usage`: the tenant's GPU time from this region's usage ledger
+//! (its own rows, and apart those it holds for its peers, which the global
+//! tier uses when a peer does not answer) and its credits, with its live
+//! placements' time not metered yet.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -14,21 +17,15 @@ pub async fn usage(
     Tenant(tenant): Tenant,
     Query(q): Query<UsageQuery>,
 ) -> Result<axum::Json<Usage>, ApiError> {
-    let (from, to, granularity, group_by) = q
+    let window = q
         .resolve(chrono::Utc::now())
         .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, m))?;
-    let rows = state
+    let (from, to, granularity, group_by) = window;
+    let held = state
         .store
-        .usage(&tenant, from, to, granularity, group_by)
+        .usage(&tenant, from, to, granularity, group_by, q.job)
         .await?;
-    let total_gpu_seconds = rows.iter().map(|r| r.gpu_seconds).sum();
-    Ok(axum::Json(Usage {
-        from,
-        to,
-        granularity,
-        group_by,
-        rows,
-        total_gpu_seconds,
-        unavailable_regions: Vec::new(),
-    }))
+    let mut usage = Usage::of(window, held.own);
+    usage.held_for = held.held_for;
+    Ok(axum::Json(usage))
 }

@@ -136,6 +136,18 @@
 //!   `job_moves.planned` (the move was the home's own), and `handovers`
 //!   (what moved out and in, that progress is counted from).
 //!
+//! - The usage ledger (`V18`, `V19`, `usage.rs`, docs/billing.md):
+//!   `usage_ledger`, append-only, one row per placement and clock hour,
+//!   written by the database (a trigger on `allocations` and
+//!   `record_placement`); `usage_credits`, one per usage row a
+//!   provider-caused end lost work in (after the job's newest checkpoint),
+//!   under the causes `usage_credit_causes` lists (the region's policy);
+//!   `usage_outbox` and `usage_credit_outbox`, what the job's buddy does
+//!   not hold yet; `region_meta` (the region's name for rows the database
+//!   writes, and `metered_until`: every live placement has its rows for
+//!   the hours before it). The only record of what was billed: allocations
+//!   say what was held, not what a bill was made of.
+//!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
 //! - `jobs.rs`: submit, get, list, cancel, events.
@@ -147,7 +159,9 @@
 //! - `plans.rs`: the scheduler's snapshot (rack power headroom and
 //!   throttled racks included) and the generation-checked commit.
 //! - `rows.rs`: row → domain conversions.
-//! - `usage.rs`: a tenant's GPU-seconds per period from the allocations.
+//! - `usage.rs`: the usage ledger and its credits (the meter, reads,
+//!   replication to buddies), a tenant's usage from them, and what
+//!   reconciliation compares them with.
 //! - `nodes.rs`: node health from syncs and the clock, operators' node
 //!   actions and injected faults, and what both decide (evacuate, lost).
 //! - `audit.rs`: the audit log, and the audited quota, limits and preempt

@@ -1,43 +1,87 @@
-//! Usage: a tenant's allocated GPU time, from the allocation intervals;
-//! and the usage ledger the database writes from them (docs/billing.md),
-//! replicated to each job's buddy.
+//! The usage ledger the database writes from the allocation intervals
+//! (docs/billing.md), its credits, both replicated to each job's buddy; a
+//! tenant's usage read from them; and what reconciliation compares them
+//! with.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gangway_shared::api::{Granularity, UsageGroup, UsageRow};
-use gangway_shared::billing::{UsageRecord, UsageRecords};
+use gangway_shared::billing::{
+    AllocatedUsage, CreditRecord, CreditRecords, LivePlacement, TenantAllocated, UsageRecord,
+    UsageRecords,
+};
 use uuid::Uuid;
 
 use super::{Result, Store};
 
-/// Every live or released allocation (one row = one GPU) clipped to
-/// [from, to), cut at period boundaries, summed per period and key. A live
-/// allocation counts up to now.
+/// A tenant's GPU time in [from, to) per origin (the region that ran it),
+/// period and key, from this region's ledger — its own rows and those it
+/// holds for its peers — and its credits; plus, for its own live
+/// placements, the time their rows do not hold yet (since the end of their
+/// newest row, or their start), up to now. Ledger rows and credits lie
+/// within one clock hour, so each falls in the period of its start; the
+/// pending time is cut at period boundaries. One statement: one snapshot.
 const USAGE_SQL: &str = "
-WITH iv AS (
-    SELECT a.job_id, a.gpu_type,
-           greatest(a.allocated_at, $2) AS s,
-           least(coalesce(a.released_at, now()), $3) AS e
+WITH me AS (SELECT coalesce((SELECT name FROM region_meta), $7) AS name),
+u AS (
+    SELECT l.region AS origin, l.job_id, l.gpu_type, date_trunc($4, l.started_at, 'UTC') AS ps,
+           (CASE WHEN l.started_at >= $2 AND l.ended_at <= $3 THEN l.gpu_seconds
+                 ELSE l.gpus * extract(epoch FROM least(l.ended_at, $3)
+                                                  - greatest(l.started_at, $2)) END)::float8 AS used,
+           0::float8 AS credited, 0::float8 AS pending
+    FROM usage_ledger l
+    WHERE l.tenant = $1 AND l.ended_at > $2 AND l.started_at < $3
+      AND ($6::uuid IS NULL OR l.job_id = $6)
+), c AS (
+    SELECT c.region, c.job_id, c.gpu_type, date_trunc($4, c.started_at, 'UTC'), 0::float8,
+           (CASE WHEN c.started_at >= $2 AND c.ended_at <= $3 THEN c.gpu_seconds
+                 ELSE c.gpus * extract(epoch FROM least(c.ended_at, $3)
+                                                  - greatest(c.started_at, $2)) END)::float8,
+           0::float8
+    FROM usage_credits c
+    WHERE c.tenant = $1 AND c.ended_at > $2 AND c.started_at < $3
+      AND ($6::uuid IS NULL OR c.job_id = $6)
+), live AS (
+    SELECT a.job_id, min(a.gpu_type) AS gpu_type, count(*)::int AS gpus,
+           greatest(a.allocated_at, $2, coalesce((
+               SELECT max(l.ended_at) FROM usage_ledger l, me
+               WHERE l.job_id = a.job_id AND l.rank = a.rank AND l.attempt = a.attempt
+                 AND l.started_at >= a.allocated_at AND l.region = me.name), a.allocated_at)) AS s,
+           least(now(), $3) AS e
     FROM allocations a
-    WHERE a.tenant = $1
-      AND a.allocated_at < $3
-      AND coalesce(a.released_at, now()) > $2
-), cut AS (
-    SELECT iv.job_id, iv.gpu_type, iv.s, iv.e, p AS ps, p + ('1 ' || $4)::interval AS pe
-    FROM iv,
-         generate_series(date_trunc($4, iv.s, 'UTC'), iv.e, ('1 ' || $4)::interval) AS p
+    WHERE a.tenant = $1 AND a.released_at IS NULL AND a.allocated_at < $3
+      AND ($6::uuid IS NULL OR a.job_id = $6)
+    GROUP BY a.job_id, a.rank, a.attempt, a.allocated_at
+), p AS (
+    SELECT me.name, live.job_id, live.gpu_type, ps, 0::float8, 0::float8,
+           (live.gpus * extract(epoch FROM least(live.e, ps + ('1 ' || $4)::interval)
+                                           - greatest(live.s, ps)))::float8
+    FROM me, live,
+         generate_series(date_trunc($4, live.s, 'UTC'), live.e, ('1 ' || $4)::interval) AS ps
+    WHERE live.e > live.s AND least(live.e, ps + ('1 ' || $4)::interval) > greatest(live.s, ps)
+), rows AS (
+    SELECT * FROM u UNION ALL SELECT * FROM c UNION ALL SELECT * FROM p
 )
-SELECT ps AS period_start,
-       CASE $5 WHEN 'job' THEN job_id::text WHEN 'gpu_type' THEN gpu_type ELSE $6 END AS key,
-       sum(extract(epoch FROM least(e, pe) - greatest(s, ps)))::float8 AS gpu_seconds
-FROM cut
-WHERE least(e, pe) > greatest(s, ps)
-GROUP BY 1, 2
-ORDER BY 1, 2";
+SELECT origin, ps AS period_start,
+       CASE $5 WHEN 'job' THEN job_id::text WHEN 'gpu_type' THEN gpu_type ELSE origin END AS key,
+       sum(used)::float8 AS used, sum(credited)::float8 AS credited,
+       sum(pending)::float8 AS pending
+FROM rows
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3";
+
+/// A tenant's usage as one region holds it: its own rows, and per peer
+/// the rows it holds for that peer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RegionUsage {
+    pub own: Vec<UsageRow>,
+    pub held_for: BTreeMap<String, Vec<UsageRow>>,
+}
 
 impl Store {
-    /// `tenant`'s GPU-seconds in [from, to), per period and key.
+    /// `tenant`'s GPU time in [from, to) (of `job` only, if given), per
+    /// period and key, from the ledger (docs/billing.md).
     pub async fn usage(
         &self,
         tenant: &str,
@@ -45,7 +89,8 @@ impl Store {
         to: DateTime<Utc>,
         granularity: Granularity,
         group_by: UsageGroup,
-    ) -> Result<Vec<UsageRow>> {
+        job: Option<Uuid>,
+    ) -> Result<RegionUsage> {
         let conn = self.conn().await?;
         let rows = conn
             .query(
@@ -56,18 +101,31 @@ impl Store {
                     &to,
                     &granularity.as_str(),
                     &group_by.as_str(),
+                    &job,
                     &self.region(),
                 ],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| UsageRow {
+        let mut out = RegionUsage::default();
+        for r in &rows {
+            let origin: String = r.get("origin");
+            let (used, credited, pending): (f64, f64, f64) =
+                (r.get("used"), r.get("credited"), r.get("pending"));
+            let row = UsageRow {
                 period_start: r.get("period_start"),
                 key: r.get("key"),
-                gpu_seconds: r.get("gpu_seconds"),
-            })
-            .collect())
+                gpu_seconds: used + pending,
+                billed_gpu_seconds: used - credited,
+                credited_gpu_seconds: credited,
+                pending_gpu_seconds: pending,
+            };
+            if origin == self.region() {
+                out.own.push(row);
+            } else {
+                out.held_for.entry(origin).or_default().push(row);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -136,14 +194,22 @@ fn record(r: &tokio_postgres::Row) -> UsageRecord {
 /// and by [`Store::meter_usage`] for the hours live placements complete.
 impl Store {
     /// Writes the hours every live placement has completed since `since`
-    /// (the release writes the rest). Returns how many rows are new.
+    /// (the release writes the rest), and moves the region's watermark
+    /// (`region_meta.metered_until`) to this clock hour in the same
+    /// transaction: every live placement has its rows for every hour
+    /// before it. Looks back to the last watermark when that is older than
+    /// `since` (a region down for long), so no hour is skipped. Returns how
+    /// many rows are new.
     pub async fn meter_usage(&self, since: DateTime<Utc>) -> Result<i64> {
-        let conn = self.conn().await?;
-        let row = conn
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        let row = tx
             .query_one(
                 "SELECT coalesce(sum(record_placement(job_id, rank, attempt, allocated_at, gpus,
-                                                      tenant, gpu_type, now(), NULL, $1)), 0)::bigint
-                 FROM (SELECT job_id, rank, attempt, allocated_at, min(tenant) AS tenant,
+                                                      tenant, gpu_type, now(), NULL, s.since)), 0)::bigint
+                 FROM (SELECT least($1::timestamptz, coalesce(max(metered_until), $1)) AS since
+                       FROM region_meta) s,
+                      (SELECT job_id, rank, attempt, allocated_at, min(tenant) AS tenant,
                               min(gpu_type) AS gpu_type, count(*)::int AS gpus
                        FROM allocations WHERE released_at IS NULL
                          AND allocated_at < date_trunc('hour', now(), 'UTC')
@@ -151,7 +217,24 @@ impl Store {
                 &[&since],
             )
             .await?;
+        tx.execute(
+            "UPDATE region_meta
+             SET metered_until = greatest(coalesce(metered_until, '-infinity'),
+                                          date_trunc('hour', now(), 'UTC'))",
+            &[],
+        )
+        .await?;
+        tx.commit().await?;
         Ok(row.get(0))
+    }
+
+    /// Up to when every live placement is metered (`None`: not since V19).
+    pub async fn metered_until(&self) -> Result<Option<DateTime<Utc>>> {
+        let conn = self.conn().await?;
+        let row = conn
+            .query_opt("SELECT metered_until FROM region_meta", &[])
+            .await?;
+        Ok(row.and_then(|r| r.get(0)))
     }
 
     /// Ledger rows overlapping [from, to), of `tenant` or every tenant,
@@ -265,13 +348,16 @@ impl Store {
         Ok(())
     }
 
-    /// Seconds since the oldest row a buddy does not hold yet was written.
+    /// Seconds since the oldest row or credit a buddy does not hold yet
+    /// was written.
     pub async fn usage_replication_lag(&self) -> Result<f64> {
         let conn = self.conn().await?;
         let row = conn
             .query_one(
-                "SELECT coalesce(extract(epoch FROM now() - min(l.recorded_at)), 0)::float8
-                 FROM usage_outbox o JOIN usage_ledger l USING (usage_id)",
+                "SELECT coalesce(extract(epoch FROM now() - least(
+                     (SELECT min(l.recorded_at) FROM usage_outbox o JOIN usage_ledger l USING (usage_id)),
+                     (SELECT min(c.recorded_at) FROM usage_credit_outbox o
+                      JOIN usage_credits c USING (credit_id)))), 0)::float8",
                 &[],
             )
             .await?;
@@ -279,8 +365,162 @@ impl Store {
     }
 }
 
-/// Sends every buddy the ledger rows of our jobs it does not hold
-/// (`POST /internal/v1/replicas/usage`), so that an adopter — and the
+/// The credits' columns, in [`credit`]'s order.
+const CREDIT_COLUMNS: &str = "credit_id, usage_id, usage_started_at, job_id, epoch, attempt,
+    rank, tenant, region, gpu_type, priority, gpus, started_at, ended_at, gpu_seconds, ended_by,
+    cause, checkpointed_at, issued_at";
+
+fn credit(r: &tokio_postgres::Row) -> CreditRecord {
+    CreditRecord {
+        credit_id: r.get(0),
+        usage_id: r.get(1),
+        usage_started_at: r.get(2),
+        job_id: r.get(3),
+        epoch: r.get(4),
+        attempt: r.get(5),
+        rank: r.get(6),
+        tenant: r.get(7),
+        region: r.get(8),
+        gpu_type: r.get(9),
+        priority: r.get(10),
+        gpus: r.get(11),
+        started_at: r.get(12),
+        ended_at: r.get(13),
+        gpu_seconds: r.get(14),
+        ended_by: r.get(15),
+        cause: r.get(16),
+        checkpointed_at: r.get(17),
+        issued_at: r.get(18),
+    }
+}
+
+/// Credits (docs/billing.md): written by the database with the usage rows
+/// of a placement that ended with a credited cause (`record_placement`,
+/// V19), replicated to the job's buddy like them.
+impl Store {
+    /// Credits whose lost time overlaps [from, to) or that were issued in
+    /// it, of `tenant` or every tenant, this region's and those it holds
+    /// for its peers, in id order after `after`, at most `limit`.
+    pub async fn usage_credits(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        tenant: Option<&str>,
+        after: Option<Uuid>,
+        limit: i64,
+    ) -> Result<CreditRecords> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                &format!(
+                    "SELECT {CREDIT_COLUMNS} FROM usage_credits
+                     WHERE ((ended_at > $1 AND started_at < $2)
+                            OR (issued_at >= $1 AND issued_at < $2))
+                       AND ($3::text IS NULL OR tenant = $3)
+                       AND ($4::uuid IS NULL OR credit_id > $4)
+                     ORDER BY credit_id LIMIT $5"
+                ),
+                &[&from, &to, &tenant, &after, &(limit + 1)],
+            )
+            .await?;
+        let mut credits: Vec<CreditRecord> = rows.iter().map(credit).collect();
+        let next = if credits.len() as i64 > limit {
+            credits.truncate(limit as usize);
+            credits.last().map(|c| c.credit_id)
+        } else {
+            None
+        };
+        Ok(CreditRecords { credits, next })
+    }
+
+    /// A peer's credits, held for it: a credit held already changes
+    /// nothing. Returns how many are new.
+    pub async fn hold_credits(&self, credits: &[CreditRecord]) -> Result<u64> {
+        let conn = self.conn().await?;
+        let text = |f: fn(&CreditRecord) -> String| credits.iter().map(f).collect::<Vec<String>>();
+        let uuids = |f: fn(&CreditRecord) -> Uuid| credits.iter().map(f).collect::<Vec<Uuid>>();
+        let ints = |f: fn(&CreditRecord) -> i32| credits.iter().map(f).collect::<Vec<i32>>();
+        let times =
+            |f: fn(&CreditRecord) -> DateTime<Utc>| credits.iter().map(f).collect::<Vec<_>>();
+        let priorities: Vec<i16> = credits.iter().map(|c| c.priority).collect();
+        let seconds: Vec<f64> = credits.iter().map(|c| c.gpu_seconds).collect();
+        let checkpointed: Vec<Option<DateTime<Utc>>> =
+            credits.iter().map(|c| c.checkpointed_at).collect();
+        let n = conn
+            .execute(
+                &format!(
+                    "INSERT INTO usage_credits ({CREDIT_COLUMNS})
+                     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::uuid[],
+                                          $5::int[], $6::int[], $7::int[], $8::text[],
+                                          $9::text[], $10::text[], $11::smallint[], $12::int[],
+                                          $13::timestamptz[], $14::timestamptz[], $15::float8[],
+                                          $16::text[], $17::text[], $18::timestamptz[],
+                                          $19::timestamptz[])
+                     ON CONFLICT (credit_id) DO NOTHING"
+                ),
+                &[
+                    &uuids(|c| c.credit_id),
+                    &uuids(|c| c.usage_id),
+                    &times(|c| c.usage_started_at),
+                    &uuids(|c| c.job_id),
+                    &ints(|c| c.epoch),
+                    &ints(|c| c.attempt),
+                    &ints(|c| c.rank),
+                    &text(|c| c.tenant.clone()),
+                    &text(|c| c.region.clone()),
+                    &text(|c| c.gpu_type.clone()),
+                    &priorities,
+                    &ints(|c| c.gpus),
+                    &times(|c| c.started_at),
+                    &times(|c| c.ended_at),
+                    &seconds,
+                    &text(|c| c.ended_by.clone()),
+                    &text(|c| c.cause.clone()),
+                    &checkpointed,
+                    &times(|c| c.issued_at),
+                ],
+            )
+            .await?;
+        Ok(n)
+    }
+
+    /// Per buddy, credits of our jobs it does not hold yet (at most
+    /// `limit`).
+    async fn credits_unsent(&self, limit: i64) -> Result<BTreeMap<String, Vec<CreditRecord>>> {
+        let conn = self.conn().await?;
+        let cols = CREDIT_COLUMNS.replace("credit_id", "c.credit_id");
+        let rows = conn
+            .query(
+                &format!(
+                    "SELECT {cols}, o.buddy FROM usage_credit_outbox o
+                     JOIN usage_credits c USING (credit_id)
+                     ORDER BY c.recorded_at LIMIT $1"
+                ),
+                &[&limit],
+            )
+            .await?;
+        let mut out: BTreeMap<String, Vec<CreditRecord>> = BTreeMap::new();
+        for r in &rows {
+            out.entry(r.get(19)).or_default().push(credit(r));
+        }
+        Ok(out)
+    }
+
+    /// The buddy holds these credits now.
+    async fn credits_sent(&self, ids: &[Uuid]) -> Result<()> {
+        let conn = self.conn().await?;
+        conn.execute(
+            "DELETE FROM usage_credit_outbox WHERE credit_id = ANY($1)",
+            &[&ids],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Sends every buddy the ledger rows and credits of our jobs it does not
+/// hold (`POST /internal/v1/replicas/usage`, `…/usage/credits`), so that an
+/// adopter — and the
 /// billing export, which merges every region's ledger — has them when
 /// this region is gone.
 pub async fn flush_usage(state: &crate::api::AppState) {
@@ -305,5 +545,106 @@ pub async fn flush_usage(state: &crate::api::AppState) {
             }
             Err(e) => tracing::debug!(error = %e, buddy, "a buddy was not sent its usage rows"),
         }
+    }
+    let unsent = match state.store.credits_unsent(1000).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the credits to replicate");
+            return;
+        }
+    };
+    for (buddy, credits) in unsent {
+        let sent: std::result::Result<serde_json::Value, _> = state
+            .peers
+            .post(&buddy, "/internal/v1/replicas/usage/credits", &credits)
+            .await;
+        match sent {
+            Ok(_) => {
+                let ids: Vec<Uuid> = credits.iter().map(|c| c.credit_id).collect();
+                if let Err(e) = state.store.credits_sent(&ids).await {
+                    tracing::warn!(error = %e, "cannot record the credits a buddy holds");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, buddy, "a buddy was not sent its credits"),
+        }
+    }
+}
+
+/// Reconciliation (docs/billing.md): what the allocations held, to
+/// compare with the ledger.
+impl Store {
+    /// Per tenant, the GPU-seconds this region's allocations held in
+    /// [from, to) — a live placement up to the meter's watermark — and the
+    /// placements live now, all in one snapshot.
+    pub async fn allocated_usage(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<AllocatedUsage> {
+        let mut conn = self.conn().await?;
+        let tx = conn
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        // The first statement takes the snapshot; its clock is read after.
+        let meta = tx
+            .query_one(
+                "SELECT clock_timestamp(), (SELECT metered_until FROM region_meta)",
+                &[],
+            )
+            .await?;
+        let as_of: DateTime<Utc> = meta.get(0);
+        let metered_until: Option<DateTime<Utc>> = meta.get(1);
+        let tenants = tx
+            .query(
+                "WITH iv AS (
+                     SELECT tenant, released_at IS NULL AS live,
+                            greatest(allocated_at, $1) AS s,
+                            least(coalesce(released_at, $3), $2) AS e
+                     FROM allocations
+                     WHERE allocated_at < $2 AND coalesce(released_at, $3) > $1
+                 )
+                 SELECT tenant,
+                        coalesce(sum(extract(epoch FROM e - s)), 0)::float8,
+                        coalesce(sum(extract(epoch FROM e - s)) FILTER (WHERE live), 0)::float8
+                 FROM iv WHERE e > s GROUP BY tenant ORDER BY tenant",
+                &[&from, &to, &metered_until],
+            )
+            .await?
+            .iter()
+            .map(|r| TenantAllocated {
+                tenant: r.get(0),
+                gpu_seconds: r.get(1),
+                live_gpu_seconds: r.get(2),
+            })
+            .collect();
+        let live = tx
+            .query(
+                "SELECT DISTINCT job_id, attempt, rank, allocated_at FROM allocations
+                 WHERE released_at IS NULL AND allocated_at < $1
+                 ORDER BY 1, 2, 3, 4",
+                &[&to],
+            )
+            .await?
+            .iter()
+            .map(|r| LivePlacement {
+                job_id: r.get(0),
+                attempt: r.get(1),
+                rank: r.get(2),
+                started_at: r.get(3),
+            })
+            .collect();
+        tx.commit().await?;
+        Ok(AllocatedUsage {
+            region: self.region().to_string(),
+            from,
+            to,
+            as_of,
+            metered_until,
+            tenants,
+            live,
+        })
     }
 }
