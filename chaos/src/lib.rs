@@ -1,6 +1,8 @@
 //! Failure drills against a local cloud (`gangway chaos <drill>`,
 //! docs/failover.md): each starts its own cloud of three regions
-//! ([`cloud::Cloud`]) whose agents run the example trainer as real
+//! ([`cloud::Cloud`]), or uses the one a running `gangway dev up` holds
+//! ([`On::Dev`]: its parts broken and mended through its control API,
+//! [`control`]), whose agents run the example trainer as real
 //! processes, runs keyed trainer jobs, breaks something, and checks the
 //! invariants afterwards — no acknowledged job lost; no job running in two
 //! regions at once (every region's own copy sampled every 100 ms, and the

@@ -168,7 +168,22 @@ pub struct SimArgs {
     /// Print the metrics as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write every placement of the run as the usage ledger's rows
+    /// (one per placement and clock hour, docs/billing.md), CSV for
+    /// PostgreSQL's COPY into `usage_ledger`: the input of the billing
+    /// export's benchmark (docs/benchmarks.md). One policy only.
+    #[arg(long)]
+    usage_out: Option<PathBuf>,
+    /// With --usage-out: the wall-clock time the run's first second is.
+    #[arg(long, default_value = "2026-11-01T00:00:00Z", requires = "usage_out")]
+    usage_start: chrono::DateTime<chrono::Utc>,
+    /// With --usage-out: the region the rows name.
+    #[arg(long, default_value = "us-east", requires = "usage_out")]
+    usage_region: String,
 }
+
+/// The columns `--usage-out` writes, in order (for `COPY usage_ledger (…)`).
+pub const USAGE_COLUMNS: &str = "usage_id,job_id,epoch,attempt,rank,tenant,region,gpu_type,priority,gpus,started_at,ended_at,gpu_seconds,ended_by,cause,checkpointed_at";
 
 pub fn run(args: SimArgs) -> anyhow::Result<u8> {
     let started = Instant::now();
@@ -245,6 +260,33 @@ pub fn run(args: SimArgs) -> anyhow::Result<u8> {
     };
     let sim = Simulation::new(&trace, &nodes, config)?;
     let kinds = args.policy.kinds();
+    if let Some(path) = &args.usage_out {
+        if kinds.len() != 1 {
+            anyhow::bail!("--usage-out writes one run's usage: choose it with --policy gangway, fifo or slurm");
+        }
+        let started = Instant::now();
+        eprintln!(
+            "replaying {} jobs on {} GPUs under {}, recording its placements",
+            sim.summary().jobs,
+            sim.summary().fleet_gpus,
+            policy_label(kinds[0])
+        );
+        let outcome = run_with_progress(&sim, kinds[0]);
+        let rows = write_usage(&sim, &outcome.placements, &args, path)?;
+        eprintln!(
+            "wrote {rows} usage rows of {} placements to {} ({:.1} s); load them with\n  \\copy usage_ledger ({USAGE_COLUMNS}) FROM '{}' WITH (FORMAT csv, HEADER)",
+            outcome.placements.len(),
+            path.display(),
+            started.elapsed().as_secs_f64(),
+            path.display()
+        );
+        let metrics = [outcome.metrics];
+        print!(
+            "{}",
+            render_table(sim.summary(), args.load, args.seed, &metrics)
+        );
+        return Ok(0);
+    }
     eprintln!(
         "replaying {} jobs on {} GPUs under {} ({}), locality {}",
         sim.summary().jobs,
@@ -319,6 +361,15 @@ pub fn run(args: SimArgs) -> anyhow::Result<u8> {
 /// One policy's run, with progress on stderr at most every few seconds.
 fn replay(sim: &Simulation, kind: PolicyKind) -> (Metrics, f64) {
     let started = Instant::now();
+    let outcome = run_with_progress(sim, kind);
+    let wall = started.elapsed().as_secs_f64();
+    eprintln!("  {:<15} done in {wall:.1} s", policy_label(kind));
+    (outcome.metrics, wall)
+}
+
+/// `sim`'s run under `kind`, with progress on stderr at most every 5 s.
+fn run_with_progress(sim: &Simulation, kind: PolicyKind) -> gangway_sim::SimOutcome {
+    let started = Instant::now();
     let mut last = Instant::now();
     let mut report = |p: &Progress| {
         if last.elapsed().as_secs_f64() >= 5.0 {
@@ -335,8 +386,76 @@ fn replay(sim: &Simulation, kind: PolicyKind) -> (Metrics, f64) {
             );
         }
     };
-    let outcome = sim.run_with_progress(kind, &mut report);
-    let wall = started.elapsed().as_secs_f64();
-    eprintln!("  {:<15} done in {wall:.1} s", policy_label(kind));
-    (outcome.metrics, wall)
+    sim.run_with_progress(kind, &mut report)
+}
+
+/// Writes `placements` as usage-ledger rows: one per placement and clock
+/// hour, ids derived as the region derives them (so the same placement is
+/// the same rows), the job's epoch 1. Returns the rows written.
+fn write_usage(
+    sim: &Simulation,
+    placements: &[gangway_sim::PlacementRecord],
+    args: &SimArgs,
+    path: &std::path::Path,
+) -> anyhow::Result<u64> {
+    use chrono::{DurationRound, TimeDelta};
+    use gangway_sim::PlacementEnd;
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    writeln!(out, "{USAGE_COLUMNS}")?;
+    let at = |s: u64| args.usage_start + TimeDelta::seconds(s as i64);
+    let ts = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+    let hour = TimeDelta::hours(1);
+    let mut rows = 0u64;
+    for p in placements.iter().filter(|p| p.end_s > p.start_s) {
+        let job = uuid::Uuid::new_v5(
+            &uuid::Uuid::NAMESPACE_OID,
+            format!("gangway-sim/j{}", p.job).as_bytes(),
+        );
+        let (from, until) = (at(p.start_s), at(p.end_s));
+        let (ended_by, cause) = match p.ended_by {
+            PlacementEnd::Succeeded => ("succeeded", None),
+            PlacementEnd::Preempted(c) => ("preempted", Some(c.as_str())),
+            PlacementEnd::NodeLost => ("node_lost", Some("node_lost")),
+            PlacementEnd::Running => ("running", None),
+        };
+        let mut h = from.duration_trunc(hour)?;
+        while h < until {
+            let (s, e) = (h.max(from), (h + hour).min(until));
+            let last = h + hour >= until;
+            let id = uuid::Uuid::new_v5(
+                &uuid::Uuid::NAMESPACE_OID,
+                format!(
+                    "{job}/1/{}/{}/{}/{}",
+                    p.attempt,
+                    p.rank,
+                    from.timestamp(),
+                    h.timestamp()
+                )
+                .as_bytes(),
+            );
+            writeln!(
+                out,
+                "{id},{job},1,{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                p.attempt,
+                p.rank,
+                sim.tenant_name(p.tenant),
+                args.usage_region,
+                sim.gpu_type(),
+                p.priority,
+                p.gpus,
+                ts(s),
+                ts(e),
+                f64::from(p.gpus) * (e - s).as_seconds_f64(),
+                if last { ended_by } else { "running" },
+                if last { cause.unwrap_or("") } else { "" },
+                p.checkpointed_s.map(|c| ts(at(c))).unwrap_or_default(),
+            )?;
+            rows += 1;
+            h += hour;
+        }
+    }
+    out.flush()?;
+    Ok(rows)
 }

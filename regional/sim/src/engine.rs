@@ -66,6 +66,43 @@ pub struct JobOutcome {
 pub struct SimOutcome {
     pub metrics: Metrics,
     pub jobs: Vec<JobOutcome>,
+    /// Every placement that held GPUs, as the usage ledger would record it
+    /// (`gangway sim --usage-out`); not in the JSON report.
+    #[serde(skip)]
+    pub placements: Vec<PlacementRecord>,
+}
+
+/// One worker's GPUs on one node, held from `start_s` to `end_s` by one
+/// attempt of a job: a placement, the unit of the usage ledger
+/// (docs/billing.md).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlacementRecord {
+    /// The job's index in submit order.
+    pub job: usize,
+    pub tenant: u32,
+    pub priority: i32,
+    pub attempt: u32,
+    /// The node's place in the fleet's order, and its position among the
+    /// job's nodes (its rank, as the ledger counts placements).
+    pub node: u32,
+    pub rank: u32,
+    pub gpus: u32,
+    pub start_s: u64,
+    pub end_s: u64,
+    pub ended_by: PlacementEnd,
+    /// The job's newest checkpoint when the placement ended.
+    pub checkpointed_s: Option<u64>,
+}
+
+/// How a placement ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementEnd {
+    Succeeded,
+    Preempted(PreemptCause),
+    /// Its node failed (or, with spares, was swapped out under it).
+    NodeLost,
+    /// Still held when the run ended.
+    Running,
 }
 
 /// What computes a pass: [`gangway_sched::plan`], or a stand-in for tests
@@ -150,6 +187,8 @@ struct JobRun {
     /// The capacity reservation (index in `Simulation::reserved`) it was
     /// queued in and runs in, if any.
     reservation: Option<u32>,
+    /// While stopping: why it was asked to.
+    preempt_cause: Option<PreemptCause>,
 }
 
 /// Event kinds, in the order they apply within one second: completions
@@ -248,6 +287,7 @@ struct Run<'a, 'p> {
     wake_pending: bool,
     tenants: Vec<TenantAcc>,
     acc: Acc,
+    placements: Vec<PlacementRecord>,
 }
 
 #[derive(Default)]
@@ -347,6 +387,7 @@ impl<'a, 'p> Run<'a, 'p> {
                 low_counted: false,
                 hit_at: None,
                 reservation: None,
+                preempt_cause: None,
             })
             .collect();
         let shares = sim
@@ -378,6 +419,7 @@ impl<'a, 'p> Run<'a, 'p> {
             tenants[j.tenant as usize].jobs += 1;
         }
         let mut run = Run {
+            placements: Vec::new(),
             sim,
             policy,
             planner,
@@ -956,6 +998,7 @@ impl<'a, 'p> Run<'a, 'p> {
         let run = &mut self.jobs[job as usize];
         run.phase = Phase::Stopping;
         run.preempt_at = Some(self.now);
+        run.preempt_cause = Some(p.cause);
         run.preemptions += 1;
         let (preemptions, attempt) = (run.preemptions, run.attempt);
         match p.cause {
@@ -1014,7 +1057,9 @@ impl<'a, 'p> Run<'a, 'p> {
         run.preempt_at = None;
         run.lost_preempt_gpu_s += lost;
         let seq = run.seq;
+        let cause = run.preempt_cause.take().unwrap_or(PreemptCause::Priority);
         self.acc.lost_preempt_gpu_s += lost;
+        self.record(job, PlacementEnd::Preempted(cause));
         self.release(job);
         self.enqueue(job, seq, new_units);
         true
@@ -1232,6 +1277,7 @@ impl<'a, 'p> Run<'a, 'p> {
         if run.phase == Phase::Stopping {
             self.acc.victims_finished += 1;
         }
+        self.record(job, PlacementEnd::Succeeded);
         self.release(job);
         let run = &mut self.jobs[job as usize];
         run.preempt_at = None;
@@ -1342,6 +1388,7 @@ impl<'a, 'p> Run<'a, 'p> {
     /// that of the new set of nodes.
     fn restart_on_spare(&mut self, job: u32, from: u32, to: u32) {
         self.roll_back_to_checkpoint(job);
+        self.record(job, PlacementEnd::NodeLost);
         let now = self.now;
         let spec = self.spec(job);
         let mut held = std::mem::take(&mut self.jobs[job as usize].held);
@@ -1392,7 +1439,29 @@ impl<'a, 'p> Run<'a, 'p> {
     /// last checkpoint saved, and frees its GPUs.
     fn kill(&mut self, job: u32) {
         self.roll_back_to_checkpoint(job);
+        self.record(job, PlacementEnd::NodeLost);
         self.release(job);
+    }
+
+    /// The placements of a unit's current attempt, ending now.
+    fn record(&mut self, job: u32, ended_by: PlacementEnd) {
+        let spec = self.spec(job);
+        let run = &self.jobs[job as usize];
+        for (rank, (node, gpus)) in run.held.iter().enumerate() {
+            self.placements.push(PlacementRecord {
+                job: job as usize,
+                tenant: spec.tenant,
+                priority: spec.priority,
+                attempt: run.attempt,
+                node: *node,
+                rank: rank as u32,
+                gpus: gpus.len() as u32,
+                start_s: run.start,
+                end_s: self.now,
+                ended_by,
+                checkpointed_s: run.checkpointed,
+            });
+        }
     }
 
     /// A failure's cost to a unit: it keeps what its last checkpoint saved
@@ -1503,6 +1572,14 @@ impl<'a, 'p> Run<'a, 'p> {
 
     fn finish(mut self) -> SimOutcome {
         let sim = self.sim;
+        for job in 0..self.jobs.len() as u32 {
+            if matches!(
+                self.jobs[job as usize].phase,
+                Phase::Running | Phase::Stopping
+            ) {
+                self.record(job, PlacementEnd::Running);
+            }
+        }
         let mut jct = Vec::new();
         let mut delay = Vec::new();
         let mut makespan = 0;
@@ -1619,6 +1696,7 @@ impl<'a, 'p> Run<'a, 'p> {
         SimOutcome {
             metrics,
             jobs: outcomes,
+            placements: std::mem::take(&mut self.placements),
         }
     }
 }

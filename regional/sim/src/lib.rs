@@ -52,7 +52,7 @@ mod trace;
 mod workload;
 
 pub use config::{SimConfig, SpareMode};
-pub use engine::{JobOutcome, Planner, Progress, SimOutcome};
+pub use engine::{JobOutcome, PlacementEnd, PlacementRecord, Planner, Progress, SimOutcome};
 pub use locality::{LocalityError, LocalityModel, V100_SPREAD_RATIO};
 pub use metrics::{GangStats, Metrics, ReservedStats, Summary, TenantShare};
 pub use report::{human_duration, policy_label, render_table};

@@ -361,6 +361,16 @@ impl Simulation {
         &self.summary
     }
 
+    /// Tenant `i`'s name (as [`crate::PlacementRecord::tenant`] numbers them).
+    pub fn tenant_name(&self, i: u32) -> &str {
+        &self.tenants[i as usize]
+    }
+
+    /// The GPU type the simulated fleet runs.
+    pub fn gpu_type(&self) -> &str {
+        &self.gpu_type
+    }
+
     pub fn config(&self) -> &SimConfig {
         &self.config
     }

@@ -7,7 +7,9 @@ mod common;
 use common::{assert_only_work_since_checkpoints_lost, trace};
 use gangway_sched::Level;
 use gangway_shared::fleet::{FleetFile, FleetNode};
-use gangway_sim::{LocalityModel, SimConfig, SimOutcome, Simulation, SpareMode, POLICIES};
+use gangway_sim::{
+    LocalityModel, PlacementEnd, SimConfig, SimOutcome, Simulation, SpareMode, POLICIES,
+};
 
 /// One spine of 8-GPU nodes; each `(nodes, spares)` is one leaf whose last
 /// `spares` nodes are spares.
@@ -217,5 +219,26 @@ fn many_random_failures_with_spares_keep_every_gpu_second_accounted_for() {
         assert_eq!(m.jobs_completed, 80, "{policy:?}");
         assert_only_work_since_checkpoints_lost(&o, &rows, 600);
         assert!(m.utilization_pct.unwrap() <= 100.0);
+        // The placements (what the usage ledger would record) hold exactly
+        // the GPU time allocated, end the way the runs did, and every
+        // job's last one succeeded.
+        let held: f64 = (o.placements.iter())
+            .map(|p| f64::from(p.gpus) * (p.end_s - p.start_s) as f64)
+            .sum();
+        assert!(
+            (held / 3600.0 - m.gpu_hours).abs() < 1e-6,
+            "{policy:?}: {held} vs {m:?}"
+        );
+        let lost = (o.placements.iter())
+            .filter(|p| p.ended_by == PlacementEnd::NodeLost && p.rank == 0)
+            .count() as u64;
+        assert_eq!(lost, m.restarts, "{policy:?}");
+        for j in 0..80 {
+            let last = (o.placements.iter())
+                .filter(|p| p.job == j)
+                .max_by_key(|p| (p.end_s, p.attempt))
+                .unwrap();
+            assert_eq!(last.ended_by, PlacementEnd::Succeeded, "{policy:?} job {j}");
+        }
     }
 }
