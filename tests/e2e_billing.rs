@@ -1,24 +1,32 @@
 //! The billing export across real processes (docs/billing.md): jobs run in
 //! a cloud of three regions that replicate each other's usage rows and
 //! credits; one of them loses its node (a provider-caused loss, credited).
-//! `gangway billing export` merges every region's ledger, counts each row
-//! once and prices it, and its total matches, to the cent, the GPU time
-//! the regions' allocations held less the lost time, computed by hand from
-//! their databases.
+//! The tenant is guaranteed a GPU in every region for the while, and one
+//! job runs in a capacity reservation: committed capacity, billed whether
+//! used or not, which covers the usage inside it. `gangway billing export`
+//! merges every region's ledger and commitments, counts each row once and
+//! prices it, and its total matches, to the cent, what the regions'
+//! allocations held less the lost time, with the commitments, computed by
+//! hand from their databases (the allocations, the reservation's own row,
+//! the audit log of the quota changes).
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use chrono::{Datelike, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use gangway_chaos::cloud::{Cloud, REGIONS};
-use gangway_shared::api::{Granularity, Job, JobSpec, JobState, UsageGroup, UsageQuery};
+use gangway_shared::api::{
+    Granularity, Job, JobSpec, JobState, ReservationSpec, TopologyLevel, UsageGroup, UsageQuery,
+};
 use gangway_shared::client::Client;
 use support::BIN;
 use uuid::Uuid;
 
-const PRICE_BOOK: &str = r#"
+/// Usage prices only: not enough for a month with commitments.
+const USAGE_PRICES: &str = r#"
 currency = "USD"
 [[price]]
 gpu_type = "h100"
@@ -31,32 +39,162 @@ effective = "2020-01-01T00:00:00Z"
 per_gpu_hour = 1.10
 "#;
 
+/// And committed capacity: a guaranteed GPU-hour, the usage it covers, and
+/// a reserved GPU-hour (the usage inside it free).
+const COMMITMENT_PRICES: &str = r#"
+[[commitment]]
+kind = "guarantee"
+gpu_type = "h100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 1.60
+covered_usage_per_gpu_hour = 0.40
+[[commitment]]
+kind = "reservation"
+gpu_type = "h100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 2.20
+"#;
+
+const NORMAL: f64 = 2.75;
+const LOW: f64 = 1.10;
+const GUARANTEE: f64 = 1.60;
+const GUARANTEE_COVERED: f64 = 0.40;
+const RESERVATION: f64 = 2.20;
+
+/// Seconds since the epoch, to the microsecond.
+fn secs(t: DateTime<Utc>) -> f64 {
+    t.timestamp_micros() as f64 / 1e6
+}
+
+/// Adds `gpus` × [s, e) to `hourly`, cut at clock hours (keyed by the
+/// hour's start, in seconds).
+fn spread(hourly: &mut BTreeMap<i64, f64>, s: f64, e: f64, gpus: f64) {
+    let mut h = (s / 3600.0).floor() as i64 * 3600;
+    while (h as f64) < e {
+        let part = e.min((h + 3600) as f64) - s.max(h as f64);
+        if part > 0.0 {
+            *hourly.entry(h).or_default() += gpus * part;
+        }
+        h += 3600;
+    }
+}
+
+/// What one region billed, by hand, from its own database: (cost, GPU-s
+/// held, GPU-s lost with the node, the credit's cost).
+///
+/// Per clock hour: the guarantee's GPU-seconds (from the audit log's quota
+/// changes) cover the ordinary usage of the hour in proportion (all of it
+/// when it is enough), at its covered price, the rest at the usage price;
+/// the reservation's (from its own row: created to deleted) cover its
+/// job's, free; each committed GPU-hour is paid at its price; the lost
+/// time is credited at what its hour billed.
+async fn by_hand(url: &str) -> (f64, f64, f64, f64) {
+    let db = connect(url).await;
+    // (hour, priority) → (held, lost); the reservation's job by hour.
+    let mut ordinary: BTreeMap<(i64, i16), (f64, f64)> = BTreeMap::new();
+    let mut reserved_use: BTreeMap<i64, f64> = BTreeMap::new();
+    let (mut held_s, mut lost_s) = (0.0, 0.0);
+    for r in db
+        .query(
+            "SELECT j.priority, j.reservation_id IS NOT NULL, a.allocated_at, a.released_at,
+                    a.release_reason = 'node_lost'
+             FROM allocations a JOIN jobs j USING (job_id) WHERE a.released_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let (priority, reserved, s, e, lost): (i16, bool, DateTime<Utc>, DateTime<Utc>, bool) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+        held_s += secs(e) - secs(s);
+        if lost {
+            lost_s += secs(e) - secs(s);
+        }
+        if reserved {
+            spread(&mut reserved_use, secs(s), secs(e), 1.0);
+            continue;
+        }
+        let mut h = BTreeMap::new();
+        spread(&mut h, secs(s), secs(e), 1.0);
+        for (hour, x) in h {
+            let slot = ordinary.entry((hour, priority)).or_default();
+            slot.0 += x;
+            if lost {
+                slot.1 += x;
+            }
+        }
+    }
+    // The guarantee: acme's guaranteed h100 GPUs between quota changes.
+    let mut guaranteed: BTreeMap<i64, f64> = BTreeMap::new();
+    let changes: Vec<(DateTime<Utc>, i64)> = db
+        .query(
+            "SELECT at, (detail->>'guaranteed_gpus')::bigint FROM audit_log
+             WHERE action = 'quota.set' AND target = 'acme/h100' ORDER BY audit_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(changes.len() >= 2, "{changes:?}");
+    for w in changes.windows(2) {
+        spread(&mut guaranteed, secs(w[0].0), secs(w[1].0), w[0].1 as f64);
+    }
+    assert_eq!(changes.last().unwrap().1, 0, "the guarantee was taken back");
+    // The reservation, from its creation (or start) to its deletion.
+    let mut reserved: BTreeMap<i64, f64> = BTreeMap::new();
+    for r in db
+        .query(
+            "SELECT gpus, greatest(created_at, start_at), updated_at FROM capacity_reservations
+             WHERE state = 'deleted'",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let (gpus, s, e): (i32, DateTime<Utc>, DateTime<Utc>) = (r.get(0), r.get(1), r.get(2));
+        spread(&mut reserved, secs(s), secs(e), gpus as f64);
+    }
+    let (mut cost, mut credit) = (0.0, 0.0);
+    let hours: std::collections::BTreeSet<i64> = (ordinary.keys().map(|k| k.0))
+        .chain(guaranteed.keys().copied())
+        .chain(reserved.keys().copied())
+        .chain(reserved_use.keys().copied())
+        .collect();
+    let cover = |committed: f64, used: f64| {
+        if committed > 0.0 && used > 0.0 {
+            (committed / used).min(1.0)
+        } else {
+            0.0
+        }
+    };
+    for h in hours {
+        let g = guaranteed.get(&h).copied().unwrap_or(0.0);
+        let used: f64 = (ordinary.range((h, i16::MIN)..=(h, i16::MAX)))
+            .map(|(_, v)| v.0)
+            .sum();
+        let f = cover(g, used);
+        for (&(_, priority), &(s, l)) in ordinary.range((h, i16::MIN)..=(h, i16::MAX)) {
+            let price = if priority == 0 { LOW } else { NORMAL };
+            let unit = (1.0 - f) * price + f * GUARANTEE_COVERED;
+            cost += (s - l) / 3600.0 * unit;
+            credit += l / 3600.0 * unit;
+        }
+        cost += g / 3600.0 * GUARANTEE;
+        let r = reserved.get(&h).copied().unwrap_or(0.0);
+        let ru = reserved_use.get(&h).copied().unwrap_or(0.0);
+        cost += ru / 3600.0 * (1.0 - cover(r, ru)) * NORMAL + r / 3600.0 * RESERVATION;
+    }
+    (cost, held_s, lost_s, credit)
+}
+
 async fn connect(url: &str) -> tokio_postgres::Client {
     let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(conn);
     db
-}
-
-/// GPU-seconds the allocations of a region held (released ones), per
-/// priority rank: all of them, and those lost with their node.
-async fn held(url: &str) -> Vec<(i16, f64, f64)> {
-    connect(url)
-        .await
-        .query(
-            "SELECT j.priority, sum(extract(epoch FROM a.released_at - a.allocated_at))::float8,
-                    coalesce(sum(extract(epoch FROM a.released_at - a.allocated_at))
-                             FILTER (WHERE a.release_reason = 'node_lost'), 0)::float8
-             FROM allocations a JOIN jobs j USING (job_id)
-             WHERE a.released_at IS NOT NULL GROUP BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect()
 }
 
 /// Polls the global tier until `cond` holds for the job.
@@ -99,6 +237,15 @@ fn spec(key: &str, priority: &str, estimated_s: u32) -> JobSpec {
     .unwrap()
 }
 
+fn spec_in(key: &str, reservation: Uuid, estimated_s: u32) -> JobSpec {
+    serde_json::from_value(serde_json::json!({
+        "name": key, "gpus": 8, "gpus_per_worker": 8, "gpu_type": "h100",
+        "priority": "normal", "estimated_duration_s": estimated_s, "command": ["train"],
+        "reservation": reservation
+    }))
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() {
     let cloud = Cloud::start(std::path::Path::new(BIN), true).await;
@@ -111,6 +258,20 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
     };
+
+    // acme is guaranteed one h100 GPU in every region for the while
+    // (committed capacity, which covers its ordinary usage).
+    let (code, _, stderr) = gangway(&[
+        "admin",
+        "quota",
+        "set",
+        "acme",
+        "h100",
+        "--guaranteed",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
 
     // A job (20 s) whose node dies after a few seconds, before any
     // checkpoint: that time is lost to the provider, and credited. It runs
@@ -140,8 +301,38 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
     ]);
     assert_eq!(code, Some(0), "{stderr}");
 
+    // A reservation of one node in another region, and a job (10 s) in
+    // it: reserved capacity, billed whether used or not, the job's usage
+    // inside it free.
+    let other = REGIONS
+        .iter()
+        .find(|r| **r != running.region)
+        .unwrap()
+        .to_string();
+    let reservation = cloud
+        .tenant
+        .create_reservation(
+            &ReservationSpec {
+                gpu_type: "h100".into(),
+                gpus: 8,
+                level: TopologyLevel::Region,
+                start: None,
+                end: None,
+                region: Some(other.clone()),
+            },
+            Some("bill-reserve"),
+        )
+        .await
+        .unwrap();
+    let in_reservation = cloud
+        .tenant
+        .submit(&spec_in("bill-res", reservation.id, 200), Some("bill-res"))
+        .await
+        .unwrap()
+        .id;
+
     // Four keyed jobs, normal and low priority, 10 s each (200 s × 0.05).
-    let mut ids = vec![lost];
+    let mut ids = vec![lost, in_reservation];
     for (i, priority) in ["normal", "low", "normal", "low"].iter().enumerate() {
         let key = format!("bill-{i}");
         ids.push(
@@ -157,20 +348,40 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         let done = wait_job(&cloud.tenant, *id, "an end", |j| j.state.is_terminal()).await;
         assert_eq!(done.state, JobState::Succeeded, "{done:?}");
     }
+    let ran = cloud.tenant.get(in_reservation).await.unwrap();
+    assert_eq!(ran.region, other);
+    // The commitments end: the reservation is deleted, the guarantee taken
+    // back.
+    cloud
+        .tenant
+        .delete_reservation(reservation.id, None)
+        .await
+        .unwrap();
+    let (code, _, stderr) = gangway(&[
+        "admin",
+        "quota",
+        "set",
+        "acme",
+        "h100",
+        "--guaranteed",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
     // The rows reach the buddies within a beat or two.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // By hand: every region's allocations, priced, less the time lost with
-    // the node (the job had no checkpoint: all of that placement).
+    // the node (the job had no checkpoint: all of that placement), with
+    // the commitments.
     let mut expect = 0.0;
-    let (mut gpu_s, mut lost_s) = (0.0, 0.0);
+    let (mut gpu_s, mut lost_s, mut lost_cost) = (0.0, 0.0, 0.0);
     for r in REGIONS {
-        for (priority, s, l) in held(cloud.database(r)).await {
-            let price = if priority == 0 { 1.10 } else { 2.75 };
-            expect += (s - l) / 3600.0 * price;
-            gpu_s += s;
-            lost_s += l;
-        }
+        let (cost, s, l, credit) = by_hand(cloud.database(r)).await;
+        expect += cost;
+        gpu_s += s;
+        lost_s += l;
+        lost_cost += credit;
         let ckpt = connect(cloud.database(r))
             .await
             .query_opt(
@@ -182,18 +393,15 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         assert!(ckpt.is_none(), "the lost job checkpointed in {r}");
     }
     assert!(
-        gpu_s > 4.0 * 8.0 * 9.0 + 8.0 * 19.0,
-        "four 8-GPU jobs of about 10 s and one of 20 s: {gpu_s}"
+        gpu_s > 5.0 * 8.0 * 9.0 + 8.0 * 19.0,
+        "five 8-GPU jobs of about 10 s and one of 20 s: {gpu_s}"
     );
     assert!(lost_s > 8.0 * 2.0, "about 3 s of 8 GPUs lost: {lost_s}");
 
-    let book = cloud.dir.path().join("prices.toml");
-    std::fs::write(&book, PRICE_BOOK).unwrap();
-    let book = book.display().to_string();
     let now = Utc::now();
     let month = format!("{}-{:02}", now.year(), now.month());
-    let export = |format: &str| {
-        let (code, out, stderr) = gangway(&[
+    let run_export = |book: &str, format: &str| {
+        gangway(&[
             "billing",
             "export",
             "--month",
@@ -201,8 +409,25 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
             "--format",
             format,
             "--price-book",
-            &book,
-        ]);
+            book,
+        ])
+    };
+    // A price book without commitment prices: the export stops and names
+    // what to add.
+    let partial = cloud.dir.path().join("usage-prices.toml");
+    std::fs::write(&partial, USAGE_PRICES).unwrap();
+    let (code, _, stderr) = run_export(&partial.display().to_string(), "csv");
+    assert_ne!(code, Some(0));
+    assert!(
+        stderr.contains(&format!("commitment reservation h100 in {other}"))
+            && stderr.contains("commitment guarantee h100 in"),
+        "{stderr}"
+    );
+    let book = cloud.dir.path().join("prices.toml");
+    std::fs::write(&book, format!("{USAGE_PRICES}{COMMITMENT_PRICES}")).unwrap();
+    let book = book.display().to_string();
+    let export = |format: &str| {
+        let (code, out, stderr) = run_export(&book, format);
         assert_eq!(code, Some(0), "{stderr}");
         (out, stderr)
     };
@@ -222,21 +447,71 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         "RegionId",
         "x_Cause",
         "x_CreditedUsageId",
+        "CommitmentDiscountId",
+        "CommitmentDiscountType",
+        "CommitmentDiscountStatus",
+        "CapacityReservationId",
+        "ChargeFrequency",
     ] {
         assert!(header.iter().any(|h| h == col), "no {col} in {header:?}");
     }
     let at = |c: &str| header.iter().position(|h| h == c).unwrap();
     let mut total = 0.0;
     let mut credited = 0.0;
+    let (mut effective, mut committed) = (0.0, 0.0);
     let mut seen = std::collections::BTreeSet::new();
     let mut jobs = std::collections::BTreeSet::new();
+    let mut statuses = std::collections::BTreeSet::new();
+    // Ledger rows and credits (not commitments' lines).
+    let mut ledger = std::collections::BTreeSet::new();
     for line in lines {
         let f = csv_fields(line);
         assert_eq!(f.len(), header.len(), "{line}");
         let cost: f64 = f[at("BilledCost")].parse().unwrap();
         total += cost;
-        assert!(seen.insert(f[at("x_UsageId")].clone()), "row twice: {line}");
+        effective += f[at("EffectiveCost")].parse::<f64>().unwrap();
+        // A usage row partly covered by a commitment is two lines (the
+        // covered part, `Used`, and the rest): one per id and status.
+        let status = f[at("CommitmentDiscountStatus")].clone();
+        assert!(
+            seen.insert((f[at("x_UsageId")].clone(), status.clone())),
+            "row twice: {line}"
+        );
+        let kind = f[at("CommitmentDiscountType")].clone();
+        statuses.insert((
+            kind.clone(),
+            f[at("ChargeCategory")].clone(),
+            status.clone(),
+        ));
+        if f[at("ChargeCategory")] == "Purchase" {
+            // A commitment's hour: its tenant's, in force whether used or
+            // not.
+            assert!(
+                cost > 0.0 && f[at("ChargeFrequency")] == "Recurring",
+                "{line}"
+            );
+            assert_eq!(f[at("BillingAccountId")], "acme");
+            if kind == "reservation" {
+                assert_eq!(f[at("ResourceId")], reservation.id.to_string(), "{line}");
+                assert_eq!(f[at("CapacityReservationId")], reservation.id.to_string());
+                assert_eq!(f[at("RegionId")], other);
+            } else {
+                assert_eq!(kind, "guarantee", "{line}");
+            }
+            committed += cost;
+            continue;
+        }
+        if status == "Unused" {
+            assert_eq!(cost, 0.0, "{line}");
+            continue;
+        }
+        if status == "Used" && kind == "reservation" {
+            // The job in the reservation: covered, free.
+            assert_eq!(f[at("ResourceId")], in_reservation.to_string(), "{line}");
+            assert_eq!(cost, 0.0, "{line}");
+        }
         jobs.insert(f[at("ResourceId")].clone());
+        ledger.insert(f[at("x_UsageId")].clone());
         if f[at("ChargeCategory")] == "Credit" {
             // A credit: negative, priced like the usage it offsets, with
             // its cause.
@@ -253,8 +528,24 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
     }
     // Each job's rows, once — though its buddy holds them too (the
     // regions together read more rows than the export has) — and the
-    // whole to the cent, the credit included.
-    assert_eq!(jobs.len(), 5, "{csv}");
+    // whole to the cent, the credit and the commitments included.
+    assert_eq!(jobs.len(), 6, "{csv}");
+    for want in [
+        ("reservation", "Purchase", ""),
+        ("reservation", "Usage", "Used"),
+        ("reservation", "Usage", "Unused"),
+        ("guarantee", "Purchase", ""),
+        ("guarantee", "Usage", "Used"),
+    ] {
+        let want = (want.0.to_string(), want.1.to_string(), want.2.to_string());
+        assert!(statuses.contains(&want), "no {want:?} line: {statuses:?}");
+    }
+    assert!(committed > 0.0);
+    assert_eq!(
+        (effective * 100.0).round(),
+        (total * 100.0).round(),
+        "effective cost sums to the billed cost"
+    );
     let read = |what: &str| -> usize {
         (stderr.lines())
             .filter_map(|l| l.strip_suffix(what))
@@ -262,7 +553,7 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
             .sum()
     };
     assert!(
-        read(" usage rows read") + read(" credits read") > seen.len(),
+        read(" usage rows read") + read(" credits read") > ledger.len(),
         "no row was replicated\n{stderr}"
     );
     assert!(
@@ -271,7 +562,7 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
     );
     assert_eq!(
         (credited * 100.0).round(),
-        (lost_s / 3600.0 * 2.75 * 100.0).round(),
+        (lost_cost * 100.0).round(),
         "credit {credited}\n{stderr}"
     );
     assert!(credited > 0.0);
@@ -334,7 +625,7 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
     );
     assert_eq!(mine.total_pending_gpu_seconds, 0.0);
     let keys: std::collections::BTreeSet<&str> = mine.rows.iter().map(|r| r.key.as_str()).collect();
-    assert_eq!(keys.len(), 5, "{mine:?}");
+    assert_eq!(keys.len(), 6, "{mine:?}");
     let only_lost = UsageQuery {
         job: Some(lost),
         ..window.clone()
@@ -526,4 +817,43 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         .await
         .unwrap_err();
     assert_eq!(bad.code(), Some("invalid_query"), "{bad:?}");
+
+    // The commitments the export priced, on the admin API: the
+    // reservation's hours in its region, a guarantee in every region.
+    let period = format!(
+        "from={}&to={}",
+        (now - chrono::Duration::hours(2)).format("%Y-%m-%dT%H:%M:%SZ"),
+        (Utc::now() + chrono::Duration::minutes(5)).format("%Y-%m-%dT%H:%M:%SZ")
+    );
+    let doc = admin
+        .call_json(
+            reqwest::Method::GET,
+            &format!("/v1/admin/usage/commitments?{period}&tenant=acme"),
+            None,
+        )
+        .await
+        .unwrap();
+    for r in REGIONS {
+        let page: gangway_shared::billing::CommitmentRecords =
+            serde_json::from_value(doc["regions"][r].clone()).unwrap();
+        let kinds: std::collections::BTreeSet<&str> =
+            page.commitments.iter().map(|c| c.kind.as_str()).collect();
+        assert!(kinds.contains("guarantee"), "{r}: {kinds:?}");
+        assert_eq!(kinds.contains("reservation"), r == other, "{r}: {kinds:?}");
+        assert!(page
+            .commitments
+            .iter()
+            .all(|c| c.region == r && c.tenant == "acme"));
+    }
+    for bad in [
+        "/v1/admin/usage/commitments?from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z",
+        "/v1/admin/usage/commitments?from=yesterday&to=2026-01-01T00:00:00Z",
+        "/v1/admin/usage/commitments?to=2026-01-01T00:00:00Z",
+    ] {
+        let e = admin
+            .call_json(reqwest::Method::GET, bad, None)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("invalid_query"), "{bad}: {e:?}");
+    }
 }

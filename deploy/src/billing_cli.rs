@@ -1,8 +1,9 @@
-//! `gangway billing export`: a month of every tenant's usage and credits,
-//! merged from every region's ledger (each holds its own rows and its
-//! peers'), deduplicated, priced by a price book, as FinOps FOCUS rows in
+//! `gangway billing export`: a month of every tenant's usage, credits,
+//! corrections and committed capacity, merged from every region's ledger
+//! (each holds its own rows and its peers'), deduplicated, priced by a
+//! price book (`gangway_shared::billing::bill`), as FinOps FOCUS rows in
 //! CSV or JSON Lines (docs/billing.md). `gangway billing reconcile`
-//! (`reconcile_cli.rs`) checks the ledger against the allocations.
+//! (`reconcile.rs`) checks the ledger against the allocations.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -12,7 +13,8 @@ use anyhow::{bail, Context};
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use clap::{Subcommand, ValueEnum};
 use gangway_shared::billing::{
-    CreditRecord, CreditRecords, FocusRow, PriceBook, UsageRecord, UsageRecords,
+    bill, CommitmentRecord, CommitmentRecords, CreditRecord, CreditRecords, FocusRow, PriceBook,
+    UsageRecord, UsageRecords,
 };
 use reqwest::Method;
 use uuid::Uuid;
@@ -26,8 +28,11 @@ mod reconcile;
 pub enum BillingCommand {
     /// A month of every tenant's GPU usage, from every region, counted
     /// once and priced, as FOCUS rows (one per placement and clock hour),
-    /// and the month's credits for GPU time lost to provider-caused
-    /// events (negative rows, `ChargeCategory` `Credit`).
+    /// the month's credits for GPU time lost to provider-caused events
+    /// (negative rows, `ChargeCategory` `Credit`) and corrections, and its
+    /// committed capacity (guarantees, reservations, dedicated clusters:
+    /// `Purchase` rows per commitment and hour, the usage they covered
+    /// `Used`, what they left idle `Unused`).
     Export {
         #[command(flatten)]
         conn: Conn,
@@ -102,6 +107,17 @@ impl LedgerPage for UsageRecords {
     }
     fn id(r: &UsageRecord) -> Uuid {
         r.usage_id
+    }
+}
+
+impl LedgerPage for CommitmentRecords {
+    type Item = CommitmentRecord;
+    const WHAT: &'static str = "commitment hours";
+    fn split(self) -> (Vec<CommitmentRecord>, Option<Uuid>) {
+        (self.commitments, self.next)
+    }
+    fn id(c: &CommitmentRecord) -> Uuid {
+        c.record_id
     }
 }
 
@@ -209,66 +225,29 @@ async fn export(
     let book = PriceBook::parse(&text).map_err(anyhow::Error::msg)?;
     let client = conn.admin_client()?;
     let period = [("from", start.to_rfc3339()), ("to", end.to_rfc3339())];
-    let (rows, regions) =
-        read_merged::<UsageRecords>(&client, "/v1/admin/usage/records", &period).await?;
-    let (credits, _) =
+    // The month's credits and corrections first: they are priced as the
+    // rows they offset were billed, which can lie in an earlier month.
+    let (mut credits, _) =
         read_merged::<CreditRecords>(&client, "/v1/admin/usage/credits", &period).await?;
-    let mut priced = Vec::new();
-    let mut unpriced: BTreeMap<String, usize> = BTreeMap::new();
-    let mut no_price = |gpu_type: &str, priority: i16, region: &str| {
-        let sku = format!(
-            "{gpu_type} {} in {region}",
-            gangway_shared::billing::priority_name(priority)
-        );
-        *unpriced.entry(sku).or_default() += 1;
-    };
-    // Rows lie within one clock hour: those starting in the month are its.
-    for rec in rows
-        .values()
-        .filter(|r| r.started_at >= start && r.started_at < end)
-    {
-        match FocusRow::of(rec, &book, (start, end)) {
-            Some(row) => priced.push(row),
-            None => no_price(&rec.gpu_type, rec.priority, &rec.region),
-        }
+    let from = bill::reads_from((start, end), credits.values());
+    let wider = [("from", from.to_rfc3339()), ("to", end.to_rfc3339())];
+    if from < start {
+        let (earlier, _) =
+            read_merged::<CreditRecords>(&client, "/v1/admin/usage/credits", &wider).await?;
+        credits.extend(earlier);
     }
-    // A credit is the month's that it was issued in (a month's bill is
-    // final once it is over), priced like the row it offsets.
-    for c in credits
-        .values()
-        .filter(|c| c.issued_at >= start && c.issued_at < end)
-    {
-        match FocusRow::credit(c, &book, (start, end)) {
-            Some(row) => priced.push(row),
-            None => no_price(&c.gpu_type, c.priority, &c.region),
-        }
-    }
-    if !unpriced.is_empty() {
-        let list: Vec<String> = unpriced
-            .iter()
-            .map(|(sku, n)| format!("{sku} ({n} rows)"))
-            .collect();
-        bail!(
-            "the price book has no price in force for: {}; add one and export again",
-            list.join(", ")
-        );
-    }
-    priced.sort_by(|a, b| {
-        (
-            &a.BillingAccountId,
-            a.ChargePeriodStart,
-            &a.ResourceId,
-            a.x_Rank,
-            &a.ChargeCategory,
-        )
-            .cmp(&(
-                &b.BillingAccountId,
-                b.ChargePeriodStart,
-                &b.ResourceId,
-                b.x_Rank,
-                &b.ChargeCategory,
-            ))
-    });
+    let (rows, regions) =
+        read_merged::<UsageRecords>(&client, "/v1/admin/usage/records", &wider).await?;
+    let (commitments, _) =
+        read_merged::<CommitmentRecords>(&client, "/v1/admin/usage/commitments", &wider).await?;
+    let priced = bill::price(
+        (start, end),
+        rows.values(),
+        credits.values(),
+        commitments.values(),
+        &book,
+    )
+    .map_err(|unpriced| anyhow::anyhow!("{unpriced}"))?;
     let mut w: Box<dyn Write> = match &out {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path)
@@ -287,30 +266,50 @@ async fn export(
     }
     w.flush()?;
     // What finance checks first: per tenant, GPU-hours and cost, net of
-    // credits, and the credits.
-    let mut totals: BTreeMap<&str, (f64, f64, f64, f64)> = BTreeMap::new();
+    // credits and corrections, the credits, and what commitments cost.
+    #[derive(Default)]
+    struct Total {
+        hours: f64,
+        cost: f64,
+        credit_hours: f64,
+        credit: f64,
+        committed_hours: f64,
+        committed: f64,
+    }
+    let mut totals: BTreeMap<&str, Total> = BTreeMap::new();
     for row in &priced {
         let t = totals.entry(&row.BillingAccountId).or_default();
-        t.0 += row.UsageQuantity;
-        t.1 += row.BilledCost;
+        t.hours += row.UsageQuantity;
+        t.cost += row.BilledCost;
         if row.ChargeCategory == "Credit" {
-            t.2 -= row.UsageQuantity;
-            t.3 -= row.BilledCost;
+            t.credit_hours -= row.UsageQuantity;
+            t.credit -= row.BilledCost;
+        }
+        if row.ChargeCategory == "Purchase" {
+            t.committed_hours += row.PricingQuantity;
+            t.committed += row.BilledCost;
         }
     }
-    for (tenant, (hours, cost, credit_hours, credit)) in &totals {
+    for (tenant, t) in &totals {
         eprintln!(
-            "{tenant}: {hours:.3} GPU-hours, {cost:.2} {cur} (after credits of \
-             {credit_hours:.3} GPU-hours, {credit:.2} {cur})",
+            "{tenant}: {:.3} GPU-hours, {:.2} {cur} (after credits of {:.3} GPU-hours, \
+             {:.2} {cur}; committed capacity {:.3} GPU-hours, {:.2} {cur})",
+            t.hours,
+            t.cost,
+            t.credit_hours,
+            t.credit,
+            t.committed_hours,
+            t.committed,
             cur = book.currency
         );
     }
-    let n_credits = priced
-        .iter()
-        .filter(|r| r.ChargeCategory == "Credit")
-        .count();
+    let count = |f: &dyn Fn(&FocusRow) -> bool| priced.iter().filter(|r| f(r)).count();
+    let n_credits = count(&|r| r.ChargeCategory == "Credit");
+    let n_corrections = count(&|r| r.x_Cause == gangway_shared::billing::CORRECTION);
+    let n_commitments = count(&|r| r.ChargeCategory == "Purchase");
     eprintln!(
-        "{} rows ({n_credits} credits) for {month} from {} regions",
+        "{} rows ({n_credits} credits, {n_corrections} corrections, {n_commitments} commitment \
+         hours) for {month} from {} regions",
         priced.len(),
         regions.len()
     );

@@ -70,6 +70,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/admin/goodput"),
     ("get", "/v1/admin/usage/records"),
     ("get", "/v1/admin/usage/credits"),
+    ("get", "/v1/admin/usage/commitments"),
     ("get", "/v1/admin/usage/allocated"),
     ("post", "/v1/admin/regions/{name}/evacuate"),
     ("post", "/v1/admin/regions/{name}/failback"),

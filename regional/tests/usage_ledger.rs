@@ -576,3 +576,188 @@ async fn allocations_read_for_reconciliation_match_the_ledger_to_the_meters_hour
         .unwrap();
     assert!((half.tenants[0].gpu_seconds - 16.0 * 1800.0).abs() < 1e-3);
 }
+
+/// GPU-seconds of `job`'s credits and of its corrections (V20).
+async fn credits_and_corrections(db: &tokio_postgres::Client, job: Uuid) -> (f64, f64) {
+    let row = db
+        .query_one(
+            "SELECT coalesce(sum(gpu_seconds) FILTER (WHERE cause <> 'correction'), 0)::float8,
+                    coalesce(sum(gpu_seconds) FILTER (WHERE cause = 'correction'), 0)::float8
+             FROM usage_credits WHERE job_id = $1",
+            &[&job],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn a_release_dated_back_into_hours_the_meter_wrote_is_corrected_to_what_was_held() {
+    use gangway_shared::agent::RegisterRequest;
+    use gangway_shared::billing::reconcile::tally;
+    let (store, db) = common::store("usage_backdated").await;
+    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "l0", "h100")]).await;
+    let job = common::submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    report(&store, &fleet, 0, None).await;
+    // It has run for two and a half hours, and has a buddy.
+    db.execute(
+        "UPDATE allocations SET allocated_at = now() - interval '150 minutes'",
+        &[],
+    )
+    .await
+    .unwrap();
+    db.execute("UPDATE jobs SET buddy = 'r2' WHERE job_id = $1", &[&job])
+        .await
+        .unwrap();
+    let since: DateTime<Utc> = Utc::now() - chrono::Duration::days(2);
+    assert!(store.meter_usage(since).await.unwrap() >= 2);
+    let metered = totals(&db, job).await.1;
+    assert!(metered > 8.0 * 90.0 * 60.0, "{metered}");
+
+    // Its agent was last heard 100 minutes ago — inside an hour the meter
+    // wrote whole — and comes back with a new boot: the workers died with
+    // the old one, and are billed to when it was last heard.
+    db.execute(
+        "UPDATE agents SET last_sync_at = now() - interval '100 minutes'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let reboot = RegisterRequest {
+        agent_id: "agent-n0".into(),
+        boot_id: Uuid::new_v4(),
+        executor: "sim".into(),
+        nodes: vec![node("n0", "s0", "l0", "h100")],
+    };
+    store.register_agent(&reboot).await.unwrap();
+    // The hour it ended in is the meter's row (same id), shortened by a
+    // correction that says how the placement ended.
+    let ended: Vec<(String, String)> = db
+        .query(
+            "SELECT DISTINCT ended_by, cause FROM usage_credits WHERE job_id = $1 ORDER BY 1, 2",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            ("node_lost".into(), "correction".into()),
+            ("node_lost".into(), "node_lost".into())
+        ]
+    );
+    let (held, billed) = totals(&db, job).await;
+    assert!((held - 8.0 * 50.0 * 60.0).abs() < 5.0 * 8.0, "{held}");
+    assert!(
+        billed > held + 8.0 * 60.0,
+        "the meter's rows reach past the end"
+    );
+    // The ledger (rows less corrections) bills exactly what was held; the
+    // loss (no checkpoint: the whole placement) is credited, never past
+    // the end.
+    let (credited, corrected) = credits_and_corrections(&db, job).await;
+    assert!(
+        (billed - corrected - held).abs() < 1e-3,
+        "billed {billed}, corrected {corrected}, held {held}"
+    );
+    assert!(
+        (credited - held).abs() < 1e-3,
+        "credited {credited}, held {held}"
+    );
+    // Each correction is of one row, from the end (or the row's start) to
+    // the row's end, with an id derived from it; each credit ends by then.
+    let odd: i64 = db
+        .query_one(
+            "SELECT count(*) FROM usage_credits c JOIN usage_ledger u USING (usage_id)
+             JOIN (SELECT job_id, max(released_at) AS e FROM allocations GROUP BY 1) a
+               ON a.job_id = c.job_id
+             WHERE (c.cause = 'correction'
+                    AND (c.credit_id <> md5('correction/' || u.usage_id::text)::uuid
+                         OR c.started_at <> greatest(u.started_at, a.e)
+                         OR c.ended_at <> u.ended_at))
+                OR (c.cause <> 'correction' AND c.ended_at > a.e)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(odd, 0);
+    // Corrections go to the buddy like credits.
+    let queued: i64 = db
+        .query_one(
+            "SELECT count(*) FROM usage_credit_outbox o JOIN usage_credits c USING (credit_id)
+             WHERE c.cause = 'correction'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(queued >= 1);
+
+    // Replays change nothing: the same boot again, an update that
+    // releases nothing, the meter, a buddy given the same corrections.
+    let before = (rows(&db).await, credits_and_corrections(&db, job).await);
+    store.register_agent(&reboot).await.unwrap();
+    db.execute(
+        "UPDATE allocations SET release_reason = release_reason",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.meter_usage(since).await.unwrap(), 0);
+    let all = store
+        .usage_credits(since, Utc::now(), None, None, 1000)
+        .await
+        .unwrap();
+    assert_eq!(store.hold_credits(&all.credits).await.unwrap(), 0);
+    assert_eq!(
+        (rows(&db).await, credits_and_corrections(&db, job).await),
+        before
+    );
+
+    // Reconciliation, on the region's own reads: zero difference, the
+    // correction off the billed side, the credit on the credited one.
+    let (from, to) = (since, Utc::now() + chrono::Duration::minutes(1));
+    let allocated = store.allocated_usage(from, to).await.unwrap();
+    let records = store
+        .usage_records(from, to, None, None, 1000)
+        .await
+        .unwrap();
+    let report = tally(
+        &[(allocated.region.clone(), allocated)].into(),
+        &records
+            .records
+            .into_iter()
+            .map(|r| (r.usage_id, r))
+            .collect(),
+        &all.credits.into_iter().map(|c| (c.credit_id, c)).collect(),
+        (from, to),
+        0.5,
+    );
+    assert!(report.reconciled, "{report:?}");
+    assert_eq!(report.rows.len(), 1);
+    let line = &report.rows[0];
+    assert!((line.allocated_gpu_seconds - held).abs() < 1e-3, "{line:?}");
+    assert!(line.billed_gpu_seconds.abs() < 1e-3, "{line:?}");
+    assert!((line.credited_gpu_seconds - held).abs() < 1e-3, "{line:?}");
+    // The tenant sees the time held, all of it credited.
+    let usage = store
+        .usage(
+            "acme",
+            from,
+            to,
+            gangway_shared::api::Granularity::Day,
+            gangway_shared::api::UsageGroup::Job,
+            None,
+        )
+        .await
+        .unwrap();
+    let sum = |f: fn(&gangway_shared::api::UsageRow) -> f64| usage.own.iter().map(f).sum::<f64>();
+    assert!((sum(|r| r.gpu_seconds) - held).abs() < 1e-3, "{usage:?}");
+    assert!((sum(|r| r.credited_gpu_seconds) - held).abs() < 1e-3);
+    assert!(sum(|r| r.billed_gpu_seconds).abs() < 1e-3);
+}

@@ -1,10 +1,16 @@
 //! The usage ledger's records (issue 8, docs/billing.md): one per worker
-//! placement that has ended, as regions keep, replicate and export them.
+//! placement and clock hour, as regions keep, replicate and export them;
+//! their credits and corrections; the capacity tenants committed; the
+//! price book; and the FOCUS rows of the export ([`bill`] prices a month,
+//! [`reconcile`] compares the ledger with the allocations).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
+
+pub mod bill;
+pub mod reconcile;
 
 /// One ended placement of one worker: `gpus` GPUs of `gpu_type` held from
 /// `started_at` to `ended_at`. `usage_id` is derived from (job, epoch,
@@ -40,6 +46,34 @@ pub struct UsageRecord {
     /// The job's newest checkpoint when the placement ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpointed_at: Option<DateTime<Utc>>,
+    /// The capacity reservation the job ran in (rows written since V20;
+    /// absent: not in one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<Uuid>,
+    /// The dedicated cluster the job ran on (rows written since V20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<Uuid>,
+}
+
+impl UsageRecord {
+    /// The commitment this row's usage may be covered by: its job's
+    /// reservation or cluster, or else its tenant's guarantee for the GPU
+    /// type in the region that ran it (docs/billing.md).
+    pub fn commitment(&self) -> (CommitmentKind, String) {
+        match (self.reservation_id, self.cluster_id) {
+            (Some(r), _) => (CommitmentKind::Reservation, r.to_string()),
+            (None, Some(c)) => (CommitmentKind::Cluster, c.to_string()),
+            (None, None) => (
+                CommitmentKind::Guarantee,
+                guarantee_id(&self.tenant, &self.gpu_type),
+            ),
+        }
+    }
+}
+
+/// A guarantee's commitment id within its region: `TENANT/GPU_TYPE`.
+pub fn guarantee_id(tenant: &str, gpu_type: &str) -> String {
+    format!("{tenant}/{gpu_type}")
 }
 
 /// A page of ledger records (`GET /v1/admin/usage/records`).
@@ -56,6 +90,12 @@ pub struct UsageRecords {
 /// newest checkpoint), not charged. `credit_id` is derived from the usage
 /// row it offsets (`usage_id`), so there is one credit per row wherever
 /// it is held.
+///
+/// With cause [`CORRECTION`] it is a **correction** instead: the part of
+/// the row past its placement's end, which a release dated back past an
+/// hour the meter had already written whole says was never held (its id
+/// `md5('correction/' || usage_id)`). A credit moves GPU time from billed
+/// to credited; a correction takes it off the bill and off the time held.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct CreditRecord {
     pub credit_id: Uuid,
@@ -88,6 +128,16 @@ pub struct CreditRecord {
     pub checkpointed_at: Option<DateTime<Utc>>,
     /// When the home wrote it: the billing month it is credited in.
     pub issued_at: DateTime<Utc>,
+}
+
+/// The cause of a [`CreditRecord`] that is a correction.
+pub const CORRECTION: &str = "correction";
+
+impl CreditRecord {
+    /// Whether it is a correction (time never held), not a credit.
+    pub fn is_correction(&self) -> bool {
+        self.cause == CORRECTION
+    }
 }
 
 /// A page of credits (`GET /v1/admin/usage/credits`).
@@ -140,6 +190,92 @@ pub struct LivePlacement {
     pub started_at: DateTime<Utc>,
 }
 
+/// What a tenant committed to (docs/billing.md): GPUs billed whether
+/// used or not.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitmentKind {
+    /// A guaranteed quota: `guaranteed_gpus` of a GPU type in a region.
+    Guarantee,
+    /// A capacity reservation: its GPUs over its window.
+    Reservation,
+    /// A dedicated cluster: its nodes × GPUs per node.
+    Cluster,
+}
+
+impl CommitmentKind {
+    pub const ALL: [CommitmentKind; 3] = [
+        CommitmentKind::Guarantee,
+        CommitmentKind::Reservation,
+        CommitmentKind::Cluster,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommitmentKind::Guarantee => "guarantee",
+            CommitmentKind::Reservation => "reservation",
+            CommitmentKind::Cluster => "cluster",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CommitmentKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// What one tenant had committed in one region through one commitment
+/// within one clock hour (`GET /v1/admin/usage/commitments`): `gpu_seconds`
+/// GPU-seconds held for it between `started_at` and `ended_at` (GPUs ×
+/// the time each version of the commitment was in force; a reservation
+/// resized mid-hour holds each size for its part), at most `gpus` at once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CommitmentRecord {
+    /// Derived from (region, kind, commitment, hour): the same hour of
+    /// the same commitment is the same id.
+    pub record_id: Uuid,
+    pub kind: CommitmentKind,
+    /// The reservation's or cluster's id; `TENANT/GPU_TYPE` for a
+    /// guarantee.
+    pub commitment_id: String,
+    pub tenant: String,
+    /// The region that holds the commitment.
+    pub region: String,
+    pub gpu_type: String,
+    /// The clock hour.
+    pub hour: DateTime<Utc>,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: DateTime<Utc>,
+    pub gpus: i32,
+    pub gpu_seconds: f64,
+}
+
+impl CommitmentRecord {
+    /// Its FOCUS `CommitmentDiscountId`, unique across regions.
+    pub fn discount_id(&self) -> String {
+        discount_id(self.kind, &self.region, &self.commitment_id)
+    }
+}
+
+/// A commitment's FOCUS `CommitmentDiscountId`: `reservation/ID`,
+/// `cluster/ID`, `guarantee/REGION/TENANT/GPU_TYPE`.
+pub fn discount_id(kind: CommitmentKind, region: &str, commitment_id: &str) -> String {
+    match kind {
+        CommitmentKind::Guarantee => format!("guarantee/{region}/{commitment_id}"),
+        k => format!("{}/{commitment_id}", k.as_str()),
+    }
+}
+
+/// A page of committed capacity (`GET /v1/admin/usage/commitments`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
+pub struct CommitmentRecords {
+    pub commitments: Vec<CommitmentRecord>,
+    /// Pass as `after` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<Uuid>,
+}
+
 /// The priority class named by a record's `priority` (the scheduler's
 /// rank: 0 low, 1 normal, 2 high).
 pub fn priority_name(rank: i16) -> &'static str {
@@ -152,7 +288,9 @@ pub fn priority_name(rank: i16) -> &'static str {
 
 /// What a GPU-hour costs, by GPU type, priority class and (optionally)
 /// region, each price in force from its effective date until a later one
-/// of the same scope (a TOML file, docs/billing.md):
+/// of the same scope (a TOML file, docs/billing.md); and what a committed
+/// GPU-hour costs, by commitment kind, GPU type and (optionally) region,
+/// with the price of usage the commitment covers:
 ///
 /// ```toml
 /// currency = "USD"
@@ -162,6 +300,13 @@ pub fn priority_name(rank: i16) -> &'static str {
 /// region = "*"          # a region's name, or "*" (the default)
 /// effective = "2026-11-01T00:00:00Z"
 /// per_gpu_hour = 2.50
+/// [[commitment]]
+/// kind = "reservation"  # guarantee, reservation or cluster
+/// gpu_type = "h100"
+/// region = "*"
+/// effective = "2026-11-01T00:00:00Z"
+/// per_gpu_hour = 2.00                # each committed GPU-hour, used or not
+/// covered_usage_per_gpu_hour = 0.0   # usage it covers (the default: 0)
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -169,6 +314,26 @@ pub struct PriceBook {
     pub currency: String,
     #[serde(rename = "price", default)]
     pub prices: Vec<Price>,
+    /// Committed capacity (optional: a book without it is valid until
+    /// a month has commitments to bill).
+    #[serde(rename = "commitment", default, skip_serializing_if = "Vec::is_empty")]
+    pub commitments: Vec<CommitmentPrice>,
+}
+
+/// One commitment price of a [`PriceBook`]: a committed GPU-hour of a
+/// kind and GPU type (in a region, or any), and the price of a GPU-hour
+/// of usage the commitment covers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitmentPrice {
+    pub kind: CommitmentKind,
+    pub gpu_type: String,
+    #[serde(default = "any")]
+    pub region: String,
+    pub effective: DateTime<Utc>,
+    pub per_gpu_hour: f64,
+    #[serde(default)]
+    pub covered_usage_per_gpu_hour: f64,
 }
 
 /// One price of a [`PriceBook`].
@@ -209,7 +374,37 @@ impl PriceBook {
                 ));
             }
         }
+        for c in &book.commitments {
+            for (name, v) in [
+                ("per_gpu_hour", c.per_gpu_hour),
+                ("covered_usage_per_gpu_hour", c.covered_usage_per_gpu_hour),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(format!(
+                        "price book: {name} {v} of the {} commitment of {} is not a price",
+                        c.kind.as_str(),
+                        c.gpu_type
+                    ));
+                }
+            }
+        }
         Ok(book)
+    }
+
+    /// The price of a committed GPU-hour of `kind` and `gpu_type` in
+    /// `region` at `at`: of those in force then, a region named over any,
+    /// and of those the latest.
+    pub fn commitment_price(
+        &self,
+        kind: CommitmentKind,
+        gpu_type: &str,
+        region: &str,
+        at: DateTime<Utc>,
+    ) -> Option<&CommitmentPrice> {
+        (self.commitments.iter())
+            .filter(|p| p.kind == kind && p.gpu_type == gpu_type && p.effective <= at)
+            .filter(|p| p.region == "*" || p.region == region)
+            .max_by_key(|p| (p.region != "*", p.effective))
     }
 
     /// The price of a GPU-hour of `gpu_type` at `priority` in `region` at
@@ -258,6 +453,28 @@ pub struct FocusRow {
     pub BilledCost: f64,
     pub EffectiveCost: f64,
     pub BillingCurrency: String,
+    /// `Correction` on a line correcting an earlier (closed) month; null
+    /// otherwise.
+    pub ChargeClass: Option<String>,
+    /// `Usage-Based` (usage, its credits and corrections, a commitment's
+    /// unused part) or `Recurring` (a commitment's hourly charge).
+    pub ChargeFrequency: String,
+    /// The commitment (docs/billing.md) a line covers, is covered by, or
+    /// is the unused part of.
+    pub CommitmentDiscountId: Option<String>,
+    /// `guarantee`, `reservation` or `cluster`.
+    pub CommitmentDiscountType: Option<String>,
+    /// `Usage` (commitments are of GPU-hours).
+    pub CommitmentDiscountCategory: Option<String>,
+    /// `Used` (usage the commitment covered) or `Unused` (what it left
+    /// idle); null on its purchase.
+    pub CommitmentDiscountStatus: Option<String>,
+    /// GPU-hours of the commitment the line bought, used or left unused.
+    pub CommitmentDiscountQuantity: Option<f64>,
+    pub CommitmentDiscountUnit: Option<String>,
+    /// A reservation's or cluster's id: the capacity it holds.
+    pub CapacityReservationId: Option<String>,
+    pub CapacityReservationStatus: Option<String>,
     pub x_UsageId: Uuid,
     pub x_Epoch: i32,
     pub x_Attempt: i32,
@@ -309,6 +526,16 @@ impl FocusRow {
             BilledCost: cost,
             EffectiveCost: cost,
             BillingCurrency: book.currency.clone(),
+            ChargeClass: None,
+            ChargeFrequency: "Usage-Based".into(),
+            CommitmentDiscountId: None,
+            CommitmentDiscountType: None,
+            CommitmentDiscountCategory: None,
+            CommitmentDiscountStatus: None,
+            CommitmentDiscountQuantity: None,
+            CommitmentDiscountUnit: None,
+            CapacityReservationId: None,
+            CapacityReservationStatus: None,
             x_UsageId: r.usage_id,
             x_Epoch: r.epoch,
             x_Attempt: r.attempt,
@@ -366,6 +593,16 @@ impl FocusRow {
             BilledCost: -cost,
             EffectiveCost: -cost,
             BillingCurrency: book.currency.clone(),
+            ChargeClass: None,
+            ChargeFrequency: "Usage-Based".into(),
+            CommitmentDiscountId: None,
+            CommitmentDiscountType: None,
+            CommitmentDiscountCategory: None,
+            CommitmentDiscountStatus: None,
+            CommitmentDiscountQuantity: None,
+            CommitmentDiscountUnit: None,
+            CapacityReservationId: None,
+            CapacityReservationStatus: None,
             x_UsageId: c.credit_id,
             x_Epoch: c.epoch,
             x_Attempt: c.attempt,
@@ -382,7 +619,10 @@ impl FocusRow {
         BillingPeriodEnd,ChargePeriodStart,ChargePeriodEnd,ChargeCategory,ChargeDescription,\
         ResourceId,ResourceType,RegionId,ServiceName,SkuId,UsageQuantity,UsageUnit,\
         PricingQuantity,PricingUnit,ListUnitPrice,ListCost,BilledCost,EffectiveCost,\
-        BillingCurrency,x_UsageId,x_Epoch,x_Attempt,x_Rank,x_Gpus,x_EndedBy,x_Cause,\
+        BillingCurrency,ChargeClass,ChargeFrequency,CommitmentDiscountId,\
+        CommitmentDiscountType,CommitmentDiscountCategory,CommitmentDiscountStatus,\
+        CommitmentDiscountQuantity,CommitmentDiscountUnit,CapacityReservationId,\
+        CapacityReservationStatus,x_UsageId,x_Epoch,x_Attempt,x_Rank,x_Gpus,x_EndedBy,x_Cause,\
         x_CreditedUsageId";
 
     /// The row as one CSV line (RFC 4180 quoting where needed).
@@ -395,6 +635,7 @@ impl FocusRow {
             }
         }
         let t = |d: &DateTime<Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let o = |s: &Option<String>| s.as_deref().map(q).unwrap_or_default();
         [
             q(&self.BillingAccountId),
             q(&self.SubAccountId),
@@ -418,6 +659,18 @@ impl FocusRow {
             format!("{:.9}", self.BilledCost),
             format!("{:.9}", self.EffectiveCost),
             q(&self.BillingCurrency),
+            o(&self.ChargeClass),
+            q(&self.ChargeFrequency),
+            o(&self.CommitmentDiscountId),
+            o(&self.CommitmentDiscountType),
+            o(&self.CommitmentDiscountCategory),
+            o(&self.CommitmentDiscountStatus),
+            (self.CommitmentDiscountQuantity)
+                .map(|x| format!("{x:.9}"))
+                .unwrap_or_default(),
+            o(&self.CommitmentDiscountUnit),
+            o(&self.CapacityReservationId),
+            o(&self.CapacityReservationStatus),
             self.x_UsageId.to_string(),
             self.x_Epoch.to_string(),
             self.x_Attempt.to_string(),
@@ -506,6 +759,8 @@ per_gpu_hour = 4.0
             ended_by: "succeeded".into(),
             cause: None,
             checkpointed_at: None,
+            reservation_id: None,
+            cluster_id: None,
         };
         let period = (at("2026-11-01T00:00:00Z"), at("2026-12-01T00:00:00Z"));
         let row = FocusRow::of(&r, &b, period).unwrap();

@@ -8,57 +8,24 @@
 //! ledger after, leaving out the rows of those placements from that hour
 //! on and every row starting after the snapshot. A placement that ends
 //! between the two reads is thus counted the same on both sides, and a
-//! quiet cloud reconciles to zero.
+//! quiet cloud reconciles to zero. The arithmetic is
+//! [`gangway_shared::billing::reconcile::tally`]'s; corrections take their
+//! time off the billed side (it was never held), credits move theirs to
+//! the credited side. Committed capacity is not allocation and is not
+//! compared.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use chrono::{DateTime, SecondsFormat, Utc};
+use gangway_shared::billing::reconcile::{tally, Report};
 use gangway_shared::billing::{AllocatedUsage, CreditRecords, UsageRecords};
 use reqwest::Method;
-use serde::Serialize;
-use uuid::Uuid;
 
 use super::{month_bounds, read_merged};
 use crate::admin_cli::with_query;
 use crate::conn::Conn;
-
-/// One tenant in one region.
-#[derive(Clone, Debug, Default, Serialize)]
-struct Line {
-    tenant: String,
-    region: String,
-    allocated_gpu_seconds: f64,
-    /// Charged: the ledger's usage less its credits.
-    billed_gpu_seconds: f64,
-    credited_gpu_seconds: f64,
-    /// allocated − (billed + credited).
-    difference_gpu_seconds: f64,
-}
-
-/// What one region said of itself.
-#[derive(Clone, Debug, Serialize)]
-struct RegionNote {
-    as_of: DateTime<Utc>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metered_until: Option<DateTime<Utc>>,
-    live_placements: usize,
-}
-
-#[derive(Clone, Debug, Serialize)]
-struct Report {
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-    epsilon_gpu_seconds: f64,
-    reconciled: bool,
-    regions: BTreeMap<String, RegionNote>,
-    rows: Vec<Line>,
-    /// Other inconsistencies found (credits without their usage row, or
-    /// larger than it), and what to check next for each difference.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    problems: Vec<String>,
-}
 
 pub async fn reconcile(
     conn: Conn,
@@ -112,31 +79,8 @@ pub async fn reconcile(
     Ok(if report.reconciled { 0 } else { 1 })
 }
 
-/// Seconds of [s, e) inside [from, to).
-fn overlap(s: DateTime<Utc>, e: DateTime<Utc>, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
-    let (s, e) = (s.max(from), e.min(to));
-    if e > s {
-        (e - s).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
-    } else {
-        0.0
-    }
-}
-
-/// GPU-seconds of a row of `gpus` over [s, e) holding `gpu_seconds`,
-/// inside [from, to): all of it when it lies inside.
-fn clipped(
-    gpus: i32,
-    gpu_seconds: f64,
-    (s, e): (DateTime<Utc>, DateTime<Utc>),
-    (from, to): (DateTime<Utc>, DateTime<Utc>),
-) -> f64 {
-    if s >= from && e <= to {
-        gpu_seconds
-    } else {
-        gpus as f64 * overlap(s, e, from, to)
-    }
-}
-
+/// The allocations first, each region in one snapshot; then the ledger,
+/// merged and deduplicated; compared by [`tally`].
 async fn compare(
     conn: &Conn,
     from: DateTime<Utc>,
@@ -148,7 +92,6 @@ async fn compare(
         ("from", from.to_rfc3339_opts(SecondsFormat::Micros, true)),
         ("to", to.to_rfc3339_opts(SecondsFormat::Micros, true)),
     ];
-    // The allocations first, each region in one snapshot.
     let doc = client
         .call_json(
             Method::GET,
@@ -169,171 +112,13 @@ async fn compare(
     if allocated.is_empty() {
         bail!("the global tier named no region");
     }
-    // Then the ledger, merged and deduplicated.
     let (rows, _) = read_merged::<UsageRecords>(&client, "/v1/admin/usage/records", &period)
         .await
         .context("reading the usage ledger")?;
     let (credits, _) = read_merged::<CreditRecords>(&client, "/v1/admin/usage/credits", &period)
         .await
         .context("reading the credits")?;
-
-    let mut lines: BTreeMap<(String, String), Line> = BTreeMap::new();
-    fn line<'a>(
-        lines: &'a mut BTreeMap<(String, String), Line>,
-        tenant: &str,
-        region: &str,
-    ) -> &'a mut Line {
-        lines
-            .entry((tenant.to_string(), region.to_string()))
-            .or_insert_with(|| Line {
-                tenant: tenant.to_string(),
-                region: region.to_string(),
-                ..Line::default()
-            })
-    }
-    for (name, a) in &allocated {
-        for t in &a.tenants {
-            line(&mut lines, &t.tenant, name).allocated_gpu_seconds += t.gpu_seconds;
-        }
-    }
-    // Live placements of each region at its snapshot, by (job, attempt,
-    // rank): their rows from max(start, watermark) on are not counted.
-    let mut live: BTreeMap<(&str, Uuid, i32, i32), Vec<DateTime<Utc>>> = BTreeMap::new();
-    for (name, a) in &allocated {
-        for p in &a.live {
-            let from_here = match a.metered_until {
-                Some(w) => p.started_at.max(w),
-                None => p.started_at,
-            };
-            live.entry((name.as_str(), p.job_id, p.attempt, p.rank))
-                .or_default()
-                .push(from_here);
-        }
-    }
-    let mut counted: BTreeMap<Uuid, f64> = BTreeMap::new();
-    for r in rows.values() {
-        if let Some(a) = allocated.get(&r.region) {
-            if r.started_at >= a.as_of {
-                continue; // of a placement the snapshot did not hold
-            }
-            let key = (r.region.as_str(), r.job_id, r.attempt, r.rank);
-            if live
-                .get(&key)
-                .is_some_and(|starts| starts.iter().any(|&s| r.started_at >= s))
-            {
-                continue; // a live placement's hours not metered at the snapshot
-            }
-        }
-        let s = clipped(
-            r.gpus,
-            r.gpu_seconds,
-            (r.started_at, r.ended_at),
-            (from, to),
-        );
-        counted.insert(r.usage_id, r.gpu_seconds);
-        // Billed for now; its credits move their part to credited below.
-        line(&mut lines, &r.tenant, &r.region).billed_gpu_seconds += s;
-    }
-    let mut problems = Vec::new();
-    let (mut orphans, mut excess) = (BTreeSet::new(), BTreeSet::new());
-    for c in credits.values() {
-        if overlap(c.started_at, c.ended_at, from, to) <= 0.0 {
-            continue; // issued in the period, for time before it
-        }
-        match counted.get(&c.usage_id) {
-            Some(&row_s) => {
-                if c.gpu_seconds > row_s + 1e-6 {
-                    excess.insert(c.credit_id);
-                }
-                let s = clipped(
-                    c.gpus,
-                    c.gpu_seconds,
-                    (c.started_at, c.ended_at),
-                    (from, to),
-                );
-                let l = line(&mut lines, &c.tenant, &c.region);
-                l.billed_gpu_seconds -= s;
-                l.credited_gpu_seconds += s;
-            }
-            None if rows.contains_key(&c.usage_id) => {} // its row is left out above
-            None => {
-                orphans.insert(c.credit_id);
-            }
-        }
-    }
-    if !orphans.is_empty() {
-        problems.push(format!(
-            "{} credit(s) offset usage rows no region holds (e.g. {}): a usage row was removed \
-             while its credit stayed; compare `usage_credits` with `usage_ledger` in the region \
-             that ran it",
-            orphans.len(),
-            orphans.iter().next().expect("one")
-        ));
-    }
-    if !excess.is_empty() {
-        problems.push(format!(
-            "{} credit(s) credit more than the usage row they offset (e.g. {})",
-            excess.len(),
-            excess.iter().next().expect("one")
-        ));
-    }
-    let mut out: Vec<Line> = lines.into_values().collect();
-    for l in &mut out {
-        l.difference_gpu_seconds =
-            l.allocated_gpu_seconds - l.billed_gpu_seconds - l.credited_gpu_seconds;
-    }
-    for l in out
-        .iter()
-        .filter(|l| l.difference_gpu_seconds.abs() > epsilon)
-    {
-        let d = l.difference_gpu_seconds;
-        let (t, r) = (&l.tenant, &l.region);
-        problems.push(if !allocated.contains_key(r) {
-            format!(
-                "{t} in {r}: the ledger holds {:.1} GPU-seconds of a region no region answers \
-                 for: a region renamed or removed, whose allocations cannot be read",
-                -d
-            )
-        } else if d > 0.0 {
-            format!(
-                "{t} in {r}: the ledger lacks {d:.1} GPU-seconds its allocations held: check \
-                 that {r}'s meter runs every hour (its log: 'metering live placements failed'; \
-                 `metered_until` above), that no row was removed from {r}'s `usage_ledger` (and \
-                 its buddy's copy), and list the rows with `GET \
-                 /v1/admin/usage/records?region={r}&tenant={t}&from=…&to=…`"
-            )
-        } else {
-            format!(
-                "{t} in {r}: the ledger bills {:.1} GPU-seconds more than its allocations \
-                 held: look for a release dated back past an hour the meter had already billed \
-                 whole (a lost node, a returning region's moved jobs), and list the rows with \
-                 `GET /v1/admin/usage/records?region={r}&tenant={t}&from=…&to=…`",
-                -d
-            )
-        });
-    }
-    let reconciled = problems.is_empty();
-    Ok(Report {
-        from,
-        to,
-        epsilon_gpu_seconds: epsilon,
-        reconciled,
-        regions: allocated
-            .into_iter()
-            .map(|(name, a)| {
-                (
-                    name,
-                    RegionNote {
-                        as_of: a.as_of,
-                        metered_until: a.metered_until,
-                        live_placements: a.live.len(),
-                    },
-                )
-            })
-            .collect(),
-        rows: out,
-        problems,
-    })
+    Ok(tally(&allocated, &rows, &credits, (from, to), epsilon))
 }
 
 fn print(r: &Report) {
@@ -392,25 +177,5 @@ fn print(r: &Report) {
         for p in &r.problems {
             println!("- {p}");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(s: &str) -> DateTime<Utc> {
-        s.parse().unwrap()
-    }
-
-    #[test]
-    fn a_row_counts_its_part_inside_the_period() {
-        let p = (at("2026-11-02T10:30:00Z"), at("2026-11-02T12:00:00Z"));
-        let inside = (at("2026-11-02T11:00:00Z"), at("2026-11-02T11:30:00Z"));
-        assert_eq!(clipped(8, 12345.0, inside, p), 12345.0);
-        let across = (at("2026-11-02T10:00:00Z"), at("2026-11-02T11:00:00Z"));
-        assert_eq!(clipped(8, 8.0 * 3600.0, across, p), 8.0 * 1800.0);
-        let before = (at("2026-11-02T09:00:00Z"), at("2026-11-02T10:00:00Z"));
-        assert_eq!(clipped(8, 8.0 * 3600.0, before, p), 0.0);
     }
 }

@@ -1401,6 +1401,60 @@ pub async fn usage_credits(
     ))
 }
 
+/// Read a region's committed capacity
+///
+/// One page of what each tenant had committed in one region, or in each —
+/// guaranteed quotas, capacity reservations and dedicated clusters, billed
+/// whether used or not (docs/billing.md) — one record per commitment and
+/// clock hour of [from, to): its GPU-seconds (a reservation resized
+/// mid-hour holds each size for its part; a deleted one, until it was
+/// deleted), in id order; the same query as `/v1/admin/usage/records`.
+/// What the billing export prices as commitments.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/usage/commitments",
+    operation_id = "usage_commitments",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(UsageRecordsParams),
+    responses(
+        (status = 200, description = "`{regions: {NAME: CommitmentRecords}}`.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "A query parameter is missing or malformed, or `from` is not before `to`.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn usage_commitments(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<UsageRecordsParams>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    check_period(&p.from, &p.to)?;
+    let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
+    q.extend(p.tenant.clone().map(|t| ("tenant", t)));
+    q.extend(p.after.clone().map(|a| ("after", a)));
+    q.extend(p.limit.map(|l| ("limit", l.to_string())));
+    let query = gangway_shared::http::query_string(&q);
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/usage/commitments",
+            None,
+            Some(&admin.subject),
+            Some(&query),
+        )
+        .await?,
+    ))
+}
+
 /// The query of `GET /v1/admin/usage/allocated` (docs/billing.md).
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

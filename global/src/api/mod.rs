@@ -136,6 +136,7 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/admin/goodput", get(admin::goodput))
         .route("/v1/admin/usage/records", get(admin::usage_records))
         .route("/v1/admin/usage/credits", get(admin::usage_credits))
+        .route("/v1/admin/usage/commitments", get(admin::usage_commitments))
         .route("/v1/admin/usage/allocated", get(admin::usage_allocated))
         .route(
             "/v1/admin/regions/{name}/evacuate",

@@ -103,6 +103,7 @@ pub const BEARER: &str = "bearer";
         admin::goodput,
         admin::usage_records,
         admin::usage_credits,
+        admin::usage_commitments,
         admin::usage_allocated,
         evacuation::evacuate,
         evacuation::failback,

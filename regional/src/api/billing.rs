@@ -2,13 +2,14 @@
 //! credits held by its buddy (`POST /internal/v1/replicas/usage`,
 //! `POST /internal/v1/replicas/usage/credits`), and the rows and credits an
 //! operator or the global tier's billing export reads
-//! (`GET /v1/admin/usage/records`, `GET /v1/admin/usage/credits`).
+//! (`GET /v1/admin/usage/records`, `GET /v1/admin/usage/credits`), and the
+//! capacity tenants committed (`GET /v1/admin/usage/commitments`).
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use gangway_shared::billing::{
-    AllocatedUsage, CreditRecord, CreditRecords, UsageRecord, UsageRecords,
+    AllocatedUsage, CommitmentRecords, CreditRecord, CreditRecords, UsageRecord, UsageRecords,
 };
 use gangway_shared::error::codes;
 use serde::Deserialize;
@@ -194,4 +195,26 @@ pub async fn allocated(
         ));
     }
     Ok(axum::Json(state.store.allocated_usage(q.from, q.to).await?))
+}
+
+/// `GET /v1/admin/usage/commitments`: what each tenant had committed in
+/// this region (guaranteed quotas, reservations, dedicated clusters) in a
+/// period, one record per commitment and clock hour, a page at a time in
+/// id order (same query as `GET /v1/admin/usage/records`).
+pub async fn commitments(
+    State(state): State<AppState>,
+    Query(q): Query<RecordsQuery>,
+) -> Result<axum::Json<CommitmentRecords>, ApiError> {
+    if q.from >= q.to {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            "`from` must be before `to`",
+        ));
+    }
+    let limit = q.limit.unwrap_or(MAX_ROWS).clamp(1, MAX_ROWS) as i64;
+    let page = (state.store)
+        .usage_commitments(q.from, q.to, q.tenant.as_deref(), q.after, limit)
+        .await?;
+    Ok(axum::Json(page))
 }

@@ -201,6 +201,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/admin/goodput", get(admin::goodput))
         .route("/v1/admin/usage/records", get(billing::records))
         .route("/v1/admin/usage/credits", get(billing::credits))
+        .route("/v1/admin/usage/commitments", get(billing::commitments))
         .route("/v1/admin/usage/allocated", get(billing::allocated))
         .route("/internal/v1/replicas/usage", post(billing::hold))
         .route(

@@ -146,7 +146,11 @@
 //!   not hold yet; `region_meta` (the region's name for rows the database
 //!   writes, and `metered_until`: every live placement has its rows for
 //!   the hours before it). The only record of what was billed: allocations
-//!   say what was held, not what a bill was made of.
+//!   say what was held, not what a bill was made of. `V20`: the rows'
+//!   `reservation_id` / `cluster_id`; corrections (cause `correction` in
+//!   `usage_credits`) of rows a back-dated release reaches behind; and
+//!   `commitment_history`, every version of every guaranteed quota,
+//!   reservation and cluster, written by triggers (committed capacity).
 //!
 //! # Layout
 //! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use gangway_shared::api::{Granularity, UsageGroup, UsageRow};
 use gangway_shared::billing::{
-    AllocatedUsage, CreditRecord, CreditRecords, LivePlacement, TenantAllocated, UsageRecord,
-    UsageRecords,
+    AllocatedUsage, CommitmentKind, CommitmentRecord, CommitmentRecords, CreditRecord,
+    CreditRecords, LivePlacement, TenantAllocated, UsageRecord, UsageRecords,
 };
 use uuid::Uuid;
 
@@ -33,15 +33,23 @@ u AS (
     FROM usage_ledger l
     WHERE l.tenant = $1 AND l.ended_at > $2 AND l.started_at < $3
       AND ($6::uuid IS NULL OR l.job_id = $6)
-), c AS (
-    SELECT c.region, c.job_id, c.gpu_type, date_trunc($4, c.started_at, 'UTC'), 0::float8,
+), cx AS (
+    SELECT c.region, c.job_id, c.gpu_type, date_trunc($4, c.started_at, 'UTC') AS ps,
+           c.cause = 'correction' AS correction,
            (CASE WHEN c.started_at >= $2 AND c.ended_at <= $3 THEN c.gpu_seconds
                  ELSE c.gpus * extract(epoch FROM least(c.ended_at, $3)
-                                                  - greatest(c.started_at, $2)) END)::float8,
-           0::float8
+                                                  - greatest(c.started_at, $2)) END)::float8 AS s
     FROM usage_credits c
     WHERE c.tenant = $1 AND c.ended_at > $2 AND c.started_at < $3
       AND ($6::uuid IS NULL OR c.job_id = $6)
+), c AS (
+    -- A credit moves time from billed to credited; a correction (V20) is
+    -- time the row counted that the placement did not hold.
+    SELECT region, job_id, gpu_type, ps,
+           CASE WHEN correction THEN -s ELSE 0 END::float8,
+           CASE WHEN correction THEN 0 ELSE s END::float8,
+           0::float8
+    FROM cx
 ), live AS (
     SELECT a.job_id, min(a.gpu_type) AS gpu_type, count(*)::int AS gpus,
            greatest(a.allocated_at, $2, coalesce((
@@ -166,7 +174,8 @@ impl Store {
 
 /// The ledger's columns, in [`record`]'s order.
 const RECORD_COLUMNS: &str = "usage_id, job_id, epoch, attempt, rank, tenant, region, gpu_type,
-    priority, gpus, started_at, ended_at, gpu_seconds, ended_by, cause, checkpointed_at";
+    priority, gpus, started_at, ended_at, gpu_seconds, ended_by, cause, checkpointed_at,
+    reservation_id, cluster_id";
 
 fn record(r: &tokio_postgres::Row) -> UsageRecord {
     UsageRecord {
@@ -186,6 +195,8 @@ fn record(r: &tokio_postgres::Row) -> UsageRecord {
         ended_by: r.get(13),
         cause: r.get(14),
         checkpointed_at: r.get(15),
+        reservation_id: r.get(16),
+        cluster_id: r.get(17),
     }
 }
 
@@ -203,6 +214,23 @@ impl Store {
     pub async fn meter_usage(&self, since: DateTime<Utc>) -> Result<i64> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
+        // The live allocations it meters are locked (shared) until it
+        // commits, so that a release of one waits and then sees the rows
+        // written here (and corrects those past a back-dated end: V20);
+        // those a release has locked already are skipped — that release
+        // writes every hour of its placement itself. Never waiting, the
+        // meter cannot deadlock with a release.
+        let locked: Vec<i64> = tx
+            .query(
+                "SELECT alloc_id FROM allocations
+                 WHERE released_at IS NULL AND allocated_at < date_trunc('hour', now(), 'UTC')
+                 FOR SHARE SKIP LOCKED",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         let row = tx
             .query_one(
                 "SELECT coalesce(sum(record_placement(job_id, rank, attempt, allocated_at, gpus,
@@ -213,8 +241,9 @@ impl Store {
                               min(gpu_type) AS gpu_type, count(*)::int AS gpus
                        FROM allocations WHERE released_at IS NULL
                          AND allocated_at < date_trunc('hour', now(), 'UTC')
-                       GROUP BY 1, 2, 3, 4) live",
-                &[&since],
+                       GROUP BY 1, 2, 3, 4
+                       HAVING bool_and(alloc_id = ANY($2))) live",
+                &[&since, &locked],
             )
             .await?;
         tx.execute(
@@ -286,6 +315,8 @@ impl Store {
         let causes: Vec<Option<String>> = rows.iter().map(|r| r.cause.clone()).collect();
         let checkpointed: Vec<Option<DateTime<Utc>>> =
             rows.iter().map(|r| r.checkpointed_at).collect();
+        let reservations: Vec<Option<Uuid>> = rows.iter().map(|r| r.reservation_id).collect();
+        let clusters: Vec<Option<Uuid>> = rows.iter().map(|r| r.cluster_id).collect();
         let n = conn
             .execute(
                 &format!(
@@ -294,7 +325,8 @@ impl Store {
                                           $5::int[], $6::text[], $7::text[], $8::text[],
                                           $9::smallint[], $10::int[], $11::timestamptz[],
                                           $12::timestamptz[], $13::float8[], $14::text[],
-                                          $15::text[], $16::timestamptz[])
+                                          $15::text[], $16::timestamptz[], $17::uuid[],
+                                          $18::uuid[])
                      ON CONFLICT (usage_id) DO NOTHING"
                 ),
                 &[
@@ -314,6 +346,8 @@ impl Store {
                     &col(|r| r.ended_by.clone()),
                     &causes,
                     &checkpointed,
+                    &reservations,
+                    &clusters,
                 ],
             )
             .await?;
@@ -335,7 +369,7 @@ impl Store {
             .await?;
         let mut out: BTreeMap<String, Vec<UsageRecord>> = BTreeMap::new();
         for r in &rows {
-            out.entry(r.get(16)).or_default().push(record(r));
+            out.entry(r.get(18)).or_default().push(record(r));
         }
         Ok(out)
     }
@@ -646,5 +680,91 @@ impl Store {
             tenants,
             live,
         })
+    }
+}
+
+/// What each tenant had committed in [from, to), per commitment and clock
+/// hour (`GET /v1/admin/usage/commitments`, docs/billing.md): the versions
+/// of `commitment_history` (V20) in force then — a reservation's within
+/// its window — cut at clock hours; one still in force, up to now. `$6`:
+/// the region's name.
+const COMMITMENTS_SQL: &str = "
+WITH me AS (SELECT coalesce((SELECT name FROM region_meta), $6) AS name),
+spans AS (
+    SELECT kind, commitment_id, tenant, gpu_type, gpus,
+           greatest(valid_from, coalesce(window_start, valid_from), $1) AS s,
+           least(coalesce(valid_until, now()), coalesce(window_end, 'infinity'), $2) AS e
+    FROM commitment_history
+    WHERE valid_from < $2 AND coalesce(valid_until, now()) > $1
+      AND ($3::text IS NULL OR tenant = $3)
+), pieces AS (
+    SELECT kind, commitment_id, tenant, gpu_type, gpus, h,
+           greatest(s, h) AS ps, least(e, h + interval '1 hour') AS pe
+    FROM spans, generate_series(date_trunc('hour', s, 'UTC'), e, interval '1 hour') AS h
+    WHERE e > s
+), facts AS (
+    SELECT md5(me.name || '/' || kind || '/' || commitment_id || '/'
+               || extract(epoch FROM h)::text)::uuid AS record_id,
+           kind, commitment_id, tenant, me.name AS region, gpu_type, h AS hour,
+           min(ps) AS started_at, max(pe) AS ended_at, max(gpus) AS gpus,
+           sum(gpus * extract(epoch FROM pe - ps))::float8 AS gpu_seconds
+    FROM pieces, me
+    WHERE pe > ps
+    GROUP BY me.name, kind, commitment_id, tenant, gpu_type, h
+)
+SELECT record_id, kind, commitment_id, tenant, region, gpu_type, hour, started_at, ended_at,
+       gpus, gpu_seconds
+FROM facts
+WHERE ($4::uuid IS NULL OR record_id > $4)
+ORDER BY record_id LIMIT $5";
+
+/// Committed capacity (docs/billing.md): what the triggers of V20 keep of
+/// guaranteed quotas, reservations and dedicated clusters.
+impl Store {
+    /// This region's commitments in [from, to), of `tenant` or every
+    /// tenant, one record per commitment and clock hour, in id order after
+    /// `after`, at most `limit`.
+    pub async fn usage_commitments(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        tenant: Option<&str>,
+        after: Option<Uuid>,
+        limit: i64,
+    ) -> Result<CommitmentRecords> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                COMMITMENTS_SQL,
+                &[&from, &to, &tenant, &after, &(limit + 1), &self.region()],
+            )
+            .await?;
+        let mut commitments = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let kind: String = r.get(1);
+            let Some(kind) = CommitmentKind::parse(&kind) else {
+                continue; // the table's CHECK allows no other
+            };
+            commitments.push(CommitmentRecord {
+                record_id: r.get(0),
+                kind,
+                commitment_id: r.get(2),
+                tenant: r.get(3),
+                region: r.get(4),
+                gpu_type: r.get(5),
+                hour: r.get(6),
+                started_at: r.get(7),
+                ended_at: r.get(8),
+                gpus: r.get(9),
+                gpu_seconds: r.get(10),
+            });
+        }
+        let next = if commitments.len() as i64 > limit {
+            commitments.truncate(limit as usize);
+            commitments.last().map(|c| c.record_id)
+        } else {
+            None
+        };
+        Ok(CommitmentRecords { commitments, next })
     }
 }

@@ -1,0 +1,924 @@
+//! A billing period priced (docs/billing.md, "The export"): the merged
+//! ledger's rows, credits and corrections, and the capacity tenants
+//! committed, as FOCUS rows. Pure: the export reads, this prices.
+//!
+//! **Commitments apply per clock hour**, as cloud commitment discounts do:
+//! in each hour, a commitment's GPU-seconds cover the usage that is
+//! eligible for it — the rows of jobs in its reservation or cluster; for a
+//! guarantee, its tenant's ordinary rows (in no reservation or cluster) of
+//! its GPU type in its region. When the eligible usage of an hour exceeds
+//! what was committed, every eligible row of that hour is covered in the
+//! same proportion (committed / used): the result depends only on the
+//! hour's totals, not on the order rows are read in. The covered part is
+//! priced at the commitment's `covered_usage_per_gpu_hour`, the rest at the
+//! usage price; what the commitment left idle is its `Unused` part.
+//!
+//! Per commitment and hour, three kinds of line:
+//! - `Purchase` (`Recurring`): the committed GPU-hours × the commitment
+//!   price — its `BilledCost`; `EffectiveCost` 0 (it is recognised on the
+//!   lines it covers);
+//! - `Usage` with `CommitmentDiscountStatus` `Used`: the covered part of a
+//!   usage row, `BilledCost` at the covered price, `EffectiveCost` adding
+//!   its share of the commitment;
+//! - `Usage`, `Unused`: the idle part, `BilledCost` 0, `EffectiveCost` its
+//!   share of the commitment.
+//!
+//! so the sum of `BilledCost` is what the tenant pays and the sum of
+//! `EffectiveCost` equals it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
+use uuid::Uuid;
+
+use super::{
+    priority_name, CommitmentKind, CommitmentRecord, CreditRecord, FocusRow, PriceBook, UsageRecord,
+};
+
+/// [start, end).
+pub type Period = (DateTime<Utc>, DateTime<Utc>);
+
+/// The clock hour `t` lies in.
+pub fn hour_of(t: DateTime<Utc>) -> DateTime<Utc> {
+    Utc.timestamp_opt(t.timestamp().div_euclid(3600) * 3600, 0)
+        .single()
+        .expect("a whole hour")
+}
+
+/// The calendar month (UTC) `t` lies in, [first midnight, next month's).
+pub fn month_of(t: DateTime<Utc>) -> Period {
+    let first = NaiveDate::from_ymd_opt(t.year(), t.month(), 1).expect("a month's first day");
+    let next = if t.month() == 12 {
+        NaiveDate::from_ymd_opt(t.year() + 1, 1, 1)
+    } else {
+        NaiveDate::from_ymd_opt(t.year(), t.month() + 1, 1)
+    }
+    .expect("the next month's first day");
+    let at = |d: NaiveDate| Utc.from_utc_datetime(&d.and_hms_opt(0, 0, 0).expect("midnight"));
+    (at(first), at(next))
+}
+
+/// Where the rows needed to price `period` begin: its start, or the hour
+/// of the oldest usage row a credit or correction issued in it offsets (a
+/// credit is priced like its row, which may lie in an earlier month).
+pub fn reads_from<'a>(
+    period: Period,
+    credits: impl IntoIterator<Item = &'a CreditRecord>,
+) -> DateTime<Utc> {
+    credits
+        .into_iter()
+        .filter(|c| c.issued_at >= period.0 && c.issued_at < period.1)
+        .map(|c| hour_of(c.usage_started_at))
+        .fold(period.0, |a, b| a.min(b))
+}
+
+/// What the price book lacks: per SKU, how many lines need it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unpriced(pub BTreeMap<String, usize>);
+
+impl std::fmt::Display for Unpriced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list: Vec<String> = (self.0.iter())
+            .map(|(sku, n)| format!("{sku} ({n} rows)"))
+            .collect();
+        write!(
+            f,
+            "the price book has no price in force for: {}; add one and export again",
+            list.join(", ")
+        )
+    }
+}
+
+/// (region, kind, commitment id, hour).
+type Key = (String, CommitmentKind, String, DateTime<Utc>);
+
+fn key_of(r: &UsageRecord) -> Key {
+    let (kind, id) = r.commitment();
+    (r.region.clone(), kind, id, hour_of(r.started_at))
+}
+
+/// How a usage row is priced: its usage price, and the part of it a
+/// commitment covered.
+#[derive(Clone, Debug)]
+struct Rate {
+    list: f64,
+    covered: f64,
+    commitment: Option<Covering>,
+}
+
+#[derive(Clone, Debug)]
+struct Covering {
+    kind: CommitmentKind,
+    discount_id: String,
+    capacity_id: Option<String>,
+    covered_price: f64,
+    commit_price: f64,
+}
+
+impl Rate {
+    /// What a GPU-hour of the row was billed, on average.
+    fn billed_unit(&self) -> f64 {
+        match &self.commitment {
+            Some(c) => (1.0 - self.covered) * self.list + self.covered * c.covered_price,
+            None => self.list,
+        }
+    }
+}
+
+/// `base` (its ids, times and description) for `q` GPU-hours (negative:
+/// taken off), split into the part its commitment covered (`Used`) and
+/// the rest at the usage price.
+fn priced(base: FocusRow, q: f64, rate: &Rate) -> Vec<FocusRow> {
+    let plain = |mut row: FocusRow, q: f64| {
+        row.UsageQuantity = q;
+        row.PricingQuantity = q;
+        row.ListUnitPrice = rate.list;
+        row.ListCost = q * rate.list;
+        row.BilledCost = q * rate.list;
+        row.EffectiveCost = q * rate.list;
+        row
+    };
+    let Some(c) = rate.commitment.as_ref().filter(|_| rate.covered > 0.0) else {
+        return vec![plain(base, q)];
+    };
+    let mut used = base.clone();
+    let qc = if rate.covered >= 1.0 {
+        q
+    } else {
+        q * rate.covered
+    };
+    used.UsageQuantity = qc;
+    used.PricingQuantity = qc;
+    used.ListUnitPrice = rate.list;
+    used.ListCost = qc * rate.list;
+    used.BilledCost = qc * c.covered_price;
+    used.EffectiveCost = qc * (c.covered_price + c.commit_price);
+    used.ChargeDescription = format!(
+        "{} (covered by {} {})",
+        used.ChargeDescription,
+        c.kind.as_str(),
+        c.discount_id
+    );
+    commitment_columns(&mut used, c.kind, &c.discount_id, c.capacity_id.as_deref());
+    used.CommitmentDiscountStatus = Some("Used".into());
+    used.CommitmentDiscountQuantity = Some(qc);
+    if used.CapacityReservationId.is_some() {
+        used.CapacityReservationStatus = Some("Used".into());
+    }
+    let mut out = vec![used];
+    if rate.covered < 1.0 {
+        out.push(plain(base, q - qc));
+    }
+    out
+}
+
+fn commitment_columns(
+    row: &mut FocusRow,
+    kind: CommitmentKind,
+    discount_id: &str,
+    capacity: Option<&str>,
+) {
+    row.CommitmentDiscountId = Some(discount_id.to_string());
+    row.CommitmentDiscountType = Some(kind.as_str().to_string());
+    row.CommitmentDiscountCategory = Some("Usage".into());
+    row.CommitmentDiscountUnit = Some("GPU-Hours".into());
+    row.CapacityReservationId = capacity.map(String::from);
+}
+
+/// A commitment's line for its clock hour (`record`): its purchase, or
+/// (`unused` GPU-hours) the part it left idle.
+fn commitment_line(
+    record: &CommitmentRecord,
+    committed_gpu_s: f64,
+    unused: Option<f64>,
+    price: f64,
+    currency: &str,
+    period: Period,
+) -> FocusRow {
+    let hours = committed_gpu_s / 3600.0;
+    let capacity = (record.kind != CommitmentKind::Guarantee).then(|| record.commitment_id.clone());
+    let (resource_type, what) = match record.kind {
+        CommitmentKind::Guarantee => ("GuaranteedQuota", "guaranteed"),
+        CommitmentKind::Reservation => ("CapacityReservation", "reserved"),
+        CommitmentKind::Cluster => ("DedicatedCluster", "in a dedicated cluster"),
+    };
+    let discount = record.discount_id();
+    let mut row = FocusRow {
+        BillingAccountId: record.tenant.clone(),
+        SubAccountId: record.tenant.clone(),
+        BillingPeriodStart: period.0,
+        BillingPeriodEnd: period.1,
+        ChargePeriodStart: record.started_at,
+        ChargePeriodEnd: record.ended_at,
+        ChargeCategory: "Purchase".into(),
+        ChargeDescription: format!(
+            "{} × {} GPU {what} ({} {}): {hours:.6} GPU-hours committed",
+            record.gpus,
+            record.gpu_type,
+            record.kind.as_str(),
+            record.commitment_id
+        ),
+        ResourceId: capacity.clone().unwrap_or_else(|| discount.clone()),
+        ResourceType: resource_type.into(),
+        RegionId: record.region.clone(),
+        ServiceName: "Gangway GPU".into(),
+        SkuId: format!("commit-{}-{}", record.kind.as_str(), record.gpu_type),
+        UsageQuantity: 0.0,
+        UsageUnit: "GPU-Hours".into(),
+        PricingQuantity: hours,
+        PricingUnit: "GPU-Hours".into(),
+        ListUnitPrice: price,
+        ListCost: hours * price,
+        BilledCost: hours * price,
+        EffectiveCost: 0.0,
+        BillingCurrency: currency.to_string(),
+        ChargeClass: None,
+        ChargeFrequency: "Recurring".into(),
+        CommitmentDiscountId: None,
+        CommitmentDiscountType: None,
+        CommitmentDiscountCategory: None,
+        CommitmentDiscountStatus: None,
+        CommitmentDiscountQuantity: Some(hours),
+        CommitmentDiscountUnit: None,
+        CapacityReservationId: None,
+        CapacityReservationStatus: None,
+        x_UsageId: record.record_id,
+        x_Epoch: 0,
+        x_Attempt: 0,
+        x_Rank: 0,
+        x_Gpus: record.gpus,
+        x_EndedBy: String::new(),
+        x_Cause: String::new(),
+        x_CreditedUsageId: String::new(),
+    };
+    commitment_columns(&mut row, record.kind, &discount, capacity.as_deref());
+    if let Some(unused) = unused {
+        let h = unused / 3600.0;
+        row.ChargeCategory = "Usage".into();
+        row.ChargeFrequency = "Usage-Based".into();
+        row.ChargeDescription = format!(
+            "unused: {h:.6} of {hours:.6} GPU-hours committed ({} {}) ran nothing",
+            record.kind.as_str(),
+            record.commitment_id
+        );
+        row.PricingQuantity = h;
+        row.ListCost = 0.0;
+        row.BilledCost = 0.0;
+        row.EffectiveCost = h * price;
+        row.CommitmentDiscountStatus = Some("Unused".into());
+        row.CommitmentDiscountQuantity = Some(h);
+        if row.CapacityReservationId.is_some() {
+            row.CapacityReservationStatus = Some("Unused".into());
+        }
+        row.x_UsageId = Uuid::new_v5(&record.record_id, b"unused");
+    }
+    row
+}
+
+/// The FOCUS rows of `period` (a calendar month): the usage rows starting
+/// in it, the credits and corrections issued in it, and the commitments'
+/// hours in it, priced by `book`; sorted by tenant and time. `rows` must
+/// hold every row of the hours the period's credits and corrections offset
+/// (from [`reads_from`]), and `commitments` those hours' commitments.
+///
+/// A usage row's coverage counts it net of the corrections issued before
+/// its own month ended (so a month's bill never changes once it is over);
+/// a correction or credit is priced as its row was billed. Fails, naming
+/// every SKU, when the book lacks a price that is needed.
+pub fn price<'a>(
+    period: Period,
+    rows: impl IntoIterator<Item = &'a UsageRecord>,
+    credits: impl IntoIterator<Item = &'a CreditRecord>,
+    commitments: impl IntoIterator<Item = &'a CommitmentRecord>,
+    book: &PriceBook,
+) -> Result<Vec<FocusRow>, Unpriced> {
+    let (start, end) = period;
+    let within = |t: DateTime<Utc>| t >= start && t < end;
+    let rows: Vec<&UsageRecord> = rows.into_iter().collect();
+    let credits: Vec<&CreditRecord> = credits.into_iter().collect();
+    let mut unpriced: BTreeMap<String, usize> = BTreeMap::new();
+    let mut missing = |sku: String| *unpriced.entry(sku).or_default() += 1;
+
+    // Corrections each row's month knew of when it ended.
+    let mut corrected: BTreeMap<Uuid, f64> = BTreeMap::new();
+    for c in credits.iter().filter(|c| c.is_correction()) {
+        if c.issued_at < month_of(c.usage_started_at).1 {
+            *corrected.entry(c.usage_id).or_default() += c.gpu_seconds;
+        }
+    }
+    // Eligible usage and committed capacity per commitment and hour.
+    let mut used: BTreeMap<Key, f64> = BTreeMap::new();
+    for r in &rows {
+        let net = r.gpu_seconds - corrected.get(&r.usage_id).copied().unwrap_or(0.0);
+        *used.entry(key_of(r)).or_default() += net.max(0.0);
+    }
+    let mut committed: BTreeMap<Key, (f64, &CommitmentRecord)> = BTreeMap::new();
+    for c in commitments {
+        let key = (c.region.clone(), c.kind, c.commitment_id.clone(), c.hour);
+        committed.entry(key).or_insert((0.0, c)).0 += c.gpu_seconds;
+    }
+    let covered = |k: &Key| -> f64 {
+        match (committed.get(k), used.get(k)) {
+            (Some(&(g, _)), Some(&u)) if g > 0.0 && u > 0.0 => (g / u).min(1.0),
+            _ => 0.0,
+        }
+    };
+
+    // How each row needed is priced: those starting in the period, and
+    // those a credit or correction issued in it offsets.
+    let needed: BTreeSet<Uuid> = (rows.iter())
+        .filter(|r| within(r.started_at))
+        .map(|r| r.usage_id)
+        .chain(
+            (credits.iter())
+                .filter(|c| within(c.issued_at))
+                .map(|c| c.usage_id),
+        )
+        .collect();
+    let mut rates: BTreeMap<Uuid, Rate> = BTreeMap::new();
+    for r in rows.iter().filter(|r| needed.contains(&r.usage_id)) {
+        let priority = priority_name(r.priority);
+        let Some(p) = book.price(&r.gpu_type, priority, &r.region, r.started_at) else {
+            missing(format!("{} {priority} in {}", r.gpu_type, r.region));
+            continue;
+        };
+        let key = key_of(r);
+        let share = covered(&key);
+        let commitment = if share > 0.0 {
+            match book.commitment_price(key.1, &r.gpu_type, &r.region, key.3) {
+                Some(cp) => Some(Covering {
+                    kind: key.1,
+                    discount_id: super::discount_id(key.1, &r.region, &key.2),
+                    capacity_id: (key.1 != CommitmentKind::Guarantee).then(|| key.2.clone()),
+                    covered_price: cp.covered_usage_per_gpu_hour,
+                    commit_price: cp.per_gpu_hour,
+                }),
+                None => {
+                    missing(format!(
+                        "commitment {} {} in {}",
+                        key.1.as_str(),
+                        r.gpu_type,
+                        r.region
+                    ));
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        rates.insert(
+            r.usage_id,
+            Rate {
+                list: p.per_gpu_hour,
+                covered: share,
+                commitment,
+            },
+        );
+    }
+
+    let held: BTreeSet<Uuid> = rows.iter().map(|r| r.usage_id).collect();
+    let mut lines = Vec::new();
+    for r in rows.iter().filter(|r| within(r.started_at)) {
+        let (Some(rate), Some(base)) = (rates.get(&r.usage_id), FocusRow::of(r, book, period))
+        else {
+            continue; // no price: named above
+        };
+        lines.extend(priced(base, r.gpu_seconds / 3600.0, rate));
+    }
+    for c in credits.iter().filter(|c| within(c.issued_at)) {
+        let priority = priority_name(c.priority);
+        let Some(mut base) = FocusRow::credit(c, book, period) else {
+            missing(format!("{} {priority} in {}", c.gpu_type, c.region));
+            continue;
+        };
+        // Priced as its row was billed; a row no region holds any more,
+        // at the usage price.
+        let rate = match rates.get(&c.usage_id) {
+            Some(rate) => rate.clone(),
+            None if held.contains(&c.usage_id) => continue, // no price: named above
+            None => Rate {
+                list: base.ListUnitPrice,
+                covered: 0.0,
+                commitment: None,
+            },
+        };
+        let hours = c.gpu_seconds / 3600.0;
+        if c.is_correction() {
+            base.ChargeCategory = "Usage".into();
+            base.ChargeDescription = format!(
+                "correction: {} × {} GPU ({priority} priority) not held, job {} rank {} \
+                 (its placement ended {}, before this time was metered)",
+                c.gpus,
+                c.gpu_type,
+                c.job_id,
+                c.rank,
+                c.started_at.format("%Y-%m-%dT%H:%M:%SZ")
+            );
+            if c.usage_started_at < start {
+                base.ChargeClass = Some("Correction".into());
+            }
+            lines.extend(priced(base, -hours, &rate));
+        } else {
+            base.BilledCost = -hours * rate.billed_unit();
+            base.EffectiveCost = base.BilledCost;
+            lines.push(base);
+        }
+    }
+    for (key, &(g, record)) in committed.iter().filter(|(k, _)| within(k.3)) {
+        let Some(cp) = book.commitment_price(key.1, &record.gpu_type, &key.0, key.3) else {
+            missing(format!(
+                "commitment {} {} in {}",
+                key.1.as_str(),
+                record.gpu_type,
+                key.0
+            ));
+            continue;
+        };
+        let price = cp.per_gpu_hour;
+        lines.push(commitment_line(
+            record,
+            g,
+            None,
+            price,
+            &book.currency,
+            period,
+        ));
+        let unused = g - g.min(used.get(key).copied().unwrap_or(0.0));
+        if unused > 0.0 {
+            lines.push(commitment_line(
+                record,
+                g,
+                Some(unused),
+                price,
+                &book.currency,
+                period,
+            ));
+        }
+    }
+    if !unpriced.is_empty() {
+        return Err(Unpriced(unpriced));
+    }
+    lines.sort_by(|a, b| {
+        (
+            &a.BillingAccountId,
+            a.ChargePeriodStart,
+            &a.ResourceId,
+            a.x_Rank,
+            &a.ChargeCategory,
+            &a.CommitmentDiscountStatus,
+        )
+            .cmp(&(
+                &b.BillingAccountId,
+                b.ChargePeriodStart,
+                &b.ResourceId,
+                b.x_Rank,
+                &b.ChargeCategory,
+                &b.CommitmentDiscountStatus,
+            ))
+    });
+    Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOOK: &str = r#"
+currency = "USD"
+[[price]]
+gpu_type = "h100"
+effective = "2026-01-01T00:00:00Z"
+per_gpu_hour = 3.0
+[[price]]
+gpu_type = "h100"
+priority = "low"
+effective = "2026-01-01T00:00:00Z"
+per_gpu_hour = 1.0
+[[commitment]]
+kind = "reservation"
+gpu_type = "h100"
+effective = "2026-01-01T00:00:00Z"
+per_gpu_hour = 2.0
+[[commitment]]
+kind = "guarantee"
+gpu_type = "h100"
+effective = "2026-01-01T00:00:00Z"
+per_gpu_hour = 1.5
+covered_usage_per_gpu_hour = 0.5
+[[commitment]]
+kind = "guarantee"
+gpu_type = "h100"
+region = "eu-central"
+effective = "2026-01-01T00:00:00Z"
+per_gpu_hour = 9.0
+"#;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    fn book() -> PriceBook {
+        PriceBook::parse(BOOK).unwrap()
+    }
+
+    const NOV: &str = "2026-11-10T10:00:00Z";
+
+    fn nov() -> Period {
+        month_of(at(NOV))
+    }
+
+    /// A row of `gpus` GPUs for `minutes` from `start`.
+    fn row(n: u128, start: &str, minutes: i64, gpus: i32, priority: i16) -> UsageRecord {
+        let s = at(start);
+        UsageRecord {
+            usage_id: Uuid::from_u128(n),
+            job_id: Uuid::from_u128(1000 + n),
+            epoch: 1,
+            attempt: 1,
+            rank: 0,
+            tenant: "acme".into(),
+            region: "us-east".into(),
+            gpu_type: "h100".into(),
+            priority,
+            gpus,
+            started_at: s,
+            ended_at: s + chrono::Duration::minutes(minutes),
+            gpu_seconds: (gpus as i64 * minutes * 60) as f64,
+            ended_by: "succeeded".into(),
+            cause: None,
+            checkpointed_at: None,
+            reservation_id: None,
+            cluster_id: None,
+        }
+    }
+
+    fn commitment(
+        kind: CommitmentKind,
+        id: &str,
+        hour: &str,
+        gpus: i32,
+        minutes: i64,
+    ) -> CommitmentRecord {
+        let h = at(hour);
+        CommitmentRecord {
+            record_id: Uuid::new_v5(&Uuid::NAMESPACE_OID, format!("{id}{hour}").as_bytes()),
+            kind,
+            commitment_id: id.into(),
+            tenant: "acme".into(),
+            region: "us-east".into(),
+            gpu_type: "h100".into(),
+            hour: h,
+            started_at: h,
+            ended_at: h + chrono::Duration::minutes(minutes),
+            gpus,
+            gpu_seconds: (gpus as i64 * minutes * 60) as f64,
+        }
+    }
+
+    fn offset(of: &UsageRecord, n: u128, cause: &str, minutes: i64, issued: &str) -> CreditRecord {
+        CreditRecord {
+            credit_id: Uuid::from_u128(n),
+            usage_id: of.usage_id,
+            usage_started_at: of.started_at,
+            job_id: of.job_id,
+            epoch: of.epoch,
+            attempt: of.attempt,
+            rank: of.rank,
+            tenant: of.tenant.clone(),
+            region: of.region.clone(),
+            gpu_type: of.gpu_type.clone(),
+            priority: of.priority,
+            gpus: of.gpus,
+            started_at: of.ended_at - chrono::Duration::minutes(minutes),
+            ended_at: of.ended_at,
+            gpu_seconds: (of.gpus as i64 * minutes * 60) as f64,
+            ended_by: "node_lost".into(),
+            cause: cause.into(),
+            checkpointed_at: None,
+            issued_at: at(issued),
+        }
+    }
+
+    fn sum(lines: &[FocusRow], f: impl Fn(&FocusRow) -> f64) -> f64 {
+        lines.iter().map(f).sum()
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn a_reservation_bills_its_gpu_hours_and_covers_its_jobs_usage() {
+        let res = Uuid::from_u128(77);
+        // 16 GPUs reserved for the hour; a job in it ran 8 for 30 minutes.
+        let mut r = row(1, "2026-11-10T10:15:00Z", 30, 8, 1);
+        r.reservation_id = Some(res);
+        let c = commitment(
+            CommitmentKind::Reservation,
+            &res.to_string(),
+            "2026-11-10T10:00:00Z",
+            16,
+            60,
+        );
+        let lines = price(nov(), [&r], [], [&c], &book()).unwrap();
+        let cat = |l: &FocusRow| (l.ChargeCategory.clone(), l.CommitmentDiscountStatus.clone());
+        let kinds: Vec<_> = lines.iter().map(cat).collect();
+        assert_eq!(lines.len(), 3, "{kinds:?}");
+        let purchase = lines
+            .iter()
+            .find(|l| l.ChargeCategory == "Purchase")
+            .unwrap();
+        assert!(close(purchase.BilledCost, 16.0 * 2.0));
+        assert_eq!(purchase.EffectiveCost, 0.0);
+        assert_eq!(purchase.ChargeFrequency, "Recurring");
+        assert_eq!(purchase.SkuId, "commit-reservation-h100");
+        assert_eq!(purchase.ResourceId, res.to_string());
+        assert_eq!(
+            purchase.CommitmentDiscountId.as_deref(),
+            Some(&*format!("reservation/{res}"))
+        );
+        assert_eq!(
+            purchase.CapacityReservationId.as_deref(),
+            Some(&*res.to_string())
+        );
+        assert_eq!(purchase.CommitmentDiscountStatus, None);
+        let used = lines
+            .iter()
+            .find(|l| l.CommitmentDiscountStatus.as_deref() == Some("Used"))
+            .unwrap();
+        // Covered: 4 GPU-hours, billed at the covered price (0), its share
+        // of the commitment in its effective cost.
+        assert_eq!(used.ChargeCategory, "Usage");
+        assert!(close(used.UsageQuantity, 4.0));
+        assert_eq!(used.BilledCost, 0.0);
+        assert!(close(used.ListCost, 4.0 * 3.0));
+        assert!(close(used.EffectiveCost, 4.0 * 2.0));
+        assert_eq!(used.CapacityReservationStatus.as_deref(), Some("Used"));
+        assert_eq!(used.x_UsageId, r.usage_id);
+        let unused = lines
+            .iter()
+            .find(|l| l.CommitmentDiscountStatus.as_deref() == Some("Unused"))
+            .unwrap();
+        assert_eq!(unused.BilledCost, 0.0);
+        assert_eq!(unused.UsageQuantity, 0.0);
+        assert!(close(unused.PricingQuantity, 12.0));
+        assert!(close(unused.EffectiveCost, 12.0 * 2.0));
+        // Paid: the commitment only; effective cost sums to the same, and
+        // the commitment's usage lines to its purchase (FOCUS).
+        assert!(close(sum(&lines, |l| l.BilledCost), 32.0));
+        assert!(close(sum(&lines, |l| l.EffectiveCost), 32.0));
+        assert!(close(sum(&lines, |l| l.UsageQuantity), 4.0));
+        let line = used.csv();
+        assert_eq!(
+            line.matches(',').count(),
+            FocusRow::CSV_HEADER.matches(',').count() + 1,
+            "one comma inside the quoted description: {line}"
+        );
+        assert!(line.contains(",Used,"), "{line}");
+    }
+
+    #[test]
+    fn a_guarantee_covers_each_hours_ordinary_usage_in_proportion() {
+        // 4 GPUs guaranteed for the hour; 8 GPU-hours of ordinary usage in
+        // it (a normal and a low row): half of each is covered.
+        let a = row(1, "2026-11-10T10:00:00Z", 60, 4, 1);
+        let b = row(2, "2026-11-10T10:00:00Z", 60, 4, 0);
+        // A row in a reservation is not the guarantee's; nor one of
+        // another hour.
+        let mut c = row(3, "2026-11-10T10:00:00Z", 60, 8, 1);
+        c.reservation_id = Some(Uuid::from_u128(9));
+        let d = row(4, "2026-11-10T11:00:00Z", 60, 8, 1);
+        let g = commitment(
+            CommitmentKind::Guarantee,
+            "acme/h100",
+            "2026-11-10T10:00:00Z",
+            4,
+            60,
+        );
+        let lines = price(nov(), [&a, &b, &c, &d], [], [&g], &book()).unwrap();
+        let of = |id: u128| -> Vec<&FocusRow> {
+            lines
+                .iter()
+                .filter(|l| l.x_UsageId == Uuid::from_u128(id))
+                .collect()
+        };
+        let (la, lb) = (of(1), of(2));
+        assert_eq!((la.len(), lb.len(), of(3).len(), of(4).len()), (2, 2, 1, 1));
+        // a: 2 h covered at 0.5, 2 h at 3.0; b: 2 h at 0.5, 2 h at 1.0.
+        assert!(close(
+            sum(&la.iter().map(|l| (*l).clone()).collect::<Vec<_>>(), |l| l
+                .BilledCost),
+            2.0 * 0.5 + 2.0 * 3.0
+        ));
+        assert!(close(
+            lb.iter().map(|l| l.BilledCost).sum::<f64>(),
+            2.0 * 0.5 + 2.0 * 1.0
+        ));
+        let used: Vec<&&FocusRow> = la
+            .iter()
+            .filter(|l| l.CommitmentDiscountStatus.is_some())
+            .collect();
+        assert_eq!(used.len(), 1);
+        assert_eq!(
+            used[0].CommitmentDiscountId.as_deref(),
+            Some("guarantee/us-east/acme/h100")
+        );
+        assert_eq!(used[0].CapacityReservationId, None);
+        assert!(close(used[0].EffectiveCost, 2.0 * (0.5 + 1.5)));
+        // c (no reservation commitment) and d (no guarantee that hour) are
+        // plain usage.
+        assert!(close(of(3)[0].BilledCost, 8.0 * 3.0) && of(3)[0].CommitmentDiscountId.is_none());
+        assert!(close(of(4)[0].BilledCost, 8.0 * 3.0));
+        // All used: no unused line; the purchase is 4 GPU-hours at 1.5.
+        assert!(lines
+            .iter()
+            .all(|l| l.CommitmentDiscountStatus.as_deref() != Some("Unused")));
+        let total = 2.0 * 0.5 + 2.0 * 3.0 + 2.0 * 0.5 + 2.0 * 1.0 + 24.0 + 24.0 + 4.0 * 1.5;
+        assert!(close(sum(&lines, |l| l.BilledCost), total));
+        assert!(close(sum(&lines, |l| l.EffectiveCost), total));
+        // The same rows in another order: the same bill.
+        let again = price(nov(), [&d, &c, &b, &a], [], [&g], &book()).unwrap();
+        assert_eq!(again, lines);
+    }
+
+    #[test]
+    fn a_correction_takes_off_what_was_never_held_at_the_price_billed() {
+        // The meter billed a whole hour of 8 GPUs; the placement ended at
+        // :15 (a back-dated release): 45 minutes corrected, issued in the
+        // month. 2 GPUs guaranteed: they cover the 2 GPU-hours held.
+        let r = row(1, "2026-11-10T10:00:00Z", 60, 8, 1);
+        let fix = offset(&r, 50, "correction", 45, "2026-11-10T12:00:00Z");
+        let g = commitment(
+            CommitmentKind::Guarantee,
+            "acme/h100",
+            "2026-11-10T10:00:00Z",
+            2,
+            60,
+        );
+        let lines = price(nov(), [&r], [&fix], [&g], &book()).unwrap();
+        let corrections: Vec<&FocusRow> =
+            lines.iter().filter(|l| l.x_Cause == "correction").collect();
+        assert!(!corrections.is_empty());
+        assert!(corrections
+            .iter()
+            .all(|l| l.ChargeCategory == "Usage" && l.ChargeClass.is_none()));
+        assert!(close(
+            corrections.iter().map(|l| l.UsageQuantity).sum::<f64>(),
+            -6.0
+        ));
+        assert!(corrections
+            .iter()
+            .all(|l| l.x_CreditedUsageId == r.usage_id.to_string()));
+        // Net: 2 GPU-hours, covered (0.5 each), and the guarantee (2 × 1.5).
+        assert!(close(sum(&lines, |l| l.UsageQuantity), 2.0));
+        assert!(close(sum(&lines, |l| l.BilledCost), 2.0 * 0.5 + 3.0));
+        assert!(close(sum(&lines, |l| l.EffectiveCost), 2.0 * 0.5 + 3.0));
+        let used: f64 = (lines.iter())
+            .filter(|l| l.CommitmentDiscountStatus.as_deref() == Some("Used"))
+            .map(|l| l.CommitmentDiscountQuantity.unwrap())
+            .sum();
+        assert!(
+            close(used, 2.0),
+            "the guarantee covered what was held: {used}"
+        );
+
+        // Issued after the month ended: November's bill stays as it was
+        // (the row billed whole, 2 of 8 GPU-hours covered); December's
+        // takes the 6 GPU-hours off at the price November billed them,
+        // marked as correcting a closed month.
+        let late = offset(&r, 51, "correction", 45, "2026-12-01T08:00:00Z");
+        let before = price(nov(), [&r], [&late], [&g], &book()).unwrap();
+        assert!(close(sum(&before, |l| l.UsageQuantity), 8.0));
+        let nov_billed = sum(&before, |l| l.BilledCost) - 3.0;
+        let dec = month_of(at("2026-12-05T00:00:00Z"));
+        assert_eq!(reads_from(dec, [&late]), at("2026-11-10T10:00:00Z"));
+        let lines = price(dec, [&r], [&late], [&g], &book()).unwrap();
+        assert!(lines.iter().all(|l| l.x_Cause == "correction"), "{lines:?}");
+        assert!(lines
+            .iter()
+            .all(|l| l.ChargeClass.as_deref() == Some("Correction")));
+        assert!(close(
+            sum(&lines, |l| l.BilledCost),
+            -nov_billed * 6.0 / 8.0
+        ));
+    }
+
+    #[test]
+    fn a_credit_is_priced_as_its_row_was_billed() {
+        // A job in a reservation, fully covered (billed 0), loses 30
+        // minutes: the credit is 0 — its usage cost nothing; an ordinary
+        // job's credit is at the usage price.
+        let res = Uuid::from_u128(77);
+        let mut inside = row(1, "2026-11-10T10:00:00Z", 60, 8, 1);
+        inside.reservation_id = Some(res);
+        let plain = row(2, "2026-11-10T10:00:00Z", 60, 8, 1);
+        let c = commitment(
+            CommitmentKind::Reservation,
+            &res.to_string(),
+            "2026-11-10T10:00:00Z",
+            8,
+            60,
+        );
+        let lost_in = offset(&inside, 60, "node_lost", 30, "2026-11-10T11:00:00Z");
+        let lost_out = offset(&plain, 61, "node_lost", 30, "2026-11-10T11:00:00Z");
+        let lines = price(
+            nov(),
+            [&inside, &plain],
+            [&lost_in, &lost_out],
+            [&c],
+            &book(),
+        )
+        .unwrap();
+        let credit = |id: u128| {
+            lines
+                .iter()
+                .find(|l| l.x_UsageId == Uuid::from_u128(id))
+                .unwrap()
+        };
+        assert_eq!(credit(60).ChargeCategory, "Credit");
+        assert_eq!(credit(60).BilledCost, 0.0);
+        assert!(close(credit(61).BilledCost, -4.0 * 3.0));
+        assert!(close(credit(61).ListCost, -4.0 * 3.0));
+        assert!(close(
+            sum(&lines, |l| l.BilledCost),
+            sum(&lines, |l| l.EffectiveCost)
+        ));
+    }
+
+    #[test]
+    fn a_missing_price_stops_the_bill_and_names_what_to_add() {
+        let mut r = row(1, "2026-11-10T10:00:00Z", 60, 8, 1);
+        r.cluster_id = Some(Uuid::from_u128(5));
+        let c = commitment(
+            CommitmentKind::Cluster,
+            &Uuid::from_u128(5).to_string(),
+            "2026-11-10T10:00:00Z",
+            16,
+            60,
+        );
+        let e = price(nov(), [&r], [], [&c], &book()).unwrap_err();
+        assert!(
+            e.0.keys()
+                .any(|k| k == "commitment cluster h100 in us-east"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("commitment cluster h100 in us-east"),
+            "{e}"
+        );
+        // A book with no commitments at all still bills plain usage.
+        let plain = PriceBook {
+            commitments: vec![],
+            ..book()
+        };
+        let ok = price(
+            nov(),
+            [&row(2, "2026-11-10T10:00:00Z", 60, 8, 1)],
+            [],
+            [],
+            &plain,
+        )
+        .unwrap();
+        assert_eq!(ok.len(), 1);
+        let mut a100 = row(3, "2026-11-10T10:00:00Z", 60, 8, 1);
+        a100.gpu_type = "a100".into();
+        let e = price(nov(), [&a100], [], [], &plain).unwrap_err();
+        assert_eq!(e.0.keys().collect::<Vec<_>>(), ["a100 normal in us-east"]);
+    }
+
+    #[test]
+    fn commitment_prices_are_chosen_like_usage_prices() {
+        let b = book();
+        let p = |region, t| {
+            b.commitment_price(CommitmentKind::Guarantee, "h100", region, at(t))
+                .map(|p| p.per_gpu_hour)
+        };
+        assert_eq!(p("us-east", NOV), Some(1.5));
+        assert_eq!(p("eu-central", NOV), Some(9.0), "a named region beats any");
+        assert_eq!(
+            p("us-east", "2025-01-01T00:00:00Z"),
+            None,
+            "not in force yet"
+        );
+        assert!(b
+            .commitment_price(CommitmentKind::Cluster, "h100", "us-east", at(NOV))
+            .is_none());
+        let neg = BOOK.replace(
+            "covered_usage_per_gpu_hour = 0.5",
+            "covered_usage_per_gpu_hour = -1",
+        );
+        assert!(PriceBook::parse(&neg)
+            .unwrap_err()
+            .contains("covered_usage_per_gpu_hour"));
+        let kind = BOOK.replace("kind = \"reservation\"", "kind = \"lease\"");
+        assert!(PriceBook::parse(&kind).is_err());
+        assert_eq!(
+            hour_of(at("2026-11-10T10:59:59.5Z")),
+            at("2026-11-10T10:00:00Z")
+        );
+        assert_eq!(
+            month_of(at("2026-12-31T23:00:00Z")).1,
+            at("2027-01-01T00:00:00Z")
+        );
+    }
+}
