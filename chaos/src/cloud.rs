@@ -459,6 +459,44 @@ impl Cloud {
             .await?)
     }
 
+    /// Region `name`'s corrections of the last day (credits with cause
+    /// `correction`, its own and those it holds for peers): for each usage
+    /// row a back-dated release corrected, where the row's time stopped
+    /// counting.
+    pub async fn corrections_in(
+        &self,
+        name: &str,
+    ) -> anyhow::Result<std::collections::BTreeMap<Uuid, chrono::DateTime<chrono::Utc>>> {
+        let now = chrono::Utc::now();
+        let day = chrono::Duration::days(1);
+        let client = self.direct(name);
+        let mut cut = std::collections::BTreeMap::new();
+        let mut after: Option<Uuid> = None;
+        loop {
+            let mut q = vec![
+                ("from", (now - day).to_rfc3339()),
+                ("to", (now + day).to_rfc3339()),
+            ];
+            if let Some(a) = after {
+                q.push(("after", a.to_string()));
+            }
+            let path = format!(
+                "/v1/admin/usage/credits?{}",
+                gangway_shared::http::query_string(&q)
+            );
+            let doc = client.call_json(reqwest::Method::GET, &path, None).await?;
+            let page: gangway_shared::billing::CreditRecords = serde_json::from_value(doc)?;
+            for c in page.credits.iter().filter(|c| c.cause == "correction") {
+                let at = cut.entry(c.usage_id).or_insert(c.started_at);
+                *at = (*at).min(c.started_at);
+            }
+            match page.next {
+                Some(n) => after = Some(n),
+                None => return Ok(cut),
+            }
+        }
+    }
+
     /// Whether region `name` says it is fenced (`None`: it did not say).
     pub async fn fenced(&self, name: &str) -> Option<bool> {
         self.direct(name)

@@ -532,7 +532,8 @@ fn judge(
 /// What the usage ledger shows broken, merged from every region but
 /// `skip` (its own rows and those held for peers) and deduplicated by row
 /// id: one row held with two contents, or two rows of a job and rank over
-/// overlapping times (GPU time counted twice). Waits a few seconds first,
+/// overlapping times (GPU time counted twice), each row counted up to its
+/// correction if a back-dated release corrected it. Waits a few seconds first,
 /// for the last rows to reach the buddies.
 async fn usage_counted_twice(cloud: &Cloud, jobs: &[Uuid], skip: Option<&str>) -> Vec<String> {
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -557,9 +558,33 @@ async fn usage_counted_twice(cloud: &Cloud, jobs: &[Uuid], skip: Option<&str>) -
             Err(e) => v.push(format!("{r}: cannot read its usage ledger: {e:#}")),
         }
     }
+    // A row a back-dated release corrected counts only up to the
+    // correction (docs/billing.md).
+    let mut cut: BTreeMap<Uuid, chrono::DateTime<chrono::Utc>> = BTreeMap::new();
+    for r in cloud.names().into_iter().filter(|r| Some(*r) != skip) {
+        match cloud.corrections_in(r).await {
+            Ok(c) => {
+                for (id, at) in c {
+                    let e = cut.entry(id).or_insert(at);
+                    *e = (*e).min(at);
+                }
+            }
+            Err(e) => v.push(format!("{r}: cannot read its usage corrections: {e:#}")),
+        }
+    }
+    let mut billed: Vec<gangway_shared::billing::UsageRecord> = Vec::new();
+    for row in rows.values() {
+        let mut row = row.clone();
+        if let Some(at) = cut.get(&row.usage_id) {
+            row.ended_at = row.ended_at.min(*at);
+        }
+        if row.ended_at > row.started_at {
+            billed.push(row);
+        }
+    }
     let mut by_worker: BTreeMap<(Uuid, i32), Vec<&gangway_shared::billing::UsageRecord>> =
         BTreeMap::new();
-    for row in rows.values() {
+    for row in &billed {
         by_worker
             .entry((row.job_id, row.rank))
             .or_default()
