@@ -223,3 +223,24 @@ fn urls_say_what_is_wrong() {
     }
     CheckpointStore::open("memory://").unwrap();
 }
+
+#[tokio::test]
+async fn an_empty_or_vanishing_directory_is_never_a_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = local_store(tmp.path());
+    let job = Uuid::new_v4();
+    // A checkpoint directory caught between its files' removal and its own.
+    let empty = tmp.path().join("step-5");
+    std::fs::create_dir_all(&empty).unwrap();
+    let err = store.upload(&empty, &upload(job, 1)).await.unwrap_err();
+    assert!(err.to_string().contains("no files"), "{err}");
+    // One that is gone by the time its files were read.
+    let gone = checkpoint_dir(tmp.path(), "step-6", "6");
+    std::fs::remove_dir_all(&gone).unwrap();
+    assert!(store.upload(&gone, &upload(job, 2)).await.is_err());
+    assert!(store.newest(job).await.unwrap().is_none());
+    // A whole one uploads.
+    let whole = checkpoint_dir(tmp.path(), "step-7", "7");
+    store.upload(&whole, &upload(job, 3)).await.unwrap();
+    assert_eq!(store.newest(job).await.unwrap().unwrap().seq, 3);
+}
