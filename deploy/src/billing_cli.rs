@@ -142,8 +142,22 @@ pub(crate) async fn read_merged<P: LedgerPage>(
     path: &str,
     period: &[(&str, String)],
 ) -> anyhow::Result<(BTreeMap<Uuid, P::Item>, Vec<String>)> {
-    // Every region's first page, then each region's next ones.
-    let first = client
+    /// The global tier's answer for one region's page.
+    #[derive(serde::Deserialize)]
+    #[serde(bound(deserialize = "P: serde::de::DeserializeOwned"))]
+    struct Fanout<P> {
+        regions: BTreeMap<String, P>,
+    }
+    let incomplete = |name: &str, answer: &serde_json::Value| {
+        anyhow::anyhow!(
+            "region {name} did not give its {} ({answer}): the result would be \
+             incomplete; retry once it answers",
+            P::WHAT
+        )
+    };
+    // Every region's first page, then each region's next ones (those read
+    // straight into their types: a month is a million rows).
+    let mut first = client
         .call_json(Method::GET, &with_query(path, period), None)
         .await?;
     let regions: Vec<String> = (first["regions"].as_object())
@@ -151,29 +165,26 @@ pub(crate) async fn read_merged<P: LedgerPage>(
         .unwrap_or_default();
     let mut rows: BTreeMap<Uuid, P::Item> = BTreeMap::new();
     for name in &regions {
-        let mut answer = first["regions"][name].clone();
+        let answer = first["regions"][name].take();
+        let mut page = P::deserialize(&answer).map_err(|_| incomplete(name, &answer))?;
         let mut read = 0usize;
         loop {
-            let page: P = serde_json::from_value(answer.clone()).map_err(|_| {
-                anyhow::anyhow!(
-                    "region {name} did not give its {} ({answer}): the result would be \
-                     incomplete; retry once it answers",
-                    P::WHAT
-                )
-            })?;
             let (items, next) = page.split();
             read += items.len();
             for item in items {
-                match rows.get(&P::id(&item)) {
-                    Some(held) if *held != item => bail!(
-                        "{} {} differs between regions ({held:?} and {item:?}): \
-                         look into it before billing",
-                        P::WHAT,
-                        P::id(&item)
-                    ),
-                    Some(_) => {}
-                    None => {
-                        rows.insert(P::id(&item), item);
+                match rows.entry(P::id(&item)) {
+                    std::collections::btree_map::Entry::Occupied(held) if *held.get() != item => {
+                        bail!(
+                            "{} {} differs between regions ({:?} and {item:?}): \
+                             look into it before billing",
+                            P::WHAT,
+                            P::id(&item),
+                            held.get()
+                        )
+                    }
+                    std::collections::btree_map::Entry::Occupied(_) => {}
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(item);
                     }
                 }
             }
@@ -184,10 +195,20 @@ pub(crate) async fn read_merged<P: LedgerPage>(
             let mut q = period.to_vec();
             q.push(("region", name.clone()));
             q.push(("after", after.to_string()));
-            let doc = client
-                .call_json(Method::GET, &with_query(path, &q), None)
-                .await?;
-            answer = doc["regions"][name].clone();
+            let next_page = match client.get_as::<Fanout<P>>(&with_query(path, &q)).await {
+                Ok(mut doc) => doc.regions.remove(name),
+                Err(_) => None,
+            };
+            page = match next_page {
+                Some(p) => p,
+                None => {
+                    // Not a page: the answer itself, for the message.
+                    let doc = client
+                        .call_json(Method::GET, &with_query(path, &q), None)
+                        .await?;
+                    return Err(incomplete(name, &doc["regions"][name]));
+                }
+            };
         }
     }
     Ok((rows, regions))

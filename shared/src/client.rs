@@ -429,6 +429,13 @@ impl Client {
         }
     }
 
+    /// `GET path` (with its query), its JSON answer as `T`: for documents
+    /// without a method of their own, read without an intermediate
+    /// `serde_json::Value`.
+    pub async fn get_as<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.send(self.request(Method::GET, path)).await
+    }
+
     /// Any JSON endpoint, for documents without a typed method.
     pub async fn call_json(
         &self,
