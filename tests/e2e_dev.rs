@@ -82,8 +82,13 @@ fn read_env(state: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// One `gangway dev up` at a time: two choose their ports each on its own,
+/// and could choose the same.
+static ONE_DEV_UP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
+    let _one = ONE_DEV_UP.lock().await;
     let root = tempfile::Builder::new()
         .prefix("gangway-devup-")
         .tempdir_in("/tmp")
@@ -422,6 +427,7 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
 /// names a part it does not have.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_drills_run_against_a_running_dev_cloud_and_leave_it_whole() {
+    let _one = ONE_DEV_UP.lock().await;
     let root = tempfile::Builder::new()
         .prefix("gangway-devchaos-")
         .tempdir_in("/tmp")

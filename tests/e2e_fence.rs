@@ -96,7 +96,9 @@ impl Proxy {
 #[tokio::test]
 async fn an_agent_cut_off_from_its_region_checkpoints_and_stops_its_workers_before_they_are_lost() {
     let db = gangway_devkit::fresh_database("e2e_fence").await;
-    let dir = tempfile::tempdir().unwrap();
+    // Kept when the test fails (for its processes' logs), removed at the end.
+    let mut dir = tempfile::tempdir().unwrap();
+    dir.disable_cleanup(true);
     let fleet = dir.path().join("fleet.toml");
     std::fs::write(&fleet, FLEET).unwrap();
     let policy = dir.path().join("health.toml");
@@ -299,4 +301,5 @@ async fn an_agent_cut_off_from_its_region_checkpoints_and_stops_its_workers_befo
         !events.iter().any(|e| e.kind == "worker_exited"),
         "a fenced exit is no failure: {events:?}"
     );
+    dir.disable_cleanup(false);
 }
