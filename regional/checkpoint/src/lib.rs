@@ -386,11 +386,6 @@ impl CheckpointStore {
                 why: "its name is not UTF-8".into(),
             })?
             .to_string();
-        use std::os::unix::fs::MetadataExt;
-        // The directory itself: one renamed into its place meanwhile is
-        // another checkpoint.
-        let inode = |d: &Path| std::fs::metadata(d).map(|m| (m.dev(), m.ino())).ok();
-        let before = inode(dir);
         let listed = {
             let owned = dir.to_path_buf();
             tokio::task::spawn_blocking(move || list_files(&owned))
@@ -413,7 +408,7 @@ impl CheckpointStore {
             Err(e) => return Err(store_err(format!("uncommitting {key}"))(e)),
         }
         let mut files = Vec::with_capacity(listed.len());
-        for rel in listed.clone() {
+        for rel in listed {
             let local = rel.split('/').fold(dir.to_path_buf(), |p, c| p.join(c));
             let loc = Self::data_location(&key, &rel);
             let (size, sha256) = self.put_file(&local, &loc).await?;
@@ -421,28 +416,6 @@ impl CheckpointStore {
                 path: rel,
                 size,
                 sha256,
-            });
-        }
-        // Removed or replaced meanwhile (a trainer that writes its
-        // checkpoint again under the same name): what went up may mix two
-        // checkpoints, so it is not one.
-        let after = {
-            let owned = dir.to_path_buf();
-            tokio::task::spawn_blocking(move || list_files(&owned)).await
-        };
-        let unchanged = match after {
-            Ok(Ok(mut now)) => {
-                let mut before = listed;
-                now.sort_unstable();
-                before.sort_unstable();
-                now == before
-            }
-            _ => false,
-        };
-        if !unchanged || inode(dir) != before {
-            return Err(Error::Dir {
-                path: dir.to_path_buf(),
-                why: "it changed while it was uploaded".into(),
             });
         }
         let size_bytes = files.iter().map(|f| f.size).sum();

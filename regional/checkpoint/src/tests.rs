@@ -234,7 +234,7 @@ async fn an_empty_or_vanishing_directory_is_never_a_checkpoint() {
     std::fs::create_dir_all(&empty).unwrap();
     let err = store.upload(&empty, &upload(job, 1)).await.unwrap_err();
     assert!(err.to_string().contains("no files"), "{err}");
-    // One that is gone by the time its files were read.
+    // One that is gone by the time it is read.
     let gone = checkpoint_dir(tmp.path(), "step-6", "6");
     std::fs::remove_dir_all(&gone).unwrap();
     assert!(store.upload(&gone, &upload(job, 2)).await.is_err());
