@@ -1329,24 +1329,7 @@ pub async fn usage_records(
     admin: AdminCaller,
     Query(p): Query<UsageRecordsParams>,
 ) -> Result<axum::Json<PerRegion>, ApiError> {
-    check_period(&p.from, &p.to)?;
-    let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
-    q.extend(p.tenant.clone().map(|t| ("tenant", t)));
-    q.extend(p.after.clone().map(|a| ("after", a)));
-    q.extend(p.limit.map(|l| ("limit", l.to_string())));
-    let query = gangway_shared::http::query_string(&q);
-    Ok(axum::Json(
-        fan_out(
-            &state,
-            p.region.as_deref(),
-            Method::GET,
-            "/v1/admin/usage/records",
-            None,
-            Some(&admin.subject),
-            Some(&query),
-        )
-        .await?,
-    ))
+    ledger_page(&state, &admin, &p, "/v1/admin/usage/records").await
 }
 
 /// Read a region's credits
@@ -1381,24 +1364,7 @@ pub async fn usage_credits(
     admin: AdminCaller,
     Query(p): Query<UsageRecordsParams>,
 ) -> Result<axum::Json<PerRegion>, ApiError> {
-    check_period(&p.from, &p.to)?;
-    let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
-    q.extend(p.tenant.clone().map(|t| ("tenant", t)));
-    q.extend(p.after.clone().map(|a| ("after", a)));
-    q.extend(p.limit.map(|l| ("limit", l.to_string())));
-    let query = gangway_shared::http::query_string(&q);
-    Ok(axum::Json(
-        fan_out(
-            &state,
-            p.region.as_deref(),
-            Method::GET,
-            "/v1/admin/usage/credits",
-            None,
-            Some(&admin.subject),
-            Some(&query),
-        )
-        .await?,
-    ))
+    ledger_page(&state, &admin, &p, "/v1/admin/usage/credits").await
 }
 
 /// Read a region's committed capacity
@@ -1435,6 +1401,17 @@ pub async fn usage_commitments(
     admin: AdminCaller,
     Query(p): Query<UsageRecordsParams>,
 ) -> Result<axum::Json<PerRegion>, ApiError> {
+    ledger_page(&state, &admin, &p, "/v1/admin/usage/commitments").await
+}
+
+/// One page of a ledger of one region, or of each (`path`: the region's
+/// records, credits or commitments), for the query `p`.
+async fn ledger_page(
+    state: &GlobalState,
+    admin: &AdminCaller,
+    p: &UsageRecordsParams,
+    path: &str,
+) -> Result<axum::Json<PerRegion>, ApiError> {
     check_period(&p.from, &p.to)?;
     let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
     q.extend(p.tenant.clone().map(|t| ("tenant", t)));
@@ -1443,10 +1420,10 @@ pub async fn usage_commitments(
     let query = gangway_shared::http::query_string(&q);
     Ok(axum::Json(
         fan_out(
-            &state,
+            state,
             p.region.as_deref(),
             Method::GET,
-            "/v1/admin/usage/commitments",
+            path,
             None,
             Some(&admin.subject),
             Some(&query),

@@ -79,6 +79,25 @@ pub struct RecordsQuery {
     pub limit: Option<usize>,
 }
 
+impl RecordsQuery {
+    /// Rows per page: `limit`, at most (and by default) [`MAX_ROWS`].
+    fn page_limit(&self) -> i64 {
+        self.limit.unwrap_or(MAX_ROWS).clamp(1, MAX_ROWS) as i64
+    }
+}
+
+/// A period's `from` must come before its `to`.
+fn check_period(from: DateTime<Utc>, to: DateTime<Utc>) -> Result<(), ApiError> {
+    if from >= to {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            "`from` must be before `to`",
+        ));
+    }
+    Ok(())
+}
+
 /// `GET /v1/admin/usage/records`: the ledger rows overlapping a period —
 /// this region's own and those it holds for its peers — a page at a time
 /// in id order.
@@ -86,14 +105,8 @@ pub async fn records(
     State(state): State<AppState>,
     Query(q): Query<RecordsQuery>,
 ) -> Result<axum::Json<UsageRecords>, ApiError> {
-    if q.from >= q.to {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            codes::INVALID_QUERY,
-            "`from` must be before `to`",
-        ));
-    }
-    let limit = q.limit.unwrap_or(MAX_ROWS).clamp(1, MAX_ROWS) as i64;
+    check_period(q.from, q.to)?;
+    let limit = q.page_limit();
     let page = (state.store)
         .usage_records(q.from, q.to, q.tenant.as_deref(), q.after, limit)
         .await?;
@@ -156,14 +169,8 @@ pub async fn credits(
     State(state): State<AppState>,
     Query(q): Query<RecordsQuery>,
 ) -> Result<axum::Json<CreditRecords>, ApiError> {
-    if q.from >= q.to {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            codes::INVALID_QUERY,
-            "`from` must be before `to`",
-        ));
-    }
-    let limit = q.limit.unwrap_or(MAX_ROWS).clamp(1, MAX_ROWS) as i64;
+    check_period(q.from, q.to)?;
+    let limit = q.page_limit();
     let page = (state.store)
         .usage_credits(q.from, q.to, q.tenant.as_deref(), q.after, limit)
         .await?;
@@ -187,13 +194,7 @@ pub async fn allocated(
     State(state): State<AppState>,
     Query(q): Query<AllocatedQuery>,
 ) -> Result<axum::Json<AllocatedUsage>, ApiError> {
-    if q.from >= q.to {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            codes::INVALID_QUERY,
-            "`from` must be before `to`",
-        ));
-    }
+    check_period(q.from, q.to)?;
     Ok(axum::Json(state.store.allocated_usage(q.from, q.to).await?))
 }
 
@@ -205,14 +206,8 @@ pub async fn commitments(
     State(state): State<AppState>,
     Query(q): Query<RecordsQuery>,
 ) -> Result<axum::Json<CommitmentRecords>, ApiError> {
-    if q.from >= q.to {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            codes::INVALID_QUERY,
-            "`from` must be before `to`",
-        ));
-    }
-    let limit = q.limit.unwrap_or(MAX_ROWS).clamp(1, MAX_ROWS) as i64;
+    check_period(q.from, q.to)?;
+    let limit = q.page_limit();
     let page = (state.store)
         .usage_commitments(q.from, q.to, q.tenant.as_deref(), q.after, limit)
         .await?;
