@@ -856,4 +856,141 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
             .unwrap_err();
         assert_eq!(e.code(), Some("invalid_query"), "{bad}: {e:?}");
     }
+
+    // A region that does not come back (docs/billing.md): a globex job
+    // runs in it when it is killed for good; its peers' copies bill it.
+    let dead_job = globex
+        .submit(&spec("bill-dead", "normal", 4000), Some("bill-dead"))
+        .await
+        .unwrap()
+        .id;
+    let running = wait_job(&globex, dead_job, "running", |j| {
+        j.state == JobState::Running
+    })
+    .await;
+    let dead = running.region.clone();
+    // Its placement reaches its buddy within a beat or two.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (code, before, stderr) = run_export(&book, "csv");
+    assert_eq!(code, Some(0), "{stderr}");
+    let killed = Utc::now();
+    cloud.kill(&dead).await.unwrap();
+    let moved = wait_job(&globex, dead_job, "running elsewhere", |j| {
+        j.state == JobState::Running && j.region != dead
+    })
+    .await;
+    assert_eq!(moved.epoch, 2);
+    let export_with = |extra: &[&str]| {
+        let mut args = vec![
+            "billing",
+            "export",
+            "--month",
+            &month,
+            "--format",
+            "csv",
+            "--price-book",
+            &book,
+        ];
+        args.extend_from_slice(extra);
+        gangway(&args)
+    };
+    // Without its copies the bill is incomplete, and says so; a region
+    // that answers is billed from its own ledger.
+    let (code, _, stderr) = export_with(&[]);
+    assert_ne!(code, Some(0));
+    assert!(
+        stderr.contains(&format!("region {dead} did not give")),
+        "{stderr}"
+    );
+    let alive = REGIONS.iter().find(|r| **r != dead).unwrap();
+    let (code, _, stderr) = export_with(&["--from-copies", alive]);
+    assert_ne!(code, Some(0));
+    assert!(
+        stderr.contains(&format!("region {alive} answers")),
+        "{stderr}"
+    );
+    let (code, after, stderr) = export_with(&["--from-copies", &dead]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!("from the copies of {dead}")),
+        "{stderr}"
+    );
+    // Everything the dead region billed while it answered is billed the
+    // same from its copies — usage, credits, its guarantee's hours.
+    let header = csv_fields(before.lines().next().unwrap());
+    let at = |c: &str| header.iter().position(|h| h == c).unwrap();
+    let lines_in = |csv: &str| -> std::collections::BTreeSet<String> {
+        (csv.lines().skip(1))
+            .filter(|l| csv_fields(l)[at("RegionId")] == dead)
+            .map(String::from)
+            .collect()
+    };
+    let (was, is) = (lines_in(&before), lines_in(&after));
+    assert!(
+        was.iter().any(|l| l.contains("guarantee")),
+        "{dead}'s guarantee was billed"
+    );
+    let missing: Vec<&String> = was.difference(&is).collect();
+    assert!(
+        missing.is_empty(),
+        "not billed from the copies: {missing:#?}"
+    );
+    // And the job it ran when it died, to within a few seconds of its
+    // death: the hours its adopter closed, credited after its checkpoint.
+    let closed: Vec<Vec<String>> = (is.difference(&was))
+        .map(|l| csv_fields(l))
+        .filter(|f| f[at("ResourceId")] == dead_job.to_string())
+        .collect();
+    let usage: Vec<&Vec<String>> = (closed.iter())
+        .filter(|f| f[at("ChargeCategory")] == "Usage")
+        .collect();
+    assert!(!usage.is_empty(), "{closed:#?}");
+    assert!(
+        usage.iter().any(|f| f[at("x_EndedBy")] == "moved"),
+        "{usage:#?}"
+    );
+    let end = (usage.iter())
+        .map(|f| f[at("ChargePeriodEnd")].parse::<DateTime<Utc>>().unwrap())
+        .max()
+        .unwrap();
+    assert!(
+        end <= killed + chrono::Duration::seconds(1) && end > killed - chrono::Duration::seconds(5),
+        "billed to {end}, killed at {killed}"
+    );
+    let quantity = |f: &Vec<String>| f[at("UsageQuantity")].parse::<f64>().unwrap();
+    let held: f64 = usage.iter().map(|f| quantity(f)).sum();
+    // From its placement (after its creation, before it ran) to the end.
+    let hours_from = |t: DateTime<Utc>| (end - t).num_milliseconds() as f64 / 3.6e6 * 8.0;
+    let (most, least) = (
+        hours_from(running.created_at),
+        hours_from(running.started_at.unwrap()),
+    );
+    assert!(
+        held <= most + 1e-6 && held >= least - 1e-6,
+        "{held} GPU-hours billed from the copies, not within [{least}, {most}]"
+    );
+    let credit: f64 = (closed.iter())
+        .filter(|f| f[at("ChargeCategory")] == "Credit")
+        .map(|f| -quantity(f))
+        .sum();
+    assert!(credit >= 0.0 && credit <= held + 1e-9, "{credit} of {held}");
+    // The tenant API reads the dead region from the same copies.
+    let theirs = globex
+        .usage(&UsageQuery {
+            job: Some(dead_job),
+            group_by: Some(UsageGroup::Region),
+            to: Some(Utc::now() + chrono::Duration::minutes(1)),
+            ..window.clone()
+        })
+        .await
+        .unwrap();
+    assert!(theirs.replicated_regions.contains(&dead), "{theirs:?}");
+    let in_dead: f64 = (theirs.rows.iter())
+        .filter(|r| r.key == dead)
+        .map(|r| r.gpu_seconds)
+        .sum();
+    assert!(
+        (in_dead - held * 3600.0).abs() < 0.5,
+        "{in_dead} vs {held} GPU-hours"
+    );
 }

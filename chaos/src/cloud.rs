@@ -459,6 +459,31 @@ impl Cloud {
             .await?)
     }
 
+    /// What region `name` closed of `home`'s placements in the last day,
+    /// as the adopter of its jobs (docs/billing.md, "A region that does
+    /// not come back").
+    pub async fn closings_in(
+        &self,
+        name: &str,
+        home: &str,
+    ) -> anyhow::Result<gangway_shared::billing::Closings> {
+        let now = chrono::Utc::now();
+        let day = chrono::Duration::days(1);
+        let q = [
+            ("from", (now - day).to_rfc3339()),
+            ("to", (now + day).to_rfc3339()),
+            ("home", home.to_string()),
+        ];
+        let path = format!(
+            "/v1/admin/usage/closings?{}",
+            gangway_shared::http::query_string(&q)
+        );
+        let doc = (self.direct(name))
+            .call_json(reqwest::Method::GET, &path, None)
+            .await?;
+        Ok(serde_json::from_value(doc)?)
+    }
+
     /// Region `name`'s corrections of the last day (credits with cause
     /// `correction`, its own and those it holds for peers): for each usage
     /// row a back-dated release corrected, where the row's time stopped

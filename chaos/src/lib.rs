@@ -362,6 +362,7 @@ async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<
     // Where each trainer's log stood at the failure.
     let at: Vec<usize> = jobs.iter().map(|w| read_log(&w.log).len()).collect();
     let broke = Instant::now();
+    let broke_at = chrono::Utc::now();
     match drill {
         Drill::RegionKill => cloud.kill(&victim).await?,
         Drill::AgentKill | Drill::GlobalKill => unreachable!("drills of their own"),
@@ -390,6 +391,13 @@ async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<
     let back = match drill {
         Drill::AgentKill | Drill::GlobalKill => false,
         Drill::RegionKill => {
+            // Were it never to come back, its moved jobs would be billed
+            // from its copies, to its death.
+            let moved: Vec<Uuid> = (jobs.iter())
+                .filter(|w| w.home == victim && recovered.contains_key(&w.id))
+                .map(|w| w.id)
+                .collect();
+            violations.extend(billed_from_copies(&cloud, &victim, &moved, broke_at).await);
             let region = supervisor::Target::Region {
                 region: victim.clone(),
             };
@@ -609,6 +617,79 @@ async fn usage_counted_twice(cloud: &Cloud, jobs: &[Uuid], skip: Option<&str>) -
                     pair[1].ended_at
                 ));
             }
+        }
+    }
+    v
+}
+
+/// [start, end) of a ledger row.
+type Span = (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>);
+
+/// What `dead`'s copies say of its `jobs` (adopted elsewhere): per job
+/// and rank, the ledger rows its peers hold of it and the hours its
+/// adopter closed (docs/billing.md, "A region that does not come back")
+/// must run without a gap from its first row to within a few seconds
+/// before `died` (the last heartbeat its peers heard), never after.
+async fn billed_from_copies(
+    cloud: &Cloud,
+    dead: &str,
+    jobs: &[Uuid],
+    died: chrono::DateTime<chrono::Utc>,
+) -> Vec<String> {
+    let mut v = Vec::new();
+    // Per job and rank, each row's or closing's span, by id.
+    let mut pieces: BTreeMap<(Uuid, i32), BTreeMap<Uuid, Span>> = BTreeMap::new();
+    let mut closed: BTreeMap<Uuid, usize> = BTreeMap::new();
+    for r in cloud.names().into_iter().filter(|r| *r != dead) {
+        let rows = match cloud.usage_in(r).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                v.push(format!("{r}: cannot read its usage ledger: {e:#}"));
+                continue;
+            }
+        };
+        let closings = match cloud.closings_in(r, dead).await {
+            Ok(c) => c.records,
+            Err(e) => {
+                v.push(format!("{r}: cannot read its closings: {e:#}"));
+                continue;
+            }
+        };
+        for c in &closings {
+            *closed.entry(c.job_id).or_default() += 1;
+        }
+        for row in rows.iter().filter(|x| x.region == dead).chain(&closings) {
+            if jobs.contains(&row.job_id) {
+                (pieces.entry((row.job_id, row.rank)).or_default())
+                    .insert(row.usage_id, (row.started_at, row.ended_at));
+            }
+        }
+    }
+    for job in jobs {
+        if !closed.contains_key(job) {
+            v.push(format!(
+                "job {job}: its adopter closed none of its placements in {dead}"
+            ));
+        }
+    }
+    let slack = chrono::Duration::seconds(5);
+    for ((job, rank), held) in pieces {
+        let mut spans: Vec<_> = held.into_values().collect();
+        spans.sort();
+        for pair in spans.windows(2) {
+            if (pair[1].0 - pair[0].1).num_milliseconds().abs() > 1 {
+                v.push(format!(
+                    "job {job} rank {rank}: its copies in other regions leave {} to {} unbilled \
+                     or billed twice",
+                    pair[0].1, pair[1].0
+                ));
+            }
+        }
+        let end = spans.last().map(|s| s.1);
+        if end.is_none_or(|e| e < died - slack || e > died + chrono::Duration::seconds(1)) {
+            v.push(format!(
+                "job {job} rank {rank}: billed from its copies to {end:?}, but {dead} died at {died}"
+            ));
         }
     }
     v

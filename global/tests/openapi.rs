@@ -72,6 +72,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/admin/usage/credits"),
     ("get", "/v1/admin/usage/commitments"),
     ("get", "/v1/admin/usage/allocated"),
+    ("get", "/v1/admin/usage/closings"),
     ("post", "/v1/admin/regions/{name}/evacuate"),
     ("post", "/v1/admin/regions/{name}/failback"),
     ("get", "/v1/admin/regions/{name}/evacuation"),

@@ -228,6 +228,7 @@ async fn step(state: &AppState, h: &Handover) -> Result<()> {
                 epoch: h.epoch,
                 finished: true,
                 checkpoint: h.restore_from.clone(),
+                checkpointed_at: None,
             };
             let _: serde_json::Value = (state.peers)
                 .post(&h.to, "/internal/v1/replicas/updates", &[u])
@@ -266,6 +267,7 @@ async fn move_stopped(state: &AppState, h: &Handover) -> Result<()> {
         epoch: h.epoch,
         finished: false,
         checkpoint: h.restore_from.clone(),
+        checkpointed_at: None,
     };
     let _: serde_json::Value = peers
         .post(&h.to, "/internal/v1/replicas/updates", &[told])

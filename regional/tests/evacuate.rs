@@ -152,6 +152,7 @@ async fn a_running_job_moves_only_once_stopped_and_never_runs_in_two_regions() {
         epoch: 1,
         finished: false,
         checkpoint: j.restore_from.clone(),
+        checkpointed_at: None,
     }])
     .await
     .unwrap();

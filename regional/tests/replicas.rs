@@ -98,6 +98,7 @@ async fn a_held_intent_is_idempotent_and_claims_its_job_for_its_home() {
         epoch: 1,
         finished: true,
         checkpoint: Some("ckpt-7".into()),
+        checkpointed_at: None,
     };
     store.apply_updates(&[done]).await.unwrap();
     let state: String = client

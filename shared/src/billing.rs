@@ -76,13 +76,19 @@ pub fn guarantee_id(tenant: &str, gpu_type: &str) -> String {
     format!("{tenant}/{gpu_type}")
 }
 
-/// A page of ledger records (`GET /v1/admin/usage/records`).
+/// A page of ledger records (`GET /v1/admin/usage/records`): in id
+/// order, or with `order=time` in (`started_at`, `usage_id`) order.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
 pub struct UsageRecords {
     pub records: Vec<UsageRecord>,
     /// Pass as `after` for the next page; absent on the last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<Uuid>,
+    /// In time order (`order=time`), pass as `after_start` (with `next`
+    /// as `after`) for the next page: the last row's `started_at`. Absent
+    /// in id order and on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_start: Option<DateTime<Utc>>,
 }
 
 /// A credit (docs/billing.md): GPU time of one usage row that a
@@ -147,6 +153,20 @@ pub struct CreditRecords {
     /// Pass as `after` for the next page; absent on the last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<Uuid>,
+}
+
+/// The hours of a dead home's last placements that its adopter closed
+/// (`GET /v1/admin/usage/closings`, docs/billing.md, "A region that does
+/// not come back"): shaped as ledger rows of the home (`region`, ids from
+/// `md5('closing/' …)`, the last hour `ended_by` `moved`) and the credits
+/// of the work those placements lost (ids from `md5('closing-credit/' ||
+/// usage_id)`, offsetting a closing or a held row of the placement). They
+/// count only where the home is read from its copies: a home that answers
+/// bills its placements itself. One per placement and hour: small.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Closings {
+    pub records: Vec<UsageRecord>,
+    pub credits: Vec<CreditRecord>,
 }
 
 /// What a region's allocations held in a period, per tenant, as
@@ -274,6 +294,11 @@ pub struct CommitmentRecords {
     /// Pass as `after` for the next page; absent on the last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<Uuid>,
+    /// For the copies a region holds of a peer's (`home=`): when it last
+    /// heard from that peer. A commitment still in force there counts to
+    /// then, so the copy heard last is the most complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heard_at: Option<DateTime<Utc>>,
 }
 
 /// The priority class named by a record's `priority` (the scheduler's

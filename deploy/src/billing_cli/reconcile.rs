@@ -112,12 +112,13 @@ async fn compare(
     if allocated.is_empty() {
         bail!("the global tier named no region");
     }
-    let (rows, _) = read_merged::<UsageRecords>(&client, "/v1/admin/usage/records", &period)
+    let (rows, _) = read_merged::<UsageRecords>(&client, "/v1/admin/usage/records", &period, &[])
         .await
         .context("reading the usage ledger")?;
-    let (credits, _) = read_merged::<CreditRecords>(&client, "/v1/admin/usage/credits", &period)
-        .await
-        .context("reading the credits")?;
+    let (credits, _) =
+        read_merged::<CreditRecords>(&client, "/v1/admin/usage/credits", &period, &[])
+            .await
+            .context("reading the credits")?;
     Ok(tally(&allocated, &rows, &credits, (from, to), epsilon))
 }
 

@@ -1274,6 +1274,18 @@ pub struct UsageRecordsParams {
     pub after: Option<String>,
     /// Rows per page (at most 5000).
     pub limit: Option<u32>,
+    /// Usage records only: `id` (the default) or `time` — in
+    /// (`started_at`, `usage_id`) order, so clock hour by clock hour, as
+    /// the billing export streams them.
+    pub order: Option<String>,
+    /// Usage records in time order: the previous page's `next_start`
+    /// (RFC 3339), with its `next` as `after`.
+    pub after_start: Option<String>,
+    /// Commitments only: those of this region, from the copies its peers
+    /// hold (every peer holds them: docs/billing.md, "A region that does
+    /// not come back"); each answer says when that peer last heard from
+    /// it (`heard_at`).
+    pub home: Option<String>,
 }
 
 /// A period of the ledger endpoints, checked here so that a bad one is
@@ -1301,9 +1313,12 @@ fn check_period(from: &str, to: &str) -> Result<(), ApiError> {
 /// Read a region's usage ledger
 ///
 /// One page of the usage ledger rows of one region, or of each (its own
-/// and those it holds for its peers), overlapping a period, in id order:
-/// what the billing export merges from every region (`gangway billing
-/// export`). A region's next page is asked of it by name with `after`.
+/// and those it holds for its peers), overlapping a period, in id order
+/// — or with `order=time` in (`started_at`, `usage_id`) order, clock hour
+/// by clock hour: what the billing export merges from every region as a
+/// stream (`gangway billing export`). A region's next page is asked of it
+/// by name with `after` (its `next`) and, in time order, `after_start`
+/// (its `next_start`).
 #[utoipa::path(
     get,
     path = "/v1/admin/usage/records",
@@ -1404,6 +1419,45 @@ pub async fn usage_commitments(
     ledger_page(&state, &admin, &p, "/v1/admin/usage/commitments").await
 }
 
+/// The order of a ledger page, checked here like its period: `order` and
+/// `after_start` are the usage records' (`order` `id` or `time`;
+/// `after_start` an RFC 3339 time, in time order only).
+fn check_order(p: &UsageRecordsParams, path: &str) -> Result<(), ApiError> {
+    let bad = |msg: String| {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            msg,
+        ))
+    };
+    if path != "/v1/admin/usage/commitments" && p.home.is_some() {
+        return bad(format!(
+            "`home` is for /v1/admin/usage/commitments (for closed placements: \
+             /v1/admin/usage/closings), not {path}"
+        ));
+    }
+    if path != "/v1/admin/usage/records" && (p.order.is_some() || p.after_start.is_some()) {
+        return bad(format!(
+            "`order` and `after_start` are for /v1/admin/usage/records; {path} pages in id order"
+        ));
+    }
+    match p.order.as_deref() {
+        None | Some("id") if p.after_start.is_some() => {
+            bad("`after_start` is for `order=time`".into())
+        }
+        None | Some("id") => Ok(()),
+        Some("time") => match (&p.after_start, &p.after) {
+            (Some(t), Some(_)) => match chrono::DateTime::parse_from_rfc3339(t) {
+                Ok(_) => Ok(()),
+                Err(e) => bad(format!("`after_start` is not an RFC 3339 time ({e})")),
+            },
+            (None, None) => Ok(()),
+            _ => bad("in time order, `after` and `after_start` go together".into()),
+        },
+        Some(o) => bad(format!("`order` is `id` or `time`, not {o:?}")),
+    }
+}
+
 /// One page of a ledger of one region, or of each (`path`: the region's
 /// records, credits or commitments), for the query `p`.
 async fn ledger_page(
@@ -1413,10 +1467,14 @@ async fn ledger_page(
     path: &str,
 ) -> Result<axum::Json<PerRegion>, ApiError> {
     check_period(&p.from, &p.to)?;
+    check_order(p, path)?;
     let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
     q.extend(p.tenant.clone().map(|t| ("tenant", t)));
     q.extend(p.after.clone().map(|a| ("after", a)));
     q.extend(p.limit.map(|l| ("limit", l.to_string())));
+    q.extend(p.order.clone().map(|o| ("order", o)));
+    q.extend(p.after_start.clone().map(|t| ("after_start", t)));
+    q.extend(p.home.clone().map(|h| ("home", h)));
     let query = gangway_shared::http::query_string(&q);
     Ok(axum::Json(
         fan_out(
@@ -1485,6 +1543,73 @@ pub async fn usage_allocated(
             p.region.as_deref(),
             Method::GET,
             "/v1/admin/usage/allocated",
+            None,
+            Some(&admin.subject),
+            Some(&query),
+        )
+        .await?,
+    ))
+}
+
+/// The query of `GET /v1/admin/usage/closings` (docs/billing.md).
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ClosingsParams {
+    /// Only this region (default: every region).
+    pub region: Option<String>,
+    /// [from, to), RFC 3339.
+    pub from: String,
+    pub to: String,
+    /// Only the closings of this home's placements.
+    pub home: Option<String>,
+}
+
+/// Read the placements adopters closed
+///
+/// Per region (or the one named), the hours of a dead home's last
+/// placements that the region closed when it adopted their jobs —
+/// shaped as ledger rows of the home, from the newest row it held of each
+/// to the last time it heard from the home — and the credits of the work
+/// those placements lost (docs/billing.md, "A region that does not come
+/// back"). They count only where the home is billed from its copies
+/// (`gangway billing export --from-copies HOME`): a home that answers
+/// bills its own placements.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/usage/closings",
+    operation_id = "usage_closings",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(ClosingsParams),
+    responses(
+        (status = 200, description = "`{regions: {NAME: Closings}}`.", body = PerRegion),
+        (status = 400, description = openapi::errors(
+            "A query parameter is missing or malformed, or `from` is not before `to`.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn usage_closings(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Query(p): Query<ClosingsParams>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    check_period(&p.from, &p.to)?;
+    let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
+    q.extend(p.home.clone().map(|h| ("home", h)));
+    let query = gangway_shared::http::query_string(&q);
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/usage/closings",
             None,
             Some(&admin.subject),
             Some(&query),

@@ -138,6 +138,7 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/admin/usage/credits", get(admin::usage_credits))
         .route("/v1/admin/usage/commitments", get(admin::usage_commitments))
         .route("/v1/admin/usage/allocated", get(admin::usage_allocated))
+        .route("/v1/admin/usage/closings", get(admin::usage_closings))
         .route(
             "/v1/admin/regions/{name}/evacuate",
             post(evacuation::evacuate),

@@ -105,6 +105,7 @@ pub const BEARER: &str = "bearer";
         admin::usage_credits,
         admin::usage_commitments,
         admin::usage_allocated,
+        admin::usage_closings,
         evacuation::evacuate,
         evacuation::failback,
         evacuation::evacuation,

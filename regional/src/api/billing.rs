@@ -77,6 +77,17 @@ pub struct RecordsQuery {
     pub after: Option<Uuid>,
     /// Rows per page (default and most: 5000).
     pub limit: Option<usize>,
+    /// Records only: `id` (the default) or `time`, (`started_at`,
+    /// `usage_id`) order — the rows hour by hour, as the billing export
+    /// streams them. (The credits and commitments page in id order.)
+    pub order: Option<String>,
+    /// Records in time order: the previous page's `next_start`, with its
+    /// `next` as `after`.
+    pub after_start: Option<DateTime<Utc>>,
+    /// Commitments only: those of this peer, from the copies this region
+    /// holds of its commitments (docs/billing.md, "A region that does not
+    /// come back"), instead of this region's own.
+    pub home: Option<String>,
 }
 
 impl RecordsQuery {
@@ -100,16 +111,43 @@ fn check_period(from: DateTime<Utc>, to: DateTime<Utc>) -> Result<(), ApiError> 
 
 /// `GET /v1/admin/usage/records`: the ledger rows overlapping a period —
 /// this region's own and those it holds for its peers — a page at a time
-/// in id order.
+/// in id order (`next`: the next page's `after`), or with `order=time` in
+/// (`started_at`, `usage_id`) order (`next` and `next_start`: the next
+/// page's `after` and `after_start`).
 pub async fn records(
     State(state): State<AppState>,
     Query(q): Query<RecordsQuery>,
 ) -> Result<axum::Json<UsageRecords>, ApiError> {
     check_period(q.from, q.to)?;
     let limit = q.page_limit();
-    let page = (state.store)
-        .usage_records(q.from, q.to, q.tenant.as_deref(), q.after, limit)
-        .await?;
+    let bad = |msg: &str| {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            msg.to_string(),
+        ))
+    };
+    let page = match q.order.as_deref() {
+        None | Some("id") if q.after_start.is_some() => {
+            return bad("`after_start` is for `order=time`");
+        }
+        None | Some("id") => {
+            (state.store)
+                .usage_records(q.from, q.to, q.tenant.as_deref(), q.after, limit)
+                .await?
+        }
+        Some("time") => {
+            let after = match (q.after_start, q.after) {
+                (Some(t), Some(id)) => Some((t, id)),
+                (None, None) => None,
+                _ => return bad("in time order, `after` and `after_start` go together"),
+            };
+            (state.store)
+                .usage_records_by_time(q.from, q.to, q.tenant.as_deref(), after, limit)
+                .await?
+        }
+        Some(_) => return bad("`order` is `id` or `time`"),
+    };
     Ok(axum::Json(page))
 }
 
@@ -201,15 +239,32 @@ pub async fn allocated(
 /// `GET /v1/admin/usage/commitments`: what each tenant had committed in
 /// this region (guaranteed quotas, reservations, dedicated clusters) in a
 /// period, one record per commitment and clock hour, a page at a time in
-/// id order (same query as `GET /v1/admin/usage/records`).
+/// id order (same query as `GET /v1/admin/usage/records`); with `home`,
+/// what that peer had committed, from the copies held here.
 pub async fn commitments(
     State(state): State<AppState>,
     Query(q): Query<RecordsQuery>,
 ) -> Result<axum::Json<CommitmentRecords>, ApiError> {
     check_period(q.from, q.to)?;
     let limit = q.page_limit();
-    let page = (state.store)
-        .usage_commitments(q.from, q.to, q.tenant.as_deref(), q.after, limit)
-        .await?;
+    let page = match q.home.as_deref() {
+        None => {
+            (state.store)
+                .usage_commitments(q.from, q.to, q.tenant.as_deref(), q.after, limit)
+                .await?
+        }
+        Some(home) if state.peers.peer(home).is_none() => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                codes::INVALID_QUERY,
+                format!("{home:?} is not a peer of this region: it holds no copies of its"),
+            ))
+        }
+        Some(home) => {
+            (state.store)
+                .held_usage_commitments(home, q.from, q.to, q.tenant.as_deref(), q.after, limit)
+                .await?
+        }
+    };
     Ok(axum::Json(page))
 }

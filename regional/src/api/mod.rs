@@ -24,6 +24,7 @@ mod agents;
 mod auth;
 mod billing;
 mod clusters;
+mod copies;
 pub mod error;
 mod evacuation;
 mod extract;
@@ -203,6 +204,12 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/admin/usage/credits", get(billing::credits))
         .route("/v1/admin/usage/commitments", get(billing::commitments))
         .route("/v1/admin/usage/allocated", get(billing::allocated))
+        .route("/v1/admin/usage/closings", get(copies::closings))
+        .route("/internal/v1/replicas/placements", post(copies::hold))
+        .route(
+            "/internal/v1/replicas/commitments",
+            post(copies::hold_commitments),
+        )
         .route("/internal/v1/replicas/usage", post(billing::hold))
         .route(
             "/internal/v1/replicas/usage/credits",

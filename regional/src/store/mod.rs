@@ -189,7 +189,9 @@
 mod agents;
 mod audit;
 mod checkpoints;
+pub mod closings;
 mod clusters;
+pub mod commitment_copies;
 pub mod handovers;
 mod jobs;
 mod keyed;
@@ -202,6 +204,8 @@ mod reservations;
 mod rows;
 mod spares;
 mod usage;
+pub use closings::flush_placements;
+pub use commitment_copies::flush_commitments;
 pub use usage::flush_usage;
 
 use std::sync::{Arc, Mutex};

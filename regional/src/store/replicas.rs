@@ -52,6 +52,10 @@ pub struct Update {
     pub finished: bool,
     /// Its newest checkpoint's store key.
     pub checkpoint: Option<String>,
+    /// When that checkpoint was committed (`jobs.checkpointed_at`): where
+    /// the work an adopter's copy loses begins (docs/billing.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpointed_at: Option<DateTime<Utc>>,
 }
 
 /// A move of a job from its home to another region, recorded at a
@@ -95,6 +99,9 @@ pub struct MovesList {
 }
 
 const TERMINAL: &[&str] = &["succeeded", "failed", "cancelled"];
+
+/// When a replica's newest checkpoint was committed, as its home told.
+type Checkpointed = Option<DateTime<Utc>>;
 
 /// What this region knows of its peers' leases, read at once.
 #[derive(Clone, Debug, Default)]
@@ -277,9 +284,18 @@ impl Store {
             conn.execute(
                 "UPDATE replica_jobs
                  SET state = CASE WHEN $3 THEN 'finished' ELSE state END,
-                     checkpoint = coalesce($4, checkpoint), updated_at = now()
+                     checkpoint = coalesce($4, checkpoint),
+                     checkpointed_at = CASE WHEN $4::text IS NULL THEN checkpointed_at
+                                            ELSE $5 END,
+                     updated_at = now()
                  WHERE job_id = $1 AND epoch = $2 AND state = 'live'",
-                &[&u.job_id, &u.epoch, &u.finished, &u.checkpoint],
+                &[
+                    &u.job_id,
+                    &u.epoch,
+                    &u.finished,
+                    &u.checkpoint,
+                    &u.checkpointed_at,
+                ],
             )
             .await?;
         }
@@ -505,7 +521,7 @@ impl Store {
         let conn = self.conn().await?;
         let rows = conn
             .query(
-                "SELECT job_id, buddy, epoch, state::text, restore_from FROM jobs
+                "SELECT job_id, buddy, epoch, state::text, restore_from, checkpointed_at FROM jobs
                  WHERE buddy_dirty_since IS NOT NULL ORDER BY buddy_dirty_since LIMIT $1",
                 &[&limit],
             )
@@ -519,6 +535,7 @@ impl Store {
                 epoch: r.get(2),
                 finished: TERMINAL.contains(&state.as_str()),
                 checkpoint: r.get(4),
+                checkpointed_at: r.get(5),
             };
             out.entry(r.get(1)).or_default().push((u, state));
         }
@@ -542,11 +559,15 @@ impl Store {
     }
 
     /// `home`'s live replicas here (not finished, not adopted).
-    async fn live_replicas(&self, home: &str) -> Result<Vec<(Intent, Option<String>)>> {
+    async fn live_replicas(
+        &self,
+        home: &str,
+    ) -> Result<Vec<(Intent, Option<String>, Checkpointed)>> {
         let conn = self.conn().await?;
         let rows = conn
             .query(
-                "SELECT job_id, tenant, idempotency_key, spec, created_at, epoch, checkpoint
+                "SELECT job_id, tenant, idempotency_key, spec, created_at, epoch, checkpoint,
+                        checkpointed_at
                  FROM replica_jobs WHERE home = $1 AND state = 'live' ORDER BY created_at",
                 &[&home],
             )
@@ -568,6 +589,7 @@ impl Store {
                     epoch: r.get(5),
                 },
                 r.get(6),
+                r.get(7),
             ));
         }
         Ok(out)
@@ -735,7 +757,7 @@ pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
         if agree < cfg.majority() {
             continue;
         }
-        for (intent, checkpoint) in state.store.live_replicas(&home).await? {
+        for (intent, checkpoint, checkpointed_at) in state.store.live_replicas(&home).await? {
             let m = Move {
                 job_id: intent.job_id,
                 from_home: home.clone(),
@@ -758,6 +780,15 @@ pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
                 continue;
             }
             let checkpoint = resumable_here(state, checkpoint).await;
+            // The home's placements of it we hold as open are closed first
+            // (billed if the home never comes back; docs/billing.md).
+            let resumed_from = checkpoint.as_ref().and(checkpointed_at);
+            let closed = (state.store)
+                .close_placements(intent.job_id, &home, intent.epoch, resumed_from)
+                .await?;
+            if closed > 0 {
+                tracing::info!(job_id = %intent.job_id, home, hours = closed, "closed the home's open placements of an adopted job");
+            }
             state.store.adopt(&intent, checkpoint.as_deref()).await?;
             // Its intent goes to a buddy of ours at once, so it is
             // scheduled now (and survives our own failure next).

@@ -30,7 +30,13 @@ u AS (
                  ELSE l.gpus * extract(epoch FROM least(l.ended_at, $3)
                                                   - greatest(l.started_at, $2)) END)::float8 AS used,
            0::float8 AS credited, 0::float8 AS pending
-    FROM usage_ledger l
+    FROM (SELECT region, job_id, gpu_type, started_at, ended_at, gpus, gpu_seconds, tenant
+          FROM usage_ledger
+          UNION ALL
+          -- A dead home's placements its adopter closed (V22): only ever
+          -- of a peer, so only in what is held for it.
+          SELECT region, job_id, gpu_type, started_at, ended_at, gpus, gpu_seconds, tenant
+          FROM usage_closings) l
     WHERE l.tenant = $1 AND l.ended_at > $2 AND l.started_at < $3
       AND ($6::uuid IS NULL OR l.job_id = $6)
 ), cx AS (
@@ -39,7 +45,13 @@ u AS (
            (CASE WHEN c.started_at >= $2 AND c.ended_at <= $3 THEN c.gpu_seconds
                  ELSE c.gpus * extract(epoch FROM least(c.ended_at, $3)
                                                   - greatest(c.started_at, $2)) END)::float8 AS s
-    FROM usage_credits c
+    FROM (SELECT region, job_id, gpu_type, started_at, ended_at, gpus, gpu_seconds, tenant,
+                 cause
+          FROM usage_credits
+          UNION ALL
+          SELECT region, job_id, gpu_type, started_at, ended_at, gpus, gpu_seconds, tenant,
+                 cause
+          FROM usage_closing_credits) c
     WHERE c.tenant = $1 AND c.ended_at > $2 AND c.started_at < $3
       AND ($6::uuid IS NULL OR c.job_id = $6)
 ), c AS (
@@ -173,11 +185,12 @@ impl Store {
 }
 
 /// The ledger's columns, in [`record`]'s order.
-const RECORD_COLUMNS: &str = "usage_id, job_id, epoch, attempt, rank, tenant, region, gpu_type,
+pub(super) const RECORD_COLUMNS: &str =
+    "usage_id, job_id, epoch, attempt, rank, tenant, region, gpu_type,
     priority, gpus, started_at, ended_at, gpu_seconds, ended_by, cause, checkpointed_at,
     reservation_id, cluster_id";
 
-fn record(r: &tokio_postgres::Row) -> UsageRecord {
+pub(super) fn record(r: &tokio_postgres::Row) -> UsageRecord {
     UsageRecord {
         usage_id: r.get(0),
         job_id: r.get(1),
@@ -297,7 +310,59 @@ impl Store {
         } else {
             None
         };
-        Ok(UsageRecords { records, next })
+        Ok(UsageRecords {
+            records,
+            next,
+            next_start: None,
+        })
+    }
+
+    /// Ledger rows overlapping [from, to), as [`Store::usage_records`]
+    /// reads them, in (`started_at`, `usage_id`) order after `after` (the
+    /// previous page's last row's start and id), at most `limit`: every
+    /// row lies within one clock hour, so time order gives the rows hour
+    /// by hour, which the billing export prices as it reads them
+    /// (`usage_ledger_by_start`, V21).
+    pub async fn usage_records_by_time(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        tenant: Option<&str>,
+        after: Option<(DateTime<Utc>, Uuid)>,
+        limit: i64,
+    ) -> Result<UsageRecords> {
+        let conn = self.conn().await?;
+        let select = |cursor: &str| {
+            format!(
+                "SELECT {RECORD_COLUMNS} FROM usage_ledger
+                 WHERE ended_at > $1 AND started_at < $2
+                   AND ($3::text IS NULL OR tenant = $3){cursor}
+                 ORDER BY started_at, usage_id LIMIT $4"
+            )
+        };
+        // The cursor as an index condition on (started_at, usage_id).
+        let rows = match after {
+            Some((start, id)) => {
+                let sql = select(" AND (started_at, usage_id) > ($5, $6)");
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                    [&from, &to, &tenant, &(limit + 1), &start, &id];
+                conn.query(&sql, &params).await?
+            }
+            None => (conn.query(&select(""), &[&from, &to, &tenant, &(limit + 1)])).await?,
+        };
+        let mut records: Vec<UsageRecord> = rows.iter().map(record).collect();
+        let last = if records.len() as i64 > limit {
+            records.truncate(limit as usize);
+            records.last().map(|r| (r.started_at, r.usage_id))
+        } else {
+            None
+        };
+        let (next_start, next) = last.unzip();
+        Ok(UsageRecords {
+            records,
+            next,
+            next_start,
+        })
     }
 
     /// A peer's rows, held for it (its buddy's copy): a row held already
@@ -400,11 +465,12 @@ impl Store {
 }
 
 /// The credits' columns, in [`credit`]'s order.
-const CREDIT_COLUMNS: &str = "credit_id, usage_id, usage_started_at, job_id, epoch, attempt,
+pub(super) const CREDIT_COLUMNS: &str =
+    "credit_id, usage_id, usage_started_at, job_id, epoch, attempt,
     rank, tenant, region, gpu_type, priority, gpus, started_at, ended_at, gpu_seconds, ended_by,
     cause, checkpointed_at, issued_at";
 
-fn credit(r: &tokio_postgres::Row) -> CreditRecord {
+pub(super) fn credit(r: &tokio_postgres::Row) -> CreditRecord {
     CreditRecord {
         credit_id: r.get(0),
         usage_id: r.get(1),
@@ -689,13 +755,24 @@ impl Store {
 /// its window — cut at clock hours; one still in force, up to now. `$6`:
 /// the region's name.
 const COMMITMENTS_SQL: &str = "
-WITH me AS (SELECT coalesce((SELECT name FROM region_meta), $6) AS name),
-spans AS (
+WITH me AS (SELECT coalesce($7::text, (SELECT name FROM region_meta), $6) AS name),
+versions AS (
+    -- Ours (no `$7`), or those a peer sent us (`$7`, V22): a version still
+    -- in force there counts to when we last heard from it.
+    SELECT kind, commitment_id, tenant, gpu_type, gpus, window_start, window_end, valid_from,
+           coalesce(valid_until, now()) AS valid_until
+    FROM commitment_history WHERE $7::text IS NULL
+    UNION ALL
+    SELECT kind, commitment_id, tenant, gpu_type, gpus, window_start, window_end, valid_from,
+           coalesce(valid_until, greatest(valid_from, least(now(),
+               (SELECT last_heard_at FROM peer_leases WHERE peer = $7))))
+    FROM held_commitments WHERE home = $7
+), spans AS (
     SELECT kind, commitment_id, tenant, gpu_type, gpus,
            greatest(valid_from, coalesce(window_start, valid_from), $1) AS s,
-           least(coalesce(valid_until, now()), coalesce(window_end, 'infinity'), $2) AS e
-    FROM commitment_history
-    WHERE valid_from < $2 AND coalesce(valid_until, now()) > $1
+           least(valid_until, coalesce(window_end, 'infinity'), $2) AS e
+    FROM versions
+    WHERE valid_from < $2 AND valid_until > $1
       AND ($3::text IS NULL OR tenant = $3)
 ), pieces AS (
     SELECT kind, commitment_id, tenant, gpu_type, gpus, h,
@@ -732,11 +809,50 @@ impl Store {
         after: Option<Uuid>,
         limit: i64,
     ) -> Result<CommitmentRecords> {
+        self.commitments_of(None, from, to, tenant, after, limit)
+            .await
+    }
+
+    /// The commitments peer `home` sent us (V22), read as
+    /// [`Store::usage_commitments`] reads ours — the same records, ids
+    /// and all — but that a version still in force there ends when we
+    /// last heard from it: what `home` is billed from when it does not
+    /// come back.
+    pub async fn held_usage_commitments(
+        &self,
+        home: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        tenant: Option<&str>,
+        after: Option<Uuid>,
+        limit: i64,
+    ) -> Result<CommitmentRecords> {
+        self.commitments_of(Some(home), from, to, tenant, after, limit)
+            .await
+    }
+
+    async fn commitments_of(
+        &self,
+        home: Option<&str>,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        tenant: Option<&str>,
+        after: Option<Uuid>,
+        limit: i64,
+    ) -> Result<CommitmentRecords> {
         let conn = self.conn().await?;
         let rows = conn
             .query(
                 COMMITMENTS_SQL,
-                &[&from, &to, &tenant, &after, &(limit + 1), &self.region()],
+                &[
+                    &from,
+                    &to,
+                    &tenant,
+                    &after,
+                    &(limit + 1),
+                    &self.region(),
+                    &home,
+                ],
             )
             .await?;
         let mut commitments = Vec::with_capacity(rows.len());
@@ -765,6 +881,20 @@ impl Store {
         } else {
             None
         };
-        Ok(CommitmentRecords { commitments, next })
+        let heard_at = match home {
+            None => None,
+            Some(home) => conn
+                .query_opt(
+                    "SELECT last_heard_at FROM peer_leases WHERE peer = $1",
+                    &[&home],
+                )
+                .await?
+                .and_then(|r| r.get(0)),
+        };
+        Ok(CommitmentRecords {
+            commitments,
+            next,
+            heard_at,
+        })
     }
 }

@@ -1,6 +1,9 @@
 //! A billing period priced (docs/billing.md, "The export"): the merged
 //! ledger's rows, credits and corrections, and the capacity tenants
-//! committed, as FOCUS rows. Pure: the export reads, this prices.
+//! committed, as FOCUS rows. Pure: the export reads, this prices —
+//! as a stream ([`Pricer`]: one clock hour of rows at a time, in time
+//! order, its lines as soon as the hour is read) or all at once
+//! ([`price`], the same lines, sorted).
 //!
 //! **Commitments apply per clock hour**, as cloud commitment discounts do:
 //! in each hour, a commitment's GPU-seconds cover the usage that is
@@ -275,16 +278,381 @@ fn commitment_line(
     row
 }
 
+/// The order of a bill's lines: by tenant, time, resource (job or
+/// commitment), rank, category and status. [`price`] sorts its answer by
+/// it; [`Pricer`] sorts each clock hour's lines, and the credits', by it.
+pub fn line_order(a: &FocusRow, b: &FocusRow) -> std::cmp::Ordering {
+    (
+        &a.BillingAccountId,
+        a.ChargePeriodStart,
+        &a.ResourceId,
+        a.x_Rank,
+        &a.ChargeCategory,
+        &a.CommitmentDiscountStatus,
+    )
+        .cmp(&(
+            &b.BillingAccountId,
+            b.ChargePeriodStart,
+            &b.ResourceId,
+            b.x_Rank,
+            &b.ChargeCategory,
+            &b.CommitmentDiscountStatus,
+        ))
+}
+
+/// One hour's commitments: GPU-seconds committed per key, with a record
+/// of it (for its line).
+type HourCommitments = BTreeMap<Key, (f64, CommitmentRecord)>;
+
+/// A billing period priced as a stream (docs/billing.md, "The export"),
+/// one clock hour at a time, so that what is held is one hour's rows, not
+/// the period's.
+///
+/// Built from the period (a calendar month), every credit and correction
+/// the period needs (those issued in it, and any others of the rows it is
+/// given: a row's coverage counts the corrections issued before its own
+/// month ended), the commitments' hours and the book. Then given the usage
+/// rows one clock hour at a time, hours in increasing order
+/// ([`Pricer::hour`]): rows starting before the period (those of the hours
+/// a credit or correction issued in it offsets, from [`reads_from`]) are
+/// priced for that only, the others become the hour's lines, with the
+/// hour's commitment lines (an hour with commitments but no rows gets its
+/// commitment lines when a later hour, or [`Pricer::finish`], comes).
+/// All it keeps between hours: how each row a credit or correction of the
+/// period offsets was billed, the commitments not priced yet, and the
+/// SKUs the book lacks. [`Pricer::finish`] then prices the credits and
+/// corrections issued in the period and fails, naming every SKU, if the
+/// book lacked a price that was needed.
+///
+/// The lines are the ones [`price`] gives for the same input (which is
+/// this, sorted); here they come hour by hour, each hour's sorted by
+/// [`line_order`], then the credits and corrections.
+pub struct Pricer<'b> {
+    period: Period,
+    book: &'b PriceBook,
+    credits: Vec<CreditRecord>,
+    /// Corrections each row's month knew of when it ended, per usage row.
+    corrected: BTreeMap<Uuid, f64>,
+    /// Commitments of the hours not priced yet, per hour.
+    committed: BTreeMap<DateTime<Utc>, HourCommitments>,
+    /// The usage rows the period's credits and corrections offset.
+    offset: BTreeSet<Uuid>,
+    /// Of those, how each seen was billed (`None`: the book had no price).
+    rates: BTreeMap<Uuid, Option<Rate>>,
+    /// The last hour of rows given.
+    last: Option<DateTime<Utc>>,
+    unpriced: BTreeMap<String, usize>,
+}
+
+impl<'b> Pricer<'b> {
+    /// A pricer of `period` (see [`Pricer`]): `credits` every credit and
+    /// correction it needs, `commitments` the commitments' hours of the
+    /// period and of any earlier hours whose rows it will be given.
+    pub fn new(
+        period: Period,
+        credits: impl IntoIterator<Item = CreditRecord>,
+        commitments: impl IntoIterator<Item = CommitmentRecord>,
+        book: &'b PriceBook,
+    ) -> Pricer<'b> {
+        let within = |t: DateTime<Utc>| t >= period.0 && t < period.1;
+        let credits: Vec<CreditRecord> = credits.into_iter().collect();
+        let mut corrected: BTreeMap<Uuid, f64> = BTreeMap::new();
+        for c in credits.iter().filter(|c| c.is_correction()) {
+            if c.issued_at < month_of(c.usage_started_at).1 {
+                *corrected.entry(c.usage_id).or_default() += c.gpu_seconds;
+            }
+        }
+        let offset = (credits.iter())
+            .filter(|c| within(c.issued_at))
+            .map(|c| c.usage_id)
+            .collect();
+        let mut committed: BTreeMap<DateTime<Utc>, HourCommitments> = BTreeMap::new();
+        for c in commitments {
+            let key = (c.region.clone(), c.kind, c.commitment_id.clone(), c.hour);
+            let g = c.gpu_seconds;
+            committed
+                .entry(c.hour)
+                .or_default()
+                .entry(key)
+                .or_insert((0.0, c))
+                .0 += g;
+        }
+        // Every commitment hour of the period is a line: a price the book
+        // lacks is known now, before any row is read.
+        let mut unpriced: BTreeMap<String, usize> = BTreeMap::new();
+        for (key, (_, record)) in (committed.values().flatten()).filter(|(k, _)| within(k.3)) {
+            if book
+                .commitment_price(key.1, &record.gpu_type, &key.0, key.3)
+                .is_none()
+            {
+                *unpriced
+                    .entry(format!(
+                        "commitment {} {} in {}",
+                        key.1.as_str(),
+                        record.gpu_type,
+                        key.0
+                    ))
+                    .or_default() += 1;
+            }
+        }
+        Pricer {
+            period,
+            book,
+            credits,
+            corrected,
+            committed,
+            offset,
+            rates: BTreeMap::new(),
+            last: None,
+            unpriced,
+        }
+    }
+
+    /// Whether a price the book lacks has been needed already: the bill
+    /// will fail ([`Pricer::finish`]), whatever comes.
+    pub fn lacks_prices(&self) -> bool {
+        !self.unpriced.is_empty()
+    }
+
+    /// The lines of one clock hour of usage rows — every row of the hour,
+    /// once (the caller merges and deduplicates) — preceded by those of
+    /// any earlier hours that had commitments but no rows. Rows before the
+    /// period give no line. Panics if `rows` span several hours, or if the
+    /// hour is not after the last one given.
+    pub fn hour<'r>(&mut self, rows: impl IntoIterator<Item = &'r UsageRecord>) -> Vec<FocusRow> {
+        let mut rows: Vec<&UsageRecord> = rows.into_iter().collect();
+        let Some(first) = rows.first() else {
+            return Vec::new();
+        };
+        let hour = hour_of(first.started_at);
+        assert!(
+            rows.iter().all(|r| hour_of(r.started_at) == hour),
+            "rows of one clock hour at a time"
+        );
+        assert!(
+            self.last.is_none_or(|l| l < hour),
+            "clock hours in increasing order, each once"
+        );
+        self.last = Some(hour);
+        // In id order, so that the hour's sums are the same whatever order
+        // the rows came in.
+        rows.sort_by_key(|r| r.usage_id);
+        let mut out = self.commitments_before(hour);
+        let committed = self.committed.remove(&hour).unwrap_or_default();
+        let (start, end) = self.period;
+        let within = |t: DateTime<Utc>| t >= start && t < end;
+
+        // Eligible usage per commitment this hour.
+        let mut used: BTreeMap<Key, f64> = BTreeMap::new();
+        for r in &rows {
+            let net = r.gpu_seconds - self.corrected.get(&r.usage_id).copied().unwrap_or(0.0);
+            *used.entry(key_of(r)).or_default() += net.max(0.0);
+        }
+        let mut lines = Vec::new();
+        for r in &rows {
+            let offset = self.offset.contains(&r.usage_id);
+            if !within(r.started_at) && !offset {
+                continue;
+            }
+            let rate = rate_of(r, &committed, &used, self.book, &mut self.unpriced);
+            if offset {
+                self.rates.insert(r.usage_id, rate.clone());
+            }
+            if !within(r.started_at) {
+                continue;
+            }
+            let (Some(rate), Some(base)) = (rate, FocusRow::of(r, self.book, self.period)) else {
+                continue; // no price: named
+            };
+            lines.extend(priced(base, r.gpu_seconds / 3600.0, &rate));
+        }
+        lines.extend(self.commitment_lines(hour, &committed, &used));
+        lines.sort_by(line_order);
+        out.extend(lines);
+        out
+    }
+
+    /// The lines of the hours before `hour` that had commitments but no
+    /// rows (none: nothing used them).
+    fn commitments_before(&mut self, hour: DateTime<Utc>) -> Vec<FocusRow> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.committed.first_entry() {
+            if *entry.key() >= hour {
+                break;
+            }
+            let (h, committed) = entry.remove_entry();
+            let mut lines = self.commitment_lines(h, &committed, &BTreeMap::new());
+            lines.sort_by(line_order);
+            out.extend(lines);
+        }
+        out
+    }
+
+    /// The purchase and unused lines of `hour`'s commitments, given what
+    /// they covered; none for an hour before the period.
+    fn commitment_lines(
+        &self,
+        hour: DateTime<Utc>,
+        committed: &HourCommitments,
+        used: &BTreeMap<Key, f64>,
+    ) -> Vec<FocusRow> {
+        let (start, end) = self.period;
+        let mut lines = Vec::new();
+        if !(hour >= start && hour < end) {
+            return lines;
+        }
+        let book = self.book;
+        for (key, &(g, ref record)) in committed {
+            let Some(cp) = book.commitment_price(key.1, &record.gpu_type, &key.0, key.3) else {
+                continue; // no price: named by `new`
+            };
+            let price = cp.per_gpu_hour;
+            lines.push(commitment_line(
+                record,
+                g,
+                None,
+                price,
+                &book.currency,
+                self.period,
+            ));
+            let unused = g - g.min(used.get(key).copied().unwrap_or(0.0));
+            if unused > 0.0 {
+                lines.push(commitment_line(
+                    record,
+                    g,
+                    Some(unused),
+                    price,
+                    &book.currency,
+                    self.period,
+                ));
+            }
+        }
+        lines
+    }
+
+    /// The lines of the commitment hours not priced yet, then the credits'
+    /// and corrections' issued in the period (sorted by [`line_order`]);
+    /// or, naming every SKU, what the book lacked for the whole period.
+    pub fn finish(mut self) -> Result<Vec<FocusRow>, Unpriced> {
+        let mut lines = self.commitments_before(DateTime::<Utc>::MAX_UTC);
+        let (start, end) = self.period;
+        let within = |t: DateTime<Utc>| t >= start && t < end;
+        let book = self.book;
+        let mut credited = Vec::new();
+        for c in self.credits.iter().filter(|c| within(c.issued_at)) {
+            let priority = priority_name(c.priority);
+            let Some(mut base) = FocusRow::credit(c, book, self.period) else {
+                *(self.unpriced)
+                    .entry(format!("{} {priority} in {}", c.gpu_type, c.region))
+                    .or_default() += 1;
+                continue;
+            };
+            // Priced as its row was billed; a row no region holds any
+            // more, at the usage price.
+            let rate = match self.rates.get(&c.usage_id) {
+                Some(Some(rate)) => rate.clone(),
+                Some(None) => continue, // no price: named
+                None => Rate {
+                    list: base.ListUnitPrice,
+                    covered: 0.0,
+                    commitment: None,
+                },
+            };
+            let hours = c.gpu_seconds / 3600.0;
+            if c.is_correction() {
+                base.ChargeCategory = "Usage".into();
+                base.ChargeDescription = format!(
+                    "correction: {} × {} GPU ({priority} priority) not held, job {} rank {} \
+                     (its placement ended {}, before this time was metered)",
+                    c.gpus,
+                    c.gpu_type,
+                    c.job_id,
+                    c.rank,
+                    c.started_at.format("%Y-%m-%dT%H:%M:%SZ")
+                );
+                if c.usage_started_at < start {
+                    base.ChargeClass = Some("Correction".into());
+                }
+                credited.extend(priced(base, -hours, &rate));
+            } else {
+                base.BilledCost = -hours * rate.billed_unit();
+                base.EffectiveCost = base.BilledCost;
+                credited.push(base);
+            }
+        }
+        if !self.unpriced.is_empty() {
+            return Err(Unpriced(self.unpriced));
+        }
+        credited.sort_by(line_order);
+        lines.extend(credited);
+        Ok(lines)
+    }
+}
+
+/// How usage row `r` of an hour is priced, given the hour's commitments
+/// and their eligible usage; `None` (and the SKU counted in `unpriced`)
+/// when the book lacks a price it needs.
+fn rate_of(
+    r: &UsageRecord,
+    committed: &HourCommitments,
+    used: &BTreeMap<Key, f64>,
+    book: &PriceBook,
+    unpriced: &mut BTreeMap<String, usize>,
+) -> Option<Rate> {
+    let mut missing = |sku: String| *unpriced.entry(sku).or_default() += 1;
+    let priority = priority_name(r.priority);
+    let Some(p) = book.price(&r.gpu_type, priority, &r.region, r.started_at) else {
+        missing(format!("{} {priority} in {}", r.gpu_type, r.region));
+        return None;
+    };
+    let key = key_of(r);
+    let share = match (committed.get(&key), used.get(&key)) {
+        (Some(&(g, _)), Some(&u)) if g > 0.0 && u > 0.0 => (g / u).min(1.0),
+        _ => 0.0,
+    };
+    let commitment = if share > 0.0 {
+        match book.commitment_price(key.1, &r.gpu_type, &r.region, key.3) {
+            Some(cp) => Some(Covering {
+                kind: key.1,
+                discount_id: super::discount_id(key.1, &r.region, &key.2),
+                capacity_id: (key.1 != CommitmentKind::Guarantee).then(|| key.2.clone()),
+                covered_price: cp.covered_usage_per_gpu_hour,
+                commit_price: cp.per_gpu_hour,
+            }),
+            None => {
+                missing(format!(
+                    "commitment {} {} in {}",
+                    key.1.as_str(),
+                    r.gpu_type,
+                    r.region
+                ));
+                return None;
+            }
+        }
+    } else {
+        None
+    };
+    Some(Rate {
+        list: p.per_gpu_hour,
+        covered: share,
+        commitment,
+    })
+}
+
 /// The FOCUS rows of `period` (a calendar month): the usage rows starting
 /// in it, the credits and corrections issued in it, and the commitments'
-/// hours in it, priced by `book`; sorted by tenant and time. `rows` must
-/// hold every row of the hours the period's credits and corrections offset
-/// (from [`reads_from`]), and `commitments` those hours' commitments.
+/// hours in it, priced by `book`; sorted by [`line_order`] (tenant and
+/// time). `rows` must hold every row of the hours the period's credits and
+/// corrections offset (from [`reads_from`]), and `commitments` those
+/// hours' commitments.
 ///
 /// A usage row's coverage counts it net of the corrections issued before
 /// its own month ended (so a month's bill never changes once it is over);
 /// a correction or credit is priced as its row was billed. Fails, naming
 /// every SKU, when the book lacks a price that is needed.
+///
+/// It is [`Pricer`] given the rows hour by hour, its lines sorted: the
+/// export streams with the [`Pricer`] itself.
 pub fn price<'a>(
     period: Period,
     rows: impl IntoIterator<Item = &'a UsageRecord>,
@@ -292,190 +660,22 @@ pub fn price<'a>(
     commitments: impl IntoIterator<Item = &'a CommitmentRecord>,
     book: &PriceBook,
 ) -> Result<Vec<FocusRow>, Unpriced> {
-    let (start, end) = period;
-    let within = |t: DateTime<Utc>| t >= start && t < end;
-    let rows: Vec<&UsageRecord> = rows.into_iter().collect();
-    let credits: Vec<&CreditRecord> = credits.into_iter().collect();
-    let mut unpriced: BTreeMap<String, usize> = BTreeMap::new();
-    let mut missing = |sku: String| *unpriced.entry(sku).or_default() += 1;
-
-    // Corrections each row's month knew of when it ended.
-    let mut corrected: BTreeMap<Uuid, f64> = BTreeMap::new();
-    for c in credits.iter().filter(|c| c.is_correction()) {
-        if c.issued_at < month_of(c.usage_started_at).1 {
-            *corrected.entry(c.usage_id).or_default() += c.gpu_seconds;
-        }
+    let mut hours: BTreeMap<DateTime<Utc>, Vec<&UsageRecord>> = BTreeMap::new();
+    for r in rows {
+        hours.entry(hour_of(r.started_at)).or_default().push(r);
     }
-    // Eligible usage and committed capacity per commitment and hour.
-    let mut used: BTreeMap<Key, f64> = BTreeMap::new();
-    for r in &rows {
-        let net = r.gpu_seconds - corrected.get(&r.usage_id).copied().unwrap_or(0.0);
-        *used.entry(key_of(r)).or_default() += net.max(0.0);
-    }
-    let mut committed: BTreeMap<Key, (f64, &CommitmentRecord)> = BTreeMap::new();
-    for c in commitments {
-        let key = (c.region.clone(), c.kind, c.commitment_id.clone(), c.hour);
-        committed.entry(key).or_insert((0.0, c)).0 += c.gpu_seconds;
-    }
-    let covered = |k: &Key| -> f64 {
-        match (committed.get(k), used.get(k)) {
-            (Some(&(g, _)), Some(&u)) if g > 0.0 && u > 0.0 => (g / u).min(1.0),
-            _ => 0.0,
-        }
-    };
-
-    // How each row needed is priced: those starting in the period, and
-    // those a credit or correction issued in it offsets.
-    let needed: BTreeSet<Uuid> = (rows.iter())
-        .filter(|r| within(r.started_at))
-        .map(|r| r.usage_id)
-        .chain(
-            (credits.iter())
-                .filter(|c| within(c.issued_at))
-                .map(|c| c.usage_id),
-        )
-        .collect();
-    let mut rates: BTreeMap<Uuid, Rate> = BTreeMap::new();
-    for r in rows.iter().filter(|r| needed.contains(&r.usage_id)) {
-        let priority = priority_name(r.priority);
-        let Some(p) = book.price(&r.gpu_type, priority, &r.region, r.started_at) else {
-            missing(format!("{} {priority} in {}", r.gpu_type, r.region));
-            continue;
-        };
-        let key = key_of(r);
-        let share = covered(&key);
-        let commitment = if share > 0.0 {
-            match book.commitment_price(key.1, &r.gpu_type, &r.region, key.3) {
-                Some(cp) => Some(Covering {
-                    kind: key.1,
-                    discount_id: super::discount_id(key.1, &r.region, &key.2),
-                    capacity_id: (key.1 != CommitmentKind::Guarantee).then(|| key.2.clone()),
-                    covered_price: cp.covered_usage_per_gpu_hour,
-                    commit_price: cp.per_gpu_hour,
-                }),
-                None => {
-                    missing(format!(
-                        "commitment {} {} in {}",
-                        key.1.as_str(),
-                        r.gpu_type,
-                        r.region
-                    ));
-                    continue;
-                }
-            }
-        } else {
-            None
-        };
-        rates.insert(
-            r.usage_id,
-            Rate {
-                list: p.per_gpu_hour,
-                covered: share,
-                commitment,
-            },
-        );
-    }
-
-    let held: BTreeSet<Uuid> = rows.iter().map(|r| r.usage_id).collect();
+    let mut pricer = Pricer::new(
+        period,
+        credits.into_iter().cloned(),
+        commitments.into_iter().cloned(),
+        book,
+    );
     let mut lines = Vec::new();
-    for r in rows.iter().filter(|r| within(r.started_at)) {
-        let (Some(rate), Some(base)) = (rates.get(&r.usage_id), FocusRow::of(r, book, period))
-        else {
-            continue; // no price: named above
-        };
-        lines.extend(priced(base, r.gpu_seconds / 3600.0, rate));
+    for rows in hours.values() {
+        lines.extend(pricer.hour(rows.iter().copied()));
     }
-    for c in credits.iter().filter(|c| within(c.issued_at)) {
-        let priority = priority_name(c.priority);
-        let Some(mut base) = FocusRow::credit(c, book, period) else {
-            missing(format!("{} {priority} in {}", c.gpu_type, c.region));
-            continue;
-        };
-        // Priced as its row was billed; a row no region holds any more,
-        // at the usage price.
-        let rate = match rates.get(&c.usage_id) {
-            Some(rate) => rate.clone(),
-            None if held.contains(&c.usage_id) => continue, // no price: named above
-            None => Rate {
-                list: base.ListUnitPrice,
-                covered: 0.0,
-                commitment: None,
-            },
-        };
-        let hours = c.gpu_seconds / 3600.0;
-        if c.is_correction() {
-            base.ChargeCategory = "Usage".into();
-            base.ChargeDescription = format!(
-                "correction: {} × {} GPU ({priority} priority) not held, job {} rank {} \
-                 (its placement ended {}, before this time was metered)",
-                c.gpus,
-                c.gpu_type,
-                c.job_id,
-                c.rank,
-                c.started_at.format("%Y-%m-%dT%H:%M:%SZ")
-            );
-            if c.usage_started_at < start {
-                base.ChargeClass = Some("Correction".into());
-            }
-            lines.extend(priced(base, -hours, &rate));
-        } else {
-            base.BilledCost = -hours * rate.billed_unit();
-            base.EffectiveCost = base.BilledCost;
-            lines.push(base);
-        }
-    }
-    for (key, &(g, record)) in committed.iter().filter(|(k, _)| within(k.3)) {
-        let Some(cp) = book.commitment_price(key.1, &record.gpu_type, &key.0, key.3) else {
-            missing(format!(
-                "commitment {} {} in {}",
-                key.1.as_str(),
-                record.gpu_type,
-                key.0
-            ));
-            continue;
-        };
-        let price = cp.per_gpu_hour;
-        lines.push(commitment_line(
-            record,
-            g,
-            None,
-            price,
-            &book.currency,
-            period,
-        ));
-        let unused = g - g.min(used.get(key).copied().unwrap_or(0.0));
-        if unused > 0.0 {
-            lines.push(commitment_line(
-                record,
-                g,
-                Some(unused),
-                price,
-                &book.currency,
-                period,
-            ));
-        }
-    }
-    if !unpriced.is_empty() {
-        return Err(Unpriced(unpriced));
-    }
-    lines.sort_by(|a, b| {
-        (
-            &a.BillingAccountId,
-            a.ChargePeriodStart,
-            &a.ResourceId,
-            a.x_Rank,
-            &a.ChargeCategory,
-            &a.CommitmentDiscountStatus,
-        )
-            .cmp(&(
-                &b.BillingAccountId,
-                b.ChargePeriodStart,
-                &b.ResourceId,
-                b.x_Rank,
-                &b.ChargeCategory,
-                &b.CommitmentDiscountStatus,
-            ))
-    });
+    lines.extend(pricer.finish()?);
+    lines.sort_by(line_order);
     Ok(lines)
 }
 
@@ -919,6 +1119,179 @@ per_gpu_hour = 9.0
         assert_eq!(
             month_of(at("2026-12-31T23:00:00Z")).1,
             at("2027-01-01T00:00:00Z")
+        );
+    }
+
+    /// A month with several tenants and hours, a guarantee partly
+    /// covering, a reservation, an hour of commitments without rows, a
+    /// credit, corrections — one of a row of the previous month — and
+    /// what was issued after the month.
+    fn a_month() -> (Vec<UsageRecord>, Vec<CreditRecord>, Vec<CommitmentRecord>) {
+        let res = Uuid::from_u128(77);
+        let mut rows = vec![
+            // October's last hour: a row a correction issued in November
+            // offsets, and one that only shares its guarantee.
+            row(1, "2026-10-31T23:00:00Z", 60, 8, 1),
+            row(2, "2026-10-31T23:10:00Z", 50, 4, 1),
+            row(3, "2026-11-01T00:00:00Z", 60, 8, 1),
+            row(4, "2026-11-01T00:00:00Z", 30, 4, 0),
+            row(5, "2026-11-01T00:30:00Z", 30, 8, 1),
+            row(6, "2026-11-01T01:00:00Z", 60, 16, 2),
+            row(7, "2026-11-01T01:20:00Z", 40, 8, 1),
+            row(8, "2026-11-01T03:00:00Z", 60, 8, 1),
+            row(9, "2026-11-30T23:00:00Z", 60, 8, 0),
+        ];
+        for n in [5, 7, 9] {
+            rows[n - 1].tenant = "globex".into();
+        }
+        rows[6].reservation_id = Some(res);
+        rows[7].reservation_id = Some(res);
+        let guarantee =
+            |hour: &str| commitment(CommitmentKind::Guarantee, "acme/h100", hour, 6, 60);
+        let commitments = vec![
+            guarantee("2026-10-31T23:00:00Z"),
+            guarantee("2026-11-01T00:00:00Z"),
+            guarantee("2026-11-01T01:00:00Z"),
+            // No rows this hour: purchase and unused only.
+            guarantee("2026-11-01T02:00:00Z"),
+            commitment(
+                CommitmentKind::Reservation,
+                &res.to_string(),
+                "2026-11-01T01:00:00Z",
+                4,
+                60,
+            ),
+            commitment(
+                CommitmentKind::Reservation,
+                &res.to_string(),
+                "2026-11-01T03:00:00Z",
+                16,
+                30,
+            ),
+        ];
+        let credits = vec![
+            offset(&rows[0], 40, "correction", 20, "2026-11-01T02:00:00Z"),
+            offset(&rows[2], 41, "node_lost", 15, "2026-11-01T01:30:00Z"),
+            offset(&rows[5], 42, "correction", 30, "2026-11-01T02:00:00Z"),
+            offset(&rows[7], 43, "drain", 10, "2026-11-01T04:00:00Z"),
+            // Issued in December: not November's (nor its coverage).
+            offset(&rows[8], 44, "node_lost", 30, "2026-12-01T00:30:00Z"),
+            offset(&rows[3], 45, "correction", 10, "2026-12-02T00:00:00Z"),
+        ];
+        (rows, credits, commitments)
+    }
+
+    #[test]
+    fn the_streaming_pricer_gives_the_lines_price_gives() {
+        let (rows, credits, commitments) = a_month();
+        let book = book();
+        let whole = price(nov(), &rows, &credits, &commitments, &book).unwrap();
+        // What the workload exercises.
+        let has = |f: &dyn Fn(&FocusRow) -> bool| whole.iter().any(f);
+        assert!(has(&|l| l.ChargeClass.as_deref() == Some("Correction")));
+        assert!(has(&|l| l.ChargeCategory == "Credit"));
+        assert!(has(
+            &|l| l.x_Cause == "correction" && l.ChargeClass.is_none()
+        ));
+        assert!(has(&|l| {
+            l.CommitmentDiscountStatus.as_deref() == Some("Used")
+                && l.CommitmentDiscountType.as_deref() == Some("guarantee")
+                && l.ChargeCategory == "Usage"
+        }));
+        assert!(has(&|l| {
+            l.CommitmentDiscountStatus.as_deref() == Some("Used")
+                && l.CommitmentDiscountType.as_deref() == Some("reservation")
+        }));
+        assert!(has(&|l| {
+            l.CommitmentDiscountStatus.as_deref() == Some("Unused")
+                && l.ChargePeriodStart == at("2026-11-01T02:00:00Z")
+        }));
+        assert!(has(&|l| l.BillingAccountId == "globex"));
+        assert!(!has(&|l| l.x_UsageId == Uuid::from_u128(44)), "December's");
+        assert!(!has(&|l| l.x_UsageId == rows[0].usage_id), "October's row");
+        assert!(!has(
+            &|l| l.ChargeCategory == "Purchase" && l.ChargePeriodStart < nov().0
+        ));
+
+        // The same rows split by hour, each hour's in reverse order.
+        let mut pricer = Pricer::new(
+            nov(),
+            credits.iter().cloned(),
+            commitments.iter().cloned(),
+            &book,
+        );
+        let mut by_hour: BTreeMap<DateTime<Utc>, Vec<&UsageRecord>> = BTreeMap::new();
+        for r in rows.iter().rev() {
+            by_hour.entry(hour_of(r.started_at)).or_default().push(r);
+        }
+        let mut streamed = Vec::new();
+        for rows in by_hour.values() {
+            let lines = pricer.hour(rows.iter().copied());
+            // Nothing of a later hour: each is written as it is read.
+            let hour = hour_of(rows[0].started_at);
+            assert!(lines.iter().all(|l| hour_of(l.ChargePeriodStart) <= hour));
+            streamed.extend(lines);
+        }
+        assert!(!pricer.lacks_prices());
+        let rest = pricer.finish().unwrap();
+        assert!(
+            rest.iter().all(|l| !l.x_CreditedUsageId.is_empty()),
+            "{rest:?}"
+        );
+        // By hour (then tenant), credits and corrections last.
+        let hours: Vec<DateTime<Utc>> = streamed
+            .iter()
+            .map(|l| hour_of(l.ChargePeriodStart))
+            .collect();
+        assert!(hours.windows(2).all(|w| w[0] <= w[1]), "{hours:?}");
+        streamed.extend(rest);
+        assert_eq!(streamed.len(), whole.len());
+        let csv = |lines: &[FocusRow]| {
+            let mut v: Vec<String> = lines.iter().map(FocusRow::csv).collect();
+            v.sort();
+            v
+        };
+        // As written: the same lines.
+        assert_eq!(csv(&streamed), csv(&whole));
+        streamed.sort_by(line_order);
+        assert_eq!(streamed, whole);
+    }
+
+    #[test]
+    fn the_streaming_pricer_knows_at_once_a_commitment_it_cannot_price() {
+        let (rows, credits, mut commitments) = a_month();
+        commitments.push(commitment(
+            CommitmentKind::Cluster,
+            &Uuid::from_u128(5).to_string(),
+            "2026-11-01T00:00:00Z",
+            16,
+            60,
+        ));
+        let book = book();
+        let mut pricer = Pricer::new(nov(), credits.clone(), commitments.clone(), &book);
+        assert!(pricer.lacks_prices(), "before any row");
+        let mut a100 = rows[2].clone();
+        a100.usage_id = Uuid::from_u128(99);
+        a100.gpu_type = "a100".into();
+        let lines = pricer.hour([&a100]);
+        assert!(
+            lines.iter().all(|l| l.x_UsageId != a100.usage_id),
+            "{lines:?}"
+        );
+        assert!(lines
+            .iter()
+            .all(|l| l.CommitmentDiscountType.as_deref() != Some("cluster")));
+        let e = pricer.finish().unwrap_err();
+        assert_eq!(
+            e,
+            price(nov(), [&a100], &credits, &commitments, &book).unwrap_err()
+        );
+        assert_eq!(
+            e.0.keys().collect::<Vec<_>>(),
+            [
+                "a100 normal in us-east",
+                "commitment cluster h100 in us-east"
+            ]
         );
     }
 }
