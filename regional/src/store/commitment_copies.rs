@@ -45,7 +45,8 @@ impl Store {
     /// last sent (at most `limit`, in (transaction, change) order), and
     /// where the next sending starts once these are held: after the last
     /// one read, or — when that was all — at the oldest transaction
-    /// running now.
+    /// running now (when nothing changed, nothing is sent and the cursor
+    /// stays).
     async fn commitments_unsent(
         &self,
         peer: &str,
@@ -72,12 +73,8 @@ impl Store {
         let next = match rows.last() {
             Some(r) if rows.len() as i64 == limit => (r.get(11), r.get(10)),
             Some(r) => (r.get(12), 0),
-            None => (
-                conn.query_one("SELECT pg_snapshot_xmin(pg_current_snapshot())::text", &[])
-                    .await?
-                    .get(0),
-                0,
-            ),
+            // Nothing to send: where the cursor is is as good as any.
+            None => ("0".into(), 0),
         };
         let versions = rows
             .iter()
@@ -171,19 +168,22 @@ pub async fn flush_commitments(state: &crate::api::AppState) {
                 return;
             }
         };
-        if !versions.is_empty() {
-            let copies = CommitmentCopies {
-                home: state.store.region().to_string(),
-                versions,
-            };
-            let sent: std::result::Result<serde_json::Value, _> = state
-                .peers
-                .post(&peer.name, "/internal/v1/replicas/commitments", &copies)
-                .await;
-            if let Err(e) = sent {
-                tracing::debug!(error = %e, peer = %peer.name, "a peer was not sent its commitments");
-                continue;
-            }
+        // Nothing changed: the cursor may stay (what it would skip is
+        // nothing), and nothing is written.
+        if versions.is_empty() {
+            continue;
+        }
+        let copies = CommitmentCopies {
+            home: state.store.region().to_string(),
+            versions,
+        };
+        let sent: std::result::Result<serde_json::Value, _> = state
+            .peers
+            .post(&peer.name, "/internal/v1/replicas/commitments", &copies)
+            .await;
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, peer = %peer.name, "a peer was not sent its commitments");
+            continue;
         }
         if let Err(e) = state.store.commitments_sent(&peer.name, &next).await {
             tracing::warn!(error = %e, "cannot record the commitments a peer holds");
