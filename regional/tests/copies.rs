@@ -18,37 +18,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gangway_regional::scheduler::run_pass;
-use gangway_regional::{AppState, RegionConfig, Store};
+use gangway_regional::Store;
 use gangway_shared::api::{Granularity, JobState, QuotaTerms, UsageGroup};
 use uuid::Uuid;
 
 mod common;
-use common::{node, Fleet};
+use common::{node, region_state, region_store, Fleet};
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(3600);
-
-async fn region_store(prefix: &str, region: &str) -> (Store, tokio_postgres::Client) {
-    let url = gangway_devkit::fresh_database(prefix).await;
-    let store = Store::connect(&url, region, 16).unwrap();
-    store.migrate().await.unwrap();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    (store, client)
-}
-
-fn region_state(name: &str, store: Store, peers: &[(&str, String)]) -> AppState {
-    let mut config = RegionConfig::new(name, "127.0.0.1:0".parse().unwrap(), "");
-    config.peers.peers = peers
-        .iter()
-        .map(|(n, u)| gangway_regional::peers::Peer {
-            name: n.to_string(),
-            url: u.clone(),
-        })
-        .collect();
-    AppState::new(store, config)
-}
 
 /// An 8-GPU gang of acme at `home`, its intent held by `buddy`, placed
 /// and running on node `n`.

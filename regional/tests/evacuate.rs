@@ -20,26 +20,14 @@ use std::time::Duration;
 use gangway_regional::scheduler::run_pass;
 use gangway_regional::store::handovers::{Take, EVACUATING, FAILING_BACK};
 use gangway_regional::store::replicas::{Move, Update};
-use gangway_regional::{AppState, RegionConfig, Store};
+use gangway_regional::Store;
 use gangway_shared::api::{EvacuationState, JobState};
 use uuid::Uuid;
 
 mod common;
-use common::{node, Fleet};
+use common::{node, region_state, region_store, Fleet};
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// A migrated store named `region` on a fresh database, and a raw client.
-async fn region_store(prefix: &str, region: &str) -> (Store, tokio_postgres::Client) {
-    let url = gangway_devkit::fresh_database(prefix).await;
-    let store = Store::connect(&url, region, 16).unwrap();
-    store.migrate().await.unwrap();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    (store, client)
-}
 
 /// A keyed 8-GPU gang of tenant acme at `store`, acknowledged with `buddy`
 /// holding its intent (as replication would leave it).
@@ -389,19 +377,6 @@ async fn a_job_that_cannot_leave_is_stopped_and_held() {
     let e = h.evacuation().await.unwrap();
     assert_eq!((e.jobs_left, e.held), (0, 1), "{e:?}");
     assert_eq!(e.jobs[0].step, "held");
-}
-
-/// A region's state for tests: `name`, its store and its peers.
-fn region_state(name: &str, store: Store, peers: &[(&str, String)]) -> AppState {
-    let mut config = RegionConfig::new(name, "127.0.0.1:0".parse().unwrap(), "");
-    config.peers.peers = peers
-        .iter()
-        .map(|(n, u)| gangway_regional::peers::Peer {
-            name: n.to_string(),
-            url: u.clone(),
-        })
-        .collect();
-    AppState::new(store, config)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

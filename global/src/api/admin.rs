@@ -1475,19 +1475,7 @@ async fn ledger_page(
     q.extend(p.order.clone().map(|o| ("order", o)));
     q.extend(p.after_start.clone().map(|t| ("after_start", t)));
     q.extend(p.home.clone().map(|h| ("home", h)));
-    let query = gangway_shared::http::query_string(&q);
-    Ok(axum::Json(
-        fan_out(
-            state,
-            p.region.as_deref(),
-            Method::GET,
-            path,
-            None,
-            Some(&admin.subject),
-            Some(&query),
-        )
-        .await?,
-    ))
+    usage_of_each(state, admin, p.region.as_deref(), path, &q).await
 }
 
 /// The query of `GET /v1/admin/usage/allocated` (docs/billing.md).
@@ -1535,14 +1523,33 @@ pub async fn usage_allocated(
     Query(p): Query<AllocatedParams>,
 ) -> Result<axum::Json<PerRegion>, ApiError> {
     check_period(&p.from, &p.to)?;
-    let query =
-        gangway_shared::http::query_string(&[("from", p.from.clone()), ("to", p.to.clone())]);
+    let q = [("from", p.from.clone()), ("to", p.to.clone())];
+    usage_of_each(
+        &state,
+        &admin,
+        p.region.as_deref(),
+        "/v1/admin/usage/allocated",
+        &q,
+    )
+    .await
+}
+
+/// `GET path?query` of one region (`region`) or of each, as the admin
+/// `admin`: the usage endpoints' fan-out.
+async fn usage_of_each(
+    state: &GlobalState,
+    admin: &AdminCaller,
+    region: Option<&str>,
+    path: &str,
+    query: &[(&str, String)],
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    let query = gangway_shared::http::query_string(query);
     Ok(axum::Json(
         fan_out(
-            &state,
-            p.region.as_deref(),
+            state,
+            region,
             Method::GET,
-            "/v1/admin/usage/allocated",
+            path,
             None,
             Some(&admin.subject),
             Some(&query),
@@ -1603,17 +1610,12 @@ pub async fn usage_closings(
     check_period(&p.from, &p.to)?;
     let mut q = vec![("from", p.from.clone()), ("to", p.to.clone())];
     q.extend(p.home.clone().map(|h| ("home", h)));
-    let query = gangway_shared::http::query_string(&q);
-    Ok(axum::Json(
-        fan_out(
-            &state,
-            p.region.as_deref(),
-            Method::GET,
-            "/v1/admin/usage/closings",
-            None,
-            Some(&admin.subject),
-            Some(&query),
-        )
-        .await?,
-    ))
+    usage_of_each(
+        &state,
+        &admin,
+        p.region.as_deref(),
+        "/v1/admin/usage/closings",
+        &q,
+    )
+    .await
 }

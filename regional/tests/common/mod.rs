@@ -15,14 +15,36 @@ use uuid::Uuid;
 
 /// A migrated store on a fresh throwaway database, and a raw client to it.
 pub async fn store(prefix: &str) -> (Store, tokio_postgres::Client) {
+    region_store(prefix, "test-region").await
+}
+
+/// A migrated store named `region` on a fresh database, and a raw client.
+pub async fn region_store(prefix: &str, region: &str) -> (Store, tokio_postgres::Client) {
     let url = gangway_devkit::fresh_database(prefix).await;
-    let store = Store::connect(&url, "test-region", 16).unwrap();
+    let store = Store::connect(&url, region, 16).unwrap();
     store.migrate().await.unwrap();
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(conn);
     (store, client)
+}
+
+/// A region's state for tests: `name`, its store and its peers (name, URL).
+pub fn region_state(
+    name: &str,
+    store: Store,
+    peers: &[(&str, String)],
+) -> gangway_regional::AppState {
+    let mut config = gangway_regional::RegionConfig::new(name, "127.0.0.1:0".parse().unwrap(), "");
+    config.peers.peers = peers
+        .iter()
+        .map(|(n, u)| gangway_regional::peers::Peer {
+            name: n.to_string(),
+            url: u.clone(),
+        })
+        .collect();
+    gangway_regional::AppState::new(store, config)
 }
 
 /// An 8-GPU node of `ty` (its own NVLink domain), no power figures.
