@@ -170,17 +170,10 @@ fn region_state(
     ckpt: &std::path::Path,
     peers: &[(&str, String)],
 ) -> gangway_regional::AppState {
-    let mut config = gangway_regional::RegionConfig::new(name, "127.0.0.1:0".parse().unwrap(), "");
+    let mut config = common::region_config(name, peers);
     config.checkpoint_store = Some(
         gangway_checkpoint::CheckpointStore::open(&format!("file://{}", ckpt.display())).unwrap(),
     );
-    config.peers.peers = peers
-        .iter()
-        .map(|(n, u)| gangway_regional::peers::Peer {
-            name: n.to_string(),
-            url: u.clone(),
-        })
-        .collect();
     gangway_regional::AppState::new(store, config)
 }
 

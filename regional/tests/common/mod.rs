@@ -30,12 +30,8 @@ pub async fn region_store(prefix: &str, region: &str) -> (Store, tokio_postgres:
     (store, client)
 }
 
-/// A region's state for tests: `name`, its store and its peers (name, URL).
-pub fn region_state(
-    name: &str,
-    store: Store,
-    peers: &[(&str, String)],
-) -> gangway_regional::AppState {
+/// A region's configuration for tests: `name` and its peers (name, URL).
+pub fn region_config(name: &str, peers: &[(&str, String)]) -> gangway_regional::RegionConfig {
     let mut config = gangway_regional::RegionConfig::new(name, "127.0.0.1:0".parse().unwrap(), "");
     config.peers.peers = peers
         .iter()
@@ -44,7 +40,16 @@ pub fn region_state(
             url: u.clone(),
         })
         .collect();
-    gangway_regional::AppState::new(store, config)
+    config
+}
+
+/// A region's state for tests: `name`, its store and its peers (name, URL).
+pub fn region_state(
+    name: &str,
+    store: Store,
+    peers: &[(&str, String)],
+) -> gangway_regional::AppState {
+    gangway_regional::AppState::new(store, region_config(name, peers))
 }
 
 /// An 8-GPU node of `ty` (its own NVLink domain), no power figures.
