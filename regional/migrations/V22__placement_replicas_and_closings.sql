@@ -70,8 +70,8 @@ CREATE TRIGGER allocations_queue_ended
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION queue_ended_placements();
 
--- The buddy's side: a peer's placements of the jobs whose intent it
--- holds. `ended_at` NULL: open at the home when last told.
+-- The buddy's side: a peer's open placements of the jobs whose intent it
+-- holds (one the home says ended is dropped, unless closed already).
 CREATE TABLE replica_placements (
     job_id         uuid        NOT NULL,
     epoch          integer     NOT NULL,
@@ -85,6 +85,7 @@ CREATE TABLE replica_placements (
     gpus           integer     NOT NULL CHECK (gpus > 0),
     reservation_id uuid,
     cluster_id     uuid,
+    -- Kept for a placement closed here (NULL: open at the home).
     ended_at       timestamptz,
     -- When the home last told of it (on this region's clock).
     told_at        timestamptz NOT NULL DEFAULT now(),

@@ -118,40 +118,51 @@ impl Store {
         Ok(())
     }
 
-    /// A peer's placements, held for it: a new one is open (or ended, if
-    /// it says so); one held already takes its GPUs and its end from the
-    /// note (an end once held stays). Returns how many changed.
+    /// A peer's placements, held for it while they are open: a new one is
+    /// held (its GPUs updated if told again); one that ended is dropped
+    /// (an adopter closes only open ones, and an ended placement's rows
+    /// are its home's to write), unless this region closed it already.
+    /// Returns how many changed.
     pub async fn hold_placements(&self, notes: &[PlacementNote]) -> Result<u64> {
         let conn = self.conn().await?;
         let mut n = 0;
         for p in notes {
-            n += conn
-                .execute(
-                    "INSERT INTO replica_placements (job_id, epoch, attempt, rank, started_at,
-                                                     home, tenant, gpu_type, priority, gpus,
-                                                     reservation_id, cluster_id, ended_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-                     ON CONFLICT (job_id, epoch, attempt, rank, started_at) DO UPDATE
-                       SET gpus = EXCLUDED.gpus,
-                           ended_at = coalesce(replica_placements.ended_at, EXCLUDED.ended_at),
-                           told_at = now()",
-                    &[
-                        &p.job_id,
-                        &p.epoch,
-                        &p.attempt,
-                        &p.rank,
-                        &p.started_at,
-                        &p.home,
-                        &p.tenant,
-                        &p.gpu_type,
-                        &p.priority,
-                        &p.gpus,
-                        &p.reservation_id,
-                        &p.cluster_id,
-                        &p.ended_at,
-                    ],
-                )
-                .await?;
+            n += match p.ended_at {
+                Some(_) => {
+                    conn.execute(
+                        "DELETE FROM replica_placements
+                         WHERE (job_id, epoch, attempt, rank, started_at) = ($1, $2, $3, $4, $5)
+                           AND closed_at IS NULL",
+                        &[&p.job_id, &p.epoch, &p.attempt, &p.rank, &p.started_at],
+                    )
+                    .await?
+                }
+                None => {
+                    conn.execute(
+                        "INSERT INTO replica_placements (job_id, epoch, attempt, rank, started_at,
+                                                         home, tenant, gpu_type, priority, gpus,
+                                                         reservation_id, cluster_id)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                         ON CONFLICT (job_id, epoch, attempt, rank, started_at) DO UPDATE
+                           SET gpus = EXCLUDED.gpus, told_at = now()",
+                        &[
+                            &p.job_id,
+                            &p.epoch,
+                            &p.attempt,
+                            &p.rank,
+                            &p.started_at,
+                            &p.home,
+                            &p.tenant,
+                            &p.gpu_type,
+                            &p.priority,
+                            &p.gpus,
+                            &p.reservation_id,
+                            &p.cluster_id,
+                        ],
+                    )
+                    .await?
+                }
+            };
         }
         Ok(n)
     }
