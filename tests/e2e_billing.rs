@@ -993,4 +993,37 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         (in_dead - held * 3600.0).abs() < 0.5,
         "{in_dead} vs {held} GPU-hours"
     );
+    // Reconciliation cannot read the dead region's allocations: it stops,
+    // unless told to leave it out; then it checks the others.
+    let (code, _, stderr) = reconcile();
+    assert_eq!(code, Some(2), "{stderr}");
+    let (code, out, stderr) = gangway(&[
+        "billing",
+        "reconcile",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--without",
+        &dead,
+    ]);
+    assert_ne!(code, Some(2), "{out}\n{stderr}");
+    assert!(out.contains(&format!("{dead}: left out")), "{out}");
+    let (_, out, _) = gangway(&[
+        "billing",
+        "reconcile",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--without",
+        &dead,
+        "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert!(
+        !rows.is_empty() && rows.iter().all(|r| r["region"] != dead.as_str()),
+        "{report}"
+    );
 }

@@ -82,6 +82,11 @@ pub enum BillingCommand {
         /// GPU-seconds a tenant's region may differ by (float rounding).
         #[arg(long, default_value_t = 0.5)]
         epsilon: f64,
+        /// Leave out this region, which does not answer (gone for good: its
+        /// allocations cannot be read; bill it with `export
+        /// --from-copies`). Repeatable.
+        #[arg(long, value_name = "REGION")]
+        without: Vec<String>,
     },
 }
 
@@ -538,7 +543,8 @@ pub async fn run(cmd: BillingCommand) -> anyhow::Result<u8> {
             from,
             to,
             epsilon,
-        } => reconcile::reconcile(conn, month, from, to, epsilon).await,
+            without,
+        } => reconcile::reconcile(conn, month, from, to, epsilon, without).await,
     }
 }
 

@@ -33,6 +33,7 @@ pub async fn reconcile(
     from: Option<DateTime<Utc>>,
     to: Option<DateTime<Utc>>,
     epsilon: f64,
+    without: Vec<String>,
 ) -> anyhow::Result<u8> {
     let period = match (month, from, to) {
         (Some(m), None, None) => month_bounds(&m),
@@ -56,7 +57,7 @@ pub async fn reconcile(
     // looked at again once before it is reported.
     let mut report = None;
     for attempt in 0..2 {
-        let r = match compare(&conn, from, to, epsilon).await {
+        let r = match compare(&conn, from, to, epsilon, &without).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("error: cannot reconcile: {e:#}");
@@ -75,17 +76,26 @@ pub async fn reconcile(
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print(&report);
+        for r in &without {
+            println!(
+                "{r}: left out (it does not answer: its allocations cannot be read; its usage \
+                 is billed with `billing export --from-copies {r}`)"
+            );
+        }
     }
     Ok(if report.reconciled { 0 } else { 1 })
 }
 
 /// The allocations first, each region in one snapshot; then the ledger,
-/// merged and deduplicated; compared by [`tally`].
+/// merged and deduplicated; compared by [`tally`]. The regions `without`
+/// (gone: they must not answer) are left out, their rows and credits
+/// held elsewhere too.
 async fn compare(
     conn: &Conn,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     epsilon: f64,
+    without: &[String],
 ) -> anyhow::Result<Report> {
     let client = conn.admin_client()?;
     let period = [
@@ -100,7 +110,22 @@ async fn compare(
         )
         .await?;
     let mut allocated: BTreeMap<String, AllocatedUsage> = BTreeMap::new();
+    let names: Vec<&String> = doc["regions"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(n, _)| n)
+        .collect();
+    if let Some(r) = without.iter().find(|r| !names.contains(r)) {
+        bail!("--without {r}: the global tier knows no region {r}");
+    }
     for (name, answer) in doc["regions"].as_object().into_iter().flatten() {
+        if without.contains(name) {
+            if serde_json::from_value::<AllocatedUsage>(answer.clone()).is_ok() {
+                bail!("region {name} answers: reconcile it (drop --without {name})");
+            }
+            continue;
+        }
         let a: AllocatedUsage = serde_json::from_value(answer.clone()).map_err(|_| {
             anyhow::anyhow!(
                 "region {name} did not say what its allocations held ({answer}); retry once it \
@@ -112,13 +137,16 @@ async fn compare(
     if allocated.is_empty() {
         bail!("the global tier named no region");
     }
-    let (rows, _) = read_merged::<UsageRecords>(&client, "/v1/admin/usage/records", &period, &[])
-        .await
-        .context("reading the usage ledger")?;
-    let (credits, _) =
-        read_merged::<CreditRecords>(&client, "/v1/admin/usage/credits", &period, &[])
+    let (mut rows, _) =
+        read_merged::<UsageRecords>(&client, "/v1/admin/usage/records", &period, without)
+            .await
+            .context("reading the usage ledger")?;
+    let (mut credits, _) =
+        read_merged::<CreditRecords>(&client, "/v1/admin/usage/credits", &period, without)
             .await
             .context("reading the credits")?;
+    rows.retain(|_, r| !without.contains(&r.region));
+    credits.retain(|_, c| !without.contains(&c.region));
     Ok(tally(&allocated, &rows, &credits, (from, to), epsilon))
 }
 
