@@ -3,7 +3,12 @@
 //!
 //! `cargo bench -p gangway-regional --bench service_throughput`
 //! Environment: `JOBS` (default 5000), `CONCURRENCY` (default 16),
-//! `FLEET` (default deploy/fleets/h100-10k.toml).
+//! `FLEET` (default deploy/fleets/h100-10k.toml), `PLACEMENT_COPIES` for
+//! the backlog phase: `on` (the default: the triggers of V22 as deployed,
+//! the jobs without a buddy, as in a region without peers), `buddy` (every
+//! job has a buddy: each placement is queued for it), `off` (the two
+//! triggers dropped: the cost they add, side by side), `bare` (the
+//! triggers and V22's index on allocations dropped).
 //!
 //! Not a criterion bench: one run of a whole pipeline, timed in phases.
 
@@ -242,6 +247,35 @@ fn main() -> anyhow::Result<()> {
         for t in submits {
             t.await?;
         }
+        let copies = std::env::var("PLACEMENT_COPIES").unwrap_or_else(|_| "on".into());
+        let (db, conn) =
+            tokio_postgres::connect(&pg.connection_string("backlog"), tokio_postgres::NoTls)
+                .await?;
+        tokio::spawn(conn);
+        match copies.as_str() {
+            "on" => {}
+            "buddy" => {
+                db.execute("UPDATE jobs SET buddy = 'bench-buddy'", &[])
+                    .await?;
+            }
+            "off" => {
+                db.batch_execute(
+                    "DROP TRIGGER allocations_queue_opened ON allocations;
+                     DROP TRIGGER allocations_queue_ended ON allocations;",
+                )
+                .await?;
+            }
+            "bare" => {
+                db.batch_execute(
+                    "DROP TRIGGER allocations_queue_opened ON allocations;
+                     DROP TRIGGER allocations_queue_ended ON allocations;
+                     DROP INDEX allocations_by_placement;",
+                )
+                .await?;
+            }
+            other => anyhow::bail!("PLACEMENT_COPIES is on, buddy, off or bare, not {other:?}"),
+        }
+        println!("placement copies: {copies}");
         let started = Instant::now();
         let mut passes = 0;
         let mut placed = 0;
@@ -267,6 +301,11 @@ fn main() -> anyhow::Result<()> {
             }
         }
         let took = started.elapsed();
+        let queued: i64 = db
+            .query_one("SELECT count(*) FROM placement_outbox", &[])
+            .await?
+            .get(0);
+        println!("placements queued for a buddy: {queued}");
         println!(
             "backlog placed by passes:  {:>8.0} jobs/s  ({placed} jobs in {passes} passes, {:.2} s; slowest pass {:.0} ms)",
             placed as f64 / took.as_secs_f64(),
