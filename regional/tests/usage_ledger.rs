@@ -40,6 +40,15 @@ async fn report(store: &gangway_regional::Store, fleet: &Fleet, n: usize, exit: 
     fleet.sync(store, n, "boot-1", vec![], reports).await;
 }
 
+/// One node, n0, and an 8-GPU job of acme placed and running on it.
+async fn one_running_job(store: &gangway_regional::Store) -> (Fleet, Uuid) {
+    let fleet = Fleet::register_nodes(store, vec![node("n0", "s0", "l0", "h100")]).await;
+    let job = common::submit(store, &common::job("acme", "h100", 8, 8)).await;
+    run_pass(store, AGENT_TIMEOUT).await.unwrap();
+    report(store, &fleet, 0, None).await;
+    (fleet, job)
+}
+
 /// GPU-seconds: (allocations held, released ones only) and (ledger rows).
 async fn totals(db: &tokio_postgres::Client, job: Uuid) -> (f64, f64) {
     let held: f64 = db
@@ -199,10 +208,7 @@ async fn every_gpu_second_of_a_placement_is_one_row_per_hour_once_whatever_is_re
 #[tokio::test]
 async fn a_preempted_placement_says_who_preempted_it() {
     let (store, db) = common::store("usage_ledger_preempt").await;
-    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "l0", "h100")]).await;
-    let job = common::submit(&store, &common::job("acme", "h100", 8, 8)).await;
-    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
-    report(&store, &fleet, 0, None).await;
+    let (fleet, job) = one_running_job(&store).await;
     assert!(store.preempt_job(job, "an operator asked").await.unwrap());
     // The agent checkpoints and stops it.
     fleet.act(&store, 0, Some("ckpt-1")).await;
@@ -271,10 +277,7 @@ async fn how_it_ended(db: &tokio_postgres::Client, job: Uuid) -> (String, Option
 #[tokio::test]
 async fn a_lost_nodes_placement_is_credited_from_the_jobs_checkpoint_once() {
     let (store, db) = common::store("usage_credit_lost").await;
-    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "l0", "h100")]).await;
-    let job = common::submit(&store, &common::job("acme", "h100", 8, 8)).await;
-    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
-    report(&store, &fleet, 0, None).await;
+    let (_fleet, job) = one_running_job(&store).await;
     // It has run for two and a half hours; its newest checkpoint is 100
     // minutes old; its buddy is another region.
     db.execute(
@@ -389,10 +392,7 @@ async fn a_lost_nodes_placement_is_credited_from_the_jobs_checkpoint_once() {
 async fn a_drained_job_with_a_fresh_checkpoint_is_credited_next_to_nothing() {
     use gangway_regional::store::AdminChange;
     let (store, db) = common::store("usage_credit_drain").await;
-    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "l0", "h100")]).await;
-    let job = common::submit(&store, &common::job("acme", "h100", 8, 8)).await;
-    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
-    report(&store, &fleet, 0, None).await;
+    let (fleet, job) = one_running_job(&store).await;
     db.execute(
         "UPDATE allocations SET allocated_at = now() - interval '90 minutes'",
         &[],
@@ -596,10 +596,7 @@ async fn a_release_dated_back_into_hours_the_meter_wrote_is_corrected_to_what_wa
     use gangway_shared::agent::RegisterRequest;
     use gangway_shared::billing::reconcile::tally;
     let (store, db) = common::store("usage_backdated").await;
-    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "l0", "h100")]).await;
-    let job = common::submit(&store, &common::job("acme", "h100", 8, 8)).await;
-    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
-    report(&store, &fleet, 0, None).await;
+    let (_fleet, job) = one_running_job(&store).await;
     // It has run for two and a half hours, and has a buddy.
     db.execute(
         "UPDATE allocations SET allocated_at = now() - interval '150 minutes'",

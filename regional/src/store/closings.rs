@@ -125,46 +125,65 @@ impl Store {
     /// Returns how many changed.
     pub async fn hold_placements(&self, notes: &[PlacementNote]) -> Result<u64> {
         let conn = self.conn().await?;
-        let mut n = 0;
-        for p in notes {
-            n += match p.ended_at {
-                Some(_) => {
-                    conn.execute(
-                        "DELETE FROM replica_placements
-                         WHERE (job_id, epoch, attempt, rank, started_at) = ($1, $2, $3, $4, $5)
-                           AND closed_at IS NULL",
-                        &[&p.job_id, &p.epoch, &p.attempt, &p.rank, &p.started_at],
-                    )
-                    .await?
-                }
-                None => {
-                    conn.execute(
-                        "INSERT INTO replica_placements (job_id, epoch, attempt, rank, started_at,
-                                                         home, tenant, gpu_type, priority, gpus,
-                                                         reservation_id, cluster_id)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-                         ON CONFLICT (job_id, epoch, attempt, rank, started_at) DO UPDATE
-                           SET gpus = EXCLUDED.gpus, told_at = now()",
-                        &[
-                            &p.job_id,
-                            &p.epoch,
-                            &p.attempt,
-                            &p.rank,
-                            &p.started_at,
-                            &p.home,
-                            &p.tenant,
-                            &p.gpu_type,
-                            &p.priority,
-                            &p.gpus,
-                            &p.reservation_id,
-                            &p.cluster_id,
-                        ],
-                    )
-                    .await?
-                }
-            };
-        }
-        Ok(n)
+        let (ended, open): (Vec<&PlacementNote>, Vec<&PlacementNote>) =
+            notes.iter().partition(|p| p.ended_at.is_some());
+        let keys = |ps: &[&PlacementNote]| {
+            (
+                ps.iter().map(|p| p.job_id).collect::<Vec<Uuid>>(),
+                ps.iter().map(|p| p.epoch).collect::<Vec<i32>>(),
+                ps.iter().map(|p| p.attempt).collect::<Vec<i32>>(),
+                ps.iter().map(|p| p.rank).collect::<Vec<i32>>(),
+                ps.iter()
+                    .map(|p| p.started_at)
+                    .collect::<Vec<DateTime<Utc>>>(),
+            )
+        };
+        let (jobs, epochs, attempts, ranks, starts) = keys(&ended);
+        let dropped = conn
+            .execute(
+                "DELETE FROM replica_placements r
+                 USING unnest($1::uuid[], $2::int[], $3::int[], $4::int[], $5::timestamptz[])
+                       AS e(job_id, epoch, attempt, rank, started_at)
+                 WHERE (r.job_id, r.epoch, r.attempt, r.rank, r.started_at)
+                     = (e.job_id, e.epoch, e.attempt, e.rank, e.started_at)
+                   AND r.closed_at IS NULL",
+                &[&jobs, &epochs, &attempts, &ranks, &starts],
+            )
+            .await?;
+        let (jobs, epochs, attempts, ranks, starts) = keys(&open);
+        let text =
+            |f: fn(&PlacementNote) -> &str| -> Vec<&str> { open.iter().map(|p| f(p)).collect() };
+        let priorities: Vec<i16> = open.iter().map(|p| p.priority).collect();
+        let gpus: Vec<i32> = open.iter().map(|p| p.gpus).collect();
+        let reservations: Vec<Option<Uuid>> = open.iter().map(|p| p.reservation_id).collect();
+        let clusters: Vec<Option<Uuid>> = open.iter().map(|p| p.cluster_id).collect();
+        let held = conn
+            .execute(
+                "INSERT INTO replica_placements (job_id, epoch, attempt, rank, started_at, home,
+                                                 tenant, gpu_type, priority, gpus,
+                                                 reservation_id, cluster_id)
+                 SELECT * FROM unnest($1::uuid[], $2::int[], $3::int[], $4::int[],
+                                      $5::timestamptz[], $6::text[], $7::text[], $8::text[],
+                                      $9::smallint[], $10::int[], $11::uuid[], $12::uuid[])
+                 ON CONFLICT (job_id, epoch, attempt, rank, started_at) DO UPDATE
+                   SET gpus = EXCLUDED.gpus, told_at = now()",
+                &[
+                    &jobs,
+                    &epochs,
+                    &attempts,
+                    &ranks,
+                    &starts,
+                    &text(|p| &p.home),
+                    &text(|p| &p.tenant),
+                    &text(|p| &p.gpu_type),
+                    &priorities,
+                    &gpus,
+                    &reservations,
+                    &clusters,
+                ],
+            )
+            .await?;
+        Ok(dropped + held)
     }
 
     /// Closes `home`'s placements of `job` (at the home's `epoch`) that we

@@ -45,13 +45,13 @@ impl Store {
     /// last sent (at most `limit`, in (transaction, change) order), and
     /// where the next sending starts once these are held: after the last
     /// one read, or — when that was all — at the oldest transaction
-    /// running now (when nothing changed, nothing is sent and the cursor
-    /// stays).
+    /// running now. Nothing changed: nothing to send, and no cursor (it
+    /// may stay where it is).
     async fn commitments_unsent(
         &self,
         peer: &str,
         limit: i64,
-    ) -> Result<(Vec<CommitmentVersion>, (String, i64))> {
+    ) -> Result<Option<(Vec<CommitmentVersion>, (String, i64))>> {
         let conn = self.conn().await?;
         let rows = conn
             .query(
@@ -71,10 +71,9 @@ impl Store {
             )
             .await?;
         let next = match rows.last() {
+            None => return Ok(None),
             Some(r) if rows.len() as i64 == limit => (r.get(11), r.get(10)),
             Some(r) => (r.get(12), 0),
-            // Nothing to send: where the cursor is is as good as any.
-            None => ("0".into(), 0),
         };
         let versions = rows
             .iter()
@@ -94,7 +93,7 @@ impl Store {
                 })
             })
             .collect();
-        Ok((versions, next))
+        Ok(Some((versions, next)))
     }
 
     /// `peer` holds every change before `next` (transaction, change).
@@ -162,17 +161,13 @@ pub async fn flush_commitments(state: &crate::api::AppState) {
             .commitments_unsent(&peer.name, MAX_VERSIONS as i64)
             .await
         {
-            Ok(v) => v,
+            Ok(Some(v)) => v,
+            Ok(None) => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the commitments to replicate");
                 return;
             }
         };
-        // Nothing changed: the cursor may stay (what it would skip is
-        // nothing), and nothing is written.
-        if versions.is_empty() {
-            continue;
-        }
         let copies = CommitmentCopies {
             home: state.store.region().to_string(),
             versions,

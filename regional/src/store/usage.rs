@@ -190,6 +190,16 @@ pub(super) const RECORD_COLUMNS: &str =
     priority, gpus, started_at, ended_at, gpu_seconds, ended_by, cause, checkpointed_at,
     reservation_id, cluster_id";
 
+/// A page of `items` read with `LIMIT limit + 1`: cut to `limit`, and the
+/// cursor of the next page (its last item's `key`), when there is one.
+fn page<T, K>(items: &mut Vec<T>, limit: i64, key: impl Fn(&T) -> K) -> Option<K> {
+    if items.len() as i64 <= limit {
+        return None;
+    }
+    items.truncate(limit as usize);
+    items.last().map(key)
+}
+
 pub(super) fn record(r: &tokio_postgres::Row) -> UsageRecord {
     UsageRecord {
         usage_id: r.get(0),
@@ -304,12 +314,7 @@ impl Store {
             )
             .await?;
         let mut records: Vec<UsageRecord> = rows.iter().map(record).collect();
-        let next = if records.len() as i64 > limit {
-            records.truncate(limit as usize);
-            records.last().map(|r| r.usage_id)
-        } else {
-            None
-        };
+        let next = page(&mut records, limit, |r| r.usage_id);
         Ok(UsageRecords {
             records,
             next,
@@ -351,12 +356,7 @@ impl Store {
             None => (conn.query(&select(""), &[&from, &to, &tenant, &(limit + 1)])).await?,
         };
         let mut records: Vec<UsageRecord> = rows.iter().map(record).collect();
-        let last = if records.len() as i64 > limit {
-            records.truncate(limit as usize);
-            records.last().map(|r| (r.started_at, r.usage_id))
-        } else {
-            None
-        };
+        let last = page(&mut records, limit, |r| (r.started_at, r.usage_id));
         let (next_start, next) = last.unzip();
         Ok(UsageRecords {
             records,
@@ -524,12 +524,7 @@ impl Store {
             )
             .await?;
         let mut credits: Vec<CreditRecord> = rows.iter().map(credit).collect();
-        let next = if credits.len() as i64 > limit {
-            credits.truncate(limit as usize);
-            credits.last().map(|c| c.credit_id)
-        } else {
-            None
-        };
+        let next = page(&mut credits, limit, |c| c.credit_id);
         Ok(CreditRecords { credits, next })
     }
 
@@ -875,12 +870,7 @@ impl Store {
                 gpu_seconds: r.get(10),
             });
         }
-        let next = if commitments.len() as i64 > limit {
-            commitments.truncate(limit as usize);
-            commitments.last().map(|c| c.record_id)
-        } else {
-            None
-        };
+        let next = page(&mut commitments, limit, |c| c.record_id);
         let heard_at = match home {
             None => None,
             Some(home) => conn
