@@ -62,15 +62,20 @@ impl Drop for DevUp {
     }
 }
 
-fn read_env(state: &Path) -> BTreeMap<String, String> {
+/// The env file `dev up` writes once the cloud is ready; fails at once if
+/// `dev up` exits first.
+fn read_env(dev: &mut DevUp, state: &Path) -> BTreeMap<String, String> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let path = state.join("env");
+    let log = || std::fs::read_to_string(state.with_extension("log")).unwrap_or_default();
     while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "no env file; log: {}",
-            std::fs::read_to_string(state.with_extension("log")).unwrap_or_default()
-        );
+        if let Some(status) = dev.0.try_wait().unwrap() {
+            panic!(
+                "dev up exited ({status}) before it was ready; log: {}",
+                log()
+            );
+        }
+        assert!(Instant::now() < deadline, "no env file; log: {}", log());
         std::thread::sleep(Duration::from_millis(100));
     }
     std::fs::read_to_string(path)
@@ -97,8 +102,8 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let state = root.path().join("state");
 
-    let dev = DevUp::start(&state);
-    let env = read_env(&state);
+    let mut dev = DevUp::start(&state);
+    let env = read_env(&mut dev, &state);
     assert_eq!(env["GANGWAY_REGIONS"], "us-east,us-west,eu-central");
     assert!(env["GANGWAY_URL"].starts_with("https://"));
     for var in [
@@ -409,8 +414,8 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
     }
 
     // Starting again on the same dir keeps the data (and the URLs).
-    let dev = DevUp::start(&state);
-    let env2 = read_env(&state);
+    let mut dev = DevUp::start(&state);
+    let env2 = read_env(&mut dev, &state);
     assert_eq!(env2["GANGWAY_URL"], env["GANGWAY_URL"]);
     let jobs = client.list(&ListQuery::default()).await.unwrap().jobs;
     assert_eq!(jobs.len(), 3, "hello, the failing one and the cluster's");
@@ -434,8 +439,8 @@ async fn chaos_drills_run_against_a_running_dev_cloud_and_leave_it_whole() {
         .unwrap();
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let state = root.path().join("state");
-    let dev = DevUp::start_with(&state, &["--short-timers"]);
-    let env = read_env(&state);
+    let mut dev = DevUp::start_with(&state, &["--short-timers"]);
+    let env = read_env(&mut dev, &state);
     let endpoint: gangway_chaos::control::Endpoint =
         serde_json::from_slice(&std::fs::read(state.join("control.json")).unwrap()).unwrap();
     let http = reqwest::Client::new();

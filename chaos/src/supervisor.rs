@@ -195,11 +195,20 @@ impl Service {
         self.broken = true;
     }
 
-    /// Whether it exited on its own (not broken on purpose): says how.
+    /// Whether it exited on its own (not broken on purpose): says how,
+    /// with the last lines of its log.
     fn exited(&mut self) -> Option<String> {
         let status = self.proc.as_mut()?.0.try_wait().ok()??;
         self.proc = None;
-        Some(format!("{} exited ({status})", self.what))
+        let log = &self.launch.log;
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(5)..].join("\n    ");
+        Some(format!(
+            "{} exited ({status}); the end of {}:\n    {tail}",
+            self.what,
+            log.display()
+        ))
     }
 
     /// SIGTERM, then SIGKILL if it has not exited after `grace`.

@@ -191,8 +191,17 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         return Err(e);
     }
     let tokens = Tokens::mint(&auth)?;
+    // The env file is what says the cloud is ready (scripts and tests wait
+    // for it), so everything it leads to, the drills' endpoint included,
+    // exists before it is written.
+    let control = match start_control(&sup, &args, &dir, &state, &shutdown).await {
+        Ok(control) => control,
+        Err(e) => {
+            stop(&sup).await;
+            return Err(e);
+        }
+    };
     let env_file = write_env(&dir, &args.regions, &state, &auth, &tokens)?;
-    let control = start_control(&sup, &args, &dir, &state, &shutdown).await?;
     println!();
     let rows: Vec<Vec<String>> = (args.regions.iter())
         .map(|name| {

@@ -858,21 +858,51 @@ where
     })
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0).
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+///
+/// Chosen below the kernel's ephemeral range where there is room (10000 up
+/// to it): the port is handed out now and bound later, by another process,
+/// and a port in the ephemeral range can meanwhile be taken as the local
+/// end of any outgoing connection (a cloud of a dozen processes opens
+/// hundreds), which makes that bind fail. Ports below the range are only
+/// ever taken by an explicit bind.
 pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
     // Never the same port twice in one process: a port handed out may not
-    // be bound yet when the next is asked for, and the kernel may offer it
-    // again (a cloud of a dozen processes started at once asks for many).
+    // be bound yet when the next is asked for.
     static GIVEN: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
-    loop {
-        let port = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("binding 127.0.0.1:0 to find a free port");
-        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+    let lowest = 10_000u16;
+    let ephemeral = ephemeral_ports_start();
+    let random = std::collections::hash_map::RandomState::new();
+    for attempt in 0u32..10_000 {
+        let port = if ephemeral > lowest + 1_000 {
+            let mut h = random.build_hasher();
+            h.write_u32(attempt);
+            lowest + (h.finish() % u64::from(ephemeral - lowest)) as u16
+        } else {
+            std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("binding 127.0.0.1:0 to find a free port")
+        };
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port)
+            && std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+        {
+            given.insert(port);
             return port;
         }
     }
+    panic!("no free TCP port on 127.0.0.1 after 10,000 tries");
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default when it
+/// cannot be read).
+fn ephemeral_ports_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 struct PidFile {
@@ -953,7 +983,17 @@ mod tests {
     }
 
     #[test]
-    fn free_port_is_nonzero() {
-        assert_ne!(free_port(), 0);
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        let distinct: BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        let ephemeral = ephemeral_ports_start();
+        for &p in ports.iter().filter(|_| ephemeral > 11_000) {
+            assert!(
+                (10_000..ephemeral).contains(&p),
+                "{p} (ephemeral from {ephemeral})"
+            );
+        }
+        std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, ports[0])).unwrap();
     }
 }
