@@ -8,7 +8,10 @@
 //! the jobs without a buddy, as in a region without peers), `buddy` (every
 //! job has a buddy: each placement is queued for it), `off` (the two
 //! triggers dropped: the cost they add, side by side), `bare` (the
-//! triggers and V22's index on allocations dropped).
+//! triggers and V22's index on allocations dropped). `PROFILE=1` loads
+//! `pg_stat_statements` (nested statements too) and tracks PL/pgSQL
+//! functions, and prints where the backlog phase's database time went:
+//! the statements and functions that took the most.
 //!
 //! Not a criterion bench: one run of a whole pipeline, timed in phases.
 
@@ -88,7 +91,18 @@ fn main() -> anyhow::Result<()> {
         dir.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )?;
-    let mut pg = PgCluster::init_or_open(&dir.path().join("pg"), PgOptions::default())?;
+    let profile = std::env::var("PROFILE").is_ok_and(|v| v == "1");
+    let mut options = PgOptions::default();
+    if profile {
+        for (k, v) in [
+            ("shared_preload_libraries", "pg_stat_statements"),
+            ("pg_stat_statements.track", "all"),
+            ("track_functions", "all"),
+        ] {
+            options.extra_settings.push((k.into(), v.into()));
+        }
+    }
+    let mut pg = PgCluster::init_or_open(&dir.path().join("pg"), options)?;
     pg.start()?;
 
     let rt = tokio::runtime::Runtime::new()?;
@@ -276,6 +290,13 @@ fn main() -> anyhow::Result<()> {
             other => anyhow::bail!("PLACEMENT_COPIES is on, buddy, off or bare, not {other:?}"),
         }
         println!("placement copies: {copies}");
+        if profile {
+            db.batch_execute(
+                "CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+                 SELECT pg_stat_statements_reset(); SELECT pg_stat_reset();",
+            )
+            .await?;
+        }
         let started = Instant::now();
         let mut passes = 0;
         let mut placed = 0;
@@ -292,6 +313,23 @@ fn main() -> anyhow::Result<()> {
                     o.phases.snapshot.as_secs_f64() * 1000.0,
                     o.phases.plan.as_secs_f64() * 1000.0,
                     o.phases.commit.as_secs_f64() * 1000.0
+                );
+            }
+            if o.placements == 0 && passes == 0 {
+                // The backlog is all queued: a first pass that places
+                // nothing is a fault, not a measurement.
+                let counts = db
+                    .query_one(
+                        "SELECT (SELECT count(*) FROM jobs WHERE state = 'queued'),
+                                (SELECT count(*) FROM agents),
+                                (SELECT count(*) FROM nodes),
+                                (SELECT count(*) FROM allocations WHERE released_at IS NULL)",
+                        &[],
+                    )
+                    .await?;
+                anyhow::bail!(
+                    "the first pass placed nothing: {o:?}; queued jobs, agents, nodes, open allocations: {:?}",
+                    (0..4).map(|i| counts.get::<_, i64>(i)).collect::<Vec<_>>()
                 );
             }
             passes += 1;
@@ -312,8 +350,62 @@ fn main() -> anyhow::Result<()> {
             took.as_secs_f64(),
             slowest.as_secs_f64() * 1000.0
         );
+        if profile {
+            print_profile(&db).await?;
+        }
         anyhow::Ok(())
     })?;
     pg.stop()?;
+    Ok(())
+}
+
+/// Where the backlog phase's database time went: the statements (nested
+/// ones, run by triggers and functions, included) and the PL/pgSQL
+/// functions that took the most, as PostgreSQL counted them.
+async fn print_profile(db: &tokio_postgres::Client) -> anyhow::Result<()> {
+    // Backends flush their function counts within a second of going idle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let statements = db
+        .query(
+            "SELECT calls, total_exec_time, rows, regexp_replace(query, '\\s+', ' ', 'g')
+             FROM pg_stat_statements
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+             ORDER BY total_exec_time DESC LIMIT 15",
+            &[],
+        )
+        .await?;
+    println!("statements, most time first (nested ones counted in their callers too):");
+    println!("{:>8} {:>10} {:>9}  query", "calls", "total ms", "rows");
+    for r in &statements {
+        let query: String = r.get(3);
+        println!(
+            "{:>8} {:>10.1} {:>9}  {}",
+            r.get::<_, i64>(0),
+            r.get::<_, f64>(1),
+            r.get::<_, i64>(2),
+            query.chars().take(150).collect::<String>()
+        );
+    }
+    let functions = db
+        .query(
+            "SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions
+             ORDER BY total_time DESC LIMIT 10",
+            &[],
+        )
+        .await?;
+    println!("functions, most time first:");
+    println!(
+        "{:>8} {:>10} {:>10}  function",
+        "calls", "total ms", "self ms"
+    );
+    for r in &functions {
+        println!(
+            "{:>8} {:>10.1} {:>10.1}  {}",
+            r.get::<_, i64>(1),
+            r.get::<_, f64>(2),
+            r.get::<_, f64>(3),
+            r.get::<_, String>(0)
+        );
+    }
     Ok(())
 }

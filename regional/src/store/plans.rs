@@ -928,20 +928,33 @@ pub(super) async fn apply_placements(
             .map(|r| ((r.get(0), r.get(1)), r.get(2)))
             .collect();
 
-        let runs = record_runs(tx, plan).await?;
-
-        // One allocation row per GPU; the unique index refuses a GPU that is
-        // already held, whatever this code believes.
+        // The placed jobs, read once: their tenant and type for the
+        // allocations, their gang shape for `run_workers`.
+        let distinct: Vec<Uuid> = job_ids
+            .iter()
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let meta_rows = tx
             .query(
-                "SELECT job_id, tenant, gpu_type FROM jobs WHERE job_id = ANY($1)",
-                &[&job_ids],
+                "SELECT job_id, tenant, gpu_type, mode = 'gang', workers, min_workers
+                 FROM jobs WHERE job_id = ANY($1)",
+                &[&distinct],
             )
             .await?;
         let meta: BTreeMap<Uuid, (String, String)> = meta_rows
             .iter()
             .map(|r| (r.get(0), (r.get(1), r.get(2))))
             .collect();
+        let gangs: BTreeMap<Uuid, (i32, Option<i32>)> = (meta_rows.iter())
+            .filter(|r| r.get::<_, bool>(3))
+            .map(|r| (r.get(0), (r.get(4), r.get(5))))
+            .collect();
+        let runs = gang_runs(plan, &gangs)?;
+
+        // One allocation row per GPU; the unique index refuses a GPU that is
+        // already held, whatever this code believes.
         let mut a_job = Vec::new();
         let mut a_rank = Vec::new();
         let mut a_attempt = Vec::new();
@@ -994,15 +1007,22 @@ pub(super) async fn apply_placements(
             return Err(e.into());
         }
 
+        // Each placed job in one row update: a queued one is starting, a
+        // gang runs with the workers placed, and it is no longer at the
+        // front of the queue. (One new version of each row, not three: the
+        // update of `state` is not HOT, so each version means an entry in
+        // every index of `jobs`.)
+        let run_n: Vec<Option<i32>> = (distinct.iter())
+            .map(|j| runs.get(j).map(|&(n, _)| n))
+            .collect();
         tx.execute(
-            "UPDATE jobs SET state = 'starting' WHERE job_id = ANY($1) AND state = 'queued'",
-            &[&job_ids],
-        )
-        .await?;
-        // Placed again: no longer at the front.
-        tx.execute(
-            "UPDATE jobs SET requeue_front = false WHERE job_id = ANY($1) AND requeue_front",
-            &[&job_ids],
+            "UPDATE jobs j
+             SET state = CASE WHEN j.state = 'queued' THEN 'starting' ELSE j.state END,
+                 run_workers = coalesce(x.n, j.run_workers),
+                 requeue_front = false
+             FROM unnest($1::uuid[], $2::int[]) AS x(job_id, n)
+             WHERE j.job_id = x.job_id",
+            &[&distinct, &run_n],
         )
         .await?;
         // One `placed` event per placement, in one statement.
@@ -1048,30 +1068,18 @@ pub(super) async fn apply_placements(
     }
 }
 
-/// Records how many workers each placed gang runs with (`jobs.run_workers`)
-/// and returns, per gang, (workers placed, workers of the job). A gang's
-/// placement must cover its ranks 0 … n−1: all of them, or, for an elastic
-/// gang, at least its `min_workers`; otherwise the plan is rejected whole.
-async fn record_runs(
-    tx: &tokio_postgres::Transaction<'_>,
+/// How many workers each placed gang runs with (for `jobs.run_workers`):
+/// per gang among `gangs` (its workers and minimum), (workers placed,
+/// workers of the job). A gang's placement must cover its ranks 0 … n−1:
+/// all of them, or, for an elastic gang, at least its `min_workers`;
+/// otherwise the plan is rejected whole.
+fn gang_runs(
     plan: &Plan,
+    gangs: &BTreeMap<Uuid, (i32, Option<i32>)>,
 ) -> Result<BTreeMap<Uuid, (i32, i32)>> {
-    let ids: Vec<Uuid> = (plan.placements.iter())
-        .map(|p| parse_job(&p.job))
-        .collect::<Result<_>>()?;
-    let rows = tx
-        .query(
-            "SELECT job_id, workers, min_workers FROM jobs
-             WHERE job_id = ANY($1) AND mode = 'gang'",
-            &[&ids],
-        )
-        .await?;
-    let gangs: BTreeMap<Uuid, (i32, Option<i32>)> = rows
-        .iter()
-        .map(|r| (r.get(0), (r.get(1), r.get(2))))
-        .collect();
     let mut runs = BTreeMap::new();
-    for (p, job) in plan.placements.iter().zip(ids) {
+    for p in &plan.placements {
+        let job = parse_job(&p.job)?;
         let Some(&(workers, min)) = gangs.get(&job) else {
             continue; // an array worker
         };
@@ -1086,13 +1094,6 @@ async fn record_runs(
         }
         runs.insert(job, (n, workers));
     }
-    let (run_jobs, run_n): (Vec<Uuid>, Vec<i32>) = runs.iter().map(|(j, (n, _))| (*j, *n)).unzip();
-    tx.execute(
-        "UPDATE jobs j SET run_workers = x.n
-         FROM unnest($1::uuid[], $2::int[]) AS x(job_id, n) WHERE j.job_id = x.job_id",
-        &[&run_jobs, &run_n],
-    )
-    .await?;
     Ok(runs)
 }
 
