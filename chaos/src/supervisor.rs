@@ -201,9 +201,7 @@ impl Service {
         let status = self.proc.as_mut()?.0.try_wait().ok()??;
         self.proc = None;
         let log = &self.launch.log;
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(5)..].join("\n    ");
+        let tail = gangway_devkit::file_tail(log, 5).replace('\n', "\n    ");
         Some(format!(
             "{} exited ({status}); the end of {}:\n    {tail}",
             self.what,

@@ -788,7 +788,7 @@ impl PgCluster {
 
     /// Last lines of the server log, for error messages.
     pub fn log_tail(&self, lines: usize) -> String {
-        tail_lines(&self.log_since(0), lines)
+        file_tail(&self.log_file(), lines)
     }
 
     fn log_since(&self, offset: u64) -> String {
@@ -945,6 +945,23 @@ fn run_checked(mut cmd: Command, what: &str) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The last `n` lines of the file at `path`, for error messages: read from
+/// its last 64 KiB only (a log can be large); empty if it cannot be read.
+pub fn file_tail(path: &Path, n: usize) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))
+            .is_ok()
+        {
+            let mut bytes = Vec::new();
+            let _ = f.read_to_end(&mut bytes);
+            text = String::from_utf8_lossy(&bytes).into_owned();
+        }
+    }
+    tail_lines(&text, n)
 }
 
 fn tail_lines(text: &str, n: usize) -> String {

@@ -63,7 +63,9 @@ mod testing;
 mod user;
 
 pub use binaries::{PgBinaries, DEBIAN_PG_LIB_ROOT, INSTALL_HINT, PG_BIN_DIR_ENV};
-pub use cluster::{free_port, quote_ident, PgCluster, PgOptions, LOG_FILE_NAME, SUPERUSER};
+pub use cluster::{
+    file_tail, free_port, quote_ident, PgCluster, PgOptions, LOG_FILE_NAME, SUPERUSER,
+};
 pub use testing::{
     fresh_database, fresh_database_blocking, test_cluster, test_cluster_blocking,
     try_fresh_database, try_test_cluster, try_test_cluster_blocking, TestCluster, TEST_ROOT,

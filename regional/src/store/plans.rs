@@ -951,7 +951,7 @@ pub(super) async fn apply_placements(
             .filter(|r| r.get::<_, bool>(3))
             .map(|r| (r.get(0), (r.get(4), r.get(5))))
             .collect();
-        let runs = gang_runs(plan, &gangs)?;
+        let runs = gang_runs(plan, &job_ids, &gangs)?;
 
         // One allocation row per GPU; the unique index refuses a GPU that is
         // already held, whatever this code believes.
@@ -962,8 +962,7 @@ pub(super) async fn apply_placements(
         let mut a_gpu = Vec::new();
         let mut a_tenant = Vec::new();
         let mut a_type = Vec::new();
-        for p in &plan.placements {
-            let job = parse_job(&p.job)?;
+        for (p, &job) in plan.placements.iter().zip(&job_ids) {
             let (tenant, gpu_type) = meta
                 .get(&job)
                 .ok_or_else(|| StoreError::StalePlan(format!("job {job} vanished")))?;
@@ -1029,19 +1028,18 @@ pub(super) async fn apply_placements(
         let mut e_job = Vec::with_capacity(plan.placements.len());
         let mut e_msg = Vec::with_capacity(plan.placements.len());
         let mut e_detail = Vec::with_capacity(plan.placements.len());
-        for p in &plan.placements {
+        for (p, &job) in plan.placements.iter().zip(&job_ids) {
             let mut nodes: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
             for w in &p.workers {
                 nodes.entry(w.node.as_str()).or_default().extend(&w.gpus);
             }
             let gpus: usize = nodes.values().map(Vec::len).sum();
-            let job = parse_job(&p.job)?;
             let ranks = match runs.get(&job) {
                 Some(&(run, of)) if run < of => format!("{run} of {of} workers (elastic)"),
                 _ if p.ranks.len() == 1 => format!("worker {}", p.ranks[0]),
                 _ => format!("{} workers", p.ranks.len()),
             };
-            e_job.push(parse_job(&p.job)?);
+            e_job.push(job);
             e_msg.push(format!(
                 "placed {ranks}: {gpus} GPUs on {} node(s) within one {} domain",
                 nodes.len(),
@@ -1069,17 +1067,18 @@ pub(super) async fn apply_placements(
 }
 
 /// How many workers each placed gang runs with (for `jobs.run_workers`):
-/// per gang among `gangs` (its workers and minimum), (workers placed,
+/// per gang among `gangs` (its workers and minimum; `job_ids` are the
+/// placements' jobs, in order), (workers placed,
 /// workers of the job). A gang's placement must cover its ranks 0 … n−1:
 /// all of them, or, for an elastic gang, at least its `min_workers`;
 /// otherwise the plan is rejected whole.
 fn gang_runs(
     plan: &Plan,
+    job_ids: &[Uuid],
     gangs: &BTreeMap<Uuid, (i32, Option<i32>)>,
 ) -> Result<BTreeMap<Uuid, (i32, i32)>> {
     let mut runs = BTreeMap::new();
-    for p in &plan.placements {
-        let job = parse_job(&p.job)?;
+    for (p, &job) in plan.placements.iter().zip(job_ids) {
         let Some(&(workers, min)) = gangs.get(&job) else {
             continue; // an array worker
         };
