@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use gangway_agent::{nodes_from_fleet, AgentConfig, ExecutorKind};
+use gangway_agent::{
+    nodes_from_fleet, AgentConfig, ExecutorKind, IsolationConfig, IsolationMode, SandboxBind,
+};
 use gangway_regional::RegionConfig;
 use gangway_shared::fleet::FleetFile;
 
@@ -278,9 +280,89 @@ pub struct AgentArgs {
     /// restarts on this machine.
     #[arg(long)]
     pub checkpoint_store: Option<String>,
+    /// A file holding the agent token (read at start; keep it 0600): a
+    /// token in a file or the environment is out of other users' sight,
+    /// one on the command line is not.
+    #[arg(long, conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+    /// Real executor: how workers are isolated (docs/jobs.md): `auto`
+    /// (a bubblewrap sandbox as the tenant's user where bubblewrap is
+    /// installed, else the tenant's user alone), `sandbox`, `user`, or
+    /// `off` (workers run as the agent's user: insecure).
+    #[arg(long, default_value = "auto", env = "GANGWAY_ISOLATION")]
+    pub isolation: String,
+    /// TENANT=USER: run TENANT's workers as this existing user instead of
+    /// the system user the agent creates for it (gw-TENANT). Repeatable.
+    #[arg(long = "tenant-user", value_name = "TENANT=USER")]
+    pub tenant_users: Vec<String>,
+    /// A path bound read-write into every sandbox at the same place (a
+    /// shared scratch volume). Repeatable.
+    #[arg(long = "sandbox-bind", value_name = "PATH")]
+    pub sandbox_binds: Vec<PathBuf>,
+    /// A path bound read-only into every sandbox (a shared dataset).
+    /// Repeatable.
+    #[arg(long = "sandbox-bind-ro", value_name = "PATH")]
+    pub sandbox_binds_ro: Vec<PathBuf>,
+    /// A path sandboxed workers see as empty, besides the agent's work
+    /// directory and a local checkpoint store. Repeatable.
+    #[arg(long = "sandbox-hide", value_name = "PATH")]
+    pub sandbox_hide: Vec<PathBuf>,
 }
 
-pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+/// The agent's isolation settings from its flags.
+fn isolation_config(args: &AgentArgs) -> anyhow::Result<IsolationConfig> {
+    let mode = IsolationMode::parse(&args.isolation).with_context(|| {
+        format!(
+            "--isolation {:?}: use auto, sandbox, user or off",
+            args.isolation
+        )
+    })?;
+    let mut tenant_users = std::collections::BTreeMap::new();
+    for m in &args.tenant_users {
+        let (tenant, user) = m
+            .split_once('=')
+            .filter(|(t, u)| gangway_shared::ids::valid_tenant(t) && !u.is_empty())
+            .with_context(|| format!("--tenant-user {m:?}: use TENANT=USER"))?;
+        tenant_users.insert(tenant.to_string(), user.to_string());
+    }
+    let absolute = |p: &PathBuf, flag: &str| -> anyhow::Result<PathBuf> {
+        anyhow::ensure!(
+            p.is_absolute() && p.exists(),
+            "{flag} {}: the path must be absolute and exist",
+            p.display()
+        );
+        Ok(p.clone())
+    };
+    let mut binds = Vec::new();
+    for (paths, writable, flag) in [
+        (&args.sandbox_binds, true, "--sandbox-bind"),
+        (&args.sandbox_binds_ro, false, "--sandbox-bind-ro"),
+    ] {
+        for p in paths {
+            binds.push(SandboxBind {
+                path: absolute(p, flag)?,
+                writable,
+            });
+        }
+    }
+    let hide = (args.sandbox_hide.iter())
+        .map(|p| absolute(p, "--sandbox-hide"))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(IsolationConfig {
+        mode,
+        tenant_users,
+        binds,
+        hide,
+    })
+}
+
+pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
+    let isolation = isolation_config(&args)?;
+    if let Some(path) = &args.token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the agent token file {}", path.display()))?;
+        args.token = Some(token.trim().to_string());
+    }
     let fleet = FleetFile::load(&args.fleet)
         .with_context(|| format!("cannot load fleet file {}", args.fleet.display()))?;
     let executor = match args.executor.as_str() {
@@ -303,6 +385,7 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         health_poll_interval: Duration::from_secs(args.health_poll_interval_s.max(1)),
         fence_after: args.fence_after_s.map(Duration::from_secs),
         checkpoint_store: args.checkpoint_store,
+        isolation,
     };
     gangway_agent::run(config, shutdown_token()).await
 }

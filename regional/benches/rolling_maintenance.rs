@@ -111,6 +111,7 @@ fn main() -> anyhow::Result<()> {
                 health_poll_interval: Duration::from_secs(5),
                 fence_after: None,
                 checkpoint_store: None,
+                isolation: Default::default(),
             };
             agent_tasks.push(tokio::spawn(gangway_agent::run(config, shutdown.clone())));
         }

@@ -276,6 +276,7 @@ async fn with_a_checkpoint_store_the_region_records_only_what_is_committed_there
         agent_id: "agent-0".into(),
         node_id: "n0".into(),
         rank: 0,
+        owner: None,
     };
     let committed = ckpts.upload(&dir, &up(3)).await.unwrap().record();
     // Objects written, manifest never: not a checkpoint, whatever the

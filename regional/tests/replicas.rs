@@ -224,6 +224,7 @@ async fn a_checkpoint_reaches_the_buddys_store_whole_and_an_older_epoch_is_refus
         agent_id: "ra-agent".into(),
         node_id: "ra-n0".into(),
         rank: 0,
+        owner: None,
     };
     let m = home_ckpt.upload(&src, &up(3)).await.unwrap();
     gangway_regional::store::replicas::copy_checkpoint(&home, "rb", &m.key)

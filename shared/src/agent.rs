@@ -201,6 +201,10 @@ pub enum Desired {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
     pub job_id: Uuid,
+    /// The job's tenant: the agent runs the worker as that tenant's
+    /// unprivileged user (docs/jobs.md). Empty from regions before it.
+    #[serde(default)]
+    pub tenant: String,
     pub rank: u32,
     pub attempt: i32,
     pub desired: Desired,

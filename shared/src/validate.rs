@@ -140,13 +140,14 @@ pub fn check_spec(spec: &JobSpec) -> Result<(), Invalid> {
 }
 
 /// Variables the agent sets for every worker.
-const RESERVED_ENV: [&str; 6] = [
+const RESERVED_ENV: [&str; 7] = [
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
     "MASTER_ADDR",
     "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
 ];
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::checkpoints::Checkpoints;
 use crate::config::{AgentConfig, ExecutorKind};
+use crate::executor::isolation::Isolation;
 use crate::executor::Executor;
 use crate::health::{machine_boot_id, nvml_gpu_power_w, spawn_nvml, Signals};
 use crate::region::{is_transient, must_reregister, Backoff, RegionClient};
@@ -56,6 +57,8 @@ struct Agent {
     lease: Lease,
     /// Real executor: the checkpoint store and what waits to be reported.
     checkpoints: Option<Arc<Checkpoints>>,
+    /// What real workers run as and may touch.
+    isolation: Arc<Isolation>,
 }
 
 /// The agent's lease on its workers: renewed by every successful sync (and
@@ -113,25 +116,32 @@ impl Agent {
             &boot_id.to_string(),
         );
         let fence_after = config.fence_after;
-        let checkpoints = match config.executor {
+        let (checkpoints, isolation) = match config.executor {
             ExecutorKind::Real => {
+                let work_dir =
+                    std::path::absolute(&config.work_dir).context("resolving the work directory")?;
                 let url = match &config.checkpoint_store {
                     Some(url) => url.clone(),
-                    None => {
-                        let dir = std::path::absolute(config.work_dir.join("checkpoint-store"))
-                            .context("resolving the work directory")?;
-                        format!("file://{}", dir.display())
-                    }
+                    None => format!("file://{}", work_dir.join("checkpoint-store").display()),
                 };
+                // Before anything is written: it sets the agent's umask.
+                let local_store = url.strip_prefix("file://").map(std::path::PathBuf::from);
+                let isolation =
+                    Isolation::resolve(&config.isolation, &work_dir, local_store.as_deref())
+                        .context("cannot isolate workers (--isolation)")?;
                 let store = gangway_checkpoint::CheckpointStore::open(&url)
                     .context("cannot open the checkpoint store (--checkpoint-store)")?;
                 tracing::info!(url = %store.url(), "checkpoint store");
-                Some(Arc::new(Checkpoints::new(store, &config.agent_id)))
+                (
+                    Some(Arc::new(Checkpoints::new(store, &config.agent_id))),
+                    isolation,
+                )
             }
-            ExecutorKind::Sim => None,
+            ExecutorKind::Sim => (None, Isolation::off()),
         };
         Ok(Agent {
             checkpoints,
+            isolation: Arc::new(isolation),
             config,
             boot_id,
             machine_boot,
@@ -163,6 +173,7 @@ impl Agent {
             agent_id: self.config.agent_id.clone(),
             exited: self.exited.clone(),
             checkpoints: self.checkpoints.clone(),
+            isolation: self.isolation.clone(),
         };
         let nodes = self
             .config

@@ -98,6 +98,7 @@ impl Checkpoints {
             agent_id: self.agent_id.clone(),
             node_id: who.node_id.clone(),
             rank: who.rank,
+            owner: who.owner,
         };
         let started = std::time::Instant::now();
         let manifest = self
@@ -172,4 +173,6 @@ pub(crate) struct Uploader {
     pub attempt: i32,
     pub node_id: String,
     pub rank: u32,
+    /// The worker's user: only files it owns are uploaded.
+    pub owner: Option<u32>,
 }

@@ -1,5 +1,6 @@
 //! The agent's configuration.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,6 +30,60 @@ impl fmt::Display for ExecutorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// How real workers are kept apart from each other and from the agent
+/// (docs/jobs.md, "What a job can see").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IsolationMode {
+    /// `sandbox` where the agent runs as root with bubblewrap and setpriv
+    /// installed, `user` (with a warning) where it runs as root without
+    /// them; refused where it does not run as root.
+    #[default]
+    Auto,
+    /// Each worker in a bubblewrap sandbox (its own PID namespace and
+    /// `/tmp`, the system read-only, only its own directories writable)
+    /// as its tenant's unprivileged user.
+    Sandbox,
+    /// Each worker as its tenant's unprivileged user, without a sandbox.
+    User,
+    /// Workers run as the agent's own user, with its files in reach:
+    /// insecure, for a single-user machine only.
+    Off,
+}
+
+impl IsolationMode {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "auto" => IsolationMode::Auto,
+            "sandbox" => IsolationMode::Sandbox,
+            "user" => IsolationMode::User,
+            "off" => IsolationMode::Off,
+            _ => return None,
+        })
+    }
+}
+
+/// A path of the machine bound into every sandbox at the same place: a
+/// shared dataset or scratch volume the operator mounts for jobs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxBind {
+    pub path: PathBuf,
+    pub writable: bool,
+}
+
+/// What real workers may touch (real executor only).
+#[derive(Clone, Debug, Default)]
+pub struct IsolationConfig {
+    pub mode: IsolationMode,
+    /// Tenant → an existing user its workers run as, instead of the
+    /// system user the agent creates for it on first use (`gw-{tenant}`).
+    pub tenant_users: BTreeMap<String, String>,
+    /// Shared paths bound into every sandbox.
+    pub binds: Vec<SandboxBind>,
+    /// More paths sandboxed workers see as empty (the agent's work
+    /// directory and a local checkpoint store always are).
+    pub hide: Vec<PathBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -73,6 +128,8 @@ pub struct AgentConfig {
     /// `None`: `work_dir/checkpoint-store`, which serves only restarts on
     /// this machine.
     pub checkpoint_store: Option<String>,
+    /// Real only: what workers run as and may touch.
+    pub isolation: IsolationConfig,
 }
 
 /// A configuration the agent cannot run with.

@@ -45,5 +45,5 @@ mod region;
 mod workers;
 
 pub use agent::run;
-pub use config::{AgentConfig, ExecutorKind};
+pub use config::{AgentConfig, ExecutorKind, IsolationConfig, IsolationMode, SandboxBind};
 pub use fleet::nodes_from_fleet;

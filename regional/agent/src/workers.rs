@@ -322,6 +322,7 @@ mod tests {
             agent_id: "agent-test".into(),
             exited: Arc::new(Notify::new()),
             checkpoints: None,
+            isolation: Arc::new(crate::executor::isolation::Isolation::off()),
         };
         Workers::new(executor, vec!["node-a".into()])
     }
@@ -329,6 +330,7 @@ mod tests {
     fn assignment(job_id: Uuid, desired: Desired, estimated_s: i64) -> Assignment {
         Assignment {
             job_id,
+            tenant: "acme".into(),
             rank: 0,
             attempt: 0,
             desired,

@@ -89,6 +89,11 @@ pub struct Upload {
     pub agent_id: String,
     pub node_id: String,
     pub rank: u32,
+    /// The user (uid) every file must belong to, checked on the open file:
+    /// the directory is a job's, written by hostile code while the agent
+    /// (root) reads it, and a symbolic link or a swapped directory must not
+    /// make the agent upload a file that is not the job's. `None`: any.
+    pub owner: Option<u32>,
 }
 
 /// The parts of a checkpoint key.
@@ -411,7 +416,7 @@ impl CheckpointStore {
         for rel in listed {
             let local = rel.split('/').fold(dir.to_path_buf(), |p, c| p.join(c));
             let loc = Self::data_location(&key, &rel);
-            let (size, sha256) = self.put_file(&local, &loc).await?;
+            let (size, sha256) = self.put_file(&local, &loc, up.owner).await?;
             files.push(ManifestFile {
                 path: rel,
                 size,
@@ -456,6 +461,7 @@ impl CheckpointStore {
             agent_id: manifest.agent_id.clone(),
             node_id: manifest.node_id.clone(),
             rank: manifest.rank,
+            owner: None,
         };
         let copied = self.upload_data(dir, &up).await?;
         if copied.key != manifest.key || copied.files != manifest.files {
@@ -485,8 +491,13 @@ impl CheckpointStore {
     }
 
     /// Streams one file up; returns its size and SHA-256.
-    async fn put_file(&self, local: &Path, loc: &ObjPath) -> Result<(u64, String)> {
-        let mut file = tokio::fs::File::open(local).await.map_err(io(local))?;
+    async fn put_file(
+        &self,
+        local: &Path,
+        loc: &ObjPath,
+        owner: Option<u32>,
+    ) -> Result<(u64, String)> {
+        let mut file = open_regular(local, owner).await?;
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; PART];
         let n = read_full(&mut file, &mut buf).await.map_err(io(local))?;
@@ -692,6 +703,33 @@ impl CheckpointStore {
         }
         Ok(None)
     }
+}
+
+/// Opens a checkpoint's file to read, following no symbolic link in its
+/// place (nor waiting on a FIFO), and only if it is a regular file that
+/// `owner` (when given) owns — whatever path led to it.
+async fn open_regular(path: &Path, owner: Option<u32>) -> Result<tokio::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io(path))?;
+    let meta = file.metadata().map_err(io(path))?;
+    let refuse = |why: String| Error::Dir {
+        path: path.to_path_buf(),
+        why,
+    };
+    if !meta.is_file() {
+        return Err(refuse("not a regular file".into()));
+    }
+    if let Some(owner) = owner.filter(|o| *o != meta.uid()) {
+        return Err(refuse(format!(
+            "it belongs to uid {}, not the job's user (uid {owner})",
+            meta.uid()
+        )));
+    }
+    Ok(tokio::fs::File::from_std(file))
 }
 
 /// Reads until `buf` is full or the file ends; returns the bytes read.

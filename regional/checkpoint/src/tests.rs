@@ -9,6 +9,7 @@ fn upload(job_id: Uuid, seq: u64) -> Upload {
         agent_id: "agent-a".into(),
         node_id: "node-a".into(),
         rank: 0,
+        owner: None,
     }
 }
 
@@ -243,4 +244,44 @@ async fn an_empty_or_vanishing_directory_is_never_a_checkpoint() {
     let whole = checkpoint_dir(tmp.path(), "step-7", "7");
     store.upload(&whole, &upload(job, 3)).await.unwrap();
     assert_eq!(store.newest(job).await.unwrap().unwrap().seq, 3);
+}
+
+/// A job's checkpoint directory is written by hostile code while the
+/// agent (root) uploads it: a file that is not the job's user's, however
+/// it got there, is never uploaded.
+#[tokio::test]
+async fn an_upload_for_a_user_takes_only_that_users_files() {
+    use std::os::unix::fs::MetadataExt;
+    let root = tempfile::tempdir().unwrap();
+    let store = local_store(root.path());
+    let dir = checkpoint_dir(root.path(), "step-1", "1");
+    let mine = std::fs::metadata(dir.join("step")).unwrap().uid();
+    let job = Uuid::new_v4();
+    // The files are this process's user's: an upload for it goes through.
+    let mut up = upload(job, 1);
+    up.owner = Some(mine);
+    store.upload(&dir, &up).await.unwrap();
+    // For another user the same files are refused, and nothing commits.
+    let mut up = upload(job, 2);
+    up.owner = Some(mine + 4242);
+    let err = store.upload(&dir, &up).await.unwrap_err().to_string();
+    assert!(err.contains("not the job's user"), "{err}");
+    assert!(store.manifest(&up_key(&up)).await.is_err());
+}
+
+#[tokio::test]
+async fn a_file_swapped_for_a_symbolic_link_is_not_read_through_it() {
+    let root = tempfile::tempdir().unwrap();
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, "not the job's").unwrap();
+    let dir = checkpoint_dir(root.path(), "step-1", "1");
+    // Listed as a file, then swapped before the agent opens it.
+    std::fs::remove_file(dir.join("step")).unwrap();
+    std::os::unix::fs::symlink(&secret, dir.join("step")).unwrap();
+    let err = open_regular(&dir.join("step"), None).await.unwrap_err();
+    assert!(err.to_string().contains("step"), "{err}");
+}
+
+fn up_key(up: &Upload) -> String {
+    key(up.job_id, up.epoch, up.seq, up.attempt)
 }

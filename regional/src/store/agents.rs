@@ -468,7 +468,7 @@ async fn load_assignments(
         .query(
             "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
                     w.local_rank, coalesce(j.run_workers, j.workers) AS world_size,
-                    j.mode::text AS mode, j.spec, j.restore_from, j.epoch,
+                    j.mode::text AS mode, j.spec, j.restore_from, j.epoch, j.tenant,
                     n.address, m.address AS master_addr,
                     CASE WHEN n.operator_state = 'draining' AND NOT n.drain_wait
                          THEN greatest(1, ceil(extract(epoch FROM n.drain_deadline - now())))::bigint
@@ -500,6 +500,7 @@ async fn load_assignments(
         let gang = mode == "gang";
         out.push(Assignment {
             job_id,
+            tenant: row.get("tenant"),
             rank: rank as u32,
             attempt: row.get("attempt"),
             desired: match state.as_str() {

@@ -138,12 +138,14 @@ fn config(addr: SocketAddr, executor: ExecutorKind, work_dir: &Path) -> AgentCon
         machine_boot_id: Some("machine-boot-1".into()),
         health_poll_interval: Duration::from_secs(10),
         checkpoint_store: None,
+        isolation: Default::default(),
     }
 }
 
 fn run_assignment(script: &str) -> Assignment {
     Assignment {
         job_id: Uuid::new_v4(),
+        tenant: "acme".into(),
         rank: 0,
         attempt: 1,
         desired: Desired::Run,
@@ -273,9 +275,28 @@ async fn runs_an_assignment_reports_it_and_registers_again_when_forgotten() {
         .unwrap();
 }
 
+/// Whether `pid` runs; a zombie (an orphan not yet reaped by init) does
+/// not.
 fn process_alive(pid: libc::pid_t) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    unsafe { libc::kill(pid, 0) == 0 }
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// The processes (as this machine numbers them: a sandboxed worker's `$$`
+/// is its PID namespace's) whose working directory is `dir`.
+fn processes_in(dir: &Path) -> Vec<libc::pid_t> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|p| {
+            let pid = p.file_name().to_str()?.parse().ok()?;
+            (std::fs::read_link(p.path().join("cwd")).ok()? == dir).then_some(pid)
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -301,8 +322,11 @@ async fn a_region_outage_leaves_workers_running_and_shutdown_stops_them() {
     .await;
     let pid = loop {
         if let Ok(text) = std::fs::read_to_string(&pid_file) {
-            if let Ok(pid) = text.trim().parse::<libc::pid_t>() {
-                break pid;
+            if text.trim().parse::<libc::pid_t>().is_ok() {
+                let running = processes_in(pid_file.parent().unwrap());
+                if let Some(pid) = running.iter().copied().max() {
+                    break pid;
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -667,6 +691,7 @@ async fn a_restart_fetches_its_checkpoint_verified_and_a_bad_one_fails_the_start
         agent_id: "elsewhere".into(),
         node_id: "node-z".into(),
         rank: 0,
+        owner: None,
     };
 
     // A whole checkpoint: fetched into this agent's work dir under the

@@ -5,6 +5,7 @@
 //! what to do through its [`Control`]: `stop` asks for SIGTERM and SIGKILL
 //! after the worker's grace period; `kill` cuts the grace short.
 
+pub(crate) mod isolation;
 pub(crate) mod real;
 pub(crate) use real::reap_orphans;
 pub(crate) mod sim;
@@ -59,6 +60,8 @@ impl fmt::Display for WorkerKey {
 #[derive(Clone, Debug)]
 pub(crate) struct WorkerSpec {
     pub key: WorkerKey,
+    /// Whose job it is: the worker runs as that tenant's user.
+    pub tenant: String,
     pub node_id: String,
     pub gpus: Vec<u32>,
     pub world_size: u32,
@@ -92,6 +95,7 @@ impl WorkerSpec {
         };
         WorkerSpec {
             key: WorkerKey::of(a),
+            tenant: a.tenant.clone(),
             node_id: a.node_id.clone(),
             gpus: a.gpus.clone(),
             world_size: a.world_size,
@@ -200,6 +204,8 @@ pub(crate) struct Executor {
     /// Real only: the region's checkpoint store, where rank 0's
     /// checkpoints are uploaded and restores come from.
     pub checkpoints: Option<Arc<Checkpoints>>,
+    /// Real only: what workers run as and may touch.
+    pub isolation: Arc<isolation::Isolation>,
 }
 
 impl Executor {
@@ -237,12 +243,14 @@ impl Executor {
             let kind = self.kind;
             let work_dir = self.work_dir.clone();
             let checkpoints = self.checkpoints.clone();
+            let isolation = self.isolation.clone();
             tokio::spawn(
                 async move {
                     tracing::info!("worker starting");
                     let exit = match kind {
                         ExecutorKind::Real => {
-                            real::run(&spec, &work_dir, &control, checkpoints.as_ref()).await
+                            real::run(&spec, &work_dir, &control, checkpoints.as_ref(), &isolation)
+                                .await
                         }
                         ExecutorKind::Sim => sim::run(&spec, &control).await,
                     };
@@ -281,6 +289,7 @@ pub(crate) mod test_support {
                 rank: 1,
                 attempt: 0,
             },
+            tenant: "acme".into(),
             node_id: "node-a".into(),
             gpus: vec![2, 3],
             world_size: 4,

@@ -1,12 +1,18 @@
-//! The real executor: one process per worker, in its own process group.
+//! The real executor: one process per worker, in its own process group,
+//! as its tenant's user and, where bubblewrap is installed, in a sandbox
+//! ([`super::isolation`]).
 //!
 //! The worker is the leader of a new process group, so SIGTERM and SIGKILL go
 //! to the group and reach whatever the worker started. When the leader ends,
 //! stragglers left in its group get SIGKILL too: a worker that has exited
-//! must not keep holding its GPUs.
+//! must not keep holding its GPUs. In a sandbox the process the agent
+//! starts is bubblewrap, which waits for the sandbox; the job's processes
+//! are in the group of the sandbox's init, so SIGUSR1 and SIGTERM go to
+//! that group (never to bubblewrap, which they would end), and SIGKILL to
+//! the init, which ends everything in the sandbox's PID namespace.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -20,6 +26,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::checkpoints::{Checkpoints, Uploader};
+
+use super::isolation::{self, Isolation, RunAs, SandboxInfo, WorkerLaunch, WORKER_PATH};
 
 use super::{
     sleep_opt, Control, Exit, WorkerSpec, CHECKPOINTED, CHECKPOINT_DEADLINE, MAX_DURATION_EXCEEDED,
@@ -51,6 +59,10 @@ pub(crate) enum StartError {
     },
     #[error("cannot restore its checkpoint: {0}")]
     Restore(String),
+    #[error("no user to run it as: {0}")]
+    User(String),
+    #[error("{0}")]
+    Command(String),
 }
 
 /// The exit code reported for a worker that could not be started, as a
@@ -123,11 +135,21 @@ pub(crate) async fn run(
     work_dir: &Path,
     control: &Control,
     store: Option<&Arc<Checkpoints>>,
+    isolation: &Arc<Isolation>,
 ) -> Exit {
     let checkpoints = checkpoint_dir(work_dir, spec);
+    // Looking the tenant's user up may create it (useradd).
+    let user = {
+        let (isolation, tenant) = (isolation.clone(), spec.tenant.clone());
+        match tokio::task::spawn_blocking(move || isolation.run_as(&tenant)).await {
+            Ok(Ok(user)) => user,
+            Ok(Err(e)) => return cannot_start(StartError::User(e)),
+            Err(e) => return cannot_start(StartError::User(e.to_string())),
+        }
+    };
     // A fetch may take a while: a stop meanwhile ends it before it starts.
     let restore = tokio::select! {
-        r = restore_dir(spec, work_dir, store) => r,
+        r = restore_dir(spec, work_dir, store, user.as_ref()) => r,
         _ = control.stop.cancelled() => return not_started(),
         _ = control.kill.cancelled() => return not_started(),
         _ = control.checkpoint.cancelled() => return not_started(),
@@ -139,21 +161,45 @@ pub(crate) async fn run(
     // What is there already is an earlier run's (uploaded then, or older
     // than what this run restored from): only what appears now is new.
     let baseline = newest_entry(&checkpoints);
-    match start(spec, work_dir, &checkpoints, restore.as_deref()).await {
-        Ok(child) => {
+    let launch = Start {
+        spec,
+        work_dir,
+        checkpoints: &checkpoints,
+        restore: restore.as_deref(),
+        isolation,
+        user: user.as_ref(),
+    };
+    match start(&launch).await {
+        Ok((child, sandbox)) => {
+            // A child that has not been waited for always has an id.
+            let leader = child.id().expect("unreaped child has a pid") as libc::pid_t;
+            let inner = match sandbox {
+                Some(info) => info
+                    .child_pid()
+                    .await
+                    .and_then(|p| Some((p as libc::pid_t, start_time(p)?))),
+                None => None,
+            };
+            let group = Group {
+                leader,
+                inner,
+                sandboxed: isolation.sandboxed(),
+            };
             // Recorded, so that an agent started after this one crashed
             // stops it before anything runs on its GPUs again.
-            let record = child.id().and_then(|pid| record_worker(work_dir, pid));
+            let record = record_worker(work_dir, &group);
             let watch = match store {
                 Some(store) if spec.key.rank == 0 => Some(Watch::spawn(
                     store.clone(),
                     spec,
                     checkpoints.clone(),
                     baseline,
+                    user.as_ref().map(|u| u.uid),
                 )),
                 _ => None,
             };
-            let (mut exit, upload_by) = supervise(child, spec, control, &checkpoints).await;
+            let (mut exit, upload_by) =
+                supervise(child, &group, spec, control, &checkpoints).await;
             if let Some(record) = record {
                 let _ = std::fs::remove_file(record);
             }
@@ -182,14 +228,18 @@ fn start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// Records worker `pid` (the leader of its process group) as running;
-/// returns the record, to remove once it is reaped.
-fn record_worker(work_dir: &Path, pid: u32) -> Option<PathBuf> {
+/// Records a worker (the leader of its process group, and its sandbox's
+/// init) as running; returns the record, to remove once it is reaped.
+fn record_worker(work_dir: &Path, group: &Group) -> Option<PathBuf> {
     let dir = records_dir(work_dir);
+    let pid = group.leader as u32;
     let started = start_time(pid)?;
     let path = dir.join(pid.to_string());
-    let written =
-        std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, format!("{started}\n")));
+    let mut text = format!("{started}\n");
+    if let Some((inner, inner_started)) = group.inner {
+        text.push_str(&format!("{inner} {inner_started}\n"));
+    }
+    let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&path, text));
     match written {
         Ok(()) => Some(path),
         Err(e) => {
@@ -211,12 +261,26 @@ pub(crate) fn reap_orphans(work_dir: &Path) -> usize {
         return 0;
     };
     let mut killed = Vec::new();
+    let mut sandboxes = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
         let pid: Option<u32> = entry.file_name().to_str().and_then(|n| n.parse().ok());
-        let recorded: Option<u64> = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut lines = text.lines();
+        let recorded: Option<u64> = lines.next().and_then(|s| s.trim().parse().ok());
+        // A sandbox's init: killing it ends every process in the sandbox.
+        let inner: Option<(u32, u64)> = lines.next().and_then(|l| {
+            let (p, t) = l.split_once(' ')?;
+            Some((p.parse().ok()?, t.trim().parse().ok()?))
+        });
+        if let Some((inner, inner_started)) = inner {
+            if start_time(inner) == Some(inner_started) {
+                // SAFETY: signals the sandbox init this agent recorded (the
+                // same process: its start time matches).
+                unsafe { libc::kill(inner as libc::pid_t, libc::SIGKILL) };
+                sandboxes.push(inner);
+            }
+        }
         if let (Some(pid), Some(recorded)) = (pid, recorded) {
             if start_time(pid) == Some(recorded) {
                 // SAFETY: signals the process group this agent made for
@@ -228,7 +292,9 @@ pub(crate) fn reap_orphans(work_dir: &Path) -> usize {
         let _ = std::fs::remove_file(&path);
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while killed.iter().any(|pid| group_running(*pid)) && std::time::Instant::now() < deadline {
+    while killed.iter().chain(&sandboxes).any(|pid| group_running(*pid))
+        && std::time::Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
     if !killed.is_empty() {
@@ -273,6 +339,7 @@ async fn restore_dir(
     spec: &WorkerSpec,
     work_dir: &Path,
     store: Option<&Arc<Checkpoints>>,
+    user: Option<&RunAs>,
 ) -> Result<Option<String>, String> {
     match spec.restore_from.as_deref() {
         None => Ok(None),
@@ -284,6 +351,17 @@ async fn restore_dir(
                 )
             })?;
             let dir = store.restore(work_dir, spec.key.job_id, key).await?;
+            // The worker's own copy, read as its user.
+            if let Some(user) = user.cloned() {
+                let (base, at) = (work_dir.to_path_buf(), dir.clone());
+                tokio::task::spawn_blocking(move || {
+                    isolation::own_dir(&base, &at, Some(&user))
+                        .and_then(|_| isolation::give_tree(&at, &user))
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("cannot give {} to the job's user: {e}", dir.display()))?;
+            }
             Ok(Some(dir.to_string_lossy().into_owned()))
         }
         Some(other) => Ok(Some(other.to_string())),
@@ -309,6 +387,7 @@ impl Watch {
         spec: &WorkerSpec,
         dir: PathBuf,
         baseline: Option<Entry>,
+        owner: Option<u32>,
     ) -> Watch {
         let who = Uploader {
             job_id: spec.key.job_id,
@@ -316,6 +395,7 @@ impl Watch {
             attempt: spec.key.attempt,
             node_id: spec.node_id.clone(),
             rank: spec.key.rank,
+            owner,
         };
         let finish = CancellationToken::new();
         let task = tokio::spawn(
@@ -392,73 +472,154 @@ async fn watch(
     }
 }
 
-async fn start(
-    spec: &WorkerSpec,
-    work_dir: &Path,
-    checkpoints: &Path,
-    restore: Option<&str>,
-) -> Result<Child, StartError> {
-    let (program, args) = spec.command.split_first().ok_or(StartError::EmptyCommand)?;
-    let dir = worker_dir(work_dir, spec);
-    for d in [&dir, &checkpoints.to_path_buf()] {
-        tokio::fs::create_dir_all(d)
+/// What [`start`] needs.
+struct Start<'a> {
+    spec: &'a WorkerSpec,
+    work_dir: &'a Path,
+    checkpoints: &'a Path,
+    restore: Option<&'a str>,
+    isolation: &'a Isolation,
+    user: Option<&'a RunAs>,
+}
+
+/// The worker's whole environment: a minimal `PATH`, `HOME` and `LANG`,
+/// then the job's `env`, then the contract's variables (docs/jobs.md).
+/// Nothing of the agent's own.
+fn worker_env(s: &Start<'_>, dir: &Path) -> BTreeMap<String, String> {
+    let spec = s.spec;
+    let mut env = BTreeMap::new();
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_string(), v);
+    };
+    set("PATH", WORKER_PATH.to_string());
+    set("HOME", dir.to_string_lossy().into_owned());
+    set("LANG", "C.UTF-8".to_string());
+    if let Some(user) = s.user {
+        set("USER", user.name.clone());
+        set("LOGNAME", user.name.clone());
+    }
+    env.extend(spec.env.clone());
+    let gpus = spec.gpus.iter().map(u32::to_string).collect::<Vec<_>>();
+    let contract = [
+        ("GANGWAY_JOB_ID", spec.key.job_id.to_string()),
+        ("RANK", spec.key.rank.to_string()),
+        ("WORLD_SIZE", spec.world_size.to_string()),
+        ("GANGWAY_WORLD_SIZE", spec.world_size.to_string()),
+        ("LOCAL_RANK", spec.local_rank.to_string()),
+        ("MASTER_ADDR", spec.master_addr.clone()),
+        ("MASTER_PORT", spec.master_port.to_string()),
+        ("CUDA_VISIBLE_DEVICES", gpus.join(",")),
+        // The indices the agent reports are NVML's, in PCI bus order.
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()),
+        ("GANGWAY_NODE_ID", spec.node_id.clone()),
+        ("GANGWAY_ATTEMPT", spec.key.attempt.to_string()),
+        (
+            "GANGWAY_CHECKPOINT_DIR",
+            s.checkpoints.to_string_lossy().into_owned(),
+        ),
+    ];
+    for (k, v) in contract {
+        env.insert(k.to_string(), v);
+    }
+    env.remove("GANGWAY_RESTORE_FROM");
+    if let Some(from) = s.restore {
+        env.insert("GANGWAY_RESTORE_FROM".to_string(), from.to_string());
+    }
+    env
+}
+
+async fn start(s: &Start<'_>) -> Result<(Child, Option<SandboxInfo>), StartError> {
+    let spec = s.spec;
+    let program = spec.command.first().ok_or(StartError::EmptyCommand)?;
+    let dir = worker_dir(s.work_dir, spec);
+    for d in [&dir, &s.checkpoints.to_path_buf()] {
+        let (base, at, user) = (s.work_dir.to_path_buf(), d.clone(), s.user.cloned());
+        tokio::task::spawn_blocking(move || isolation::own_dir(&base, &at, user.as_ref()))
             .await
+            .map_err(io::Error::other)
+            .and_then(|r| r)
             .map_err(|source| StartError::WorkDir {
                 path: d.clone(),
                 source,
             })?;
     }
-    let stdout = append(&dir.join("stdout.log"))?;
-    let stderr = append(&dir.join("stderr.log"))?;
+    let log = |name: &str| {
+        let path = dir.join(name);
+        isolation::open_log(&path, s.user).map_err(|source| StartError::Log { path, source })
+    };
+    let (stdout, stderr) = (log("stdout.log")?, log("stderr.log")?);
 
-    let gpus = spec
-        .gpus
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args)
-        .current_dir(&dir)
-        .envs(&spec.env)
-        .env("GANGWAY_JOB_ID", spec.key.job_id.to_string())
-        .env("RANK", spec.key.rank.to_string())
-        .env("WORLD_SIZE", spec.world_size.to_string())
-        .env("GANGWAY_WORLD_SIZE", spec.world_size.to_string())
-        .env("LOCAL_RANK", spec.local_rank.to_string())
-        .env("MASTER_ADDR", &spec.master_addr)
-        .env("MASTER_PORT", spec.master_port.to_string())
-        .env("CUDA_VISIBLE_DEVICES", gpus)
-        .env("GANGWAY_NODE_ID", &spec.node_id)
-        .env("GANGWAY_ATTEMPT", spec.key.attempt.to_string())
-        .env("GANGWAY_CHECKPOINT_DIR", checkpoints)
-        .stdin(Stdio::null())
+    let env = worker_env(s, &dir);
+    let restore = s.restore.map(Path::new);
+    let launch = WorkerLaunch {
+        command: &spec.command,
+        env,
+        dir: &dir,
+        writable: vec![s.checkpoints],
+        readable: restore.into_iter().collect(),
+        gpus: &spec.gpus,
+    };
+    let (mut cmd, sandbox) = s
+        .isolation
+        .command(&launch, s.user)
+        .map_err(StartError::Command)?;
+    cmd.stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0);
-    match restore {
-        Some(from) => cmd.env("GANGWAY_RESTORE_FROM", from),
-        None => cmd.env_remove("GANGWAY_RESTORE_FROM"),
-    };
     let mut cmd = tokio::process::Command::from(cmd);
     // The task that spawned the worker reaps it; dropping the handle (say, on
     // an agent crash) must not kill a training run.
     cmd.kill_on_drop(false);
-    cmd.spawn().map_err(|source| StartError::Spawn {
+    let child = cmd.spawn().map_err(|source| StartError::Spawn {
         program: program.clone(),
         source,
-    })
+    })?;
+    Ok((child, sandbox))
 }
 
-fn append(path: &Path) -> Result<File, StartError> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|source| StartError::Log {
-            path: path.to_path_buf(),
-            source,
-        })
+/// The processes of one worker, for signals.
+#[derive(Clone, Copy, Debug)]
+struct Group {
+    /// The process the agent started (the worker, or bubblewrap), leader
+    /// of its process group.
+    leader: libc::pid_t,
+    /// The sandbox's init (pid 1 inside), leader of the group the job's
+    /// processes are in, and when it started (its pid may be reused once
+    /// it is gone).
+    inner: Option<(libc::pid_t, u64)>,
+    /// In a sandbox: an exit code of 128 + N means ended by signal N (as
+    /// bubblewrap reports it).
+    sandboxed: bool,
+}
+
+impl Group {
+    fn signal(&self, signal: libc::c_int) {
+        // Once the init is gone so is everything in its PID namespace, and
+        // its pid (and group id) may name another process.
+        let inner = self
+            .inner
+            .filter(|(pid, started)| start_time(*pid as u32) == Some(*started))
+            .map(|(pid, _)| pid);
+        match (inner, self.inner) {
+            (None, Some(_)) => {
+                if signal == libc::SIGKILL {
+                    signal_group(self.leader, signal);
+                }
+            }
+            (Some(inner), _) if signal == libc::SIGKILL => {
+                // From outside its PID namespace, SIGKILL reaches the init,
+                // and every process in the sandbox dies with it.
+                // SAFETY: kill(2) has no memory-safety preconditions.
+                unsafe { libc::kill(inner, libc::SIGKILL) };
+                signal_group(self.leader, signal);
+            }
+            // The init ignores what it has no handler for; the job's
+            // processes get it.
+            (Some(inner), _) => signal_group(inner, signal),
+            (None, None) => signal_group(self.leader, signal),
+        }
+    }
 }
 
 /// Supervises the worker until it ends; returns its exit and, when it was
@@ -466,28 +627,28 @@ fn append(path: &Path) -> Result<File, StartError> {
 /// upload may use what is left of it).
 async fn supervise(
     child: Child,
+    group: &Group,
     spec: &WorkerSpec,
     control: &Control,
     checkpoints: &Path,
 ) -> (Exit, Option<tokio::time::Instant>) {
     let mut asked_by = None;
-    let exit = supervise_until(child, spec, control, checkpoints, &mut asked_by).await;
+    let exit = supervise_until(child, group, spec, control, checkpoints, &mut asked_by).await;
     (exit, asked_by)
 }
 
 async fn supervise_until(
     mut child: Child,
+    group: &Group,
     spec: &WorkerSpec,
     control: &Control,
     checkpoints: &Path,
     asked_by: &mut Option<tokio::time::Instant>,
 ) -> Exit {
-    // A child that has not been waited for always has an id.
-    let pgid = child.id().expect("unreaped child has a pid") as libc::pid_t;
-    tracing::info!(pid = pgid, "worker started");
+    tracing::info!(pid = group.leader, sandbox_init = ?group.inner, "worker started");
 
     let mut reason = tokio::select! {
-        status = child.wait() => return ended(status, pgid, None),
+        status = child.wait() => return ended(status, group, None),
         _ = control.stop.cancelled() => STOPPED,
         _ = control.kill.cancelled() => STOPPED,
         _ = control.checkpoint.cancelled() => CHECKPOINTED,
@@ -503,13 +664,13 @@ async fn supervise_until(
             deadline_s = within.as_secs_f64(),
             "sending SIGUSR1: checkpoint now"
         );
-        signal_group(pgid, libc::SIGUSR1);
+        group.signal(libc::SIGUSR1);
         let deadline = tokio::time::Instant::now() + within;
         *asked_by = Some(deadline);
         loop {
             tokio::select! {
                 status = child.wait() => {
-                    return ended(status, pgid, Some(CHECKPOINTED.to_string()));
+                    return ended(status, group, Some(CHECKPOINTED.to_string()));
                 }
                 _ = control.stop.cancelled() => { reason = STOPPED; break; }
                 _ = control.kill.cancelled() => { reason = STOPPED; break; }
@@ -531,37 +692,44 @@ async fn supervise_until(
         grace_s = spec.grace.as_secs_f64(),
         "sending SIGTERM"
     );
-    signal_group(pgid, libc::SIGTERM);
+    group.signal(libc::SIGTERM);
     tokio::select! {
-        status = child.wait() => return ended(status, pgid, Some(reason.to_string())),
+        status = child.wait() => return ended(status, group, Some(reason.to_string())),
         _ = sleep(spec.grace) => {}
         _ = control.kill.cancelled() => {}
     }
     tracing::warn!(reason, "worker outlived its grace period: sending SIGKILL");
-    signal_group(pgid, libc::SIGKILL);
+    group.signal(libc::SIGKILL);
     let status = child.wait().await;
     ended(
         status,
-        pgid,
+        group,
         Some(format!("{reason} (killed after grace period)")),
     )
 }
 
 /// The exit of a reaped leader; any process left in its group is killed.
-fn ended(status: io::Result<ExitStatus>, pgid: libc::pid_t, reason: Option<String>) -> Exit {
+fn ended(status: io::Result<ExitStatus>, group: &Group, reason: Option<String>) -> Exit {
     // The group id cannot be reused while any member lives, so this reaches
     // only the worker's own stragglers (or no one).
-    signal_group(pgid, libc::SIGKILL);
+    group.signal(libc::SIGKILL);
     match status {
         Ok(status) => {
-            let message = reason.unwrap_or_else(|| match (status.code(), status.signal()) {
+            let (code, signal) = match (status.code(), status.signal()) {
+                // bubblewrap exits 128 + N for a job ended by signal N.
+                (Some(c), None) if group.sandboxed && (129..=128 + 64).contains(&c) => {
+                    (None, Some(c - 128))
+                }
+                other => other,
+            };
+            let message = reason.unwrap_or_else(|| match (code, signal) {
                 (Some(code), _) => format!("exited with code {code}"),
                 (None, Some(sig)) => format!("ended by signal {sig}"),
                 (None, None) => "exited".to_string(),
             });
             Exit {
-                exit_code: status.code(),
-                signal: status.signal(),
+                exit_code: code,
+                signal,
                 message: Some(message),
                 checkpoint: None,
             }
@@ -594,6 +762,12 @@ mod tests {
     use super::*;
     use crate::executor::test_support::spec;
 
+    /// The executor's mechanics, without isolation (its own tests are in
+    /// `isolation_tests`).
+    fn off() -> Arc<Isolation> {
+        Arc::new(Isolation::off())
+    }
+
     fn sh(script: &str) -> WorkerSpec {
         spec(&["sh", "-c", script])
     }
@@ -625,7 +799,7 @@ mod tests {
         // The assignment's env comes first; the contract's names win.
         spec.env.insert("RANK".into(), "99".into());
         spec.env.insert("EXTRA".into(), "from-env".into());
-        let exit = run(&spec, dir.path(), &Control::default(), None).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None, &off()).await;
         assert_eq!(exit.exit_code, Some(0), "{exit:?}");
 
         let out = std::fs::read_to_string(worker_dir(dir.path(), &spec).join("out")).unwrap();
@@ -644,7 +818,7 @@ mod tests {
     async fn reports_the_exit_code_and_keeps_the_logs() {
         let dir = tempfile::tempdir().unwrap();
         let spec = sh("echo hello; echo oops >&2; exit 3");
-        let exit = run(&spec, dir.path(), &Control::default(), None).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None, &off()).await;
         assert_eq!(exit.exit_code, Some(3));
         assert_eq!(exit.signal, None);
         let wd = worker_dir(dir.path(), &spec);
@@ -666,7 +840,7 @@ mod tests {
         let control = Control::default();
         let task = tokio::spawn({
             let (spec, control, work_dir) = (spec.clone(), control.clone(), dir.path().to_owned());
-            async move { run(&spec, &work_dir, &control, None).await }
+            async move { run(&spec, &work_dir, &control, None, &off()).await }
         });
         wait_for_file(&ready).await;
         sleep(Duration::from_millis(20)).await;
@@ -693,7 +867,7 @@ mod tests {
         let ready = worker_dir(dir.path(), &spec).join("pid");
         let task = tokio::spawn({
             let (spec, work_dir) = (spec.clone(), dir.path().to_owned());
-            async move { run(&spec, &work_dir, &Control::default(), None).await }
+            async move { run(&spec, &work_dir, &Control::default(), None, &off()).await }
         });
         wait_for_file(&ready).await;
         sleep(Duration::from_millis(20)).await;
@@ -728,7 +902,7 @@ mod tests {
         let control = Control::default();
         let task = tokio::spawn({
             let (spec, control, work_dir) = (spec.clone(), control.clone(), dir.path().to_owned());
-            async move { run(&spec, &work_dir, &control, None).await }
+            async move { run(&spec, &work_dir, &control, None, &off()).await }
         });
         wait_for_file(&ready).await;
         sleep(Duration::from_millis(20)).await;
@@ -756,7 +930,7 @@ mod tests {
     async fn a_missing_command_reports_127() {
         let dir = tempfile::tempdir().unwrap();
         let spec = spec(&["gangway-no-such-command-xyz", "--flag"]);
-        let exit = run(&spec, dir.path(), &Control::default(), None).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None, &off()).await;
         assert_eq!(exit.exit_code, Some(127));
         assert_eq!(exit.signal, None);
         let message = exit.message.unwrap();
@@ -771,7 +945,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = sh("sleep 60");
         spec.max_duration = Some(Duration::from_millis(200));
-        let exit = run(&spec, dir.path(), &Control::default(), None).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None, &off()).await;
         assert_eq!(exit.signal, Some(libc::SIGTERM));
         assert_eq!(exit.message.as_deref(), Some(MAX_DURATION_EXCEEDED));
     }
@@ -797,7 +971,7 @@ mod tests {
         let control = Control::default();
         let task = {
             let (spec, control, work) = (spec.clone(), control.clone(), dir.path().to_path_buf());
-            tokio::spawn(async move { run(&spec, &work, &control, None).await })
+            tokio::spawn(async move { run(&spec, &work, &control, None, &off()).await })
         };
         wait_for_file(&worker_dir(dir.path(), &spec).join("ready")).await;
         control.checkpoint.cancel();
@@ -816,7 +990,7 @@ mod tests {
         let control = Control::default();
         let task = {
             let (spec, control, work) = (spec.clone(), control.clone(), dir.path().to_path_buf());
-            tokio::spawn(async move { run(&spec, &work, &control, None).await })
+            tokio::spawn(async move { run(&spec, &work, &control, None, &off()).await })
         };
         wait_for_file(&worker_dir(dir.path(), &spec).join("ready")).await;
         let asked = Instant::now();
@@ -836,7 +1010,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = sh("echo \"$GANGWAY_RESTORE_FROM\" > restored_from");
         spec.restore_from = Some("/ckpt/step-7".into());
-        let exit = run(&spec, dir.path(), &Control::default(), None).await;
+        let exit = run(&spec, dir.path(), &Control::default(), None, &off()).await;
         assert_eq!(exit.exit_code, Some(0));
         let got =
             std::fs::read_to_string(worker_dir(dir.path(), &spec).join("restored_from")).unwrap();

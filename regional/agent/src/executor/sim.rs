@@ -78,6 +78,7 @@ mod tests {
         let base = spec(&["train"]);
         let a = Assignment {
             job_id: base.key.job_id,
+            tenant: "acme".into(),
             rank: 0,
             attempt: 1,
             desired: gangway_shared::agent::Desired::Run,
