@@ -9,7 +9,7 @@
 
 mod support;
 
-use support::{log_file, token, Proc, BIN};
+use support::{log_file, shared_out, token, Proc, BIN};
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -172,6 +172,8 @@ async fn an_agent_cut_off_from_its_region_checkpoints_and_stops_its_workers_befo
             .args(["--executor", "real"])
             .arg("--work-dir")
             .arg(dir.path().join("agent"))
+            .arg("--sandbox-bind")
+            .arg(shared_out(dir.path()))
             .env("GANGWAY_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file(dir.path(), "agent.log"))

@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{log_file, token, Proc, BIN};
+use support::{log_file, shared_out, token, Proc, BIN};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -64,6 +64,8 @@ impl Cloud {
                 .arg(dir.path().join("agent"))
                 .arg("--checkpoint-store")
                 .arg(format!("file://{}", dir.path().join("store").display()))
+                .arg("--sandbox-bind")
+                .arg(shared_out(dir.path()))
                 .env("GANGWAY_LOG", "info")
                 .stdout(Stdio::null())
                 .stderr(log_file(dir.path(), "agent.log"))
@@ -1379,6 +1381,8 @@ fn spawn_agent(dir: &Path, key: &SigningKey, port: u16, name: &str) -> Proc {
             .arg(dir.join(name))
             .arg("--checkpoint-store")
             .arg(format!("file://{}", dir.join("store").display()))
+            .arg("--sandbox-bind")
+            .arg(shared_out(dir))
             .env("GANGWAY_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file(dir, &format!("{name}.log")))
@@ -1415,13 +1419,18 @@ async fn a_drained_trainer_resumes_on_another_machine_from_the_checkpoint_store(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // 60 steps of 0.1 s, a checkpoint every 5.
-    let trainer_log = dir.path().join("trainer.log");
+    // 60 steps of 0.1 s, a checkpoint every 5. The trainer runs as the
+    // tenant's user, from where it can read it (a checkout may be under
+    // /root), and logs where the test reads.
+    let out = shared_out(dir.path());
+    let trainer = out.join("trainer");
+    std::fs::copy(EXAMPLE_TRAINER, &trainer).unwrap();
+    let trainer_log = out.join("trainer.log");
     let mut s = spec(
         1,
         600,
         &[
-            EXAMPLE_TRAINER,
+            trainer.to_str().unwrap(),
             "--step-s",
             "0.1",
             "--every",

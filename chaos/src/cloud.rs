@@ -288,6 +288,12 @@ impl Cloud {
         let dir = tempfile::Builder::new()
             .prefix("drill-")
             .tempdir_in(&parent)?;
+        // dev up binds `chaos` into its sandboxes: its jobs cross this
+        // directory to the shared one.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
+        }
         write_trainer(dir.path());
         let global_urls: Vec<String> = info.globals.iter().map(|g| g.url.clone()).collect();
         let cloud = Cloud::new(
@@ -678,12 +684,64 @@ impl Cloud {
 
     /// The example trainer's path in the cloud's directory.
     pub fn trainer(&self) -> PathBuf {
-        self.dir.path().join("trainer")
+        shared_dir(self.dir.path()).join("trainer")
+    }
+
+    /// Where jobs write what the drill reads (the trainers' logs): the one
+    /// directory of the cloud's that its agents bind into every sandbox,
+    /// writable by every tenant's user.
+    pub fn shared(&self) -> PathBuf {
+        shared_dir(self.dir.path())
+    }
+
+    /// A client of the first global replica for `tenant`.
+    pub fn tenant_client(&self, tenant: &str) -> Client {
+        let token = (self.auth.tenant_key)
+            .sign(&claims_for(
+                Role::Tenant,
+                &format!("{tenant}-e2e"),
+                Some(tenant),
+                None,
+                tokens::ISSUER,
+                tokens::PUBLIC_AUDIENCE,
+                Duration::from_secs(3600),
+            ))
+            .unwrap();
+        let ca = std::fs::read(&self.auth.ca_cert).unwrap();
+        Client::public(self.tenant.base().to_string(), token, Some(&ca)).unwrap()
+    }
+
+    /// The pid of region `name`'s agent, as this machine numbers it.
+    pub fn agent_pid(&self, name: &str) -> Option<u32> {
+        let dir = self.agent_dir(name);
+        let needle = dir.to_string_lossy().into_owned();
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+            let pid: u32 = p.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(p.path().join("cmdline")).ok()?;
+            let args: Vec<String> = (cmdline.split(|b| *b == 0))
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let agent = args.iter().any(|a| a == "agent") && args.iter().any(|a| *a == needle);
+            agent.then_some(pid)
+        })
     }
 }
 
+/// The cloud's directory bound into every sandbox (see [`Cloud::shared`]).
+pub fn shared_dir(dir: &Path) -> PathBuf {
+    dir.join("shared")
+}
+
+/// Writes the trainer into the shared directory, made writable by every
+/// tenant's user (1777, as /tmp).
 fn write_trainer(dir: &Path) {
-    std::fs::write(dir.join("trainer"), TRAINER).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let shared = shared_dir(dir);
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let trainer = shared.join("trainer");
+    std::fs::write(&trainer, TRAINER).unwrap();
+    std::fs::set_permissions(&trainer, std::fs::Permissions::from_mode(0o644)).unwrap();
 }
 
 /// Region `name`'s checkpoint store, shared by its control plane and agent.

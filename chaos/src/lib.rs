@@ -339,7 +339,7 @@ async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<
     let mut jobs = Vec::new();
     for i in 0..n {
         let key = format!("drill-{tag}-{i}");
-        let log = cloud.dir.path().join(format!("trainer-{key}.log"));
+        let log = cloud.shared().join(format!("trainer-{key}.log"));
         let spec = trainer_spec(&cloud.trainer(), &key, t, &log);
         let job = cloud.tenant.submit(&spec, Some(&key)).await?;
         jobs.push(Work {
@@ -741,7 +741,7 @@ async fn agent_kill(cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<Report> {
         ..TRAINING
     };
     let key = format!("drill-{tag}-0");
-    let log = cloud.dir.path().join(format!("trainer-{key}.log"));
+    let log = cloud.shared().join(format!("trainer-{key}.log"));
     let spec = trainer_spec(&cloud.trainer(), &key, t, &log);
     let job = cloud.tenant.submit(&spec, Some(&key)).await?;
     let w = Work {
@@ -871,7 +871,7 @@ async fn global_kill(cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<Report> {
     let works: Vec<(Work, gangway_shared::api::JobSpec)> = (0..BURST)
         .map(|i| {
             let key = format!("burst-{tag}-{i}");
-            let log = cloud.dir.path().join(format!("trainer-{key}.log"));
+            let log = cloud.shared().join(format!("trainer-{key}.log"));
             let mut spec = trainer_spec(&cloud.trainer(), &key, t, &log);
             (spec.gpus, spec.gpus_per_worker) = (1, Some(1));
             let w = Work {

@@ -262,6 +262,9 @@ pub fn agent_launch(
         .arg(fleet)
         .arg("--work-dir")
         .arg(dir.join(log))
+        // The drills' trainers log where the drill reads.
+        .arg("--sandbox-bind")
+        .arg(crate::cloud::shared_dir(dir))
 }
 
 /// Kills with SIGKILL the process group of every process working in a

@@ -137,6 +137,17 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let dir = absolute(&args.state_dir)?;
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create state dir {}", dir.display()))?;
+    // The drills' shared directory, bound into every sandbox: jobs cross
+    // it to their drill's, which they may write (docs/failover.md).
+    let chaos = dir.join("chaos");
+    std::fs::create_dir_all(&chaos)?;
+    std::fs::set_permissions(&chaos, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
+    if !is_root() {
+        println!(
+            "not running as root: workers run as your own user, with this cloud's keys and \
+             tokens in their reach (run as root for per-tenant users and the sandbox)"
+        );
+    }
     let exe = std::env::current_exe().context("cannot find the gangway binary")?;
     let fleet = match &args.fleet {
         Some(f) => absolute(f)?,
@@ -337,7 +348,7 @@ async fn assemble(
             "{name}: starting PostgreSQL on 127.0.0.1:{}",
             ports.postgres
         );
-        let pg_dir = region_dir.join("pg");
+        let pg_dir = pg_data_dir(dir, &region_dir, name)?;
         // The region's checkpoint store, shared by its control plane and
         // its agent (docs/jobs.md).
         let store_dir = std::path::absolute(region_dir.join("checkpoints"))?;
@@ -393,7 +404,7 @@ async fn assemble(
             ))
             .map_err(|e| anyhow::anyhow!("cannot sign the agent token: {e}"))?;
         let agent_dir = region_dir.join("agent");
-        let agent = launch("agent")
+        let mut agent = launch("agent")
             .env("GANGWAY_AGENT_TOKEN", agent_token)
             .arg("agent")
             .args(["--region-url", &format!("http://127.0.0.1:{}", ports.api)])
@@ -404,7 +415,16 @@ async fn assemble(
             .args(["--time-factor", &args.time_factor.to_string()])
             .arg("--work-dir")
             .arg(&agent_dir)
-            .args(["--checkpoint-store", &checkpoint_store]);
+            .args(["--checkpoint-store", &checkpoint_store])
+            // Jobs see nothing of the state dir (keys, tokens, databases,
+            // other jobs) but the drills' shared directory.
+            .arg("--sandbox-hide")
+            .arg(dir)
+            .arg("--sandbox-bind")
+            .arg(dir.join("chaos"));
+        if !is_root() {
+            agent = agent.args(["--isolation", "off"]);
+        }
         println!(
             "{name}: the control plane on 127.0.0.1:{}, a node agent ({} executor)",
             ports.api, args.executor
@@ -451,6 +471,41 @@ async fn assemble(
         globals.push(l);
     }
     Ok(Supervisor::new(regions, globals, links))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Where region `name`'s PostgreSQL keeps its data: in the region's
+/// directory, unless the server's user (`postgres`, when dev up runs as
+/// root) cannot reach it there — a checkout under `/root` — and then under
+/// `/var/tmp`, named after the state dir so that the next start finds it.
+fn pg_data_dir(state_dir: &Path, region_dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    if gangway_devkit::server_can_reach(region_dir) {
+        return Ok(region_dir.join("pg"));
+    }
+    let hash = state_dir
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193));
+    let label: String = (state_dir.iter().rev().take(2).collect::<Vec<_>>().into_iter().rev())
+        .map(|c| c.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), ""))
+        .filter(|c| !c.is_empty())
+        .collect::<Vec<_>>()
+        .join("-");
+    let base = PathBuf::from(format!("/var/tmp/gangway-{label}-{hash:08x}"));
+    std::fs::create_dir_all(&base)?;
+    std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
+    let dir = base.join(name).join("pg");
+    println!(
+        "{name}: user postgres cannot reach {}: its database lives in {}",
+        region_dir.display(),
+        dir.display()
+    );
+    Ok(dir)
 }
 
 /// Waits until region `name` answers and its agent has registered GPUs.

@@ -327,8 +327,8 @@ fn isolation_config(args: &AgentArgs) -> anyhow::Result<IsolationConfig> {
     }
     let absolute = |p: &PathBuf, flag: &str| -> anyhow::Result<PathBuf> {
         anyhow::ensure!(
-            p.is_absolute() && p.exists(),
-            "{flag} {}: the path must be absolute and exist",
+            p.is_absolute(),
+            "{flag} {}: the path must be absolute",
             p.display()
         );
         Ok(p.clone())

@@ -17,3 +17,16 @@ pub fn spawn_global(
 ) -> Proc {
     gangway_chaos::procs::spawn_global(std::path::Path::new(BIN), dir, auth, port, regions)
 }
+
+/// The directory a test's jobs write what the test reads (`$OUT`), made
+/// for it: writable by every tenant's user (1777, as /tmp: jobs run as
+/// their tenants' users) and bound into every sandbox by the agents the
+/// test starts with `--sandbox-bind` (it is under a private `/tmp`
+/// otherwise).
+pub fn shared_out(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    out
+}

@@ -70,4 +70,4 @@ pub use testing::{
     fresh_database, fresh_database_blocking, test_cluster, test_cluster_blocking,
     try_fresh_database, try_test_cluster, try_test_cluster_blocking, TestCluster, TEST_ROOT,
 };
-pub use user::SERVER_USER;
+pub use user::{server_can_reach, SERVER_USER};

@@ -162,6 +162,17 @@ fn set_death_signal(signal: Option<libc::c_int>, parent: libc::pid_t) -> std::io
     Ok(())
 }
 
+/// Whether the PostgreSQL server can reach `dir`: always when we do not
+/// run as root (it runs as us), else when user `postgres` can traverse
+/// every directory down to it (not a checkout under `/root`, say).
+pub fn server_can_reach(dir: &Path) -> bool {
+    match RunAs::for_current_process() {
+        Ok(Some(user)) => check_traversable(dir, &user).is_ok(),
+        Ok(None) => true,
+        Err(_) => false,
+    }
+}
+
 /// Checks that `user` can traverse (search, `x`) every directory from `/`
 /// down to `dir` itself. Ignores ACLs.
 pub(crate) fn check_traversable(dir: &Path, user: &RunAs) -> Result<()> {

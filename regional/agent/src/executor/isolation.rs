@@ -95,6 +95,8 @@ pub enum IsolationError {
         user: String,
         why: String,
     },
+    #[error("--sandbox-bind {}: no such directory or file on this machine", .0.display())]
+    Bind(PathBuf),
     #[error("cannot prepare the work directory {}: {source}", path.display())]
     WorkDir {
         path: PathBuf,
@@ -206,6 +208,9 @@ impl Isolation {
                     mode,
                 });
             }
+        }
+        if let Some(missing) = config.binds.iter().find(|b| !b.path.exists()) {
+            return Err(IsolationError::Bind(missing.path.clone()));
         }
         for (tenant, user) in &config.tenant_users {
             let bad = |why: String| IsolationError::Mapping {
