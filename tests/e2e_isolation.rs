@@ -68,7 +68,10 @@ fn output(agent_dir: &Path, id: Uuid) -> String {
     for rank in ranks.flatten() {
         for log in ["stdout.log", "stderr.log"] {
             if let Ok(text) = std::fs::read_to_string(rank.path().join(log)) {
-                out.push_str(&format!("[{} {log}]\n{text}", rank.file_name().to_string_lossy()));
+                out.push_str(&format!(
+                    "[{} {log}]\n{text}",
+                    rank.file_name().to_string_lossy()
+                ));
             }
         }
     }
@@ -96,8 +99,10 @@ fn workers_of(agent_dir: &Path, id: Uuid) -> Vec<u32> {
 }
 
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with('Z')))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
+    })
 }
 
 /// Each attack: a line it prints when it worked. The job exits 1 then.
@@ -147,19 +152,29 @@ async fn hostile_jobs_reach_nothing_of_the_agent_or_of_another_tenant_and_their_
         ) {
             break pid;
         }
-        assert!(Instant::now() < deadline, "acme's job never ran; logs in {logs}");
+        assert!(
+            Instant::now() < deadline,
+            "acme's job never ran; logs in {logs}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // The targets are real: as root, the test reaches every one.
-    assert!(std::fs::read_to_string(&key).unwrap().contains("PRIVATE KEY"));
+    assert!(std::fs::read_to_string(&key)
+        .unwrap()
+        .contains("PRIVATE KEY"));
     assert!(std::fs::read(format!("/proc/{agent_pid}/environ"))
         .unwrap()
         .windows(19)
         .any(|w| w == b"GANGWAY_AGENT_TOKEN"));
     // Its checkpoint is in the region's store too.
-    wait(&acme, victim.id, "its checkpoint recorded", |j| j.checkpoint.is_some()).await;
+    wait(&acme, victim.id, "its checkpoint recorded", |j| {
+        j.checkpoint.is_some()
+    })
+    .await;
     assert!(std::fs::read_dir(&store).unwrap().next().is_some());
-    let victim_uid = std::fs::metadata(format!("/proc/{victim_pid}")).unwrap().uid();
+    let victim_uid = std::fs::metadata(format!("/proc/{victim_pid}"))
+        .unwrap()
+        .uid();
     assert_ne!(victim_uid, 0, "acme's worker runs as acme's user, not root");
 
     let env = [
@@ -220,7 +235,10 @@ async fn hostile_jobs_reach_nothing_of_the_agent_or_of_another_tenant_and_their_
     }
     // And one that kills every process it may.
     let kill_all = globex
-        .submit(&spec("kill-every-process-it-may", 1, "kill -KILL -1", &[]), None)
+        .submit(
+            &spec("kill-every-process-it-may", 1, "kill -KILL -1", &[]),
+            None,
+        )
         .await
         .unwrap();
     for (name, id) in &jobs {
@@ -236,7 +254,11 @@ async fn hostile_jobs_reach_nothing_of_the_agent_or_of_another_tenant_and_their_
 
     // From outside: nothing moved.
     assert!(alive(agent_pid), "the agent was killed");
-    assert_eq!(cloud.agent_pid(REGION), Some(agent_pid), "the agent restarted");
+    assert_eq!(
+        cloud.agent_pid(REGION),
+        Some(agent_pid),
+        "the agent restarted"
+    );
     assert!(alive(victim_pid), "acme's worker was killed");
     let v = acme.get(victim.id).await.unwrap();
     assert_eq!((v.state, v.preemptions), (JobState::Running, 0), "{v:?}");

@@ -142,11 +142,19 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     let chaos = dir.join("chaos");
     std::fs::create_dir_all(&chaos)?;
     std::fs::set_permissions(&chaos, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
-    if !is_root() {
-        println!(
-            "not running as root: workers run as your own user, with this cloud's keys and \
-             tokens in their reach (run as root for per-tenant users and the sandbox)"
-        );
+    if args.executor == "real" {
+        if !is_root() {
+            println!(
+                "not running as root: workers run as your own user, with this cloud's keys and \
+                 tokens in their reach (run as root for per-tenant users and the sandbox)"
+            );
+        } else if !on_path("bwrap") {
+            bail!(
+                "workers run in a bubblewrap sandbox as their tenants' users (docs/jobs.md), and \
+                 bwrap is not installed: apt-get update && apt-get install -y bubblewrap \
+                 (or use --executor sim, which runs no processes)"
+            );
+        }
     }
     let exe = std::env::current_exe().context("cannot find the gangway binary")?;
     let fleet = match &args.fleet {
@@ -473,6 +481,12 @@ async fn assemble(
     Ok(Supervisor::new(regions, globals, links))
 }
 
+/// Whether `program` is on `PATH`.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(program).is_file()))
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -490,12 +504,23 @@ fn pg_data_dir(state_dir: &Path, region_dir: &Path, name: &str) -> anyhow::Resul
         .as_os_str()
         .as_encoded_bytes()
         .iter()
-        .fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193));
-    let label: String = (state_dir.iter().rev().take(2).collect::<Vec<_>>().into_iter().rev())
-        .map(|c| c.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), ""))
-        .filter(|c| !c.is_empty())
+        .fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+        });
+    let label: String = (state_dir
+        .iter()
+        .rev()
+        .take(2)
         .collect::<Vec<_>>()
-        .join("-");
+        .into_iter()
+        .rev())
+    .map(|c| {
+        c.to_string_lossy()
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "")
+    })
+    .filter(|c| !c.is_empty())
+    .collect::<Vec<_>>()
+    .join("-");
     let base = PathBuf::from(format!("/var/tmp/gangway-{label}-{hash:08x}"));
     std::fs::create_dir_all(&base)?;
     std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;

@@ -118,8 +118,8 @@ impl Agent {
         let fence_after = config.fence_after;
         let (checkpoints, isolation) = match config.executor {
             ExecutorKind::Real => {
-                let work_dir =
-                    std::path::absolute(&config.work_dir).context("resolving the work directory")?;
+                let work_dir = std::path::absolute(&config.work_dir)
+                    .context("resolving the work directory")?;
                 let url = match &config.checkpoint_store {
                     Some(url) => url.clone(),
                     None => format!("file://{}", work_dir.join("checkpoint-store").display()),

@@ -359,13 +359,17 @@ impl Isolation {
         if !program.contains('/') {
             let path = w.env.get("PATH").map_or(WORKER_PATH, String::as_str);
             if find_program(program, path).is_none() {
-                return Err(format!("{program}: not found on the worker's PATH ({path})"));
+                return Err(format!(
+                    "{program}: not found on the worker's PATH ({path})"
+                ));
             }
         }
         let mut cmd = std::process::Command::new(&tools.bwrap);
         // bubblewrap and setpriv run as root: with the agent's minimal
         // environment, never the job's.
-        cmd.env_clear().env("PATH", WORKER_PATH).env("LANG", "C.UTF-8");
+        cmd.env_clear()
+            .env("PATH", WORKER_PATH)
+            .env("LANG", "C.UTF-8");
         cmd.args(["--ro-bind", "/", "/", "--dev", "/dev"]);
         for dev in self.gpu_devices(w.gpus) {
             cmd.arg("--dev-bind").arg(&dev).arg(&dev);
@@ -429,7 +433,9 @@ impl Isolation {
             cmd.pre_exec(move || {
                 if write_fd == INFO_FD {
                     let flags = libc::fcntl(INFO_FD, libc::F_GETFD);
-                    if flags < 0 || libc::fcntl(INFO_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    if flags < 0
+                        || libc::fcntl(INFO_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
+                    {
                         return Err(io::Error::last_os_error());
                     }
                 } else if libc::dup2(write_fd, INFO_FD) < 0 {
@@ -489,8 +495,9 @@ impl Isolation {
                         .flatten()
                         .filter(|e| {
                             e.file_name().to_str().is_some_and(|n| {
-                                n.strip_prefix("nvidia")
-                                    .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                                n.strip_prefix("nvidia").is_some_and(|d| {
+                                    !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+                                })
                             })
                         })
                         .map(|e| e.path())
@@ -557,7 +564,9 @@ impl SandboxInfo {
                 let mut text = String::new();
                 // Only bubblewrap holds the write end: the sandbox's
                 // processes never get it.
-                let _ = std::fs::File::from(read).take(4096).read_to_string(&mut text);
+                let _ = std::fs::File::from(read)
+                    .take(4096)
+                    .read_to_string(&mut text);
                 text
             }),
         )
@@ -565,7 +574,9 @@ impl SandboxInfo {
         .ok()?
         .ok()?;
         let info: serde_json::Value = serde_json::from_str(&text).ok()?;
-        info.get("child-pid")?.as_u64().and_then(|p| u32::try_from(p).ok())
+        info.get("child-pid")?
+            .as_u64()
+            .and_then(|p| u32::try_from(p).ok())
     }
 }
 
@@ -582,8 +593,9 @@ pub(crate) fn tenant_user_name(tenant: &str) -> String {
 
 /// FNV-1a, 32 bits: enough to tell long tenant names apart in user names.
 fn fnv1a(s: &str) -> u32 {
-    s.bytes()
-        .fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+    s.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// Looks `tenant`'s system user up, creating it first if it is missing.
@@ -707,7 +719,10 @@ pub(crate) fn own_dir(base: &Path, dir: &Path, user: Option<&RunAs>) -> io::Resu
         at.push(part);
         let meta = std::fs::symlink_metadata(&at)?;
         if !meta.is_dir() {
-            return Err(io::Error::other(format!("{} is not a directory", at.display())));
+            return Err(io::Error::other(format!(
+                "{} is not a directory",
+                at.display()
+            )));
         }
         if i + 1 < parts.len() {
             // The agent's: workers of other tenants cross it too.

@@ -198,8 +198,7 @@ pub(crate) async fn run(
                 )),
                 _ => None,
             };
-            let (mut exit, upload_by) =
-                supervise(child, &group, spec, control, &checkpoints).await;
+            let (mut exit, upload_by) = supervise(child, &group, spec, control, &checkpoints).await;
             if let Some(record) = record {
                 let _ = std::fs::remove_file(record);
             }
@@ -292,7 +291,10 @@ pub(crate) fn reap_orphans(work_dir: &Path) -> usize {
         let _ = std::fs::remove_file(&path);
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while killed.iter().chain(&sandboxes).any(|pid| group_running(*pid))
+    while killed
+        .iter()
+        .chain(&sandboxes)
+        .any(|pid| group_running(*pid))
         && std::time::Instant::now() < deadline
     {
         std::thread::sleep(Duration::from_millis(20));

@@ -32,9 +32,11 @@ fn isolation(mode: IsolationMode, work: &Path) -> Arc<Isolation> {
         mode,
         ..IsolationConfig::default()
     };
-    Arc::new(Isolation::resolve(&config, work, None).expect(
-        "a sandbox needs bubblewrap and setpriv: apt-get install bubblewrap util-linux",
-    ))
+    Arc::new(
+        Isolation::resolve(&config, work, None).expect(
+            "a sandbox needs bubblewrap and setpriv: apt-get install bubblewrap util-linux",
+        ),
+    )
 }
 
 fn job(tenant: &str, script: &str) -> WorkerSpec {
@@ -70,7 +72,9 @@ async fn a_sandboxed_worker_runs_as_its_tenants_user_with_nothing_of_the_agents_
     let exit = run_to_end(&s, work.path(), &iso).await;
     assert_eq!(exit.exit_code, Some(0), "{exit:?}");
     let dir = worker_dir(work.path(), &s);
-    let user = lookup_user("gw-acme").unwrap().expect("the agent made the tenant's user");
+    let user = lookup_user("gw-acme")
+        .unwrap()
+        .expect("the agent made the tenant's user");
     assert_eq!(read(&dir, "uid").trim(), user.uid.to_string());
     assert_ne!(user.uid, 0);
     assert_eq!(read(&dir, "user").trim(), "gw-acme");
@@ -102,9 +106,15 @@ async fn a_sandboxed_worker_runs_as_its_tenants_user_with_nothing_of_the_agents_
     assert_eq!(keys, want);
     // Its directories are its own, and no one else's to list.
     let meta = std::fs::metadata(&dir).unwrap();
-    assert_eq!((meta.uid(), meta.permissions().mode() & 0o777), (user.uid, 0o700));
+    assert_eq!(
+        (meta.uid(), meta.permissions().mode() & 0o777),
+        (user.uid, 0o700)
+    );
     let ckpt = std::fs::metadata(checkpoint_dir(work.path(), &s)).unwrap();
-    assert_eq!((ckpt.uid(), ckpt.permissions().mode() & 0o777), (user.uid, 0o700));
+    assert_eq!(
+        (ckpt.uid(), ckpt.permissions().mode() & 0o777),
+        (user.uid, 0o700)
+    );
     let jobs = std::fs::metadata(work.path().join("jobs")).unwrap();
     assert_eq!((jobs.uid(), jobs.permissions().mode() & 0o777), (0, 0o711));
 }
@@ -216,7 +226,10 @@ async fn another_tenants_checkpoint_is_out_of_reach(mode: IsolationMode) {
         .insert("THEIRS".into(), theirs.to_string_lossy().into_owned());
     let exit = run_to_end(&globex, work.path(), &iso).await;
     assert_eq!(exit.exit_code, Some(0), "{exit:?}");
-    assert_eq!(read(&worker_dir(work.path(), &globex), "stdout.log"), "wrote its own\n");
+    assert_eq!(
+        read(&worker_dir(work.path(), &globex), "stdout.log"),
+        "wrote its own\n"
+    );
     assert_eq!(read(&theirs.join("step-1"), "model"), "weights\n");
 }
 
@@ -250,7 +263,12 @@ async fn a_sandboxed_worker_checkpoints_on_sigusr1_and_stops_on_sigterm() {
     );
     let control = Control::default();
     let task = {
-        let (s, control, work, iso) = (s.clone(), control.clone(), work.path().to_path_buf(), iso.clone());
+        let (s, control, work, iso) = (
+            s.clone(),
+            control.clone(),
+            work.path().to_path_buf(),
+            iso.clone(),
+        );
         tokio::spawn(async move { run(&s, &work, &control, None, &iso).await })
     };
     let dir = worker_dir(work.path(), &s);
@@ -265,8 +283,17 @@ async fn a_sandboxed_worker_checkpoints_on_sigusr1_and_stops_on_sigterm() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(exit.message.as_deref(), Some(crate::executor::CHECKPOINTED), "{exit:?}");
-    assert!(exit.checkpoint.as_deref().is_some_and(|c| c.ends_with("step-2")), "{exit:?}");
+    assert_eq!(
+        exit.message.as_deref(),
+        Some(crate::executor::CHECKPOINTED),
+        "{exit:?}"
+    );
+    assert!(
+        exit.checkpoint
+            .as_deref()
+            .is_some_and(|c| c.ends_with("step-2")),
+        "{exit:?}"
+    );
     // SIGTERM reached the job, not bubblewrap: it ran its handler.
     assert_eq!(read(&dir, "stdout.log"), "terminated\n");
     assert_eq!(exit.signal, Some(libc::SIGTERM), "{exit:?}");
@@ -285,7 +312,12 @@ async fn a_sandboxed_worker_that_ignores_sigterm_is_killed_with_everything_it_st
     s.grace = Duration::from_millis(300);
     let control = Control::default();
     let task = {
-        let (s, control, work, iso) = (s.clone(), control.clone(), work.path().to_path_buf(), iso.clone());
+        let (s, control, work, iso) = (
+            s.clone(),
+            control.clone(),
+            work.path().to_path_buf(),
+            iso.clone(),
+        );
         tokio::spawn(async move { run(&s, &work, &control, None, &iso).await })
     };
     let dir = worker_dir(work.path(), &s);
