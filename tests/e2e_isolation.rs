@@ -177,7 +177,19 @@ async fn hostile_jobs_reach_nothing_of_the_agent_or_of_another_tenant_and_their_
         .uid();
     assert_ne!(victim_uid, 0, "acme's worker runs as acme's user, not root");
 
+    // The region's database listens on 127.0.0.1, which jobs reach.
+    let db = cloud.database(REGION).to_string();
+    let db_port = (db.split_whitespace())
+        .find_map(|kv| kv.strip_prefix("port="))
+        .expect("a port in the database's connection string")
+        .to_string();
+    let psql = ["/usr/bin/psql", "/usr/local/bin/psql"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("psql (Debian postgresql-client) to attack the database with");
     let env = [
+        ("PSQL", psql.to_string()),
+        ("DB_PORT", db_port),
         ("AGENT_PID", agent_pid.to_string()),
         ("VICTIM_PID", victim_pid.to_string()),
         ("THEIRS", theirs.display().to_string()),
@@ -185,7 +197,18 @@ async fn hostile_jobs_reach_nothing_of_the_agent_or_of_another_tenant_and_their_
         ("AGENT_DIR", agent_dir.display().to_string()),
         ("KEY", key.display().to_string()),
     ];
-    let attacks: [(&str, &str); 5] = [
+    let attacks: [(&str, &str); 6] = [
+        (
+            "read-the-regions-database",
+            // Refused for want of a password, not for want of a psql.
+            r#"for u in postgres gangway "$(id -un)"; do
+                   if out=$("$PSQL" -w -h 127.0.0.1 -p "$DB_PORT" -U "$u" -d gangway -c 'SELECT count(*) FROM jobs' </dev/null 2>&1); then
+                       worked "read the region's database as $u"
+                   else
+                       echo "$out" | grep -q password || worked "psql failed otherwise, proving nothing: $out"
+                   fi
+               done"#,
+        ),
         (
             "steal-the-agents-token",
             r#"env | grep -q '^GANGWAY_AGENT_TOKEN=' && worked "the agent's token in its environment"

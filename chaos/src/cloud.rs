@@ -193,7 +193,10 @@ impl Cloud {
             let store = store_url(dir.path(), name);
             let mut control = Launch::new(bin, dir.path().join(format!("{name}-region.log")))
                 .env("GANGWAY_LOG", "info")
-                .args(["region", "--name", name, "--database-url", &db])
+                // The URL holds the database's password: in the environment,
+                // out of other users' sight (a command line is not).
+                .env("GANGWAY_DATABASE_URL", &db)
+                .args(["region", "--name", name])
                 .args(["--service-key", &service_pub])
                 .args(["--peer-signing-key", &service_priv])
                 .args(["--listen", &format!("127.0.0.1:{}", ports[i])])

@@ -44,9 +44,12 @@ done
 source "$state/env"
 port=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['regions']['us-east']['postgres'])" "$state/dev.json")
 PSQL=$(command -v psql || ls /usr/lib/postgresql/*/bin/psql | tail -1)
+# Connections over TCP need the superuser's password (deploy/devkit).
+PGPASSWORD=$(cat "$state/regions/us-east/pg/gangway-superuser.password")
+export PGPASSWORD
 psql_as() {
   if [ "$(id -u)" -eq 0 ]; then
-    runuser -u postgres -- "$PSQL" -h 127.0.0.1 -p "$port" -U postgres -d gangway -v ON_ERROR_STOP=1 "$@"
+    runuser -u postgres -w PGPASSWORD -- "$PSQL" -h 127.0.0.1 -p "$port" -U postgres -d gangway -v ON_ERROR_STOP=1 "$@"
   else
     "$PSQL" -h 127.0.0.1 -p "$port" -U postgres -d gangway -v ON_ERROR_STOP=1 "$@"
   fi

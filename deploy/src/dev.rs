@@ -382,7 +382,9 @@ async fn assemble(
             .args(["region", "--name", name])
             .args(["--listen", &format!("127.0.0.1:{}", ports.api)])
             .args(["--metrics-listen", &format!("127.0.0.1:{}", ports.metrics)])
-            .args(["--database-url", &db])
+            // It holds the database's password: in the environment, out
+            // of other users' sight (a command line is not).
+            .env("GANGWAY_DATABASE_URL", &db)
             .args(["--service-key", &service_key])
             // Regions watch each other and hold each other's job intent
             // (docs/failover.md); with peers, agents fence after the

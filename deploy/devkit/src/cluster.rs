@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,6 +25,12 @@ pub const LOG_FILE_NAME: &str = "postgres.log";
 
 /// The superuser that `initdb -U postgres` creates; connections use it.
 pub const SUPERUSER: &str = "postgres";
+
+/// The superuser's password, in the data directory (root's, 0600): TCP
+/// connections need it (SCRAM), since anything on the machine can reach
+/// 127.0.0.1, a job of a tenant included. The unix socket, in the data
+/// directory, is reachable by the server's user and root alone.
+pub const PASSWORD_FILE: &str = "gangway-superuser.password";
 
 /// Longest data-directory path usable as a unix socket directory
 /// (`<dir>/.s.PGSQL.<port>` must fit in `sun_path`, 108 bytes).
@@ -127,6 +133,17 @@ pub struct PgCluster {
     port: Option<u16>,
     server: Server,
     detached: bool,
+    /// `None`: a cluster made before passwords, which trusts 127.0.0.1.
+    password: Option<String>,
+}
+
+/// A new random password (128 bits, hex).
+fn new_password() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl PgCluster {
@@ -156,7 +173,7 @@ impl PgCluster {
         if let Some(user) = &run_as {
             check_traversable(&parent, user)?;
         }
-        let cluster = Self {
+        let mut cluster = Self {
             data_dir,
             opts,
             bins,
@@ -164,10 +181,18 @@ impl PgCluster {
             port: None,
             server: Server::Stopped,
             detached: false,
+            password: None,
         };
         if cluster.data_dir.join("PG_VERSION").exists() {
             cluster.check_existing()?;
+            let file = cluster.data_dir.join(PASSWORD_FILE);
+            cluster.password = match std::fs::read_to_string(&file) {
+                Ok(p) => Some(p.trim().to_string()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
+            };
         } else {
+            cluster.password = Some(new_password()?);
             cluster.initdb()?;
         }
         Ok(cluster)
@@ -231,6 +256,16 @@ impl PgCluster {
             tracing::debug!(error = %format!("{e:#}"), "initdb via a sibling directory failed; initdb in place");
             self.run_initdb(data)?;
         }
+        if let Some(password) = &self.password {
+            let file = data.join(PASSWORD_FILE);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&file)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, password.as_bytes()))
+                .with_context(|| format!("writing {}", file.display()))?;
+        }
         tracing::info!(data_dir = %data.display(), "initialised PostgreSQL cluster");
         Ok(())
     }
@@ -246,18 +281,37 @@ impl PgCluster {
             std::os::unix::fs::chown(dir, Some(user.uid), Some(user.gid))
                 .with_context(|| format!("chown {} to {}", dir.display(), user.name))?;
         }
+        // The password, for initdb (run as the server's user) to read once.
+        let pwfile = dir.with_extension(format!("pwfile-{}", std::process::id()));
+        let password = self.password.as_deref().unwrap_or_default();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&pwfile)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, password.as_bytes()))
+            .with_context(|| format!("writing {}", pwfile.display()))?;
+        if let Some(user) = &self.run_as {
+            std::os::unix::fs::chown(&pwfile, Some(user.uid), Some(user.gid))
+                .with_context(|| format!("chown {} to {}", pwfile.display(), user.name))?;
+        }
         let mut cmd = self.pg_command(&self.bins.initdb);
         cmd.arg("-D").arg(dir).args([
-            "--auth=trust",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
             "-U",
             SUPERUSER,
             "--encoding=UTF8",
             "--no-locale",
         ]);
+        cmd.arg(format!("--pwfile={}", pwfile.display()));
         if self.opts.fast {
             cmd.arg("--no-sync");
         }
-        run_checked(cmd, "initdb")?;
+        let ran = run_checked(cmd, "initdb");
+        let _ = std::fs::remove_file(&pwfile);
+        ran?;
         Ok(())
     }
 
@@ -687,13 +741,24 @@ impl PgCluster {
     }
 
     /// libpq key/value connection string, e.g.
-    /// `host=127.0.0.1 port=N user=postgres dbname=DB`.
+    /// `host=127.0.0.1 port=N user=postgres password=… dbname=DB`. It holds
+    /// the superuser's password: give it to processes in their environment
+    /// or a file, not on a command line others can read.
     pub fn connection_string(&self, db: &str) -> String {
+        let password = (self.password.as_deref())
+            .map(|p| format!(" password={p}"))
+            .unwrap_or_default();
         format!(
-            "host=127.0.0.1 port={} user={SUPERUSER} dbname={}",
+            "host=127.0.0.1 port={} user={SUPERUSER}{password} dbname={}",
             self.port(),
             conn_value(db)
         )
+    }
+
+    /// The superuser's password (`None` for a cluster made before
+    /// passwords, which trusts connections from 127.0.0.1).
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
     }
 
     /// URL form: `postgres://postgres@127.0.0.1:N/DB` (DB percent-encoded).
@@ -706,7 +771,13 @@ impl PgCluster {
                 encoded.push_str(&format!("%{b:02X}"));
             }
         }
-        format!("postgres://{SUPERUSER}@127.0.0.1:{}/{encoded}", self.port())
+        let password = (self.password.as_deref())
+            .map(|p| format!(":{p}"))
+            .unwrap_or_default();
+        format!(
+            "postgres://{SUPERUSER}{password}@127.0.0.1:{}/{encoded}",
+            self.port()
+        )
     }
 
     /// A fresh connection to `db` whose connection task runs on the current

@@ -10,7 +10,7 @@
 //! let mut pg = PgCluster::init_or_open("/tmp/state/region-a/pg".as_ref(), PgOptions::default())?;
 //! pg.start()?;
 //! pg.create_database_blocking("gangway")?; // or `.create_database(..).await`
-//! let conn = pg.connection_string("gangway"); // host=127.0.0.1 port=N user=postgres dbname=gangway
+//! let conn = pg.connection_string("gangway"); // host=127.0.0.1 port=N user=postgres password=… dbname=gangway
 //! # Ok(()) }
 //! ```
 //!
@@ -64,7 +64,8 @@ mod user;
 
 pub use binaries::{PgBinaries, DEBIAN_PG_LIB_ROOT, INSTALL_HINT, PG_BIN_DIR_ENV};
 pub use cluster::{
-    file_tail, free_port, quote_ident, PgCluster, PgOptions, LOG_FILE_NAME, SUPERUSER,
+    file_tail, free_port, quote_ident, PgCluster, PgOptions, LOG_FILE_NAME, PASSWORD_FILE,
+    SUPERUSER,
 };
 pub use testing::{
     fresh_database, fresh_database_blocking, test_cluster, test_cluster_blocking,

@@ -61,11 +61,25 @@ async fn start_create_connect_restart_keeps_data() {
     pg.create_database("app").await.unwrap();
     pg.create_database("app").await.unwrap(); // idempotent
     let conn = pg.connection_string("app");
+    let password = pg.password().expect("a new cluster has a password");
     assert_eq!(
         conn,
-        format!("host=127.0.0.1 port={} user=postgres dbname=app", pg.port())
+        format!(
+            "host=127.0.0.1 port={} user=postgres password={password} dbname=app",
+            pg.port()
+        )
     );
     assert_eq!(query_i64(&conn, "SELECT 1::int8").await, 1);
+    // Anything on the machine reaches 127.0.0.1 (a tenant's job, say):
+    // without the password it is refused.
+    let no_password = format!("host=127.0.0.1 port={} user=postgres dbname=app", pg.port());
+    let refused = tokio_postgres::connect(&no_password, tokio_postgres::NoTls).await;
+    assert!(refused.is_err(), "connected without the password");
+    let key = std::fs::metadata(data.join(gangway_devkit::PASSWORD_FILE)).unwrap();
+    assert_eq!(
+        key.permissions().mode() & 0o777,
+        0o600
+    );
 
     let client = pg.connect("app").await.unwrap();
     client
