@@ -591,20 +591,8 @@ impl Cloud {
     /// A client of the global tier with an operator's token, and the
     /// command-line flags that give the CLI the same.
     pub fn operator(&self) -> (Client, Vec<String>) {
-        let token = (self.auth.tenant_key)
-            .sign(&claims_for(
-                Role::Admin,
-                "ops-e2e",
-                None,
-                None,
-                tokens::ISSUER,
-                tokens::PUBLIC_AUDIENCE,
-                Duration::from_secs(3600),
-            ))
-            .unwrap();
-        let ca = std::fs::read(&self.auth.ca_cert).unwrap();
+        let (client, token) = self.public_client(Role::Admin, "ops-e2e", None);
         let url = self.tenant.base().to_string();
-        let client = Client::public(url.clone(), token.clone(), Some(&ca)).unwrap();
         let flags = vec![
             "--url".into(),
             url,
@@ -699,11 +687,18 @@ impl Cloud {
 
     /// A client of the first global replica for `tenant`.
     pub fn tenant_client(&self, tenant: &str) -> Client {
+        self.public_client(Role::Tenant, &format!("{tenant}-e2e"), Some(tenant))
+            .0
+    }
+
+    /// A client of the first global replica with a token of `role` for
+    /// `subject` (and `tenant`), and the token.
+    fn public_client(&self, role: Role, subject: &str, tenant: Option<&str>) -> (Client, String) {
         let token = (self.auth.tenant_key)
             .sign(&claims_for(
-                Role::Tenant,
-                &format!("{tenant}-e2e"),
-                Some(tenant),
+                role,
+                subject,
+                tenant,
                 None,
                 tokens::ISSUER,
                 tokens::PUBLIC_AUDIENCE,
@@ -711,7 +706,9 @@ impl Cloud {
             ))
             .unwrap();
         let ca = std::fs::read(&self.auth.ca_cert).unwrap();
-        Client::public(self.tenant.base().to_string(), token, Some(&ca)).unwrap()
+        let client =
+            Client::public(self.tenant.base().to_string(), token.clone(), Some(&ca)).unwrap();
+        (client, token)
     }
 
     /// The pid of region `name`'s agent, as this machine numbers it.

@@ -137,6 +137,19 @@ pub struct PgCluster {
     password: Option<String>,
 }
 
+/// Writes `text` to a new file at `path` that only its owner may read
+/// (replacing one left there).
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 /// A new random password (128 bits, hex).
 fn new_password() -> Result<String> {
     let mut bytes = [0u8; 16];
@@ -257,14 +270,7 @@ impl PgCluster {
             self.run_initdb(data)?;
         }
         if let Some(password) = &self.password {
-            let file = data.join(PASSWORD_FILE);
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&file)
-                .and_then(|mut f| std::io::Write::write_all(&mut f, password.as_bytes()))
-                .with_context(|| format!("writing {}", file.display()))?;
+            write_private(&data.join(PASSWORD_FILE), password)?;
         }
         tracing::info!(data_dir = %data.display(), "initialised PostgreSQL cluster");
         Ok(())
@@ -283,15 +289,7 @@ impl PgCluster {
         }
         // The password, for initdb (run as the server's user) to read once.
         let pwfile = dir.with_extension(format!("pwfile-{}", std::process::id()));
-        let password = self.password.as_deref().unwrap_or_default();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&pwfile)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, password.as_bytes()))
-            .with_context(|| format!("writing {}", pwfile.display()))?;
+        write_private(&pwfile, self.password.as_deref().unwrap_or_default())?;
         if let Some(user) = &self.run_as {
             std::os::unix::fs::chown(&pwfile, Some(user.uid), Some(user.gid))
                 .with_context(|| format!("chown {} to {}", pwfile.display(), user.name))?;

@@ -76,10 +76,7 @@ async fn start_create_connect_restart_keeps_data() {
     let refused = tokio_postgres::connect(&no_password, tokio_postgres::NoTls).await;
     assert!(refused.is_err(), "connected without the password");
     let key = std::fs::metadata(data.join(gangway_devkit::PASSWORD_FILE)).unwrap();
-    assert_eq!(
-        key.permissions().mode() & 0o777,
-        0o600
-    );
+    assert_eq!(key.permissions().mode() & 0o777, 0o600);
 
     let client = pg.connect("app").await.unwrap();
     client

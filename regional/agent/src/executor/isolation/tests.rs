@@ -54,6 +54,33 @@ async fn run_to_end(spec: &WorkerSpec, work: &Path, iso: &Arc<Isolation>) -> cra
     .expect("the worker ends within 30 s")
 }
 
+/// Starts `spec` on a task of its own and waits until it has written the
+/// file `ready` in its directory.
+async fn start_until_ready(
+    spec: &WorkerSpec,
+    work: &Path,
+    iso: &Arc<Isolation>,
+) -> (Control, tokio::task::JoinHandle<crate::executor::Exit>) {
+    let control = Control::default();
+    let task = {
+        let (s, control, work, iso) = (
+            spec.clone(),
+            control.clone(),
+            work.to_path_buf(),
+            iso.clone(),
+        );
+        tokio::spawn(async move { run(&s, &work, &control, None, &iso).await })
+    };
+    let ready = worker_dir(work, spec).join("ready");
+    for _ in 0..500 {
+        if ready.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (control, task)
+}
+
 fn read(dir: &Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(name))
         .unwrap_or_else(|e| panic!("{}: {e}", dir.join(name).display()))
@@ -143,6 +170,20 @@ fn plant_secret(work: &Path) -> std::path::PathBuf {
     secret
 }
 
+/// Runs `s` against this process (the agent), its work dir and `secret`,
+/// to a clean exit.
+async fn attack_the_agent(s: &mut WorkerSpec, work: &Path, secret: &Path, iso: &Arc<Isolation>) {
+    for (k, v) in [
+        ("AGENT_PID", std::process::id().to_string()),
+        ("SECRET", secret.to_string_lossy().into_owned()),
+        ("WORK", work.to_string_lossy().into_owned()),
+    ] {
+        s.env.insert(k.into(), v);
+    }
+    let exit = run_to_end(s, work, iso).await;
+    assert_eq!(exit.exit_code, Some(0), "{exit:?}");
+}
+
 #[tokio::test]
 async fn a_sandboxed_worker_reaches_no_process_file_or_directory_of_the_agent() {
     let work = work_dir();
@@ -152,15 +193,7 @@ async fn a_sandboxed_worker_reaches_no_process_file_or_directory_of_the_agent() 
         "acme",
         &format!("{{ {AGAINST_THE_AGENT} }} > out; ls /proc | grep -c '^[0-9]' > processes"),
     );
-    for (k, v) in [
-        ("AGENT_PID", std::process::id().to_string()),
-        ("SECRET", secret.to_string_lossy().into_owned()),
-        ("WORK", work.path().to_string_lossy().into_owned()),
-    ] {
-        s.env.insert(k.into(), v);
-    }
-    let exit = run_to_end(&s, work.path(), &iso).await;
-    assert_eq!(exit.exit_code, Some(0), "{exit:?}");
+    attack_the_agent(&mut s, work.path(), &secret, &iso).await;
     let dir = worker_dir(work.path(), &s);
     assert_eq!(read(&dir, "out"), "done\n");
     // Its own PID namespace: the sandbox's init, the shell, ls and grep.
@@ -177,15 +210,7 @@ async fn without_a_sandbox_the_tenants_user_alone_keeps_the_agent_out_of_reach()
     let secret = plant_secret(work.path());
     std::fs::set_permissions(&secret, PermissionsExt::from_mode(0o600)).unwrap();
     let mut s = job("acme", &format!("{{ {AGAINST_THE_AGENT} }} > out"));
-    for (k, v) in [
-        ("AGENT_PID", std::process::id().to_string()),
-        ("SECRET", secret.to_string_lossy().into_owned()),
-        ("WORK", work.path().to_string_lossy().into_owned()),
-    ] {
-        s.env.insert(k.into(), v);
-    }
-    let exit = run_to_end(&s, work.path(), &iso).await;
-    assert_eq!(exit.exit_code, Some(0), "{exit:?}");
+    attack_the_agent(&mut s, work.path(), &secret, &iso).await;
     // Without a PID namespace the agent's command line is in sight (so
     // the agent takes its token from a file or its environment, never
     // its arguments); the rest is refused.
@@ -261,23 +286,8 @@ async fn a_sandboxed_worker_checkpoints_on_sigusr1_and_stops_on_sigterm() {
         while true; do sleep 0.05; done
         "#,
     );
-    let control = Control::default();
-    let task = {
-        let (s, control, work, iso) = (
-            s.clone(),
-            control.clone(),
-            work.path().to_path_buf(),
-            iso.clone(),
-        );
-        tokio::spawn(async move { run(&s, &work, &control, None, &iso).await })
-    };
+    let (control, task) = start_until_ready(&s, work.path(), &iso).await;
     let dir = worker_dir(work.path(), &s);
-    for _ in 0..500 {
-        if dir.join("ready").exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     control.checkpoint.cancel();
     let exit = tokio::time::timeout(Duration::from_secs(20), task)
         .await
@@ -310,23 +320,8 @@ async fn a_sandboxed_worker_that_ignores_sigterm_is_killed_with_everything_it_st
          touch ready; while true; do sleep 0.05; done",
     );
     s.grace = Duration::from_millis(300);
-    let control = Control::default();
-    let task = {
-        let (s, control, work, iso) = (
-            s.clone(),
-            control.clone(),
-            work.path().to_path_buf(),
-            iso.clone(),
-        );
-        tokio::spawn(async move { run(&s, &work, &control, None, &iso).await })
-    };
+    let (control, task) = start_until_ready(&s, work.path(), &iso).await;
     let dir = worker_dir(work.path(), &s);
-    for _ in 0..500 {
-        if dir.join("ready").exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let user = lookup_user("gw-acme").unwrap().unwrap();
     assert!(!processes_of(user.uid).is_empty());
     control.stop.cancel();
