@@ -200,6 +200,16 @@ impl Isolation {
                 path: work_dir.to_path_buf(),
                 source,
             })?;
+        // A local checkpoint store holds every tenant's checkpoints (and a
+        // peer region's copies, which the region writes): the agent's.
+        if let Some(store) = store_dir {
+            std::fs::create_dir_all(store)
+                .and_then(|_| std::fs::set_permissions(store, PermissionsExt::from_mode(0o700)))
+                .map_err(|source| IsolationError::WorkDir {
+                    path: store.to_path_buf(),
+                    source,
+                })?;
+        }
         if matches!(mode, Mode::User) {
             if let Some((blocker, mode)) = unreachable_ancestor(work_dir) {
                 return Err(IsolationError::Unreachable {
