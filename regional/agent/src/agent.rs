@@ -45,6 +45,8 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
 struct Agent {
     config: AgentConfig,
     boot_id: Uuid,
+    /// Who claims the nodes: the same across restarts of this agent here.
+    host_id: String,
     /// The machine's boot id, reported for every node.
     machine_boot: String,
     /// Health signals not yet accepted by the region (one node: the
@@ -132,6 +134,7 @@ impl Agent {
         };
         Ok(Agent {
             checkpoints,
+            host_id: crate::identity::host_id(&config.work_dir),
             config,
             boot_id,
             machine_boot,
@@ -303,6 +306,7 @@ impl Agent {
             boot_id: self.boot_id,
             executor: self.config.executor.as_str().to_string(),
             nodes: self.config.nodes.clone(),
+            host_id: Some(self.host_id.clone()),
         };
         loop {
             let region = self.region.clone();
