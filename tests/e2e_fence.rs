@@ -9,7 +9,7 @@
 
 mod support;
 
-use support::{log_file, shared_out, token, Proc, BIN};
+use support::{agent_token, log_file, shared_out, token, Proc, BIN};
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -151,6 +151,8 @@ async fn an_agent_cut_off_from_its_region_checkpoints_and_stops_its_workers_befo
             .arg(&policy)
             .args(["--fence-after-s", &FENCE_AFTER_S.to_string()])
             .args(["--fence-checkpoint-s", "3"])
+            .arg("--inventory")
+            .arg(&fleet)
             .env("GANGWAY_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file(dir.path(), "region.log"))
@@ -162,7 +164,7 @@ async fn an_agent_cut_off_from_its_region_checkpoints_and_stops_its_workers_befo
         Command::new(BIN)
             .env(
                 "GANGWAY_AGENT_TOKEN",
-                token(&key, Role::Agent, Some("test")),
+                agent_token(&key, "test-agent", "test"),
             )
             .args(["agent", "--region", "test", "--agent-id", "test-agent"])
             .arg("--region-url")

@@ -71,6 +71,8 @@ impl Cloud {
                     "200",
                 ])
                 .args(["--grace-period-s", "2", "--checkpoint-deadline-s", "10"])
+                .arg("--inventory")
+                .arg(&fleet)
                 .env("GANGWAY_LOG", "info")
                 .stdout(Stdio::null())
                 .stderr(log_file(dir.path(), "region.log"))

@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{log_file, shared_out, token, Proc, BIN};
+use support::{agent_token, log_file, shared_out, token, Proc, BIN};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -50,14 +50,16 @@ impl Cloud {
         let key = SigningKey::generate("e2e-service");
         std::fs::write(dir.path().join("service.pub.pem"), key.public_pem()).unwrap();
         let region = spawn_region(dir.path(), &db, port);
-        let agent_token = token(&key, Role::Agent, Some("test"));
         let agent = Proc(
             Command::new(BIN)
-                .env("GANGWAY_AGENT_TOKEN", agent_token)
+                .env(
+                    "GANGWAY_AGENT_TOKEN",
+                    agent_token(&key, "test-agent", "test"),
+                )
                 .args(["agent", "--region", "test", "--agent-id", "test-agent"])
                 .arg("--region-url")
                 .arg(format!("http://127.0.0.1:{port}"))
-                .arg("--fleet")
+                .arg("--simulate")
                 .arg(&fleet)
                 .args(["--executor", executor, "--time-factor", "0.05"])
                 .arg("--work-dir")
@@ -136,11 +138,14 @@ impl Cloud {
 }
 
 /// The region of a test cloud, with the checkpoint store its agents share
-/// (`DIR/store`).
+/// (`DIR/store`) and its inventory `DIR/fleet.toml` (the simulated nodes
+/// served by agent `test-agent`, machines by name by their own).
 fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
     Proc(
         Command::new(BIN)
             .args(["region", "--name", "test", "--database-url", db])
+            .arg("--inventory")
+            .arg(dir.join("fleet.toml"))
             .arg("--checkpoint-store")
             .arg(format!("file://{}", dir.join("store").display()))
             .arg("--service-key")
@@ -1354,28 +1359,33 @@ async fn reservations_are_refused_with_a_window_idempotent_and_run_their_jobs() 
 /// every N into GANGWAY_CHECKPOINT_DIR, resumes from GANGWAY_RESTORE_FROM.
 const EXAMPLE_TRAINER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/trainer");
 
-/// One node of 8 GPUs; agents name it after their `--region`.
-const ONE_NODE: &str = r#"
+/// The region's inventory: two machines of 8 GPUs, by name.
+const MACHINES: &str = r#"
 [[spine]]
   [[spine.leaf]]
-  nodes = 1
+  names = ["machine-a", "machine-b"]
   gpu_type = "h100"
   gpus_per_node = 8
 "#;
 
-/// An agent of region `test` serving one node named after `name`, with its
-/// own work dir and the cloud's checkpoint store.
+/// A real-mode agent of region `test` for machine `name` (8 GPUs
+/// declared: this host has none), with its own work dir and token and the
+/// cloud's checkpoint store.
 fn spawn_agent(dir: &Path, key: &SigningKey, port: u16, name: &str) -> Proc {
-    let fleet = dir.join(format!("{name}.toml"));
-    std::fs::write(&fleet, ONE_NODE).unwrap();
     Proc(
         Command::new(BIN)
-            .env("GANGWAY_AGENT_TOKEN", token(key, Role::Agent, Some("test")))
-            .args(["agent", "--region", name, "--agent-id", name])
+            .env("GANGWAY_AGENT_TOKEN", agent_token(key, name, "test"))
+            .args([
+                "agent",
+                "--node-name",
+                name,
+                "--gpus",
+                "8",
+                "--gpu-type",
+                "h100",
+            ])
             .arg("--region-url")
             .arg(format!("http://127.0.0.1:{port}"))
-            .arg("--fleet")
-            .arg(&fleet)
             .args(["--executor", "real"])
             .arg("--work-dir")
             .arg(dir.join(name))
@@ -1397,6 +1407,7 @@ async fn a_drained_trainer_resumes_on_another_machine_from_the_checkpoint_store(
     let dir = tempfile::tempdir().unwrap();
     let key = SigningKey::generate("e2e-service");
     std::fs::write(dir.path().join("service.pub.pem"), key.public_pem()).unwrap();
+    std::fs::write(dir.path().join("fleet.toml"), MACHINES).unwrap();
     let port = gangway_devkit::free_port();
     let _region = spawn_region(dir.path(), &db, port);
     let _a = spawn_agent(dir.path(), &key, port, "machine-a");

@@ -201,7 +201,10 @@ impl Cloud {
                 .args(["--peer-signing-key", &service_priv])
                 .args(["--listen", &format!("127.0.0.1:{}", ports[i])])
                 .args(DRILL_TIMERS)
-                .args(["--checkpoint-store", &store]);
+                .args(["--checkpoint-store", &store])
+                // Its inventory: the fleet its agent (`{name}-agent`) serves.
+                .arg("--inventory")
+                .arg(&fleet);
             // Short timers keep CI short; the defaults are what
             // docs/benchmarks.md measures.
             if short {

@@ -251,14 +251,14 @@ pub fn agent_launch(
     log: &str,
 ) -> Launch {
     let agent_id = format!("{region}-agent");
-    let agent_token = token_for_agent(&auth.service_key, &agent_id, region);
+    let agent_token = agent_token(&auth.service_key, &agent_id, region);
     Launch::new(bin, dir.join(format!("{log}.log")))
         .env("GANGWAY_AGENT_TOKEN", agent_token)
         .env("GANGWAY_LOG", "info")
         .args(["agent", "--region", region, "--agent-id", &agent_id])
         .arg("--region-url")
         .arg(format!("http://127.0.0.1:{region_port}"))
-        .arg("--fleet")
+        .arg("--simulate")
         .arg(fleet)
         .arg("--work-dir")
         .arg(dir.join(log))
@@ -293,8 +293,8 @@ pub fn kill_processes_under(dir: &Path) {
     }
 }
 
-/// An agent token for `agent_id` of `region`.
-fn token_for_agent(key: &SigningKey, agent_id: &str, region: &str) -> String {
+/// An agent token for `agent_id` of `region` (its subject is the agent).
+pub fn agent_token(key: &SigningKey, agent_id: &str, region: &str) -> String {
     key.sign(&claims_for(
         Role::Agent,
         agent_id,

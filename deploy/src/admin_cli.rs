@@ -32,6 +32,12 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: NodeCommand,
     },
+    /// Agents' credentials: a token per agent (a real machine's agent is
+    /// named as its node), bound to it and to one region.
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
     /// Rolling maintenance: reboot nodes in capacity-aware waves.
     Maintenance {
         #[command(subcommand)]
@@ -126,7 +132,8 @@ pub enum MaintenanceCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum NodeCommand {
-    /// Every node, with its admin and observed state, usable GPUs and why.
+    /// Every node, with its admin and observed state, usable GPUs and why;
+    /// and the machines refused as not in the inventory (`unknown`).
     List {
         #[command(flatten)]
         conn: Conn,
@@ -181,6 +188,41 @@ pub enum NodeCommand {
         #[arg(long)]
         region: Option<String>,
     },
+    /// Admit a machine listed as unknown into its region's inventory, where
+    /// it sits: its next registration is accepted and it takes work.
+    Admit {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[command(flatten)]
+        place: Placement,
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// Add a machine to a region's inventory (before or after it first
+    /// tries to join), or move it.
+    Add {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[command(flatten)]
+        place: Placement,
+        /// The region it belongs to (default: the only one).
+        #[arg(long)]
+        region: Option<String>,
+    },
+    /// Take a node over: the agent holding it loses its claim, so the next
+    /// agent to register the node gets it even while the old one is alive
+    /// (a machine replaced under the same name). Audited.
+    Release {
+        #[command(flatten)]
+        conn: Conn,
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        region: Option<String>,
+    },
     /// Inject a fault into a simulated node, as if its agent reported it:
     /// `--kind xid --code 79 --gpu 0`, `--kind thermal --gpu 1`,
     /// `--kind node-down`, `--kind link-flap`, `--kind reboot`,
@@ -224,6 +266,101 @@ pub enum NodeCommand {
         #[arg(long)]
         region: Option<String>,
     },
+}
+
+/// Where a machine sits in its region's topology.
+#[derive(clap::Args, Debug)]
+pub struct Placement {
+    /// Its spine (pod), as the region's other nodes name theirs.
+    #[arg(long)]
+    spine: String,
+    /// Its leaf switch (rack).
+    #[arg(long)]
+    leaf: String,
+    /// Its NVLink domain (default: the node itself; the leaf for a
+    /// rack-scale domain such as GB200 NVL72).
+    #[arg(long)]
+    nvlink_domain: Option<String>,
+    /// Hold it in the spare pool.
+    #[arg(long)]
+    spare: bool,
+    /// The GPU type it must report (default: whatever it reports).
+    #[arg(long)]
+    gpu_type: Option<String>,
+    /// The agent that may serve it (default: its own, named as the node).
+    #[arg(long)]
+    agent_id: Option<String>,
+    /// Its rack's power budget for GPU draw, in watts.
+    #[arg(long)]
+    rack_power_budget_w: Option<u64>,
+    #[arg(long)]
+    reason: Option<String>,
+}
+
+impl Placement {
+    fn body(&self) -> serde_json::Value {
+        let mut body = serde_json::json!({
+            "spine": self.spine, "leaf": self.leaf, "nvlink_domain": self.nvlink_domain,
+            "spare": self.spare, "gpu_type": self.gpu_type, "agent_id": self.agent_id,
+            "rack_power_budget_w": self.rack_power_budget_w, "reason": self.reason,
+        });
+        if let Some(o) = body.as_object_mut() {
+            o.retain(|_, v| !v.is_null());
+        }
+        body
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AgentCommand {
+    /// Mint a token for one agent of one region (a real machine's agent is
+    /// named as its node: `gangway admin agent token gpu-a1-001`). Give it
+    /// to that agent alone (GANGWAY_AGENT_TOKEN); it cannot act for any
+    /// other node or region.
+    Token {
+        #[command(flatten)]
+        conn: Conn,
+        /// The agent (a real machine's: its node name).
+        id: String,
+        /// The region it serves (default: the only one).
+        #[arg(long)]
+        region: Option<String>,
+        /// How long it lasts, in days.
+        #[arg(long, default_value_t = 90)]
+        ttl_days: u64,
+    },
+}
+
+async fn agent(cmd: AgentCommand) -> anyhow::Result<u8> {
+    let AgentCommand::Token {
+        conn,
+        id,
+        region,
+        ttl_days,
+    } = cmd;
+    let mut q = region_query(region);
+    q.push(("ttl_days", ttl_days.to_string()));
+    let doc = conn
+        .admin_client()?
+        .call_json(
+            Method::POST,
+            &with_query(&format!("/v1/admin/agents/{id}/token"), &q),
+            None,
+        )
+        .await?;
+    if conn.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        // The token alone on stdout, so it can be piped into a secret.
+        println!("{}", s(&doc, "token"));
+        eprintln!(
+            "agent {} of region {}, expires {}",
+            s(&doc, "agent_id"),
+            s(&doc, "region"),
+            s(&doc, "expires_at")
+        );
+    }
+    Ok(0)
 }
 
 #[derive(Subcommand, Debug)]
@@ -499,6 +636,7 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
         AdminCommand::Quota { command } => command,
         AdminCommand::Limits { command } => return limits(command).await,
         AdminCommand::Node { command } => return node(command).await,
+        AdminCommand::Agent { command } => return agent(command).await,
         AdminCommand::Maintenance { command } => return maintenance(command).await,
         AdminCommand::Goodput { conn, region } => {
             let doc = conn
@@ -733,6 +871,26 @@ async fn node(cmd: NodeCommand) -> anyhow::Result<u8> {
                     for n in v["nodes"].as_array().into_iter().flatten() {
                         rows.push(node_row(n));
                     }
+                    // Refused as not in the inventory: no work until admitted.
+                    for n in v["unknown"].as_array().into_iter().flatten() {
+                        let mut row = vec![
+                            s(n, "node_id"),
+                            region.clone(),
+                            s(n, "gpu_type"),
+                            "-".into(),
+                            "unknown".into(),
+                            format!("0/{}", s(n, "gpus")),
+                            "-".into(),
+                            "0".into(),
+                            format!(
+                                "not in the inventory (agent {}, last tried {}): gangway admin node admit",
+                                s(n, "agent_id"),
+                                s(n, "last_seen_at")
+                            ),
+                        ];
+                        row.resize(NODE_COLUMNS.len(), String::new());
+                        rows.push(row);
+                    }
                 }
             }
             print!("{}", table(NODE_COLUMNS, &rows));
@@ -793,6 +951,42 @@ async fn node(cmd: NodeCommand) -> anyhow::Result<u8> {
                 Some(body),
             )
         }
+        NodeCommand::Admit {
+            conn,
+            id,
+            place,
+            region,
+        } => (
+            conn,
+            Method::POST,
+            format!("/v1/admin/nodes/{id}/admit"),
+            region_query(region),
+            Some(place.body()),
+        ),
+        NodeCommand::Add {
+            conn,
+            id,
+            place,
+            region,
+        } => (
+            conn,
+            Method::PUT,
+            format!("/v1/admin/inventory/{id}"),
+            region_query(region),
+            Some(place.body()),
+        ),
+        NodeCommand::Release {
+            conn,
+            id,
+            reason,
+            region,
+        } => (
+            conn,
+            Method::POST,
+            format!("/v1/admin/nodes/{id}/release"),
+            region_query(region),
+            Some(json!({"reason": reason})),
+        ),
         NodeCommand::InjectFault {
             conn,
             id,
@@ -847,7 +1041,8 @@ async fn node(cmd: NodeCommand) -> anyhow::Result<u8> {
         .admin_client()?
         .call_json(method, &with_query(&path, &query), body.as_ref())
         .await?;
-    if conn.json {
+    if conn.json || doc.get("observed").is_none() {
+        // Not a node view (an inventory entry, a release): as it is.
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(0);
     }

@@ -391,7 +391,12 @@ async fn assemble(
             // regions' lease (8 s) and a dead region's jobs run elsewhere
             // after about 16 s.
             .args(["--peer-signing-key", &signing_key])
-            .args(["--checkpoint-store", &checkpoint_store]);
+            .args(["--checkpoint-store", &checkpoint_store])
+            // The region's inventory is the fleet its simulated agent
+            // serves, bound to that agent.
+            .arg("--inventory")
+            .arg(fleet)
+            .args(["--inventory-agent", &format!("{name}-agent-0")]);
         if args.short_timers {
             control = control.args(DRILL_TIMERS).args(SHORT_TIMERS);
         }
@@ -419,7 +424,7 @@ async fn assemble(
             .arg("agent")
             .args(["--region-url", &format!("http://127.0.0.1:{}", ports.api)])
             .args(["--region", name, "--agent-id", &agent_id])
-            .arg("--fleet")
+            .arg("--simulate")
             .arg(fleet)
             .args(["--executor", &args.executor])
             .args(["--time-factor", &args.time_factor.to_string()])

@@ -52,7 +52,7 @@ enum Command {
     Region(region_cli::RegionCli),
     /// Run the global tier (public HTTPS API).
     Global(servers::GlobalArgs),
-    /// Run a node agent (a simulated fleet from a fleet file).
+    /// Run a node agent: this machine as itself (its hostname or --node-name, GPUs from NVML or --gpus/--gpu-type), or a simulated fleet (--simulate FLEET_FILE).
     Agent(servers::AgentArgs),
     /// The local cloud.
     Dev {

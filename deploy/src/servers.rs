@@ -112,6 +112,42 @@ pub struct RegionArgs {
     /// agents' lease, plus the fenced checkpoint time, plus 2).
     #[arg(long)]
     pub adopt_after_s: Option<u64>,
+    /// The region's inventory: a fleet file (TOML) of the machines that
+    /// belong here and where each sits, loaded into the inventory at every
+    /// start (an operator's own entries, `gangway admin node add`, stay).
+    /// Machines listed by name are served by an agent of their own name;
+    /// counted (simulated) ones by --inventory-agent. A machine not in the
+    /// inventory is refused when it registers (`unknown_node`).
+    #[arg(long, value_name = "FLEET_FILE")]
+    pub inventory: Option<PathBuf>,
+    /// The agent that serves the inventory's simulated (counted) nodes:
+    /// the subject of its token (default: `{name}-agent`).
+    #[arg(long, value_name = "AGENT_ID")]
+    pub inventory_agent: Option<String>,
+}
+
+/// Loads the region's `--inventory` fleet file into its store.
+async fn load_inventory(
+    state: &gangway_regional::AppState,
+    args: &RegionArgs,
+) -> anyhow::Result<()> {
+    let Some(path) = &args.inventory else {
+        return Ok(());
+    };
+    let fleet = FleetFile::load(path)
+        .with_context(|| format!("cannot load the inventory {}", path.display()))?;
+    let sim_agent =
+        (args.inventory_agent.clone()).unwrap_or_else(|| format!("{}-agent", args.name));
+    let nodes: Vec<_> = (fleet.expand(fleet.region_or(&args.name)).iter())
+        .map(|n| gangway_regional::store::InventoryNode::from_fleet(n, &sim_agent))
+        .collect();
+    let written = state
+        .store
+        .load_inventory(&nodes, "fleet")
+        .await
+        .context("cannot load the inventory")?;
+    tracing::info!(path = %path.display(), nodes = nodes.len(), written, %sim_agent, "inventory loaded");
+    Ok(())
 }
 
 /// Reads `KID=PATH` key arguments into (kid, PEM) pairs.
@@ -222,6 +258,7 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
     let shutdown = shutdown_token();
     let state =
         gangway_regional::prepare(config, Duration::from_secs(args.database_wait_s)).await?;
+    load_inventory(&state, &args).await?;
     gangway_regional::serve(state, shutdown).await
 }
 
@@ -235,13 +272,29 @@ pub struct AgentArgs {
     /// The regional control plane's URL.
     #[arg(long, env = "GANGWAY_REGION_URL")]
     pub region_url: String,
-    /// The region's name (node ids derive from it).
+    /// The region's name (a simulated fleet's node ids derive from it).
     #[arg(long, env = "GANGWAY_REGION")]
-    pub region: String,
-    /// Fleet file (TOML) describing the simulated nodes this agent serves.
-    #[arg(long)]
-    pub fleet: PathBuf,
-    /// This agent's id (stable across restarts).
+    pub region: Option<String>,
+    /// Simulated mode: serve the simulated (counted) nodes of this fleet
+    /// file (TOML) instead of this machine (dev clouds, drills, large-fleet
+    /// tests). `--fleet` is an old name for it.
+    #[arg(long, alias = "fleet", value_name = "FLEET_FILE")]
+    pub simulate: Option<PathBuf>,
+    /// Real mode: the name this machine registers under, as the region's
+    /// inventory knows it (default: its hostname, lowercased).
+    #[arg(long, conflicts_with = "simulate")]
+    pub node_name: Option<String>,
+    /// Real mode, on a machine without an NVIDIA driver (a GPU-less test
+    /// host): the GPUs to declare. Where NVML loads, the GPUs it finds are
+    /// registered instead.
+    #[arg(long, conflicts_with = "simulate")]
+    pub gpus: Option<u32>,
+    /// Real mode: the GPU type to register (default: from NVML's model
+    /// name, `NVIDIA H100 80GB HBM3` → `h100`); required with --gpus.
+    #[arg(long, conflicts_with = "simulate")]
+    pub gpu_type: Option<String>,
+    /// This agent's id, the subject of its token (stable across restarts;
+    /// default: the node name in real mode, `{region}-agent` simulated).
     #[arg(long)]
     pub agent_id: Option<String>,
     /// `real` runs each worker's command; `sim` only waits out its duration.
@@ -363,8 +416,7 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot read the agent token file {}", path.display()))?;
         args.token = Some(token.trim().to_string());
     }
-    let fleet = FleetFile::load(&args.fleet)
-        .with_context(|| format!("cannot load fleet file {}", args.fleet.display()))?;
+    let (agent_id, nodes) = agent_nodes(&args)?;
     let executor = match args.executor.as_str() {
         "real" => ExecutorKind::Real,
         "sim" => ExecutorKind::Sim,
@@ -372,10 +424,8 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
     };
     let config = AgentConfig {
         region_url: args.region_url,
-        agent_id: args
-            .agent_id
-            .unwrap_or_else(|| format!("{}-agent", args.region)),
-        nodes: nodes_from_fleet(&fleet, &args.region, &args.address),
+        agent_id,
+        nodes,
         executor,
         time_factor: args.time_factor,
         work_dir: args.work_dir,
@@ -388,6 +438,39 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
         isolation,
     };
     gangway_agent::run(config, shutdown_token()).await
+}
+
+/// The agent's id and the nodes it serves: a simulated fleet's
+/// (`--simulate`), or this machine as itself.
+fn agent_nodes(
+    args: &AgentArgs,
+) -> anyhow::Result<(String, Vec<gangway_shared::agent::AgentNode>)> {
+    if let Some(path) = &args.simulate {
+        let region = (args.region.as_deref())
+            .context("--simulate needs --region (a simulated fleet's node ids derive from it)")?;
+        let fleet = FleetFile::load(path)
+            .with_context(|| format!("cannot load fleet file {}", path.display()))?;
+        let agent_id = (args.agent_id.clone()).unwrap_or_else(|| format!("{region}-agent"));
+        return Ok((agent_id, nodes_from_fleet(&fleet, region, &args.address)));
+    }
+    use gangway_agent::identity;
+    let name = match &args.node_name {
+        Some(n) => n.clone(),
+        None => identity::hostname()?,
+    };
+    let declared = identity::Declared {
+        gpus: args.gpus,
+        gpu_type: args.gpu_type.clone(),
+    };
+    let node = identity::real_node(&name, &args.address, identity::nvml_gpus(), &declared)?;
+    tracing::info!(
+        node = %node.node_id,
+        gpus = node.gpus.len(),
+        gpu_type = %node.gpu_type,
+        nvml = node.gpus.iter().any(|g| g.pci_bus_id.is_some()),
+        "this machine"
+    );
+    Ok((args.agent_id.clone().unwrap_or(name), vec![node]))
 }
 
 #[derive(Args, Debug)]

@@ -150,6 +150,24 @@ impl Regions {
         token
     }
 
+    /// A token for agent `agent_id` of `region`, valid for `ttl`: the
+    /// regions trust this tier's service key, and check the token's
+    /// subject against the agent of every call.
+    pub fn agent_token(&self, region: &str, agent_id: &str, ttl: Duration) -> String {
+        let claims = claims_for(
+            Role::Agent,
+            agent_id,
+            None,
+            Some(region),
+            SERVICE_ISSUER,
+            SERVICE_AUDIENCE,
+            ttl,
+        );
+        self.service_key
+            .sign(&claims)
+            .expect("signing with a loaded key does not fail")
+    }
+
     /// Sends one call to `region` and returns its answer, whatever the
     /// status. Only transport failures are errors.
     pub async fn call(

@@ -64,6 +64,7 @@ fn main() -> anyhow::Result<()> {
                 .map(|i| AgentGpu {
                     index: i,
                     uuid: format!("GPU-{}-{i}", n.node_id),
+                    ..AgentGpu::default()
                 })
                 .collect(),
             node_id: n.node_id,
@@ -116,15 +117,15 @@ fn main() -> anyhow::Result<()> {
         cfg.schedule_interval = Duration::from_millis(50);
         cfg.agent_timeout = Duration::from_secs(3600);
         let state: AppState = gangway_regional::prepare(cfg, Duration::from_secs(30)).await?;
-        state
-            .store
-            .register_agent(&RegisterRequest {
-                agent_id: "bench-agent".into(),
-                boot_id: Uuid::new_v4(),
-                executor: "sim".into(),
-                nodes,
-            })
-            .await?;
+        let req = RegisterRequest {
+            agent_id: "bench-agent".into(),
+            boot_id: Uuid::new_v4(),
+            executor: "sim".into(),
+            nodes,
+            host_id: None,
+        };
+        state.store.admit_as_registered(&req).await?;
+        state.store.register_agent(&req).await?;
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(gangway_regional::serve_on(
             listener,
@@ -219,14 +220,15 @@ fn main() -> anyhow::Result<()> {
             concurrency + 4,
         )?;
         store.migrate().await?;
-        store
-            .register_agent(&RegisterRequest {
-                agent_id: "bench-agent".into(),
-                boot_id: Uuid::new_v4(),
-                executor: "sim".into(),
-                nodes: backlog_nodes,
-            })
-            .await?;
+        let req = RegisterRequest {
+            agent_id: "bench-agent".into(),
+            boot_id: Uuid::new_v4(),
+            executor: "sim".into(),
+            nodes: backlog_nodes,
+            host_id: None,
+        };
+        store.admit_as_registered(&req).await?;
+        store.register_agent(&req).await?;
         let mut submits = Vec::new();
         for c in 0..concurrency {
             let store = store.clone();

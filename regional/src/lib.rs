@@ -44,7 +44,13 @@ pub async fn prepare(config: RegionConfig, db_wait: Duration) -> anyhow::Result<
         .map_err(|e| anyhow::anyhow!("invalid region configuration: {e}"))?;
     let store = Store::connect(&config.database_url, &config.region, config.pool_size)?
         .with_health(config.health.clone(), config.checkpoint_deadline)
-        .with_replication(!config.peers.peers.is_empty());
+        .with_replication(!config.peers.peers.is_empty())
+        // An agent holds its nodes against another claimant for its lease.
+        .with_claim_lease(
+            config
+                .fencing()
+                .map_or(config.agent_timeout, |f| f.fence_after),
+        );
     let deadline = tokio::time::Instant::now() + db_wait;
     loop {
         match store.migrate().await {

@@ -214,6 +214,13 @@ async fn with_a_checkpoint_store_the_region_records_only_what_is_committed_there
     let state = gangway_regional::prepare(config, Duration::from_secs(10))
         .await
         .unwrap();
+    let n0 = node("n0", "s0", "l0", "h100");
+    let inventory = gangway_regional::store::InventoryNode::as_registered(&n0, "agent-0");
+    state
+        .store
+        .load_inventory(&[inventory], "fleet")
+        .await
+        .unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(gangway_regional::serve_on(
         listener,
@@ -229,7 +236,8 @@ async fn with_a_checkpoint_store_the_region_records_only_what_is_committed_there
             agent_id: "agent-0".into(),
             boot_id: boot,
             executor: "real".into(),
-            nodes: vec![node("n0", "s0", "l0", "h100")],
+            nodes: vec![n0],
+            host_id: None,
         })
         .send()
         .await

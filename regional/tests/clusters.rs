@@ -485,15 +485,15 @@ async fn a_failed_node_is_replaced_by_a_spare_of_its_leaf_and_the_tenant_sees_it
     // one): the region's tend binds it to the cluster without being asked.
     let mut n2 = nodes[2].clone();
     n2.spare = true;
-    store
-        .register_agent(&RegisterRequest {
-            agent_id: "agent-n2".into(),
-            boot_id: fleet.boots[2],
-            executor: "sim".into(),
-            nodes: vec![n2],
-        })
-        .await
-        .unwrap();
+    let req = RegisterRequest {
+        agent_id: "agent-n2".into(),
+        boot_id: fleet.boots[2],
+        executor: "sim".into(),
+        nodes: vec![n2],
+        host_id: None,
+    };
+    store.admit_as_registered(&req).await.unwrap();
+    store.register_agent(&req).await.unwrap();
     let t = store.tend_clusters().await.unwrap();
     assert_eq!(t.healed, 1, "{t:?}");
     let c4 = store.get_cluster(Some("acme"), c.id).await.unwrap();

@@ -61,6 +61,7 @@ fn node(id: &str) -> AgentNode {
             .map(|i| AgentGpu {
                 index: i,
                 uuid: format!("GPU-{id}-{i}"),
+                ..AgentGpu::default()
             })
             .collect(),
         gpu_power_w: None,
@@ -1115,15 +1116,15 @@ async fn a_spare_from_the_same_leaf_takes_a_failed_nodes_place_under_a_64_gpu_ga
         JobState::Running
     );
     // The agents registering again do not undo the swap.
-    store
-        .register_agent(&RegisterRequest {
-            agent_id: "agent-n8".into(),
-            boot_id: fleet.boots[8],
-            executor: "sim".into(),
-            nodes: vec![nodes[8].clone()],
-        })
-        .await
-        .unwrap();
+    let req = RegisterRequest {
+        agent_id: "agent-n8".into(),
+        boot_id: fleet.boots[8],
+        executor: "sim".into(),
+        nodes: vec![nodes[8].clone()],
+        host_id: None,
+    };
+    store.admit_as_registered(&req).await.unwrap();
+    store.register_agent(&req).await.unwrap();
     assert!(!node_view(&store, "n8").await.spare);
     // n3 repaired: the operator returns it from repair, into the pool.
     fleet.sync(&store, 3, "boot-2", vec![], vec![]).await;

@@ -51,6 +51,7 @@ async fn register_fleet(store: &Store, leaves: usize, nodes: usize) -> Uuid {
                     .map(|i| AgentGpu {
                         index: i,
                         uuid: format!("GPU-{node_id}-{i}"),
+                        ..AgentGpu::default()
                     })
                     .collect(),
                 gpu_power_w: None,
@@ -59,15 +60,15 @@ async fn register_fleet(store: &Store, leaves: usize, nodes: usize) -> Uuid {
         }
     }
     let boot_id = Uuid::new_v4();
-    store
-        .register_agent(&RegisterRequest {
-            agent_id: "agent-0".into(),
-            boot_id,
-            executor: "sim".into(),
-            nodes: list,
-        })
-        .await
-        .unwrap();
+    let req = RegisterRequest {
+        agent_id: "agent-0".into(),
+        boot_id,
+        executor: "sim".into(),
+        nodes: list,
+        host_id: None,
+    };
+    store.admit_as_registered(&req).await.unwrap();
+    store.register_agent(&req).await.unwrap();
     boot_id
 }
 

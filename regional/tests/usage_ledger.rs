@@ -626,6 +626,7 @@ async fn a_release_dated_back_into_hours_the_meter_wrote_is_corrected_to_what_wa
         boot_id: Uuid::new_v4(),
         executor: "sim".into(),
         nodes: vec![node("n0", "s0", "l0", "h100")],
+        host_id: None,
     };
     store.register_agent(&reboot).await.unwrap();
     // The hour it ended in is the meter's row (same id), shortened by a

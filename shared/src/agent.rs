@@ -12,22 +12,46 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// One GPU of a node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentGpu {
     pub index: u32,
-    /// The GPU's UUID (from NVML), or a stable synthetic one when simulated.
+    /// The GPU's UUID (from NVML), or a stable synthetic one when simulated
+    /// or declared.
     pub uuid: String,
+    /// The model as NVML names it (`NVIDIA H100 80GB HBM3`); `None`:
+    /// simulated, or an agent before identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Its memory, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// Where it sits on the PCI bus (`00000000:18:00.0`). Agents start
+    /// workers with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so `index` is the index
+    /// CUDA uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
 }
 
 /// A node as its agent describes it.
+///
+/// The node's place in the topology (`spine`, `leaf`, `nvlink_domain`,
+/// `spare`) is the region's inventory's to say: a region ignores what an
+/// agent sends there (a real agent sends nothing; a simulated one sends its
+/// fleet file's view, as agents before the inventory did).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentNode {
+    /// The machine's name (a real agent's is its hostname or
+    /// `--node-name`): what the region's inventory knows it by.
     pub node_id: String,
+    #[serde(default)]
     pub spine: String,
+    #[serde(default)]
     pub leaf: String,
+    #[serde(default)]
     pub nvlink_domain: String,
     pub gpu_type: String,
     /// Held in the spare pool rather than scheduled.
+    #[serde(default)]
     pub spare: bool,
     /// Address other workers reach this node at (`MASTER_ADDR`).
     pub address: String,
@@ -52,6 +76,14 @@ pub struct RegisterRequest {
     /// `real` or `sim`.
     pub executor: String,
     pub nodes: Vec<AgentNode>,
+    /// Who claims the nodes: a hash of the machine's id and the agent's work
+    /// directory, the same across restarts of one agent on one machine. A
+    /// registration with a new boot id from another claimant while the
+    /// nodes' agent is alive is refused (409 `node_claimed`); once its lease
+    /// ran out, or an operator released it, it takes the nodes over
+    /// (audited). `None`: an agent before identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

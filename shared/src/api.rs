@@ -1467,6 +1467,61 @@ pub struct NodeView {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct NodeList {
     pub nodes: Vec<NodeView>,
+    /// Machines that tried to join and are not in the region's inventory:
+    /// refused (`unknown_node`), they take no work until an operator admits
+    /// them (`POST /v1/admin/nodes/{id}/admit`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknown: Vec<UnknownNode>,
+}
+
+/// A machine that tried to join the region and was refused because the
+/// region's inventory does not have it. `state` is always `unknown`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UnknownNode {
+    pub node_id: String,
+    /// `unknown`.
+    pub state: String,
+    pub agent_id: String,
+    /// `real` or `sim`.
+    pub executor: String,
+    pub gpu_type: String,
+    pub gpus: u32,
+    pub address: String,
+    pub first_seen_at: DateTime<Utc>,
+    pub last_seen_at: DateTime<Utc>,
+}
+
+/// Where a machine sits in the region's topology: the body of
+/// `POST /v1/admin/nodes/{id}/admit` (a machine seen as `unknown`) and of
+/// `PUT /v1/admin/inventory/{id}` (`gangway admin node add`: any machine,
+/// before it first registers). Audited (`node.admit`, `node.add`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InventoryEntry {
+    /// Its spine (pod), as the region's other nodes name theirs.
+    pub spine: String,
+    /// Its leaf switch (rack).
+    pub leaf: String,
+    /// Its NVLink domain; default: the node itself (HGX). Name the leaf for
+    /// a rack-scale domain (GB200 NVL72).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<String>,
+    /// Held in the spare pool rather than scheduled.
+    #[serde(default)]
+    pub spare: bool,
+    /// The GPU type it must report; default: whatever it reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    /// The agent that may serve it (its token's subject); default: an
+    /// agent named as the node, the machine's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// Its rack's power budget for GPU draw, in watts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack_power_budget_w: Option<u64>,
+    /// Why, for the audit log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `POST /v1/admin/maintenance`: reboot a set of nodes in capacity-aware

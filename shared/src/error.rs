@@ -99,6 +99,20 @@ pub mod codes {
     pub const UNKNOWN_AGENT: &str = "unknown_agent";
     /// An agent reported from an old boot (409).
     pub const STALE_BOOT: &str = "stale_boot";
+    /// A machine the region's inventory does not have tried to register;
+    /// it is listed as `unknown` until an operator admits it (403).
+    pub const UNKNOWN_NODE: &str = "unknown_node";
+    /// Another agent holds the node and is alive: no silent takeover (409).
+    pub const NODE_CLAIMED: &str = "node_claimed";
+    /// The agent's credentials do not cover this agent or node: its token
+    /// names another agent, or the inventory binds the node to another
+    /// agent (403).
+    pub const WRONG_AGENT: &str = "wrong_agent";
+    /// A machine reports other GPUs than the inventory says it has (422).
+    pub const NODE_MISMATCH: &str = "node_mismatch";
+    /// An inventory entry (`gangway admin node add` / `admit`) is invalid
+    /// (422).
+    pub const INVALID_NODE: &str = "invalid_node";
     /// The database is unreachable or overloaded; retry later (503).
     pub const UNAVAILABLE: &str = "unavailable";
     /// The endpoint exists but not with this method (405).
@@ -186,6 +200,11 @@ pub mod codes {
         UNSUPPORTED_MEDIA_TYPE,
         UNKNOWN_AGENT,
         STALE_BOOT,
+        UNKNOWN_NODE,
+        NODE_CLAIMED,
+        WRONG_AGENT,
+        NODE_MISMATCH,
+        INVALID_NODE,
         UNAVAILABLE,
         METHOD_NOT_ALLOWED,
         TIMEOUT,

@@ -19,7 +19,22 @@
 //!   nvlink = "node"             # "node" | "leaf" (a whole rack is one NVLink domain, GB200 NVL72)
 //!   spares = 1                  # the last `spares` nodes of each leaf go to the spare pool
 //!   power_budget_w = 160000     # optional: watts this rack's GPUs may draw together
+//!
+//! [[spine]]                     # real machines, by name
+//!   [[spine.leaf]]
+//!   names = ["gpu-a1-[001-016]", "gpu-a1-spare"]   # ranges: [first-last], zero-padded as written
+//!   gpu_type = "h100"
+//!   gpus_per_node = 8
+//!   spares = 1
 //! ```
+//!
+//! **Named nodes.** A leaf block may list its machines by name (`names`,
+//! each a name or a pattern with one numeric range) instead of counting
+//! them (`nodes`): that is how a region's inventory knows real machines,
+//! each served by an agent of its own name. Such a block stands for one
+//! leaf (`count = 1`, in a spine block of `count = 1`); its nodes keep
+//! their names as ids and are [`FleetNode::named`]. A simulated agent
+//! serves only the counted nodes.
 //!
 //! [`FleetFile::expand`] turns it into one [`FleetNode`] per machine with
 //! deterministic ids: spine `{region}-s{NN}` (numbered across all spine
@@ -93,8 +108,14 @@ pub struct LeafBlock {
     /// How many leaves of this kind each spine has.
     #[serde(default = "one")]
     pub count: u32,
-    /// Nodes (machines) per leaf, spares included.
+    /// Nodes (machines) per leaf, spares included. With `names`: absent,
+    /// or the number of names.
+    #[serde(default)]
     pub nodes: u32,
+    /// The leaf's machines by name (patterns like `gpu-a1-[001-016]`
+    /// allowed), spares last; instead of counting them with `nodes`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
     /// GPU model, lowercase `[a-z0-9-]`, e.g. `h100`, `gb200`.
     pub gpu_type: String,
     /// GPUs in each node, 1..=64.
@@ -143,6 +164,89 @@ pub struct FleetNode {
     /// if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rack_power_budget_w: Option<u64>,
+    /// Listed by name (a real machine, served by an agent of its own name),
+    /// not counted (a simulated node, `{leaf}-nNN`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub named: bool,
+}
+
+/// The most names one pattern may expand to.
+pub const MAX_NAMES_PER_PATTERN: u64 = 100_000;
+
+/// A machine's name as a node id: 1–200 ASCII letters, digits, `.`, `_`
+/// and `-` (it appears in URL paths and is an agent's id).
+pub fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Expands a name pattern: a plain name, or one numeric range in brackets
+/// (`gpu-a1-[001-016]` → `gpu-a1-001` … `gpu-a1-016`, padded to the width
+/// of the first number as written).
+pub fn expand_names(pattern: &str) -> Result<Vec<String>, String> {
+    let Some((prefix, rest)) = pattern.split_once('[') else {
+        return if valid_node_name(pattern) {
+            Ok(vec![pattern.to_string()])
+        } else {
+            Err(format!(
+                "node name {pattern:?} must be 1-200 letters, digits, '.', '_' or '-'"
+            ))
+        };
+    };
+    let bad = || format!("name pattern {pattern:?} is not PREFIX[FIRST-LAST]SUFFIX");
+    let (range, suffix) = rest.split_once(']').ok_or_else(bad)?;
+    let (first, last) = range.split_once('-').ok_or_else(bad)?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(first) || !digits(last) || suffix.contains('[') {
+        return Err(bad());
+    }
+    let (a, b): (u64, u64) = (
+        first.parse().map_err(|_| bad())?,
+        last.parse().map_err(|_| bad())?,
+    );
+    if a > b {
+        return Err(format!("name pattern {pattern:?}: {first} is after {last}"));
+    }
+    if b - a >= MAX_NAMES_PER_PATTERN {
+        return Err(format!(
+            "name pattern {pattern:?} expands to more than {MAX_NAMES_PER_PATTERN} names"
+        ));
+    }
+    let width = first.len();
+    let names: Vec<String> = (a..=b)
+        .map(|n| format!("{prefix}{n:0width$}{suffix}"))
+        .collect();
+    match names.iter().find(|n| !valid_node_name(n)) {
+        Some(n) => Err(format!(
+            "node name {n:?} (from {pattern:?}) must be 1-200 letters, digits, '.', '_' or '-'"
+        )),
+        None => Ok(names),
+    }
+}
+
+impl LeafBlock {
+    /// The leaf's machines by name, expanded; empty when they are counted.
+    pub fn expanded_names(&self) -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
+        for p in &self.names {
+            out.extend(expand_names(p)?);
+        }
+        Ok(out)
+    }
+
+    /// Nodes per leaf: the names, else `nodes` (names that do not expand
+    /// count 0; validation says why).
+    fn node_total(&self) -> u32 {
+        if self.names.is_empty() {
+            self.nodes
+        } else {
+            self.expanded_names()
+                .map_or(0, |n| u32::try_from(n.len()).unwrap_or(u32::MAX))
+        }
+    }
 }
 
 /// Why a fleet file could not be used.
@@ -259,6 +363,7 @@ impl FleetFile {
                 "no [[spine]] blocks: a fleet needs at least one",
             ));
         }
+        let mut seen_names = std::collections::BTreeSet::new();
         for (s, spine) in self.spine.iter().enumerate() {
             let at = format!("spine block {}", s + 1);
             if spine.count == 0 {
@@ -275,8 +380,38 @@ impl FleetFile {
                 if leaf.count == 0 {
                     return Err(invalid(at, "count must be at least 1"));
                 }
-                if leaf.nodes == 0 {
-                    return Err(invalid(at, "nodes must be at least 1"));
+                if !leaf.names.is_empty() {
+                    let names = leaf.expanded_names().map_err(|m| invalid(&at, m))?;
+                    if leaf.count != 1 || spine.count != 1 {
+                        return Err(invalid(
+                            at,
+                            "a leaf block with names stands for one leaf: its count and its \
+                             spine block's count must be 1",
+                        ));
+                    }
+                    if leaf.nodes != 0 && leaf.nodes as usize != names.len() {
+                        return Err(invalid(
+                            at,
+                            format!(
+                                "nodes is {} but names lists {}: leave nodes out",
+                                leaf.nodes,
+                                names.len()
+                            ),
+                        ));
+                    }
+                    for n in names {
+                        if !seen_names.insert(n.clone()) {
+                            return Err(invalid(at, format!("node {n:?} is listed twice")));
+                        }
+                    }
+                }
+                let nodes = leaf.node_total();
+                if nodes == 0 {
+                    return Err(invalid(
+                        at,
+                        "nodes must be at least 1 (count the leaf's machines with `nodes = N`, \
+                         or list them with `names = [...]`)",
+                    ));
                 }
                 if !(1..=MAX_GPUS_PER_NODE).contains(&leaf.gpus_per_node) {
                     return Err(invalid(
@@ -287,12 +422,12 @@ impl FleetFile {
                         ),
                     ));
                 }
-                if leaf.spares >= leaf.nodes {
+                if leaf.spares >= nodes {
                     return Err(invalid(
                         at,
                         format!(
-                            "spares ({}) must be fewer than nodes ({})",
-                            leaf.spares, leaf.nodes
+                            "spares ({}) must be fewer than nodes ({nodes})",
+                            leaf.spares
                         ),
                     ));
                 }
@@ -354,7 +489,9 @@ impl FleetFile {
     fn node_count(&self) -> u64 {
         self.spine.iter().fold(0u64, |acc, spine| {
             let per_spine = spine.leaf.iter().fold(0u64, |acc, leaf| {
-                acc.saturating_add(u64::from(leaf.count).saturating_mul(u64::from(leaf.nodes)))
+                acc.saturating_add(
+                    u64::from(leaf.count).saturating_mul(u64::from(leaf.node_total())),
+                )
             });
             acc.saturating_add(u64::from(spine.count).saturating_mul(per_spine))
         })
@@ -370,15 +507,16 @@ impl FleetFile {
                 let leaves = sc * u64::from(leaf.count);
                 let gpn = u64::from(leaf.gpus_per_node);
                 t.leaves += leaves;
-                t.nodes += leaves * u64::from(leaf.nodes);
-                t.gpus += leaves * u64::from(leaf.nodes) * gpn;
+                let nodes = u64::from(leaf.node_total());
+                t.nodes += leaves * nodes;
+                t.gpus += leaves * nodes * gpn;
                 t.spare_gpus += leaves * u64::from(leaf.spares) * gpn;
                 t.power_budget_w = t
                     .power_budget_w
                     .saturating_add(leaves.saturating_mul(leaf.power_budget_w.unwrap_or(0)));
                 *t.schedulable_by_type
                     .entry(leaf.gpu_type.clone())
-                    .or_default() += leaves * u64::from(leaf.nodes - leaf.spares) * gpn;
+                    .or_default() += leaves * nodes.saturating_sub(u64::from(leaf.spares)) * gpn;
             }
         }
         t
@@ -410,13 +548,18 @@ impl FleetFile {
                 spine_no += 1;
                 let mut leaf_no = 0u64;
                 for leaf_block in &block.leaf {
-                    let node_width = id_width(u64::from(leaf_block.nodes));
-                    let first_spare = leaf_block.nodes - leaf_block.spares.min(leaf_block.nodes);
+                    let names = leaf_block.expanded_names().unwrap_or_default();
+                    let total = leaf_block.node_total();
+                    let node_width = id_width(u64::from(total));
+                    let first_spare = total - leaf_block.spares.min(total);
                     for _ in 0..leaf_block.count {
                         let leaf = format!("{spine}-l{leaf_no:0leaf_width$}");
                         leaf_no += 1;
-                        for n in 0..leaf_block.nodes {
-                            let node_id = format!("{leaf}-n{n:0node_width$}");
+                        for n in 0..total {
+                            let node_id = match names.get(n as usize) {
+                                Some(name) => name.clone(),
+                                None => format!("{leaf}-n{n:0node_width$}"),
+                            };
                             let nvlink_domain = match leaf_block.nvlink {
                                 NvlinkScope::Node => node_id.clone(),
                                 NvlinkScope::Leaf => leaf.clone(),
@@ -431,6 +574,7 @@ impl FleetFile {
                                 spare: n >= first_spare,
                                 gpu_power_w: self.gpu_power_w.get(&leaf_block.gpu_type).copied(),
                                 rack_power_budget_w: leaf_block.power_budget_w,
+                                named: !names.is_empty(),
                             });
                         }
                     }
@@ -510,6 +654,7 @@ mod tests {
                 spare: false,
                 gpu_power_w: None,
                 rack_power_budget_w: None,
+                named: false,
             }
         );
         // The last node of each h100 leaf is its spare.
@@ -609,7 +754,7 @@ mod tests {
         );
         assert!(e.starts_with("fleet file is not valid TOML"), "{e}");
         let e = err_text("[[spine]]\n[[spine.leaf]]\ngpu_type = \"h100\"\ngpus_per_node = 8\n");
-        assert!(e.contains("missing field `nodes`"), "{e}");
+        assert!(e.contains("nodes must be at least 1"), "{e}");
     }
 
     const POWERED: &str = r#"
@@ -764,5 +909,64 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn named_machines_keep_their_names() {
+        let f = FleetFile::parse(
+            r#"
+            [[spine]]
+              [[spine.leaf]]
+              names = ["gpu-a1-[008-010]", "gpu-a1-spare"]
+              gpu_type = "h100"
+              gpus_per_node = 8
+              spares = 1
+              [[spine.leaf]]
+              nodes = 2
+              gpu_type = "h100"
+              gpus_per_node = 8
+            "#,
+        )
+        .unwrap();
+        let nodes = f.expand("r1");
+        let ids: Vec<&str> = nodes.iter().map(|n| n.node_id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "gpu-a1-008",
+                "gpu-a1-009",
+                "gpu-a1-010",
+                "gpu-a1-spare",
+                "r1-s00-l01-n00",
+                "r1-s00-l01-n01"
+            ]
+        );
+        assert!(nodes[..4].iter().all(|n| n.named && n.leaf == "r1-s00-l00"));
+        assert_eq!(nodes[0].nvlink_domain, "gpu-a1-008");
+        assert!(nodes[3].spare && !nodes[2].spare);
+        assert!(!nodes[4].named);
+        assert_eq!(f.totals().nodes, 6);
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let leaf = |names: &str, extra: &str| {
+            err_text(&format!(
+                "[[spine]]\n{extra}\n[[spine.leaf]]\nnames = {names}\ngpu_type = \"h100\"\ngpus_per_node = 8\n"
+            ))
+        };
+        assert!(
+            leaf(r#"["a-[3-1]"]"#, "").contains("after"),
+            "{}",
+            leaf(r#"["a-[3-1]"]"#, "")
+        );
+        assert!(leaf(r#"["a b"]"#, "").contains("must be"));
+        assert!(leaf(r#"["a-[1-x]"]"#, "").contains("PREFIX[FIRST-LAST]SUFFIX"));
+        assert!(leaf(r#"["a", "a"]"#, "").contains("listed twice"));
+        assert!(leaf(r#"["a"]"#, "count = 2").contains("one leaf"));
+        assert_eq!(
+            expand_names("n[1-3].dc").unwrap(),
+            ["n1.dc", "n2.dc", "n3.dc"]
+        );
     }
 }

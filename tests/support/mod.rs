@@ -2,7 +2,7 @@
 //! `gangway-chaos`, which the drills share).
 #![allow(dead_code, unused_imports)]
 
-pub use gangway_chaos::procs::{key_arg, log_file, token, until_ready, Proc, Proxy};
+pub use gangway_chaos::procs::{agent_token, key_arg, log_file, token, until_ready, Proc, Proxy};
 
 /// The `gangway` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_gangway");

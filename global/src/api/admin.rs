@@ -1,7 +1,9 @@
 //! Operator endpoints: quotas (guarantees, weights and caps) and admission
 //! limits (queued jobs, GPUs of unfinished jobs), set in every region (or
 //! one) at once; nodes (list, inspect, cordon, uncordon, drain,
-//! inject faults), passed to the region that has the node; rolling
+//! inject faults, admit, release), passed to the region that has the
+//! node; the inventory (add a machine to a region) and agent tokens
+//! (minted per agent with the service key); rolling
 //! maintenance plans, passed to the region they run in; the audit log of
 //! every region. Every call names the operator (the admin token's
 //! subject) to the regions, which write it into their audit logs.
@@ -12,8 +14,8 @@ use axum::extract::State;
 use axum::http::{Method, StatusCode};
 use futures_util::future::join_all;
 use gangway_shared::api::{
-    DrainRequest, Fault, LimitsUpdate, MaintenancePlan, MaintenanceStart, NodeActionRequest,
-    NodeView, QuotaList, QuotaUpdate, TenantLimitsList,
+    DrainRequest, Fault, InventoryEntry, LimitsUpdate, MaintenancePlan, MaintenanceStart,
+    NodeActionRequest, NodeView, QuotaList, QuotaUpdate, TenantLimitsList,
 };
 use gangway_shared::error::{codes, ErrorBody};
 use gangway_shared::http::{ApiError, Json, Path, Query};
@@ -1618,4 +1620,236 @@ pub async fn usage_closings(
         &q,
     )
     .await
+}
+
+/// Admit an unknown machine
+///
+/// Puts a machine that tried to join and was refused (`unknown_node`,
+/// listed as `unknown`) into its region's inventory where the body says it
+/// sits, so its next registration is accepted and it takes work. Passed to
+/// the region that saw it. Audited (`node.admit`).
+#[utoipa::path(
+    post,
+    path = "/v1/admin/nodes/{id}/admit",
+    operation_id = "admit_node",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The machine's name."), RegionParam),
+    request_body = InventoryEntry,
+    responses(
+        (status = 200, description = "The machine's inventory entry."),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors(
+            "No region has seen a machine of that name.", &[codes::NOT_FOUND]), body = ErrorBody),
+        (status = 422, description = openapi::errors(
+            "The entry is invalid, or no region has the name given in `region`.",
+            &[codes::INVALID_NODE, codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn admit_node(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    node_action(
+        &state,
+        &admin,
+        p.region.as_deref(),
+        &id,
+        "admit",
+        body.to_vec(),
+    )
+    .await
+}
+
+/// Release a node (takeover)
+///
+/// The agent holding the node loses its claim: the next agent to register
+/// the node takes it over at once, even while the old one is alive (use it
+/// when the old machine is gone or replaced). Audited (`node.release`).
+#[utoipa::path(
+    post,
+    path = "/v1/admin/nodes/{id}/release",
+    operation_id = "release_node",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The node's id."), RegionParam),
+    request_body = NodeActionRequest,
+    responses(
+        (status = 200, description = "The agent whose claim was released."),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+            body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn release_node(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    node_action(
+        &state,
+        &admin,
+        p.region.as_deref(),
+        &id,
+        "release",
+        body.to_vec(),
+    )
+    .await
+}
+
+/// The one region an inventory or token call is for: the one named, or
+/// the only one.
+fn one_region<'a>(state: &'a GlobalState, region: Option<&str>) -> Result<&'a Region, ApiError> {
+    match (region, state.regions.list.as_slice()) {
+        (Some(name), _) => state.regions.get(name).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::WRONG_REGION,
+                format!("no region named {name:?}"),
+            )
+        }),
+        (None, [only]) => Ok(only),
+        (None, _) => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::WRONG_REGION,
+            "name the region (?region=NAME): the machine belongs to one",
+        )),
+    }
+}
+
+/// Add a machine to a region's inventory
+///
+/// Says that a machine belongs to the region and where it sits (spine,
+/// leaf, NVLink domain, spare or not), before or after it first tries to
+/// join; its agent's registrations are accepted from then on. Audited
+/// (`node.add`).
+#[utoipa::path(
+    put,
+    path = "/v1/admin/inventory/{id}",
+    operation_id = "add_node",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The machine's name."), RegionParam),
+    request_body = InventoryEntry,
+    responses(
+        (status = 200, description = "The machine's inventory entry."),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "The entry is invalid, or the region is not named (or unknown).",
+            &[codes::INVALID_NODE, codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+        (status = 503, response = openapi::RegionUnavailable),
+    )
+)]
+pub async fn add_node(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<RegionParam>,
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    check_node_id(&id)?;
+    let region = one_region(&state, p.region.as_deref())?;
+    ask_regions(
+        &state,
+        &[region],
+        Method::PUT,
+        &format!("/v1/admin/inventory/{id}"),
+        Some(body.to_vec()),
+        &admin.subject,
+        "node",
+    )
+    .await
+}
+
+/// The query of `POST /v1/admin/agents/{id}/token`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct AgentTokenParams {
+    /// The region the agent serves (default: the only one).
+    region: Option<String>,
+    /// How long the token lasts, in days (1–400; default 90).
+    ttl_days: Option<u64>,
+}
+
+/// An agent's token, minted for one agent of one region.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AgentToken {
+    pub agent_id: String,
+    pub region: String,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+    /// The token (role agent; subject: the agent; region: the region).
+    pub token: String,
+}
+
+/// Mint an agent token
+///
+/// A token for one agent — a real machine's agent is named as its node —
+/// of one region, signed with the service key the regions trust. The
+/// region checks its subject against the agent of every call, and the
+/// inventory binds each node to the agent that may serve it, so a token
+/// of node A cannot register or report for node B, and a token of region
+/// X is refused by region Y. Each minting is logged with the operator.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/agents/{id}/token",
+    operation_id = "agent_token",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "The agent (a real machine's: its node name)."),
+        AgentTokenParams),
+    responses(
+        (status = 200, description = "The token.", body = AgentToken),
+        (status = 401, response = openapi::Unauthenticated),
+        (status = 403, response = openapi::Forbidden),
+        (status = 422, description = openapi::errors(
+            "The agent id or lifetime is invalid, or the region is not named (or unknown).",
+            &[codes::INVALID_NODE, codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = openapi::RateLimited),
+    )
+)]
+pub async fn agent_token(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    Path(id): Path<String>,
+    Query(p): Query<AgentTokenParams>,
+) -> Result<axum::Json<AgentToken>, ApiError> {
+    if !gangway_shared::fleet::valid_node_name(&id) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_NODE,
+            "an agent id is 1-200 letters, digits, '.', '_' or '-'",
+        ));
+    }
+    let days = p.ttl_days.unwrap_or(90);
+    if !(1..=400).contains(&days) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::INVALID_NODE,
+            "ttl_days must be between 1 and 400",
+        ));
+    }
+    let region = one_region(&state, p.region.as_deref())?;
+    let ttl = std::time::Duration::from_secs(days * 86_400);
+    let token = state.regions.agent_token(&region.name, &id, ttl);
+    tracing::info!(operator = %admin.subject, agent_id = %id, region = %region.name, ttl_days = days, "agent token minted");
+    Ok(axum::Json(AgentToken {
+        agent_id: id,
+        region: region.name.clone(),
+        expires_at: chrono::Utc::now() + chrono::Duration::seconds((days * 86_400) as i64),
+        token,
+    }))
 }

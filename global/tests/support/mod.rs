@@ -52,6 +52,7 @@ fn fleet() -> Vec<AgentNode> {
                 .map(|i| AgentGpu {
                     index: i,
                     uuid: format!("GPU-n{n}-{i}"),
+                    ..AgentGpu::default()
                 })
                 .collect(),
             gpu_power_w: None,
@@ -83,16 +84,15 @@ impl Cloud {
             let state: AppState = gangway_regional::prepare(cfg, Duration::from_secs(10))
                 .await
                 .unwrap();
-            state
-                .store
-                .register_agent(&RegisterRequest {
-                    agent_id: format!("{name}-agent"),
-                    boot_id: uuid::Uuid::new_v4(),
-                    executor: "sim".into(),
-                    nodes: fleet(),
-                })
-                .await
-                .unwrap();
+            let req = RegisterRequest {
+                agent_id: format!("{name}-agent"),
+                boot_id: uuid::Uuid::new_v4(),
+                executor: "sim".into(),
+                nodes: fleet(),
+                host_id: None,
+            };
+            state.store.admit_as_registered(&req).await.unwrap();
+            state.store.register_agent(&req).await.unwrap();
             let token = CancellationToken::new();
             tokio::spawn(gangway_regional::serve_on(listener, state, token.clone()));
             regions.push((name.to_string(), format!("http://{addr}"), token));

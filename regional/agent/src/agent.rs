@@ -46,6 +46,8 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
 struct Agent {
     config: AgentConfig,
     boot_id: Uuid,
+    /// Who claims the nodes: the same across restarts of this agent here.
+    host_id: String,
     /// The machine's boot id, reported for every node.
     machine_boot: String,
     /// Health signals not yet accepted by the region (one node: the
@@ -142,6 +144,7 @@ impl Agent {
         Ok(Agent {
             checkpoints,
             isolation: Arc::new(isolation),
+            host_id: crate::identity::host_id(&config.work_dir),
             config,
             boot_id,
             machine_boot,
@@ -314,6 +317,7 @@ impl Agent {
             boot_id: self.boot_id,
             executor: self.config.executor.as_str().to_string(),
             nodes: self.config.nodes.clone(),
+            host_id: Some(self.host_id.clone()),
         };
         loop {
             let region = self.region.clone();

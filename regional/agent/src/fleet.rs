@@ -3,19 +3,22 @@
 use gangway_shared::agent::{AgentGpu, AgentNode};
 use gangway_shared::fleet::FleetFile;
 
-/// The nodes of `region` in `fleet`, as an agent serving all of them
-/// describes them: every node is reached at `address`, and its GPUs get
-/// stable synthetic UUIDs `GPU-sim-{node_id}-{index}`. Each carries the
-/// file's power figures: its type's draw and its rack's budget.
+/// The simulated nodes of `region` in `fleet`, as an agent serving all of
+/// them describes them: every node is reached at `address`, and its GPUs
+/// get stable synthetic UUIDs `GPU-sim-{node_id}-{index}`. Each carries
+/// the file's power figures: its type's draw and its rack's budget. Nodes
+/// listed by name are real machines, served by their own agents: left out.
 pub fn nodes_from_fleet(fleet: &FleetFile, region: &str, address: &str) -> Vec<AgentNode> {
     fleet
         .expand(region)
         .into_iter()
+        .filter(|node| !node.named)
         .map(|node| {
             let gpus = (0..node.gpus)
                 .map(|index| AgentGpu {
                     index,
                     uuid: format!("GPU-sim-{}-{index}", node.node_id),
+                    ..AgentGpu::default()
                 })
                 .collect();
             AgentNode {

@@ -10,7 +10,10 @@
 //! # Layout
 //! - [`config`]: [`AgentConfig`] and [`ExecutorKind`].
 //! - [`fleet`]: [`nodes_from_fleet`], the simulated nodes an agent serves
-//!   when it has no real GPUs.
+//!   in simulated mode (`--simulate FLEET_FILE`).
+//! - [`identity`]: a real machine's node — its name, its GPUs (NVML, or
+//!   declared on a GPU-less host) — and the claimant id sent with every
+//!   registration.
 //! - `agent`: [`run`], the register → sync → reconcile loop and ordered
 //!   shutdown.
 //! - `region`: the HTTP client for the region's agent endpoints, and the
@@ -41,6 +44,7 @@ pub mod config;
 mod executor;
 pub mod fleet;
 mod health;
+pub mod identity;
 mod region;
 mod workers;
 

@@ -2,10 +2,12 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::Extension;
 use gangway_shared::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncResponse};
 use gangway_shared::error::codes;
 use tracing::instrument;
 
+use super::auth::AgentCaller;
 use super::error::ApiError;
 use super::extract::Json;
 use super::AppState;
@@ -18,8 +20,10 @@ const MAX_NODES_PER_AGENT: usize = 20_000;
 #[instrument(skip_all, fields(region = %state.store.region(), agent_id = %req.agent_id))]
 pub async fn register(
     State(state): State<AppState>,
+    caller: Option<Extension<AgentCaller>>,
     Json(req): Json<RegisterRequest>,
 ) -> Result<axum::Json<RegisterResponse>, ApiError> {
+    AgentCaller::check(caller.as_deref(), &req.agent_id)?;
     let bad = |m: &str| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID_SPEC, m);
     if req.agent_id.is_empty() || req.agent_id.len() > 200 {
         return Err(bad("agent_id must be 1–200 characters"));
@@ -30,6 +34,9 @@ pub async fn register(
     if req.nodes.len() > MAX_NODES_PER_AGENT {
         return Err(bad("too many nodes for one agent"));
     }
+    if req.host_id.as_ref().is_some_and(|h| h.len() > 200) {
+        return Err(bad("host_id must be at most 200 characters"));
+    }
     for n in &req.nodes {
         if n.node_id.is_empty() || n.gpu_type.is_empty() || n.gpus.is_empty() {
             return Err(bad("every node needs an id, a GPU type and GPUs"));
@@ -38,7 +45,13 @@ pub async fn register(
             return Err(bad("too many GPUs on one node"));
         }
     }
-    retry_races(|| state.store.register_agent(&req)).await?;
+    match retry_races(|| state.store.register_agent(&req)).await {
+        Ok(()) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, nodes = req.nodes.len(), "registration refused");
+            return Err(e.into());
+        }
+    }
     tracing::info!(nodes = req.nodes.len(), "agent registered");
     state.wake_scheduler();
     // The agents' lease (checked at start-up against lost_after_s).
@@ -53,9 +66,11 @@ pub async fn register(
 
 pub async fn sync(
     State(state): State<AppState>,
+    caller: Option<Extension<AgentCaller>>,
     Path(agent_id): Path<String>,
     Json(mut req): Json<SyncRequest>,
 ) -> Result<axum::Json<SyncResponse>, ApiError> {
+    AgentCaller::check(caller.as_deref(), &agent_id)?;
     if let (Some(store), Some(reported)) = (&state.config.checkpoint_store, &mut req.checkpoints) {
         verify_checkpoints(store, reported).await;
     }

@@ -1,6 +1,9 @@
 //! Who may call a region: the global tier (service tokens) on the job and
 //! admin endpoints, and the region's own agents (agent tokens naming this
-//! region) on the agent endpoints. Nothing else.
+//! region) on the agent endpoints. Nothing else. An agent token's subject
+//! is the agent it is for: the agent endpoints check it against the agent
+//! they act for ([`AgentCaller`]), and the store the nodes against the
+//! inventory.
 
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -12,7 +15,34 @@ use gangway_shared::error::codes;
 use super::error::ApiError;
 use super::AppState;
 
-pub async fn require_caller(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// The agent a verified agent token is for (its subject), for the agent
+/// endpoints to check; absent when the region runs without authentication.
+#[derive(Clone, Debug)]
+pub struct AgentCaller(pub String);
+
+impl AgentCaller {
+    /// Refuses (403 `wrong_agent`) a caller whose token is for another
+    /// agent than `agent_id`.
+    pub fn check(caller: Option<&AgentCaller>, agent_id: &str) -> Result<(), ApiError> {
+        match caller {
+            Some(AgentCaller(sub)) if sub != agent_id => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                codes::WRONG_AGENT,
+                format!(
+                    "this agent token is for agent {sub:?}, not {agent_id:?}: each agent \
+                     presents its own (gangway admin agent token NODE)"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+pub async fn require_caller(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let Some(verifier) = &state.config.auth else {
         return next.run(req).await;
     };
@@ -47,6 +77,9 @@ pub async fn require_caller(State(state): State<AppState>, req: Request, next: N
             },
         )
         .into_response();
+    }
+    if agent_endpoint {
+        req.extensions_mut().insert(AgentCaller(claims.sub.clone()));
     }
     next.run(req).await
 }

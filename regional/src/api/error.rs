@@ -112,6 +112,9 @@ impl From<StoreError> for ApiError {
             StoreError::Conflict { code, message } => {
                 ApiError::new(StatusCode::CONFLICT, code, message)
             }
+            StoreError::Refused { code, message } => {
+                ApiError::new(StatusCode::FORBIDDEN, code, message)
+            }
             e if e.is_unavailable() => {
                 tracing::warn!(error = %e, "database unavailable");
                 ApiError::new(

@@ -9,7 +9,7 @@
 //! - `clusters.rs`: dedicated clusters (create, list, get, resize,
 //!   delete; every tenant's for operators, whose changes are audited).
 //! - `nodes.rs`: operators' node endpoints (list, get, cordon, uncordon,
-//!   drain, injected faults).
+//!   drain, injected faults, admit/add to the inventory, release).
 //! - `peers.rs`: what regions ask each other (heartbeats, job intent,
 //!   updates, moves).
 //! - `evacuation.rs`: operators' evacuation and fail back of the region,
@@ -221,6 +221,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/admin/nodes/{id}/uncordon", post(nodes::uncordon))
         .route("/v1/admin/nodes/{id}/drain", post(nodes::drain))
         .route("/v1/admin/nodes/{id}/faults", post(nodes::inject_fault))
+        .route("/v1/admin/nodes/{id}/admit", post(nodes::admit))
+        .route("/v1/admin/nodes/{id}/release", post(nodes::release))
+        .route("/v1/admin/inventory/{id}", axum::routing::put(nodes::add))
         .route(
             "/v1/admin/maintenance",
             post(maintenance::start).get(maintenance::list),

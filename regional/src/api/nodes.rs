@@ -1,6 +1,7 @@
 //! Operator endpoints for nodes: list and inspect them with both axes and
-//! what they decide, cordon, uncordon, drain, and inject faults into a
-//! simulated fleet. Every action is audited with the operator the global
+//! what they decide (and the machines refused as unknown), cordon,
+//! uncordon, drain, inject faults into a simulated fleet, admit or add a
+//! machine to the inventory, and release a node's claim (takeover). Every action is audited with the operator the global
 //! tier names (`X-Gangway-Actor`).
 
 use axum::body::Bytes;
@@ -8,8 +9,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use gangway_shared::api::{
-    DrainMode, DrainRequest, Fault, NodeActionRequest, NodeList, NodeView, ACTOR_HEADER,
-    MAX_DRAIN_DEADLINE_S, MAX_REASON_LEN,
+    DrainMode, DrainRequest, Fault, InventoryEntry, NodeActionRequest, NodeList, NodeView,
+    ACTOR_HEADER, MAX_DRAIN_DEADLINE_S, MAX_REASON_LEN,
 };
 use gangway_shared::error::codes;
 use gangway_shared::http::Path;
@@ -17,7 +18,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::store::{retry_races, AdminChange, NodeRefusal, NodesOutcome};
+use crate::store::{retry_races, AdminChange, NodeRefusal, NodesOutcome, StoreError};
 
 /// The operator the global tier names, or `unknown` for a direct caller.
 pub(super) fn actor(headers: &HeaderMap) -> String {
@@ -136,6 +137,7 @@ pub async fn list(State(state): State<AppState>) -> Result<axum::Json<NodeList>,
     let policy = state.store.health_policy().clone();
     Ok(axum::Json(NodeList {
         nodes: state.store.list_nodes(&policy).await?,
+        unknown: state.store.unknown_nodes().await?,
     }))
 }
 
@@ -278,4 +280,103 @@ pub async fn inject_fault(
     tracing::info!(node_id = %id, %actor, fault = fault.kind(), "fault injected");
     after(&state, &out);
     view(&state, &id).await
+}
+
+/// `admit` (a machine listed as unknown; 404 otherwise) or `add` (any
+/// machine): puts it in the inventory where the body says it sits, so its
+/// next registration is accepted. Audited.
+async fn place(
+    state: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+    bytes: Result<Bytes, BytesRejection>,
+    must_be_unknown: bool,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let entry: InventoryEntry = required(&bytes.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::MALFORMED_JSON,
+            format!("cannot read the body: {e}"),
+        )
+    })?)?;
+    let mut entry = entry;
+    entry.reason = check_reason(&entry.reason, codes::INVALID_NODE)?;
+    let actor = actor(headers);
+    let node = match state
+        .store
+        .admit_node(&actor, id, &entry, must_be_unknown)
+        .await
+    {
+        Err(StoreError::NotFound) => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                codes::NOT_FOUND,
+                format!(
+                    "no machine named {id} has tried to join this region: add it instead \
+                     (gangway admin node add {id} --region REGION …)"
+                ),
+            ))
+        }
+        r => r?,
+    };
+    tracing::info!(node_id = %id, %actor, must_be_unknown, "node placed in the inventory");
+    Ok(axum::Json(serde_json::json!({
+        "node_id": node.node_id,
+        "agent_id": node.agent(),
+        "spine": node.spine,
+        "leaf": node.leaf,
+        "nvlink_domain": node.nvlink_domain,
+        "spare": node.spare,
+        "gpu_type": node.gpu_type,
+        "rack_power_budget_w": node.rack_power_budget_w,
+    })))
+}
+
+/// Admits a machine seen as unknown.
+pub async fn admit(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    check_node_id(&id)?;
+    place(&state, &headers, &id, bytes, true).await
+}
+
+/// Adds a machine to the inventory (or moves it).
+pub async fn add(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    check_node_id(&id)?;
+    place(&state, &headers, &id, bytes, false).await
+}
+
+/// An operator's takeover: the agent holding the node loses its claim, so
+/// the next agent to register the node takes it over, alive or not.
+/// Audited (`node.release`).
+pub async fn release(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    check_node_id(&id)?;
+    let req: NodeActionRequest = body(bytes)?;
+    let reason = check_reason(&req.reason, codes::INVALID_SPEC)?;
+    let actor = actor(&headers);
+    let agent = match state
+        .store
+        .release_node(&actor, &id, reason.as_deref())
+        .await
+    {
+        Err(StoreError::NotFound) => return Err(ApiError::not_found("node")),
+        r => r?,
+    };
+    tracing::info!(node_id = %id, %actor, agent_id = %agent, "node's claim released");
+    Ok(axum::Json(
+        serde_json::json!({ "node_id": id, "agent_id": agent, "released": true }),
+    ))
 }

@@ -1,17 +1,20 @@
-//! Agents: registration (the fleet as agents see it) and sync (worker
+//! Agents: registration (the machines agents serve, placed where the
+//! region's inventory says, one claimant at a time) and sync (worker
 //! reports in, assignments out).
 
 use chrono::{DateTime, Utc};
 use std::collections::{BTreeMap, BTreeSet};
 
 use gangway_shared::agent::{
-    Assignment, Desired, RegisterRequest, SyncRequest, WorkerReport, WorkerStatus,
+    AgentNode, Assignment, Desired, RegisterRequest, SyncRequest, WorkerReport, WorkerStatus,
 };
 use gangway_shared::api::JobSpec;
+use gangway_shared::error::codes;
 use serde_json::json;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
+use super::inventory::InventoryNode;
 use super::jobs::{insert_event, lock_jobs, settle_job};
 use super::{Result, Store, StoreError};
 
@@ -33,44 +36,112 @@ pub fn master_port(job_id: Uuid) -> u16 {
 }
 
 impl Store {
-    /// Records an agent and its nodes. A new boot id means the agent's
-    /// workers from before are gone: workers it was stopping are done, and
-    /// the rest will be launched again from its assignments.
+    /// Records an agent and its nodes, each where the region's inventory
+    /// says it sits. Refused, with nothing written but the refusal's
+    /// record: a node the inventory does not have (`unknown_node`, listed
+    /// as unknown), one it binds to another agent (`wrong_agent`), one that
+    /// reports another GPU type than it says (`node_mismatch`), and a new
+    /// boot from another claimant while the agent's current boot is alive
+    /// (`node_claimed`). Another claimant after the lease ran out, or after
+    /// an operator released the claim, takes the nodes over (audited
+    /// `node.takeover`). A new boot id means the agent's workers from
+    /// before are gone: workers it was stopping are done, and the rest will
+    /// be launched again from its assignments.
     pub async fn register_agent(&self, req: &RegisterRequest) -> Result<()> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
+        let places = check_inventory(&tx, req).await?;
+        let places = match places {
+            Ok(p) => p,
+            Err(refusal) => {
+                // The refusal's own record commits: operators see the
+                // machine as unknown.
+                tx.commit().await?;
+                return Err(refusal);
+            }
+        };
         // The previous boot, and the last time it was heard: its workers
         // are known to have run until then, not after.
-        let previous: Option<(Uuid, Option<DateTime<Utc>>)> = tx
+        let previous = tx
             .query_opt(
-                "SELECT boot_id, last_sync_at FROM agents WHERE agent_id = $1 FOR UPDATE",
-                &[&req.agent_id],
+                "SELECT boot_id, last_sync_at, host_id, claim_released,
+                        last_sync_at > now() - make_interval(secs => $2) AS alive
+                 FROM agents WHERE agent_id = $1 FOR UPDATE",
+                &[&req.agent_id, &self.claim_lease.as_secs_f64()],
             )
-            .await?
-            .map(|r| (r.get(0), r.get(1)));
-        let last_heard = previous.and_then(|(_, at)| at);
-        let previous = previous.map(|(boot, _)| boot);
+            .await?;
+        let last_heard: Option<DateTime<Utc>> = previous.as_ref().and_then(|r| r.get(1));
+        if let Some(prev) = &previous {
+            let (boot, host, released, alive): (Uuid, Option<String>, bool, bool) =
+                (prev.get(0), prev.get(2), prev.get(3), prev.get(4));
+            if boot != req.boot_id && host != req.host_id {
+                if alive && !released {
+                    return Err(StoreError::Conflict {
+                        code: codes::NODE_CLAIMED,
+                        message: format!(
+                            "agent {} holds {} and is alive (last heard within its lease of {} s) \
+                             on another machine or work directory: a second agent may not take \
+                             its nodes. Stop it, wait for its lease to run out, or have an \
+                             operator release the node (gangway admin node release NODE)",
+                            req.agent_id,
+                            node_list(req),
+                            self.claim_lease.as_secs()
+                        ),
+                    });
+                }
+                let actor = format!("agent:{}", req.agent_id);
+                let detail = json!({
+                    "old_host": host, "new_host": req.host_id, "old_boot": boot,
+                    "new_boot": req.boot_id, "released_by_operator": released,
+                });
+                for n in &req.nodes {
+                    super::nodes::insert_audit(
+                        &tx,
+                        &actor,
+                        "node.takeover",
+                        &n.node_id,
+                        Some(if released {
+                            "an operator released the node"
+                        } else {
+                            "its previous agent's lease ran out"
+                        }),
+                        detail.clone(),
+                    )
+                    .await?;
+                }
+            }
+        }
+        let previous: Option<Uuid> = previous.map(|r| r.get(0));
         tx.execute(
-            "INSERT INTO agents (agent_id, boot_id, executor) VALUES ($1, $2, $3)
+            "INSERT INTO agents (agent_id, boot_id, executor, host_id) VALUES ($1, $2, $3, $4)
              ON CONFLICT (agent_id) DO UPDATE
                SET boot_id = EXCLUDED.boot_id, executor = EXCLUDED.executor,
+                   host_id = EXCLUDED.host_id, claim_released = false,
                    registered_at = now(), last_sync_at = now()",
-            &[&req.agent_id, &req.boot_id, &req.executor],
+            &[&req.agent_id, &req.boot_id, &req.executor, &req.host_id],
+        )
+        .await?;
+        tx.execute(
+            "DELETE FROM unknown_nodes WHERE node_id = ANY($1)",
+            &[&req
+                .nodes
+                .iter()
+                .map(|n| n.node_id.as_str())
+                .collect::<Vec<_>>()],
         )
         .await?;
 
         let node_ids: Vec<&str> = req.nodes.iter().map(|n| n.node_id.as_str()).collect();
-        let col = |f: fn(&gangway_shared::agent::AgentNode) -> &str| -> Vec<&str> {
-            req.nodes.iter().map(f).collect()
-        };
-        let spines = col(|n| &n.spine);
-        let leaves = col(|n| &n.leaf);
-        let domains = col(|n| &n.nvlink_domain);
-        let types = col(|n| &n.gpu_type);
-        let addrs = col(|n| &n.address);
-        let spares: Vec<bool> = req.nodes.iter().map(|n| n.spare).collect();
+        // The place is the inventory's; what is on the machine, the agent's.
+        let spines: Vec<&str> = places.iter().map(|p| p.spine.as_str()).collect();
+        let leaves: Vec<&str> = places.iter().map(|p| p.leaf.as_str()).collect();
+        let domains: Vec<&str> = places.iter().map(|p| p.nvlink_domain.as_str()).collect();
+        let spares: Vec<bool> = places.iter().map(|p| p.spare).collect();
+        let types: Vec<&str> = req.nodes.iter().map(|n| n.gpu_type.as_str()).collect();
+        let addrs: Vec<&str> = req.nodes.iter().map(|n| n.address.as_str()).collect();
         // Power figures as the agent knows them (NULL: unknown, no budget);
-        // out-of-range ones are taken as unknown rather than refused.
+        // out-of-range ones are taken as unknown rather than refused. The
+        // inventory's rack budget, where it has one, is the rack's.
         let draws: Vec<Option<i32>> = (req.nodes.iter())
             .map(|n| {
                 n.gpu_power_w
@@ -78,8 +149,12 @@ impl Store {
                     .filter(|&w| w > 0)
             })
             .collect();
-        let budgets: Vec<Option<i64>> = (req.nodes.iter())
-            .map(|n| (n.rack_power_budget_w.and_then(|w| i64::try_from(w).ok())).filter(|&w| w > 0))
+        let budgets: Vec<Option<i64>> = (req.nodes.iter().zip(&places))
+            .map(|(n, p)| {
+                (p.rack_power_budget_w.or(n.rack_power_budget_w))
+                    .and_then(|w| i64::try_from(w).ok())
+                    .filter(|&w| w > 0)
+            })
             .collect();
         tx.execute(
             "INSERT INTO nodes (node_id, agent_id, spine, leaf, nvlink_domain, gpu_type, address, spare,
@@ -113,18 +188,27 @@ impl Store {
         let mut g_nodes = Vec::new();
         let mut g_index = Vec::new();
         let mut g_uuid = Vec::new();
+        let mut g_model = Vec::new();
+        let mut g_memory = Vec::new();
+        let mut g_pci = Vec::new();
         for n in &req.nodes {
             for g in &n.gpus {
                 g_nodes.push(n.node_id.as_str());
                 g_index.push(g.index as i32);
                 g_uuid.push(g.uuid.as_str());
+                g_model.push(g.model.as_deref());
+                g_memory.push(g.memory_mib.and_then(|m| i64::try_from(m).ok()));
+                g_pci.push(g.pci_bus_id.as_deref());
             }
         }
         tx.execute(
-            "INSERT INTO gpus (node_id, gpu_index, uuid)
-             SELECT * FROM unnest($1::text[], $2::int[], $3::text[])
-             ON CONFLICT (node_id, gpu_index) DO UPDATE SET uuid = EXCLUDED.uuid",
-            &[&g_nodes, &g_index, &g_uuid],
+            "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib, pci_bus_id)
+             SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bigint[],
+                                  $6::text[])
+             ON CONFLICT (node_id, gpu_index) DO UPDATE
+               SET uuid = EXCLUDED.uuid, model = EXCLUDED.model,
+                   memory_mib = EXCLUDED.memory_mib, pci_bus_id = EXCLUDED.pci_bus_id",
+            &[&g_nodes, &g_index, &g_uuid, &g_model, &g_memory, &g_pci],
         )
         .await?;
 
@@ -199,6 +283,34 @@ impl Store {
         if boot != req.boot_id {
             return Err(StoreError::StaleBoot);
         }
+        // An agent reports for its own nodes only: a report or checkpoint
+        // naming another agent's node refuses the whole sync, before
+        // anything of it is recorded.
+        let mut named: Vec<&str> = (req.nodes.iter().map(|n| n.node_id.as_str()))
+            .chain(req.checkpoints.iter().flatten().map(|c| c.node_id.as_str()))
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        if !named.is_empty() {
+            let own: BTreeSet<String> = tx
+                .query(
+                    "SELECT node_id FROM nodes WHERE agent_id = $1 AND node_id = ANY($2)",
+                    &[&agent_id, &named],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            if let Some(other) = named.iter().find(|n| !own.contains(**n)) {
+                return Err(StoreError::Refused {
+                    code: codes::WRONG_AGENT,
+                    message: format!(
+                        "agent {agent_id} does not serve node {other}: nothing of this sync was \
+                         recorded"
+                    ),
+                });
+            }
+        }
         // The nodes' health first (a heartbeat, the signals reported, and
         // what they decide), then the workers' reports.
         let ctx = self.health_context();
@@ -227,6 +339,135 @@ impl Store {
             checkpoints,
         })
     }
+}
+
+/// The nodes of a registration, for messages: the first few by name.
+fn node_list(req: &RegisterRequest) -> String {
+    let mut names: Vec<&str> = req
+        .nodes
+        .iter()
+        .take(3)
+        .map(|n| n.node_id.as_str())
+        .collect();
+    if req.nodes.len() > 3 {
+        names.push("…");
+    }
+    format!("node {}", names.join(", "))
+}
+
+/// Each registered node's place in the inventory, in the request's order;
+/// or the refusal (with the unknown machines recorded in `tx`).
+async fn check_inventory(
+    tx: &Transaction<'_>,
+    req: &RegisterRequest,
+) -> Result<std::result::Result<Vec<InventoryNode>, StoreError>> {
+    let ids: Vec<&str> = req.nodes.iter().map(|n| n.node_id.as_str()).collect();
+    let rows = tx
+        .query(
+            "SELECT node_id, agent_id, spine, leaf, nvlink_domain, spare, gpu_type,
+                    rack_power_budget_w
+             FROM inventory WHERE node_id = ANY($1)",
+            &[&ids],
+        )
+        .await?;
+    let mut known: BTreeMap<String, InventoryNode> = BTreeMap::new();
+    for r in &rows {
+        let node = InventoryNode {
+            node_id: r.get("node_id"),
+            agent_id: r.get("agent_id"),
+            spine: r.get("spine"),
+            leaf: r.get("leaf"),
+            nvlink_domain: r.get("nvlink_domain"),
+            spare: r.get("spare"),
+            gpu_type: r.get("gpu_type"),
+            rack_power_budget_w: r
+                .get::<_, Option<i64>>("rack_power_budget_w")
+                .and_then(|w| u64::try_from(w).ok()),
+        };
+        known.insert(node.node_id.clone(), node);
+    }
+    let unknown: Vec<&AgentNode> = (req.nodes.iter())
+        .filter(|n| !known.contains_key(&n.node_id))
+        .collect();
+    if !unknown.is_empty() {
+        let col =
+            |f: fn(&AgentNode) -> &str| -> Vec<&str> { unknown.iter().map(|n| f(n)).collect() };
+        let gpus: Vec<i32> = unknown.iter().map(|n| n.gpus.len() as i32).collect();
+        tx.execute(
+            "INSERT INTO unknown_nodes (node_id, agent_id, executor, gpu_type, gpus, address, reason)
+             SELECT n, $2, $3, t, g, a, 'not_in_inventory'
+             FROM unnest($1::text[], $4::text[], $5::int[], $6::text[]) AS x(n, t, g, a)
+             ON CONFLICT (node_id) DO UPDATE
+               SET agent_id = EXCLUDED.agent_id, executor = EXCLUDED.executor,
+                   gpu_type = EXCLUDED.gpu_type, gpus = EXCLUDED.gpus,
+                   address = EXCLUDED.address, last_seen_at = now()",
+            &[
+                &col(|n| &n.node_id),
+                &req.agent_id,
+                &req.executor,
+                &col(|n| &n.gpu_type),
+                &gpus,
+                &col(|n| &n.address),
+            ],
+        )
+        .await?;
+        let names: Vec<&str> = unknown.iter().take(5).map(|n| n.node_id.as_str()).collect();
+        return Ok(Err(StoreError::Refused {
+            code: codes::UNKNOWN_NODE,
+            message: format!(
+                "{} of the {} node(s) registered {} not in this region's inventory ({}{}): \
+                 nothing was registered. The machine is listed as unknown (gangway admin node \
+                 list) until an operator admits it (gangway admin node admit NODE --spine S \
+                 --leaf L) or the region's --inventory fleet file lists it",
+                unknown.len(),
+                req.nodes.len(),
+                if unknown.len() == 1 { "is" } else { "are" },
+                names.join(", "),
+                if unknown.len() > names.len() {
+                    ", …"
+                } else {
+                    ""
+                },
+            ),
+        }));
+    }
+    let mut places = Vec::with_capacity(req.nodes.len());
+    for n in &req.nodes {
+        let place = known.remove(&n.node_id).ok_or(StoreError::Refused {
+            code: codes::INVALID_SPEC,
+            message: format!("node {} is registered twice", n.node_id),
+        });
+        let place = match place {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        if place.agent() != req.agent_id {
+            return Ok(Err(StoreError::Refused {
+                code: codes::WRONG_AGENT,
+                message: format!(
+                    "node {} is served by agent {} in this region's inventory, not by {}: \
+                     nothing was registered",
+                    n.node_id,
+                    place.agent(),
+                    req.agent_id
+                ),
+            }));
+        }
+        if place.gpu_type.as_deref().is_some_and(|t| t != n.gpu_type) {
+            return Ok(Err(StoreError::Invalid {
+                code: codes::NODE_MISMATCH,
+                message: format!(
+                    "node {} has {} GPUs in this region's inventory, but its agent reports {}: \
+                     nothing was registered (fix the agent's --gpu-type, or the inventory)",
+                    n.node_id,
+                    place.gpu_type.as_deref().unwrap_or_default(),
+                    n.gpu_type
+                ),
+            }));
+        }
+        places.push(place);
+    }
+    Ok(Ok(places))
 }
 
 /// Applies worker reports; returns whether any GPUs were released. An

@@ -21,7 +21,14 @@
 //! - `job_events`: the timeline tenants read.
 //! - `agents`, `nodes`, `gpus`: the fleet as agents registered it, plus the
 //!   operator's intent per node (`operator_state`). Liveness is the agent's
-//!   last sync; an agent can always tell us again what it has.
+//!   last sync; an agent can always tell us again what it has. Who holds an
+//!   agent's nodes (`agents.host_id`, `claim_released`) is kept so that a
+//!   second claimant is refused while the first is alive.
+//! - `inventory` (`inventory.rs`): which machines belong to the region,
+//!   where each sits and which agent may serve it — operator intent (the
+//!   fleet file, `admin node add`/`admit`), which agents cannot tell us.
+//!   `unknown_nodes`: machines refused as not in it, listed for operators;
+//!   they tell us again by retrying.
 //! - `quotas`: operator-set terms per tenant and GPU type: guaranteed GPUs,
 //!   fair-share weight (thousandths) and an optional cap.
 //! - `jobs.min_workers`, `jobs.run_workers`, `jobs.grows`: an elastic
@@ -193,6 +200,7 @@ pub mod closings;
 mod clusters;
 pub mod commitment_copies;
 pub mod handovers;
+mod inventory;
 mod jobs;
 mod keyed;
 mod limits;
@@ -219,6 +227,7 @@ pub use agents::{StopTiming, SyncOutcome};
 pub use audit::Who;
 pub use checkpoints::{Recorded, Refusal};
 pub use clusters::{cluster_of_key, job_pool, pool_key, ClusterOutcome, NewCluster, TendOutcome};
+pub use inventory::InventoryNode;
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
@@ -257,6 +266,11 @@ pub enum StoreError {
     /// The report comes from an earlier boot of the agent.
     #[error("report from an earlier boot")]
     StaleBoot,
+    /// The caller may not do this (a stable code and why: a machine not in
+    /// the inventory, a node bound to another agent); nothing was written
+    /// but the refusal's own record (`unknown_nodes`).
+    #[error("{message}")]
+    Refused { code: &'static str, message: String },
     /// The plan's generation is no longer current, or one of its placements
     /// no longer applies; nothing was written.
     #[error("stale plan: {0}")]
@@ -374,6 +388,9 @@ pub struct Store {
     /// The region has peers: a new job waits for a buddy to hold its
     /// intent before it is acknowledged or scheduled (`replicas.rs`).
     replicating: bool,
+    /// How long an agent that stopped syncing still holds its nodes
+    /// against another claimant (its lease).
+    claim_lease: Duration,
 }
 
 impl Store {
@@ -401,6 +418,7 @@ impl Store {
             health: Arc::new(gangway_health::HealthPolicy::default()),
             checkpoint_deadline_s: 120,
             replicating: false,
+            claim_lease: Duration::from_secs(60),
         })
     }
 
@@ -420,6 +438,13 @@ impl Store {
     /// are acknowledged or scheduled (a region with peers).
     pub fn with_replication(mut self, replicating: bool) -> Store {
         self.replicating = replicating;
+        self
+    }
+
+    /// An agent silent for `lease` no longer holds its nodes against
+    /// another claimant (the agents' lease: by then it has fenced).
+    pub fn with_claim_lease(mut self, lease: Duration) -> Store {
+        self.claim_lease = lease;
         self
     }
 

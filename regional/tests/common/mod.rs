@@ -66,6 +66,7 @@ pub fn node(node_id: &str, spine: &str, leaf: &str, ty: &str) -> AgentNode {
             .map(|i| AgentGpu {
                 index: i,
                 uuid: format!("GPU-{node_id}-{i}"),
+                ..AgentGpu::default()
             })
             .collect(),
         gpu_power_w: None,
@@ -76,15 +77,15 @@ pub fn node(node_id: &str, spine: &str, leaf: &str, ty: &str) -> AgentNode {
 /// Registers all `nodes` under one simulated agent; returns its boot id.
 pub async fn register(store: &Store, nodes: Vec<AgentNode>) -> Uuid {
     let boot_id = Uuid::new_v4();
-    store
-        .register_agent(&RegisterRequest {
-            agent_id: "agent-0".into(),
-            boot_id,
-            executor: "sim".into(),
-            nodes,
-        })
-        .await
-        .unwrap();
+    let req = RegisterRequest {
+        agent_id: "agent-0".into(),
+        boot_id,
+        executor: "sim".into(),
+        nodes,
+        host_id: None,
+    };
+    store.admit_as_registered(&req).await.unwrap();
+    store.register_agent(&req).await.unwrap();
     boot_id
 }
 
@@ -138,15 +139,15 @@ impl Fleet {
         for (n, node) in nodes.into_iter().enumerate() {
             assert_eq!(node.node_id, format!("n{n}"));
             let boot = Uuid::new_v4();
-            store
-                .register_agent(&RegisterRequest {
-                    agent_id: format!("agent-n{n}"),
-                    boot_id: boot,
-                    executor: "sim".into(),
-                    nodes: vec![node],
-                })
-                .await
-                .unwrap();
+            let req = RegisterRequest {
+                agent_id: format!("agent-n{n}"),
+                boot_id: boot,
+                executor: "sim".into(),
+                nodes: vec![node],
+                host_id: None,
+            };
+            store.admit_as_registered(&req).await.unwrap();
+            store.register_agent(&req).await.unwrap();
             boots.push(boot);
         }
         Fleet { boots }

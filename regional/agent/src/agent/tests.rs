@@ -124,6 +124,7 @@ fn config(addr: SocketAddr, executor: ExecutorKind, work_dir: &Path) -> AgentCon
                 .map(|index| AgentGpu {
                     index,
                     uuid: format!("GPU-sim-node-a-{index}"),
+                    ..AgentGpu::default()
                 })
                 .collect(),
             gpu_power_w: None,
