@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::{agent_token, log_file, token, Proc, BIN};
+use support::{agent_token, log_file, shared_out, token, Proc, BIN};
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -101,6 +101,8 @@ impl Region {
         .args(["--gpus", "8", "--gpu-type", "h100", "--executor", "real"])
         .arg("--work-dir")
         .arg(self.dir.path().join(work))
+        .arg("--sandbox-bind")
+        .arg(shared_out(self.dir.path()))
         .env("GANGWAY_LOG", "info")
         .stdout(Stdio::null())
         .stderr(log_file(self.dir.path(), &format!("{work}.log")));
@@ -341,7 +343,8 @@ async fn a_real_agent_registers_under_its_hostname_and_runs_a_job() {
         (me["executor"].as_str(), me["gpus"].as_u64()),
         (Some("real"), Some(8))
     );
-    let out = region.dir.path().join("out.txt");
+    // Where the job (its tenant's user, in a sandbox) can write.
+    let out = shared_out(region.dir.path()).join("out.txt");
     let job = region
         .client
         .submit(
