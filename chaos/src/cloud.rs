@@ -724,7 +724,7 @@ impl Cloud {
             let args: Vec<String> = (cmdline.split(|b| *b == 0))
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
-            let agent = args.iter().any(|a| a == "agent") && args.iter().any(|a| *a == needle);
+            let agent = args.iter().any(|a| a == "agent") && args.contains(&needle);
             agent.then_some(pid)
         })
     }
