@@ -507,13 +507,7 @@ fn pg_data_dir(state_dir: &Path, region_dir: &Path, name: &str) -> anyhow::Resul
     if gangway_devkit::server_can_reach(region_dir) {
         return Ok(region_dir.join("pg"));
     }
-    let hash = state_dir
-        .as_os_str()
-        .as_encoded_bytes()
-        .iter()
-        .fold(0x811c_9dc5u32, |h, b| {
-            (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
-        });
+    let hash = gangway_shared::ids::short_hash(state_dir.as_os_str().as_encoded_bytes());
     let label: String = (state_dir
         .iter()
         .rev()

@@ -76,6 +76,15 @@ pub fn valid_idempotency_key(key: &str) -> bool {
     !key.is_empty() && key.len() <= 255 && key.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
+/// FNV-1a, 32 bits: a short, stable name for a longer one (a tenant's
+/// system user, a state dir's database directory), the same on every
+/// machine and release. Not for anything an attacker may choose to collide.
+pub fn short_hash(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
+
 /// Checks a tenant name: 1–63 characters of `[a-z0-9-]`, not starting with `-`.
 pub fn valid_tenant(tenant: &str) -> bool {
     !tenant.is_empty()

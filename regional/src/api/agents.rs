@@ -45,13 +45,11 @@ pub async fn register(
             return Err(bad("too many GPUs on one node"));
         }
     }
-    match retry_races(|| state.store.register_agent(&req)).await {
-        Ok(()) => {}
-        Err(e) => {
-            tracing::warn!(error = %e, nodes = req.nodes.len(), "registration refused");
-            return Err(e.into());
-        }
-    }
+    retry_races(|| state.store.register_agent(&req))
+        .await
+        .inspect_err(
+            |e| tracing::warn!(error = %e, nodes = req.nodes.len(), "registration refused"),
+        )?;
     tracing::info!(nodes = req.nodes.len(), "agent registered");
     state.wake_scheduler();
     // The agents' lease (checked at start-up against lost_after_s).

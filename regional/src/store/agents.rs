@@ -433,13 +433,11 @@ async fn check_inventory(
     }
     let mut places = Vec::with_capacity(req.nodes.len());
     for n in &req.nodes {
-        let place = known.remove(&n.node_id).ok_or(StoreError::Refused {
-            code: codes::INVALID_SPEC,
-            message: format!("node {} is registered twice", n.node_id),
-        });
-        let place = match place {
-            Ok(p) => p,
-            Err(e) => return Ok(Err(e)),
+        let Some(place) = known.remove(&n.node_id) else {
+            return Ok(Err(StoreError::Refused {
+                code: codes::INVALID_SPEC,
+                message: format!("node {} is registered twice", n.node_id),
+            }));
         };
         if place.agent() != req.agent_id {
             return Ok(Err(StoreError::Refused {

@@ -324,13 +324,8 @@ impl Isolation {
                 self.sandboxed_command(tools, w, user, program, args)
             }
             (Mode::User, Some(user)) => {
-                let mut cmd = std::process::Command::new(program);
-                cmd.args(args)
-                    .env_clear()
-                    .envs(&w.env)
-                    .current_dir(w.dir)
-                    .uid(user.uid)
-                    .gid(user.gid);
+                let mut cmd = plain_command(w, program, args);
+                cmd.uid(user.uid).gid(user.gid);
                 // std drops supplementary groups when it changes the uid.
                 // SAFETY: prctl is async-signal-safe.
                 unsafe {
@@ -343,11 +338,7 @@ impl Isolation {
                 }
                 Ok((cmd, None))
             }
-            (Mode::Off, _) => {
-                let mut cmd = std::process::Command::new(program);
-                cmd.args(args).env_clear().envs(&w.env).current_dir(w.dir);
-                Ok((cmd, None))
-            }
+            (Mode::Off, _) => Ok((plain_command(w, program, args), None)),
             (_, None) => Err("no user to run the worker as".into()),
         }
     }
@@ -521,6 +512,13 @@ impl Isolation {
     }
 }
 
+/// `program args` in the worker's directory with only its environment.
+fn plain_command(w: &WorkerLaunch<'_>, program: &str, args: &[String]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args).env_clear().envs(&w.env).current_dir(w.dir);
+    cmd
+}
+
 /// What a worker is started with.
 #[derive(Debug)]
 pub(crate) struct WorkerLaunch<'a> {
@@ -598,14 +596,11 @@ pub(crate) fn tenant_user_name(tenant: &str) -> String {
     if name.len() <= 32 {
         return name;
     }
-    format!("gw-{}-{:08x}", &tenant[..20], fnv1a(tenant))
-}
-
-/// FNV-1a, 32 bits: enough to tell long tenant names apart in user names.
-fn fnv1a(s: &str) -> u32 {
-    s.bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
+    format!(
+        "gw-{}-{:08x}",
+        &tenant[..20],
+        gangway_shared::ids::short_hash(tenant.as_bytes())
+    )
 }
 
 /// Looks `tenant`'s system user up, creating it first if it is missing.
