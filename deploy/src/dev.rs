@@ -69,6 +69,11 @@ pub struct UpArgs {
     /// scheduler) instead of the defaults.
     #[arg(long)]
     short_timers: bool,
+    /// One simulated agent per leaf (rack) instead of one per region, so
+    /// that syncs arrive as they would from many machines (each region's
+    /// agent process runs them all; each has its own token).
+    #[arg(long)]
+    agent_per_leaf: bool,
 }
 
 /// Ports chosen on the first start, kept so URLs stay stable across restarts.
@@ -397,6 +402,9 @@ async fn assemble(
             .arg("--inventory")
             .arg(fleet)
             .args(["--inventory-agent", &format!("{name}-agent-0")]);
+        if args.agent_per_leaf {
+            control = control.arg("--inventory-agent-per-leaf");
+        }
         if args.short_timers {
             control = control.args(DRILL_TIMERS).args(SHORT_TIMERS);
         }
@@ -419,6 +427,34 @@ async fn assemble(
             ))
             .map_err(|e| anyhow::anyhow!("cannot sign the agent token: {e}"))?;
         let agent_dir = region_dir.join("agent");
+        // One agent per leaf: a token for each, in a file only we read.
+        let tokens_file = region_dir.join("agent-tokens.json");
+        if args.agent_per_leaf {
+            let fleet_file = gangway_shared::fleet::FleetFile::load(fleet)?;
+            let leaves: std::collections::BTreeSet<String> =
+                (fleet_file.expand(fleet_file.region_or(name)).iter())
+                    .filter(|n| !n.named)
+                    .map(|n| n.leaf.clone())
+                    .collect();
+            let mut tokens = std::collections::BTreeMap::new();
+            for leaf in leaves {
+                let id = crate::servers::leaf_agent(&agent_id, &leaf);
+                let token = auth
+                    .service_key
+                    .sign(&claims_for(
+                        Role::Agent,
+                        &id,
+                        None,
+                        Some(name),
+                        tokens::ISSUER,
+                        tokens::REGION_AUDIENCE,
+                        DEV_TOKEN_TTL,
+                    ))
+                    .map_err(|e| anyhow::anyhow!("cannot sign an agent token: {e}"))?;
+                tokens.insert(id, token);
+            }
+            write_private(&tokens_file, &serde_json::to_vec(&tokens)?)?;
+        }
         let mut agent = launch("agent")
             .env("GANGWAY_AGENT_TOKEN", agent_token)
             .arg("agent")
@@ -437,6 +473,12 @@ async fn assemble(
             .arg(dir)
             .arg("--sandbox-bind")
             .arg(dir.join("chaos"));
+        if args.agent_per_leaf {
+            agent = agent
+                .arg("--simulate-per-leaf")
+                .arg("--tokens-file")
+                .arg(&tokens_file);
+        }
         if !is_root() {
             agent = agent.args(["--isolation", "off"]);
         }
@@ -722,6 +764,22 @@ fn write_env(
     std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     std::fs::rename(&tmp, &path)?;
     Ok(path)
+}
+
+/// Writes `bytes` to `path`, readable by its owner only.
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
 }
 
 fn absolute(p: &Path) -> anyhow::Result<PathBuf> {

@@ -69,6 +69,92 @@ pub struct LoadgenArgs {
     /// Seconds to wait for any one answer.
     #[arg(long, default_value_t = 30)]
     pub timeout_s: u64,
+    /// A mix of job sizes instead of `--gpus`: powers of two from 1 to
+    /// this many GPUs, a size of `g` GPUs drawn with weight 1/√g (so most
+    /// jobs are small and a few span racks). Jobs over 8 GPUs run 8 GPUs a
+    /// worker, as gangs.
+    #[arg(long)]
+    pub mix_max_gpus: Option<i64>,
+    /// With `--mix-max-gpus`: each job's estimated run time drawn evenly
+    /// from `MIN-MAX` seconds (the sim executor runs it × its time factor).
+    #[arg(long, value_parser = parse_range)]
+    pub mix_duration_s: Option<(i64, i64)>,
+    /// Send a request answered with `Retry-After` (429 rate_limited, 503
+    /// overloaded) again after that many seconds, with the same key, up
+    /// to this many times (0: count the answer as it is). Latency then
+    /// includes the waits.
+    #[arg(long, default_value_t = 0)]
+    pub retry_after: u32,
+}
+
+fn parse_range(s: &str) -> Result<(i64, i64), String> {
+    let (a, b) = s.split_once('-').ok_or("expected MIN-MAX")?;
+    let (a, b): (i64, i64) = (
+        a.trim().parse().map_err(|e| format!("{e}"))?,
+        b.trim().parse().map_err(|e| format!("{e}"))?,
+    );
+    if a < 1 || b < a {
+        return Err("expected 1 <= MIN <= MAX".into());
+    }
+    Ok((a, b))
+}
+
+/// How many different bodies a mix cycles through.
+const MIX_BODIES: usize = 4096;
+
+/// The request bodies: one, or a mix of sizes and run times drawn from a
+/// fixed seed (so two runs send the same jobs). Leaked once, so each
+/// request borrows one without a copy.
+fn bodies(args: &LoadgenArgs) -> Vec<&'static [u8]> {
+    let body = |gpus: i64, secs: i64| -> &'static [u8] {
+        let mut spec = serde_json::json!({
+            "name": "loadgen",
+            "gpus": gpus,
+            "gpu_type": args.gpu_type,
+            "estimated_duration_s": secs,
+            "command": ["sh", "-c", "true"],
+        });
+        if gpus > 8 {
+            spec["gpus_per_worker"] = serde_json::json!(8);
+        }
+        let bytes = serde_json::to_vec(&spec).expect("a JSON value serializes");
+        Box::leak(bytes.into_boxed_slice())
+    };
+    let Some(max) = args.mix_max_gpus else {
+        return vec![body(args.gpus, args.estimated_duration_s)];
+    };
+    let sizes: Vec<i64> = (0..63)
+        .map(|k| 1i64 << k)
+        .take_while(|g| *g <= max.max(1))
+        .collect();
+    let weights: Vec<f64> = sizes.iter().map(|&g| 1.0 / (g as f64).sqrt()).collect();
+    let total: f64 = weights.iter().sum();
+    let (lo, hi) = args
+        .mix_duration_s
+        .unwrap_or((args.estimated_duration_s, args.estimated_duration_s));
+    // A small xorshift generator: reproducible, no crate for a few lines.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    };
+    (0..MIX_BODIES)
+        .map(|_| {
+            let mut r = next() * total;
+            let mut gpus = sizes[sizes.len() - 1];
+            for (g, w) in sizes.iter().zip(&weights) {
+                if r < *w {
+                    gpus = *g;
+                    break;
+                }
+                r -= w;
+            }
+            let secs = lo + ((next() * (hi - lo + 1) as f64) as i64).min(hi - lo);
+            body(gpus, secs)
+        })
+        .collect()
 }
 
 /// The state dir's `env` file, as `NAME → value`.
@@ -88,6 +174,11 @@ struct Target {
     /// `Authorization` values, one per tenant.
     auths: Vec<HeaderValue>,
     http: reqwest::Client,
+    /// Retry a request answered with `Retry-After` (429, 503) this many
+    /// times, with the same key, after the seconds it says.
+    retries: u32,
+    /// Retries made.
+    retried: AtomicU64,
 }
 
 fn resolve(args: &LoadgenArgs, pool: usize) -> anyhow::Result<Target> {
@@ -151,6 +242,8 @@ fn resolve(args: &LoadgenArgs, pool: usize) -> anyhow::Result<Target> {
         urls,
         auths,
         http: builder.build().context("cannot build the HTTP client")?,
+        retries: args.retry_after,
+        retried: AtomicU64::new(0),
     })
 }
 
@@ -176,16 +269,31 @@ struct ErrBody {
 async fn send_one(target: &Target, seq: u64, run: &str, body: &'static [u8]) -> Outcome {
     let url = &target.urls[(seq as usize) % target.urls.len()];
     let auth = &target.auths[(seq as usize / target.urls.len()) % target.auths.len()];
-    let req = target
-        .http
-        .post(url)
-        .header(AUTHORIZATION, auth.clone())
-        .header(CONTENT_TYPE, "application/json")
-        .header("idempotency-key", format!("lg-{run}-{seq}"))
-        .body(body);
-    let resp = match req.send().await {
-        Ok(r) => r,
-        Err(e) => return Outcome::Err(transport(&e)),
+    let mut attempt = 0;
+    let resp = loop {
+        let req = target
+            .http
+            .post(url)
+            .header(AUTHORIZATION, auth.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header("idempotency-key", format!("lg-{run}-{seq}"))
+            .body(body);
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => return Outcome::Err(transport(&e)),
+        };
+        // As a well-behaved client: wait what Retry-After says, then send
+        // the same request (same key) again.
+        let wait = (resp.headers().get(reqwest::header::RETRY_AFTER))
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        match wait {
+            Some(secs) if attempt < target.retries => {
+                attempt += 1;
+                target.retried.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_secs(secs.min(30))).await;
+            }
+            _ => break resp,
+        }
     };
     let status = resp.status();
     let bytes = match resp.bytes().await {
@@ -320,6 +428,8 @@ struct Report {
     regions: BTreeMap<String, u64>,
     /// CPU seconds this process used (it shares the machine with the server).
     loadgen_cpu_s: f64,
+    /// Requests sent again after a `Retry-After` (`--retry-after`).
+    retried: u64,
 }
 
 fn cpu_seconds() -> f64 {
@@ -350,17 +460,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<u8> {
         (None, None) => Some(Duration::from_secs(10)),
     };
     let target = Arc::new(resolve(&args, concurrency)?);
-    let body = serde_json::to_vec(&serde_json::json!({
-        "name": "loadgen",
-        "gpus": args.gpus,
-        "gpu_type": args.gpu_type,
-        "estimated_duration_s": args.estimated_duration_s,
-        "command": ["sh", "-c", "true"],
-    }))
-    .expect("a JSON value serializes");
-    // Every request sends the same body (only the key differs): leaked
-    // once, so each request borrows it without a copy.
-    let body: &'static [u8] = Box::leak(body.into_boxed_slice());
+    let bodies: Arc<[&'static [u8]]> = bodies(&args).into();
     // A run id keeps keys unique across runs against the same cloud.
     let run_id: Arc<str> = uuid::Uuid::new_v4().simple().to_string()[..12].into();
 
@@ -411,11 +511,12 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<u8> {
         None => {
             let mut workers = Vec::with_capacity(concurrency);
             for _ in 0..concurrency {
-                let (target, shared, issued, run_id) = (
+                let (target, shared, issued, run_id, bodies) = (
                     target.clone(),
                     shared.clone(),
                     issued.clone(),
                     run_id.clone(),
+                    bodies.clone(),
                 );
                 workers.push(tokio::spawn(async move {
                     loop {
@@ -428,6 +529,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<u8> {
                             break;
                         }
                         let sent = Instant::now();
+                        let body = bodies[seq as usize % bodies.len()];
                         let outcome = send_one(&target, seq, &run_id, body).await;
                         shared.record(sent, outcome);
                     }
@@ -451,6 +553,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<u8> {
                 let permit = sem.clone().acquire_owned().await.expect("never closed");
                 issued.fetch_add(1, Ordering::Relaxed);
                 let (target, shared, run_id) = (target.clone(), shared.clone(), run_id.clone());
+                let body = bodies[seq as usize % bodies.len()];
                 tasks.spawn(async move {
                     let outcome = send_one(&target, seq, &run_id, body).await;
                     shared.record(scheduled, outcome);
@@ -497,6 +600,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<u8> {
         latency_all: latency(&stats.all_us),
         regions: stats.regions,
         loadgen_cpu_s: cpu,
+        retried: target.retried.load(Ordering::Relaxed),
     };
     if args.conn.json {
         println!(
@@ -576,4 +680,7 @@ fn print_table(r: &Report) {
         );
     }
     row("loadgen CPU", format!("{:.1} s", r.loadgen_cpu_s));
+    if r.retried > 0 {
+        row("retried", format!("{} (after Retry-After)", r.retried));
+    }
 }

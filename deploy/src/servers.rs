@@ -124,6 +124,16 @@ pub struct RegionArgs {
     /// the subject of its token (default: `{name}-agent`).
     #[arg(long, value_name = "AGENT_ID")]
     pub inventory_agent: Option<String>,
+    /// The inventory's simulated nodes are served by one agent per leaf
+    /// (rack), `{inventory-agent}-{leaf}`, as a real region's are by many
+    /// machines' agents (the agent's `--simulate-per-leaf`).
+    #[arg(long)]
+    pub inventory_agent_per_leaf: bool,
+}
+
+/// The agent serving a leaf's simulated nodes when each leaf has its own.
+pub fn leaf_agent(agent: &str, leaf: &str) -> String {
+    format!("{agent}-{leaf}")
 }
 
 /// Loads the region's `--inventory` fleet file into its store.
@@ -139,7 +149,14 @@ async fn load_inventory(
     let sim_agent =
         (args.inventory_agent.clone()).unwrap_or_else(|| format!("{}-agent", args.name));
     let nodes: Vec<_> = (fleet.expand(fleet.region_or(&args.name)).iter())
-        .map(|n| gangway_regional::store::InventoryNode::from_fleet(n, &sim_agent))
+        .map(|n| {
+            let agent = if args.inventory_agent_per_leaf {
+                leaf_agent(&sim_agent, &n.leaf)
+            } else {
+                sim_agent.clone()
+            };
+            gangway_regional::store::InventoryNode::from_fleet(n, &agent)
+        })
         .collect();
     let written = state
         .store
@@ -338,6 +355,17 @@ pub struct AgentArgs {
     /// one on the command line is not.
     #[arg(long, conflicts_with = "token")]
     pub token_file: Option<PathBuf>,
+    /// Simulated mode: run one agent per leaf (rack) of the fleet in this
+    /// process, `{agent-id}-{leaf}`, each syncing on its own as the
+    /// machines of a real region would (the region's
+    /// `--inventory-agent-per-leaf`). Each needs its own token: from
+    /// `--tokens-file`.
+    #[arg(long, requires = "simulate", requires = "tokens_file")]
+    pub simulate_per_leaf: bool,
+    /// With `--simulate-per-leaf`: a JSON object of agent id → token
+    /// (keep it 0600).
+    #[arg(long, requires = "simulate_per_leaf")]
+    pub tokens_file: Option<PathBuf>,
     /// Real executor: how workers are isolated (docs/jobs.md): `auto`
     /// (a bubblewrap sandbox as the tenant's user where bubblewrap is
     /// installed, else the tenant's user alone), `sandbox`, `user`, or
@@ -423,21 +451,59 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
         other => anyhow::bail!("unknown executor {other:?}: use real or sim"),
     };
     let config = AgentConfig {
-        region_url: args.region_url,
+        region_url: args.region_url.clone(),
         agent_id,
         nodes,
         executor,
         time_factor: args.time_factor,
-        work_dir: args.work_dir,
+        work_dir: args.work_dir.clone(),
         default_sync_interval: Duration::from_secs(1),
-        token: args.token,
-        machine_boot_id: args.boot_id,
+        token: args.token.clone(),
+        machine_boot_id: args.boot_id.clone(),
         health_poll_interval: Duration::from_secs(args.health_poll_interval_s.max(1)),
         fence_after: args.fence_after_s.map(Duration::from_secs),
-        checkpoint_store: args.checkpoint_store,
+        checkpoint_store: args.checkpoint_store.clone(),
         isolation,
     };
-    gangway_agent::run(config, shutdown_token()).await
+    if !args.simulate_per_leaf {
+        return gangway_agent::run(config, shutdown_token()).await;
+    }
+    // One agent per leaf, each with its nodes, work dir and token.
+    let path = args.tokens_file.as_ref().expect("clap requires it");
+    let tokens: std::collections::BTreeMap<String, String> = serde_json::from_slice(
+        &std::fs::read(path)
+            .with_context(|| format!("cannot read the tokens file {}", path.display()))?,
+    )
+    .with_context(|| {
+        format!(
+            "{}: expected a JSON object of agent id → token",
+            path.display()
+        )
+    })?;
+    let mut leaves: std::collections::BTreeMap<String, Vec<_>> = Default::default();
+    for n in &config.nodes {
+        leaves.entry(n.leaf.clone()).or_default().push(n.clone());
+    }
+    let shutdown = shutdown_token();
+    let mut agents = tokio::task::JoinSet::new();
+    for (leaf, nodes) in leaves {
+        let agent_id = leaf_agent(&config.agent_id, &leaf);
+        let token = tokens
+            .get(&agent_id)
+            .with_context(|| format!("{}: no token for agent {agent_id}", path.display()))?;
+        let one = AgentConfig {
+            agent_id,
+            nodes,
+            work_dir: config.work_dir.join(&leaf),
+            token: Some(token.clone()),
+            ..config.clone()
+        };
+        agents.spawn(gangway_agent::run(one, shutdown.clone()));
+    }
+    while let Some(done) = agents.join_next().await {
+        done.context("an agent panicked")??;
+    }
+    Ok(())
 }
 
 /// The agent's id and the nodes it serves: a simulated fleet's

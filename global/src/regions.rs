@@ -42,6 +42,8 @@ pub struct Answer {
     pub body: Bytes,
     /// The region answered a retried create with the original job.
     pub replayed: bool,
+    /// The region's `Retry-After` (an overloaded region's 503), passed on.
+    pub retry_after: Option<reqwest::header::HeaderValue>,
 }
 
 /// The region could not be reached, or did not answer in time.
@@ -208,8 +210,13 @@ impl Regions {
         let status =
             StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         let replayed = resp.headers().contains_key(REPLAYED_HEADER);
+        let retry_after = resp.headers().get(reqwest::header::RETRY_AFTER).cloned();
         let body = resp.bytes().await.map_err(unreachable)?;
-        if status.is_server_error() {
+        if status == StatusCode::SERVICE_UNAVAILABLE && retry_after.is_some() {
+            // An overloaded region shedding load (`overloaded`) is alive:
+            // its answer (503, Retry-After) goes to the caller, and it
+            // stays as healthy as it was.
+        } else if status.is_server_error() {
             // A region that answers 5xx is not fit to take work now.
             region.mark_failed(format!("answered {status}"));
         } else {
@@ -219,6 +226,7 @@ impl Regions {
             status,
             body,
             replayed,
+            retry_after,
         })
     }
 

@@ -20,7 +20,10 @@ pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
     }
     *last = Some(Instant::now());
     let ctx = state.store.health_context();
-    match crate::store::retry_races(|| state.store.health_tick(&ctx)).await {
+    let started = Instant::now();
+    let tick = crate::store::retry_races(|| state.store.health_tick(&ctx)).await;
+    metrics::histogram!("gangway_health_tick_seconds").record(started.elapsed().as_secs_f64());
+    match tick {
         Ok(o) => {
             for job in &o.evacuated {
                 tracing::info!(job_id = %job, "asked to checkpoint and move off a node");

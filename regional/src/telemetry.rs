@@ -51,6 +51,29 @@ fn describe() {
         "1 while this replica leads scheduling"
     );
     describe_histogram!(
+        "gangway_sync_seconds",
+        Unit::Seconds,
+        "An agent's sync, as the region handles it (its database work included)"
+    );
+    describe_histogram!(
+        "gangway_health_tick_seconds",
+        Unit::Seconds,
+        "The leader's health tick: the snapshot, and each node's change in its own transaction"
+    );
+    describe_gauge!(
+        "gangway_health_silent_nodes",
+        "Nodes silent past the suspect limit at the last health tick"
+    );
+    describe_gauge!(
+        "gangway_health_losses_held",
+        "Silent nodes held suspect instead of lost at the last tick (a mass silence, or losses \
+         paced)"
+    );
+    describe_counter!(
+        "gangway_requests_shed_total",
+        "Requests shed with 503 overloaded, by path"
+    );
+    describe_histogram!(
         "gangway_queue_wait_seconds",
         Unit::Seconds,
         "Submission to placement"

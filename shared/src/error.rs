@@ -115,6 +115,10 @@ pub mod codes {
     pub const INVALID_NODE: &str = "invalid_node";
     /// The database is unreachable or overloaded; retry later (503).
     pub const UNAVAILABLE: &str = "unavailable";
+    /// The region is overloaded and sheds this request (a submission, a
+    /// dry run, a listing) to keep its agents and peers heard; retry after
+    /// the `Retry-After` header's seconds (503).
+    pub const OVERLOADED: &str = "overloaded";
     /// The endpoint exists but not with this method (405).
     pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
     /// The request took longer than the server allows (408).
@@ -206,6 +210,7 @@ pub mod codes {
         NODE_MISMATCH,
         INVALID_NODE,
         UNAVAILABLE,
+        OVERLOADED,
         METHOD_NOT_ALLOWED,
         TIMEOUT,
         INTERNAL,

@@ -35,6 +35,12 @@ pub(super) fn relay(answer: Answer) -> Response {
             HeaderValue::from_static("true"),
         );
     }
+    if let Some(v) = answer
+        .retry_after
+        .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
+    {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
     resp
 }
 

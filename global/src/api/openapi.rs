@@ -482,10 +482,25 @@ impl<'r> ToResponse<'r> for RegionUnavailable {
     fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
         let text = errors(
             "A region that holds or might hold the job is not answering, or its \
-             database is unavailable; retry shortly.",
-            &[codes::REGION_UNAVAILABLE, codes::UNAVAILABLE],
+             database is unavailable; retry shortly. An overloaded region sheds \
+             submissions, dry runs and listings (`overloaded`) with a `Retry-After` \
+             header: retry after its seconds (a create with the same Idempotency-Key).",
+            &[
+                codes::REGION_UNAVAILABLE,
+                codes::UNAVAILABLE,
+                codes::OVERLOADED,
+            ],
         );
-        ("RegionUnavailable", error_response(text).build().into())
+        (
+            "RegionUnavailable",
+            error_response(text)
+                .header(
+                    "Retry-After",
+                    integer_header("Seconds to wait before retrying (`overloaded` only)."),
+                )
+                .build()
+                .into(),
+        )
     }
 }
 

@@ -31,6 +31,17 @@
 //! - **Heartbeats**: an agent silent for `suspect_after_s` makes its node
 //!   suspect (no new work); for `lost_after_s`, lost (its jobs count as
 //!   failed and restart elsewhere from their checkpoints).
+//! - **Mass silence is not mass failure**: when many nodes fall silent at
+//!   once ([`HealthPolicy::mass_silence_percent`] of the region, and at
+//!   least [`HealthPolicy::mass_silence_min_nodes`]), the likelier cause is
+//!   the control plane or the network, not hundreds of machines: the
+//!   silent nodes stay suspect (no new work, their jobs keep running) and
+//!   none is declared lost until the silence is no longer massive. Outside
+//!   such an event, at most [`HealthPolicy::silent_losses_per_tick`] newly
+//!   silent nodes (or 1 % of the region, if more) are declared lost per
+//!   tick, the rest on the next ones ([`HealthPolicy::silence_verdict`]) —
+//!   as Kubernetes' node lifecycle controller stops or slows evictions
+//!   when a whole zone looks unhealthy.
 //! - **Flapping is damped**: a node that turned bad `flap_limit` times
 //!   within `flap_window_s` stays out for `hold_down_s` after it last
 //!   recovered.
@@ -144,6 +155,24 @@ pub struct HealthPolicy {
     /// This many node-level failures within the window send it to repair.
     pub repair_after: u32,
     pub repair_window_s: u64,
+    /// Silence this widespread (percent of the region's nodes, and at
+    /// least `mass_silence_min_nodes` of them) is taken for a control-plane
+    /// or network fault: no silent node is declared lost while it lasts.
+    pub mass_silence_percent: u32,
+    pub mass_silence_min_nodes: u32,
+    /// Outside a mass silence, nodes newly silent past `lost_after_s`
+    /// declared lost per tick at most (or 1 % of the region, if more).
+    pub silent_losses_per_tick: u32,
+}
+
+/// What a tick may do about nodes silent past the lost limit
+/// ([`HealthPolicy::silence_verdict`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SilenceVerdict {
+    /// Silence is not widespread: this many may be declared lost now.
+    Lose { at_most: usize },
+    /// Mass silence: none is declared lost; they stay suspect.
+    Hold,
 }
 
 impl Default for HealthPolicy {
@@ -164,11 +193,29 @@ impl Default for HealthPolicy {
             hold_down_s: 1_800,
             repair_after: 3,
             repair_window_s: 86_400,
+            mass_silence_percent: 25,
+            mass_silence_min_nodes: 16,
+            silent_losses_per_tick: 8,
         }
     }
 }
 
 impl HealthPolicy {
+    /// What a tick may do about silent nodes when `silent` of the region's
+    /// `fleet` nodes are silent (past `suspect_after_s`, lost ones not yet
+    /// declared included).
+    pub fn silence_verdict(&self, silent: usize, fleet: usize) -> SilenceVerdict {
+        let mass = silent >= self.mass_silence_min_nodes as usize
+            && silent * 100 >= fleet * self.mass_silence_percent as usize;
+        if mass {
+            SilenceVerdict::Hold
+        } else {
+            SilenceVerdict::Lose {
+                at_most: (self.silent_losses_per_tick as usize).max(fleet.div_ceil(100)),
+            }
+        }
+    }
+
     /// What an XID does under this policy.
     pub fn xid_action(&self, code: u32) -> Action {
         if self.application_xids.contains(&code) {
@@ -437,6 +484,15 @@ impl NodeHealth {
         }
     }
 
+    /// Seconds since the last heartbeat at `now` (`None`: never heard, or
+    /// down: a dead node is not merely silent).
+    pub fn silent_s(&self, now: u64) -> Option<u64> {
+        if self.down {
+            return None;
+        }
+        self.last_heartbeat.map(|t| now.saturating_sub(t))
+    }
+
     /// The boot id the agent last reported.
     pub fn boot_id(&self) -> Option<&str> {
         self.boot_id.as_deref()
@@ -682,6 +738,18 @@ impl NodeHealth {
     /// Lets time pass without a signal (heartbeat timeouts, hold-downs).
     pub fn tick(&mut self, policy: &HealthPolicy, now: u64) {
         self.track_flaps(policy, now);
+    }
+
+    /// [`NodeHealth::observed`], with silence past the lost limit held at
+    /// suspect: what a node is during a mass silence
+    /// ([`SilenceVerdict::Hold`]) or while its loss waits its turn.
+    pub fn observed_holding_silence(&self, policy: &HealthPolicy, now: u64) -> Observed {
+        match self.observed(policy, now) {
+            Observed::Lost if !self.down => Observed::Suspect {
+                silent_s: self.silent_s(now).unwrap_or(0),
+            },
+            o => o,
+        }
     }
 
     /// The node's observed state at `now`.

@@ -394,3 +394,58 @@ fn rack_thermal_leaves_the_node_itself_alone() {
         assert!(decision(&n, &p, 1).schedulable);
     }
 }
+
+#[test]
+fn widespread_silence_holds_losses_and_ordinary_silence_is_paced() {
+    let p = HealthPolicy::default();
+    // A rack of a 1,360-node region falls silent: a real failure, its
+    // nodes are lost at the region's pace (1 % of it per tick, at least 8).
+    assert_eq!(
+        p.silence_verdict(17, 1_360),
+        SilenceVerdict::Lose { at_most: 14 }
+    );
+    assert_eq!(
+        p.silence_verdict(3, 12),
+        SilenceVerdict::Lose { at_most: 8 }
+    );
+    // A quarter of the region at once: the control plane or the network,
+    // not 340 machines. Nothing is declared lost while it lasts.
+    assert_eq!(p.silence_verdict(340, 1_360), SilenceVerdict::Hold);
+    assert_eq!(p.silence_verdict(1_360, 1_360), SilenceVerdict::Hold);
+    // A small region whose only agent died is not a mass event: too few
+    // nodes to tell a fault of ours from theirs, so they are lost.
+    assert_eq!(p.silence_verdict(6, 6), SilenceVerdict::Lose { at_most: 8 });
+    // Just under the threshold, and at it.
+    assert_eq!(
+        p.silence_verdict(339, 1_360),
+        SilenceVerdict::Lose { at_most: 14 }
+    );
+    let strict = HealthPolicy {
+        mass_silence_percent: 100,
+        ..HealthPolicy::default()
+    };
+    assert_eq!(
+        strict.silence_verdict(1_359, 1_360),
+        SilenceVerdict::Lose { at_most: 14 }
+    );
+}
+
+#[test]
+fn silence_is_counted_from_the_last_heartbeat_and_not_for_a_dead_node() {
+    let (p, mut n) = node();
+    assert_eq!(n.silent_s(100), Some(100));
+    n.observe(&p, 200, &Signal::NodeDown);
+    assert_eq!(n.silent_s(300), None);
+    let fresh = NodeHealth::new(8);
+    assert_eq!(fresh.silent_s(5), None);
+    // Held: silence past the lost limit reads as suspect; death does not.
+    let (p, n) = node();
+    assert_eq!(n.observed(&p, 500), Observed::Lost);
+    assert_eq!(
+        n.observed_holding_silence(&p, 500),
+        Observed::Suspect { silent_s: 500 }
+    );
+    let (p, mut dead) = node();
+    dead.observe(&p, 1, &Signal::NodeDown);
+    assert_eq!(dead.observed_holding_silence(&p, 500), Observed::Lost);
+}

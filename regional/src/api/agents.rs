@@ -85,7 +85,27 @@ pub async fn sync(
             state.config.checkpoint_deadline.as_secs()
         },
     };
-    let mut outcome = retry_races(|| state.store.sync_agent(&agent_id, &req, timing)).await?;
+    // The sync runs to its end even if the agent stops waiting (its request
+    // timed out): what it recorded is not thrown away to be done again by
+    // the retry, which then finds it done. Under load, this is what keeps
+    // a slow region from falling further behind.
+    let started = std::time::Instant::now();
+    let store = state.store.clone();
+    let work = {
+        let agent_id = agent_id.clone();
+        tokio::spawn(async move {
+            let outcome = retry_races(|| store.sync_agent(&agent_id, &req, timing)).await;
+            metrics::histogram!("gangway_sync_seconds").record(started.elapsed().as_secs_f64());
+            outcome.map(|o| (o, req))
+        })
+    };
+    let (mut outcome, req) = work.await.map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            gangway_shared::error::codes::INTERNAL,
+            format!("the sync failed unexpectedly ({e}); the agent retries"),
+        )
+    })??;
     if outcome.freed_gpus {
         state.wake_scheduler();
     }

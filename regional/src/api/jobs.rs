@@ -247,8 +247,26 @@ pub async fn events(
     Ok(axum::Json(JobEvents { job_id: id, events }))
 }
 
+/// How long a read of the region's capacity answers `GET /v1/region`.
+pub const STATUS_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Capacity per GPU type, queued jobs, running jobs.
+pub type Capacity = (Vec<gangway_shared::api::GpuTypeCapacity>, u64, u64);
+
 pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionStatus>, ApiError> {
-    let (capacity, queued, running) = state.store.capacity(state.config.agent_timeout).await?;
+    // One read at a time, and one per STATUS_TTL: callers meanwhile get
+    // it (on 10,000 GPUs the read scans every GPU).
+    let (capacity, queued, running) = {
+        let mut cached = state.status.lock().await;
+        match cached.as_ref() {
+            Some((at, c)) if at.elapsed() < STATUS_TTL => c.clone(),
+            _ => {
+                let c = state.store.capacity(state.config.agent_timeout).await?;
+                *cached = Some((std::time::Instant::now(), c.clone()));
+                c
+            }
+        }
+    };
     let generation = state.store.generation().await?;
     Ok(axum::Json(RegionStatus {
         region: state.store.region().to_string(),

@@ -14,6 +14,9 @@
 //!   updates, moves).
 //! - `evacuation.rs`: operators' evacuation and fail back of the region,
 //!   and the handovers regions ask each other for.
+//! - `shed.rs`: an overloaded region sheds submissions, dry runs and
+//!   listings (503 `overloaded`, `Retry-After`) to keep agents and peers
+//!   heard.
 //! - `auth.rs`: only the global tier, peer regions and this region's agents
 //!   get in.
 //! - `extract.rs`: extractors whose rejections are our JSON errors.
@@ -33,6 +36,7 @@ mod maintenance;
 mod nodes;
 mod peers;
 mod reservations;
+pub mod shed;
 mod usage;
 
 use std::collections::BTreeMap;
@@ -74,6 +78,12 @@ pub struct AppState {
     /// The fleet's shape by GPU type, for validating submissions, with the
     /// fleet version it was read at.
     fleet: Arc<Mutex<Option<(i64, Arc<FleetByType>)>>>,
+    /// Turns for sheddable requests (`shed.rs`).
+    pub sheddable: Arc<tokio::sync::Semaphore>,
+    /// The region's capacity and job counts as last read, and when
+    /// (`GET /v1/region`, which every global replica polls every second:
+    /// one read serves them all for [`jobs::STATUS_TTL`]).
+    pub(crate) status: Arc<tokio::sync::Mutex<Option<(std::time::Instant, jobs::Capacity)>>>,
 }
 
 type FleetByType = BTreeMap<String, Vec<FleetShape>>;
@@ -81,7 +91,10 @@ type FleetByType = BTreeMap<String, Vec<FleetShape>>;
 impl AppState {
     pub fn new(store: Store, config: RegionConfig) -> Self {
         let peers = crate::peers::Peers::new(config.peers.clone(), config.adopt_after());
+        let sheddable = shed::permits(store.pool_status().max_size);
         AppState {
+            sheddable,
+            status: Arc::new(tokio::sync::Mutex::new(None)),
             store,
             config: Arc::new(config),
             sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(0)),
@@ -250,6 +263,12 @@ pub fn app(state: AppState) -> Router {
     let router = Router::new()
         .merge(public)
         .merge(internal)
+        // Shedding after authentication: a stranger's request is refused
+        // without taking a turn.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            shed::admit,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_caller,

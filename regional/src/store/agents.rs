@@ -15,7 +15,7 @@ use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use super::inventory::InventoryNode;
-use super::jobs::{insert_event, lock_jobs, settle_job};
+use super::jobs::{insert_event, lock_jobs};
 use super::{Result, Store, StoreError};
 
 /// What a sync did.
@@ -244,6 +244,7 @@ impl Store {
             &req.agent_id,
             &req.boot_id.to_string(),
             &[],
+            &[],
             true,
         )
         .await?;
@@ -285,38 +286,26 @@ impl Store {
         }
         // An agent reports for its own nodes only: a report or checkpoint
         // naming another agent's node refuses the whole sync, before
-        // anything of it is recorded.
+        // anything of it is recorded (`observe_sync` checks, from the one
+        // read of the agent's nodes it makes anyway). Then the nodes'
+        // health (a heartbeat, the signals reported, and what they
+        // decide), then the workers' reports.
         let mut named: Vec<&str> = (req.nodes.iter().map(|n| n.node_id.as_str()))
             .chain(req.checkpoints.iter().flatten().map(|c| c.node_id.as_str()))
             .collect();
         named.sort_unstable();
         named.dedup();
-        if !named.is_empty() {
-            let own: BTreeSet<String> = tx
-                .query(
-                    "SELECT node_id FROM nodes WHERE agent_id = $1 AND node_id = ANY($2)",
-                    &[&agent_id, &named],
-                )
-                .await?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            if let Some(other) = named.iter().find(|n| !own.contains(**n)) {
-                return Err(StoreError::Refused {
-                    code: codes::WRONG_AGENT,
-                    message: format!(
-                        "agent {agent_id} does not serve node {other}: nothing of this sync was \
-                         recorded"
-                    ),
-                });
-            }
-        }
-        // The nodes' health first (a heartbeat, the signals reported, and
-        // what they decide), then the workers' reports.
         let ctx = self.health_context();
-        let nodes =
-            super::nodes::observe_sync(&tx, &ctx, agent_id, &boot.to_string(), &req.nodes, false)
-                .await?;
+        let nodes = super::nodes::observe_sync(
+            &tx,
+            &ctx,
+            agent_id,
+            &boot.to_string(),
+            &req.nodes,
+            &named,
+            false,
+        )
+        .await?;
         // Lock order, everywhere: jobs (by id), then their workers; every
         // job this sync touches is locked here, at once, in that order.
         let mut jobs: Vec<Uuid> = req.workers.iter().map(|r| r.job_id).collect();
@@ -513,6 +502,16 @@ async fn apply_reports(
     }
     let mut touched = BTreeSet::new();
     let mut freed = false;
+    // The common cases are written in one statement each, whatever the
+    // number of workers reported (a sync costs what changed, not a round
+    // trip per worker): new checkpoints, workers seen running, workers
+    // that ended. The rare ones (a fenced agent's, a checkpointing
+    // worker's exit, a failure's event) row by row.
+    let mut checkpoints: BTreeMap<Uuid, &str> = BTreeMap::new();
+    let mut started: Vec<(Uuid, i32)> = Vec::new();
+    let mut ended = Ended::default();
+    // Jobs whose workers its agent stopped on its own (fenced).
+    let mut fenced: BTreeSet<Uuid> = BTreeSet::new();
     for report in reports {
         let key = (report.job_id, report.rank as i32);
         let Some((attempt, state, node_id)) = current.get(&key) else {
@@ -526,23 +525,13 @@ async fn apply_reports(
             // A new checkpoint (reported with an exit, or by a running
             // worker that checkpoints periodically) moves the time
             // preemption counts the work at risk from; a repeated report
-            // changes nothing.
-            tx.execute(
-                "UPDATE jobs SET restore_from = $2, checkpointed_at = now()
-                 WHERE job_id = $1 AND restore_from IS DISTINCT FROM $2",
-                &[&key.0, ckpt],
-            )
-            .await?;
+            // changes nothing. The last reported for a job wins.
+            checkpoints.insert(key.0, ckpt.as_str());
         }
         match &report.status {
             WorkerStatus::Running => {
                 if state == "assigned" {
-                    tx.execute(
-                        "UPDATE workers SET state = 'running', started_at = coalesce(started_at, now())
-                         WHERE job_id = $1 AND rank = $2",
-                        &[&key.0, &key.1],
-                    )
-                    .await?;
+                    started.push(key);
                     touched.insert(key.0);
                 }
             }
@@ -555,32 +544,46 @@ async fn apply_reports(
                     // Its agent lost us for longer than its lease and
                     // stopped it (after a checkpoint): the job moves as if
                     // the node had been lost — the rest of the gang
-                    // checkpoints, the job requeues at the front.
-                    let by = super::jobs::PreemptBy::Node {
-                        cause: "fenced",
-                        node: node_id,
-                        why: "its agent lost the region for longer than its lease and stopped its workers",
-                    };
-                    super::jobs::preempt_in_tx(tx, key.0, &by).await?;
-                    metrics::counter!("gangway_preemptions_total", "cause" => "fenced")
-                        .increment(1);
-                    tx.execute(
-                        "UPDATE jobs SET requeue_front = true
-                         WHERE job_id = $1 AND state IN ('preempting', 'queued')",
-                        &[&key.0],
-                    )
-                    .await?;
-                    requeue_worker(tx, key.0, key.1, "its agent fenced", last_heard).await?;
+                    // checkpoints, the job requeues at the front. Once per
+                    // job, however many of its workers fenced.
+                    if fenced.insert(key.0) {
+                        flush(tx, &mut checkpoints, &mut started, &mut ended).await?;
+                        let by = super::jobs::PreemptBy::Node {
+                            cause: "fenced",
+                            node: node_id,
+                            why: "its agent lost the region for longer than its lease and stopped its workers",
+                        };
+                        super::jobs::preempt_in_tx(tx, key.0, &by).await?;
+                        metrics::counter!("gangway_preemptions_total", "cause" => "fenced")
+                            .increment(1);
+                    }
+                    ended.push(
+                        key,
+                        "preempted",
+                        None,
+                        None,
+                        "preempted: its agent fenced".to_string(),
+                        last_heard,
+                    );
                     freed = true;
                     touched.insert(key.0);
                     continue;
                 }
                 // A worker its agent stopped on its own ran until about
                 // the agent's last sync, whatever we asked of it since.
-                let ended = if report.fenced { last_heard } else { None };
+                let until = if report.fenced { last_heard } else { None };
                 if state == "checkpointing" {
+                    // Preempted, and down now: back to pending (a
+                    // preemption storm ends hundreds at once).
                     let why = message.as_deref().unwrap_or("stopped");
-                    requeue_worker(tx, key.0, key.1, why, ended).await?;
+                    ended.push(
+                        key,
+                        "preempted",
+                        None,
+                        None,
+                        format!("preempted: {why}"),
+                        until,
+                    );
                     freed = true;
                     touched.insert(key.0);
                     continue;
@@ -602,10 +605,6 @@ async fn apply_reports(
                         (None, Some(s)) => format!("killed by signal {s}"),
                         (None, None) => "exited".to_string(),
                     });
-                finish_worker(
-                    tx, key.0, key.1, outcome, *exit_code, *signal, &message, ended,
-                )
-                .await?;
                 if outcome == "failed" {
                     insert_event(
                         tx,
@@ -616,77 +615,139 @@ async fn apply_reports(
                     )
                     .await?;
                 }
+                ended.push(key, outcome, *exit_code, *signal, message, until);
                 freed = true;
                 touched.insert(key.0);
             }
         }
     }
-    for job in touched {
-        settle_job(tx, job).await?;
+    flush(tx, &mut checkpoints, &mut started, &mut ended).await?;
+    if !fenced.is_empty() {
+        let fenced: Vec<Uuid> = fenced.into_iter().collect();
+        tx.execute(
+            "UPDATE jobs SET requeue_front = true
+             WHERE job_id = ANY($1) AND state IN ('preempting', 'queued')",
+            &[&fenced],
+        )
+        .await?;
     }
+    let touched: Vec<Uuid> = touched.into_iter().collect();
+    super::jobs::settle_jobs(tx, &touched).await?;
     Ok(freed)
 }
 
-/// Puts a preempted worker back in the queue and releases its GPUs — as
-/// of `ended` (not now) when given: the last moment the worker is known to
-/// have run, for one that stopped while the region could not hear of it.
-/// The usage ledger bills the placement to then.
-async fn requeue_worker(
+/// Writes what [`apply_reports`] gathered so far, a statement each: new
+/// checkpoints (job → newest reported; a repeated report changes
+/// nothing), workers seen running, workers that ended.
+async fn flush(
     tx: &Transaction<'_>,
-    job_id: Uuid,
-    rank: i32,
-    why: &str,
-    ended: Option<DateTime<Utc>>,
+    checkpoints: &mut BTreeMap<Uuid, &str>,
+    started: &mut Vec<(Uuid, i32)>,
+    ended: &mut Ended,
 ) -> Result<()> {
-    tx.execute(
-        "UPDATE workers SET state = 'pending', node_id = NULL, gpus = '{}', local_rank = NULL,
-                message = $3
-         WHERE job_id = $1 AND rank = $2",
-        &[&job_id, &rank, &format!("preempted: {why}")],
-    )
-    .await?;
-    tx.execute(
-        "UPDATE allocations
-         SET released_at = greatest(allocated_at, least(now(), coalesce($3, now()))),
-             release_reason = 'preempted'
-         WHERE job_id = $1 AND rank = $2 AND released_at IS NULL",
-        &[&job_id, &rank, &ended],
-    )
-    .await?;
-    Ok(())
+    if !checkpoints.is_empty() {
+        let (jobs, keys): (Vec<Uuid>, Vec<&str>) = std::mem::take(checkpoints).into_iter().unzip();
+        tx.execute(
+            "UPDATE jobs j SET restore_from = x.ckpt, checkpointed_at = now()
+             FROM unnest($1::uuid[], $2::text[]) AS x(job_id, ckpt)
+             WHERE j.job_id = x.job_id AND j.restore_from IS DISTINCT FROM x.ckpt",
+            &[&jobs, &keys],
+        )
+        .await?;
+    }
+    if !started.is_empty() {
+        let (jobs, ranks): (Vec<Uuid>, Vec<i32>) = std::mem::take(started).into_iter().unzip();
+        tx.execute(
+            "UPDATE workers w SET state = 'running', started_at = coalesce(w.started_at, now())
+             FROM unnest($1::uuid[], $2::int[]) AS x(job_id, rank)
+             WHERE w.job_id = x.job_id AND w.rank = x.rank",
+            &[&jobs, &ranks],
+        )
+        .await?;
+    }
+    std::mem::take(ended).write(tx).await
 }
 
-/// Ends a worker and releases its GPUs (as of `ended`, as
-/// [`requeue_worker`]).
-#[allow(clippy::too_many_arguments)]
-async fn finish_worker(
-    tx: &Transaction<'_>,
-    job_id: Uuid,
-    rank: i32,
-    state: &str,
-    exit_code: Option<i32>,
-    signal: Option<i32>,
-    message: &str,
-    ended: Option<DateTime<Utc>>,
-) -> Result<()> {
-    tx.execute(
-        "UPDATE workers SET state = $3::text::worker_state, exit_code = $4, signal = $5,
-                message = $6, finished_at = now(),
-                started_at = CASE WHEN $4::int IS NOT NULL THEN coalesce(started_at, now())
-                                  ELSE started_at END
-         WHERE job_id = $1 AND rank = $2",
-        &[&job_id, &rank, &state, &exit_code, &signal, &message],
-    )
-    .await?;
-    tx.execute(
-        "UPDATE allocations
-         SET released_at = greatest(allocated_at, least(now(), coalesce($4, now()))),
-             release_reason = $3
-         WHERE job_id = $1 AND rank = $2 AND released_at IS NULL",
-        &[&job_id, &rank, &state, &ended],
-    )
-    .await?;
-    Ok(())
+/// Workers that ended (succeeded, failed, cancelled as asked, or
+/// `preempted`: checkpointed and stopped, back to pending), written
+/// together: each ends, and its GPUs are released — as of `until` (not
+/// now) when given: the last moment the worker is known to have run, for
+/// one that stopped while the region could not hear of it (the usage
+/// ledger bills the placement to then).
+#[derive(Default)]
+struct Ended {
+    jobs: Vec<Uuid>,
+    ranks: Vec<i32>,
+    states: Vec<&'static str>,
+    codes: Vec<Option<i32>>,
+    signals: Vec<Option<i32>>,
+    messages: Vec<String>,
+    until: Vec<Option<DateTime<Utc>>>,
+}
+
+impl Ended {
+    fn push(
+        &mut self,
+        (job, rank): (Uuid, i32),
+        state: &'static str,
+        code: Option<i32>,
+        signal: Option<i32>,
+        message: String,
+        until: Option<DateTime<Utc>>,
+    ) {
+        self.jobs.push(job);
+        self.ranks.push(rank);
+        self.states.push(state);
+        self.codes.push(code);
+        self.signals.push(signal);
+        self.messages.push(message);
+        self.until.push(until);
+    }
+
+    async fn write(self, tx: &Transaction<'_>) -> Result<()> {
+        if self.jobs.is_empty() {
+            return Ok(());
+        }
+        // `preempted`: a worker that checkpointed and stopped goes back to
+        // pending, off its node; the others end.
+        tx.execute(
+            "UPDATE workers w SET
+                    state = CASE WHEN x.state = 'preempted' THEN 'pending'
+                                 ELSE x.state END::worker_state,
+                    exit_code = CASE WHEN x.state = 'preempted' THEN w.exit_code ELSE x.code END,
+                    signal = CASE WHEN x.state = 'preempted' THEN w.signal ELSE x.sig END,
+                    message = x.msg,
+                    finished_at = CASE WHEN x.state = 'preempted' THEN w.finished_at ELSE now() END,
+                    started_at = CASE WHEN x.code IS NOT NULL THEN coalesce(w.started_at, now())
+                                      ELSE w.started_at END,
+                    node_id = CASE WHEN x.state = 'preempted' THEN NULL ELSE w.node_id END,
+                    gpus = CASE WHEN x.state = 'preempted' THEN '{}' ELSE w.gpus END,
+                    local_rank = CASE WHEN x.state = 'preempted' THEN NULL ELSE w.local_rank END
+             FROM unnest($1::uuid[], $2::int[], $3::text[], $4::int[], $5::int[], $6::text[])
+                  AS x(job_id, rank, state, code, sig, msg)
+             WHERE w.job_id = x.job_id AND w.rank = x.rank",
+            &[
+                &self.jobs,
+                &self.ranks,
+                &self.states,
+                &self.codes,
+                &self.signals,
+                &self.messages,
+            ],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE allocations a
+             SET released_at = greatest(a.allocated_at, least(now(), coalesce(x.until, now()))),
+                 release_reason = x.state
+             FROM unnest($1::uuid[], $2::int[], $3::text[], $4::timestamptz[])
+                  AS x(job_id, rank, state, until)
+             WHERE a.job_id = x.job_id AND a.rank = x.rank AND a.released_at IS NULL",
+            &[&self.jobs, &self.ranks, &self.states, &self.until],
+        )
+        .await?;
+        Ok(())
+    }
 }
 
 /// How long workers get when they are stopped.

@@ -593,17 +593,18 @@ pub(super) async fn insert_event(
     Ok(())
 }
 
-/// Moves a job to the state its workers imply. Idempotent: call it after any
-/// change to a job's workers, inside the same transaction.
-///
-/// Only the workers of the current run count: for a gang placed with
-/// `run_workers` of its ranks (an elastic gang may start with fewer than
-/// all), ranks from `run_workers` on are not part of the run and stay
-/// `pending`; the run succeeds, fails or requeues with the others.
-pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()> {
-    let row = tx
-        .query_one(
-            "SELECT j.state::text AS state, j.mode::text AS mode, j.reason, j.run_workers,
+/// [`settle_job`] for many jobs at once (an agent's sync touches hundreds
+/// in a burst): one read of their workers' counts, and the common moves —
+/// starting → running, and a run's end (succeeded, failed, cancelled) —
+/// written in a statement each with their events; a job in any other case
+/// (being preempted, a gang with a failed worker) is settled on its own.
+pub(super) async fn settle_jobs(tx: &Transaction<'_>, jobs: &[Uuid]) -> Result<()> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let rows = tx
+        .query(
+            "SELECT j.job_id, j.state::text AS state, j.mode::text AS mode, j.reason,
                     count(*) FILTER (WHERE w.state = 'pending')    AS pending,
                     count(*) FILTER (WHERE w.state = 'assigned')   AS assigned,
                     count(*) FILTER (WHERE w.state = 'running')    AS running,
@@ -612,6 +613,140 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
                     count(*) FILTER (WHERE w.state = 'succeeded')  AS succeeded,
                     count(*) FILTER (WHERE w.state = 'failed')     AS failed,
                     count(*) AS total
+             FROM jobs j JOIN workers w USING (job_id)
+             WHERE j.job_id = ANY($1)
+               AND (j.run_workers IS NULL OR w.rank < j.run_workers)
+             GROUP BY j.job_id",
+            &[&jobs],
+        )
+        .await?;
+    let mut one_by_one = Vec::new();
+    let (mut run_ids, mut late_ids) = (Vec::new(), Vec::new());
+    let (mut end_ids, mut end_states, mut end_reasons) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ev_jobs, mut ev_kinds, mut ev_messages, mut ev_details) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for row in &rows {
+        let job: Uuid = row.get("job_id");
+        let state: String = row.get("state");
+        let mode: String = row.get("mode");
+        let reason: Option<String> = row.get("reason");
+        let n = |c: &str| row.get::<_, i64>(c);
+        let (running, succeeded, failed, total) =
+            (n("running"), n("succeeded"), n("failed"), n("total"));
+        let active = n("pending") + n("assigned") + running + n("stopping") + n("checkpointing");
+        if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
+            continue;
+        }
+        if state == "preempting"
+            || (mode == "gang" && failed > 0 && reason.is_none() && state != "cancelling")
+        {
+            one_by_one.push(job);
+            continue;
+        }
+        if active == 0 {
+            if state == "starting" && succeeded + failed > 0 {
+                late_ids.push(job);
+                ev_jobs.push(job);
+                ev_kinds.push("started");
+                ev_messages
+                    .push("started (its workers ended before the agent's next report)".to_string());
+                ev_details.push(json!({"running": 0}));
+            }
+            let (final_state, final_reason) = if state == "cancelling" {
+                ("cancelled", "cancelled".to_string())
+            } else if failed > 0 {
+                ("failed", reason.unwrap_or_else(|| "worker_failed".into()))
+            } else {
+                ("succeeded", "succeeded".to_string())
+            };
+            ev_jobs.push(job);
+            ev_kinds.push("finished");
+            ev_messages.push(format!(
+                "{final_state} ({final_reason}): {succeeded} of {total} worker(s) succeeded, \
+                 {failed} failed"
+            ));
+            ev_details.push(json!({"state": final_state, "reason": final_reason,
+                                   "succeeded": succeeded, "failed": failed}));
+            end_ids.push(job);
+            end_states.push(final_state);
+            end_reasons.push(final_reason);
+            continue;
+        }
+        let started = match mode.as_str() {
+            "gang" => running == total,
+            _ => running > 0 || succeeded + failed > 0,
+        };
+        if state == "starting" && started {
+            run_ids.push(job);
+            ev_jobs.push(job);
+            ev_kinds.push("started");
+            ev_messages.push(format!("started: {running} worker(s) running"));
+            ev_details.push(json!({"running": running}));
+        }
+    }
+    if !late_ids.is_empty() {
+        tx.execute(
+            "UPDATE jobs SET started_at = now() WHERE job_id = ANY($1)",
+            &[&late_ids],
+        )
+        .await?;
+    }
+    if !run_ids.is_empty() {
+        tx.execute(
+            "UPDATE jobs SET state = 'running', started_at = now() WHERE job_id = ANY($1)",
+            &[&run_ids],
+        )
+        .await?;
+    }
+    if !end_ids.is_empty() {
+        tx.execute(
+            "UPDATE jobs j SET state = x.state::job_state, reason = x.reason, finished_at = now(),
+                    preempted_for = NULL
+             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS x(job_id, state, reason)
+             WHERE j.job_id = x.job_id",
+            &[&end_ids, &end_states, &end_reasons],
+        )
+        .await?;
+    }
+    if !ev_jobs.is_empty() {
+        // In the order they happened: a late start before its end.
+        tx.execute(
+            "INSERT INTO job_events (job_id, kind, message, detail)
+             SELECT job_id, kind, message, detail
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[])
+                  WITH ORDINALITY AS x(job_id, kind, message, detail, i)
+             ORDER BY i",
+            &[&ev_jobs, &ev_kinds, &ev_messages, &ev_details],
+        )
+        .await?;
+    }
+    for job in one_by_one {
+        settle_special(tx, job).await?;
+    }
+    Ok(())
+}
+
+/// Moves a job to the state its workers imply. Idempotent: call it after any
+/// change to a job's workers, inside the same transaction.
+///
+/// Only the workers of the current run count: for a gang placed with
+/// `run_workers` of its ranks (an elastic gang may start with fewer than
+/// all), ranks from `run_workers` on are not part of the run and stay
+/// `pending`; the run succeeds, fails or requeues with the others.
+pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()> {
+    settle_jobs(tx, &[job_id]).await
+}
+
+/// The cases of [`settle_jobs`] settled job by job: a job being preempted
+/// (requeued once every worker is down) and a gang one of whose workers
+/// failed (the rest stop).
+async fn settle_special(tx: &Transaction<'_>, job_id: Uuid) -> Result<()> {
+    let row = tx
+        .query_one(
+            "SELECT j.state::text AS state, j.mode::text AS mode, j.reason, j.run_workers,
+                    count(*) FILTER (WHERE w.state IN ('assigned', 'running', 'stopping',
+                                                       'checkpointing')) AS up,
+                    count(*) FILTER (WHERE w.state = 'failed') AS failed
              FROM jobs j JOIN workers w USING (job_id)
              WHERE j.job_id = $1
                AND (j.run_workers IS NULL OR w.rank < j.run_workers)
@@ -624,22 +759,14 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
     let reason: Option<String> = row.get("reason");
     // Ranks from here on are not part of the current run.
     let run_end: i32 = row.get::<_, Option<i32>>("run_workers").unwrap_or(i32::MAX);
-    let n = |c: &str| row.get::<_, i64>(c);
-    let (pending, assigned, running, stopping, checkpointing) = (
-        n("pending"),
-        n("assigned"),
-        n("running"),
-        n("stopping"),
-        n("checkpointing"),
-    );
-    let (succeeded, failed, total) = (n("succeeded"), n("failed"), n("total"));
+    let (up, failed) = (row.get::<_, i64>("up"), row.get::<_, i64>("failed"));
     if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
         return Ok(());
     }
 
     // A preempted job goes back to the queue once every worker is down.
     if state == "preempting" {
-        if assigned + running + stopping + checkpointing == 0 {
+        if up == 0 {
             // Work lost to this restart: what the run's GPUs held after the
             // last checkpoint (a lost node's share was counted when it was
             // lost).
@@ -705,74 +832,6 @@ pub(super) async fn settle_job(tx: &Transaction<'_>, job_id: Uuid) -> Result<()>
         return Box::pin(settle_job(tx, job_id)).await;
     }
 
-    let active = pending + assigned + running + stopping + checkpointing;
-    if active == 0 && state == "starting" && succeeded + failed > 0 {
-        // Workers ran and ended between two agent syncs: the timeline
-        // still shows that the job started before it finished.
-        tx.execute(
-            "UPDATE jobs SET started_at = now() WHERE job_id = $1",
-            &[&job_id],
-        )
-        .await?;
-        insert_event(
-            tx,
-            job_id,
-            "started",
-            "started (its workers ended before the agent's next report)",
-            json!({"running": 0}),
-        )
-        .await?;
-    }
-    if active == 0 {
-        let (final_state, final_reason) = if state == "cancelling" {
-            ("cancelled", "cancelled".to_string())
-        } else if failed > 0 {
-            ("failed", reason.unwrap_or_else(|| "worker_failed".into()))
-        } else {
-            ("succeeded", "succeeded".to_string())
-        };
-        tx.execute(
-            "UPDATE jobs SET state = $2::text::job_state, reason = $3, finished_at = now(),
-                    preempted_for = NULL
-             WHERE job_id = $1",
-            &[&job_id, &final_state, &final_reason],
-        )
-        .await?;
-        insert_event(
-            tx,
-            job_id,
-            "finished",
-            &format!(
-                "{final_state} ({final_reason}): {succeeded} of {total} worker(s) succeeded, {failed} failed"
-            ),
-            json!({"state": final_state, "reason": final_reason,
-                   "succeeded": succeeded, "failed": failed}),
-        )
-        .await?;
-        return Ok(());
-    }
-
-    let started = match mode.as_str() {
-        // A gang runs once every worker has started.
-        "gang" => running == total,
-        // An array job runs once any worker has started.
-        _ => running > 0 || succeeded + failed > 0,
-    };
-    if state == "starting" && started {
-        tx.execute(
-            "UPDATE jobs SET state = 'running', started_at = now() WHERE job_id = $1",
-            &[&job_id],
-        )
-        .await?;
-        insert_event(
-            tx,
-            job_id,
-            "started",
-            &format!("started: {running} worker(s) running"),
-            json!({"running": running}),
-        )
-        .await?;
-    }
     Ok(())
 }
 

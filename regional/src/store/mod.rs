@@ -378,9 +378,17 @@ where
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// Two connections of their own for the peers' leases (heartbeats in
+    /// and out, the fencing decision), so that they never queue behind
+    /// syncs, submissions or a scheduling pass on the main pool.
+    leases: Pool,
     region: String,
     /// Decayed past usage, reused for a while (see `plans.rs`).
     history: Arc<Mutex<Option<plans::HistoryCache>>>,
+    /// The last health tick held silent nodes in a mass silence
+    /// (`nodes.rs`): when it ends, the nodes still silent get their lost
+    /// countdown back. In memory: a new leader starts without it.
+    mass_silence: Arc<std::sync::atomic::AtomicBool>,
     /// The node-health policy the snapshot decides nodes with, and the
     /// checkpoint deadline a `wait` drain past its deadline gives its jobs.
     health: Arc<gangway_health::HealthPolicy>,
@@ -398,23 +406,35 @@ impl Store {
     /// `max_size` connections. Does not touch the schema.
     pub fn connect(url: &str, region: &str, max_size: usize) -> anyhow::Result<Store> {
         let pg: tokio_postgres::Config = url.parse()?;
-        let mgr = Manager::from_config(
-            pg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
+        let manager = || {
+            Manager::from_config(
+                pg.clone(),
+                NoTls,
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            )
+        };
+        let pool = Pool::builder(manager())
             .max_size(max_size)
             .wait_timeout(Some(Duration::from_secs(10)))
             .create_timeout(Some(Duration::from_secs(5)))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()?;
+        // A lease read or write that waits longer than a heartbeat's round
+        // trip may is as good as failed.
+        let leases = Pool::builder(manager())
+            .max_size(2)
+            .wait_timeout(Some(Duration::from_secs(2)))
+            .create_timeout(Some(Duration::from_secs(2)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()?;
         Ok(Store {
             pool,
+            leases,
             region: region.to_string(),
             history: Arc::new(Mutex::new(None)),
+            mass_silence: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             health: Arc::new(gangway_health::HealthPolicy::default()),
             checkpoint_deadline_s: 120,
             replicating: false,
@@ -472,6 +492,17 @@ impl Store {
 
     pub(crate) async fn conn(&self) -> Result<deadpool_postgres::Object> {
         Ok(self.pool.get().await?)
+    }
+
+    /// A connection of the peers' leases' own pool ([`Store::leases`]).
+    pub(crate) async fn lease_conn(&self) -> Result<deadpool_postgres::Object> {
+        Ok(self.leases.get().await?)
+    }
+
+    /// The main pool now: its size, connections idle, and callers waiting
+    /// for one (what shedding decides from, `api/shed.rs`).
+    pub fn pool_status(&self) -> deadpool_postgres::Status {
+        self.pool.status()
     }
 
     /// Applies the embedded migrations under an advisory lock, so replicas

@@ -103,6 +103,9 @@ pub(super) struct NodeRow {
     pub sim_down: bool,
     pub silent_until_s: Option<i64>,
     pub sim_reboots: i32,
+    /// Silence past the lost limit is held at suspect (a mass silence, or
+    /// a loss waiting its turn: `Store::health_tick`).
+    pub hold_silence: bool,
 }
 
 impl NodeRow {
@@ -128,6 +131,17 @@ impl NodeRow {
             sim_down: row.get("sim_down"),
             silent_until_s: row.get("silent_until_s"),
             sim_reboots: row.get("sim_reboots"),
+            hold_silence: false,
+        }
+    }
+
+    /// What the node's signals add up to at `now`, silence held at suspect
+    /// if [`NodeRow::hold_silence`].
+    fn observed(&self, policy: &HealthPolicy, now: u64) -> Observed {
+        if self.hold_silence {
+            self.health.observed_holding_silence(policy, now)
+        } else {
+            self.health.observed(policy, now)
         }
     }
 }
@@ -276,6 +290,94 @@ pub(super) async fn reconcile_node(
     node: &mut NodeRow,
     effects: &[Effect],
 ) -> Result<NodesOutcome> {
+    let mut writes = NodeWrites::default();
+    let out = reconcile_into(tx, ctx, now, node, effects, &mut writes).await?;
+    writes.flush(tx).await?;
+    Ok(out)
+}
+
+/// Node writes gathered from several reconciles, made together in a few
+/// statements ([`NodeWrites::flush`]): a sync that hears from hundreds of
+/// nodes at once (after a mass silence) costs a handful of round trips,
+/// not several per node.
+#[derive(Default)]
+pub(super) struct NodeWrites {
+    event_nodes: Vec<String>,
+    event_kinds: Vec<&'static str>,
+    event_messages: Vec<String>,
+    event_details: Vec<serde_json::Value>,
+    nodes: Vec<String>,
+    health: Vec<serde_json::Value>,
+    observed: Vec<&'static str>,
+    /// Usable GPUs as array literals (`{0,1}`): arrays of arrays do not
+    /// unnest row by row.
+    usable: Vec<String>,
+    /// What may be scheduled changed: the generation moves (once).
+    bump: bool,
+}
+
+impl NodeWrites {
+    fn event(
+        &mut self,
+        node: &str,
+        kind: &'static str,
+        message: String,
+        detail: serde_json::Value,
+    ) {
+        self.event_nodes.push(node.to_string());
+        self.event_kinds.push(kind);
+        self.event_messages.push(message);
+        self.event_details.push(detail);
+    }
+
+    /// Makes the gathered writes.
+    pub(super) async fn flush(&mut self, tx: &Transaction<'_>) -> Result<()> {
+        let w = std::mem::take(self);
+        if !w.event_nodes.is_empty() {
+            tx.execute(
+                "INSERT INTO node_events (node_id, kind, message, detail)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[])",
+                &[
+                    &w.event_nodes,
+                    &w.event_kinds,
+                    &w.event_messages,
+                    &w.event_details,
+                ],
+            )
+            .await?;
+        }
+        if !w.nodes.is_empty() {
+            tx.execute(
+                "UPDATE nodes n SET health = x.health, observed = x.observed, usable = x.usable::int[]
+                 FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::text[])
+                      AS x(node_id, health, observed, usable)
+                 WHERE n.node_id = x.node_id",
+                &[&w.nodes, &w.health, &w.observed, &w.usable],
+            )
+            .await?;
+        }
+        if w.bump {
+            // What may be scheduled changed: a plan computed before is stale.
+            tx.execute(
+                "UPDATE sched_state SET generation = generation + 1 WHERE id = 1",
+                &[],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// [`reconcile_node`], its plain writes gathered into `writes` (made
+/// before any action: evacuating or losing jobs, a spare swap).
+pub(super) async fn reconcile_into(
+    tx: &Transaction<'_>,
+    ctx: &HealthContext,
+    now: u64,
+    node: &mut NodeRow,
+    effects: &[Effect],
+    writes: &mut NodeWrites,
+) -> Result<NodesOutcome> {
     let mut out = NodesOutcome::default();
     // A `wait` drain past its deadline: what is left is checkpointed and
     // moved now.
@@ -307,18 +409,17 @@ pub(super) async fn reconcile_node(
         }
     }
 
-    let observed = node.health.observed(&ctx.policy, now);
+    let observed = node.observed(&ctx.policy, now);
     let decision = decide(&node.admin, &observed, node.gpus);
     let usable: Vec<i32> = decision.usable.iter().map(|&g| g as i32).collect();
     let health_json = serde_json::to_value(&node.health).expect("NodeHealth serializes");
     let code = observed.code();
     let state_changed = code != node.observed;
     if state_changed {
-        node_event(
-            tx,
+        writes.event(
             &node.node_id,
             "state",
-            &format!(
+            format!(
                 "{} → {code}{}",
                 node.observed,
                 decision
@@ -329,35 +430,33 @@ pub(super) async fn reconcile_node(
             ),
             json!({"from": node.observed, "to": code, "observed": observed,
                    "schedulable": decision.schedulable, "usable": decision.usable}),
-        )
-        .await?;
+        );
     }
     for e in effects {
         metrics::counter!("gangway_health_effects_total", "action" => e.action.as_str())
             .increment(1);
-        node_event(
-            tx,
+        writes.event(
             &node.node_id,
             "health",
-            &e.message,
+            e.message.clone(),
             json!({"action": e.action, "gpu": e.gpu, "code": e.code}),
-        )
-        .await?;
+        );
     }
     if state_changed || usable != node.usable || node.stored_health.as_ref() != Some(&health_json) {
-        tx.execute(
-            "UPDATE nodes SET health = $2, observed = $3, usable = $4 WHERE node_id = $1",
-            &[&node.node_id, &health_json, &code, &usable],
-        )
-        .await?;
+        writes.nodes.push(node.node_id.clone());
+        writes.health.push(health_json.clone());
+        writes.observed.push(code);
+        writes.usable.push(format!(
+            "{{{}}}",
+            usable
+                .iter()
+                .map(i32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ));
     }
     if usable != node.usable {
-        // What may be scheduled changed: a plan computed before is stale.
-        tx.execute(
-            "UPDATE sched_state SET generation = generation + 1 WHERE id = 1",
-            &[],
-        )
-        .await?;
+        writes.bump = true;
         out.fleet_changed = true;
     }
     node.observed = code.to_string();
@@ -370,6 +469,10 @@ pub(super) async fn reconcile_node(
     });
     // A dedicated cluster's member that fails is replaced from the
     // cluster's domain (`clusters.rs`).
+    if decision.lost || decision.evacuate || !decision.evacuate_gpus.is_empty() {
+        // Actions read the nodes (a spare's health…): the writes first.
+        writes.flush(tx).await?;
+    }
     let member = if decision.lost || decision.evacuate {
         super::clusters::membership(tx, &node.node_id).await?
     } else {
@@ -602,15 +705,25 @@ pub(super) fn effective_boot(reported: &str, sim_reboots: i32) -> String {
 /// A node the sync does not report is heard from on `default_boot`, or,
 /// with `keep_boot` (registration), on the boot it last reported. The
 /// caller holds the agent's row lock.
+///
+/// `named`: the nodes the request names (reports, checkpoints). One the
+/// agent does not serve refuses the whole sync (`wrong_agent`) before
+/// anything is written.
+///
+/// What it costs is what changed: one read of the agent's nodes; then only
+/// nodes with something to record are locked, and their heartbeats and
+/// what those change are written in a few statements whatever their
+/// number ([`NodeWrites`]); only actions (evacuating, losing jobs) go node
+/// by node.
 pub(super) async fn observe_sync(
     tx: &Transaction<'_>,
     ctx: &HealthContext,
     agent_id: &str,
     default_boot: &str,
     reports: &[NodeReport],
+    named: &[&str],
     keep_boot: bool,
 ) -> Result<NodesOutcome> {
-    let now = db_now(tx).await?;
     let by_node: BTreeMap<&str, &NodeReport> =
         reports.iter().map(|r| (r.node_id.as_str(), r)).collect();
     // Often enough that the recorded heartbeat is never taken for silence.
@@ -638,11 +751,28 @@ pub(super) async fn observe_sync(
             "SELECT node_id, boot_id, sim_reboots, sim_down,
                     extract(epoch FROM silent_until)::bigint AS silent_until_s,
                     extract(epoch FROM last_heartbeat_at)::bigint AS last_heartbeat_s,
-                    health->>'boot_id' AS health_boot
+                    health->>'boot_id' AS health_boot,
+                    floor(extract(epoch FROM now()))::bigint AS now_s
              FROM nodes WHERE agent_id = $1",
             &[&agent_id],
         )
         .await?;
+    let served: std::collections::BTreeSet<&str> =
+        light.iter().map(|r| r.get::<_, &str>("node_id")).collect();
+    if let Some(other) = named.iter().find(|n| !served.contains(**n)) {
+        return Err(super::StoreError::Refused {
+            code: gangway_shared::error::codes::WRONG_AGENT,
+            message: format!(
+                "agent {agent_id} does not serve node {other}: nothing of this sync was recorded"
+            ),
+        });
+    }
+    let Some(now) = light
+        .first()
+        .map(|r| r.get::<_, i64>("now_s").max(0) as u64)
+    else {
+        return Ok(NodesOutcome::default());
+    };
     let mut due: Vec<String> = Vec::new();
     for row in &light {
         let node_id: String = row.get("node_id");
@@ -672,6 +802,7 @@ pub(super) async fn observe_sync(
     if due.is_empty() {
         return Ok(NodesOutcome::default());
     }
+    due.sort();
     let rows = tx
         .query(
             &format!(
@@ -682,6 +813,10 @@ pub(super) async fn observe_sync(
         )
         .await?;
     let mut out = NodesOutcome::default();
+    // Every node heard: its heartbeat (id, reported boot), in one statement;
+    // what it changes, gathered into `writes`.
+    let (mut heard_ids, mut heard_boots) = (vec![], vec![]);
+    let mut writes = NodeWrites::default();
     for row in &rows {
         let mut node = NodeRow::from_row(row);
         let quiet = node.sim_down || node.silent_until_s.is_some_and(|t| t > now as i64);
@@ -715,14 +850,21 @@ pub(super) async fn observe_sync(
         if let Some(throttled) = rack_thermal {
             out.fleet_changed |= set_rack_thermal(tx, &node.node_id, throttled).await?;
         }
+        heard_ids.push(node.node_id.clone());
+        heard_boots.push(reported_boot);
+        out.absorb(reconcile_into(tx, ctx, now, &mut node, &effects, &mut writes).await?);
+    }
+    if !heard_ids.is_empty() {
         tx.execute(
-            "UPDATE nodes SET boot_id = $2, last_heartbeat_at = to_timestamp($3), silent_until = NULL
-             WHERE node_id = $1",
-            &[&node.node_id, &reported_boot, &(now as f64)],
+            "UPDATE nodes n SET boot_id = x.boot, last_heartbeat_at = to_timestamp($3),
+                    silent_until = NULL
+             FROM unnest($1::text[], $2::text[]) AS x(node_id, boot)
+             WHERE n.node_id = x.node_id",
+            &[&heard_ids, &heard_boots, &(now as f64)],
         )
         .await?;
-        out.absorb(reconcile_node(tx, ctx, now, &mut node, &effects).await?);
     }
+    writes.flush(tx).await?;
     Ok(out)
 }
 
@@ -732,32 +874,172 @@ impl Store {
     /// then lost; hold-downs end; `wait` drains reach their deadlines; and
     /// whatever both axes decide is carried out again. The leader runs it
     /// from the scheduling loop.
+    ///
+    /// It decides on a snapshot read without locks, then changes each node
+    /// that needs it in a transaction of its own, taking the node's lock
+    /// only if it is free (`SKIP LOCKED`: a node whose agent is syncing is
+    /// being heard from, and is looked at again on the next tick). So a
+    /// sync never waits on the tick for more than one node's change, and a
+    /// tick over thousands of suspect nodes holds no lock across them.
+    ///
+    /// Silent nodes are declared lost at a pace, and not at all during a
+    /// mass silence ([`gangway_health::HealthPolicy::silence_verdict`]).
     pub async fn health_tick(&self, ctx: &HealthContext) -> Result<NodesOutcome> {
         let mut conn = self.conn().await?;
-        let tx = conn.transaction().await?;
-        let now = db_now(&tx).await?;
         // A heartbeat is recorded at least every third of the suspect
         // limit: one older than half of it means the node went quiet.
         let quiet_s = ctx.policy.suspect_after_s as f64 / 2.0;
-        let rows = tx
+        let rows = conn
             .query(
                 &format!(
-                    "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
+                    "SELECT {NODE_COLUMNS},
+                            floor(extract(epoch FROM now()))::bigint AS now_s,
+                            n.cluster_id IS NOT NULL AS member,
+                            EXISTS (SELECT 1 FROM workers w WHERE w.node_id = n.node_id
+                                      AND w.state IN ('assigned', 'running', 'checkpointing',
+                                                      'stopping')) AS busy
+                     FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
                      WHERE n.observed <> 'healthy' OR n.operator_state <> 'active'
                         OR n.last_heartbeat_at IS NULL
                         OR n.last_heartbeat_at < now() - make_interval(secs => $1)
-                     ORDER BY n.node_id FOR UPDATE OF n"
+                     ORDER BY n.node_id"
                 ),
                 &[&quiet_s],
             )
             .await?;
-        let mut out = NodesOutcome::default();
+        let fleet: i64 = conn
+            .query_one("SELECT count(*) FROM nodes", &[])
+            .await?
+            .get(0);
+        let now = match rows.first() {
+            Some(r) => r.get::<_, i64>("now_s").max(0) as u64,
+            None => return Ok(NodesOutcome::default()),
+        };
+        // Decide on the snapshot. First, silence: how widespread it is, and
+        // which nodes it would newly lose (longest silent first).
+        let policy = &ctx.policy;
+        let mut nodes: Vec<(NodeRow, bool)> = Vec::with_capacity(rows.len());
+        let mut silent = 0usize;
+        let mut newly_lost: Vec<(u64, usize)> = Vec::new();
         for row in &rows {
             let mut node = NodeRow::from_row(row);
-            node.health.tick(&ctx.policy, now);
-            out.absorb(reconcile_node(&tx, ctx, now, &mut node, &[]).await?);
+            node.health.tick(policy, now);
+            let silence = node.health.silent_s(now);
+            if silence.is_some_and(|s| s >= policy.suspect_after_s) {
+                silent += 1;
+            }
+            if let Some(s) = silence.filter(|&s| s >= policy.lost_after_s) {
+                let lost = decide(&node.admin, &node.observed(policy, now), node.gpus).lost;
+                if lost && node.observed != "lost" {
+                    newly_lost.push((s, nodes.len()));
+                }
+            }
+            let busy = row.get::<_, bool>("busy") || row.get::<_, bool>("member");
+            nodes.push((node, busy));
         }
-        tx.commit().await?;
+        metrics::gauge!("gangway_health_silent_nodes").set(silent as f64);
+        let verdict = policy.silence_verdict(silent, fleet.max(0) as usize);
+        let was_mass = (self.mass_silence).swap(
+            verdict == gangway_health::SilenceVerdict::Hold,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let release = match verdict {
+            gangway_health::SilenceVerdict::Hold => 0,
+            gangway_health::SilenceVerdict::Lose { .. } if was_mass => {
+                // A mass silence just ended: the nodes still silent get
+                // their lost countdown back from now (still suspect), as
+                // Kubernetes resets its timers when a zone leaves full
+                // disruption. Their loss is decided on later ticks.
+                let ids: Vec<&str> = nodes
+                    .iter()
+                    .filter(|(n, _)| {
+                        n.observed != "lost"
+                            && n.health
+                                .silent_s(now)
+                                .is_some_and(|s| s >= policy.suspect_after_s)
+                    })
+                    .map(|(n, _)| n.node_id.as_str())
+                    .collect();
+                let restarted = conn
+                    .execute(
+                        "UPDATE nodes SET health = jsonb_set(health, '{last_heartbeat}', to_jsonb($2::bigint))
+                         WHERE node_id IN (SELECT node_id FROM nodes WHERE node_id = ANY($1)
+                                           ORDER BY node_id FOR UPDATE SKIP LOCKED)
+                           AND (health->>'last_heartbeat')::bigint < $2",
+                        &[&ids, &(now.saturating_sub(policy.suspect_after_s) as i64)],
+                    )
+                    .await?;
+                tracing::warn!(
+                    silent,
+                    fleet,
+                    restarted,
+                    "the mass silence ended: the nodes still silent are suspect, and lost only if \
+                     they stay silent for the lost limit from now"
+                );
+                return Ok(NodesOutcome::default());
+            }
+            gangway_health::SilenceVerdict::Lose { at_most } => at_most,
+        };
+        newly_lost.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let held = newly_lost.len().saturating_sub(release);
+        for &(_, i) in newly_lost.iter().skip(release) {
+            nodes[i].0.hold_silence = true;
+        }
+        metrics::gauge!("gangway_health_losses_held").set(held as f64);
+        if held > 0 {
+            tracing::warn!(
+                silent,
+                fleet,
+                held,
+                "nodes silent past the lost limit are held suspect, not declared lost: {}",
+                if release == 0 {
+                    "so many nodes are silent at once that the cause is likely the control plane \
+                     or the network"
+                } else {
+                    "losses are paced"
+                }
+            );
+        }
+        // Then which nodes need a change at all.
+        let mut due: Vec<(String, bool)> = Vec::new();
+        for (node, busy) in nodes {
+            let observed = node.observed(policy, now);
+            let decision = decide(&node.admin, &observed, node.gpus);
+            let usable: Vec<i32> = decision.usable.iter().map(|&g| g as i32).collect();
+            let health_json = serde_json::to_value(&node.health).expect("NodeHealth serializes");
+            let wait_over =
+                matches!(node.admin, Admin::Draining { wait: true, deadline } if deadline <= now);
+            let acts =
+                (decision.lost || decision.evacuate || !decision.evacuate_gpus.is_empty()) && busy;
+            let changed = observed.code() != node.observed
+                || usable != node.usable
+                || node.stored_health.as_ref() != Some(&health_json);
+            if changed || acts || wait_over {
+                due.push((node.node_id, node.hold_silence));
+            }
+        }
+        let mut out = NodesOutcome::default();
+        for (node_id, hold_silence) in &due {
+            let tx = conn.transaction().await?;
+            let Some(row) = tx
+                .query_opt(
+                    &format!(
+                        "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
+                         WHERE n.node_id = $1 FOR UPDATE OF n SKIP LOCKED"
+                    ),
+                    &[node_id],
+                )
+                .await?
+            else {
+                continue; // its agent is syncing it now, or it is gone
+            };
+            let now = db_now(&tx).await?;
+            let mut node = NodeRow::from_row(&row);
+            node.hold_silence = *hold_silence;
+            node.health.tick(policy, now);
+            out.absorb(reconcile_node(&tx, ctx, now, &mut node, &[]).await?);
+            tx.commit().await?;
+        }
         Ok(out)
     }
 

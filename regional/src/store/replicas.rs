@@ -122,7 +122,7 @@ impl Store {
     /// Everything `peer_leases` says of the configured peers, in one read
     /// (fencing, heartbeats and adoption decide from it).
     pub async fn leases(&self, peers: &Peers) -> Result<Leases> {
-        let conn = self.conn().await?;
+        let conn = self.lease_conn().await?;
         let rows = conn
             .query(
                 "SELECT peer, extract(epoch FROM now() - last_heard_at)::float8,
@@ -159,7 +159,7 @@ impl Store {
 
     /// A heartbeat from `peer` arrived (and what it hears of everyone).
     pub async fn peer_heard(&self, peer: &str, silent_s: &BTreeMap<String, f64>) -> Result<()> {
-        let conn = self.conn().await?;
+        let conn = self.lease_conn().await?;
         conn.execute(
             "INSERT INTO peer_leases (peer, last_heard_at, silent_s, silent_at)
              VALUES ($1, now(), $2, now())
@@ -173,7 +173,7 @@ impl Store {
 
     /// `peer` answered our heartbeat (with what it hears of everyone).
     pub async fn peer_answered(&self, peer: &str, silent_s: &BTreeMap<String, f64>) -> Result<()> {
-        let conn = self.conn().await?;
+        let conn = self.lease_conn().await?;
         conn.execute(
             "INSERT INTO peer_leases (peer, last_ok_at, silent_s, silent_at)
              VALUES ($1, now(), $2, now())

@@ -254,28 +254,40 @@ pub(super) async fn find_spare(
     let row = tx
         .query_opt(
             &format!(
-                "SELECT n.node_id, n.leaf = $2 AS same_leaf, n.spine = $3 AS same_spine
-                 FROM nodes n
-                 WHERE n.spare AND n.gpu_type = $1 AND n.node_id IS DISTINCT FROM $5
-                   AND n.operator_state = 'active' AND n.observed = 'healthy'
-                   AND CASE WHEN $4::int[] IS NULL
-                            THEN cardinality(n.usable) = (SELECT count(*) FROM gpus g
-                                                          WHERE g.node_id = n.node_id)
-                            ELSE n.usable @> $4::int[] END
-                   AND NOT EXISTS (SELECT 1 FROM allocations x
-                                   WHERE x.node_id = n.node_id AND x.released_at IS NULL)
-                   AND NOT EXISTS (SELECT 1 FROM gpu_holds h JOIN jobs j USING (job_id)
-                                   WHERE h.node_id = n.node_id AND j.state = 'preempting')
-                   AND NOT EXISTS (SELECT 1 FROM nodes r WHERE r.leaf = n.leaf AND r.rack_throttled)
-                   AND ($4::int[] IS NULL OR n.leaf = $2 OR n.gpu_power_w IS NULL OR NOT EXISTS (
-                            SELECT 1 FROM nodes b
-                            WHERE b.leaf = n.leaf AND b.rack_power_budget_w IS NOT NULL)
-                        OR (SELECT min(b.rack_power_budget_w) FROM nodes b WHERE b.leaf = n.leaf)
-                           >= (SELECT coalesce(sum(d.gpu_power_w), 0) FROM allocations a
-                               JOIN nodes d ON d.node_id = a.node_id
-                               WHERE d.leaf = n.leaf AND a.released_at IS NULL)
-                              + cardinality($4::int[]) * n.gpu_power_w::bigint)
-                   AND {}
+                // The candidates first (spares of the type, a handful per
+                // region, by the `nodes_spares` index), then their racks'
+                // facts once per rack (`nodes_by_leaf`), not once per
+                // candidate: milliseconds on 10,000 GPUs.
+                "WITH cand AS (
+                     SELECT n.node_id, n.leaf, n.spine, n.gpu_power_w
+                     FROM nodes n
+                     WHERE n.spare AND n.gpu_type = $1 AND n.node_id IS DISTINCT FROM $5
+                       AND n.operator_state = 'active' AND n.observed = 'healthy'
+                       AND CASE WHEN $4::int[] IS NULL
+                                THEN cardinality(n.usable) = (SELECT count(*) FROM gpus g
+                                                              WHERE g.node_id = n.node_id)
+                                ELSE n.usable @> $4::int[] END
+                       AND NOT EXISTS (SELECT 1 FROM allocations x
+                                       WHERE x.node_id = n.node_id AND x.released_at IS NULL)
+                       AND NOT EXISTS (SELECT 1 FROM gpu_holds h JOIN jobs j USING (job_id)
+                                       WHERE h.node_id = n.node_id AND j.state = 'preempting')
+                       AND {}
+                 ),
+                 rack AS (
+                     SELECT r.leaf, bool_or(r.rack_throttled) AS throttled,
+                            min(r.rack_power_budget_w) AS budget,
+                            (SELECT coalesce(sum(d.gpu_power_w), 0) FROM allocations a
+                             JOIN nodes d ON d.node_id = a.node_id
+                             WHERE d.leaf = r.leaf AND a.released_at IS NULL) AS draw
+                     FROM nodes r WHERE r.leaf IN (SELECT leaf FROM cand)
+                     GROUP BY r.leaf
+                 )
+                 SELECT n.node_id, n.leaf = $2 AS same_leaf, n.spine = $3 AS same_spine
+                 FROM nodes n JOIN cand c USING (node_id) JOIN rack ON rack.leaf = c.leaf
+                 WHERE NOT rack.throttled
+                   AND ($4::int[] IS NULL OR c.leaf = $2 OR c.gpu_power_w IS NULL
+                        OR rack.budget IS NULL
+                        OR rack.budget >= rack.draw + cardinality($4::int[]) * c.gpu_power_w::bigint)
                  ORDER BY (n.leaf = $2) DESC, (n.spine = $3) DESC, n.node_id
                  LIMIT 1
                  FOR UPDATE OF n SKIP LOCKED",

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# A burst of mixed jobs through the global tier of a running `gangway dev up`
+# (simulated executor), watched until every job has finished (issue 19;
+# docs/benchmarks.md "A 10,000-GPU region under a burst").
+#
+#   gangway dev up --state-dir /tmp/gw-burst --fleet deploy/fleets/h100-10k.toml \
+#       --executor sim --time-factor 0.01 &
+#   deploy/examples/burst-bench.sh /tmp/gw-burst 3000 [max-minutes]
+#
+# Every 10 s it prints, per region: nodes not healthy, GPUs allocated of the
+# schedulable ones, jobs queued / starting / running / finished, whether the
+# region is fenced, and its agent's sync latency (p50/p99 of the region's
+# `gangway_sync_seconds` histogram since the last line, as bucket bounds).
+# At the end: time to place every job, the worst of each figure, the health
+# tick and scheduling pass durations, and each database's CPU seconds.
+set -euo pipefail
+STATE=${1:?state dir of a running gangway dev up}
+JOBS=${2:-3000}
+MAX_MIN=${3:-30}
+GANGWAY=${GANGWAY:-target/release/gangway}
+# shellcheck disable=SC1091
+source "$STATE/env"
+IFS=, read -r -a REGIONS <<<"$GANGWAY_REGIONS"
+
+psql_of() { # region, sql
+    local pw port
+    pw=$(cat "$STATE/regions/$1/pg/gangway-superuser.password" 2>/dev/null ||
+        cat "$(dirname "$(readlink -f "$STATE/regions/$1/pg")")/pg/gangway-superuser.password")
+    port=$(python3 -c "import json,sys; print(json.load(open('$STATE/dev.json'))['regions']['$1']['postgres'])")
+    PGPASSWORD=$pw psql -qAtX -h 127.0.0.1 -p "$port" -U postgres -d gangway -F ' ' -c "$2"
+}
+metrics_of() { # region
+    local var
+    var=GANGWAY_REGION_$(echo "$1" | tr a-z- A-Z_)_METRICS_URL
+    curl -s "${!var}"
+}
+# Quantile q of a Prometheus histogram's bucket counts (cumulative, "le"
+# order) between two scrapes: the smallest bucket bound holding q of them.
+quantile() { # name, q, before-file, after-file
+    python3 - "$@" <<'EOF'
+import re, sys
+name, q, a, b = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+def read(path):
+    out = {}
+    for line in open(path):
+        m = re.match(rf'{name}_bucket\{{.*le="([^"]+)".*\}} (\S+)', line)
+        if m:
+            le = float('inf') if m[1] == '+Inf' else float(m[1])
+            out[le] = out.get(le, 0) + float(m[2])
+    return out
+x, y = read(a), read(b)
+d = sorted((le, y[le] - x.get(le, 0)) for le in y)
+if not d or d[-1][1] <= 0:
+    print("-"); sys.exit()
+total = d[-1][1]
+for le, c in d:
+    if c >= q * total:
+        print("inf" if le == float('inf') else f"{le:g}s"); break
+EOF
+}
+db_cpu() { # region: CPU seconds of its PostgreSQL processes (live ones)
+    local dir pid total=0
+    dir=$(readlink -f "$STATE/regions/$1/pg")
+    pid=$(head -1 "$dir/postmaster.pid")
+    for p in $pid $(pgrep -P "$pid"); do
+        [ -r "/proc/$p/stat" ] || continue
+        total=$((total + $(awk '{print $14 + $15 + $16 + $17}' "/proc/$p/stat")))
+    done
+    echo "scale=1; $total / $(getconf CLK_TCK)" | bc
+}
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+for r in "${REGIONS[@]}"; do
+    metrics_of "$r" >"$TMP/$r.start"
+    cp "$TMP/$r.start" "$TMP/$r.prev"
+    echo "$(db_cpu "$r")" >"$TMP/$r.cpu0"
+done
+
+echo "submitting $JOBS mixed jobs (1-2048 GPUs, 600-7200 s estimated) through the global tier"
+START=$(date +%s)
+"$GANGWAY" loadgen --state-dir "$STATE" --url "${GANGWAY_URL:-$(echo "$GANGWAY_GLOBAL_REPLICAS" | cut -d, -f1)}" \
+    --requests "$JOBS" --concurrency 16 --mix-max-gpus 2048 --mix-duration-s 600-7200 \
+    --tenants GANGWAY_TOKEN,GANGWAY_TOKEN_GLOBEX --timeout-s 60 --retry-after 20 2>"$TMP/loadgen.err" | tail -25 || true
+SUBMITTED=$(date +%s)
+echo "submitted in $((SUBMITTED - START)) s"
+
+placed_at=""
+worst_unhealthy=0
+fenced_seen=0
+min_alloc_waiting=100
+printf '%6s  %-10s %9s %14s %7s %8s %7s %9s %6s %14s\n' t region unhealthy "allocated" queued starting running finished fenced "sync p50/p99"
+while :; do
+    now=$(date +%s)
+    t=$((now - START))
+    left=0
+    queued_total=0
+    for r in "${REGIONS[@]}"; do
+        read -r unhealthy <<<"$(psql_of "$r" "SELECT count(*) FROM nodes WHERE observed <> 'healthy'")"
+        read -r alloc sched <<<"$(psql_of "$r" "SELECT (SELECT count(*) FROM allocations WHERE released_at IS NULL),
+            (SELECT count(*) FROM gpus g JOIN nodes n USING (node_id) WHERE NOT n.spare)")"
+        read -r q s run fin <<<"$(psql_of "$r" "SELECT count(*) FILTER (WHERE state = 'queued'),
+            count(*) FILTER (WHERE state IN ('starting', 'preempting')), count(*) FILTER (WHERE state = 'running'),
+            count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'cancelled')) FROM jobs WHERE name = 'loadgen'")"
+        metrics_of "$r" >"$TMP/$r.now"
+        fenced=$(grep -E '^gangway_region_fenced ' "$TMP/$r.now" | awk '{print $2}')
+        p50=$(quantile gangway_sync_seconds 0.5 "$TMP/$r.prev" "$TMP/$r.now")
+        p99=$(quantile gangway_sync_seconds 0.99 "$TMP/$r.prev" "$TMP/$r.now")
+        mv "$TMP/$r.now" "$TMP/$r.prev"
+        pct=$(echo "scale=1; 100 * $alloc / $sched" | bc)
+        printf '%5ss  %-10s %9s %6s/%-7s %7s %8s %7s %9s %6s %7s/%-6s\n' "$t" "$r" "$unhealthy" "$alloc" "$sched" "$q" "$s" "$run" "$fin" "${fenced:-?}" "$p50" "$p99"
+        unhealthy=${unhealthy:-0} q=${q:-0} s=${s:-0} run=${run:-0}
+        [ "$unhealthy" -gt "$worst_unhealthy" ] && worst_unhealthy=$unhealthy
+        [ "${fenced:-0}" = "1" ] && fenced_seen=1
+        if [ "$q" -gt 0 ]; then
+            p=${pct%.*}
+            [ "$p" -lt "$min_alloc_waiting" ] && [ "$t" -gt 60 ] && min_alloc_waiting=$p
+        fi
+        left=$((left + q + s + run))
+        queued_total=$((queued_total + q))
+    done
+    if [ -z "$placed_at" ] && [ "$queued_total" -eq 0 ] && [ "$now" -gt "$SUBMITTED" ]; then
+        placed_at=$t
+    fi
+    [ "$left" -eq 0 ] && break
+    [ "$t" -gt $((MAX_MIN * 60)) ] && { echo "gave up after $MAX_MIN minutes with $left jobs unfinished"; break; }
+    sleep 10
+done
+END=$(date +%s)
+echo
+echo "all placed after: ${placed_at:-never} s; all finished after: $((END - START)) s"
+echo "most nodes not healthy at once (one region): $worst_unhealthy; a region fenced: $([ $fenced_seen = 1 ] && echo yes || echo no)"
+echo "lowest allocation while jobs waited (after the first minute): ${min_alloc_waiting} %"
+for r in "${REGIONS[@]}"; do
+    metrics_of "$r" >"$TMP/$r.end"
+    echo "$r: sync p50 $(quantile gangway_sync_seconds 0.5 "$TMP/$r.start" "$TMP/$r.end")" \
+        "p99 $(quantile gangway_sync_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end");" \
+        "health tick p50 $(quantile gangway_health_tick_seconds 0.5 "$TMP/$r.start" "$TMP/$r.end")" \
+        "p99 $(quantile gangway_health_tick_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end");" \
+        "pass p50 $(quantile gangway_schedule_pass_seconds 0.5 "$TMP/$r.start" "$TMP/$r.end")" \
+        "p99 $(quantile gangway_schedule_pass_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end");" \
+        "shed $(grep -E '^gangway_requests_shed_total' "$TMP/$r.end" | awk '{s+=$2} END {print s+0}');" \
+        "database CPU $(echo "$(db_cpu "$r") - $(cat "$TMP/$r.cpu0")" | bc) s"
+done

@@ -1,0 +1,140 @@
+//! Load shedding: an overloaded region refuses what can wait (submissions,
+//! dry runs, listings) with 503 `overloaded` and `Retry-After`, so that what
+//! cannot wait — its agents' syncs, its peers' heartbeats, operators'
+//! actions on nodes, cancels — still gets database connections.
+//!
+//! Two rules, checked on every sheddable request:
+//! - At most [`SHEDDABLE_SHARE`] of the pool's connections serve sheddable
+//!   requests at once (a semaphore). One that finds none free waits up to
+//!   [`ADMISSION_WAIT`], then is shed.
+//! - When callers already queue for a connection (the pool is exhausted
+//!   and as many wait as it holds), a sheddable request is shed at once:
+//!   taking a permit would only lengthen the queue syncs wait in.
+//!
+//! The peers' leases have a pool of their own (`Store::lease_conn`), so a
+//! region shedding load is still heard by its peers and never fences for
+//! being busy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use gangway_shared::error::codes;
+use tokio::sync::Semaphore;
+
+use super::{ApiError, AppState};
+
+/// The share of the pool sheddable requests may hold at once: the rest is
+/// kept for agents, operators and the region's own loops.
+pub const SHEDDABLE_SHARE: f64 = 0.75;
+/// How long a sheddable request waits for its turn before it is shed.
+pub const ADMISSION_WAIT: Duration = Duration::from_secs(1);
+/// What `Retry-After` says.
+const RETRY_AFTER_S: u64 = 2;
+
+/// Permits for sheddable requests.
+pub fn permits(pool_size: usize) -> Arc<Semaphore> {
+    let n = ((pool_size as f64 * SHEDDABLE_SHARE).floor() as usize).max(1);
+    Arc::new(Semaphore::new(n))
+}
+
+/// Whether a request may be shed: work a client can send again later.
+pub fn sheddable(method: &Method, path: &str) -> bool {
+    match *method {
+        Method::POST => matches!(
+            path,
+            "/v1/jobs" | "/v1/jobs/dry-run" | "/internal/v1/claims"
+        ),
+        // Listings and usage reads: collections, not one thing by id.
+        Method::GET => {
+            matches!(
+                path,
+                "/v1/jobs"
+                    | "/v1/reservations"
+                    | "/v1/clusters"
+                    | "/v1/usage"
+                    | "/v1/admin/nodes"
+                    | "/v1/admin/audit"
+                    | "/v1/admin/goodput"
+                    | "/v1/admin/reservations"
+                    | "/v1/admin/clusters"
+                    | "/v1/admin/maintenance"
+            ) || path.starts_with("/v1/admin/usage/")
+        }
+        _ => false,
+    }
+}
+
+/// The middleware: sheds a sheddable request when the region is overloaded.
+pub async fn admit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if !sheddable(req.method(), req.uri().path()) {
+        return next.run(req).await;
+    }
+    let pool = state.store.pool_status();
+    if pool.available == 0 && pool.waiting >= pool.max_size {
+        return overloaded(
+            &req,
+            "its database connections are all taken and callers queue",
+        );
+    }
+    let permit =
+        match tokio::time::timeout(ADMISSION_WAIT, state.sheddable.clone().acquire_owned()).await {
+            Ok(Ok(p)) => p,
+            _ => return overloaded(&req, "too many submissions and listings are in progress"),
+        };
+    let resp = next.run(req).await;
+    drop(permit);
+    resp
+}
+
+fn overloaded(req: &Request, why: &str) -> Response {
+    metrics::counter!("gangway_requests_shed_total", "path" => req.uri().path().to_string())
+        .increment(1);
+    let mut resp = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        codes::OVERLOADED,
+        format!(
+            "the region is overloaded ({why}) and sheds submissions, dry runs and listings to \
+             keep its machines heard; retry in {RETRY_AFTER_S} s (see Retry-After; a create \
+             with the same Idempotency-Key)"
+        ),
+    )
+    .into_response();
+    resp.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from_str(&RETRY_AFTER_S.to_string()).expect("digits are a valid header"),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_work_a_client_can_send_again_is_sheddable() {
+        assert!(sheddable(&Method::POST, "/v1/jobs"));
+        assert!(sheddable(&Method::POST, "/v1/jobs/dry-run"));
+        assert!(sheddable(&Method::POST, "/internal/v1/claims"));
+        assert!(sheddable(&Method::GET, "/v1/jobs"));
+        assert!(sheddable(&Method::GET, "/v1/admin/nodes"));
+        assert!(sheddable(&Method::GET, "/v1/admin/usage/records"));
+        // What cannot wait: agents, peers, cancels, one job, node actions.
+        assert!(!sheddable(&Method::POST, "/internal/v1/agents/a1/sync"));
+        assert!(!sheddable(&Method::POST, "/internal/v1/agents/register"));
+        assert!(!sheddable(&Method::POST, "/internal/v1/peers/heartbeat"));
+        assert!(!sheddable(&Method::POST, "/v1/jobs/x/cancel"));
+        assert!(!sheddable(&Method::GET, "/v1/jobs/x"));
+        assert!(!sheddable(&Method::POST, "/v1/admin/nodes/n1/drain"));
+        assert!(!sheddable(&Method::GET, "/v1/region"));
+    }
+
+    #[test]
+    fn sheddable_requests_leave_a_quarter_of_the_pool() {
+        assert_eq!(permits(16).available_permits(), 12);
+        assert_eq!(permits(1).available_permits(), 1);
+    }
+}
