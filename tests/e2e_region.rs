@@ -135,6 +135,24 @@ impl Cloud {
         let s = self.client.region_status().await.unwrap();
         s.capacity.iter().map(|c| c.allocated).sum()
     }
+
+    /// Waits until the region's status shows `gpus` allocated: the status
+    /// is read at most once a second (`api/jobs.rs` `STATUS_TTL`), so it
+    /// may lag a change by that much. Panics after 10 s with what it shows.
+    async fn expect_allocated(&self, gpus: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = self.allocated_gpus().await;
+            if now == gpus {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{now} GPUs allocated, expected {gpus}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
 
 /// The region of a test cloud, with the checkpoint store its agents share
@@ -234,7 +252,7 @@ async fn a_job_goes_queued_running_succeeded_on_the_agents() {
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(kinds, ["queued", "placed", "started", "finished"]);
     assert_eq!(events[1].detail["level"], "nvlink");
-    assert_eq!(cloud.allocated_gpus().await, 0);
+    cloud.expect_allocated(0).await;
 }
 
 #[tokio::test]
@@ -246,7 +264,7 @@ async fn a_cancelled_job_frees_its_gpus_for_the_next() {
         .await
         .unwrap();
     wait_state(&cloud.client, big.id, JobState::Running).await;
-    assert_eq!(cloud.allocated_gpus().await, 16);
+    cloud.expect_allocated(16).await;
     let next = cloud
         .client
         .submit(&spec(8, 3600, &["train"]), None)
@@ -265,7 +283,7 @@ async fn a_cancelled_job_frees_its_gpus_for_the_next() {
         .iter()
         .all(|w| w.state == WorkerState::Cancelled));
     wait_state(&cloud.client, next.id, JobState::Running).await;
-    assert_eq!(cloud.allocated_gpus().await, 8);
+    cloud.expect_allocated(8).await;
     // Cancelling again changes nothing.
     let again = cloud.client.cancel(big.id).await.unwrap();
     assert_eq!(again.state, JobState::Cancelled);
@@ -319,7 +337,7 @@ async fn the_real_executor_runs_the_command_with_the_contract_env_and_reports_ex
     wait_state(&cloud.client, sleeper.id, JobState::Running).await;
     cloud.client.cancel(sleeper.id).await.unwrap();
     wait_state(&cloud.client, sleeper.id, JobState::Cancelled).await;
-    assert_eq!(cloud.allocated_gpus().await, 0);
+    cloud.expect_allocated(0).await;
 }
 
 #[tokio::test]
@@ -358,7 +376,7 @@ async fn a_region_restarted_mid_run_keeps_its_jobs_and_allocations() {
     let after = cloud.client.get(job.id).await.unwrap();
     assert_eq!(after.state, JobState::Running);
     assert_eq!(after.workers, before.workers, "same nodes and GPUs");
-    assert_eq!(cloud.allocated_gpus().await, 8);
+    cloud.expect_allocated(8).await;
     // The retried create finds the same job after the restart.
     let retried = cloud
         .client
@@ -369,7 +387,7 @@ async fn a_region_restarted_mid_run_keeps_its_jobs_and_allocations() {
     // And the restarted region still drives the agent.
     cloud.client.cancel(job.id).await.unwrap();
     wait_state(&cloud.client, job.id, JobState::Cancelled).await;
-    assert_eq!(cloud.allocated_gpus().await, 0);
+    cloud.expect_allocated(0).await;
 }
 
 #[tokio::test]
@@ -855,7 +873,7 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
                 break;
             }
             assert!(
-                std::time::Instant::now() < deadline,
+                Instant::now() < deadline,
                 "rank {rank} not restarted: {text}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -893,7 +911,7 @@ async fn a_preempted_job_checkpoints_stops_requeues_and_resumes_from_its_checkpo
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 409);
-    assert_eq!(cloud.allocated_gpus().await, 0);
+    cloud.expect_allocated(0).await;
 }
 
 /// The directory a restarted worker of `job` was handed in
@@ -1021,7 +1039,7 @@ async fn the_scheduler_preempts_a_low_priority_job_for_a_normal_one_and_the_low_
     let normal_events = cloud.client.events(normal.id).await.unwrap().events;
     let placed = normal_events.iter().find(|e| e.kind == "placed").unwrap();
     assert!(placed.at > preempted.at, "{normal_events:?} {events:?}");
-    assert_eq!(cloud.allocated_gpus().await, 0);
+    cloud.expect_allocated(0).await;
 }
 
 /// Like [`RESUMABLE_TRAINER`], and each start also records the world size
@@ -1141,7 +1159,7 @@ async fn an_elastic_job_starts_on_what_is_free_grows_when_a_job_ends_and_resumes
     assert_eq!(events[3].detail["cause"], "grow");
     assert_eq!(events[3].detail["for_job"], job.id.to_string());
     assert_eq!(events[5].detail["world_size"], 4);
-    assert_eq!(cloud.allocated_gpus().await, 0);
+    cloud.expect_allocated(0).await;
 }
 
 fn reservation(

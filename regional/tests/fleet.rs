@@ -36,15 +36,7 @@ async fn store(prefix: &str) -> (Store, tokio_postgres::Client) {
 }
 
 async fn store_with(prefix: &str, policy: HealthPolicy) -> (Store, tokio_postgres::Client) {
-    let url = gangway_devkit::fresh_database(prefix).await;
-    let store = Store::connect(&url, "test-region", 8)
-        .unwrap()
-        .with_health(policy, Duration::from_secs(30));
-    store.migrate().await.unwrap();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let (store, client, _) = common::policy_store(prefix, policy).await;
     (store, client)
 }
 

@@ -37,15 +37,7 @@ async fn region(
     policy: HealthPolicy,
     nodes: usize,
 ) -> (Store, tokio_postgres::Client, Fleet, String) {
-    let url = gangway_devkit::fresh_database(prefix).await;
-    let store = Store::connect(&url, "test-region", 8)
-        .unwrap()
-        .with_health(policy, Duration::from_secs(30));
-    store.migrate().await.unwrap();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let (store, client, url) = common::policy_store(prefix, policy).await;
     let fleet = Fleet::register_nodes(
         &store,
         (0..nodes)
@@ -346,8 +338,10 @@ async fn an_overloaded_region_sheds_submissions_and_listings_but_hears_its_agent
     let submit = || {
         http.post(format!("{base}/v1/jobs"))
             .header(gangway_shared::client::TENANT_HEADER, "acme")
-            .json(&serde_json::json!({"name": "t", "gpus": 8, "gpu_type": "h100",
-                                      "estimated_duration_s": 60, "command": ["train"]}))
+            .json(
+                &serde_json::json!({"name": "t", "gpus": 8, "gpu_type": "h100",
+                                      "estimated_duration_s": 60, "command": ["train"]}),
+            )
             .send()
     };
     assert_eq!(list().await.unwrap().status(), 200);
@@ -355,7 +349,12 @@ async fn an_overloaded_region_sheds_submissions_and_listings_but_hears_its_agent
     // Every turn for sheddable work is taken (as by a flood of
     // submissions that each hold a connection).
     let turns = state.sheddable.available_permits() as u32;
-    let held = state.sheddable.clone().acquire_many_owned(turns).await.unwrap();
+    let held = state
+        .sheddable
+        .clone()
+        .acquire_many_owned(turns)
+        .await
+        .unwrap();
     for resp in [list().await.unwrap(), submit().await.unwrap()] {
         assert_eq!(resp.status(), 503);
         assert_eq!(

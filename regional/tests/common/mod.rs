@@ -30,6 +30,24 @@ pub async fn region_store(prefix: &str, region: &str) -> (Store, tokio_postgres:
     (store, client)
 }
 
+/// A migrated store on a fresh database that decides nodes with `policy`
+/// (a checkpoint deadline of 30 s), a raw client to it, and its URL.
+pub async fn policy_store(
+    prefix: &str,
+    policy: gangway_health::HealthPolicy,
+) -> (Store, tokio_postgres::Client, String) {
+    let url = gangway_devkit::fresh_database(prefix).await;
+    let store = Store::connect(&url, "test-region", 8)
+        .unwrap()
+        .with_health(policy, std::time::Duration::from_secs(30));
+    store.migrate().await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    (store, client, url)
+}
+
 /// A region's configuration for tests: `name` and its peers (name, URL).
 pub fn region_config(name: &str, peers: &[(&str, String)]) -> gangway_regional::RegionConfig {
     let mut config = gangway_regional::RegionConfig::new(name, "127.0.0.1:0".parse().unwrap(), "");
