@@ -457,7 +457,8 @@ async fn check_inventory(
     Ok(Ok(places))
 }
 
-/// Applies worker reports; returns whether any GPUs were released. An
+/// Applies worker reports (the caller holds their jobs' locks); returns
+/// whether any GPUs were released. An
 /// agent that `uploads` its checkpoints to the store reports them apart
 /// (recorded before this), so its workers' `checkpoint` paths are local to
 /// it and move nothing — except a simulated executor's `sim:` markers.
@@ -475,12 +476,9 @@ async fn apply_reports(
     }
     let job_ids: Vec<Uuid> = reports.iter().map(|r| r.job_id).collect();
     let ranks: Vec<i32> = reports.iter().map(|r| r.rank as i32).collect();
-    // Lock order, everywhere: jobs (by id), then their workers. Cancel and
+    // Lock order, everywhere: jobs (by id), then their workers. The caller
+    // (`sync_agent`) holds every reported job's lock already; cancel and
     // plan commits take the same order, so they never deadlock with a sync.
-    let mut locked: Vec<Uuid> = job_ids.clone();
-    locked.sort();
-    locked.dedup();
-    lock_jobs(tx, &locked).await?;
     // Current state of every reported worker that sits on this agent's nodes.
     let rows = tx
         .query(
