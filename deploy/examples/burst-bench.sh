@@ -102,6 +102,10 @@ while :; do
         read -r q s run fin <<<"$(psql_of "$r" "SELECT count(*) FILTER (WHERE state = 'queued'),
             count(*) FILTER (WHERE state IN ('starting', 'preempting')), count(*) FILTER (WHERE state = 'running'),
             count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'cancelled')) FROM jobs WHERE name = 'loadgen'")"
+        # Work that waits: jobs queued for longer than a few passes (not
+        # the ones that just arrived), and the sizes of the largest.
+        read -r qold qsizes <<<"$(psql_of "$r" "SELECT count(*), coalesce(string_agg(gpus::text, ',' ORDER BY gpus DESC), '-')
+            FROM jobs WHERE name = 'loadgen' AND state = 'queued' AND created_at < now() - interval '10 s'")"
         metrics_of "$r" >"$TMP/$r.now"
         fenced=$(grep -E '^gangway_region_fenced ' "$TMP/$r.now" | awk '{print $2}')
         p50=$(quantile gangway_sync_seconds 0.5 "$TMP/$r.prev" "$TMP/$r.now")
@@ -112,9 +116,10 @@ while :; do
         unhealthy=${unhealthy:-0} q=${q:-0} s=${s:-0} run=${run:-0}
         [ "$unhealthy" -gt "$worst_unhealthy" ] && worst_unhealthy=$unhealthy
         [ "${fenced:-0}" = "1" ] && fenced_seen=1
-        if [ "$q" -gt 0 ]; then
+        if [ "${qold:-0}" -gt 0 ]; then
             p=${pct%.*}
             [ "$p" -lt "$min_alloc_waiting" ] && [ "$t" -gt 60 ] && min_alloc_waiting=$p
+            [ "$p" -lt 95 ] && echo "        $r: ${qold} job(s) waiting over 10 s at ${pct} % allocated, GPUs asked: ${qsizes:0:60}"
         fi
         left=$((left + q + s + run))
         queued_total=$((queued_total + q))
@@ -130,7 +135,7 @@ END=$(date +%s)
 echo
 echo "all placed after: ${placed_at:-never} s; all finished after: $((END - START)) s"
 echo "most nodes not healthy at once (one region): $worst_unhealthy; a region fenced: $([ $fenced_seen = 1 ] && echo yes || echo no)"
-echo "lowest allocation while jobs waited (after the first minute): ${min_alloc_waiting} %"
+echo "lowest allocation while jobs waited over 10 s (after the first minute): ${min_alloc_waiting} %"
 for r in "${REGIONS[@]}"; do
     metrics_of "$r" >"$TMP/$r.end"
     echo "$r: sync p50 $(quantile gangway_sync_seconds 0.5 "$TMP/$r.start" "$TMP/$r.end")" \

@@ -321,6 +321,9 @@ impl Partitions {
     }
 }
 
+/// How often a partition with nothing to place or grow is planned anyway.
+const IDLE_PASS_EVERY: Duration = Duration::from_secs(10);
+
 /// One GPU type's passes: again at once while they place work or lose a
 /// race, else on a wake-up (new job, freed GPUs) or every
 /// `schedule_interval`, until `stop`.
@@ -333,6 +336,12 @@ async fn partition_loop(
     let span = tracing::info_span!("partition", gpu_type = %gpu_type);
     async move {
         let mut wake = state.sched_wakeup.subscribe();
+        // When the partition was last planned, and whether this round was
+        // woken (a job came, GPUs were freed) rather than timed: a timed
+        // round over an idle partition is skipped, but it is planned at
+        // least every `IDLE_PASS_EVERY` (its fleet gauges stay fresh).
+        let mut planned_at: Option<Instant> = None;
+        let mut woken = true;
         while !stop.is_cancelled() {
             // Wake-ups from now on count for the next wait.
             wake.borrow_and_update();
@@ -345,25 +354,42 @@ async fn partition_loop(
                 }
                 continue;
             }
-            // A pass under way finishes (its commit is checked anyway).
-            match run_partition_pass(&state.store, &planning, &gpu_type).await {
-                Ok(o) if o.stale => continue, // replan at once on fresh state
-                Ok(o) if o.placements > 0 => {
-                    tracing::debug!(
-                        placements = o.placements,
-                        waiting = o.waiting,
-                        "pass committed"
-                    );
-                    continue; // more may fit now that these are out of the queue
+            // A partition with nothing to place and nothing to grow is
+            // not planned: its snapshot reads the whole fleet (at 10,000
+            // GPUs, the region's largest read) for an empty plan.
+            let idle = !woken
+                && planned_at.is_some_and(|t| t.elapsed() < IDLE_PASS_EVERY)
+                && match state.store.partition_has_work(&gpu_type).await {
+                    Ok(work) => !work,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot tell whether work waits: planning");
+                        false
+                    }
+                };
+            if idle {
+                metrics::counter!("gangway_schedule_passes_total", "outcome" => "skipped", "partition" => gpu_type.clone()).increment(1);
+            } else {
+                planned_at = Some(Instant::now());
+                // A pass under way finishes (its commit is checked anyway).
+                match run_partition_pass(&state.store, &planning, &gpu_type).await {
+                    Ok(o) if o.stale => continue, // replan at once on fresh state
+                    Ok(o) if o.placements > 0 => {
+                        tracing::debug!(
+                            placements = o.placements,
+                            waiting = o.waiting,
+                            "pass committed"
+                        );
+                        continue; // more may fit now that these are out of the queue
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "scheduling pass failed"),
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "scheduling pass failed"),
             }
-            tokio::select! {
+            woken = tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = wake.changed() => {}
-                _ = tokio::time::sleep(state.config.schedule_interval) => {}
-            }
+                _ = wake.changed() => true,
+                _ = tokio::time::sleep(state.config.schedule_interval) => false,
+            };
         }
     }
     .instrument(span)

@@ -143,6 +143,7 @@ async fn a_node_is_served_by_the_agent_the_inventory_names_and_reports_only_for_
     store.register_agent(&a).await.unwrap();
     store.register_agent(&b).await.unwrap();
     // node-a's agent reporting node-b's health: refused, nothing recorded.
+    store.flush_liveness().await.unwrap();
     let before: Option<chrono::DateTime<chrono::Utc>> = db
         .query_one(
             "SELECT last_sync_at FROM agents WHERE agent_id = 'node-a'",
@@ -256,6 +257,7 @@ async fn a_second_claimant_is_refused_while_the_first_is_alive_and_takes_over_af
         codes::NODE_CLAIMED
     );
     // Once the second's lease has run out, the first may take it back.
+    store.flush_liveness().await.unwrap();
     db.execute(
         "UPDATE agents SET last_sync_at = now() - interval '31 seconds'",
         &[],

@@ -217,6 +217,39 @@ async fn a_mass_silence_holds_nodes_suspect_and_they_heal_with_their_jobs_while_
 }
 
 #[tokio::test]
+async fn mass_silences_do_not_count_as_flaps_but_one_node_going_quiet_does() {
+    let (store, client, fleet, _) = region("mass_silence_flaps", policy(8, 30), 20).await;
+    let ctx = store.health_context();
+    // Three control-plane outages within the hour (flap_limit is 3): every
+    // node silent past the suspect limit at once, then heard again.
+    let all: Vec<usize> = (0..20).collect();
+    for round in 0..3 {
+        silence(&client, &all, 10).await;
+        store.health_tick(&ctx).await.unwrap();
+        assert_eq!(observed(&client, 0).await, "suspect", "round {round}");
+        for n in 0..20 {
+            fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+        }
+        store.health_tick(&ctx).await.unwrap();
+    }
+    for n in 0..20 {
+        assert_eq!(observed(&client, n).await, "healthy", "n{n} is no flapper");
+    }
+    let jobs = running_jobs(&store, &fleet, 20).await;
+    assert_eq!(jobs.len(), 20, "the whole fleet takes work");
+    // One machine going quiet on its own three times is flapping: held
+    // down when it comes back.
+    for spell in 0..3 {
+        silence(&client, &[7], 10).await;
+        store.health_tick(&ctx).await.unwrap();
+        assert_eq!(observed(&client, 7).await, "suspect", "spell {spell}");
+        fleet.sync(&store, 7, "boot-1", vec![], vec![]).await;
+    }
+    assert_eq!(observed(&client, 7).await, "damped");
+    assert_eq!(observed(&client, 6).await, "healthy");
+}
+
+#[tokio::test]
 async fn silence_short_of_a_mass_event_loses_nodes_at_a_pace_and_a_held_one_once_it_ends() {
     let (store, client, fleet, _) = region("mass_silence_pace", policy(2, 5), 20).await;
     let jobs = running_jobs(&store, &fleet, 20).await;

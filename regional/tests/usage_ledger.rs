@@ -615,6 +615,7 @@ async fn a_release_dated_back_into_hours_the_meter_wrote_is_corrected_to_what_wa
     // Its agent was last heard 100 minutes ago — inside an hour the meter
     // wrote whole — and comes back with a new boot: the workers died with
     // the old one, and are billed to when it was last heard.
+    store.flush_liveness().await.unwrap();
     db.execute(
         "UPDATE agents SET last_sync_at = now() - interval '100 minutes'",
         &[],

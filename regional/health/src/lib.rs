@@ -465,6 +465,10 @@ pub struct NodeHealth {
     damped_until: Option<u64>,
     /// Whether it was bad at the last observation (for flap counting).
     was_bad: bool,
+    /// The bad spell under way is silence the region excused
+    /// ([`NodeHealth::excuse_silence`]): it is not counted as a flap.
+    #[serde(default)]
+    silence_excused: bool,
 }
 
 impl NodeHealth {
@@ -481,6 +485,7 @@ impl NodeHealth {
             failures: VecDeque::new(),
             damped_until: None,
             was_bad: false,
+            silence_excused: false,
         }
     }
 
@@ -732,7 +737,33 @@ impl NodeHealth {
         if !bad && self.was_bad && self.turned_bad.len() as u32 >= policy.flap_limit {
             self.damped_until = Some(now + policy.hold_down_s);
         }
+        if !bad {
+            self.silence_excused = false;
+        }
         self.was_bad = bad;
+    }
+
+    /// Takes the silence under way out of the flap count: the region found
+    /// so many nodes silent at once ([`SilenceVerdict::Hold`]) that the
+    /// cause is likely its own control plane or network, not this machine.
+    /// A node that went quiet with hundreds of others and came back is no
+    /// flapper: without this, three control-plane restarts in an hour would
+    /// hold the whole region down. Only a spell of plain silence is excused
+    /// (not a node reported down or faulty), once. Returns whether it
+    /// changed anything.
+    pub fn excuse_silence(&mut self, policy: &HealthPolicy, now: u64) -> bool {
+        let silent = !self.down
+            && self.fault.is_none()
+            && self
+                .silent_s(now)
+                .is_some_and(|s| s >= policy.suspect_after_s);
+        if !silent || !self.was_bad || self.silence_excused {
+            return false;
+        }
+        // The spell's own entry: the newest (it is under way).
+        self.turned_bad.pop_back();
+        self.silence_excused = true;
+        true
     }
 
     /// Lets time pass without a signal (heartbeat timeouts, hold-downs).

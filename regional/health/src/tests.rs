@@ -268,6 +268,38 @@ fn flapping_is_damped() {
 }
 
 #[test]
+fn a_mass_silence_is_not_a_flap() {
+    // Three control-plane outages within the hour: each time the region
+    // excuses the silence (so many nodes went quiet at once). The node is
+    // not held down when it is heard again, and an excuse is spent once.
+    let (p, mut n) = node();
+    let mut t = 0;
+    for _ in 0..3 {
+        t += 30;
+        n.tick(&p, t);
+        assert!(n.excuse_silence(&p, t));
+        assert!(!n.excuse_silence(&p, t + 1), "one excuse per spell");
+        t += 1;
+        n.observe(&p, t, &hb("boot-1"));
+        assert_eq!(n.observed(&p, t), Observed::Healthy);
+    }
+    // Its own silence still counts: three unexcused spells damp it.
+    for _ in 0..3 {
+        t += 30;
+        n.tick(&p, t);
+        t += 1;
+        n.observe(&p, t, &hb("boot-1"));
+    }
+    assert_eq!(n.observed(&p, t), Observed::Damped { until: t + 1_800 });
+    // Neither a healthy node nor one reported down is excused.
+    let (p, mut n) = node();
+    n.observe(&p, 1, &hb("boot-1"));
+    assert!(!n.excuse_silence(&p, 2));
+    n.observe(&p, 3, &Signal::NodeDown);
+    assert!(!n.excuse_silence(&p, 40));
+}
+
+#[test]
 fn a_fault_reported_again_is_one_failure() {
     let (p, mut n) = node();
     for t in 1..=5 {

@@ -238,16 +238,10 @@ impl Store {
         }
         // Registering is a sign of life: each node is heard from, on the
         // machine boot it last reported (its first sync says which it is).
-        super::nodes::observe_sync(
-            &tx,
-            &self.health_context(),
-            &req.agent_id,
-            &req.boot_id.to_string(),
-            &[],
-            &[],
-            true,
-        )
-        .await?;
+        let (ctx, boot) = (self.health_context(), req.boot_id.to_string());
+        let look =
+            super::nodes::look_at_nodes(&tx, &ctx, &req.agent_id, &boot, &[], &[], true).await?;
+        super::nodes::observe_sync(&tx, &ctx, &boot, &[], true, look).await?;
         tx.execute(
             "UPDATE sched_state
              SET generation = generation + 1, fleet_version = fleet_version + 1 WHERE id = 1",
@@ -259,6 +253,17 @@ impl Store {
     }
 
     /// Applies an agent's reports and returns what should run on its nodes.
+    ///
+    /// A sync costs what changed. It first looks without locks: at the
+    /// agent (its boot), at its nodes ([`super::nodes::look_at_nodes`]) and
+    /// at the workers it reports ([`look_at_reports`]). A quiet sync — its
+    /// nodes heard from within a third of the suspect limit, no worker
+    /// changed, no checkpoint — takes no lock and writes nothing: it reads
+    /// the assignments and commits a transaction that wrote nothing (no WAL
+    /// flush); the agent's liveness is written with other agents' a moment
+    /// later ([`Liveness`]). Otherwise the agent's row is locked and its
+    /// liveness written, the due nodes observed, and only the jobs of the
+    /// workers whose report changes something are locked and written.
     pub async fn sync_agent(
         &self,
         agent_id: &str,
@@ -267,9 +272,47 @@ impl Store {
     ) -> Result<SyncOutcome> {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
+        let ctx = self.health_context();
+        let agent = tx
+            .query_opt(
+                &super::cached(&tx, "SELECT boot_id FROM agents WHERE agent_id = $1").await?,
+                &[&agent_id],
+            )
+            .await?
+            .ok_or(StoreError::UnknownAgent)?;
+        let boot: Uuid = agent.get(0);
+        if boot != req.boot_id {
+            return Err(StoreError::StaleBoot);
+        }
+        // An agent reports for its own nodes only: a report or checkpoint
+        // naming another agent's node refuses the whole sync, before
+        // anything of it is recorded (`look_at_nodes` checks, from the one
+        // read of the agent's nodes it makes anyway).
+        let mut named: Vec<&str> = (req.nodes.iter().map(|n| n.node_id.as_str()))
+            .chain(req.checkpoints.iter().flatten().map(|c| c.node_id.as_str()))
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        let boot = boot.to_string();
+        let nodes =
+            super::nodes::look_at_nodes(&tx, &ctx, agent_id, &boot, &req.nodes, &named, false)
+                .await?;
+        let uploads = req.checkpoints.is_some();
+        let changed = look_at_reports(&tx, agent_id, &req.workers, uploads).await?;
+        let checkpoints_reported = req.checkpoints.as_ref().is_some_and(|c| !c.is_empty());
+        if nodes.due.is_empty() && changed.is_empty() && !checkpoints_reported {
+            let assignments = load_assignments(&tx, agent_id, timing).await?;
+            tx.commit().await?;
+            self.liveness.heard(self, agent_id);
+            return Ok(SyncOutcome {
+                assignments,
+                freed_gpus: false,
+                checkpoints: Default::default(),
+            });
+        }
         // The sync before this one: a worker the agent stopped on its own
         // (it fenced, having lost us) ran until about then, as far as we
-        // know.
+        // know (within a flush of `Liveness` if that one was quiet).
         let row = tx
             .query_opt(
                 "UPDATE agents a SET last_sync_at = now()
@@ -280,35 +323,16 @@ impl Store {
             )
             .await?
             .ok_or(StoreError::UnknownAgent)?;
-        let (boot, last_heard): (Uuid, Option<DateTime<Utc>>) = (row.get(0), row.get(1));
-        if boot != req.boot_id {
+        let (boot_now, last_heard): (Uuid, Option<DateTime<Utc>>) = (row.get(0), row.get(1));
+        if boot_now != req.boot_id {
             return Err(StoreError::StaleBoot);
         }
-        // An agent reports for its own nodes only: a report or checkpoint
-        // naming another agent's node refuses the whole sync, before
-        // anything of it is recorded (`observe_sync` checks, from the one
-        // read of the agent's nodes it makes anyway). Then the nodes'
-        // health (a heartbeat, the signals reported, and what they
-        // decide), then the workers' reports.
-        let mut named: Vec<&str> = (req.nodes.iter().map(|n| n.node_id.as_str()))
-            .chain(req.checkpoints.iter().flatten().map(|c| c.node_id.as_str()))
-            .collect();
-        named.sort_unstable();
-        named.dedup();
-        let ctx = self.health_context();
-        let nodes = super::nodes::observe_sync(
-            &tx,
-            &ctx,
-            agent_id,
-            &boot.to_string(),
-            &req.nodes,
-            &named,
-            false,
-        )
-        .await?;
+        // The nodes' health (a heartbeat, the signals reported, and what
+        // they decide), then the workers' reports.
+        let nodes = super::nodes::observe_sync(&tx, &ctx, &boot, &req.nodes, false, nodes).await?;
         // Lock order, everywhere: jobs (by id), then their workers; every
-        // job this sync touches is locked here, at once, in that order.
-        let mut jobs: Vec<Uuid> = req.workers.iter().map(|r| r.job_id).collect();
+        // job this sync changes is locked here, at once, in that order.
+        let mut jobs: Vec<Uuid> = changed.iter().map(|r| r.job_id).collect();
         jobs.extend(req.checkpoints.iter().flatten().map(|c| c.job_id));
         jobs.sort();
         jobs.dedup();
@@ -318,8 +342,7 @@ impl Store {
         let checkpoints =
             super::checkpoints::record(&tx, agent_id, req.checkpoints.as_deref().unwrap_or(&[]))
                 .await?;
-        let uploads = req.checkpoints.is_some();
-        let freed_gpus = apply_reports(&tx, agent_id, &req.workers, uploads, last_heard).await?;
+        let freed_gpus = apply_reports(&tx, agent_id, &changed, uploads, last_heard).await?;
         let assignments = load_assignments(&tx, agent_id, timing).await?;
         tx.commit().await?;
         Ok(SyncOutcome {
@@ -327,6 +350,168 @@ impl Store {
             freed_gpus: freed_gpus || nodes.freed_gpus || nodes.fleet_changed,
             checkpoints,
         })
+    }
+}
+
+/// Agents heard by quiet syncs since the last flush. Their liveness
+/// (`agents.last_sync_at`: which nodes may take work, whose claim on its
+/// nodes still holds) is written for all of them in one statement, a
+/// `FLUSH_AFTER` after the first one heard: one write per replica and
+/// moment whatever the number of agents, instead of a commit per agent
+/// and second.
+#[derive(Default)]
+pub(crate) struct Liveness {
+    heard: std::sync::Mutex<BTreeSet<String>>,
+    /// A flush is scheduled.
+    flushing: std::sync::atomic::AtomicBool,
+    /// Held while a flush writes: [`Store::flush_liveness`] returns only
+    /// once every agent heard before it is written.
+    writing: tokio::sync::Mutex<()>,
+}
+
+/// How long [`Liveness`] gathers agents before it writes them.
+const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Liveness {
+    fn heard(&self, store: &Store, agent_id: &str) {
+        use std::sync::atomic::Ordering;
+        (self.heard.lock().expect("liveness lock")).insert(agent_id.to_string());
+        if self.flushing.swap(true, Ordering::AcqRel) {
+            return; // a flush is coming
+        }
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(FLUSH_AFTER).await;
+            // Agents heard from now on wait for the next flush.
+            store.liveness.flushing.store(false, Ordering::Release);
+            if let Err(e) = store.flush_liveness().await {
+                // The agents' next quiet syncs add them again.
+                tracing::warn!(error = %e, "cannot record the agents' liveness");
+            }
+        });
+    }
+}
+
+impl Store {
+    /// Writes the liveness of the agents quiet syncs heard and not yet
+    /// written ([`Liveness`]); returns once they are (a flush under way
+    /// included).
+    pub async fn flush_liveness(&self) -> Result<()> {
+        let _writing = self.liveness.writing.lock().await;
+        let ids: Vec<String> =
+            std::mem::take(&mut *self.liveness.heard.lock().expect("liveness lock"))
+                .into_iter()
+                .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.conn()
+            .await?
+            .execute(
+                "UPDATE agents SET last_sync_at = greatest(last_sync_at, now())
+                 WHERE agent_id = ANY($1)",
+                &[&ids],
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// The reports that change something, from a look at their workers
+/// without locks (in the request's order). The rest — a worker running as
+/// recorded, an exit already recorded, a report about an earlier placement
+/// or another agent's node, a checkpoint already the job's restore point —
+/// need no lock and no write. What a look classes as changing is looked at
+/// again under the locks ([`apply_reports`]); one it classes as not
+/// changing cannot turn into a change for the same attempt, and the agent
+/// reports every worker again on its next sync.
+async fn look_at_reports(
+    tx: &deadpool_postgres::Transaction<'_>,
+    agent_id: &str,
+    reports: &[WorkerReport],
+    uploads: bool,
+) -> Result<Vec<WorkerReport>> {
+    if reports.is_empty() {
+        return Ok(Vec::new());
+    }
+    let job_ids: Vec<Uuid> = reports.iter().map(|r| r.job_id).collect();
+    let ranks: Vec<i32> = reports.iter().map(|r| r.rank as i32).collect();
+    let rows = tx
+        .query(
+            &super::cached(
+                tx,
+                "SELECT w.job_id, w.rank, w.attempt, w.state::text, j.restore_from
+                 FROM unnest($1::uuid[], $2::int[]) AS r(job_id, rank)
+                 JOIN workers w ON w.job_id = r.job_id AND w.rank = r.rank
+                 JOIN nodes n ON n.node_id = w.node_id
+                 JOIN jobs j ON j.job_id = w.job_id
+                 WHERE n.agent_id = $3",
+            )
+            .await?,
+            &[&job_ids, &ranks, &agent_id],
+        )
+        .await?;
+    let current: BTreeMap<(Uuid, i32), (i32, String, Option<String>)> = rows
+        .iter()
+        .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3), r.get(4))))
+        .collect();
+    Ok(reports
+        .iter()
+        .filter(|report| {
+            let Some((attempt, state, restore_from)) =
+                current.get(&(report.job_id, report.rank as i32))
+            else {
+                return false;
+            };
+            let new_checkpoint = (report.checkpoint.as_ref())
+                .filter(|c| checkpoint_counts(c, uploads))
+                .is_some_and(|c| restore_from.as_ref() != Some(c));
+            *attempt == report.attempt
+                && (new_checkpoint || change_of(report, state) != Change::Nothing)
+        })
+        .cloned()
+        .collect())
+}
+
+/// A checkpoint named in a worker's report counts (rather than only the
+/// agent's verified uploads) when the agent uploads none, or for the
+/// simulated executor's.
+fn checkpoint_counts(key: &str, uploads: bool) -> bool {
+    !uploads || key.starts_with("sim:")
+}
+
+/// What a worker's report changes, given its worker's recorded state (for
+/// the same attempt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    Nothing,
+    /// Seen running for the first time.
+    Started,
+    /// Its agent lost the region for longer than its lease and stopped it.
+    Fenced,
+    /// Checkpointed and stopped as asked: back to pending.
+    Preempted,
+    /// Ended: `succeeded`, `failed`, or `cancelled` (stopped as asked).
+    Ended(&'static str),
+}
+
+fn change_of(report: &WorkerReport, state: &str) -> Change {
+    match &report.status {
+        WorkerStatus::Running if state == "assigned" => Change::Started,
+        WorkerStatus::Running => Change::Nothing,
+        WorkerStatus::Exited { .. } if report.fenced && matches!(state, "assigned" | "running") => {
+            Change::Fenced
+        }
+        WorkerStatus::Exited { .. } if state == "checkpointing" => Change::Preempted,
+        WorkerStatus::Exited { .. } if state == "stopping" => Change::Ended("cancelled"),
+        WorkerStatus::Exited { exit_code, .. } if matches!(state, "assigned" | "running") => {
+            Change::Ended(if *exit_code == Some(0) {
+                "succeeded"
+            } else {
+                "failed"
+            })
+        }
+        WorkerStatus::Exited { .. } => Change::Nothing, // already recorded
     }
 }
 
@@ -518,84 +703,59 @@ async fn apply_reports(
         if *attempt != report.attempt {
             continue; // about an earlier placement
         }
-        let legacy = |c: &&String| !uploads || c.starts_with("sim:");
-        if let Some(ckpt) = report.checkpoint.as_ref().filter(legacy) {
+        if let Some(ckpt) = (report.checkpoint.as_deref()).filter(|c| checkpoint_counts(c, uploads))
+        {
             // A new checkpoint (reported with an exit, or by a running
             // worker that checkpoints periodically) moves the time
             // preemption counts the work at risk from; a repeated report
             // changes nothing. The last reported for a job wins.
-            checkpoints.insert(key.0, ckpt.as_str());
+            checkpoints.insert(key.0, ckpt);
         }
-        match &report.status {
-            WorkerStatus::Running => {
-                if state == "assigned" {
-                    started.push(key);
-                    touched.insert(key.0);
-                }
+        let WorkerStatus::Exited {
+            exit_code,
+            signal,
+            message,
+        } = &report.status
+        else {
+            if change_of(report, state) == Change::Started {
+                started.push(key);
+                touched.insert(key.0);
             }
-            WorkerStatus::Exited {
-                exit_code,
-                signal,
-                message,
-            } => {
-                if report.fenced && matches!(state.as_str(), "assigned" | "running") {
-                    // Its agent lost us for longer than its lease and
-                    // stopped it (after a checkpoint): the job moves as if
-                    // the node had been lost — the rest of the gang
-                    // checkpoints, the job requeues at the front. Once per
-                    // job, however many of its workers fenced.
-                    if fenced.insert(key.0) {
-                        flush(tx, &mut checkpoints, &mut started, &mut ended).await?;
-                        let by = super::jobs::PreemptBy::Node {
-                            cause: "fenced",
-                            node: node_id,
-                            why: "its agent lost the region for longer than its lease and stopped its workers",
-                        };
-                        super::jobs::preempt_in_tx(tx, key.0, &by).await?;
-                        metrics::counter!("gangway_preemptions_total", "cause" => "fenced")
-                            .increment(1);
-                    }
-                    ended.push(
-                        key,
-                        "preempted",
-                        None,
-                        None,
-                        "preempted: its agent fenced".to_string(),
-                        last_heard,
-                    );
-                    freed = true;
-                    touched.insert(key.0);
-                    continue;
+            continue;
+        };
+        // A worker its agent stopped on its own ran until about the
+        // agent's last sync, whatever we asked of it since.
+        let until = if report.fenced { last_heard } else { None };
+        match change_of(report, state) {
+            Change::Nothing | Change::Started => continue,
+            Change::Fenced => {
+                // Its agent lost us for longer than its lease and stopped
+                // it (after a checkpoint): the job moves as if the node had
+                // been lost — the rest of the gang checkpoints, the job
+                // requeues at the front. Once per job, however many of its
+                // workers fenced.
+                if fenced.insert(key.0) {
+                    flush(tx, &mut checkpoints, &mut started, &mut ended).await?;
+                    let by = super::jobs::PreemptBy::Node {
+                        cause: "fenced",
+                        node: node_id,
+                        why: "its agent lost the region for longer than its lease and stopped its workers",
+                    };
+                    super::jobs::preempt_in_tx(tx, key.0, &by).await?;
+                    metrics::counter!("gangway_preemptions_total", "cause" => "fenced")
+                        .increment(1);
                 }
-                // A worker its agent stopped on its own ran until about
-                // the agent's last sync, whatever we asked of it since.
-                let until = if report.fenced { last_heard } else { None };
-                if state == "checkpointing" {
-                    // Preempted, and down now: back to pending (a
-                    // preemption storm ends hundreds at once).
-                    let why = message.as_deref().unwrap_or("stopped");
-                    ended.push(
-                        key,
-                        "preempted",
-                        None,
-                        None,
-                        format!("preempted: {why}"),
-                        until,
-                    );
-                    freed = true;
-                    touched.insert(key.0);
-                    continue;
-                }
-                if !matches!(state.as_str(), "assigned" | "running" | "stopping") {
-                    continue; // already recorded
-                }
-                let outcome = if state == "stopping" {
-                    "cancelled"
-                } else if *exit_code == Some(0) {
-                    "succeeded"
-                } else {
-                    "failed"
-                };
+                let why = "preempted: its agent fenced".to_string();
+                ended.push(key, "preempted", None, None, why, last_heard);
+            }
+            Change::Preempted => {
+                // Preempted, and down now: back to pending (a preemption
+                // storm ends hundreds at once).
+                let why = message.as_deref().unwrap_or("stopped");
+                let why = format!("preempted: {why}");
+                ended.push(key, "preempted", None, None, why, until);
+            }
+            Change::Ended(outcome) => {
                 let message = message
                     .clone()
                     .unwrap_or_else(|| match (exit_code, signal) {
@@ -614,10 +774,10 @@ async fn apply_reports(
                     .await?;
                 }
                 ended.push(key, outcome, *exit_code, *signal, message, until);
-                freed = true;
-                touched.insert(key.0);
             }
         }
+        freed = true;
+        touched.insert(key.0);
     }
     flush(tx, &mut checkpoints, &mut started, &mut ended).await?;
     if !fenced.is_empty() {
@@ -758,13 +918,15 @@ pub struct StopTiming {
 }
 
 async fn load_assignments(
-    tx: &Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     agent_id: &str,
     timing: StopTiming,
 ) -> Result<Vec<Assignment>> {
     let rows = tx
         .query(
-            "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
+            &super::cached(
+                tx,
+                "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
                     w.local_rank, coalesce(j.run_workers, j.workers) AS world_size,
                     j.mode::text AS mode, j.spec, j.restore_from, j.epoch, j.tenant,
                     n.address, m.address AS master_addr,
@@ -779,6 +941,8 @@ async fn load_assignments(
              WHERE n.agent_id = $1
                AND w.state IN ('assigned', 'running', 'checkpointing', 'stopping')
              ORDER BY w.job_id, w.rank",
+            )
+            .await?,
             &[&agent_id],
         )
         .await?;

@@ -399,6 +399,19 @@ pub struct Store {
     /// How long an agent that stopped syncing still holds its nodes
     /// against another claimant (its lease).
     claim_lease: Duration,
+    /// Agents heard by quiet syncs, their liveness written together
+    /// (`agents.rs`).
+    liveness: Arc<agents::Liveness>,
+}
+
+/// `sql` prepared once per connection (deadpool's statement cache), for
+/// the statements a region runs many times a second (an agent's sync):
+/// PostgreSQL parses and plans it once, and each use is one round trip.
+pub(super) async fn cached(
+    tx: &deadpool_postgres::Transaction<'_>,
+    sql: &str,
+) -> Result<tokio_postgres::Statement> {
+    Ok(tx.prepare_cached(sql).await?)
 }
 
 impl Store {
@@ -439,6 +452,7 @@ impl Store {
             checkpoint_deadline_s: 120,
             replicating: false,
             claim_lease: Duration::from_secs(60),
+            liveness: Arc::default(),
         })
     }
 

@@ -699,61 +699,40 @@ pub(super) fn effective_boot(reported: &str, sim_reboots: i32) -> String {
     }
 }
 
-/// Feeds one agent's sync into its nodes' health: a heartbeat (refreshed
-/// every third of the suspect limit, or at once on a new boot id or with
-/// signals) and the signals reported, then reconciles each node touched.
-/// A node the sync does not report is heard from on `default_boot`, or,
-/// with `keep_boot` (registration), on the boot it last reported. The
-/// caller holds the agent's row lock.
+/// A first look at an agent's nodes for a sync, without locks: which have
+/// something to record ([`NodesLook::due`]: a heartbeat older than a third
+/// of the suspect limit, a new boot id, signals; every node with
+/// `keep_boot`), so that a large fleet's every-second sync writes little
+/// and a quiet one writes nothing.
 ///
 /// `named`: the nodes the request names (reports, checkpoints). One the
 /// agent does not serve refuses the whole sync (`wrong_agent`) before
 /// anything is written.
-///
-/// What it costs is what changed: one read of the agent's nodes; then only
-/// nodes with something to record are locked, and their heartbeats and
-/// what those change are written in a few statements whatever their
-/// number ([`NodeWrites`]); only actions (evacuating, losing jobs) go node
-/// by node.
-pub(super) async fn observe_sync(
-    tx: &Transaction<'_>,
+pub(super) async fn look_at_nodes(
+    tx: &deadpool_postgres::Transaction<'_>,
     ctx: &HealthContext,
     agent_id: &str,
     default_boot: &str,
     reports: &[NodeReport],
     named: &[&str],
     keep_boot: bool,
-) -> Result<NodesOutcome> {
+) -> Result<NodesLook> {
     let by_node: BTreeMap<&str, &NodeReport> =
         reports.iter().map(|r| (r.node_id.as_str(), r)).collect();
     // Often enough that the recorded heartbeat is never taken for silence.
-    let refresh = (ctx.policy.suspect_after_s / 3) as i64;
-    // What each node's heartbeat would be now: (reported boot, effective
-    // boot), or `None` for a node that says nothing (simulated dead or
-    // silent).
-    let boot_of = |node_id: &str, stored: Option<&str>, sim_reboots: i32, quiet: bool| {
-        if quiet {
-            return None;
-        }
-        let unreported = stored.filter(|_| keep_boot).unwrap_or(default_boot);
-        let reported = by_node
-            .get(node_id)
-            .map_or(unreported, |r| r.boot_id.as_str())
-            .to_string();
-        let effective = effective_boot(&reported, sim_reboots);
-        Some((reported, effective))
-    };
-    // A light look first: only nodes with something to record (a stale
-    // heartbeat, a new boot, signals) are locked and loaded, so a large
-    // fleet's every-second sync writes little.
+    let refresh = heartbeat_refresh_s(&ctx.policy) as i64;
     let light = tx
         .query(
-            "SELECT node_id, boot_id, sim_reboots, sim_down,
-                    extract(epoch FROM silent_until)::bigint AS silent_until_s,
-                    extract(epoch FROM last_heartbeat_at)::bigint AS last_heartbeat_s,
-                    health->>'boot_id' AS health_boot,
-                    floor(extract(epoch FROM now()))::bigint AS now_s
-             FROM nodes WHERE agent_id = $1",
+            &super::cached(
+                tx,
+                "SELECT node_id, boot_id, sim_reboots, sim_down,
+                        extract(epoch FROM silent_until)::bigint AS silent_until_s,
+                        extract(epoch FROM last_heartbeat_at)::bigint AS last_heartbeat_s,
+                        health->>'boot_id' AS health_boot,
+                        floor(extract(epoch FROM now()))::bigint AS now_s
+                 FROM nodes WHERE agent_id = $1",
+            )
+            .await?,
             &[&agent_id],
         )
         .await?;
@@ -767,20 +746,25 @@ pub(super) async fn observe_sync(
             ),
         });
     }
-    let Some(now) = light
-        .first()
-        .map(|r| r.get::<_, i64>("now_s").max(0) as u64)
-    else {
-        return Ok(NodesOutcome::default());
+    let mut look = NodesLook {
+        now: light
+            .first()
+            .map(|r| r.get::<_, i64>("now_s").max(0) as u64),
+        due: Vec::new(),
     };
-    let mut due: Vec<String> = Vec::new();
+    let Some(now) = look.now else {
+        return Ok(look);
+    };
     for row in &light {
         let node_id: String = row.get("node_id");
         let quiet = row.get::<_, bool>("sim_down")
             || row
                 .get::<_, Option<i64>>("silent_until_s")
                 .is_some_and(|t| t > now as i64);
-        let Some((_, boot)) = boot_of(
+        let Some((_, boot)) = heard_boot(
+            &by_node,
+            default_boot,
+            keep_boot,
             &node_id,
             row.get::<_, Option<String>>("boot_id").as_deref(),
             row.get("sim_reboots"),
@@ -796,13 +780,80 @@ pub(super) async fn observe_sync(
             .get(node_id.as_str())
             .is_some_and(|r| !r.signals.is_empty());
         if stale || new_boot || signals || keep_boot {
-            due.push(node_id);
+            look.due.push(node_id);
         }
     }
+    look.due.sort();
+    Ok(look)
+}
+
+/// What [`look_at_nodes`] found.
+#[derive(Debug, Default)]
+pub(super) struct NodesLook {
+    /// The database's clock (whole seconds); `None` if the agent serves no
+    /// node.
+    now: Option<u64>,
+    /// The nodes with something to record, by id.
+    pub due: Vec<String>,
+}
+
+/// How often a node's (and its agent's) heartbeat is written at most: a
+/// third of the suspect limit, so that the recorded one is never taken for
+/// silence.
+pub(super) fn heartbeat_refresh_s(policy: &HealthPolicy) -> u64 {
+    (policy.suspect_after_s / 3).max(1)
+}
+
+/// What a node's heartbeat would be now, heard through its agent's sync:
+/// (reported boot, effective boot), or `None` for a node that says nothing
+/// (simulated dead or silent). A node the sync does not report is heard
+/// from on `default_boot`, or, with `keep_boot` (registration), on the boot
+/// it last reported.
+fn heard_boot(
+    by_node: &BTreeMap<&str, &NodeReport>,
+    default_boot: &str,
+    keep_boot: bool,
+    node_id: &str,
+    stored: Option<&str>,
+    sim_reboots: i32,
+    quiet: bool,
+) -> Option<(String, String)> {
+    if quiet {
+        return None;
+    }
+    let unreported = stored.filter(|_| keep_boot).unwrap_or(default_boot);
+    let reported = by_node
+        .get(node_id)
+        .map_or(unreported, |r| r.boot_id.as_str())
+        .to_string();
+    let effective = effective_boot(&reported, sim_reboots);
+    Some((reported, effective))
+}
+
+/// Feeds one agent's sync into its nodes' health, for the nodes
+/// [`look_at_nodes`] found due: a heartbeat and the signals reported, then
+/// reconciles each. The caller holds the agent's row lock.
+///
+/// What it costs is what changed: only the due nodes are locked, and their
+/// heartbeats and what those change are written in a few statements
+/// whatever their number ([`NodeWrites`]); only actions (evacuating,
+/// losing jobs) go node by node.
+pub(super) async fn observe_sync(
+    tx: &Transaction<'_>,
+    ctx: &HealthContext,
+    default_boot: &str,
+    reports: &[NodeReport],
+    keep_boot: bool,
+    look: NodesLook,
+) -> Result<NodesOutcome> {
+    let by_node: BTreeMap<&str, &NodeReport> =
+        reports.iter().map(|r| (r.node_id.as_str(), r)).collect();
+    let (Some(now), due) = (look.now, look.due) else {
+        return Ok(NodesOutcome::default());
+    };
     if due.is_empty() {
         return Ok(NodesOutcome::default());
     }
-    due.sort();
     let rows = tx
         .query(
             &format!(
@@ -820,7 +871,10 @@ pub(super) async fn observe_sync(
     for row in &rows {
         let mut node = NodeRow::from_row(row);
         let quiet = node.sim_down || node.silent_until_s.is_some_and(|t| t > now as i64);
-        let Some((reported_boot, boot)) = boot_of(
+        let Some((reported_boot, boot)) = heard_boot(
+            &by_node,
+            default_boot,
+            keep_boot,
             &node.node_id,
             node.boot_id.as_deref(),
             node.sim_reboots,
@@ -913,7 +967,11 @@ impl Store {
             .get(0);
         let now = match rows.first() {
             Some(r) => r.get::<_, i64>("now_s").max(0) as u64,
-            None => return Ok(NodesOutcome::default()),
+            None => {
+                // Every node healthy and heard from: no silence, mass or not.
+                (self.mass_silence).store(false, std::sync::atomic::Ordering::Relaxed);
+                return Ok(NodesOutcome::default());
+            }
         };
         // Decide on the snapshot. First, silence: how widespread it is, and
         // which nodes it would newly lose (longest silent first).
@@ -943,6 +1001,14 @@ impl Store {
             verdict == gangway_health::SilenceVerdict::Hold,
             std::sync::atomic::Ordering::Relaxed,
         );
+        // A mass silence is not the machines' doing: it does not count
+        // towards their flap damping.
+        let excuse = verdict == gangway_health::SilenceVerdict::Hold;
+        if excuse {
+            for (node, _) in &mut nodes {
+                node.health.excuse_silence(policy, now);
+            }
+        }
         let release = match verdict {
             gangway_health::SilenceVerdict::Hold => 0,
             gangway_health::SilenceVerdict::Lose { .. } if was_mass => {
@@ -1037,6 +1103,9 @@ impl Store {
             let mut node = NodeRow::from_row(&row);
             node.hold_silence = *hold_silence;
             node.health.tick(policy, now);
+            if excuse {
+                node.health.excuse_silence(policy, now);
+            }
             out.absorb(reconcile_node(&tx, ctx, now, &mut node, &[]).await?);
             tx.commit().await?;
         }

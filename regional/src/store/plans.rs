@@ -1106,6 +1106,41 @@ impl Store {
         Ok(conn.query_one(&version, &[]).await?.get(0))
     }
 
+    /// Whether a pass over the partition (`key`: a GPU type's shared pool
+    /// or a cluster's) could do anything: a job's workers wait to be
+    /// placed (the queue a snapshot reads), or an elastic gang runs below
+    /// its maximum (it may grow). The planner acts on nothing else: with
+    /// neither, its plan is empty whatever the fleet, so the pass loop need
+    /// not read the fleet (`scheduler::partition_loop`). Two indexed
+    /// lookups, whatever the fleet's size.
+    pub async fn partition_has_work(&self, key: &str) -> Result<bool> {
+        let conn = self.conn().await?;
+        let cluster = super::clusters::cluster_of_key(key);
+        let gpu_type = cluster.is_none().then_some(key);
+        let row = conn
+            .query_one(
+                &conn
+                    .prepare_cached(
+                        "SELECT EXISTS (
+                            SELECT 1 FROM workers w JOIN jobs j ON j.job_id = w.job_id
+                            WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
+                              AND j.run_workers IS NULL AND ($1::text IS NULL OR j.gpu_type = $1)
+                              AND j.cluster_id IS NOT DISTINCT FROM $2
+                              AND NOT j.awaits_buddy AND j.handover_to IS NULL)
+                         OR EXISTS (
+                            SELECT 1 FROM jobs j
+                            WHERE j.state IN ('starting', 'running') AND j.mode = 'gang'
+                              AND j.min_workers < j.workers AND j.run_workers < j.workers
+                              AND ($1::text IS NULL OR j.gpu_type = $1)
+                              AND j.cluster_id IS NOT DISTINCT FROM $2)",
+                    )
+                    .await?,
+                &[&gpu_type, &cluster],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
     /// The region's non-spare nodes by scheduling partition (a GPU type's
     /// shared pool, or a dedicated cluster's `clusters::pool_key`), for
     /// validating that a job could ever fit and for the scheduler's pass
@@ -1171,27 +1206,36 @@ impl Store {
         // Per type and rack, so that a rack's power budget can cap what is
         // free there. A rack reporting thermal throttling takes no new
         // work: its GPUs are neither schedulable nor free.
+        // Node by node, not GPU by GPU (a node's usable GPUs are an array):
+        // `open` is a node that may take new work at all; its free GPUs are
+        // the usable ones no live allocation holds.
         let rows = conn
             .query(
-                "SELECT n.gpu_type, n.leaf,
-                        count(DISTINCT n.node_id) AS nodes,
-                        count(*) FILTER (WHERE NOT n.spare AND g.gpu_index = ANY(n.usable)
-                            AND a.last_sync_at > now() - make_interval(secs => $1)
-                            AND NOT t.throttled AND n.cluster_id IS NULL) AS schedulable,
-                        count(al.alloc_id) AS allocated,
-                        count(*) FILTER (WHERE NOT n.spare AND g.gpu_index = ANY(n.usable)
-                            AND a.last_sync_at > now() - make_interval(secs => $1)
-                            AND NOT t.throttled AND n.cluster_id IS NULL
-                            AND al.alloc_id IS NULL) AS free,
-                        count(*) FILTER (WHERE n.spare) AS spare
-                 FROM nodes n
-                 JOIN agents a ON a.agent_id = n.agent_id
-                 JOIN gpus g ON g.node_id = n.node_id
-                 JOIN (SELECT leaf, bool_or(rack_throttled) AS throttled FROM nodes GROUP BY leaf) t
-                      ON t.leaf = n.leaf
-                 LEFT JOIN allocations al ON al.node_id = g.node_id
-                      AND al.gpu_index = g.gpu_index AND al.released_at IS NULL
-                 GROUP BY n.gpu_type, n.leaf ORDER BY n.gpu_type, n.leaf",
+                &conn
+                    .prepare_cached(
+                        "SELECT n.gpu_type, n.leaf, count(*) AS nodes,
+                                coalesce(sum(cardinality(n.usable)) FILTER (WHERE o.open), 0)::bigint
+                                    AS schedulable,
+                                coalesce(sum(l.taken), 0)::bigint AS allocated,
+                                coalesce(sum(cardinality(n.usable) - cardinality(array(
+                                        SELECT unnest(l.held) INTERSECT SELECT unnest(n.usable))))
+                                    FILTER (WHERE o.open), 0)::bigint AS free,
+                                coalesce(sum((SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id))
+                                    FILTER (WHERE n.spare), 0)::bigint AS spare
+                         FROM nodes n
+                         JOIN agents a ON a.agent_id = n.agent_id
+                         JOIN (SELECT leaf, bool_or(rack_throttled) AS throttled
+                               FROM nodes GROUP BY leaf) t ON t.leaf = n.leaf
+                         LEFT JOIN (SELECT node_id, count(*) AS taken, array_agg(gpu_index) AS held
+                                    FROM allocations WHERE released_at IS NULL
+                                    GROUP BY node_id) l ON l.node_id = n.node_id
+                         CROSS JOIN LATERAL (
+                             SELECT NOT n.spare AND NOT t.throttled AND n.cluster_id IS NULL
+                                    AND a.last_sync_at > now() - make_interval(secs => $1) AS open
+                         ) o
+                         GROUP BY n.gpu_type, n.leaf ORDER BY n.gpu_type, n.leaf",
+                    )
+                    .await?,
                 &[&timeout_s],
             )
             .await?;
