@@ -259,7 +259,7 @@ impl Agent {
                     // Sync early when a worker exits, so the region hears
                     // of it within one round trip rather than one interval.
                     tokio::select! {
-                        _ = sleep(interval) => {}
+                        _ = sleep(jittered(interval)) => {}
                         _ = self.exited.notified() => {}
                         _ = shutdown.cancelled() => return,
                     }
@@ -383,3 +383,16 @@ impl Agent {
 
 #[cfg(test)]
 mod tests;
+
+/// `interval`, give or take a tenth at random: agents started together
+/// (a rack powered on, a region restarted) do not keep syncing in step,
+/// which would make a region's syncs, and the heartbeats they write,
+/// arrive in bursts.
+fn jittered(interval: Duration) -> Duration {
+    let tenth = interval.as_micros() as u64 / 10;
+    if tenth == 0 {
+        return interval;
+    }
+    let draw = (uuid::Uuid::new_v4().as_u128() as u64) % (2 * tenth);
+    interval - Duration::from_micros(tenth) + Duration::from_micros(draw)
+}

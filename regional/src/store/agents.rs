@@ -408,8 +408,11 @@ impl Store {
         self.conn()
             .await?
             .execute(
+                // An agent whose row is locked is in a sync that writes
+                // it: passed over, not waited for.
                 "UPDATE agents SET last_sync_at = greatest(last_sync_at, now())
-                 WHERE agent_id = ANY($1)",
+                 WHERE agent_id IN (SELECT agent_id FROM agents WHERE agent_id = ANY($1)
+                                    ORDER BY agent_id FOR UPDATE SKIP LOCKED)",
                 &[&ids],
             )
             .await?;

@@ -757,3 +757,15 @@ async fn a_restart_fetches_its_checkpoint_verified_and_a_bad_one_fails_the_start
     };
     assert!(message.contains("never committed"), "{message}");
 }
+
+#[test]
+fn sync_intervals_are_spread_by_a_tenth_either_way() {
+    let interval = Duration::from_secs(1);
+    let draws: Vec<Duration> = (0..200).map(|_| super::jittered(interval)).collect();
+    let (lo, hi) = (Duration::from_millis(900), Duration::from_millis(1100));
+    assert!(draws.iter().all(|d| (lo..hi).contains(d)), "{draws:?}");
+    // Spread, not one value: agents started together drift apart.
+    let (min, max) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
+    assert!(*max - *min > Duration::from_millis(100), "{min:?}..{max:?}");
+    assert_eq!(super::jittered(Duration::ZERO), Duration::ZERO);
+}
