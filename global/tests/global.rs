@@ -248,6 +248,56 @@ async fn a_keyed_create_makes_one_job_however_it_is_retried() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_every_region_sheds_load_a_create_is_told_when_to_retry_and_nothing_is_lost() {
+    let cloud = Cloud::start().await;
+    let http = cloud.http();
+    let token = cloud.token("acme");
+    let post = |key: &str| {
+        http.post(format!("{}/v1/jobs", cloud.globals[0]))
+            .bearer_auth(&token)
+            .header("idempotency-key", key)
+            .json(&spec(4))
+            .send()
+    };
+    // Both regions overloaded: every turn for sheddable work taken (as by
+    // a flood of submissions that each hold a database connection).
+    let mut held = Vec::new();
+    for state in &cloud.states {
+        let turns = state.sheddable.available_permits() as u32;
+        held.push(
+            state
+                .sheddable
+                .clone()
+                .acquire_many_owned(turns)
+                .await
+                .unwrap(),
+        );
+    }
+    // A keyed create: 503 `overloaded` with the regions' Retry-After, not
+    // `no_region_available`, and the regions are not taken for dead.
+    let refused = post("k-shed").await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("2")
+    );
+    assert_eq!(code_of(refused).await.1, "overloaded");
+    let regions = cloud.client(0, "acme").regions().await.unwrap();
+    assert!(regions.regions.iter().all(|r| r.healthy), "{regions:?}");
+    // Once the load is gone, the retry with the same key makes the job,
+    // once.
+    drop(held);
+    let made = post("k-shed").await.unwrap();
+    assert_eq!(made.status(), StatusCode::CREATED);
+    let made: Job = made.json().await.unwrap();
+    let again: Job = post("k-shed").await.unwrap().json().await.unwrap();
+    assert_eq!(again.id, made.id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_its_rate_limit_a_tenant_gets_429_and_others_do_not_notice() {
     let cloud = Cloud::start().await;
     let http = cloud.http();

@@ -62,15 +62,18 @@ struct Claim {
 /// Settles which region a keyed create goes to: the first region in the
 /// job's rendezvous order that answers records the choice (or tells us an
 /// earlier one), so concurrent first attempts through different replicas
-/// agree on one region.
+/// agree on one region. When none does and one of them was shedding load,
+/// its `503 overloaded` and `Retry-After` are the answer (the client
+/// retries with the same key), not `no_region_available`.
 pub(super) async fn claim(
     state: &GlobalState,
     job_id: Uuid,
     tenant: &str,
     chosen: &str,
     order: &[&str],
-) -> Result<String, ApiError> {
+) -> Result<String, Response> {
     let mut last_error = None;
+    let mut overloaded = None;
     for name in order {
         let Some(region) = state.regions.get(name) else {
             continue;
@@ -101,12 +104,20 @@ pub(super) async fn claim(
                         codes::REGION_UNAVAILABLE,
                         format!("region {name} answered a claim with {e}"),
                     )
+                    .into_response()
                 })?;
                 return Ok(claim.region);
+            }
+            Ok(a) if a.retry_after.is_some() => {
+                last_error = Some(format!("region {name} is overloaded"));
+                overloaded = Some(a);
             }
             Ok(a) => last_error = Some(format!("region {name} refused the claim ({})", a.status)),
             Err(e) => last_error = Some(e.to_string()),
         }
+    }
+    if let Some(answer) = overloaded {
+        return Err(relay(answer));
     }
     Err(ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -115,7 +126,8 @@ pub(super) async fn claim(
             "no region could record where this job goes ({}); retry with the same Idempotency-Key",
             last_error.unwrap_or_else(|| "none healthy".into())
         ),
-    ))
+    )
+    .into_response())
 }
 
 /// Submit a job
@@ -195,7 +207,10 @@ pub async fn create(
     let target = match &key {
         Some(_) => {
             let order = rendezvous(job_id, candidates.iter().map(|r| r.name.as_str()));
-            claim(&state, job_id, &tenant, &chosen, &order).await?
+            match claim(&state, job_id, &tenant, &chosen, &order).await {
+                Ok(region) => region,
+                Err(refusal) => return Ok(refusal),
+            }
         }
         None => chosen,
     };

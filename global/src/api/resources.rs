@@ -136,7 +136,10 @@ pub(super) async fn create<R: Resource>(
             .map(|r| r.name.as_str())
             .collect();
         let order = rendezvous(id, healthy);
-        let claimed = claim(state, id, tenant, &region.name, &order).await?;
+        let claimed = match claim(state, id, tenant, &region.name, &order).await {
+            Ok(claimed) => claimed,
+            Err(refusal) => return Ok(refusal),
+        };
         if claimed != region.name {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

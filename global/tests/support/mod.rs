@@ -22,6 +22,8 @@ pub struct Cloud {
     pub auth: DevMaterial,
     pub ca: Vec<u8>,
     pub regions: Vec<(String, String, CancellationToken)>,
+    /// The regions' own states (to overload one, say), in `regions`' order.
+    pub states: Vec<AppState>,
     pub globals: Vec<String>,
     pub config: GlobalConfig,
     _dir: tempfile::TempDir,
@@ -74,6 +76,7 @@ impl Cloud {
         .unwrap();
         let shutdown = CancellationToken::new();
         let mut regions = Vec::new();
+        let mut states = Vec::new();
         for name in ["r1", "r2"] {
             let db = gangway_devkit::fresh_database(&format!("global_{name}")).await;
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -94,6 +97,7 @@ impl Cloud {
             state.store.admit_as_registered(&req).await.unwrap();
             state.store.register_agent(&req).await.unwrap();
             let token = CancellationToken::new();
+            states.push(state.clone());
             tokio::spawn(gangway_regional::serve_on(listener, state, token.clone()));
             regions.push((name.to_string(), format!("http://{addr}"), token));
         }
@@ -136,6 +140,7 @@ impl Cloud {
             auth,
             ca,
             regions,
+            states,
             globals,
             config,
             _dir: dir,
