@@ -27,6 +27,9 @@ struct View {
     last_ok: Option<Instant>,
     last_error: Option<String>,
     status: Option<RegionStatus>,
+    /// GPUs of each type this replica has sent the region new jobs for
+    /// since `status` was read: not in its backlog yet, but they will be.
+    routed: std::collections::BTreeMap<String, u32>,
 }
 
 pub struct Region {
@@ -288,6 +291,7 @@ impl Region {
         v.last_error = None;
         if status.is_some() {
             v.status = status;
+            v.routed.clear();
         }
     }
 
@@ -311,15 +315,28 @@ impl Region {
         v.status.as_ref().is_some_and(|s| s.evacuating)
     }
 
-    /// (free, schedulable) GPUs of `gpu_type` as last seen.
-    pub fn capacity(&self, gpu_type: &str) -> Option<(u32, u32)> {
+    /// Its capacity of `gpu_type` as last seen, with what this replica
+    /// has sent it since in its backlog.
+    pub fn capacity(&self, gpu_type: &str) -> Option<crate::routing::Capacity> {
         let v = self.view.lock().expect("view lock");
+        let routed = v.routed.get(gpu_type).copied().unwrap_or(0);
         v.status.as_ref().and_then(|s| {
             s.capacity
                 .iter()
                 .find(|c| c.gpu_type == gpu_type)
-                .map(|c| (c.free, c.schedulable))
+                .map(|c| crate::routing::Capacity {
+                    free: c.free,
+                    schedulable: c.schedulable,
+                    backlog: c.queued.saturating_add(routed),
+                })
         })
+    }
+
+    /// A new job of `gpus` GPUs of `gpu_type` was sent to it (counted in
+    /// its backlog until its next status, which has it).
+    pub fn note_routed(&self, gpu_type: &str, gpus: u32) {
+        let mut v = self.view.lock().expect("view lock");
+        *v.routed.entry(gpu_type.to_string()).or_default() += gpus;
     }
 }
 

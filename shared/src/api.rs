@@ -585,6 +585,11 @@ pub struct GpuTypeCapacity {
     pub free: u32,
     /// GPUs on spare nodes (held back for replacements).
     pub spare: u32,
+    /// GPUs asked by the shared pool's jobs of this type waiting to be
+    /// placed (`queued`): the backlog the global tier weighs when no
+    /// region has room for a new job.
+    #[serde(default)]
+    pub queued: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -258,6 +258,9 @@ pub async fn create(
         }
     }
     let answer = answer.map_err(|e| unavailable(&e))?;
+    if answer.status == StatusCode::CREATED && !answer.replayed {
+        region.note_routed(&spec.gpu_type, spec.gpus.max(0) as u32);
+    }
     metrics::counter!("gangway_global_creates_total", "status" => answer.status.as_str().to_string())
         .increment(1);
     Ok(relay(answer))

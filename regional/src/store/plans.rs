@@ -1259,6 +1259,7 @@ impl Store {
                     allocated: 0,
                     free: 0,
                     spare: 0,
+                    queued: 0,
                 });
             }
             let c = caps.last_mut().expect("just pushed");
@@ -1267,6 +1268,20 @@ impl Store {
             c.allocated += n(r, "allocated");
             c.free += free;
             c.spare += n(r, "spare");
+        }
+        // The shared pools' backlog, by type (`jobs_active`).
+        for r in conn
+            .query(
+                "SELECT gpu_type, sum(gpus)::bigint FROM jobs
+                 WHERE state = 'queued' AND cluster_id IS NULL GROUP BY gpu_type",
+                &[],
+            )
+            .await?
+        {
+            let ty: String = r.get(0);
+            if let Some(c) = caps.iter_mut().find(|c| c.gpu_type == ty) {
+                c.queued = u32::try_from(r.get::<_, i64>(1)).unwrap_or(u32::MAX);
+            }
         }
         let counts = conn
             .query_one(
