@@ -89,12 +89,15 @@ placed_at=""
 worst_unhealthy=0
 fenced_seen=0
 min_alloc_waiting=100
+min_alloc_fits=100
+min_fleet_waiting=100
 printf '%6s  %-10s %9s %14s %7s %8s %7s %9s %6s %14s\n' t region unhealthy "allocated" queued starting running finished fenced "sync p50/p99"
 while :; do
     now=$(date +%s)
     t=$((now - START))
     left=0
     queued_total=0
+    fleet_alloc=0 fleet_sched=0 fleet_waiting=0
     for r in "${REGIONS[@]}"; do
         read -r unhealthy <<<"$(psql_of "$r" "SELECT count(*) FROM nodes WHERE observed <> 'healthy'")"
         read -r alloc sched <<<"$(psql_of "$r" "SELECT (SELECT count(*) FROM allocations WHERE released_at IS NULL),
@@ -107,7 +110,7 @@ while :; do
         read -r qold qsizes <<<"$(psql_of "$r" "SELECT count(*), coalesce(string_agg(gpus::text, ',' ORDER BY gpus DESC), '-')
             FROM jobs WHERE name = 'loadgen' AND state = 'queued' AND created_at < now() - interval '10 s'")"
         metrics_of "$r" >"$TMP/$r.now"
-        fenced=$(grep -E '^gangway_region_fenced ' "$TMP/$r.now" | awk '{print $2}')
+        fenced=$(grep -E '^gangway_region_fenced ' "$TMP/$r.now" | awk '{print $2}' || true)
         p50=$(quantile gangway_sync_seconds 0.5 "$TMP/$r.prev" "$TMP/$r.now")
         p99=$(quantile gangway_sync_seconds 0.99 "$TMP/$r.prev" "$TMP/$r.now")
         mv "$TMP/$r.now" "$TMP/$r.prev"
@@ -120,10 +123,22 @@ while :; do
             p=${pct%.*}
             [ "$p" -lt "$min_alloc_waiting" ] && [ "$t" -gt 60 ] && min_alloc_waiting=$p
             [ "$p" -lt 95 ] && echo "        $r: ${qold} job(s) waiting over 10 s at ${pct} % allocated, GPUs asked: ${qsizes:0:60}"
+            # Of those, one that would fit in the GPUs free now: the
+            # scheduler's doing, not a gang waiting for racks to drain.
+            smallest=${qsizes##*,}
+            if [ "$smallest" != "-" ] && [ "$smallest" -le $((sched - alloc)) ]; then
+                [ "$p" -lt "$min_alloc_fits" ] && [ "$t" -gt 60 ] && min_alloc_fits=$p
+            fi
         fi
+        fleet_alloc=$((fleet_alloc + alloc)) fleet_sched=$((fleet_sched + sched))
+        fleet_waiting=$((fleet_waiting + ${qold:-0}))
         left=$((left + q + s + run))
         queued_total=$((queued_total + q))
     done
+    if [ "$fleet_waiting" -gt 0 ] && [ "$t" -gt 60 ]; then
+        fp=$((100 * fleet_alloc / fleet_sched))
+        [ "$fp" -lt "$min_fleet_waiting" ] && min_fleet_waiting=$fp
+    fi
     if [ -z "$placed_at" ] && [ "$queued_total" -eq 0 ] && [ "$now" -gt "$SUBMITTED" ]; then
         placed_at=$t
     fi
@@ -136,6 +151,8 @@ echo
 echo "all placed after: ${placed_at:-never} s; all finished after: $((END - START)) s"
 echo "most nodes not healthy at once (one region): $worst_unhealthy; a region fenced: $([ $fenced_seen = 1 ] && echo yes || echo no)"
 echo "lowest allocation while jobs waited over 10 s (after the first minute): ${min_alloc_waiting} %"
+echo "lowest allocation while a job that fits in the free GPUs waited over 10 s: ${min_alloc_fits} %"
+echo "lowest allocation of the whole fleet while jobs waited over 10 s anywhere: ${min_fleet_waiting} %"
 for r in "${REGIONS[@]}"; do
     metrics_of "$r" >"$TMP/$r.end"
     echo "$r: sync p50 $(quantile gangway_sync_seconds 0.5 "$TMP/$r.start" "$TMP/$r.end")" \

@@ -30,6 +30,8 @@ struct View {
     /// GPUs of each type this replica has sent the region new jobs for
     /// since `status` was read: not in its backlog yet, but they will be.
     routed: std::collections::BTreeMap<String, u32>,
+    /// Its last status poll found it overloaded or slow, not failed.
+    busy: bool,
 }
 
 pub struct Region {
@@ -55,6 +57,9 @@ pub struct Answer {
 pub struct Unreachable {
     pub region: String,
     pub reason: String,
+    /// The region took the connection but did not answer in time: slow,
+    /// not shown dead (its health window decides).
+    pub slow: bool,
 }
 
 pub struct Regions {
@@ -208,6 +213,7 @@ impl Regions {
         let unreachable = |e: reqwest::Error| Unreachable {
             region: region.name.clone(),
             reason: e.to_string(),
+            slow: e.is_timeout() && !e.is_connect(),
         };
         let resp = req.send().await.map_err(unreachable)?;
         let status =
@@ -278,6 +284,14 @@ impl Regions {
                     Err(e) => region.mark_failed(format!("bad status document: {e}")),
                 }
             }
+            // Overloaded (503 with Retry-After) or slow to answer: busy,
+            // not dead. It stays as healthy as it was; if it stays that
+            // way, it ages out after `unhealthy_after` without an answer.
+            Ok(a) if a.retry_after.is_some() => region.mark_busy(),
+            Err(e) if e.slow => {
+                tracing::debug!(region = %region.name, reason = %e.reason, "status poll timed out");
+                region.mark_busy();
+            }
             Ok(a) => region.mark_failed(format!("status answered {}", a.status)),
             Err(e) => region.mark_failed(e.reason),
         }
@@ -289,15 +303,27 @@ impl Region {
         let mut v = self.view.lock().expect("view lock");
         v.last_ok = Some(Instant::now());
         v.last_error = None;
+        v.busy = false;
         if status.is_some() {
             v.status = status;
             v.routed.clear();
         }
     }
 
+    fn mark_busy(&self) {
+        self.view.lock().expect("view lock").busy = true;
+    }
+
+    /// Overloaded or slow at its last status poll (not failed): a client
+    /// should retry rather than be told no region is available.
+    pub fn is_busy(&self) -> bool {
+        self.view.lock().expect("view lock").busy
+    }
+
     fn mark_failed(&self, why: String) {
         let mut v = self.view.lock().expect("view lock");
         v.last_error = Some(why);
+        v.busy = false;
         // A failed call ages the region out at once rather than after the
         // health window: new work avoids it until it answers again.
         v.last_ok = None;

@@ -21,6 +21,9 @@ pub struct ApiError {
     /// The earliest window that would work, for a refused reservation
     /// (`earliest_start`, `earliest_end` of the body; see [`ErrorBody`]).
     pub earliest: Option<(DateTime<Utc>, Option<DateTime<Utc>>)>,
+    /// Seconds to wait before retrying, sent as `Retry-After` (an
+    /// overloaded region's 503).
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -30,7 +33,14 @@ impl ApiError {
             code,
             message: message.into(),
             earliest: None,
+            retry_after_s: None,
         }
+    }
+
+    /// The same error, telling the client when to retry (`Retry-After`).
+    pub fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_s = Some(secs);
+        self
     }
 
     /// The same error, naming the earliest window that would work.
@@ -63,7 +73,14 @@ impl IntoResponse for ApiError {
             earliest_start: self.earliest.map(|(s, _)| s),
             earliest_end: self.earliest.and_then(|(_, e)| e),
         };
-        (self.status, axum::Json(body)).into_response()
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after_s {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
+        resp
     }
 }
 

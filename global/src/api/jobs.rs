@@ -360,6 +360,17 @@ fn pick_region<'a>(
         None => healthy,
     };
     if candidates.is_empty() {
+        // Regions that are there but too busy to answer their status in
+        // time: the client should come back, as when they shed.
+        if (state.regions.list.iter()).any(|r| allowed(&r.name) && r.is_busy()) {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::OVERLOADED,
+                "the regions you may use are overloaded; retry after Retry-After \
+                 (a create with the same Idempotency-Key)",
+            )
+            .with_retry_after(2));
+        }
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             codes::NO_REGION_AVAILABLE,

@@ -115,6 +115,18 @@ impl From<StoreError> for ApiError {
             StoreError::Refused { code, message } => {
                 ApiError::new(StatusCode::FORBIDDEN, code, message)
             }
+            // No connection within the pool's wait: the database is
+            // there, the region is busy. Overloaded, as when it sheds.
+            StoreError::Pool(deadpool_postgres::PoolError::Timeout(_)) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::OVERLOADED,
+                format!(
+                    "the region is overloaded (no database connection came free in time); \
+                     retry in {} s (see Retry-After; a create with the same Idempotency-Key)",
+                    super::shed::RETRY_AFTER_S
+                ),
+            )
+            .with_retry_after(super::shed::RETRY_AFTER_S),
             e if e.is_unavailable() => {
                 tracing::warn!(error = %e, "database unavailable");
                 ApiError::new(

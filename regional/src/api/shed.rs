@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gangway_shared::error::codes;
@@ -33,7 +33,7 @@ pub const SHEDDABLE_SHARE: f64 = 0.75;
 /// How long a sheddable request waits for its turn before it is shed.
 pub const ADMISSION_WAIT: Duration = Duration::from_secs(1);
 /// What `Retry-After` says.
-const RETRY_AFTER_S: u64 = 2;
+pub(crate) const RETRY_AFTER_S: u64 = 2;
 
 /// Permits for sheddable requests.
 pub fn permits(pool_size: usize) -> Arc<Semaphore> {
@@ -93,7 +93,7 @@ pub async fn admit(State(state): State<AppState>, req: Request, next: Next) -> R
 fn overloaded(req: &Request, why: &str) -> Response {
     metrics::counter!("gangway_requests_shed_total", "path" => req.uri().path().to_string())
         .increment(1);
-    let mut resp = ApiError::new(
+    ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         codes::OVERLOADED,
         format!(
@@ -102,12 +102,8 @@ fn overloaded(req: &Request, why: &str) -> Response {
              with the same Idempotency-Key)"
         ),
     )
-    .into_response();
-    resp.headers_mut().insert(
-        header::RETRY_AFTER,
-        HeaderValue::from_str(&RETRY_AFTER_S.to_string()).expect("digits are a valid header"),
-    );
-    resp
+    .with_retry_after(RETRY_AFTER_S)
+    .into_response()
 }
 
 #[cfg(test)]
