@@ -250,24 +250,63 @@ pub async fn events(
 /// How long a read of the region's capacity answers `GET /v1/region`.
 pub const STATUS_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Capacity per GPU type, queued jobs, running jobs.
-pub type Capacity = (Vec<gangway_shared::api::GpuTypeCapacity>, u64, u64);
+/// Capacity per GPU type, queued jobs, running jobs, and the generation.
+pub type Capacity = (Vec<gangway_shared::api::GpuTypeCapacity>, u64, u64, i64);
+
+/// The last read of the region's capacity, and whether a read is under
+/// way: `GET /v1/region` answers from it.
+#[derive(Default)]
+pub struct StatusCache {
+    last: std::sync::Mutex<Option<(std::time::Instant, Capacity)>>,
+    /// One read at a time.
+    reading: tokio::sync::Mutex<()>,
+}
+
+impl StatusCache {
+    fn fresh(&self) -> Option<(bool, Capacity)> {
+        let last = self.last.lock().expect("status lock");
+        last.as_ref()
+            .map(|(at, c)| (at.elapsed() < STATUS_TTL, c.clone()))
+    }
+
+    /// Reads the capacity again unless a read is under way (then waits for
+    /// it) or one finished within the TTL.
+    async fn refresh(&self, state: &AppState) -> Result<Capacity, ApiError> {
+        let _reading = self.reading.lock().await;
+        if let Some((true, c)) = self.fresh() {
+            return Ok(c);
+        }
+        let (caps, queued, running) = state.store.capacity(state.config.agent_timeout).await?;
+        let c = (caps, queued, running, state.store.generation().await?);
+        *self.last.lock().expect("status lock") = Some((std::time::Instant::now(), c.clone()));
+        Ok(c)
+    }
+}
 
 pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionStatus>, ApiError> {
-    // One read at a time, and one per STATUS_TTL: callers meanwhile get
-    // it (on 10,000 GPUs the read scans every GPU).
-    let (capacity, queued, running) = {
-        let mut cached = state.status.lock().await;
-        match cached.as_ref() {
-            Some((at, c)) if at.elapsed() < STATUS_TTL => c.clone(),
-            _ => {
-                let c = state.store.capacity(state.config.agent_timeout).await?;
-                *cached = Some((std::time::Instant::now(), c.clone()));
-                c
+    // One read at a time, and one per STATUS_TTL (on 10,000 GPUs the read
+    // covers every node). A stale answer is given at once while a read
+    // runs in the background: a busy region's status (what the global
+    // tier polls every second to tell a live region from a dead one) never
+    // waits for a database connection.
+    let cache = state.status.clone();
+    let (capacity, queued, running, generation) = match cache.fresh() {
+        Some((true, c)) => c,
+        Some((false, c)) => {
+            // Unless a read is under way already (it re-checks, so two
+            // callers racing here cost one read).
+            if cache.reading.try_lock().is_ok() {
+                let (cache, state) = (cache.clone(), state.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = cache.refresh(&state).await {
+                        tracing::debug!(error = ?e.message, "cannot read the region's capacity");
+                    }
+                });
             }
+            c
         }
+        None => cache.refresh(&state).await?,
     };
-    let generation = state.store.generation().await?;
     Ok(axum::Json(RegionStatus {
         region: state.store.region().to_string(),
         leader: state.is_leader(),

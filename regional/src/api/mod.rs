@@ -82,8 +82,9 @@ pub struct AppState {
     pub sheddable: Arc<tokio::sync::Semaphore>,
     /// The region's capacity and job counts as last read, and when
     /// (`GET /v1/region`, which every global replica polls every second:
-    /// one read serves them all for [`jobs::STATUS_TTL`]).
-    pub(crate) status: Arc<tokio::sync::Mutex<Option<(std::time::Instant, jobs::Capacity)>>>,
+    /// one read serves them all for [`jobs::STATUS_TTL`], and a stale one
+    /// is answered while the next is read).
+    pub(crate) status: Arc<jobs::StatusCache>,
 }
 
 type FleetByType = BTreeMap<String, Vec<FleetShape>>;
@@ -94,7 +95,7 @@ impl AppState {
         let sheddable = shed::permits(store.pool_status().max_size);
         AppState {
             sheddable,
-            status: Arc::new(tokio::sync::Mutex::new(None)),
+            status: Arc::default(),
             store,
             config: Arc::new(config),
             sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(0)),
