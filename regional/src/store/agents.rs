@@ -405,7 +405,10 @@ impl Store {
         if ids.is_empty() {
             return Ok(());
         }
-        self.conn()
+        // A heartbeat like the peers' leases, written on their pool: it
+        // never queues behind submissions or a scheduling pass, so a busy
+        // region does not take its own agents for silent.
+        self.lease_conn()
             .await?
             .execute(
                 // An agent whose row is locked is in a sync that writes

@@ -379,8 +379,9 @@ where
 pub struct Store {
     pool: Pool,
     /// Two connections of their own for the peers' leases (heartbeats in
-    /// and out, the fencing decision), so that they never queue behind
-    /// syncs, submissions or a scheduling pass on the main pool.
+    /// and out, the fencing decision) and the agents' batched liveness, so
+    /// that they never queue behind syncs, submissions or a scheduling pass
+    /// on the main pool.
     leases: Pool,
     region: String,
     /// Decayed past usage, reused for a while (see `plans.rs`).
