@@ -122,9 +122,16 @@ while :; do
         if [ "${qold:-0}" -gt 0 ]; then
             p=${pct%.*}
             [ "$p" -lt "$min_alloc_waiting" ] && [ "$t" -gt 60 ] && min_alloc_waiting=$p
-            [ "$p" -lt 95 ] && echo "        $r: ${qold} job(s) waiting over 10 s at ${pct} % allocated, GPUs asked: ${qsizes:0:60}"
-            # Of those, one that would fit in the GPUs free now: the
-            # scheduler's doing, not a gang waiting for racks to drain.
+            if [ "$p" -lt 95 ]; then
+                # Whole nodes free: what a gang of 8-GPU workers needs.
+                whole=$(psql_of "$r" "SELECT count(*) FROM nodes n WHERE NOT n.spare
+                    AND NOT EXISTS (SELECT 1 FROM allocations a
+                                    WHERE a.node_id = n.node_id AND a.released_at IS NULL)")
+                echo "        $r: ${qold} job(s) waiting over 10 s at ${pct} % allocated (${whole} whole nodes free), GPUs asked: ${qsizes:0:60}"
+            fi
+            # Of those, one no larger than the GPUs free now (by count:
+            # a gang of whole nodes may still not fit free GPUs spread
+            # over partly used nodes).
             smallest=${qsizes##*,}
             if [ "$smallest" != "-" ] && [ "$smallest" -le $((sched - alloc)) ]; then
                 [ "$p" -lt "$min_alloc_fits" ] && [ "$t" -gt 60 ] && min_alloc_fits=$p
@@ -151,7 +158,7 @@ echo
 echo "all placed after: ${placed_at:-never} s; all finished after: $((END - START)) s"
 echo "most nodes not healthy at once (one region): $worst_unhealthy; a region fenced: $([ $fenced_seen = 1 ] && echo yes || echo no)"
 echo "lowest allocation while jobs waited over 10 s (after the first minute): ${min_alloc_waiting} %"
-echo "lowest allocation while a job that fits in the free GPUs waited over 10 s: ${min_alloc_fits} %"
+echo "lowest allocation while a job no larger than the free GPUs waited over 10 s: ${min_alloc_fits} %"
 echo "lowest allocation of the whole fleet while jobs waited over 10 s anywhere: ${min_fleet_waiting} %"
 for r in "${REGIONS[@]}"; do
     metrics_of "$r" >"$TMP/$r.end"
