@@ -9,8 +9,10 @@
 #
 # Every 10 s it prints, per region: nodes not healthy, GPUs allocated of the
 # schedulable ones, jobs queued / starting / running / finished, whether the
-# region is fenced, and its agent's sync latency (p50/p99 of the region's
-# `gangway_sync_seconds` histogram since the last line, as bucket bounds).
+# region is fenced, its agents' sync latency and its scheduling passes'
+# durations (p50/p99 of the region's `gangway_sync_seconds` and
+# `gangway_schedule_pass_seconds` since the last line, as bucket bounds),
+# from the first submission on (the queue grows while they are sent).
 # At the end: time to place every job, the worst of each figure, the health
 # tick and scheduling pass durations, and each database's CPU seconds.
 set -euo pipefail
@@ -79,11 +81,15 @@ done
 
 echo "submitting $JOBS mixed jobs (1-2048 GPUs, 600-7200 s estimated) through the global tier"
 START=$(date +%s)
+# Submitted in the background: the lines below sample the regions while
+# the queue grows, too.
 "$GANGWAY" loadgen --state-dir "$STATE" --url "${GANGWAY_URL:-$(echo "$GANGWAY_GLOBAL_REPLICAS" | cut -d, -f1)}" \
     --requests "$JOBS" --concurrency 16 --mix-max-gpus 2048 --mix-duration-s 600-7200 \
-    --tenants GANGWAY_TOKEN,GANGWAY_TOKEN_GLOBEX --timeout-s 60 --retry-after 20 2>"$TMP/loadgen.err" | tail -25 || true
-SUBMITTED=$(date +%s)
-echo "submitted in $((SUBMITTED - START)) s"
+    --tenants GANGWAY_TOKEN,GANGWAY_TOKEN_GLOBEX --timeout-s 60 --retry-after 20 \
+    >"$TMP/loadgen.out" 2>"$TMP/loadgen.err" &
+LOADGEN=$!
+trap 'kill "$LOADGEN" 2>/dev/null; rm -rf "$TMP"' EXIT
+SUBMITTED=""
 
 placed_at=""
 worst_unhealthy=0
@@ -91,7 +97,7 @@ fenced_seen=0
 min_alloc_waiting=100
 min_alloc_fits=100
 min_fleet_waiting=100
-printf '%6s  %-10s %9s %14s %7s %8s %7s %9s %6s %14s\n' t region unhealthy "allocated" queued starting running finished fenced "sync p50/p99"
+printf '%6s  %-10s %9s %14s %7s %8s %7s %9s %6s %14s %14s\n' t region unhealthy "allocated" queued starting running finished fenced "sync p50/p99" "pass p50/p99"
 while :; do
     now=$(date +%s)
     t=$((now - START))
@@ -113,9 +119,11 @@ while :; do
         fenced=$(grep -E '^gangway_region_fenced ' "$TMP/$r.now" | awk '{print $2}' || true)
         p50=$(quantile gangway_sync_seconds 0.5 "$TMP/$r.prev" "$TMP/$r.now")
         p99=$(quantile gangway_sync_seconds 0.99 "$TMP/$r.prev" "$TMP/$r.now")
+        pp50=$(quantile gangway_schedule_pass_seconds 0.5 "$TMP/$r.prev" "$TMP/$r.now")
+        pp99=$(quantile gangway_schedule_pass_seconds 0.99 "$TMP/$r.prev" "$TMP/$r.now")
         mv "$TMP/$r.now" "$TMP/$r.prev"
         pct=$(echo "scale=1; 100 * $alloc / $sched" | bc)
-        printf '%5ss  %-10s %9s %6s/%-7s %7s %8s %7s %9s %6s %7s/%-6s\n' "$t" "$r" "$unhealthy" "$alloc" "$sched" "$q" "$s" "$run" "$fin" "${fenced:-?}" "$p50" "$p99"
+        printf '%5ss  %-10s %9s %6s/%-7s %7s %8s %7s %9s %6s %7s/%-6s %7s/%-6s\n' "$t" "$r" "$unhealthy" "$alloc" "$sched" "$q" "$s" "$run" "$fin" "${fenced:-?}" "$p50" "$p99" "$pp50" "$pp99"
         unhealthy=${unhealthy:-0} q=${q:-0} s=${s:-0} run=${run:-0}
         [ "$unhealthy" -gt "$worst_unhealthy" ] && worst_unhealthy=$unhealthy
         [ "${fenced:-0}" = "1" ] && fenced_seen=1
@@ -146,10 +154,15 @@ while :; do
         fp=$((100 * fleet_alloc / fleet_sched))
         [ "$fp" -lt "$min_fleet_waiting" ] && min_fleet_waiting=$fp
     fi
-    if [ -z "$placed_at" ] && [ "$queued_total" -eq 0 ] && [ "$now" -gt "$SUBMITTED" ]; then
+    if [ -z "$SUBMITTED" ] && ! kill -0 "$LOADGEN" 2>/dev/null; then
+        SUBMITTED=$now
+        tail -25 "$TMP/loadgen.out"
+        echo "submitted in $((SUBMITTED - START)) s"
+    fi
+    if [ -z "$placed_at" ] && [ -n "$SUBMITTED" ] && [ "$queued_total" -eq 0 ]; then
         placed_at=$t
     fi
-    [ "$left" -eq 0 ] && break
+    [ "$left" -eq 0 ] && [ -n "$SUBMITTED" ] && break
     [ "$t" -gt $((MAX_MIN * 60)) ] && { echo "gave up after $MAX_MIN minutes with $left jobs unfinished"; break; }
     sleep 10
 done
