@@ -257,16 +257,21 @@ pub type Capacity = (Vec<gangway_shared::api::GpuTypeCapacity>, u64, u64, i64);
 /// way: `GET /v1/region` answers from it.
 #[derive(Default)]
 pub struct StatusCache {
-    last: std::sync::Mutex<Option<(std::time::Instant, Capacity)>>,
+    /// When the last read finished, how long it took, and what it read.
+    last: std::sync::Mutex<Option<(std::time::Instant, std::time::Duration, Capacity)>>,
     /// One read at a time.
     reading: tokio::sync::Mutex<()>,
 }
 
 impl StatusCache {
+    /// The last read, and whether it is fresh: younger than the TTL, or
+    /// than four times what it took (a read that takes seconds on a large,
+    /// busy region is not run back to back: at most a fifth of the
+    /// database's time goes to it).
     fn fresh(&self) -> Option<(bool, Capacity)> {
         let last = self.last.lock().expect("status lock");
         last.as_ref()
-            .map(|(at, c)| (at.elapsed() < STATUS_TTL, c.clone()))
+            .map(|(at, took, c)| (at.elapsed() < STATUS_TTL.max(*took * 4), c.clone()))
     }
 
     /// Reads the capacity again unless a read is under way (then waits for
@@ -276,9 +281,11 @@ impl StatusCache {
         if let Some((true, c)) = self.fresh() {
             return Ok(c);
         }
+        let started = std::time::Instant::now();
         let (caps, queued, running) = state.store.capacity(state.config.agent_timeout).await?;
         let c = (caps, queued, running, state.store.generation().await?);
-        *self.last.lock().expect("status lock") = Some((std::time::Instant::now(), c.clone()));
+        *self.last.lock().expect("status lock") =
+            Some((std::time::Instant::now(), started.elapsed(), c.clone()));
         Ok(c)
     }
 }
