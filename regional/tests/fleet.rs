@@ -13,9 +13,7 @@ use gangway_health::{HealthPolicy, Signal};
 use gangway_regional::scheduler::run_pass;
 use gangway_regional::store::{AdminChange, NewJob, SubmitOutcome};
 use gangway_regional::{RegionConfig, Store};
-use gangway_shared::agent::{
-    AgentGpu, AgentNode, Desired, RegisterRequest, WorkerReport, WorkerStatus,
-};
+use gangway_shared::agent::{AgentGpu, AgentNode, Desired, RegisterRequest, WorkerReport};
 use gangway_shared::api::{DrainMode, JobMode, JobState, NodeView, TopologyLevel};
 use serde_json::json;
 use uuid::Uuid;
@@ -535,18 +533,7 @@ async fn a_wait_drain_lets_jobs_finish_and_moves_the_rest_at_the_deadline() {
     let done: Vec<WorkerReport> = wanted
         .iter()
         .filter(|a| a.job_id == short)
-        .map(|a| WorkerReport {
-            job_id: a.job_id,
-            rank: a.rank,
-            attempt: a.attempt,
-            status: WorkerStatus::Exited {
-                exit_code: Some(0),
-                signal: None,
-                message: None,
-            },
-            checkpoint: None,
-            fenced: false,
-        })
+        .map(common::succeeded)
         .collect();
     fleet.sync(&store, 0, "boot-1", vec![], done).await;
     assert_eq!(

@@ -11,7 +11,6 @@ use std::time::Duration;
 use gangway_health::HealthPolicy;
 use gangway_regional::scheduler::run_pass;
 use gangway_regional::Store;
-use gangway_shared::agent::{WorkerReport, WorkerStatus};
 use gangway_shared::api::JobState;
 use uuid::Uuid;
 
@@ -122,19 +121,9 @@ async fn finish(store: &Store, fleet: &Fleet, jobs: &[(Uuid, usize)]) {
             .iter()
             .find(|a| a.job_id == id)
             .expect("still assigned");
-        let report = WorkerReport {
-            job_id: id,
-            rank: a.rank,
-            attempt: a.attempt,
-            status: WorkerStatus::Exited {
-                exit_code: Some(0),
-                signal: None,
-                message: None,
-            },
-            checkpoint: None,
-            fenced: false,
-        };
-        fleet.sync(store, n, "boot-1", vec![], vec![report]).await;
+        fleet
+            .sync(store, n, "boot-1", vec![], vec![common::succeeded(a)])
+            .await;
     }
 }
 

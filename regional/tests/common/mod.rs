@@ -230,3 +230,19 @@ impl Fleet {
         wanted
     }
 }
+
+/// The report of `a`'s worker having exited 0.
+pub fn succeeded(a: &Assignment) -> WorkerReport {
+    WorkerReport {
+        job_id: a.job_id,
+        rank: a.rank,
+        attempt: a.attempt,
+        status: WorkerStatus::Exited {
+            exit_code: Some(0),
+            signal: None,
+            message: None,
+        },
+        checkpoint: None,
+        fenced: false,
+    }
+}
