@@ -38,15 +38,16 @@ metrics_of() { # region
 }
 # Quantile q of a Prometheus histogram's bucket counts (cumulative, "le"
 # order) between two scrapes: the smallest bucket bound holding q of them.
-quantile() { # name, q, before-file, after-file
+quantile() { # name, q, before-file, after-file[, label filter such as kind="changed"]
     python3 - "$@" <<'EOF'
 import re, sys
 name, q, a, b = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+want = sys.argv[5] if len(sys.argv) > 5 else ""
 def read(path):
     out = {}
     for line in open(path):
         m = re.match(rf'{name}_bucket\{{.*le="([^"]+)".*\}} (\S+)', line)
-        if m:
+        if m and want in line:
             le = float('inf') if m[1] == '+Inf' else float(m[1])
             out[le] = out.get(le, 0) + float(m[2])
     return out
@@ -58,6 +59,24 @@ total = d[-1][1]
 for le, c in d:
     if c >= q * total:
         print("inf" if le == float('inf') else f"{le:g}s"); break
+EOF
+}
+seconds_by() { # name, label, before-file, after-file: the histogram's summed seconds and count per label value
+    python3 - "$@" <<'EOF'
+import re, sys
+name, label, a, b = sys.argv[1:5]
+def read(path):
+    out = {}
+    for line in open(path):
+        m = re.match(rf'{name}_(sum|count)\{{.*{label}="([^"]+)".*\}} (\S+)', line)
+        if m:
+            s, c = out.get(m[2], (0.0, 0.0))
+            out[m[2]] = (s + float(m[3]), c) if m[1] == "sum" else (s, c + float(m[3]))
+    return out
+x, y = read(a), read(b)
+rows = sorted(((k, v[0] - x.get(k, (0, 0))[0], v[1] - x.get(k, (0, 0))[1]) for k, v in y.items()),
+              key=lambda r: -r[1])
+print(", ".join(f"{k} {s:.1f} s / {c:.0f}" for k, s, c in rows if c > 0) or "-")
 EOF
 }
 db_cpu() { # region: CPU seconds of its PostgreSQL processes (live ones)
@@ -183,4 +202,15 @@ for r in "${REGIONS[@]}"; do
         "p99 $(quantile gangway_schedule_pass_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end");" \
         "shed $(grep -E '^gangway_requests_shed_total' "$TMP/$r.end" | awk '{s+=$2} END {print s+0}');" \
         "database CPU $(echo "$(db_cpu "$r") - $(cat "$TMP/$r.cpu0")" | bc) s"
+    for kind in quiet changed failed; do
+        echo "    sync ($kind): p50 $(quantile gangway_sync_seconds 0.5 "$TMP/$r.start" "$TMP/$r.end" "kind=\"$kind\"")" \
+            "p99 $(quantile gangway_sync_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end" "kind=\"$kind\"")"
+    done
+    echo "    waiting for a database connection, p99: main $(quantile gangway_db_pool_wait_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end" 'pool="main"')," \
+        "syncs $(quantile gangway_db_pool_wait_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end" 'pool="syncs"')," \
+        "leases $(quantile gangway_db_pool_wait_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end" 'pool="leases"')"
+    echo "    scheduling passes by phase (seconds summed / passes): $(seconds_by gangway_schedule_phase_seconds phase "$TMP/$r.start" "$TMP/$r.end")"
+    echo "    snapshot reads (seconds summed / reads): $(seconds_by gangway_snapshot_read_seconds read "$TMP/$r.start" "$TMP/$r.end")"
 done
+echo
+"$(dirname "$0")/alloc-while-waiting.sh" "$STATE" "$START"

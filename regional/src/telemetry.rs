@@ -20,6 +20,9 @@ pub fn install_prometheus(addr: SocketAddr) -> anyhow::Result<()> {
         ])?
         .install()?;
     describe();
+    // Not fenced until the peers' watchdog says so (a region without peers
+    // never is).
+    metrics::gauge!("gangway_region_fenced").set(0.0);
     Ok(())
 }
 
@@ -47,13 +50,18 @@ fn describe() {
          (negative: over budget, after a budget was lowered under running work)"
     );
     describe_gauge!(
+        "gangway_region_fenced",
+        "1 while the region is fenced (no round trip to a majority of regions within the lease)"
+    );
+    describe_gauge!(
         "gangway_scheduler_leader",
         "1 while this replica leads scheduling"
     );
     describe_histogram!(
         "gangway_sync_seconds",
         Unit::Seconds,
-        "An agent's sync, as the region handles it (its database work included)"
+        "An agent's sync, as the region handles it (its database work included), by kind: quiet \
+         (nothing reported changed anything: read only), changed, or failed"
     );
     describe_histogram!(
         "gangway_health_tick_seconds",
@@ -87,6 +95,19 @@ fn describe() {
         "gangway_schedule_phase_seconds",
         Unit::Seconds,
         "One phase of a scheduling pass: snapshot, plan or commit"
+    );
+    describe_histogram!(
+        "gangway_snapshot_read_seconds",
+        Unit::Seconds,
+        "One read of a scheduling pass's snapshot, by read (conn: waiting for a database \
+         connection; fleet, live, queue, terms, history, running, reserved, usage, capacity, \
+         power, partitions)"
+    );
+    describe_histogram!(
+        "gangway_db_pool_wait_seconds",
+        Unit::Seconds,
+        "Waiting for a database connection, by pool (main; syncs: the agents' syncs' own; leases: \
+         the peers' and the agents' liveness')"
     );
     describe_counter!("gangway_placements_total", "Placements by topology level");
     describe_counter!(

@@ -421,11 +421,18 @@ pub fn decide(admin: &Admin, observed: &Observed, gpus: u32) -> Decision {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Gpu {
     /// Quarantined until a reset (None: not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     quarantined: Option<Fault>,
     /// Needs repair: a reset does not help.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     broken: Option<Fault>,
     /// Too hot or throttling now.
+    #[serde(default, skip_serializing_if = "is_false")]
     hot: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// Something the tracker decided, for the event log.
@@ -445,29 +452,38 @@ impl fmt::Display for Effect {
 }
 
 /// Everything known about one node's health, fed with [`Signal`]s and the
-/// time. Serializable, so a region can store it.
+/// time. Serializable, so a region can store it: what is at its default
+/// (no fault, nothing remembered) is left out, so a healthy node's record
+/// is small — a region rewrites it on every heartbeat.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeHealth {
     gpus: Vec<Gpu>,
     last_heartbeat: Option<u64>,
     boot_id: Option<String>,
     /// A node-level fault waiting for a reboot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     fault: Option<Fault>,
     /// A fault that needs repair.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     repair: Option<Fault>,
     /// Down (reported or injected) until the next heartbeat with a new boot.
+    #[serde(default, skip_serializing_if = "is_false")]
     down: bool,
     /// When it turned bad, within the flap window.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     turned_bad: VecDeque<u64>,
     /// Node-level failures, within the repair window.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     failures: VecDeque<u64>,
     /// Held down until then after flapping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     damped_until: Option<u64>,
     /// Whether it was bad at the last observation (for flap counting).
+    #[serde(default, skip_serializing_if = "is_false")]
     was_bad: bool,
     /// The bad spell under way is silence the region excused
     /// ([`NodeHealth::excuse_silence`]): it is not counted as a flap.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     silence_excused: bool,
 }
 

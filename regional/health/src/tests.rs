@@ -481,3 +481,29 @@ fn silence_is_counted_from_the_last_heartbeat_and_not_for_a_dead_node() {
     dead.observe(&p, 1, &Signal::NodeDown);
     assert_eq!(dead.observed_holding_silence(&p, 500), Observed::Lost);
 }
+
+#[test]
+fn a_healthy_nodes_record_is_small_and_every_record_reads_back_the_same() {
+    let (p, mut n) = node();
+    let healthy = serde_json::to_string(&n).unwrap();
+    // What a region rewrites on every heartbeat: no defaults spelled out.
+    assert!(
+        healthy.len() < 120,
+        "{} bytes: {healthy}",
+        healthy.len()
+    );
+    assert_eq!(serde_json::from_str::<NodeHealth>(&healthy).unwrap(), n);
+    // With something to remember: a quarantined GPU, a flap, a fault.
+    n.observe(&p, 5, &xid(2, 48));
+    n.observe(&p, 6, &xid(0, 79));
+    let troubled = serde_json::to_string(&n).unwrap();
+    assert_eq!(serde_json::from_str::<NodeHealth>(&troubled).unwrap(), n);
+    assert_ne!(troubled, healthy);
+    // Records written before defaults were left out still read.
+    let old = r#"{"down": false, "gpus": [{"hot": false, "broken": null, "quarantined": null}],
+        "fault": null, "repair": null, "boot_id": "b", "was_bad": false, "failures": [],
+        "turned_bad": [], "damped_until": null, "last_heartbeat": 7}"#;
+    let mut expected = NodeHealth::new(1);
+    expected.observe(&p, 7, &hb("b"));
+    assert_eq!(serde_json::from_str::<NodeHealth>(old).unwrap(), expected);
+}

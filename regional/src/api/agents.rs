@@ -95,7 +95,13 @@ pub async fn sync(
         let agent_id = agent_id.clone();
         tokio::spawn(async move {
             let outcome = retry_races(|| store.sync_agent(&agent_id, &req, timing)).await;
-            metrics::histogram!("gangway_sync_seconds").record(started.elapsed().as_secs_f64());
+            let kind = match &outcome {
+                Ok(o) if o.quiet => "quiet",
+                Ok(_) => "changed",
+                Err(_) => "failed",
+            };
+            metrics::histogram!("gangway_sync_seconds", "kind" => kind)
+                .record(started.elapsed().as_secs_f64());
             outcome.map(|o| (o, req))
         })
     };

@@ -26,6 +26,8 @@ pub struct SyncOutcome {
     pub freed_gpus: bool,
     /// The reported checkpoints recorded and refused.
     pub checkpoints: super::Recorded,
+    /// Nothing reported changed anything: the sync only read.
+    pub quiet: bool,
 }
 
 /// The port rank 0 listens on for the gang's rendezvous, derived from the
@@ -270,7 +272,7 @@ impl Store {
         req: &SyncRequest,
         timing: StopTiming,
     ) -> Result<SyncOutcome> {
-        let mut conn = self.conn().await?;
+        let mut conn = self.sync_conn().await?;
         let tx = conn.transaction().await?;
         let ctx = self.health_context();
         let agent = tx
@@ -308,6 +310,7 @@ impl Store {
                 assignments,
                 freed_gpus: false,
                 checkpoints: Default::default(),
+                quiet: true,
             });
         }
         // The sync before this one: a worker the agent stopped on its own
@@ -349,6 +352,7 @@ impl Store {
             assignments,
             freed_gpus: freed_gpus || nodes.freed_gpus || nodes.fleet_changed,
             checkpoints,
+            quiet: false,
         })
     }
 }

@@ -383,9 +383,16 @@ pub struct Store {
     /// that they never queue behind syncs, submissions or a scheduling pass
     /// on the main pool.
     leases: Pool,
+    /// The agents' syncs' own connections (half the main pool's number),
+    /// so a sync never waits behind submissions, listings or a scheduling
+    /// pass for a connection: a sync is how running work is heard.
+    syncs: Pool,
     region: String,
     /// Decayed past usage, reused for a while (see `plans.rs`).
     history: Arc<Mutex<Option<plans::HistoryCache>>>,
+    /// Every node's GPUs, reused while the fleet's version stands
+    /// (`plans.rs`).
+    fleet_gpus: Arc<Mutex<Option<Arc<plans::FleetGpus>>>>,
     /// The last health tick held silent nodes in a mass silence
     /// (`nodes.rs`): when it ends, the nodes still silent get their lost
     /// countdown back. In memory: a new leader starts without it.
@@ -417,7 +424,8 @@ pub(super) async fn cached(
 
 impl Store {
     /// Connects to `url` (a libpq-style connection string) with a pool of
-    /// `max_size` connections. Does not touch the schema.
+    /// `max_size` connections (and the agents' syncs' and the leases' own
+    /// smaller pools, opened as they are needed). Does not touch the schema.
     pub fn connect(url: &str, region: &str, max_size: usize) -> anyhow::Result<Store> {
         let pg: tokio_postgres::Config = url.parse()?;
         let manager = || {
@@ -443,11 +451,19 @@ impl Store {
             .create_timeout(Some(Duration::from_secs(2)))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()?;
+        let syncs = Pool::builder(manager())
+            .max_size((max_size / 2).max(2))
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()?;
         Ok(Store {
             pool,
             leases,
+            syncs,
             region: region.to_string(),
             history: Arc::new(Mutex::new(None)),
+            fleet_gpus: Arc::new(Mutex::new(None)),
             mass_silence: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             health: Arc::new(gangway_health::HealthPolicy::default()),
             checkpoint_deadline_s: 120,
@@ -506,12 +522,29 @@ impl Store {
     }
 
     pub(crate) async fn conn(&self) -> Result<deadpool_postgres::Object> {
-        Ok(self.pool.get().await?)
+        let asked = std::time::Instant::now();
+        let conn = self.pool.get().await;
+        metrics::histogram!("gangway_db_pool_wait_seconds", "pool" => "main")
+            .record(asked.elapsed().as_secs_f64());
+        Ok(conn?)
+    }
+
+    /// A connection of the agents' syncs' own pool ([`Store::syncs`]).
+    pub(crate) async fn sync_conn(&self) -> Result<deadpool_postgres::Object> {
+        let asked = std::time::Instant::now();
+        let conn = self.syncs.get().await;
+        metrics::histogram!("gangway_db_pool_wait_seconds", "pool" => "syncs")
+            .record(asked.elapsed().as_secs_f64());
+        Ok(conn?)
     }
 
     /// A connection of the peers' leases' own pool ([`Store::leases`]).
     pub(crate) async fn lease_conn(&self) -> Result<deadpool_postgres::Object> {
-        Ok(self.leases.get().await?)
+        let asked = std::time::Instant::now();
+        let conn = self.leases.get().await;
+        metrics::histogram!("gangway_db_pool_wait_seconds", "pool" => "leases")
+            .record(asked.elapsed().as_secs_f64());
+        Ok(conn?)
     }
 
     /// The main pool now: its size, connections idle, and callers waiting

@@ -1,7 +1,8 @@
 //! The scheduler's side of the store: a consistent snapshot in, a
 //! generation-checked plan out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -214,6 +215,23 @@ const HISTORY_SQL: &str = "
       AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = a.job_id AND j.cluster_id IS NOT NULL)
     GROUP BY tenant, gpu_type";
 
+/// Every node's GPUs at one `sched_state.fleet_version`
+/// ([`Store::fleet_gpus`]).
+#[derive(Debug)]
+pub(super) struct FleetGpus {
+    version: i64,
+    nodes: HashMap<String, NodeGpus>,
+}
+
+#[derive(Debug)]
+struct NodeGpus {
+    gpu_type: String,
+    /// The dedicated cluster it is bound to.
+    cluster: Option<Uuid>,
+    /// Its GPUs' indices, in order.
+    gpus: Vec<i32>,
+}
+
 /// One non-spare node as the validator sees it.
 #[derive(Clone, Debug)]
 pub struct FleetShape {
@@ -225,6 +243,19 @@ pub struct FleetShape {
     /// feed at once (the type's share of the budget over its draw, as the
     /// snapshot splits it: `rack_power`); `None`: no budget.
     pub rack_power_gpus: Option<u64>,
+}
+
+/// Times a snapshot's reads one after the other
+/// (`gangway_snapshot_read_seconds`, by read).
+struct Laps(Instant);
+
+impl Laps {
+    fn lap(&mut self, read: &'static str) {
+        let now = Instant::now();
+        metrics::histogram!("gangway_snapshot_read_seconds", "read" => read)
+            .record(now.duration_since(self.0).as_secs_f64());
+        self.0 = now;
+    }
 }
 
 pub(super) fn level_from_db(s: &str) -> Level {
@@ -277,6 +308,7 @@ impl Store {
         agent_timeout: Duration,
         history_options: HistoryOptions,
     ) -> Result<SnapshotData> {
+        let mut laps = Laps(Instant::now());
         let mut conn = self.conn().await?;
         let tx = conn
             .build_transaction()
@@ -284,15 +316,19 @@ impl Store {
             .read_only(true)
             .start()
             .await?;
+        laps.lap("conn");
         let head = tx
             .query_one(
-                "SELECT generation, extract(epoch FROM now())::bigint FROM sched_state WHERE id = 1",
+                "SELECT generation, extract(epoch FROM now())::bigint, fleet_version
+                 FROM sched_state WHERE id = 1",
                 &[],
             )
             .await?;
         let generation: i64 = head.get(0);
         // The database's clock, so every replica plans on the same time.
         let now = head.get::<_, i64>(1).max(0) as u64;
+        // Which GPUs each node has: read again only when the fleet changed.
+        let fleet = self.fleet_gpus(&tx, head.get(2)).await?;
         let timeout_s = agent_timeout.as_secs_f64();
         // The partition's key (`only`), the cluster it names if it names
         // one, and the GPU type it covers (a cluster's: its nodes').
@@ -326,19 +362,17 @@ impl Store {
                             AS schedulable,
                         n.operator_state, n.admin_reason, n.drain_wait,
                         extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s,
-                        n.health, count(*)::int AS gpu_count,
-                        array_agg(g.gpu_index ORDER BY g.gpu_index) AS gpus
+                        n.health
                  FROM nodes n
                  JOIN agents a ON a.agent_id = n.agent_id
-                 JOIN gpus g ON g.node_id = n.node_id
                  LEFT JOIN clusters c ON c.cluster_id = n.cluster_id
                  WHERE ($2::text IS NULL OR n.gpu_type = $2)
                    AND n.cluster_id IS NOT DISTINCT FROM $3
-                 GROUP BY n.node_id, a.last_sync_at, c.cluster_id
                  ORDER BY n.node_id",
                 &[&timeout_s, &only, &cluster],
             )
             .await?;
+        laps.lap("fleet");
         let live = tx
             .query(
                 // Live allocations, and GPUs held for a gang moving onto a
@@ -353,26 +387,29 @@ impl Store {
                 &[&only],
             )
             .await?;
+        laps.lap("live");
         let mut used: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         for row in &live {
             used.insert(row.get(0), row.get(1));
         }
         let nodes: Vec<Node> = node_rows
             .iter()
-            .map(|row| {
+            .filter_map(|row| {
                 let id: String = row.get("node_id");
-                let all: Vec<i32> = row.get("gpus");
+                // A node without GPUs has nothing to schedule.
+                let all = &fleet.nodes.get(&id)?.gpus;
                 let taken = used.get(&id);
                 // What operators asked and what the node's signals say,
                 // decided in one place: only usable GPUs count as free.
-                let decision = super::nodes::decision_of(row, &self.health, now);
+                let decision =
+                    super::nodes::decision_of(row, all.len() as u32, &self.health, now);
                 let free = all
                     .iter()
                     .filter(|g| !taken.is_some_and(|t| t.contains(g)))
                     .map(|&g| g as u32)
                     .filter(|g| decision.usable.contains(g))
                     .collect();
-                Node {
+                Some(Node {
                     id,
                     spine: row.get("spine"),
                     leaf: row.get("leaf"),
@@ -381,7 +418,7 @@ impl Store {
                     gpus: all.len() as u32,
                     free,
                     schedulable: row.get::<_, bool>("schedulable") && decision.schedulable,
-                }
+                })
             })
             .collect();
 
@@ -406,6 +443,7 @@ impl Store {
                 &[&only, &cluster],
             )
             .await?;
+        laps.lap("queue");
         let mut queue = Vec::new();
         let mut submitted_at = BTreeMap::new();
         for row in &queue_rows {
@@ -469,6 +507,7 @@ impl Store {
             )
             .await?
         };
+        laps.lap("terms");
         for row in terms {
             let key: (String, String) = (row.get(0), row.get(1));
             if let Some(max) = row.get::<_, Option<i32>>(3) {
@@ -488,6 +527,7 @@ impl Store {
                 shares.entry(key).or_default().history = history;
             }
         }
+        laps.lap("history");
         // What holds GPUs now, and when each is expected to let go (start
         // plus estimate), for reservations; when it started and last
         // checkpointed, how often it was preempted and whether a preemption
@@ -521,6 +561,7 @@ impl Store {
                 &[&only, &cluster],
             )
             .await?;
+        laps.lap("running");
         // Capacity reservations not deleted nor over, the earliest first.
         let reserved: Vec<ReservedCapacity> = (tx.query(
             "SELECT reservation_id, tenant, gpu_type, gpus, level::text AS level, path,
@@ -545,6 +586,7 @@ impl Store {
             end: r.get::<_, Option<i64>>("end_s").map(|e| e.max(0) as u64),
         })
         .collect();
+        laps.lap("reserved");
         let live: BTreeSet<&str> = reserved.iter().map(|r| r.id.as_str()).collect();
         let running = running_rows
             .iter()
@@ -606,29 +648,22 @@ impl Store {
         {
             usage.insert((row.get(0), row.get(1)), row.get::<_, i64>(2) as u32);
         }
+        laps.lap("usage");
         // A partition sees the region's capacity of every type (dominant
         // shares); a whole snapshot counts it from its nodes.
-        let mut capacity = BTreeMap::new();
+        let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
         if only.is_some() {
-            for row in tx
-                .query(
-                    "SELECT n.gpu_type, count(*) FROM nodes n
-                     JOIN agents a ON a.agent_id = n.agent_id
-                     JOIN gpus g ON g.node_id = n.node_id
-                     WHERE n.cluster_id IS NOT DISTINCT FROM $1
-                     GROUP BY n.gpu_type",
-                    &[&cluster],
-                )
-                .await?
-            {
-                capacity.insert(row.get(0), row.get::<_, i64>(1).max(0) as u64);
+            for n in fleet.nodes.values().filter(|n| n.cluster == cluster) {
+                *capacity.entry(n.gpu_type.clone()).or_default() += n.gpus.len() as u64;
             }
         }
         // Rack power: computed over every partition of every budgeted
         // rack, then narrowed to this one's (the shared pools', without a
         // key), so a rack's figures are the same whichever partition reads
         // them.
+        laps.lap("capacity");
         let power_rows = rack_power_rows(&*tx).await?;
+        laps.lap("power");
         let (mut racks, headroom) = rack_power(&power_rows);
         let pool_type: BTreeMap<&str, &str> = (power_rows.iter())
             .map(|r| (r.pool.as_str(), r.gpu_type.as_str()))
@@ -678,6 +713,7 @@ impl Store {
             partitions.insert(row.get(0), row.get(1));
         }
         tx.commit().await?;
+        laps.lap("partitions");
         Ok(SnapshotData {
             snapshot: Snapshot {
                 generation,
@@ -701,6 +737,48 @@ impl Store {
 
     /// The decayed past usage, read in `tx` unless a recent enough reading
     /// with the same half-life can be reused.
+    /// Every node's GPUs as of fleet version `version` (read in `tx`), from
+    /// the cache unless the fleet changed since it was read: only a
+    /// registration, a spare swap or a cluster's change of nodes alters
+    /// them, and each moves the version (a read over every GPU, seconds on
+    /// 40,000 GPUs under load, saved on every pass).
+    async fn fleet_gpus(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        version: i64,
+    ) -> Result<Arc<FleetGpus>> {
+        if let Some(f) = self.fleet_gpus.lock().expect("fleet cache lock").as_ref() {
+            if f.version == version {
+                return Ok(f.clone());
+            }
+        }
+        let rows = tx
+            .query(
+                "SELECT n.node_id, n.gpu_type, n.cluster_id,
+                        array_agg(g.gpu_index ORDER BY g.gpu_index) AS gpus
+                 FROM nodes n JOIN gpus g ON g.node_id = n.node_id
+                 GROUP BY n.node_id",
+                &[],
+            )
+            .await?;
+        let fleet = Arc::new(FleetGpus {
+            version,
+            nodes: rows
+                .iter()
+                .map(|r| {
+                    let gpus = NodeGpus {
+                        gpu_type: r.get("gpu_type"),
+                        cluster: r.get("cluster_id"),
+                        gpus: r.get("gpus"),
+                    };
+                    (r.get("node_id"), gpus)
+                })
+                .collect(),
+        });
+        *self.fleet_gpus.lock().expect("fleet cache lock") = Some(fleet.clone());
+        Ok(fleet)
+    }
+
     async fn history(
         &self,
         tx: &tokio_postgres::Transaction<'_>,

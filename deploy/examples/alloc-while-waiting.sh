@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# How fully a running `gangway dev up` kept its GPUs allocated while work
+# waited, integrated over time from the databases' own records (issue 19;
+# docs/benchmarks.md "A 10,000-GPU region under a burst"), not sampled:
+#
+#   deploy/examples/alloc-while-waiting.sh STATE SINCE_EPOCH_S [GRACE_S]
+#
+# A job "waits" from GRACE_S (default 10) seconds after it was created until
+# its first GPU was allocated (a job placed within the grace never waits:
+# it only arrived between two passes); only `loadgen` jobs count. Between
+# SINCE and now, per region and for the whole fleet, it prints the
+# time-weighted allocation (GPUs allocated / schedulable GPUs) over the
+# time some job waited, how much of that time was spent below 95 %, and
+# the same while the job waiting was no larger than the GPUs free then (a
+# job that could have fitted by count; a gang of whole nodes may still not
+# fit GPUs spread over partly used nodes).
+set -euo pipefail
+STATE=${1:?state dir of a running gangway dev up}
+SINCE=${2:?the run start, seconds since the epoch}
+GRACE=${3:-10}
+# shellcheck disable=SC1091
+source "$STATE/env"
+IFS=, read -r -a REGIONS <<<"$GANGWAY_REGIONS"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+psql_of() { # region, sql
+    local pw port
+    pw=$(cat "$STATE/regions/$1/pg/gangway-superuser.password" 2>/dev/null ||
+        cat "$(dirname "$(readlink -f "$STATE/regions/$1/pg")")/pg/gangway-superuser.password")
+    port=$(python3 -c "import json,sys; print(json.load(open('$STATE/dev.json'))['regions']['$1']['postgres'])")
+    PGPASSWORD=$pw psql -qAtX -h 127.0.0.1 -p "$port" -U postgres -d gangway -F ' ' -c "$2"
+}
+
+for r in "${REGIONS[@]}"; do
+    psql_of "$r" "SELECT count(*) FROM gpus g JOIN nodes n USING (node_id) WHERE NOT n.spare" >"$TMP/$r.sched"
+    psql_of "$r" "SELECT extract(epoch FROM allocated_at)::float8,
+                         coalesce(extract(epoch FROM released_at)::float8, 'Infinity'), count(*)
+                  FROM allocations
+                  WHERE released_at IS NULL OR released_at > to_timestamp($SINCE)
+                  GROUP BY 1, 2" >"$TMP/$r.allocs"
+    psql_of "$r" "SELECT extract(epoch FROM j.created_at)::float8,
+                         coalesce((SELECT extract(epoch FROM min(a.allocated_at))::float8
+                                   FROM allocations a WHERE a.job_id = j.job_id), 'Infinity'),
+                         j.gpus
+                  FROM jobs j WHERE j.name = 'loadgen' AND j.created_at > to_timestamp($SINCE)" >"$TMP/$r.jobs"
+done
+
+python3 - "$TMP" "$SINCE" "$GRACE" "$(date +%s)" "${REGIONS[@]}" <<'PY'
+import sys
+tmp, since, grace, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+regions = sys.argv[5:]
+
+def load(r):
+    sched = int(open(f"{tmp}/{r}.sched").read().split()[0])
+    events = []  # (time, d_alloc, d_waiting, waiting_gpus or None)
+    for line in open(f"{tmp}/{r}.allocs"):
+        a, b, n = line.split()
+        events.append((max(float(a), since), int(n), 0, 0))
+        if b != "Infinity":
+            events.append((float(b), -int(n), 0, 0))
+    for line in open(f"{tmp}/{r}.jobs"):
+        c, p, g = line.split()
+        start = float(c) + grace
+        stop = end if p == "Infinity" else float(p)
+        if stop > start:
+            events.append((start, 0, 1, int(g)))
+            events.append((stop, 0, -1, -int(g)))
+    return sched, sorted(events)
+
+def integrate(series, sched):
+    """series: sorted (t, d_alloc, d_wait, d_gpu); returns the figures."""
+    alloc = waiting = 0
+    sizes = {}
+    t0 = since
+    acc = {"wait_s": 0.0, "alloc": 0.0, "below95_s": 0.0, "fit_s": 0.0, "fit_alloc": 0.0, "low": 100.0}
+    for t, da, dw, dg in series + [(end, 0, 0, 0)]:
+        t = min(max(t, since), end)
+        dt = t - t0
+        if dt > 0 and waiting > 0:
+            pct = 100.0 * alloc / sched
+            acc["wait_s"] += dt
+            acc["alloc"] += pct * dt
+            if pct < 95:
+                acc["below95_s"] += dt
+            acc["low"] = min(acc["low"], pct)
+            smallest = min(g for g, k in sizes.items() if k > 0)
+            if smallest <= sched - alloc:
+                acc["fit_s"] += dt
+                acc["fit_alloc"] += pct * dt
+        t0 = max(t0, t)
+        alloc += da
+        waiting += dw
+        if dg:
+            sizes[abs(dg)] = sizes.get(abs(dg), 0) + (1 if dg > 0 else -1)
+    return acc
+
+def show(name, acc, fits=True):
+    w = acc["wait_s"]
+    if w == 0:
+        print(f"{name:<11} no job waited over the grace")
+        return
+    fit = (f"{acc['fit_alloc'] / acc['fit_s']:.1f} % over {acc['fit_s']:.0f} s"
+           if acc["fit_s"] else "never")
+    print(f"{name:<11} work waited {w:.0f} s: allocation {acc['alloc'] / w:.1f} % (time-weighted), "
+          f"lowest {acc['low']:.1f} %, below 95 % for {acc['below95_s']:.0f} s"
+          + (f"; while a job no larger than the free GPUs waited: {fit}" if fits else ""))
+
+print(f"allocation while work waited (a job queued over {grace:g} s), from the databases' records:")
+fleet_events, fleet_sched = [], 0
+for i, r in enumerate(regions):
+    sched, ev = load(r)
+    show(r, integrate(ev, sched))
+    fleet_sched += sched
+    fleet_events += ev
+if len(regions) > 1:
+    # A job fits only its own region's free GPUs: no "fits" figure here.
+    show("fleet", integrate(sorted(fleet_events), fleet_sched), fits=False)
+PY
