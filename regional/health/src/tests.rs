@@ -487,11 +487,7 @@ fn a_healthy_nodes_record_is_small_and_every_record_reads_back_the_same() {
     let (p, mut n) = node();
     let healthy = serde_json::to_string(&n).unwrap();
     // What a region rewrites on every heartbeat: no defaults spelled out.
-    assert!(
-        healthy.len() < 120,
-        "{} bytes: {healthy}",
-        healthy.len()
-    );
+    assert!(healthy.len() < 120, "{} bytes: {healthy}", healthy.len());
     assert_eq!(serde_json::from_str::<NodeHealth>(&healthy).unwrap(), n);
     // With something to remember: a quarantined GPU, a flap, a fault.
     n.observe(&p, 5, &xid(2, 48));

@@ -401,8 +401,7 @@ impl Store {
                 let taken = used.get(&id);
                 // What operators asked and what the node's signals say,
                 // decided in one place: only usable GPUs count as free.
-                let decision =
-                    super::nodes::decision_of(row, all.len() as u32, &self.health, now);
+                let decision = super::nodes::decision_of(row, all.len() as u32, &self.health, now);
                 let free = all
                     .iter()
                     .filter(|g| !taken.is_some_and(|t| t.contains(g)))
