@@ -20,6 +20,11 @@ STATE=${1:?state dir of a running gangway dev up}
 JOBS=${2:-3000}
 MAX_MIN=${3:-30}
 GANGWAY=${GANGWAY:-target/release/gangway}
+# The jobs' estimated run times (seconds, drawn evenly). The simulated
+# executor runs a job for its estimate × dev up's --time-factor; the
+# scheduler plans with the estimates as given, so with --time-factor 1 and
+# DURATIONS=6-72 it plans on the clock the jobs really run by.
+DURATIONS=${DURATIONS:-600-7200}
 # shellcheck disable=SC1091
 source "$STATE/env"
 IFS=, read -r -a REGIONS <<<"$GANGWAY_REGIONS"
@@ -98,12 +103,12 @@ for r in "${REGIONS[@]}"; do
     echo "$(db_cpu "$r")" >"$TMP/$r.cpu0"
 done
 
-echo "submitting $JOBS mixed jobs (1-2048 GPUs, 600-7200 s estimated) through the global tier"
+echo "submitting $JOBS mixed jobs (1-2048 GPUs, $DURATIONS s estimated) through the global tier"
 START=$(date +%s)
 # Submitted in the background: the lines below sample the regions while
 # the queue grows, too.
 "$GANGWAY" loadgen --state-dir "$STATE" --url "${GANGWAY_URL:-$(echo "$GANGWAY_GLOBAL_REPLICAS" | cut -d, -f1)}" \
-    --requests "$JOBS" --concurrency 16 --mix-max-gpus 2048 --mix-duration-s 600-7200 \
+    --requests "$JOBS" --concurrency 16 --mix-max-gpus 2048 --mix-duration-s "$DURATIONS" \
     --tenants GANGWAY_TOKEN,GANGWAY_TOKEN_GLOBEX --timeout-s 60 --retry-after 20 \
     >"$TMP/loadgen.out" 2>"$TMP/loadgen.err" &
 LOADGEN=$!

@@ -63,6 +63,11 @@ fn describe() {
         "An agent's sync, as the region handles it (its database work included), by kind: quiet \
          (nothing reported changed anything: read only), changed, or failed"
     );
+    describe_counter!(
+        "gangway_sync_reports_deferred_total",
+        "Workers' reports a sync left for the agent's next one because another transaction held \
+         their job (the agent reports a worker until the region stops listing it)"
+    );
     describe_histogram!(
         "gangway_health_tick_seconds",
         Unit::Seconds,

@@ -3,8 +3,10 @@
 //! heartbeat limit, a switch flap, a slow database) holds the nodes
 //! suspect instead of losing them, and they heal — their jobs untouched and
 //! finishing — as their agents sync again while the leader keeps ticking;
-//! silence short of a mass event loses nodes at a pace; and the tick passes
-//! over a node its agent holds rather than waiting for it.
+//! silence short of a mass event loses nodes at a pace; the tick passes
+//! over a node its agent holds rather than waiting for it; and a sync
+//! leaves a report for its next one rather than wait for a job another
+//! transaction holds.
 
 use std::time::Duration;
 
@@ -331,6 +333,61 @@ async fn the_tick_passes_over_a_node_its_agent_holds_instead_of_waiting() {
     tx.rollback().await.unwrap();
     store.health_tick(&ctx).await.unwrap();
     assert_eq!(observed(&client, 0).await, "suspect");
+}
+
+#[tokio::test]
+async fn a_sync_leaves_a_report_for_later_rather_than_wait_for_its_job() {
+    let (store, client, fleet, url) = region("mass_silence_defer", policy(8, 30), 2).await;
+    let jobs = running_jobs(&store, &fleet, 1).await;
+    let (id, n) = jobs[0];
+    let wanted = fleet.sync(&store, n, "boot-1", vec![], vec![]).await;
+    let a = wanted.iter().find(|a| a.job_id == id).unwrap().clone();
+
+    // Another transaction holds the job: a plan being committed, another
+    // agent's sync for the same gang.
+    let (mut other, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tx = other.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE", &[&id])
+        .await
+        .unwrap();
+
+    // The agent reports its worker done: the sync answers without waiting
+    // (a generous guard against a hang, not a timing), leaves the report
+    // for later and still lists the worker, so the agent reports it again.
+    let again = tokio::time::timeout(
+        Duration::from_secs(60),
+        fleet.sync(&store, n, "boot-1", vec![], vec![common::succeeded(&a)]),
+    )
+    .await
+    .expect("the sync waited for a job another transaction holds");
+    assert!(again.iter().any(|x| x.job_id == id && x.rank == a.rank));
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
+    let held: i64 = client
+        .query_one(
+            "SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 8, "nothing of the report recorded yet");
+
+    // Once the job is free, the same report (sent again) is recorded.
+    tx.rollback().await.unwrap();
+    let after = fleet
+        .sync(&store, n, "boot-1", vec![], vec![common::succeeded(&a)])
+        .await;
+    assert!(!after.iter().any(|x| x.job_id == id));
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Succeeded
+    );
 }
 
 #[tokio::test]

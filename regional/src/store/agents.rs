@@ -333,13 +333,34 @@ impl Store {
         // The nodes' health (a heartbeat, the signals reported, and what
         // they decide), then the workers' reports.
         let nodes = super::nodes::observe_sync(&tx, &ctx, &boot, &req.nodes, false, nodes).await?;
-        // Lock order, everywhere: jobs (by id), then their workers; every
-        // job this sync changes is locked here, at once, in that order.
-        let mut jobs: Vec<Uuid> = changed.iter().map(|r| r.job_id).collect();
-        jobs.extend(req.checkpoints.iter().flatten().map(|c| c.job_id));
-        jobs.sort();
-        jobs.dedup();
-        lock_jobs(&tx, &jobs).await?;
+        // Lock order, everywhere: jobs (by id), then their workers. The
+        // jobs of the checkpoints reported are locked here, waiting if
+        // need be (the agent sends a checkpoint once). The jobs the
+        // workers' reports change are locked only if no one else holds
+        // them (a plan being committed, another agent's sync for the same
+        // gang): a report that would wait is left for the next sync, as
+        // the agent reports each worker until the region stops listing it
+        // — so a sync never queues behind the other agents' syncs for a
+        // 2,048-GPU gang that ended at once (one per leaf it spans),
+        // holding a connection the quiet syncs need. Taking those without
+        // waiting cannot deadlock.
+        let mut saved: Vec<Uuid> = req.checkpoints.iter().flatten().map(|c| c.job_id).collect();
+        saved.sort();
+        saved.dedup();
+        lock_jobs(&tx, &saved).await?;
+        let mut reported: Vec<Uuid> = (changed.iter().map(|r| r.job_id))
+            .filter(|j| saved.binary_search(j).is_err())
+            .collect();
+        reported.sort();
+        reported.dedup();
+        let taken = lock_free_jobs(&tx, &reported).await?;
+        let mut changed = changed;
+        if taken.len() < reported.len() {
+            let before = changed.len();
+            changed.retain(|r| saved.binary_search(&r.job_id).is_ok() || taken.contains(&r.job_id));
+            metrics::counter!("gangway_sync_reports_deferred_total")
+                .increment((before - changed.len()) as u64);
+        }
         // Checkpoints before the workers' reports: a worker's exit that
         // requeues its job then finds the checkpoint it ended with.
         let checkpoints =
@@ -355,6 +376,29 @@ impl Store {
             quiet: false,
         })
     }
+}
+
+/// Locks those of `jobs` no other transaction holds, without waiting;
+/// returns them.
+async fn lock_free_jobs(
+    tx: &deadpool_postgres::Transaction<'_>,
+    jobs: &[Uuid],
+) -> Result<std::collections::BTreeSet<Uuid>> {
+    if jobs.is_empty() {
+        return Ok(Default::default());
+    }
+    let rows = tx
+        .query(
+            &super::cached(
+                tx,
+                "SELECT job_id FROM jobs WHERE job_id = ANY($1) ORDER BY job_id
+                 FOR UPDATE SKIP LOCKED",
+            )
+            .await?,
+            &[&jobs],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// Agents heard by quiet syncs since the last flush. Their liveness

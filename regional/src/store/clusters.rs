@@ -1345,7 +1345,8 @@ pub(super) async fn member_failed(
                 m.cluster,
                 "spare_swapped",
                 &format!(
-                    "spare {} (same {}) holds the gangs of {failed}, which was being given                      back; it is given back in turn once they move off",
+                    "spare {} (same {}) holds the gangs of {failed}, which was being given \
+                     back; it is given back in turn once they move off",
                     s.node_id, s.domain
                 ),
                 json!({"node": failed, "spare": s.node_id, "domain": s.domain, "releasing": true}),
