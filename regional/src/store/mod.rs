@@ -383,9 +383,11 @@ pub struct Store {
     /// that they never queue behind syncs, submissions or a scheduling pass
     /// on the main pool.
     leases: Pool,
-    /// The agents' syncs' own connections (half the main pool's number),
-    /// so a sync never waits behind submissions, listings or a scheduling
-    /// pass for a connection: a sync is how running work is heard.
+    /// The agents' syncs' own connections (as many as the main pool's), so
+    /// a sync never waits behind submissions, listings or a scheduling
+    /// pass for a connection: a sync is how running work is heard. (Half
+    /// as many were too few at 40,960 GPUs: 320 agents' syncs waited up to
+    /// the pool's 10 s, and nodes went suspect.)
     syncs: Pool,
     region: String,
     /// Decayed past usage, reused for a while (see `plans.rs`).
@@ -452,7 +454,7 @@ impl Store {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()?;
         let syncs = Pool::builder(manager())
-            .max_size((max_size / 2).max(2))
+            .max_size(max_size)
             .wait_timeout(Some(Duration::from_secs(10)))
             .create_timeout(Some(Duration::from_secs(5)))
             .runtime(deadpool_postgres::Runtime::Tokio1)
