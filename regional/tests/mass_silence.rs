@@ -4,9 +4,9 @@
 //! suspect instead of losing them, and they heal — their jobs untouched and
 //! finishing — as their agents sync again while the leader keeps ticking;
 //! silence short of a mass event loses nodes at a pace; the tick passes
-//! over a node its agent holds rather than waiting for it; and a sync
-//! leaves a report for its next one rather than wait for a job another
-//! transaction holds.
+//! over a node its agent holds rather than waiting for it; a sync leaves
+//! a report for its next one rather than wait for a job another
+//! transaction holds; and submissions give way to syncs that queue.
 
 use std::time::Duration;
 
@@ -469,6 +469,113 @@ async fn an_overloaded_region_sheds_submissions_and_listings_but_hears_its_agent
 
     // Once load falls, the same submission is taken.
     drop(held);
+    assert_eq!(submit().await.unwrap().status(), 201);
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn submissions_are_shed_while_the_agents_syncs_queue_for_the_database() {
+    let url = gangway_devkit::fresh_database("mass_silence_shed_syncs").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut cfg = gangway_regional::RegionConfig::new("test", addr, &url);
+    cfg.pool_size = 2; // and so two connections for syncs
+    let state = gangway_regional::prepare(cfg, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let store = state.store.clone();
+    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
+    fleet.sync(&store, 0, "boot-1", vec![], vec![]).await;
+    let id = submit(&store, &job("acme", "h100", 8, 8)).await;
+    assert_eq!(run_pass(&store, AGENT_TIMEOUT).await.unwrap().placements, 1);
+    let wanted = fleet.sync(&store, 0, "boot-1", vec![], vec![]).await;
+    let a = wanted.iter().find(|a| a.job_id == id).unwrap().clone();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(gangway_regional::serve_on(
+        listener,
+        state.clone(),
+        shutdown.clone(),
+    ));
+    let http = reqwest::Client::new();
+    let base = format!("http://{addr}");
+    let submit = || {
+        http.post(format!("{base}/v1/jobs"))
+            .header(gangway_shared::client::TENANT_HEADER, "acme")
+            .json(
+                &serde_json::json!({"name": "t", "gpus": 8, "gpu_type": "h100",
+                                      "estimated_duration_s": 60, "command": ["train"]}),
+            )
+            .send()
+    };
+
+    // The database is slow to hear the agent: its row is held, so syncs
+    // that record something (the worker's start) wait with a connection
+    // each, and a third waits for a connection.
+    let (mut other, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tx = other.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM agents WHERE agent_id = 'agent-n0' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let started = gangway_shared::agent::SyncRequest {
+        boot_id: fleet.boots[0],
+        workers: vec![gangway_shared::agent::WorkerReport {
+            status: gangway_shared::agent::WorkerStatus::Running,
+            ..common::succeeded(&a)
+        }],
+        nodes: vec![],
+        checkpoints: None,
+    };
+    let syncs: Vec<_> = (0..3)
+        .map(|_| {
+            let req = http
+                .post(format!("{base}/internal/v1/agents/agent-n0/sync"))
+                .json(&started)
+                .send();
+            tokio::spawn(req)
+        })
+        .collect();
+    let mut queued = false;
+    for _ in 0..600 {
+        if store.sync_pool_status().waiting > 0 {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(queued, "the syncs never queued for a connection");
+
+    // A submission now is shed, and nothing of it is recorded.
+    let resp = submit().await.unwrap();
+    assert_eq!(resp.status(), 503);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "overloaded", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("syncs"),
+        "{body}"
+    );
+    let jobs: i64 = tx
+        .query_one("SELECT count(*) FROM jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 1, "only the job placed before");
+
+    // Once the syncs get through, submissions are taken again.
+    tx.rollback().await.unwrap();
+    for s in syncs {
+        assert_eq!(s.await.unwrap().unwrap().status(), 200);
+    }
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
     assert_eq!(submit().await.unwrap().status(), 201);
     shutdown.cancel();
     server.await.unwrap().unwrap();

@@ -3,13 +3,19 @@
 //! cannot wait — its agents' syncs, its peers' heartbeats, operators'
 //! actions on nodes, cancels — still gets database connections.
 //!
-//! Two rules, checked on every sheddable request:
+//! Three rules, checked on every sheddable request:
 //! - At most [`SHEDDABLE_SHARE`] of the pool's connections serve sheddable
 //!   requests at once (a semaphore). One that finds none free waits up to
 //!   [`ADMISSION_WAIT`], then is shed.
 //! - When callers already queue for a connection (the pool is exhausted
 //!   and as many wait as it holds), a sheddable request is shed at once:
 //!   taking a permit would only lengthen the queue syncs wait in.
+//! - When the agents' syncs queue for their own pool's connections
+//!   (`Store::sync_conn`: all taken and one waits), a sheddable request is
+//!   shed at once: the database is too busy to hear the region's machines,
+//!   and a submission would only add to its work. (Without this rule, at
+//!   40,960 GPUs, submissions ran at 86 /s on a main pool no sync needed
+//!   any more while syncs waited up to 10 s.)
 //!
 //! The peers' leases have a pool of their own (`Store::lease_conn`), so a
 //! region shedding load is still heard by its peers and never fences for
@@ -79,6 +85,10 @@ pub async fn admit(State(state): State<AppState>, req: Request, next: Next) -> R
             &req,
             "its database connections are all taken and callers queue",
         );
+    }
+    let syncs = state.store.sync_pool_status();
+    if syncs.available == 0 && syncs.waiting > 0 {
+        return overloaded(&req, "its agents' syncs queue for the database");
     }
     let permit =
         match tokio::time::timeout(ADMISSION_WAIT, state.sheddable.clone().acquire_owned()).await {

@@ -555,6 +555,12 @@ impl Store {
         self.pool.status()
     }
 
+    /// The agents' syncs' pool now (shedding, `api/shed.rs`, gives way to
+    /// syncs that queue).
+    pub fn sync_pool_status(&self) -> deadpool_postgres::Status {
+        self.syncs.status()
+    }
+
     /// Applies the embedded migrations under an advisory lock, so replicas
     /// starting together migrate once. Safe to run on every start.
     pub async fn migrate(&self) -> Result<()> {
