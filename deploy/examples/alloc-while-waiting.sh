@@ -18,19 +18,10 @@ set -euo pipefail
 STATE=${1:?state dir of a running gangway dev up}
 SINCE=${2:?the run start, seconds since the epoch}
 GRACE=${3:-10}
-# shellcheck disable=SC1091
-source "$STATE/env"
-IFS=, read -r -a REGIONS <<<"$GANGWAY_REGIONS"
+# shellcheck source=deploy/examples/dev-cloud.sh
+source "$(dirname "$0")/dev-cloud.sh"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-
-psql_of() { # region, sql
-    local pw port
-    pw=$(cat "$STATE/regions/$1/pg/gangway-superuser.password" 2>/dev/null ||
-        cat "$(dirname "$(readlink -f "$STATE/regions/$1/pg")")/pg/gangway-superuser.password")
-    port=$(python3 -c "import json,sys; print(json.load(open('$STATE/dev.json'))['regions']['$1']['postgres'])")
-    PGPASSWORD=$pw psql -qAtX -h 127.0.0.1 -p "$port" -U postgres -d gangway -F ' ' -c "$2"
-}
 
 for r in "${REGIONS[@]}"; do
     psql_of "$r" "SELECT count(*) FROM gpus g JOIN nodes n USING (node_id) WHERE NOT n.spare" >"$TMP/$r.sched"

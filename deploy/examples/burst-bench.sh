@@ -25,22 +25,9 @@ GANGWAY=${GANGWAY:-target/release/gangway}
 # scheduler plans with the estimates as given, so with --time-factor 1 and
 # DURATIONS=6-72 it plans on the clock the jobs really run by.
 DURATIONS=${DURATIONS:-600-7200}
-# shellcheck disable=SC1091
-source "$STATE/env"
-IFS=, read -r -a REGIONS <<<"$GANGWAY_REGIONS"
+# shellcheck source=deploy/examples/dev-cloud.sh
+source "$(dirname "$0")/dev-cloud.sh"
 
-psql_of() { # region, sql
-    local pw port
-    pw=$(cat "$STATE/regions/$1/pg/gangway-superuser.password" 2>/dev/null ||
-        cat "$(dirname "$(readlink -f "$STATE/regions/$1/pg")")/pg/gangway-superuser.password")
-    port=$(python3 -c "import json,sys; print(json.load(open('$STATE/dev.json'))['regions']['$1']['postgres'])")
-    PGPASSWORD=$pw psql -qAtX -h 127.0.0.1 -p "$port" -U postgres -d gangway -F ' ' -c "$2"
-}
-metrics_of() { # region
-    local var
-    var=GANGWAY_REGION_$(echo "$1" | tr a-z- A-Z_)_METRICS_URL
-    curl -s "${!var}"
-}
 # Quantile q of a Prometheus histogram's bucket counts (cumulative, "le"
 # order) between two scrapes: the smallest bucket bound holding q of them.
 quantile() { # name, q, before-file, after-file[, label filter such as kind="changed"]

@@ -8,8 +8,8 @@
 #   deploy/examples/idle-syncs.sh /tmp/gw-burst 60
 set -uo pipefail
 STATE=$1; SECS=${2:-60}
-source "$STATE/env"
-IFS=, read -r -a REGIONS <<<"$GANGWAY_REGIONS"
+# shellcheck source=deploy/examples/dev-cloud.sh
+source "$(dirname "$0")/dev-cloud.sh"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cpu() { # pattern -> total cpu ticks
@@ -17,7 +17,6 @@ cpu() { # pattern -> total cpu ticks
   for p in $(pgrep -f "$1"); do [ -r /proc/$p/stat ] && t=$((t + $(awk '{print $14+$15}' /proc/$p/stat))); done; echo $t; }
 pgcpu() { local t=0; for p in $( (pgrep -x postgres; pgrep -f "^postgres") | sort -u); do [ -r /proc/$p/stat ] && t=$((t + $(awk '{print $14+$15}' /proc/$p/stat))); done; echo $t; }
 snap() { echo "$(cpu ' region --name') $(cpu ' agent ') $(cpu ' global ') $(pgcpu)"; }
-metrics_of() { local var=GANGWAY_REGION_$(echo "$1" | tr a-z- A-Z_)_METRICS_URL; curl -s "${!var}"; }
 for r in "${REGIONS[@]}"; do metrics_of $r > "$TMP/$r.a"; done
 read -r a1 a2 a3 a4 <<<"$(snap)"
 sleep "$SECS"

@@ -390,37 +390,74 @@ async fn a_sync_leaves_a_report_for_later_rather_than_wait_for_its_job() {
     );
 }
 
-#[tokio::test]
-async fn an_overloaded_region_sheds_submissions_and_listings_but_hears_its_agents() {
-    let url = gangway_devkit::fresh_database("mass_silence_shed").await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let cfg = gangway_regional::RegionConfig::new("test", addr, &url);
-    let state = gangway_regional::prepare(cfg, Duration::from_secs(10))
-        .await
-        .unwrap();
-    let store = state.store.clone();
-    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(gangway_regional::serve_on(
-        listener,
-        state.clone(),
-        shutdown.clone(),
-    ));
-    let http = reqwest::Client::new();
-    let base = format!("http://{addr}");
-    let list = || {
-        http.get(format!("{base}/v1/jobs"))
-            .header(gangway_shared::client::TENANT_HEADER, "acme")
-            .send()
-    };
-    let submit = || {
-        http.post(format!("{base}/v1/jobs"))
+/// A region served over HTTP on a fresh database, with `pool_size`
+/// connections (and as many for syncs), node `n0` registered.
+struct Served {
+    url: String,
+    state: gangway_regional::api::AppState,
+    fleet: Fleet,
+    base: String,
+    http: reqwest::Client,
+    shutdown: tokio_util::sync::CancellationToken,
+    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Served {
+    async fn start(prefix: &str, pool_size: usize) -> Served {
+        let url = gangway_devkit::fresh_database(prefix).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut cfg = gangway_regional::RegionConfig::new("test", addr, &url);
+        cfg.pool_size = pool_size;
+        let state = gangway_regional::prepare(cfg, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let fleet =
+            Fleet::register_nodes(&state.store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(gangway_regional::serve_on(
+            listener,
+            state.clone(),
+            shutdown.clone(),
+        ));
+        Served {
+            url,
+            state,
+            fleet,
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            shutdown,
+            server,
+        }
+    }
+
+    /// A tenant's submission of one 8-GPU job, over HTTP.
+    async fn submit(&self) -> reqwest::Response {
+        (self.http.post(format!("{}/v1/jobs", self.base)))
             .header(gangway_shared::client::TENANT_HEADER, "acme")
             .json(
                 &serde_json::json!({"name": "t", "gpus": 8, "gpu_type": "h100",
                                       "estimated_duration_s": 60, "command": ["train"]}),
             )
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.server.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_overloaded_region_sheds_submissions_and_listings_but_hears_its_agents() {
+    let region = Served::start("mass_silence_shed", 16).await;
+    let (state, store, fleet) = (&region.state, &region.state.store, &region.fleet);
+    let (http, base) = (&region.http, &region.base);
+    let list = || {
+        http.get(format!("{base}/v1/jobs"))
+            .header(gangway_shared::client::TENANT_HEADER, "acme")
             .send()
     };
     assert_eq!(list().await.unwrap().status(), 200);
@@ -434,7 +471,7 @@ async fn an_overloaded_region_sheds_submissions_and_listings_but_hears_its_agent
         .acquire_many_owned(turns)
         .await
         .unwrap();
-    for resp in [list().await.unwrap(), submit().await.unwrap()] {
+    for resp in [list().await.unwrap(), region.submit().await] {
         assert_eq!(resp.status(), 503);
         assert_eq!(
             resp.headers()
@@ -469,50 +506,26 @@ async fn an_overloaded_region_sheds_submissions_and_listings_but_hears_its_agent
 
     // Once load falls, the same submission is taken.
     drop(held);
-    assert_eq!(submit().await.unwrap().status(), 201);
-    shutdown.cancel();
-    server.await.unwrap().unwrap();
+    assert_eq!(region.submit().await.status(), 201);
+    region.stop().await;
 }
 
 #[tokio::test]
 async fn submissions_are_shed_while_the_agents_syncs_queue_for_the_database() {
-    let url = gangway_devkit::fresh_database("mass_silence_shed_syncs").await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut cfg = gangway_regional::RegionConfig::new("test", addr, &url);
-    cfg.pool_size = 2; // and so two connections for syncs
-    let state = gangway_regional::prepare(cfg, Duration::from_secs(10))
-        .await
-        .unwrap();
-    let store = state.store.clone();
-    let fleet = Fleet::register_nodes(&store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
-    fleet.sync(&store, 0, "boot-1", vec![], vec![]).await;
-    let id = submit(&store, &job("acme", "h100", 8, 8)).await;
-    assert_eq!(run_pass(&store, AGENT_TIMEOUT).await.unwrap().placements, 1);
-    let wanted = fleet.sync(&store, 0, "boot-1", vec![], vec![]).await;
+    // Two connections, and so two for syncs.
+    let region = Served::start("mass_silence_shed_syncs", 2).await;
+    let (store, fleet) = (&region.state.store, &region.fleet);
+    let (http, base) = (&region.http, &region.base);
+    fleet.sync(store, 0, "boot-1", vec![], vec![]).await;
+    let id = submit(store, &job("acme", "h100", 8, 8)).await;
+    assert_eq!(run_pass(store, AGENT_TIMEOUT).await.unwrap().placements, 1);
+    let wanted = fleet.sync(store, 0, "boot-1", vec![], vec![]).await;
     let a = wanted.iter().find(|a| a.job_id == id).unwrap().clone();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(gangway_regional::serve_on(
-        listener,
-        state.clone(),
-        shutdown.clone(),
-    ));
-    let http = reqwest::Client::new();
-    let base = format!("http://{addr}");
-    let submit = || {
-        http.post(format!("{base}/v1/jobs"))
-            .header(gangway_shared::client::TENANT_HEADER, "acme")
-            .json(
-                &serde_json::json!({"name": "t", "gpus": 8, "gpu_type": "h100",
-                                      "estimated_duration_s": 60, "command": ["train"]}),
-            )
-            .send()
-    };
 
     // The database is slow to hear the agent: its row is held, so syncs
     // that record something (the worker's start) wait with a connection
     // each, and a third waits for a connection.
-    let (mut other, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+    let (mut other, conn) = tokio_postgres::connect(&region.url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(conn);
@@ -552,7 +565,7 @@ async fn submissions_are_shed_while_the_agents_syncs_queue_for_the_database() {
     assert!(queued, "the syncs never queued for a connection");
 
     // A submission now is shed, and nothing of it is recorded.
-    let resp = submit().await.unwrap();
+    let resp = region.submit().await;
     assert_eq!(resp.status(), 503);
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["code"], "overloaded", "{body}");
@@ -576,7 +589,6 @@ async fn submissions_are_shed_while_the_agents_syncs_queue_for_the_database() {
         store.get_job("acme", id).await.unwrap().state,
         JobState::Running
     );
-    assert_eq!(submit().await.unwrap().status(), 201);
-    shutdown.cancel();
-    server.await.unwrap().unwrap();
+    assert_eq!(region.submit().await.status(), 201);
+    region.stop().await;
 }

@@ -414,6 +414,16 @@ pub struct Store {
     liveness: Arc<agents::Liveness>,
 }
 
+/// A connection of `pool`, the wait recorded under its `name`
+/// (`gangway_db_pool_wait_seconds`).
+async fn timed_get(pool: &Pool, name: &'static str) -> Result<deadpool_postgres::Object> {
+    let asked = std::time::Instant::now();
+    let conn = pool.get().await;
+    metrics::histogram!("gangway_db_pool_wait_seconds", "pool" => name)
+        .record(asked.elapsed().as_secs_f64());
+    Ok(conn?)
+}
+
 /// `sql` prepared once per connection (deadpool's statement cache), for
 /// the statements a region runs many times a second (an agent's sync):
 /// PostgreSQL parses and plans it once, and each use is one round trip.
@@ -439,28 +449,21 @@ impl Store {
                 },
             )
         };
-        let pool = Pool::builder(manager())
-            .max_size(max_size)
-            .wait_timeout(Some(Duration::from_secs(10)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()?;
+        // At most `size` connections; a caller waits up to `wait_s` for one.
+        let pool = |size: usize, wait_s: u64| {
+            Pool::builder(manager())
+                .max_size(size)
+                .wait_timeout(Some(Duration::from_secs(wait_s)))
+                .create_timeout(Some(Duration::from_secs(wait_s.min(5))))
+                .runtime(deadpool_postgres::Runtime::Tokio1)
+                .build()
+        };
+        let (main, syncs) = (pool(max_size, 10)?, pool(max_size, 10)?);
         // A lease read or write that waits longer than a heartbeat's round
         // trip may is as good as failed.
-        let leases = Pool::builder(manager())
-            .max_size(2)
-            .wait_timeout(Some(Duration::from_secs(2)))
-            .create_timeout(Some(Duration::from_secs(2)))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()?;
-        let syncs = Pool::builder(manager())
-            .max_size(max_size)
-            .wait_timeout(Some(Duration::from_secs(10)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()?;
+        let leases = pool(2, 2)?;
         Ok(Store {
-            pool,
+            pool: main,
             leases,
             syncs,
             region: region.to_string(),
@@ -524,29 +527,17 @@ impl Store {
     }
 
     pub(crate) async fn conn(&self) -> Result<deadpool_postgres::Object> {
-        let asked = std::time::Instant::now();
-        let conn = self.pool.get().await;
-        metrics::histogram!("gangway_db_pool_wait_seconds", "pool" => "main")
-            .record(asked.elapsed().as_secs_f64());
-        Ok(conn?)
+        timed_get(&self.pool, "main").await
     }
 
     /// A connection of the agents' syncs' own pool ([`Store::syncs`]).
     pub(crate) async fn sync_conn(&self) -> Result<deadpool_postgres::Object> {
-        let asked = std::time::Instant::now();
-        let conn = self.syncs.get().await;
-        metrics::histogram!("gangway_db_pool_wait_seconds", "pool" => "syncs")
-            .record(asked.elapsed().as_secs_f64());
-        Ok(conn?)
+        timed_get(&self.syncs, "syncs").await
     }
 
     /// A connection of the peers' leases' own pool ([`Store::leases`]).
     pub(crate) async fn lease_conn(&self) -> Result<deadpool_postgres::Object> {
-        let asked = std::time::Instant::now();
-        let conn = self.leases.get().await;
-        metrics::histogram!("gangway_db_pool_wait_seconds", "pool" => "leases")
-            .record(asked.elapsed().as_secs_f64());
-        Ok(conn?)
+        timed_get(&self.leases, "leases").await
     }
 
     /// The main pool now: its size, connections idle, and callers waiting
