@@ -524,7 +524,7 @@ async fn submissions_are_shed_while_the_agents_syncs_queue_for_the_database() {
 
     // The database is slow to hear the agent: its row is held, so syncs
     // that record something (the worker's start) wait with a connection
-    // each, and a third waits for a connection.
+    // each, and as many again wait for a connection.
     let (mut other, conn) = tokio_postgres::connect(&region.url, tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -545,24 +545,32 @@ async fn submissions_are_shed_while_the_agents_syncs_queue_for_the_database() {
         nodes: vec![],
         checkpoints: None,
     };
-    let syncs: Vec<_> = (0..3)
-        .map(|_| {
-            let req = http
-                .post(format!("{base}/internal/v1/agents/agent-n0/sync"))
-                .json(&started)
-                .send();
-            tokio::spawn(req)
-        })
-        .collect();
-    let mut queued = false;
-    for _ in 0..600 {
-        if store.sync_pool_status().waiting > 0 {
-            queued = true;
-            break;
+    let send = || {
+        let req = http
+            .post(format!("{base}/internal/v1/agents/agent-n0/sync"))
+            .json(&started)
+            .send();
+        tokio::spawn(req)
+    };
+    let queue_reaches = |n: usize| async move {
+        for _ in 0..600 {
+            if store.sync_pool_status().waiting >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(queued, "the syncs never queued for a connection");
+        panic!("the syncs never queued {n} deep for a connection");
+    };
+
+    // Both connections taken and one sync waiting: a moment's queue, not
+    // enough to turn tenants away.
+    let mut syncs: Vec<_> = (0..3).map(|_| send()).collect();
+    queue_reaches(1).await;
+    assert_eq!(region.submit().await.status(), 201);
+
+    // As many waiting as the pool holds: shed.
+    syncs.push(send());
+    queue_reaches(2).await;
 
     // A submission now is shed, and nothing of it is recorded.
     let resp = region.submit().await;
@@ -578,7 +586,7 @@ async fn submissions_are_shed_while_the_agents_syncs_queue_for_the_database() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(jobs, 1, "only the job placed before");
+    assert_eq!(jobs, 2, "the job placed before and the one taken");
 
     // Once the syncs get through, submissions are taken again.
     tx.rollback().await.unwrap();

@@ -11,11 +11,13 @@
 //!   and as many wait as it holds), a sheddable request is shed at once:
 //!   taking a permit would only lengthen the queue syncs wait in.
 //! - When the agents' syncs queue for their own pool's connections
-//!   (`Store::sync_conn`: all taken and one waits), a sheddable request is
-//!   shed at once: the database is too busy to hear the region's machines,
-//!   and a submission would only add to its work. (Without this rule, at
-//!   40,960 GPUs, submissions ran at 86 /s on a main pool no sync needed
-//!   any more while syncs waited up to 10 s.)
+//!   (`Store::sync_conn`: all taken and as many wait as it holds), a
+//!   sheddable request is shed at once: the database is too busy to hear
+//!   the region's machines, and a submission would only add to its work.
+//!   (Without this rule, at 40,960 GPUs, submissions ran at 86 /s on a
+//!   main pool no sync needed any more while syncs waited up to 10 s.) A
+//!   moment's queue is not enough: a region that has just started, its
+//!   agents all registering and syncing at once, still takes jobs.
 //!
 //! The peers' leases have a pool of their own (`Store::lease_conn`), so a
 //! region shedding load is still heard by its peers and never fences for
@@ -87,7 +89,7 @@ pub async fn admit(State(state): State<AppState>, req: Request, next: Next) -> R
         );
     }
     let syncs = state.store.sync_pool_status();
-    if syncs.available == 0 && syncs.waiting > 0 {
+    if syncs.available == 0 && syncs.waiting >= syncs.max_size {
         return overloaded(&req, "its agents' syncs queue for the database");
     }
     let permit =
