@@ -314,14 +314,7 @@ async fn a_stale_heartbeat_makes_a_node_suspect_then_lost_and_its_jobs_requeue_a
     assert!((acme.lost_gpu_s - job.lost_gpu_s).abs() < 1e-6, "{acme:?}");
     assert!(acme.goodput.is_some_and(|g| g < 1.0), "{acme:?}");
     // Its GPUs are released; it is first in line, before the older job.
-    let live: i64 = client
-        .query_one(
-            "SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let live = common::live_gpus(&client, id).await;
     assert_eq!(live, 0);
     let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
     let seq = |j: Uuid| {
@@ -1077,14 +1070,7 @@ async fn a_spare_from_the_same_leaf_takes_a_failed_nodes_place_under_a_64_gpu_ga
             "placed"
         ]
     );
-    let live: i64 = client
-        .query_one(
-            "SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let live = common::live_gpus(&client, id).await;
     assert_eq!(live, 64);
     // It runs on its nodes again.
     for n in [0, 1, 2, 4, 5, 6, 7, 8] {

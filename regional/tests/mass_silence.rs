@@ -368,14 +368,7 @@ async fn a_sync_leaves_a_report_for_later_rather_than_wait_for_its_job() {
         store.get_job("acme", id).await.unwrap().state,
         JobState::Running
     );
-    let held: i64 = client
-        .query_one(
-            "SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let held = common::live_gpus(&client, id).await;
     assert_eq!(held, 8, "nothing of the report recorded yet");
 
     // Once the job is free, the same report (sent again) is recorded.

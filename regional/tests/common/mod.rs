@@ -246,3 +246,15 @@ pub fn succeeded(a: &Assignment) -> WorkerReport {
         fenced: false,
     }
 }
+
+/// GPUs allocated to `job` now.
+pub async fn live_gpus(client: &tokio_postgres::Client, job: Uuid) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM allocations WHERE job_id = $1 AND released_at IS NULL",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
