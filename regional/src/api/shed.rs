@@ -81,15 +81,15 @@ pub async fn admit(State(state): State<AppState>, req: Request, next: Next) -> R
     if !sheddable(req.method(), req.uri().path()) {
         return next.run(req).await;
     }
-    let pool = state.store.pool_status();
-    if pool.available == 0 && pool.waiting >= pool.max_size {
+    // A pool whose connections are all taken and as many callers wait.
+    let queued = |s: deadpool_postgres::Status| s.available == 0 && s.waiting >= s.max_size;
+    if queued(state.store.pool_status()) {
         return overloaded(
             &req,
             "its database connections are all taken and callers queue",
         );
     }
-    let syncs = state.store.sync_pool_status();
-    if syncs.available == 0 && syncs.waiting >= syncs.max_size {
+    if queued(state.store.sync_pool_status()) {
         return overloaded(&req, "its agents' syncs queue for the database");
     }
     let permit =

@@ -300,7 +300,7 @@ impl Store {
             super::nodes::look_at_nodes(&tx, &ctx, agent_id, &boot, &req.nodes, &named, false)
                 .await?;
         let uploads = req.checkpoints.is_some();
-        let changed = look_at_reports(&tx, agent_id, &req.workers, uploads).await?;
+        let mut changed = look_at_reports(&tx, agent_id, &req.workers, uploads).await?;
         let checkpoints_reported = req.checkpoints.as_ref().is_some_and(|c| !c.is_empty());
         if nodes.due.is_empty() && changed.is_empty() && !checkpoints_reported {
             let assignments = load_assignments(&tx, agent_id, timing).await?;
@@ -354,7 +354,6 @@ impl Store {
         reported.sort();
         reported.dedup();
         let taken = lock_free_jobs(&tx, &reported).await?;
-        let mut changed = changed;
         if taken.len() < reported.len() {
             let before = changed.len();
             changed.retain(|r| saved.binary_search(&r.job_id).is_ok() || taken.contains(&r.job_id));

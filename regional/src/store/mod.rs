@@ -436,8 +436,8 @@ pub(super) async fn cached(
 
 impl Store {
     /// Connects to `url` (a libpq-style connection string) with a pool of
-    /// `max_size` connections (and the agents' syncs' and the leases' own
-    /// smaller pools, opened as they are needed). Does not touch the schema.
+    /// `max_size` connections, as many again for the agents' syncs and two
+    /// for the leases (each opened as needed). Does not touch the schema.
     pub fn connect(url: &str, region: &str, max_size: usize) -> anyhow::Result<Store> {
         let pg: tokio_postgres::Config = url.parse()?;
         let manager = || {

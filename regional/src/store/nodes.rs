@@ -220,9 +220,8 @@ pub(super) fn rack_throttled_why(leaf: &str) -> String {
 
 /// What both axes decide for a node row of the snapshot at `now`: the
 /// scheduler's one source of schedulable nodes and usable GPUs. Reads the
-/// admin columns (as [`admin_from_row`]), `health` and `gpu_count`.
-/// `row` (a node's, with its operator state and `health`; `gpus`: how
-/// many it has) decided at `now`.
+/// admin columns (as [`admin_from_row`]) and `health`; `gpus`: how many
+/// GPUs the node has.
 pub(super) fn decision_of(row: &Row, gpus: u32, policy: &HealthPolicy, now: u64) -> Decision {
     let health: NodeHealth = row
         .get::<_, Option<serde_json::Value>>("health")

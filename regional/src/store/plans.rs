@@ -656,11 +656,11 @@ impl Store {
                 *capacity.entry(n.gpu_type.clone()).or_default() += n.gpus.len() as u64;
             }
         }
+        laps.lap("capacity");
         // Rack power: computed over every partition of every budgeted
         // rack, then narrowed to this one's (the shared pools', without a
         // key), so a rack's figures are the same whichever partition reads
         // them.
-        laps.lap("capacity");
         let power_rows = rack_power_rows(&*tx).await?;
         laps.lap("power");
         let (mut racks, headroom) = rack_power(&power_rows);
@@ -734,8 +734,6 @@ impl Store {
         })
     }
 
-    /// The decayed past usage, read in `tx` unless a recent enough reading
-    /// with the same half-life can be reused.
     /// Every node's GPUs as of fleet version `version` (read in `tx`), from
     /// the cache unless the fleet changed since it was read: only a
     /// registration, a spare swap or a cluster's change of nodes alters
@@ -778,6 +776,8 @@ impl Store {
         Ok(fleet)
     }
 
+    /// The decayed past usage, read in `tx` unless a recent enough reading
+    /// with the same half-life can be reused.
     async fn history(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
