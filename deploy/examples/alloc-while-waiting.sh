@@ -13,7 +13,11 @@
 # time some job waited, how much of that time was spent below 95 %, and
 # the same while the job waiting was no larger than the GPUs free then (a
 # job that could have fitted by count; a gang of whole nodes may still not
-# fit GPUs spread over partly used nodes).
+# fit GPUs spread over partly used nodes). Then where the idle GPU-seconds
+# while work waited went, by the length of each GPU's idle gap between two
+# allocations: gaps of a second or two are the live loop's turnaround (an
+# exit reported, the next pass placing on the freed GPUs); long ones are
+# GPUs kept free for a big gang, or left free as no waiting gang fits.
 set -euo pipefail
 STATE=${1:?state dir of a running gangway dev up}
 SINCE=${2:?the run start, seconds since the epoch}
@@ -35,6 +39,11 @@ for r in "${REGIONS[@]}"; do
                                    FROM allocations a WHERE a.job_id = j.job_id), 'Infinity'),
                          j.gpus
                   FROM jobs j WHERE j.name = 'loadgen' AND j.created_at > to_timestamp($SINCE)" >"$TMP/$r.jobs"
+    psql_of "$r" "SELECT a.node_id || ':' || a.gpu_index, extract(epoch FROM a.allocated_at)::float8,
+                         coalesce(extract(epoch FROM a.released_at)::float8, 'Infinity')
+                  FROM allocations a JOIN nodes n USING (node_id)
+                  WHERE NOT n.spare AND (a.released_at IS NULL OR a.released_at > to_timestamp($SINCE))
+                  ORDER BY 1, 2" >"$TMP/$r.gpus"
 done
 
 python3 - "$TMP" "$SINCE" "$GRACE" "$(date +%s)" "${REGIONS[@]}" <<'PY'
@@ -58,6 +67,64 @@ def load(r):
             events.append((start, 0, 1, int(g)))
             events.append((stop, 0, -1, -int(g)))
     return sched, sorted(events)
+
+GAP_CLASSES = [(1.0, "< 1 s"), (3.0, "1–3 s"), (10.0, "3–10 s"), (float("inf"), "≥ 10 s")]
+
+def idle_gaps(r, series, sched):
+    """GPU-seconds idle while work waited, by the length of the idle gap."""
+    import bisect
+    # The times some job waited, as sorted disjoint intervals.
+    spans, waiting, t0 = [], 0, None
+    for t, _, dw, _ in series:
+        if not dw:
+            continue
+        t = min(max(t, since), end)
+        if waiting == 0 and dw > 0:
+            t0 = t
+        waiting += dw
+        if waiting == 0 and t0 is not None and t > t0:
+            spans.append((t0, t))
+    if waiting > 0 and t0 is not None and end > t0:
+        spans.append((t0, end))
+    starts = [a for a, _ in spans]
+    prefix = [0.0]
+    for a, b in spans:
+        prefix.append(prefix[-1] + b - a)
+    def covered(x):  # waiting seconds in [since, x)
+        i = bisect.bisect_right(starts, x)
+        if i == 0:
+            return 0.0
+        a, b = spans[i - 1]
+        return prefix[i - 1] + min(x, b) - a
+    by_class = [0.0] * len(GAP_CLASSES)
+    seen = 0
+    def gap(a, b, length):
+        a, b = max(a, since), min(b, end)
+        if b <= a:
+            return
+        w = covered(b) - covered(a)
+        for k, (limit, _) in enumerate(GAP_CLASSES):
+            if length < limit:
+                by_class[k] += w
+                return
+    gpus = {}
+    for line in open(f"{tmp}/{r}.gpus"):
+        g, a, b = line.split()
+        gpus.setdefault(g, []).append((float(a), float(b)))
+    for ivs in gpus.values():
+        seen += 1
+        at = since
+        for a, b in ivs:
+            if a > at:
+                # A gap that began before the window is counted whole.
+                gap(at, a, a - at if at > since else float("inf"))
+            at = max(at, b)
+        gap(at, end, float("inf"))
+    # GPUs with no allocation in the window were idle throughout.
+    gap_all = max(0, sched - seen) * (covered(end) - covered(since))
+    by_class[-1] += gap_all
+    total = covered(end) * sched
+    return total, by_class
 
 def integrate(series, sched):
     """series: sorted (t, d_alloc, d_wait, d_gpu); returns the figures."""
@@ -102,6 +169,10 @@ fleet_events, fleet_sched = [], 0
 for i, r in enumerate(regions):
     sched, ev = load(r)
     show(r, integrate(ev, sched))
+    total, by_class = idle_gaps(r, ev, sched)
+    if total:
+        print(f"{'':<11} idle while work waited, by each GPU's gap: " + ", ".join(
+            f"{label} {100 * s / total:.1f} pt" for (_, label), s in zip(GAP_CLASSES, by_class)))
     fleet_sched += sched
     fleet_events += ev
 if len(regions) > 1:

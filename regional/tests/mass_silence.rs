@@ -356,14 +356,16 @@ async fn a_sync_leaves_a_report_for_later_rather_than_wait_for_its_job() {
 
     // The agent reports its worker done: the sync answers without waiting
     // (a generous guard against a hang, not a timing), leaves the report
-    // for later and still lists the worker, so the agent reports it again.
+    // for later, still lists the worker, and asks the agent to report it
+    // again soon.
     let again = tokio::time::timeout(
         Duration::from_secs(60),
-        fleet.sync(&store, n, "boot-1", vec![], vec![common::succeeded(&a)]),
+        fleet.sync_outcome(&store, n, "boot-1", vec![], vec![common::succeeded(&a)]),
     )
     .await
     .expect("the sync waited for a job another transaction holds");
-    assert!(again.iter().any(|x| x.job_id == id && x.rank == a.rank));
+    assert!(again.deferred, "the agent is asked to report again soon");
+    assert!((again.assignments.iter()).any(|x| x.job_id == id && x.rank == a.rank));
     assert_eq!(
         store.get_job("acme", id).await.unwrap().state,
         JobState::Running
@@ -374,9 +376,10 @@ async fn a_sync_leaves_a_report_for_later_rather_than_wait_for_its_job() {
     // Once the job is free, the same report (sent again) is recorded.
     tx.rollback().await.unwrap();
     let after = fleet
-        .sync(&store, n, "boot-1", vec![], vec![common::succeeded(&a)])
+        .sync_outcome(&store, n, "boot-1", vec![], vec![common::succeeded(&a)])
         .await;
-    assert!(!after.iter().any(|x| x.job_id == id));
+    assert!(!after.deferred);
+    assert!(!after.assignments.iter().any(|x| x.job_id == id));
     assert_eq!(
         store.get_job("acme", id).await.unwrap().state,
         JobState::Succeeded

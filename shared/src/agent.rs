@@ -283,4 +283,10 @@ fn first_epoch() -> i32 {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncResponse {
     pub assignments: Vec<Assignment>,
+    /// Some of the workers' reports were left for a later sync (another
+    /// sync held their job: the agents of one gang that ended at once), so
+    /// the agent should sync again soon rather than a whole interval later:
+    /// until then the job's GPUs stay allocated to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub report_again: bool,
 }

@@ -257,9 +257,17 @@ impl Agent {
                     }
                     workers.reconcile(&resp.assignments);
                     // Sync early when a worker exits, so the region hears
-                    // of it within one round trip rather than one interval.
+                    // of it within one round trip rather than one interval;
+                    // and soon when the region left some of our reports
+                    // for later (their job was busy), as its GPUs stay
+                    // allocated until they are heard.
+                    let wait = if resp.report_again {
+                        soon(interval)
+                    } else {
+                        jittered(interval)
+                    };
                     tokio::select! {
-                        _ = sleep(jittered(interval)) => {}
+                        _ = sleep(wait) => {}
                         _ = self.exited.notified() => {}
                         _ = shutdown.cancelled() => return,
                     }
@@ -393,6 +401,20 @@ fn jittered(interval: Duration) -> Duration {
     if tenth == 0 {
         return interval;
     }
-    let draw = (uuid::Uuid::new_v4().as_u128() as u64) % (2 * tenth);
-    interval - Duration::from_micros(tenth) + Duration::from_micros(draw)
+    interval - Duration::from_micros(tenth) + Duration::from_micros(random_below(2 * tenth))
+}
+
+/// A short, random wait before reporting again what the region left for
+/// later: between a fiftieth and a fifth of `interval`, so the agents of
+/// one gang, which ended together and met on its job, come back apart.
+fn soon(interval: Duration) -> Duration {
+    let fiftieth = interval.as_micros() as u64 / 50;
+    Duration::from_micros(fiftieth + random_below(9 * fiftieth))
+}
+
+/// A random number in `0..n` (0 when `n` is 0).
+fn random_below(n: u64) -> u64 {
+    (uuid::Uuid::new_v4().as_u128() as u64)
+        .checked_rem(n)
+        .unwrap_or(0)
 }

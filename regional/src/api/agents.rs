@@ -120,6 +120,7 @@ pub async fn sync(
     }
     Ok(axum::Json(SyncResponse {
         assignments: outcome.assignments,
+        report_again: outcome.deferred,
     }))
 }
 

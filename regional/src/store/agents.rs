@@ -28,6 +28,8 @@ pub struct SyncOutcome {
     pub checkpoints: super::Recorded,
     /// Nothing reported changed anything: the sync only read.
     pub quiet: bool,
+    /// Reports left for the agent's next sync: their jobs were held.
+    pub deferred: bool,
 }
 
 /// The port rank 0 listens on for the gang's rendezvous, derived from the
@@ -311,6 +313,7 @@ impl Store {
                 freed_gpus: false,
                 checkpoints: Default::default(),
                 quiet: true,
+                deferred: false,
             });
         }
         // The sync before this one: a worker the agent stopped on its own
@@ -354,7 +357,8 @@ impl Store {
         reported.sort();
         reported.dedup();
         let taken = lock_free_jobs(&tx, &reported).await?;
-        if taken.len() < reported.len() {
+        let deferred = taken.len() < reported.len();
+        if deferred {
             let before = changed.len();
             changed.retain(|r| saved.binary_search(&r.job_id).is_ok() || taken.contains(&r.job_id));
             metrics::counter!("gangway_sync_reports_deferred_total")
@@ -373,6 +377,7 @@ impl Store {
             freed_gpus: freed_gpus || nodes.freed_gpus || nodes.fleet_changed,
             checkpoints,
             quiet: false,
+            deferred,
         })
     }
 }

@@ -181,6 +181,21 @@ impl Fleet {
         signals: Vec<Signal>,
         workers: Vec<WorkerReport>,
     ) -> Vec<Assignment> {
+        (self
+            .sync_outcome(store, n, machine_boot, signals, workers)
+            .await)
+            .assignments
+    }
+
+    /// [`Fleet::sync`], answering all the sync did.
+    pub async fn sync_outcome(
+        &self,
+        store: &Store,
+        n: usize,
+        machine_boot: &str,
+        signals: Vec<Signal>,
+        workers: Vec<WorkerReport>,
+    ) -> gangway_regional::store::SyncOutcome {
         store
             .sync_agent(
                 &format!("agent-n{n}"),
@@ -198,7 +213,6 @@ impl Fleet {
             )
             .await
             .unwrap()
-            .assignments
     }
 
     /// Syncs as the agent would: wanted workers run; workers asked to

@@ -35,6 +35,12 @@ struct Fake {
     forget_agent: bool,
     /// Answer syncs with 503 while set (a region restarting).
     unavailable: bool,
+    /// The sync interval registrations are told (0: 20 ms).
+    sync_interval_ms: u64,
+    /// Answer this many syncs with `report_again` (reports left for later).
+    report_again: usize,
+    /// When each answered sync arrived.
+    sync_times: Vec<Instant>,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -61,7 +67,11 @@ async fn register(State(fake): State<Shared>, Json(req): Json<RegisterRequest>) 
         fence_after_ms: 0,
         fence_checkpoint_s: 0,
         region: "test-1".into(),
-        sync_interval_ms: 20,
+        sync_interval_ms: if fake.sync_interval_ms == 0 {
+            20
+        } else {
+            fake.sync_interval_ms
+        },
     })
     .into_response()
 }
@@ -91,8 +101,12 @@ async fn sync(
         }
     }
     fake.syncs.push(req);
+    fake.sync_times.push(Instant::now());
+    let report_again = fake.report_again > 0;
+    fake.report_again = fake.report_again.saturating_sub(1);
     Json(SyncResponse {
         assignments: fake.assignments.clone(),
+        report_again,
     })
     .into_response()
 }
@@ -768,4 +782,64 @@ fn sync_intervals_are_spread_by_a_tenth_either_way() {
     let (min, max) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
     assert!(*max - *min > Duration::from_millis(100), "{min:?}..{max:?}");
     assert_eq!(super::jittered(Duration::ZERO), Duration::ZERO);
+}
+
+/// A region that left some of the agent's reports for later (their job was
+/// held by another agent's sync) gets them again soon, not an interval
+/// later: the job's GPUs stay allocated until it hears them. Otherwise the
+/// agent keeps to its interval.
+#[tokio::test]
+async fn syncs_again_soon_when_the_region_left_reports_for_later() {
+    let fake = Shared::default();
+    let work = tempfile::tempdir().unwrap();
+    {
+        let mut f = fake.lock().unwrap();
+        f.sync_interval_ms = 10_000;
+        f.report_again = 2;
+    }
+    let addr = fake_region(fake.clone()).await;
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(super::run(
+        config(addr, ExecutorKind::Sim, work.path()),
+        shutdown.clone(),
+    ));
+    // Two answers ask again: three syncs, each soon after the one before
+    // (a fifth of the interval at most), though the interval is 10 s.
+    until(&fake, "three syncs", |f| f.syncs.len() >= 3).await;
+    {
+        let f = fake.lock().unwrap();
+        let gaps: Vec<_> = f.sync_times.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            gaps.iter().all(|g| *g < Duration::from_secs(5)),
+            "well within the interval: {gaps:?}"
+        );
+    }
+    // The third answer does not ask again: no fourth sync for a while.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        fake.lock().unwrap().syncs.len(),
+        3,
+        "the interval holds again"
+    );
+    shutdown.cancel();
+    within(Duration::from_secs(10), agent).await.unwrap();
+}
+
+#[test]
+fn a_soon_wait_is_a_short_random_part_of_the_interval() {
+    let interval = Duration::from_secs(1);
+    let waits: Vec<_> = (0..200).map(|_| super::soon(interval)).collect();
+    assert!(waits
+        .iter()
+        .all(|w| *w >= interval / 50 && *w < interval / 5));
+    // Agents that met on one job come back apart.
+    let mut distinct = waits.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(
+        distinct.len() > 100,
+        "{} distinct waits of 200",
+        distinct.len()
+    );
+    assert_eq!(super::soon(Duration::ZERO), Duration::ZERO);
 }
