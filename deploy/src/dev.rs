@@ -74,6 +74,11 @@ pub struct UpArgs {
     /// agent process runs them all; each has its own token).
     #[arg(long)]
     agent_per_leaf: bool,
+    /// Seconds a queued job waits in its region before it goes to its
+    /// buddy region when that one has room for it now (each region's
+    /// `--balance-after-s`; 0: never; default: the region's).
+    #[arg(long)]
+    balance_after_s: Option<u64>,
 }
 
 /// Ports chosen on the first start, kept so URLs stay stable across restarts.
@@ -404,6 +409,9 @@ async fn assemble(
             .args(["--inventory-agent", &format!("{name}-agent-0")]);
         if args.agent_per_leaf {
             control = control.arg("--inventory-agent-per-leaf");
+        }
+        if let Some(s) = args.balance_after_s {
+            control = control.args(["--balance-after-s", &s.to_string()]);
         }
         if args.short_timers {
             control = control.args(DRILL_TIMERS).args(SHORT_TIMERS);

@@ -112,6 +112,11 @@ pub struct RegionArgs {
     /// agents' lease, plus the fenced checkpoint time, plus 2).
     #[arg(long)]
     pub adopt_after_s: Option<u64>,
+    /// Seconds a queued job waits here before it goes to its buddy region
+    /// when that one has room for it now (0: jobs stay where they were
+    /// submitted). A job that arrived by a move waits as long again.
+    #[arg(long, default_value_t = 60)]
+    pub balance_after_s: u64,
     /// The region's inventory: a fleet file (TOML) of the machines that
     /// belong here and where each sits, loaded into the inventory at every
     /// start (an operator's own entries, `gangway admin node add`, stay).
@@ -268,6 +273,8 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
         heartbeat_interval: Duration::from_millis(args.peer_heartbeat_ms.max(10)),
         lease: Duration::from_secs(args.peer_lease_s),
         adopt_after: args.adopt_after_s.map(Duration::from_secs),
+        balance_after: (args.balance_after_s > 0)
+            .then(|| Duration::from_secs(args.balance_after_s)),
     };
     config
         .validate()

@@ -41,7 +41,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::api::AppState;
-use crate::store::handovers::{Handback, HandbackAnswer, Handover, Take, Taken, FAILING_BACK};
+use crate::store::handovers::{
+    Handback, HandbackAnswer, Handover, Take, Taken, BALANCING, FAILING_BACK,
+};
 use crate::store::replicas::{copy_checkpoint, Move, MoveAnswer, Update};
 use crate::store::{Result, StoreError};
 
@@ -103,7 +105,11 @@ pub async fn advance(state: &AppState) -> Result<()> {
             }
         }
         EvacuationState::FailingBack => away = ask_handback(state).await,
-        EvacuationState::None => {}
+        EvacuationState::None => {
+            if let Err(e) = balance(state).await {
+                tracing::warn!(error = %e, "balancing beat failed");
+            }
+        }
     }
     for h in state.store.handing_over(PER_BEAT).await? {
         if let Err(e) = step(state, &h).await {
@@ -211,6 +217,17 @@ async fn step(state: &AppState, h: &Handover) -> Result<()> {
         return Ok(());
     }
     match h.state.as_str() {
+        // A balancing move is for a job that waits: one placed here after
+        // all (a pass that read it before it was marked) stays.
+        "starting" | "running" | "preempting" if h.cause == BALANCING => {
+            if (state.store)
+                .unmark_balancing(h.job_id, "it was placed here meanwhile")
+                .await?
+            {
+                tracing::info!(job_id = %h.job_id, to = %h.to, "balancing called off: the job started here");
+            }
+            Ok(())
+        }
         "starting" | "running" => {
             if state.store.preempt_for_handover(h.job_id).await? {
                 tracing::info!(job_id = %h.job_id, to = %h.to, cause = %h.cause, "asked to checkpoint and stop for its handover");
@@ -236,9 +253,94 @@ async fn step(state: &AppState, h: &Handover) -> Result<()> {
                 .map_err(peer_err)?;
             state.store.drop_handover(h.job_id).await
         }
+        "queued" if h.cause == BALANCING => {
+            let moved = move_stopped(state, h).await;
+            if let Err(e) = &moved {
+                // Called off unless its move is recorded here (then it goes
+                // on, on later beats, like any handover).
+                let why = format!("its move to region {} did not go through ({e})", h.to);
+                if state.store.unmark_balancing(h.job_id, &why).await? {
+                    metrics::counter!("gangway_balancing_called_off_total").increment(1);
+                    tracing::info!(job_id = %h.job_id, to = %h.to, error = %e, "balancing called off");
+                    return Ok(());
+                }
+            }
+            moved
+        }
         "queued" => move_stopped(state, h).await,
         other => Err(waits(format!("job in state {other}"))),
     }
+}
+
+/// Balancing: a queued job that has waited here for the peers'
+/// `balance_after` goes to its buddy — the region that holds its intent
+/// already — when the buddy has room for it now: more free GPUs of its
+/// type than the buddy's own waiting jobs ask, by at least the job's size.
+/// Oldest first; the room a beat hands out is counted down as it goes.
+/// The move is a handover like an evacuation's (cause `balancing`),
+/// called off while it is not yet recorded if anything fails. A job that
+/// arrived by a move stays at least `balance_after` before it may move
+/// again.
+async fn balance(state: &AppState) -> Result<()> {
+    let Some(after) = state.peers.config.balance_after else {
+        return Ok(());
+    };
+    let waiting = state.store.balance_candidates(after, PER_BEAT).await?;
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    let mut buddies: Vec<&str> = waiting.iter().map(|w| w.buddy.as_str()).collect();
+    buddies.sort_unstable();
+    buddies.dedup();
+    let mut room = room_at(state, &buddies).await;
+    for w in &waiting {
+        let Some(left) = (room.get_mut(&w.buddy)).and_then(|r| r.get_mut(&w.gpu_type)) else {
+            continue;
+        };
+        if *left < i64::from(w.gpus) {
+            continue;
+        }
+        if state.store.mark_balancing(w).await? {
+            *left -= i64::from(w.gpus);
+            metrics::counter!("gangway_balancing_marked_total").increment(1);
+            tracing::info!(job_id = %w.job_id, to = %w.buddy, gpus = w.gpus, waited_s = w.waited_s,
+                           "job to be handed over to a region with room for it");
+        }
+    }
+    Ok(())
+}
+
+/// Each of `peers`' room per GPU type (free GPUs less what its own waiting
+/// jobs ask), from their status; a peer that does not answer, is fenced
+/// or is evacuated has none.
+async fn room_at(
+    state: &AppState,
+    peers: &[&str],
+) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>> {
+    let calls = peers.iter().map(|&p| async move {
+        let a: std::result::Result<gangway_shared::api::RegionStatus, _> = state
+            .peers
+            .post(p, "/internal/v1/regions/status", &serde_json::json!({}))
+            .await;
+        (p, a)
+    });
+    let mut room = std::collections::BTreeMap::new();
+    for (peer, a) in futures_util::future::join_all(calls).await {
+        match a {
+            Ok(s) if !s.fenced && !s.evacuating => {
+                let by_type = (s.capacity.iter())
+                    .map(|c| {
+                        let left = i64::from(c.free) - i64::from(c.queued);
+                        (c.gpu_type.clone(), left)
+                    })
+                    .collect();
+                room.insert(peer.to_string(), by_type);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, peer, "no room read from a peer"),
+        }
+    }
+    room
 }
 
 /// Steps 2–5 of a stopped job's handover.
@@ -321,10 +423,10 @@ async fn move_stopped(state: &AppState, h: &Handover) -> Result<()> {
 }
 
 fn cause_label(cause: &str) -> &'static str {
-    if cause == FAILING_BACK {
-        "failing_back"
-    } else {
-        "evacuating"
+    match cause {
+        FAILING_BACK => "failing_back",
+        BALANCING => "balancing",
+        _ => "evacuating",
     }
 }
 

@@ -56,6 +56,10 @@ pub struct PeerConfig {
     /// A region silent to a majority for this long is adopted. `None`:
     /// derived ([`crate::RegionConfig::adopt_after`]).
     pub adopt_after: Option<Duration>,
+    /// A queued job that has waited this long here goes to its buddy when
+    /// the buddy has room for it now (`crate::evacuation`, balancing).
+    /// `None`: jobs stay where they were submitted.
+    pub balance_after: Option<Duration>,
 }
 
 impl Default for PeerConfig {
@@ -66,6 +70,7 @@ impl Default for PeerConfig {
             heartbeat_interval: Duration::from_secs(1),
             lease: Duration::from_secs(8),
             adopt_after: None,
+            balance_after: Some(Duration::from_secs(60)),
         }
     }
 }

@@ -440,3 +440,214 @@ async fn the_beat_hands_a_running_job_to_its_buddy_and_a_replay_changes_nothing(
     stop.cancel();
     let _ = server.await;
 }
+
+/// Balancing: a job that waits at rh while its buddy rt has room goes to
+/// rt on rh's beat (a handover like an evacuation's, cause `balancing`)
+/// and is placed there; while rt has no room it stays, and a job pinned to
+/// rh never leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_job_goes_to_its_buddy_once_the_buddy_has_room() {
+    let (h_store, _hc) = region_store("balance_home", "rh").await;
+    let (t_store, _tc) = region_store("balance_target", "rt").await;
+    // Both serve their API; rt runs its heartbeats (a region with peers
+    // takes nothing while it has not heard a majority); rh's beat and
+    // rt's scheduling passes are called by hand.
+    let h_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let h_url = format!("http://{}", h_listener.local_addr().unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let t_url = format!("http://{}", listener.local_addr().unwrap());
+    let t = region_state("rt", t_store.clone(), &[("rh", h_url)]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn({
+        let t = t.clone();
+        async move { axum::serve(listener, gangway_regional::api::app(t)).await }
+    });
+    let beats = tokio::spawn(gangway_regional::peers::run_loop(t.clone(), stop.clone()));
+    let mut config = common::region_config("rh", &[("rt", t_url)]);
+    config.peers.balance_after = Some(Duration::ZERO);
+    let h = gangway_regional::AppState::new(h_store.clone(), config);
+    let h_server = tokio::spawn({
+        let h = h.clone();
+        async move { axum::serve(h_listener, gangway_regional::api::app(h)).await }
+    });
+
+    let hf = Fleet::register_nodes(&h_store, vec![node("n0", "s0", "l0", "h100")]).await;
+    let tf = Fleet::register_nodes(&t_store, vec![node("n0", "s0", "l0", "h100")]).await;
+    // rh's one node runs a job; a second job waits behind it, and a third
+    // that is pinned to rh.
+    let first = job_with_buddy(&h_store, &t_store, "balance-1").await;
+    run(&h_store, &hf, first).await;
+    let waiting = job_with_buddy(&h_store, &t_store, "balance-2").await;
+    let mut j = common::job("acme", "h100", 8, 8);
+    j.spec.region = Some("rh".into());
+    let pinned = common::submit(&h_store, &j).await;
+    h_store.replicated(pinned, "rt").await.unwrap();
+    t_store
+        .hold_intent(&h_store.intent_of(pinned).await.unwrap())
+        .await
+        .unwrap();
+    // rt's one node is busy with its own job: no room, nothing moves
+    // (once rt has heard rh: a fenced region has no room to give).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while t.peers.is_fenced() {
+        assert!(std::time::Instant::now() < deadline, "rt never heard rh");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let theirs = common::submit(&t_store, &common::job("globex", "h100", 8, 8)).await;
+    t_store.replicated(theirs, "rh").await.unwrap();
+    assert_eq!(
+        run_pass(&t_store, AGENT_TIMEOUT).await.unwrap().placements,
+        1
+    );
+    tf.act(&t_store, 0, None).await;
+    let wanted = tf.act(&t_store, 0, None).await;
+    gangway_regional::evacuation::advance(&h).await.unwrap();
+    for id in [waiting, pinned] {
+        let here = h_store.get_job("acme", id).await.unwrap();
+        assert_eq!((here.state, here.moved_to), (JobState::Queued, None));
+        assert!(events(&h_store, id, "handover").await.is_empty());
+    }
+    assert!(t_store.get_job("acme", waiting).await.is_err());
+
+    // rt's job ends: rt has room for one 8-GPU job. Within a few beats (rt
+    // reads its capacity at most once a second) the waiting job moves there.
+    let done: Vec<_> = wanted
+        .iter()
+        .filter(|a| a.job_id == theirs)
+        .map(common::succeeded)
+        .collect();
+    tf.sync(&t_store, 0, "boot-1", vec![], done).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        gangway_regional::evacuation::advance(&h).await.unwrap();
+        if h_store
+            .get_job("acme", waiting)
+            .await
+            .unwrap()
+            .moved_to
+            .is_some()
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never moved");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let home = h_store.get_job("acme", waiting).await.unwrap();
+    assert_eq!(
+        (home.state, home.moved_to.as_deref()),
+        (JobState::Cancelled, Some("rt"))
+    );
+    let marked = events(&h_store, waiting, "handover").await;
+    assert!(marked[0].contains("room"), "{marked:?}");
+    let there = t_store.get_job("acme", waiting).await.unwrap();
+    assert_eq!((there.epoch, there.state), (2, JobState::Queued));
+    assert_eq!(
+        untimed(t_store.moves_from("rh").await.unwrap()),
+        vec![planned(waiting, "rh", "rt", 2)]
+    );
+    // rt places it; the pinned job and the running one stay at rh.
+    assert_eq!(
+        run_pass(&t_store, AGENT_TIMEOUT).await.unwrap().placements,
+        1
+    );
+    assert_eq!(
+        t_store.get_job("acme", waiting).await.unwrap().state,
+        JobState::Starting
+    );
+    let p = h_store.get_job("acme", pinned).await.unwrap();
+    assert_eq!((p.state, p.moved_to), (JobState::Queued, None));
+    assert_eq!(
+        h_store.get_job("acme", first).await.unwrap().state,
+        JobState::Running
+    );
+    // A replayed beat changes nothing.
+    let before = t_store.job_events("acme", waiting).await.unwrap().len();
+    gangway_regional::evacuation::advance(&h).await.unwrap();
+    assert_eq!(
+        t_store.job_events("acme", waiting).await.unwrap().len(),
+        before
+    );
+    assert_eq!(events(&h_store, waiting, "handed_over").await.len(), 1);
+    stop.cancel();
+    let _ = beats.await;
+    server.abort();
+    h_server.abort();
+}
+
+/// A balancing move that cannot go through (its buddy does not answer
+/// after it was marked) is called off: the job stays and is placed here.
+#[tokio::test]
+async fn a_balancing_move_that_fails_is_called_off_and_the_job_stays() {
+    let (h_store, _hc) = region_store("balance_off_home", "rh").await;
+    let (t_store, _tc) = region_store("balance_off_target", "rt").await;
+    // rt is unreachable (nothing listens there).
+    let mut config = common::region_config("rh", &[("rt", "http://127.0.0.1:9".into())]);
+    config.peers.balance_after = Some(Duration::ZERO);
+    let h = gangway_regional::AppState::new(h_store.clone(), config);
+    let hf = Fleet::register_nodes(&h_store, vec![node("n0", "s0", "l0", "h100")]).await;
+    let id = job_with_buddy(&h_store, &t_store, "balance-off").await;
+    // As if a beat had read rt's room and marked it.
+    let w = h_store
+        .balance_candidates(Duration::ZERO, 10)
+        .await
+        .unwrap();
+    assert_eq!(w.len(), 1);
+    assert_eq!((w[0].job_id, w[0].buddy.as_str()), (id, "rt"));
+    assert!(h_store.mark_balancing(&w[0]).await.unwrap());
+    assert!(!h_store.mark_balancing(&w[0]).await.unwrap(), "once");
+    // Marked: not placed here.
+    assert_eq!(
+        run_pass(&h_store, AGENT_TIMEOUT).await.unwrap().placements,
+        0
+    );
+    // The beat cannot reach rt: the move is called off, nothing recorded.
+    gangway_regional::evacuation::advance(&h).await.unwrap();
+    let j = h_store.get_job("acme", id).await.unwrap();
+    assert_eq!((j.state, j.moved_to, j.epoch), (JobState::Queued, None, 1));
+    let said = events(&h_store, id, "handover").await;
+    assert!(said.last().unwrap().contains("stays"), "{said:?}");
+    assert!(h_store.moves_from("rh").await.unwrap().is_empty());
+    run(&h_store, &hf, id).await;
+}
+
+/// A pass that read a job before it was marked for a handover does not
+/// place it: once the move is recorded the job may run in the other region
+/// at any moment, so the plan is stale and places nothing.
+#[tokio::test]
+async fn a_plan_read_before_a_job_was_marked_for_a_handover_places_nothing() {
+    let (h_store, _hc) = region_store("balance_race_home", "rh").await;
+    let (t_store, _tc) = region_store("balance_race_target", "rt").await;
+    Fleet::register_nodes(&h_store, vec![node("n0", "s0", "l0", "h100")]).await;
+    let id = job_with_buddy(&h_store, &t_store, "balance-race").await;
+    let data = h_store
+        .snapshot_partition(
+            "h100",
+            AGENT_TIMEOUT,
+            gangway_regional::config::Planning::with_agent_timeout(AGENT_TIMEOUT).history,
+        )
+        .await
+        .unwrap();
+    let plan = gangway_sched::plan(&data.snapshot, &gangway_sched::Policy::default());
+    assert_eq!(plan.placements.len(), 1);
+    let w = h_store
+        .balance_candidates(Duration::ZERO, 10)
+        .await
+        .unwrap();
+    assert!(h_store.mark_balancing(&w[0]).await.unwrap());
+    // The move is recorded here before the plan commits.
+    assert!(h_store
+        .commit_planned_move(&planned(id, "rh", "rt", 2))
+        .await
+        .unwrap());
+    let applied = h_store.apply_plan(&plan).await;
+    assert!(
+        matches!(
+            applied,
+            Err(gangway_regional::store::StoreError::StalePlan(_))
+        ),
+        "{applied:?}"
+    );
+    let j = h_store.get_job("acme", id).await.unwrap();
+    assert_eq!(j.state, JobState::Queued);
+    assert!(j.workers.iter().all(|w| w.node.is_none()));
+}

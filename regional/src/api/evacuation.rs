@@ -16,7 +16,9 @@ use super::extract::Json;
 use super::nodes::{actor, body, check_reason};
 use super::AppState;
 use crate::evacuation::{peer_states, PeerEvacuation};
-use crate::store::handovers::{Handback, HandbackAnswer, Take, Taken, EVACUATING, FAILING_BACK};
+use crate::store::handovers::{
+    Handback, HandbackAnswer, Take, Taken, BALANCING, EVACUATING, FAILING_BACK,
+};
 use crate::store::replicas::{replicate_intent, resumable_here, Move};
 
 fn conflict(message: String) -> ApiError {
@@ -146,12 +148,13 @@ pub async fn take(
     if state.peers.peer(&t.from_home).is_none() {
         return Err(unknown_peer(&t.from_home));
     }
-    if ![EVACUATING, FAILING_BACK].contains(&t.cause.as_str()) || t.epoch < 2 {
+    if ![EVACUATING, FAILING_BACK, BALANCING].contains(&t.cause.as_str()) || t.epoch < 2 {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             codes::INVALID_SPEC,
             format!(
-                "a take names a cause ({EVACUATING} or {FAILING_BACK}) and an epoch of 2 or more"
+                "a take names a cause ({EVACUATING}, {FAILING_BACK} or {BALANCING}) and an epoch \
+                 of 2 or more"
             ),
         ));
     }
@@ -187,9 +190,12 @@ pub async fn take(
         }
     }
     if taken {
-        metrics::counter!("gangway_jobs_handed_over_total", "way" => "in",
-                          "cause" => if t.cause == FAILING_BACK { FAILING_BACK } else { EVACUATING })
-        .increment(1);
+        let cause = [FAILING_BACK, BALANCING]
+            .into_iter()
+            .find(|c| *c == t.cause)
+            .unwrap_or(EVACUATING);
+        metrics::counter!("gangway_jobs_handed_over_total", "way" => "in", "cause" => cause)
+            .increment(1);
         tracing::info!(job_id = %t.job_id, from = %t.from_home, epoch = t.epoch, cause = %t.cause, "job taken over");
         state.wake_scheduler();
     }

@@ -200,6 +200,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/admin/region/failback", post(evacuation::failback))
         .route("/v1/admin/region/evacuation", get(evacuation::status))
         .route("/v1/region", get(jobs::region))
+        .route("/internal/v1/regions/status", post(jobs::region))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/admin/quotas", get(admin::list_quotas))
         .route("/v1/admin/jobs/{id}/preempt", post(admin::preempt_job))

@@ -37,6 +37,24 @@ use super::{NewJob, Result, Store, StoreError, SubmitOutcome};
 /// back to the region it came from.
 pub const EVACUATING: &str = "evacuating";
 pub const FAILING_BACK: &str = "failing_back";
+/// A queued job that waited here while another region has room for it now
+/// (`crate::evacuation`, "Balancing").
+pub const BALANCING: &str = "balancing";
+
+/// A queued job that may be handed to a region with room for it
+/// ([`Store::balance_candidates`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub job_id: Uuid,
+    pub gpu_type: String,
+    pub gpus: u32,
+    /// Seconds since it was submitted.
+    pub waited_s: u64,
+    /// The region holding its intent: the only one it may go to, as that
+    /// one is kept told of it (an intent handed to any other region would
+    /// go stale there if the move were called off).
+    pub buddy: String,
+}
 
 const LIVE: &str = "('queued', 'starting', 'running', 'preempting')";
 const TERMINAL: &[&str] = &["succeeded", "failed", "cancelled"];
@@ -498,6 +516,9 @@ impl Store {
                 FAILING_BACK => {
                     format!("handed back to region {to} at epoch {epoch}, which is failed back")
                 }
+                BALANCING => format!(
+                    "handed over to region {to} at epoch {epoch}, which had room for it sooner"
+                ),
                 _ => format!(
                     "handed over to region {to} at epoch {epoch} for the evacuation of this \
                      region"
@@ -540,6 +561,104 @@ impl Store {
         )
         .await?;
         Ok(())
+    }
+
+    /// Queued jobs that could leave for their buddy (balancing): movable,
+    /// not being handed over, acknowledged by a buddy, submitted
+    /// at least `after` ago and not moved between regions within `after`
+    /// (a job that just arrived is given its chance here first); oldest
+    /// first, at most `limit`.
+    pub async fn balance_candidates(
+        &self,
+        after: std::time::Duration,
+        limit: i64,
+    ) -> Result<Vec<Waiting>> {
+        let conn = self.conn().await?;
+        let after_s = after.as_secs_f64();
+        let rows = conn
+            .query(
+                &format!(
+                    "SELECT j.job_id, j.gpu_type, j.gpus,
+                            extract(epoch FROM now() - j.created_at)::float8, j.buddy
+                     FROM jobs j
+                     WHERE j.state = 'queued' AND j.handover_to IS NULL AND j.moved_to IS NULL
+                       AND NOT j.awaits_buddy AND j.buddy IS NOT NULL AND {MOVABLE}
+                       AND j.created_at <= now() - make_interval(secs => $2)
+                       AND NOT EXISTS (SELECT 1 FROM job_moves m WHERE m.job_id = j.job_id
+                                         AND m.at > now() - make_interval(secs => $2))
+                     ORDER BY j.created_at, j.job_id LIMIT $3"
+                ),
+                &[&self.region(), &after_s, &limit],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Waiting {
+                job_id: r.get(0),
+                gpu_type: r.get(1),
+                gpus: r.get::<_, i32>(2).max(0) as u32,
+                waited_s: r.get::<_, f64>(3).max(0.0) as u64,
+                buddy: r.get(4),
+            })
+            .collect())
+    }
+
+    /// Marks a queued job for a handover to its buddy, which has room for
+    /// it now (cause `balancing`), unless it changed meanwhile (placed,
+    /// cancelled, marked). Returns whether it was marked.
+    pub async fn mark_balancing(&self, w: &Waiting) -> Result<bool> {
+        let to = w.buddy.as_str();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        lock_jobs(&tx, &[w.job_id]).await?;
+        let still = tx
+            .query_opt(
+                "SELECT 1 FROM jobs WHERE job_id = $1 AND state = 'queued'
+                   AND handover_to IS NULL AND moved_to IS NULL AND buddy = $2",
+                &[&w.job_id, &to],
+            )
+            .await?;
+        if still.is_none() {
+            return Ok(false);
+        }
+        let why = format!(
+            "because it waited {} s here and that region has room for it now",
+            w.waited_s
+        );
+        mark_in_tx(&tx, w.job_id, to, BALANCING, &why).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// A balancing handover that cannot go on (the target is unreachable or
+    /// refused, the job changed) is called off while its move is not
+    /// recorded here yet: the job stays, schedulable here again. Returns
+    /// whether it was called off.
+    pub async fn unmark_balancing(&self, job: Uuid, why: &str) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        lock_jobs(&tx, &[job]).await?;
+        let n = tx
+            .execute(
+                "UPDATE jobs j SET handover_to = NULL, handover_cause = NULL
+                 WHERE j.job_id = $1 AND j.handover_cause = $2 AND j.moved_to IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM job_moves m
+                                   WHERE m.job_id = j.job_id AND m.epoch > j.epoch)",
+                &[&job, &BALANCING],
+            )
+            .await?;
+        if n > 0 {
+            insert_event(
+                &tx,
+                job,
+                "handover",
+                &format!("stays in this region: {why}"),
+                json!({"cause": BALANCING, "called_off": true}),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(n > 0)
     }
 
     /// Takes a job another region hands over (`t`), resuming from

@@ -855,6 +855,24 @@ impl Store {
         let locked: Vec<Uuid> = locked.into_iter().collect();
         lock_jobs(&tx, &locked).await?;
         bump_partitions(&tx, plan, &locked).await?;
+        // A job marked for a handover (evacuation, fail back, balancing)
+        // after the plan read it is not placed here: once its move is
+        // recorded it may run in the other region at any moment.
+        let placed_ids: Vec<Uuid> = placed.iter().copied().collect();
+        if let Some(r) = tx
+            .query_opt(
+                "SELECT job_id, coalesce(handover_to, moved_to) FROM jobs
+                 WHERE job_id = ANY($1) AND (handover_to IS NOT NULL OR moved_to IS NOT NULL)
+                 LIMIT 1",
+                &[&placed_ids],
+            )
+            .await?
+        {
+            let (job, to): (Uuid, String) = (r.get(0), r.get(1));
+            return Err(StoreError::StalePlan(format!(
+                "job {job} is being handed over to region {to}"
+            )));
+        }
 
         // Victims: asked to checkpoint and stop, exactly as an operator's
         // preemption, with the cause and the job they make room for. One no
