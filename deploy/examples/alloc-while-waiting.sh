@@ -7,7 +7,10 @@
 #
 # A job "waits" from GRACE_S (default 10) seconds after it was created until
 # its first GPU was allocated (a job placed within the grace never waits:
-# it only arrived between two passes); only `loadgen` jobs count. Between
+# it only arrived between two passes); only `loadgen` jobs count. In one
+# region, a job that moved between regions (balancing) waits from GRACE_S
+# after it arrived there until it was placed there or left; for the fleet,
+# from GRACE_S after its creation until it was first placed anywhere. Between
 # SINCE and now, per region and for the whole fleet, it prints the
 # time-weighted allocation (GPUs allocated / schedulable GPUs) over the
 # time some job waited, how much of that time was spent below 95 %, and
@@ -34,9 +37,13 @@ for r in "${REGIONS[@]}"; do
                   FROM allocations
                   WHERE released_at IS NULL OR released_at > to_timestamp($SINCE)
                   GROUP BY 1, 2" >"$TMP/$r.allocs"
-    psql_of "$r" "SELECT extract(epoch FROM j.created_at)::float8,
+    psql_of "$r" "SELECT j.job_id, extract(epoch FROM j.created_at)::float8,
+                         extract(epoch FROM coalesce((SELECT max(h.at) FROM handovers h
+                                 WHERE h.job_id = j.job_id AND h.way = 'in'), j.created_at))::float8,
                          coalesce((SELECT extract(epoch FROM min(a.allocated_at))::float8
                                    FROM allocations a WHERE a.job_id = j.job_id), 'Infinity'),
+                         coalesce((SELECT extract(epoch FROM max(h.at))::float8 FROM handovers h
+                                   WHERE h.job_id = j.job_id AND h.way = 'out'), 'Infinity'),
                          j.gpus
                   FROM jobs j WHERE j.name = 'loadgen' AND j.created_at > to_timestamp($SINCE)" >"$TMP/$r.jobs"
     psql_of "$r" "SELECT a.node_id || ':' || a.gpu_index, extract(epoch FROM a.allocated_at)::float8,
@@ -60,13 +67,19 @@ def load(r):
         if b != "Infinity":
             events.append((float(b), -int(n), 0, 0))
     for line in open(f"{tmp}/{r}.jobs"):
-        c, p, g = line.split()
-        start = float(c) + grace
-        stop = end if p == "Infinity" else float(p)
+        job, created, arrived, placed, left, g = line.split()
+        start = float(arrived) + grace
+        stop = min(end, float(placed), float(left))
         if stop > start:
             events.append((start, 0, 1, int(g)))
             events.append((stop, 0, -1, -int(g)))
+        # For the fleet: created (anywhere), first placed (anywhere).
+        first = fleet_jobs.setdefault(job, [float(created), float("inf"), int(g)])
+        first[0] = min(first[0], float(created))
+        first[1] = min(first[1], float(placed))
     return sched, sorted(events)
+
+fleet_jobs = {}  # job id: [created, first placed anywhere, gpus]
 
 GAP_CLASSES = [(1.0, "< 1 s"), (3.0, "1–3 s"), (10.0, "3–10 s"), (float("inf"), "≥ 10 s")]
 
@@ -165,7 +178,7 @@ def show(name, acc, fits=True):
           + (f"; while a job no larger than the free GPUs waited: {fit}" if fits else ""))
 
 print(f"allocation while work waited (a job queued over {grace:g} s), from the databases' records:")
-fleet_events, fleet_sched = [], 0
+fleet_allocs, fleet_sched = [], 0
 for i, r in enumerate(regions):
     sched, ev = load(r)
     show(r, integrate(ev, sched))
@@ -174,8 +187,13 @@ for i, r in enumerate(regions):
         print(f"{'':<11} idle while work waited, by each GPU's gap: " + ", ".join(
             f"{label} {100 * s / total:.1f} pt" for (_, label), s in zip(GAP_CLASSES, by_class)))
     fleet_sched += sched
-    fleet_events += ev
+    fleet_allocs += [e for e in ev if e[1]]
 if len(regions) > 1:
+    fleet_events = list(fleet_allocs)
+    for created, placed, g in fleet_jobs.values():
+        start, stop = created + grace, min(end, placed)
+        if stop > start:
+            fleet_events += [(start, 0, 1, g), (stop, 0, -1, -g)]
     # A job fits only its own region's free GPUs: no "fits" figure here.
     show("fleet", integrate(sorted(fleet_events), fleet_sched), fits=False)
 PY

@@ -8,7 +8,8 @@
 #   deploy/examples/burst-bench.sh /tmp/gw-burst 3000 [max-minutes]
 #
 # Every 10 s it prints, per region: nodes not healthy, GPUs allocated of the
-# schedulable ones, jobs queued / starting / running / finished, whether the
+# schedulable ones, jobs queued / starting / running / finished (a job
+# handed to a peer counts as finished where it left), whether the
 # region is fenced, its agents' sync latency and its scheduling passes'
 # durations (p50/p99 of the region's `gangway_sync_seconds` and
 # `gangway_schedule_pass_seconds` since the last line, as bucket bounds),
@@ -193,7 +194,9 @@ for r in "${REGIONS[@]}"; do
         "pass p50 $(quantile gangway_schedule_pass_seconds 0.5 "$TMP/$r.start" "$TMP/$r.end")" \
         "p99 $(quantile gangway_schedule_pass_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end");" \
         "shed $(grep -E '^gangway_requests_shed_total' "$TMP/$r.end" | awk '{s+=$2} END {print s+0}');" \
-        "database CPU $(echo "$(db_cpu "$r") - $(cat "$TMP/$r.cpu0")" | bc) s"
+        "database CPU $(echo "$(db_cpu "$r") - $(cat "$TMP/$r.cpu0")" | bc) s;" \
+        "jobs handed to a peer to balance: $(psql_of "$r" "SELECT count(*) FROM handovers
+            WHERE way = 'out' AND cause = 'balancing' AND at > to_timestamp($START)")"
     for kind in quiet changed failed; do
         echo "    sync ($kind): p50 $(quantile gangway_sync_seconds 0.5 "$TMP/$r.start" "$TMP/$r.end" "kind=\"$kind\"")" \
             "p99 $(quantile gangway_sync_seconds 0.99 "$TMP/$r.start" "$TMP/$r.end" "kind=\"$kind\"")"

@@ -139,8 +139,19 @@ fn describe() {
     describe_counter!(
         "gangway_jobs_handed_over_total",
         "Jobs moved between regions by a planned handover, by way (out: this region's copy \
-         released; in: taken here) and cause (evacuating, failing_back); their stops count in \
-         gangway_preemptions_total under the same causes"
+         released; in: taken here) and cause (evacuating, failing_back, balancing: a queued job \
+         handed to its buddy, which had room for it); evacuations' and fail backs' stops count \
+         in gangway_preemptions_total under the same causes"
+    );
+    describe_counter!(
+        "gangway_balancing_marked_total",
+        "Queued jobs marked to be handed to their buddy region because they waited here for \
+         the balancing time while the buddy had room for them"
+    );
+    describe_counter!(
+        "gangway_balancing_called_off_total",
+        "Balancing handovers called off before their move was recorded (the buddy did not \
+         answer or refused, the job changed): the job stays and is schedulable here again"
     );
     describe_counter!(
         "gangway_evacuations_total",
