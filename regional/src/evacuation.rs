@@ -1,5 +1,7 @@
 //! Planned evacuation of a region, and fail back (docs/failover.md,
-//! "Planned evacuation and fail back").
+//! "Planned evacuation and fail back"); and balancing, the same handover
+//! for one queued job that waited here while its buddy has room
+//! (`balance`; docs/failover.md, "Balancing queued work").
 //!
 //! An operator evacuates region H: H persists it (`region_evacuation`),
 //! refuses new jobs (503 `region_unavailable`; the global tier routes

@@ -1,7 +1,10 @@
 //! Planned moves of jobs between regions (docs/failover.md, "Planned
-//! evacuation and fail back"): an operator evacuates this region (every
-//! live job is handed to its buddy), or fails it back (the jobs moved away
-//! from it are handed back). The protocol is driven from
+//! evacuation and fail back", "Balancing queued work"): an operator
+//! evacuates this region (every live job is handed to its buddy), or fails
+//! it back (the jobs moved away from it are handed back); or a queued job
+//! that waited here goes to its buddy, which has room for it now
+//! ([`Store::balance_candidates`], [`Store::mark_balancing`],
+//! [`Store::unmark_balancing`]). The protocol is driven from
 //! `crate::evacuation`; this is its durable side.
 //!
 //! - `region_evacuation`: what the operator asked, one row (survives
