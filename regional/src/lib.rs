@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`config`]: [`RegionConfig`], every knob with its unit.
-//! - [`store`]: the PostgreSQL store (schema in `migrations/`).
+//! - [`store`]: the PostgreSQL store (schema in `migrations/`, the SQL
+//!   functions' live bodies in `sql/functions.sql`).
 //! - [`api`]: the axum router (`/v1` jobs, `/internal/v1` agents).
 //! - [`scheduler`]: the leader's loop around the pure `gangway-sched` core.
 //! - [`health`]: the leader's health tick (node health meets the clock).

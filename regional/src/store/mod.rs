@@ -160,7 +160,8 @@
 //!   reservation and cluster, written by triggers (committed capacity).
 //!
 //! # Layout
-//! - `mod.rs`: the [`Store`], connection pool, migrations, [`StoreError`].
+//! - `mod.rs`: the [`Store`], connection pool, migrations (then the SQL
+//!   functions' live bodies, `regional/sql/functions.sql`), [`StoreError`].
 //! - `jobs.rs`: submit, get, list, cancel, events.
 //! - `limits.rs`: per-tenant admission limits: the check a limited
 //!   tenant's submit (and dry run) makes, and listing them.
@@ -241,6 +242,10 @@ mod embedded {
 
 /// Advisory lock key held while migrations run ("gangway-migrate").
 const MIGRATION_LOCK_KEY: i64 = 0x6761_6e67_6d69_6772;
+
+/// The live body of every SQL function, applied after the versioned
+/// migrations (`CREATE OR REPLACE`): the one place a function is written.
+pub const FUNCTIONS_SQL: &str = include_str!("../../sql/functions.sql");
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -552,18 +557,19 @@ impl Store {
         self.syncs.status()
     }
 
-    /// Applies the embedded migrations under an advisory lock, so replicas
-    /// starting together migrate once. Safe to run on every start.
+    /// Applies the embedded migrations, then the SQL functions' live
+    /// bodies (`regional/sql/functions.sql`), under an advisory lock, so
+    /// replicas starting together migrate once. Safe to run on every start.
     pub async fn migrate(&self) -> Result<()> {
         let mut conn = self.conn().await?;
         conn.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
             .await?;
         let client: &mut tokio_postgres::Client = &mut conn;
-        let result = embedded::migrations::runner()
-            .run_async(client)
-            .await
-            .map(|_| ())
-            .map_err(|e| StoreError::Migration(e.to_string()));
+        let result = match embedded::migrations::runner().run_async(client).await {
+            Ok(_) => (client.batch_execute(FUNCTIONS_SQL).await)
+                .map_err(|e| StoreError::Migration(format!("regional/sql/functions.sql: {e}"))),
+            Err(e) => Err(StoreError::Migration(e.to_string())),
+        };
         conn.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
             .await?;
         result?;
