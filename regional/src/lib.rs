@@ -9,8 +9,11 @@
 //! - [`health`]: the leader's health tick (node health meets the clock).
 //! - [`leader`]: leadership through a PostgreSQL advisory lock.
 //! - [`peers`]: regions watching each other: leases, fencing, adoption.
-//! - [`evacuation`]: planned evacuation of the region and fail back: the
-//!   leader's loop that hands jobs over.
+//! - [`outbox`]: what the leader keeps its peers told of (updates, usage,
+//!   credits, placements, commitments): one loop for every kind.
+//! - [`evacuation`]: planned evacuation of the region and fail back, and
+//!   balancing queued jobs to a buddy with room: the leader's loop that
+//!   hands jobs over.
 //! - [`validate`]: job spec validation.
 //! - [`telemetry`]: the Prometheus recorder and metric descriptions.
 
@@ -19,6 +22,7 @@ pub mod config;
 pub mod evacuation;
 pub mod health;
 pub mod leader;
+pub mod outbox;
 pub mod peers;
 pub mod scheduler;
 pub mod store;

@@ -330,10 +330,8 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
         each(|s| {
             Box::pin(async move {
                 if s.is_leader() && !s.peers.is_fenced() {
-                    crate::store::replicas::flush_outbox(&s).await;
-                    crate::store::flush_usage(&s).await;
-                    crate::store::flush_placements(&s).await;
-                    crate::store::flush_commitments(&s).await;
+                    crate::store::replicas::replicate_pending_intents(&s).await;
+                    crate::outbox::flush_all(&s).await;
                 }
                 if let Ok(lag) = s.store.replication_lag().await {
                     metrics::gauge!("gangway_replication_lag_seconds").set(lag);

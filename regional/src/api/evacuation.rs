@@ -185,7 +185,7 @@ pub async fn take(
     let taken = state.store.take_handover(&t, checkpoint.as_deref()).await?;
     if state.store.awaits_buddy(t.job_id).await? {
         if let Err(e) = replicate_intent(&state, t.job_id).await {
-            // The beat hands it over again (`flush_outbox`).
+            // The beat hands it over again (`replicate_pending_intents`).
             tracing::warn!(error = %e, job_id = %t.job_id, "replicating a taken job's intent failed");
         }
     }

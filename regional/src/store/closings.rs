@@ -3,7 +3,7 @@
 //!
 //! - **Placements replicated.** A home tells its job's buddy of every
 //!   placement as it opens and ends: triggers on `allocations` queue it in
-//!   `placement_outbox`; [`flush_placements`] sends what the outbox names,
+//!   `placement_outbox`; `crate::outbox::Placements` sends what the outbox names,
 //!   read from `allocations` as it is then
 //!   (`POST /internal/v1/replicas/placements`), and the buddy holds it in
 //!   `replica_placements`.
@@ -51,12 +51,15 @@ pub struct PlacementNote {
 }
 
 /// A queued placement: its outbox key and version.
-type Queued = (PlacementNote, i64);
+pub(crate) type Queued = (PlacementNote, i64);
 
 impl Store {
     /// Per buddy, the placements it has not been told of as they are now
     /// (at most `limit`, oldest first), each with its outbox version.
-    async fn placements_unsent(&self, limit: i64) -> Result<BTreeMap<String, Vec<Queued>>> {
+    pub(crate) async fn placements_unsent(
+        &self,
+        limit: i64,
+    ) -> Result<BTreeMap<String, Vec<Queued>>> {
         let conn = self.conn().await?;
         let rows = conn
             .query(
@@ -99,7 +102,7 @@ impl Store {
 
     /// The buddy was told of these placements: out of the outbox, unless
     /// queued again since (a newer version).
-    async fn placements_sent(&self, sent: &[Queued]) -> Result<()> {
+    pub(crate) async fn placements_sent(&self, sent: &[Queued]) -> Result<()> {
         let conn = self.conn().await?;
         let jobs: Vec<Uuid> = sent.iter().map(|(n, _)| n.job_id).collect();
         let ranks: Vec<i32> = sent.iter().map(|(n, _)| n.rank).collect();
@@ -250,31 +253,3 @@ impl Store {
 
 /// Most placements told in one request.
 pub const MAX_NOTES: usize = 1000;
-
-/// Tells every buddy of the placements of our jobs it has not been told of
-/// (`POST /internal/v1/replicas/placements`), so that its adopter can
-/// close them if this region never comes back.
-pub async fn flush_placements(state: &crate::api::AppState) {
-    let unsent = match state.store.placements_unsent(MAX_NOTES as i64).await {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the placements to replicate");
-            return;
-        }
-    };
-    for (buddy, queued) in unsent {
-        let notes: Vec<&PlacementNote> = queued.iter().map(|(n, _)| n).collect();
-        let sent: std::result::Result<serde_json::Value, _> = state
-            .peers
-            .post(&buddy, "/internal/v1/replicas/placements", &notes)
-            .await;
-        match sent {
-            Ok(_) => {
-                if let Err(e) = state.store.placements_sent(&queued).await {
-                    tracing::warn!(error = %e, "cannot record the placements a buddy holds");
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, buddy, "a buddy was not told its placements"),
-        }
-    }
-}

@@ -1,7 +1,7 @@
 //! Committed capacity replicated to every peer (V22, docs/billing.md, "A
 //! region that does not come back"): each version of `commitment_history`
 //! records its last change (`change_seq`, and the transaction,
-//! `change_xid`); [`flush_commitments`] sends each peer the versions
+//! `change_xid`); `crate::outbox::Commitments` sends each peer the versions
 //! changed by transactions that ended since it was last sent
 //! (`commitment_peers.sent_xmin`), and a peer holds them in
 //! `held_commitments`, from which [`Store::held_usage_commitments`] reads
@@ -47,7 +47,7 @@ impl Store {
     /// one read, or — when that was all — at the oldest transaction
     /// running now. Nothing changed: nothing to send, and no cursor (it
     /// may stay where it is).
-    async fn commitments_unsent(
+    pub(crate) async fn commitments_unsent(
         &self,
         peer: &str,
         limit: i64,
@@ -97,7 +97,7 @@ impl Store {
     }
 
     /// `peer` holds every change before `next` (transaction, change).
-    async fn commitments_sent(&self, peer: &str, next: &(String, i64)) -> Result<()> {
+    pub(crate) async fn commitments_sent(&self, peer: &str, next: &(String, i64)) -> Result<()> {
         let conn = self.conn().await?;
         conn.execute(
             "INSERT INTO commitment_peers (peer, sent_xid, sent_seq)
@@ -150,38 +150,5 @@ impl Store {
                 .await?;
         }
         Ok(n)
-    }
-}
-
-/// Sends every peer the commitment versions changed by transactions that
-/// ended since it was last sent (`POST /internal/v1/replicas/commitments`).
-pub async fn flush_commitments(state: &crate::api::AppState) {
-    for peer in &state.peers.config.peers {
-        let (versions, next) = match (state.store)
-            .commitments_unsent(&peer.name, MAX_VERSIONS as i64)
-            .await
-        {
-            Ok(Some(v)) => v,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the commitments to replicate");
-                return;
-            }
-        };
-        let copies = CommitmentCopies {
-            home: state.store.region().to_string(),
-            versions,
-        };
-        let sent: std::result::Result<serde_json::Value, _> = state
-            .peers
-            .post(&peer.name, "/internal/v1/replicas/commitments", &copies)
-            .await;
-        if let Err(e) = sent {
-            tracing::debug!(error = %e, peer = %peer.name, "a peer was not sent its commitments");
-            continue;
-        }
-        if let Err(e) = state.store.commitments_sent(&peer.name, &next).await {
-            tracing::warn!(error = %e, "cannot record the commitments a peer holds");
-        }
     }
 }

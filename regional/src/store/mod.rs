@@ -213,9 +213,6 @@ mod reservations;
 mod rows;
 mod spares;
 mod usage;
-pub use closings::flush_placements;
-pub use commitment_copies::flush_commitments;
-pub use usage::flush_usage;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //!   not acknowledged); [`replicate_intent`] hands it to the first peer of
 //!   its rendezvous order that takes it (`replica_jobs` there), and only
 //!   then is it acknowledged and scheduled. Later changes (it ended, a new
-//!   checkpoint) are sent by [`flush_outbox`] from `buddy_dirty_since`.
+//!   checkpoint) are sent by `crate::outbox::Updates` from `buddy_dirty_since`.
 //! - **Leases** (`peer_leases`): round trips we made, heartbeats we heard,
 //!   and what each peer last heard of every region.
 //! - **Adoption** ([`adopt_dead`]): the live replicas of a region that a
@@ -517,7 +517,10 @@ impl Store {
 
     /// Per buddy, the updates it has not been told (at most `limit`), each
     /// with the state it was read in.
-    async fn dirty(&self, limit: i64) -> Result<BTreeMap<String, Vec<(Update, String)>>> {
+    pub(crate) async fn dirty(
+        &self,
+        limit: i64,
+    ) -> Result<BTreeMap<String, Vec<(Update, String)>>> {
         let conn = self.conn().await?;
         let rows = conn
             .query(
@@ -544,7 +547,7 @@ impl Store {
 
     /// The buddy holds these updates now (what changed since they were
     /// read is dirty again: the trigger compares with what was sent).
-    async fn told(&self, updates: &[(Update, String)]) -> Result<()> {
+    pub(crate) async fn told(&self, updates: &[(Update, String)]) -> Result<()> {
         let conn = self.conn().await?;
         for (u, state) in updates {
             conn.execute(
@@ -670,9 +673,10 @@ pub async fn replicate_intent(state: &AppState, job: Uuid) -> Result<Option<Stri
     Ok(None)
 }
 
-/// Sends buddies what they have not been told: intents not yet held (jobs
-/// whose create was not acknowledged in time) and later updates.
-pub async fn flush_outbox(state: &AppState) {
+/// Hands buddies the intents they do not hold yet (jobs whose create was
+/// not acknowledged in time); what they are told later goes through
+/// `crate::outbox`.
+pub async fn replicate_pending_intents(state: &AppState) {
     match state.store.awaiting_buddy(100).await {
         Ok(jobs) => {
             for job in jobs {
@@ -682,48 +686,6 @@ pub async fn flush_outbox(state: &AppState) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "cannot read the jobs awaiting a buddy"),
-    }
-    let dirty = match state.store.dirty(500).await {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the buddies' updates");
-            return;
-        }
-    };
-    for (buddy, mut updates) in dirty {
-        // A new checkpoint reaches the buddy's store before the buddy is
-        // told of it; one whose copy failed waits for the next beat.
-        let mut held = Vec::with_capacity(updates.len());
-        for (u, st) in updates.drain(..) {
-            match &u.checkpoint {
-                Some(key) if gangway_checkpoint::is_store_key(key) => {
-                    match copy_checkpoint(state, &buddy, key).await {
-                        Ok(()) => held.push((u, st)),
-                        Err(e) => {
-                            tracing::debug!(error = %e, buddy, key, "checkpoint not copied yet")
-                        }
-                    }
-                }
-                _ => held.push((u, st)),
-            }
-        }
-        let updates = held;
-        if updates.is_empty() {
-            continue;
-        }
-        let wire: Vec<&Update> = updates.iter().map(|(u, _)| u).collect();
-        let sent: std::result::Result<serde_json::Value, _> = state
-            .peers
-            .post(&buddy, "/internal/v1/replicas/updates", &wire)
-            .await;
-        match sent {
-            Ok(_) => {
-                if let Err(e) = state.store.told(&updates).await {
-                    tracing::warn!(error = %e, "cannot record what a buddy was told");
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, buddy, "a buddy was not told its updates"),
-        }
     }
 }
 

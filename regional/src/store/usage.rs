@@ -420,7 +420,10 @@ impl Store {
     }
 
     /// Per buddy, rows of our jobs it does not hold yet (at most `limit`).
-    async fn usage_unsent(&self, limit: i64) -> Result<BTreeMap<String, Vec<UsageRecord>>> {
+    pub(crate) async fn usage_unsent(
+        &self,
+        limit: i64,
+    ) -> Result<BTreeMap<String, Vec<UsageRecord>>> {
         let conn = self.conn().await?;
         let cols = RECORD_COLUMNS.replace("usage_id", "l.usage_id");
         let rows = conn
@@ -440,7 +443,7 @@ impl Store {
     }
 
     /// The buddy holds these rows now.
-    async fn usage_sent(&self, ids: &[Uuid]) -> Result<()> {
+    pub(crate) async fn usage_sent(&self, ids: &[Uuid]) -> Result<()> {
         let conn = self.conn().await?;
         conn.execute("DELETE FROM usage_outbox WHERE usage_id = ANY($1)", &[&ids])
             .await?;
@@ -581,7 +584,10 @@ impl Store {
 
     /// Per buddy, credits of our jobs it does not hold yet (at most
     /// `limit`).
-    async fn credits_unsent(&self, limit: i64) -> Result<BTreeMap<String, Vec<CreditRecord>>> {
+    pub(crate) async fn credits_unsent(
+        &self,
+        limit: i64,
+    ) -> Result<BTreeMap<String, Vec<CreditRecord>>> {
         let conn = self.conn().await?;
         let cols = CREDIT_COLUMNS.replace("credit_id", "c.credit_id");
         let rows = conn
@@ -602,7 +608,7 @@ impl Store {
     }
 
     /// The buddy holds these credits now.
-    async fn credits_sent(&self, ids: &[Uuid]) -> Result<()> {
+    pub(crate) async fn credits_sent(&self, ids: &[Uuid]) -> Result<()> {
         let conn = self.conn().await?;
         conn.execute(
             "DELETE FROM usage_credit_outbox WHERE credit_id = ANY($1)",
@@ -610,58 +616,6 @@ impl Store {
         )
         .await?;
         Ok(())
-    }
-}
-
-/// Sends every buddy the ledger rows and credits of our jobs it does not
-/// hold (`POST /internal/v1/replicas/usage`, `…/usage/credits`), so that an
-/// adopter — and the
-/// billing export, which merges every region's ledger — has them when
-/// this region is gone.
-pub async fn flush_usage(state: &crate::api::AppState) {
-    let unsent = match state.store.usage_unsent(1000).await {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the usage rows to replicate");
-            return;
-        }
-    };
-    for (buddy, rows) in unsent {
-        let sent: std::result::Result<serde_json::Value, _> = state
-            .peers
-            .post(&buddy, "/internal/v1/replicas/usage", &rows)
-            .await;
-        match sent {
-            Ok(_) => {
-                let ids: Vec<Uuid> = rows.iter().map(|r| r.usage_id).collect();
-                if let Err(e) = state.store.usage_sent(&ids).await {
-                    tracing::warn!(error = %e, "cannot record the usage rows a buddy holds");
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, buddy, "a buddy was not sent its usage rows"),
-        }
-    }
-    let unsent = match state.store.credits_unsent(1000).await {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the credits to replicate");
-            return;
-        }
-    };
-    for (buddy, credits) in unsent {
-        let sent: std::result::Result<serde_json::Value, _> = state
-            .peers
-            .post(&buddy, "/internal/v1/replicas/usage/credits", &credits)
-            .await;
-        match sent {
-            Ok(_) => {
-                let ids: Vec<Uuid> = credits.iter().map(|c| c.credit_id).collect();
-                if let Err(e) = state.store.credits_sent(&ids).await {
-                    tracing::warn!(error = %e, "cannot record the credits a buddy holds");
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, buddy, "a buddy was not sent its credits"),
-        }
     }
 }
 
