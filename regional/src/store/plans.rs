@@ -1394,8 +1394,29 @@ impl Store {
     }
 }
 
+/// A plan's job id. One that is not a UUID is a planner bug, not a lost
+/// race: replanning would not mend it.
 fn parse_job(id: &str) -> Result<Uuid> {
-    Uuid::parse_str(id).map_err(|_| StoreError::StalePlan(format!("bad job id {id}")))
+    Uuid::parse_str(id).map_err(|_| StoreError::Invalid {
+        code: gangway_shared::error::codes::INTERNAL,
+        message: format!("the plan names a job id that is not a UUID: {id:?}"),
+    })
+}
+
+#[cfg(test)]
+mod parse_job_tests {
+    #[test]
+    fn a_malformed_job_id_is_a_bug_not_a_stale_plan() {
+        let id = uuid::Uuid::new_v4();
+        assert_eq!(super::parse_job(&id.to_string()).unwrap(), id);
+        match super::parse_job("job-1") {
+            Err(super::StoreError::Invalid { code, message }) => {
+                assert_eq!(code, gangway_shared::error::codes::INTERNAL);
+                assert!(message.contains("job-1"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 #[cfg(test)]
