@@ -43,10 +43,11 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::api::AppState;
+use crate::replication::copy_checkpoint;
 use crate::store::handovers::{
     Handback, HandbackAnswer, Handover, Take, Taken, BALANCING, FAILING_BACK,
 };
-use crate::store::replicas::{copy_checkpoint, Move, MoveAnswer, Update};
+use crate::store::replicas::{Move, MoveAnswer, Update};
 use crate::store::{Result, StoreError};
 
 /// Jobs advanced per beat (the rest wait for the next one).

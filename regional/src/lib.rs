@@ -9,8 +9,12 @@
 //! - [`health`]: the leader's health tick (node health meets the clock).
 //! - [`leader`]: leadership through a PostgreSQL advisory lock.
 //! - [`peers`]: regions watching each other: leases, fencing, adoption.
-//! - [`outbox`]: what the leader keeps its peers told of (updates, usage,
-//!   credits, placements, commitments): one loop for every kind.
+//! - [`replication`]: the calls to other regions for replication: a new
+//!   job's intent handed to a buddy, adoption of a dead region's jobs,
+//!   moves learned, checkpoints copied; and `replication::outbox`, what
+//!   the leader keeps its peers told of later (updates, usage, credits,
+//!   placements, commitments), one loop for every kind. The database's side
+//!   is in `store/`, which calls no other region.
 //! - [`evacuation`]: planned evacuation of the region and fail back, and
 //!   balancing queued jobs to a buddy with room: the leader's loop that
 //!   hands jobs over.
@@ -22,8 +26,8 @@ pub mod config;
 pub mod evacuation;
 pub mod health;
 pub mod leader;
-pub mod outbox;
 pub mod peers;
+pub mod replication;
 pub mod scheduler;
 pub mod store;
 pub mod telemetry;

@@ -11,7 +11,7 @@
 //!   checkpoint and stop within the fenced checkpoint time. It unfences
 //!   once it reaches a majority again, after it has learned which of its
 //!   jobs were adopted elsewhere meanwhile and released them.
-//! - **Adoption** (`store/replicas.rs`). A region holding another's job
+//! - **Adoption** (`replication/mod.rs`, `store/replicas.rs`). A region holding another's job
 //!   intent (its buddy) adopts that region's live jobs only when it is not
 //!   fenced itself and a majority of the regions — it and peers it reaches
 //!   — have heard nothing from the dead one for [`PeerConfig::adopt_after`],
@@ -159,6 +159,16 @@ impl Peers {
 
     pub(crate) fn set_fenced(&self, fenced: bool) -> bool {
         self.fenced.swap(fenced, Ordering::Relaxed)
+    }
+
+    /// The peers' names, in configuration order.
+    pub fn names(&self) -> Vec<&str> {
+        self.config.peers.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    /// Seconds since this replica started watching its peers.
+    pub fn uptime_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
     }
 
     pub fn peer(&self, name: &str) -> Option<&Peer> {
@@ -330,8 +340,8 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
         each(|s| {
             Box::pin(async move {
                 if s.is_leader() && !s.peers.is_fenced() {
-                    crate::store::replicas::replicate_pending_intents(&s).await;
-                    crate::outbox::flush_all(&s).await;
+                    crate::replication::replicate_pending_intents(&s).await;
+                    crate::replication::outbox::flush_all(&s).await;
                 }
                 if let Ok(lag) = s.store.replication_lag().await {
                     metrics::gauge!("gangway_replication_lag_seconds").set(lag);
@@ -375,7 +385,7 @@ async fn watchdog(state: &AppState) {
 async fn beat(state: &AppState) {
     let peers = &state.peers;
     let me = state.store.region().to_string();
-    let view = match state.store.leases(peers).await {
+    let view = match state.store.leases(&peers.names(), peers.uptime_s()).await {
         Ok(l) => l.silent_s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the peers' leases");
@@ -409,7 +419,7 @@ async fn beat(state: &AppState) {
         }
     }
     // What the heartbeats just recorded decides fencing and adoption.
-    let leases = match state.store.leases(peers).await {
+    let leases = match state.store.leases(&peers.names(), peers.uptime_s()).await {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the peers' leases");
@@ -431,7 +441,7 @@ async fn beat(state: &AppState) {
     if peers.is_fenced() {
         // Before placing anything again: which of our jobs moved while we
         // were cut off.
-        match crate::store::replicas::learn_moves(state).await {
+        match crate::replication::learn_moves(state).await {
             Ok(moved) => {
                 if moved > 0 {
                     tracing::warn!(
@@ -450,7 +460,7 @@ async fn beat(state: &AppState) {
         }
     }
     if state.is_leader() {
-        match crate::store::replicas::adopt_dead(state, &leases).await {
+        match crate::replication::adopt_dead(state, &leases).await {
             Ok(n) if n > 0 => {
                 tracing::warn!(jobs = n, "adopted the jobs of a dead region");
                 state.wake_scheduler();

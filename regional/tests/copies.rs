@@ -120,11 +120,11 @@ async fn an_adopter_closes_the_dead_homes_open_placement_to_when_it_last_heard_f
         .meter_usage(Utc::now() - chrono::Duration::hours(6))
         .await
         .unwrap();
-    use gangway_regional::outbox::{flush, Credits, Placements, Updates, UsageRows};
+    use gangway_regional::replication::outbox::{flush, Credits, Placements, Updates, UsageRows};
     flush::<UsageRows>(&h).await;
     flush::<Credits>(&h).await;
     flush::<Placements>(&h).await;
-    gangway_regional::store::replicas::replicate_pending_intents(&h).await;
+    gangway_regional::replication::replicate_pending_intents(&h).await;
     flush::<Updates>(&h).await;
     let outbox: i64 = hc
         .query_one("SELECT count(*) FROM placement_outbox", &[])
@@ -293,7 +293,10 @@ async fn every_peer_holds_the_homes_commitments_and_reads_them_as_the_home_does(
         async move {
             let mut held = -1;
             for _ in 0..100 {
-                gangway_regional::outbox::flush::<gangway_regional::outbox::Commitments>(h).await;
+                gangway_regional::replication::outbox::flush::<
+                    gangway_regional::replication::outbox::Commitments,
+                >(h)
+                .await;
                 held = pc
                     .query_one(
                         "SELECT count(*) FROM held_commitments WHERE home = 'rh'",
@@ -332,7 +335,10 @@ async fn every_peer_holds_the_homes_commitments_and_reads_them_as_the_home_does(
         .get::<_, i64>(0);
     assert_eq!(sent_again, 1, "the closed version took its change");
     for _ in 0..3 {
-        gangway_regional::outbox::flush::<gangway_regional::outbox::Commitments>(&h).await;
+        gangway_regional::replication::outbox::flush::<
+            gangway_regional::replication::outbox::Commitments,
+        >(&h)
+        .await;
     }
     assert_eq!(held(3).await, 3, "nothing new");
     // The peer heard from rh just now: what it reads for a period that

@@ -16,10 +16,11 @@ use super::extract::Json;
 use super::nodes::{actor, body, check_reason};
 use super::AppState;
 use crate::evacuation::{peer_states, PeerEvacuation};
+use crate::replication::{replicate_intent, resumable_here};
 use crate::store::handovers::{
     Handback, HandbackAnswer, Take, Taken, BALANCING, EVACUATING, FAILING_BACK,
 };
-use crate::store::replicas::{replicate_intent, resumable_here, Move};
+use crate::store::replicas::Move;
 
 fn conflict(message: String) -> ApiError {
     ApiError::new(StatusCode::CONFLICT, codes::EVACUATION_CONFLICT, message)

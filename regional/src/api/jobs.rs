@@ -16,7 +16,7 @@ use super::extract::{JobId, Json, Query, Tenant};
 use super::AppState;
 use std::collections::BTreeMap;
 
-use crate::store::replicas::replicate_intent;
+use crate::replication::replicate_intent;
 use crate::store::{job_pool, retry_races, ListFilter, NewJob, StoreError, SubmitOutcome};
 use crate::validate::check_fits;
 

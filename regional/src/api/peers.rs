@@ -39,7 +39,11 @@ pub async fn heartbeat(
     state.store.peer_heard(&hb.from, &hb.silent_s).await?;
     Ok(axum::Json(Heartbeat {
         from: state.store.region().to_string(),
-        silent_s: state.store.leases(&state.peers).await?.silent_s,
+        silent_s: state
+            .store
+            .leases(&state.peers.names(), state.peers.uptime_s())
+            .await?
+            .silent_s,
     }))
 }
 
@@ -136,7 +140,7 @@ fn plain(path: &str) -> bool {
 
 /// The staging directory of a checkpoint being copied in.
 fn staged(state: &AppState, key: &str, name: &str) -> std::path::PathBuf {
-    crate::store::replicas::staging_root(state.store.region(), "in")
+    crate::replication::staging_root(state.store.region(), "in")
         .join(key.replace('/', "_"))
         .join(name)
 }

@@ -1,23 +1,26 @@
-//! Other regions' job intent, and our jobs' moves (docs/failover.md).
+//! Other regions' job intent, and our jobs' moves (docs/failover.md): the
+//! database's side. What calls the peers for it — handing an intent over,
+//! adoption, learning moves, copying checkpoints — is `crate::replication`.
 //!
 //! - **Intent.** A new job is written with `awaits_buddy` (not scheduled,
-//!   not acknowledged); [`replicate_intent`] hands it to the first peer of
-//!   its rendezvous order that takes it (`replica_jobs` there), and only
-//!   then is it acknowledged and scheduled. Later changes (it ended, a new
-//!   checkpoint) are sent by `crate::outbox::Updates` from `buddy_dirty_since`.
+//!   not acknowledged); `replication::replicate_intent` hands it to the
+//!   first peer of its rendezvous order that takes it (`replica_jobs`
+//!   there), and only then is it acknowledged and scheduled. Later changes
+//!   (it ended, a new checkpoint) are sent by
+//!   `replication::outbox::Updates` from `buddy_dirty_since`.
 //! - **Leases** (`peer_leases`): round trips we made, heartbeats we heard,
 //!   and what each peer last heard of every region.
-//! - **Adoption** ([`adopt_dead`]): the live replicas of a region that a
+//! - **Adoption** (`replication::adopt_dead`): the live replicas of a region that a
 //!   majority has not heard from for `adopt_after` become our jobs at the
 //!   next epoch, from their newest checkpoint — each recorded first in
 //!   `job_moves` at a majority of regions, every one of which refuses if it
 //!   heard from the home since (so a home alive to a majority is never
 //!   adopted).
-//! - **Return** ([`learn_moves`]): a region regaining a majority asks those
+//! - **Return** (`replication::learn_moves`): a region regaining a majority asks those
 //!   regions which of its jobs moved, and cancels its copies before it
 //!   places anything again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gangway_shared::api::JobSpec;
@@ -27,8 +30,6 @@ use uuid::Uuid;
 
 use super::jobs::{cancel_in_tx, insert_event, lock_jobs, preempt_in_tx, PreemptBy};
 use super::{Result, Store, StoreError};
-use crate::api::AppState;
-use crate::peers::Peers;
 
 /// A job's intent as its home hands it to its buddy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -119,9 +120,10 @@ pub struct Leases {
 }
 
 impl Store {
-    /// Everything `peer_leases` says of the configured peers, in one read
-    /// (fencing, heartbeats and adoption decide from it).
-    pub async fn leases(&self, peers: &Peers) -> Result<Leases> {
+    /// Everything `peer_leases` says of the configured `peers`, in one
+    /// read (fencing, heartbeats and adoption decide from it); a peer never
+    /// heard counts as silent for `uptime_s`, since this replica started.
+    pub async fn leases(&self, peers: &[&str], uptime_s: f64) -> Result<Leases> {
         let conn = self.lease_conn().await?;
         let rows = conn
             .query(
@@ -132,7 +134,7 @@ impl Store {
                 &[],
             )
             .await?;
-        let uptime = peers.started.elapsed().as_secs_f64();
+        let uptime = uptime_s;
         let mut heard = BTreeMap::new();
         let mut ok = BTreeMap::new();
         let mut views = BTreeMap::new();
@@ -144,12 +146,12 @@ impl Store {
             let view: BTreeMap<String, f64> = serde_json::from_value(r.get(3)).unwrap_or_default();
             views.insert(peer, view.into_iter().map(|(k, v)| (k, v + aged)).collect());
         }
-        let names = peers.config.peers.iter().map(|p| &p.name);
+        let names = peers.iter().copied();
         Ok(Leases {
             silent_s: (names.clone())
                 .map(|n| {
                     let s = heard.get(n).copied().flatten().unwrap_or(f64::MAX);
-                    (n.clone(), s.min(uptime).max(0.0))
+                    (n.to_string(), s.min(uptime).max(0.0))
                 })
                 .collect(),
             round_trip_s: names.map(|n| ok.get(n).copied().flatten()).collect(),
@@ -562,7 +564,7 @@ impl Store {
     }
 
     /// `home`'s live replicas here (not finished, not adopted).
-    async fn live_replicas(
+    pub(crate) async fn live_replicas(
         &self,
         home: &str,
     ) -> Result<Vec<(Intent, Option<String>, Checkpointed)>> {
@@ -599,7 +601,7 @@ impl Store {
     }
 
     /// Homes with live replicas here.
-    async fn replica_homes(&self) -> Result<Vec<String>> {
+    pub(crate) async fn replica_homes(&self) -> Result<Vec<String>> {
         let conn = self.conn().await?;
         Ok((conn
             .query(
@@ -631,7 +633,7 @@ impl Store {
     /// from here), at the next epoch, resuming from the newest checkpoint
     /// we hold, and at the front of its queue; the replica is marked
     /// adopted.
-    async fn adopt(&self, i: &Intent, checkpoint: Option<&str>) -> Result<()> {
+    pub(crate) async fn adopt(&self, i: &Intent, checkpoint: Option<&str>) -> Result<()> {
         let message = format!(
             "adopted from region {} (silent to a majority of regions) at epoch {}; {}",
             i.home,
@@ -647,282 +649,6 @@ impl Store {
             .await
             .map(|_| ())
     }
-}
-
-/// Hands `job`'s intent to its first buddy that takes it; then the job is
-/// acknowledged and schedulable. Returns the buddy, or `None` when none
-/// took it. A region without peers needs none.
-pub async fn replicate_intent(state: &AppState, job: Uuid) -> Result<Option<String>> {
-    let peers = &state.peers;
-    let intent = state.store.intent_of(job).await?;
-    for buddy in peers.buddies_of(job) {
-        let took: std::result::Result<serde_json::Value, _> = peers
-            .post(buddy, "/internal/v1/replicas/intents", &intent)
-            .await;
-        match took {
-            Ok(_) => {
-                state.store.replicated(job, buddy).await?;
-                metrics::counter!("gangway_intents_replicated_total").increment(1);
-                return Ok(Some(buddy.to_string()));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, job_id = %job, buddy, "a buddy did not take the intent")
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// Hands buddies the intents they do not hold yet (jobs whose create was
-/// not acknowledged in time); what they are told later goes through
-/// `crate::outbox`.
-pub async fn replicate_pending_intents(state: &AppState) {
-    match state.store.awaiting_buddy(100).await {
-        Ok(jobs) => {
-            for job in jobs {
-                if let Err(e) = replicate_intent(state, job).await {
-                    tracing::warn!(error = %e, job_id = %job, "replicating an intent failed");
-                }
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "cannot read the jobs awaiting a buddy"),
-    }
-}
-
-/// Adopts the live jobs of every region that a majority of regions has
-/// not heard from for `adopt_after`, judged on `leases` (read after this
-/// beat's heartbeats). Returns how many were adopted.
-pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
-    let peers = &state.peers;
-    let cfg = &peers.config;
-    let adopt_after = peers.adopt_after.as_secs_f64();
-    let me = state.store.region().to_string();
-    let (silences, views, ages) = (&leases.silent_s, &leases.views, &leases.round_trip_s);
-    let mut adopted = 0;
-    for home in state.store.replica_homes().await? {
-        if silences.get(&home).is_none_or(|s| *s < adopt_after) {
-            continue;
-        }
-        // Regions that agree the home is silent: us, and peers we reach
-        // now whose latest word says they have not heard it either.
-        let agree = 1
-            + (cfg.peers.iter().zip(ages))
-                .filter(|(p, age)| {
-                    p.name != home && age.is_some_and(|a| a < cfg.lease.as_secs_f64())
-                })
-                .filter(|(p, _)| {
-                    (views.get(&p.name))
-                        .and_then(|v| v.get(&home))
-                        .is_some_and(|s| *s >= adopt_after)
-                })
-                .count();
-        if agree < cfg.majority() {
-            continue;
-        }
-        for (intent, checkpoint, checkpointed_at) in state.store.live_replicas(&home).await? {
-            let m = Move {
-                job_id: intent.job_id,
-                from_home: home.clone(),
-                to_region: me.clone(),
-                epoch: intent.epoch + 1,
-                planned: false,
-                at: None,
-            };
-            // Recorded at a majority (us included) before it runs here.
-            let mut recorded = usize::from(state.store.witness_move(&m, adopt_after).await?);
-            for p in cfg.peers.iter().filter(|p| p.name != home) {
-                let answer: std::result::Result<MoveAnswer, _> =
-                    peers.post(&p.name, "/internal/v1/replicas/moves", &m).await;
-                if answer.is_ok_and(|a| a.recorded) {
-                    recorded += 1;
-                }
-            }
-            if recorded < cfg.majority() {
-                tracing::warn!(job_id = %m.job_id, recorded, "a move was not recorded at a majority: not adopted yet");
-                continue;
-            }
-            let checkpoint = resumable_here(state, checkpoint).await;
-            // The home's placements of it we hold as open are closed first
-            // (billed if the home never comes back; docs/billing.md).
-            let resumed_from = checkpoint.as_ref().and(checkpointed_at);
-            let closed = (state.store)
-                .close_placements(intent.job_id, &home, intent.epoch, resumed_from)
-                .await?;
-            if closed > 0 {
-                tracing::info!(job_id = %intent.job_id, home, hours = closed, "closed the home's open placements of an adopted job");
-            }
-            state.store.adopt(&intent, checkpoint.as_deref()).await?;
-            // Its intent goes to a buddy of ours at once, so it is
-            // scheduled now (and survives our own failure next).
-            replicate_intent(state, intent.job_id).await?;
-            metrics::counter!("gangway_jobs_adopted_total").increment(1);
-            adopted += 1;
-        }
-    }
-    Ok(adopted)
-}
-
-/// The checkpoint a job moved here can resume from: only one this
-/// region's store holds (a copy that never arrived, or a store-less
-/// region, means the job starts over rather than failing to start); a
-/// checkpoint that is no store key (a simulated executor's) as it is.
-pub(crate) async fn resumable_here(state: &AppState, checkpoint: Option<String>) -> Option<String> {
-    match (checkpoint, &state.config.checkpoint_store) {
-        (Some(c), Some(store)) if gangway_checkpoint::is_store_key(&c) => {
-            store.manifest(&c).await.ok().map(|_| c)
-        }
-        (Some(c), _) if gangway_checkpoint::is_store_key(&c) => None,
-        (c, _) => c,
-    }
-}
-
-/// Asks the regions of our new majority which of our jobs moved while we
-/// were cut off, and releases those. Fails (so we stay fenced) unless a
-/// majority, us included, answered.
-pub async fn learn_moves(state: &AppState) -> Result<usize> {
-    let peers = &state.peers;
-    let q = MovesQuery {
-        home: state.store.region().to_string(),
-    };
-    let calls = peers.config.peers.iter().map(|p| {
-        let q = &q;
-        async move {
-            let r: std::result::Result<MovesList, _> = peers
-                .post(&p.name, "/internal/v1/replicas/moves/list", q)
-                .await;
-            r
-        }
-    });
-    let mut answered = 1;
-    let mut moves: BTreeMap<Uuid, Move> = BTreeMap::new();
-    for r in futures_util::future::join_all(calls)
-        .await
-        .into_iter()
-        .flatten()
-    {
-        answered += 1;
-        for m in r.moves {
-            match moves.get_mut(&m.job_id) {
-                Some(k) if k.epoch == m.epoch => {
-                    k.at = match (k.at, m.at) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
-                Some(k) if k.epoch > m.epoch => {}
-                _ => {
-                    moves.insert(m.job_id, m);
-                }
-            }
-        }
-    }
-    if answered < peers.config.majority() {
-        return Err(StoreError::Conflict {
-            code: gangway_shared::error::codes::UNAVAILABLE,
-            message: format!(
-                "only {answered} region(s) answered which jobs moved; a majority is {}",
-                peers.config.majority()
-            ),
-        });
-    }
-    let moves: Vec<Move> = moves.into_values().collect();
-    let homes: BTreeSet<&str> = moves.iter().map(|m| m.to_region.as_str()).collect();
-    let n = state.store.release_moved(&moves).await?;
-    if n > 0 {
-        tracing::warn!(jobs = n, to = ?homes, "jobs moved while this region was cut off");
-    }
-    Ok(n)
-}
-
-/// Bytes of a checkpoint file sent in one request.
-const COPY_CHUNK: usize = 8 * 1024 * 1024;
-
-/// Where a region stages what is copied in or out of its checkpoint store:
-/// the process's own (two regions of one name on a machine — a test's
-/// clouds — must not write into each other's files).
-pub fn staging_root(region: &str, way: &str) -> std::path::PathBuf {
-    let pid = std::process::id();
-    std::env::temp_dir().join(format!("gangway-{region}-{pid}-checkpoints-{way}"))
-}
-
-/// Copies the checkpoint `key` from this region's store to `buddy`'s: the
-/// files in chunks (`POST /internal/v1/replicas/checkpoints/file`), then
-/// the manifest (`…/commit`), which the buddy commits only once every
-/// file matches it. A buddy that refuses it (no store, an older epoch than
-/// its copy of the job) counts as done: nothing more can be sent. Without
-/// a store here there is nothing to copy.
-pub async fn copy_checkpoint(
-    state: &AppState,
-    buddy: &str,
-    key: &str,
-) -> std::result::Result<(), String> {
-    let Some(store) = &state.config.checkpoint_store else {
-        return Ok(());
-    };
-    let root = staging_root(state.store.region(), "out").join(Uuid::new_v4().simple().to_string());
-    let result = async {
-        let m = store.manifest(key).await.map_err(|e| e.to_string())?;
-        let dir = root.join(&m.name);
-        store.fetch(key, &dir).await.map_err(|e| e.to_string())?;
-        for f in &m.files {
-            // Read and sent a chunk at a time, so a large shard never sits
-            // in memory whole.
-            use tokio::io::AsyncReadExt;
-            let local = f.path.split('/').fold(dir.clone(), |p, c| p.join(c));
-            let mut file = tokio::fs::File::open(&local)
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut offset: u64 = 0;
-            loop {
-                let mut chunk = Vec::with_capacity(COPY_CHUNK);
-                (&mut file)
-                    .take(COPY_CHUNK as u64)
-                    .read_to_end(&mut chunk)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let n = chunk.len() as u64;
-                let query = [
-                    ("key", key.to_string()),
-                    ("name", m.name.clone()),
-                    ("path", f.path.clone()),
-                    ("offset", offset.to_string()),
-                ];
-                let path = "/internal/v1/replicas/checkpoints/file";
-                (state.peers.post_bytes(buddy, path, &query, chunk))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                offset += n;
-                // An empty file is sent once, as an empty chunk.
-                if n < COPY_CHUNK as u64 || offset >= f.size {
-                    break;
-                }
-            }
-        }
-        let committed: std::result::Result<serde_json::Value, _> = state
-            .peers
-            .post(buddy, "/internal/v1/replicas/checkpoints/commit", &m)
-            .await;
-        match committed {
-            Ok(_) => {
-                metrics::counter!("gangway_checkpoints_replicated_total").increment(1);
-                Ok(())
-            }
-            Err(crate::peers::PeerError::Refused { status, body, .. }) if status < 500 => {
-                tracing::warn!(
-                    key,
-                    buddy,
-                    status,
-                    body,
-                    "the buddy refused a checkpoint copy"
-                );
-                Ok(())
-            }
-            Err(e) => Err(e.to_string()),
-        }
-    }
-    .await;
-    let _ = tokio::fs::remove_dir_all(&root).await;
-    result
 }
 
 impl Store {

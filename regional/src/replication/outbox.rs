@@ -21,9 +21,10 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::api::AppState;
+use crate::replication::copy_checkpoint;
 use crate::store::closings::{PlacementNote, MAX_NOTES};
 use crate::store::commitment_copies::{CommitmentCopies, MAX_VERSIONS};
-use crate::store::replicas::{copy_checkpoint, Update};
+use crate::store::replicas::Update;
 use crate::store::Result;
 
 /// Per peer, a batch and what records it sent.
