@@ -4,7 +4,9 @@
 -- statement is `CREATE OR REPLACE`, so applying it again changes nothing,
 -- and changing a function means editing it here (never restating it in a
 -- new migration: `regional/tests/functions.rs` refuses that). Triggers that
--- call these functions, and the tables they read, stay in the migrations.
+-- call these functions, and the tables they read, stay in the migrations;
+-- a migration must not call a function first written here (on a fresh
+-- database every migration runs before this file).
 --
 -- Each function first appeared in the migration named above it.
 
@@ -386,3 +388,13 @@ BEGIN
         VALUES (p_kind, p_id, p_tenant, p_gpu_type, p_gpus, p_start, p_end, v_at);
     END IF;
 END $$;
+
+-- pool_of (since V26__pool_keys.sql)
+-- The scheduling pool a node or job belongs to: its GPU type's shared
+-- pool, or its dedicated cluster's (`cluster:<id>`; a GPU type's name
+-- never contains `:`). The one place SQL spells the key; Rust's is
+-- `store::clusters::pool_key`.
+CREATE OR REPLACE FUNCTION pool_of(p_gpu_type text, p_cluster uuid)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_cluster IS NULL THEN p_gpu_type ELSE 'cluster:' || p_cluster::text END
+$$;

@@ -45,9 +45,10 @@ use super::plans::level_from_db;
 use super::rows::{level_of, topology_of};
 use super::{Result, Store, StoreError, Who};
 
-/// The partition key of a cluster's scheduling (`sched_partitions`, the
+/// The pool key of a cluster's scheduling (`sched_partitions.pool`, the
 /// scheduler's pass loops, the fleet's shape): `cluster:<id>`. A GPU
-/// type's name never contains `:`.
+/// type's name never contains `:`. SQL spells it `pool_of(gpu_type,
+/// cluster_id)` (regional/sql/functions.sql).
 pub fn pool_key(cluster: Uuid) -> String {
     format!("cluster:{cluster}")
 }

@@ -3,7 +3,9 @@
 //! # What is persisted, and why
 //! - `sched_state.generation`: the region's scheduling generation, moved
 //!   by every change to what may be scheduled (nodes, their states, spares,
-//!   maintenance). `sched_partitions`: per GPU type, the partition's
+//!   maintenance). `sched_partitions`: per pool (a GPU type's shared pool,
+//!   or a dedicated cluster's, `cluster:<id>`: `pool_of` in
+//!   `regional/sql/functions.sql`), the partition's
 //!   version, moved by every plan that places or preempts on that type
 //!   (and by every capacity reservation admitted for it). A
 //!   plan records both as it read them and commits only if both are still
@@ -109,8 +111,8 @@
 //!   timeline the tenant reads (created, resized, a node failed, a spare
 //!   swapped in or none free, nodes given back, deleted). The state people
 //!   see (ready, degraded, resizing) is not stored: it is derived from the
-//!   members. Partition keys of clusters (`cluster:<id>`) share
-//!   `sched_partitions` with the GPU types'.
+//!   members. Clusters' pool keys (`cluster:<id>`) share
+//!   `sched_partitions.pool` with the GPU types'.
 //! - Regions watching each other (`V16`, `replicas.rs`, docs/failover.md):
 //!   `peer_leases` (per peer: our last round trip to it, its last
 //!   heartbeat to us, and what it hears of every region — what fencing and

@@ -72,8 +72,7 @@ const RACK_POWER_SQL: &str = "
         JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'
     )
     SELECT n.leaf, n.gpu_type, b.budget_w, d.draw_w,
-           CASE WHEN n.cluster_id IS NULL THEN n.gpu_type
-                ELSE 'cluster:' || n.cluster_id::text END AS pool,
+           pool_of(n.gpu_type, n.cluster_id) AS pool,
            count(*)::bigint AS gpus, count(t.node_id)::bigint AS taken
     FROM nodes n
     JOIN budget b ON b.leaf = n.leaf
@@ -703,8 +702,8 @@ impl Store {
         };
         for row in tx
             .query(
-                "SELECT gpu_type, generation FROM sched_partitions
-                 WHERE ($1::text IS NULL AND gpu_type NOT LIKE 'cluster:%') OR gpu_type = $1",
+                "SELECT pool, generation FROM sched_partitions
+                 WHERE ($1::text IS NULL AND pool NOT LIKE 'cluster:%') OR pool = $1",
                 &[&key],
             )
             .await?
@@ -921,8 +920,7 @@ async fn bump_partitions(
 ) -> Result<()> {
     let rows = tx
         .query(
-            "SELECT DISTINCT CASE WHEN cluster_id IS NULL THEN gpu_type
-                                  ELSE 'cluster:' || cluster_id::text END AS pool
+            "SELECT DISTINCT pool_of(gpu_type, cluster_id) AS pool
              FROM jobs WHERE job_id = ANY($1) ORDER BY pool",
             &[&jobs],
         )
@@ -936,8 +934,8 @@ async fn bump_partitions(
         };
         let bumped = tx
             .query_opt(
-                "INSERT INTO sched_partitions AS p (gpu_type, generation) VALUES ($1, 1)
-                 ON CONFLICT (gpu_type) DO UPDATE SET generation = p.generation + 1
+                "INSERT INTO sched_partitions AS p (pool, generation) VALUES ($1, 1)
+                 ON CONFLICT (pool) DO UPDATE SET generation = p.generation + 1
                  WHERE p.generation = $2
                  RETURNING generation",
                 &[&ty, &seen],
@@ -1254,8 +1252,7 @@ impl Store {
             .get(0);
         let rows = tx
             .query(
-                "SELECT CASE WHEN n.cluster_id IS NULL THEN n.gpu_type
-                             ELSE 'cluster:' || n.cluster_id::text END AS pool,
+                "SELECT pool_of(n.gpu_type, n.cluster_id) AS pool,
                         n.spine, n.leaf, n.nvlink_domain, count(*) AS gpus
                  FROM nodes n JOIN gpus g ON g.node_id = n.node_id
                  WHERE NOT n.spare
