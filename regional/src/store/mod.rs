@@ -80,7 +80,7 @@
 //!   GPU draw) as its agent registered them (NULL: unknown, no budget), so
 //!   an agent tells us them again at every registration. A rack's budget is
 //!   the smallest its nodes report; what it draws is not stored, it is
-//!   counted from the live allocations and holds (`plans.rs`).
+//!   counted from the live allocations and holds (`power.rs`).
 //!   `nodes.rack_throttled`: the node's latest `RackThermal` report (or
 //!   injected fault) that its rack throttles; every node of that leaf is
 //!   then unschedulable. Kept because a report says it only when it
@@ -170,8 +170,10 @@
 //! - `agents.rs`: agent registration and sync (reports in, assignments out).
 //! - `checkpoints.rs`: recording the checkpoints agents report (epoch
 //!   checked) and moving each job's restore point to its newest.
-//! - `plans.rs`: the scheduler's snapshot (rack power headroom and
-//!   throttled racks included) and the generation-checked commit.
+//! - `plans.rs`: the scheduler's snapshot (throttled racks included) and
+//!   the generation-checked commit.
+//! - `power.rs`: rack power as the snapshot reads it: each rack's draw
+//!   against its budget, and each pool's share of the headroom.
 //! - `rows.rs`: row → domain conversions.
 //! - `usage.rs`: the usage ledger and its credits (the meter, reads,
 //!   replication to buddies), a tenant's usage from them, and what
@@ -210,6 +212,7 @@ mod limits;
 mod maintenance;
 mod nodes;
 mod plans;
+mod power;
 pub mod replicas;
 mod reservations;
 mod rows;
@@ -231,7 +234,8 @@ pub use inventory::InventoryNode;
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
-pub use plans::{ApplyOutcome, FleetShape, RackPower, SnapshotData};
+pub use plans::{ApplyOutcome, FleetShape, SnapshotData};
+pub use power::RackPower;
 pub use reservations::{NewReservation, ReservationOutcome};
 pub(crate) use rows::level_of;
 
