@@ -170,8 +170,9 @@
 //! - `agents.rs`: agent registration and sync (reports in, assignments out).
 //! - `checkpoints.rs`: recording the checkpoints agents report (epoch
 //!   checked) and moving each job's restore point to its newest.
-//! - `plans.rs`: the scheduler's snapshot (throttled racks included) and
-//!   the generation-checked commit.
+//! - `plans.rs`: the scheduler's snapshot (throttled racks included), the
+//!   fleet's shape and capacity.
+//! - `apply.rs`: the generation-checked commit of a plan (`apply_plan`).
 //! - `power.rs`: rack power as the snapshot reads it: each rack's draw
 //!   against its budget, and each pool's share of the headroom.
 //! - `rows.rs`: row → domain conversions.
@@ -199,6 +200,7 @@
 //!   leader's tend, partition keys, and the check a job naming one makes.
 
 mod agents;
+mod apply;
 mod audit;
 mod checkpoints;
 pub mod closings;
@@ -227,6 +229,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
 pub use agents::{StopTiming, SyncOutcome};
+pub use apply::ApplyOutcome;
 pub use audit::Who;
 pub use checkpoints::{Recorded, Refusal};
 pub use clusters::{cluster_of_key, job_pool, pool_key, ClusterOutcome, NewCluster, TendOutcome};
@@ -234,7 +237,7 @@ pub use inventory::InventoryNode;
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
-pub use plans::{ApplyOutcome, FleetShape, SnapshotData};
+pub use plans::{FleetShape, SnapshotData};
 pub use power::RackPower;
 pub use reservations::{NewReservation, ReservationOutcome};
 pub(crate) use rows::level_of;

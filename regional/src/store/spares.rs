@@ -445,7 +445,7 @@ pub(super) async fn place_held(tx: &Transaction<'_>, job: Uuid) -> Result<bool> 
         }],
         ..Plan::default()
     };
-    super::plans::apply_placements(tx, &plan).await?;
+    super::apply::apply_placements(tx, &plan).await?;
     metrics::counter!("gangway_placements_total", "level" => level.as_str()).increment(1);
     Ok(true)
 }
