@@ -76,25 +76,6 @@ impl Store {
         let locked: Vec<Uuid> = locked.into_iter().collect();
         lock_jobs(&tx, &locked).await?;
         bump_partitions(&tx, plan, &locked).await?;
-        // A job marked for a handover (evacuation, fail back, balancing)
-        // after the plan read it is not placed here: once its move is
-        // recorded it may run in the other region at any moment.
-        let placed_ids: Vec<Uuid> = placed.iter().copied().collect();
-        if let Some(r) = tx
-            .query_opt(
-                "SELECT job_id, coalesce(handover_to, moved_to) FROM jobs
-                 WHERE job_id = ANY($1) AND (handover_to IS NOT NULL OR moved_to IS NOT NULL)
-                 LIMIT 1",
-                &[&placed_ids],
-            )
-            .await?
-        {
-            let (job, to): (Uuid, String) = (r.get(0), r.get(1));
-            return Err(StoreError::StalePlan(format!(
-                "job {job} is being handed over to region {to}"
-            )));
-        }
-
         // Victims: asked to checkpoint and stop, exactly as an operator's
         // preemption, with the cause and the job they make room for. One no
         // longer running (it ended, was cancelled or is already being
@@ -178,7 +159,8 @@ async fn bump_partitions(
 
 /// Moves every placed worker `pending → assigned`, inserts one allocation
 /// per GPU and a `placed` event per placement; returns the workers placed.
-/// Any placement that no longer applies rejects the plan whole. The caller
+/// Any placement that no longer applies (a worker no longer pending, its
+/// job marked for a handover) rejects the plan whole. The caller
 /// holds the jobs' locks.
 pub(super) async fn apply_placements(
     tx: &tokio_postgres::Transaction<'_>,
@@ -253,11 +235,21 @@ pub(super) async fn apply_placements(
             .collect();
         let meta_rows = tx
             .query(
-                "SELECT job_id, tenant, gpu_type, mode = 'gang', workers, min_workers
+                "SELECT job_id, tenant, gpu_type, mode = 'gang', workers, min_workers,
+                        coalesce(handover_to, moved_to)
                  FROM jobs WHERE job_id = ANY($1)",
                 &[&distinct],
             )
             .await?;
+        // A job marked for a handover (evacuation, fail back, balancing)
+        // after the plan read it is not placed here: once its move is
+        // recorded it may run in the other region at any moment.
+        if let Some(r) = (meta_rows.iter()).find(|r| r.get::<_, Option<String>>(6).is_some()) {
+            let (job, to): (Uuid, String) = (r.get(0), r.get(6));
+            return Err(StoreError::StalePlan(format!(
+                "job {job} is being handed over to region {to}"
+            )));
+        }
         let meta: BTreeMap<Uuid, (String, String)> = meta_rows
             .iter()
             .map(|r| (r.get(0), (r.get(1), r.get(2))))
