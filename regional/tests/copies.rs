@@ -147,8 +147,12 @@ async fn an_adopter_closes_the_dead_homes_open_placement_to_when_it_last_heard_f
     let held_rows = seconds(&bc, "usage_ledger", live).await;
     assert!(held_rows >= 8.0 * 3600.0, "the meter's hours: {held_rows}");
 
-    // The home goes silent; the buddy last heard from it a minute ago.
-    let heard = Utc::now() - chrono::Duration::minutes(1);
+    // The home goes silent; the buddy last heard from it a while after
+    // the last hour the meter wrote (halfway from there to now: a fixed
+    // "a minute ago" falls before that hour's end when the test runs in
+    // an hour's first minute, leaving nothing to close).
+    let metered_to = started + chrono::Duration::microseconds((held_rows / 8.0 * 1e6) as i64);
+    let heard = metered_to + (Utc::now() - metered_to) / 2;
     bc.execute(
         "INSERT INTO peer_leases (peer, last_heard_at) VALUES ('rh', $1)
          ON CONFLICT (peer) DO UPDATE SET last_heard_at = EXCLUDED.last_heard_at",
