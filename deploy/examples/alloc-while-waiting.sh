@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How fully a running `gangway dev up` kept its GPUs allocated while work
 # waited, integrated over time from the databases' own records (issue 19;
-# docs/benchmarks.md "A 10,000-GPU region under a burst"), not sampled:
+# docs/benchmarks-history.md "A 10,000-GPU region under a burst"), not sampled:
 #
 #   deploy/examples/alloc-while-waiting.sh STATE SINCE_EPOCH_S [GRACE_S]
 #

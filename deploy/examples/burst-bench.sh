@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A burst of mixed jobs through the global tier of a running `gangway dev up`
 # (simulated executor), watched until every job has finished (issue 19;
-# docs/benchmarks.md "A 10,000-GPU region under a burst").
+# docs/benchmarks-history.md "A 10,000-GPU region under a burst").
 #
 #   gangway dev up --state-dir /tmp/gw-burst --fleet deploy/fleets/h100-10k.toml \
 #       --executor sim --time-factor 0.01 &

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-19 burst as traces for `gangway sim` (docs/benchmarks.md,
+# The issue-19 burst as traces for `gangway sim` (docs/benchmarks-history.md,
 # "Session 14"): one region's share of `burst-bench.sh`'s jobs — sizes
 # from `gangway loadgen --mix-max-gpus 2048` (powers of two from 1 to
 # 2,048 GPUs, weight 1/√g), estimates drawn evenly from MIN-MAX seconds,

@@ -3,7 +3,7 @@
 # agent syncs over SECS seconds (count, mean, and p50/p99 as bucket bounds
 # of `gangway_sync_seconds`) and the CPU seconds of the regions, the agents,
 # the global tier and PostgreSQL over the same time (issue 19;
-# docs/benchmarks.md "One agent per leaf").
+# docs/benchmarks-history.md "One agent per leaf").
 #
 #   deploy/examples/idle-syncs.sh /tmp/gw-burst 60
 set -uo pipefail
