@@ -238,7 +238,7 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
             "pass --service-key KID=PATH (the public key that signs the global tier's and agents' tokens), or --insecure-no-auth for a benchmark"
         ),
     };
-    config.peers = gangway_regional::peers::PeerConfig {
+    config.peers = gangway_regional::config::PeerConfig {
         peers: args
             .peers
             .iter()
@@ -250,7 +250,7 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
                     name != args.name,
                     "--peer names this region itself ({name})"
                 );
-                Ok(gangway_regional::peers::Peer {
+                Ok(gangway_regional::config::Peer {
                     name: name.to_string(),
                     url: url.to_string(),
                 })

@@ -305,7 +305,7 @@ fn main() -> anyhow::Result<()> {
         let mut slowest = Duration::ZERO;
         loop {
             let t = Instant::now();
-            let o = gangway_regional::scheduler::run_pass(&store, Duration::from_secs(3600)).await?;
+            let o = gangway_regional::scheduling::run_pass(&store, Duration::from_secs(3600)).await?;
             slowest = slowest.max(t.elapsed());
             if o.placements > 0 {
                 println!(

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use gangway_auth::jwt::SigningKey;
 use gangway_sched::{Policy, PreemptionPolicy};
 
 #[derive(Clone)]
@@ -60,8 +61,8 @@ pub struct RegionConfig {
     /// lets anyone in: only for benchmarks and `--insecure-no-auth`.
     pub auth: Option<gangway_auth::jwt::Verifier>,
     /// The other regions, the lease, and when a silent region is adopted
-    /// (`peers.rs`). No peers: a region alone, never fenced.
-    pub peers: crate::peers::PeerConfig,
+    /// (`loops/beat.rs`). No peers: a region alone, never fenced.
+    pub peers: PeerConfig,
     /// The region's checkpoint store (`--checkpoint-store`, the same URL
     /// its agents are given). With one, a checkpoint an agent reports is
     /// recorded only once its manifest is read back from the store and
@@ -92,7 +93,7 @@ impl RegionConfig {
             fence_after: None,
             fence_checkpoint: None,
             auth: None,
-            peers: crate::peers::PeerConfig::default(),
+            peers: PeerConfig::default(),
             checkpoint_store: None,
         }
     }
@@ -191,7 +192,7 @@ impl RegionConfig {
         Ok(())
     }
 
-    /// The shortest safe [`crate::peers::PeerConfig::adopt_after`]: a dead
+    /// The shortest safe [`PeerConfig::adopt_after`]: a dead
     /// region's workers have stopped by then, whether their region fenced
     /// itself (the regions' lease, then the fenced checkpoint time) or their
     /// agents did (the agents' lease, then the same), plus 2 s of margin for
@@ -269,6 +270,51 @@ pub struct HistoryOptions {
     pub half_life: Duration,
     /// Reuse a computed history for this long; zero = read it every time.
     pub refresh: Duration,
+}
+
+/// Another region, as `NAME=URL`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub name: String,
+    pub url: String,
+}
+
+/// How this region watches its peers.
+#[derive(Clone)]
+pub struct PeerConfig {
+    pub peers: Vec<Peer>,
+    /// Signs the service tokens this region calls its peers with.
+    pub signing_key: Option<SigningKey>,
+    pub heartbeat_interval: Duration,
+    /// Without a round trip to a majority for this long, a region fences.
+    pub lease: Duration,
+    /// A region silent to a majority for this long is adopted. `None`:
+    /// derived ([`crate::RegionConfig::adopt_after`]).
+    pub adopt_after: Option<Duration>,
+    /// A queued job that has waited this long here goes to its buddy when
+    /// the buddy has room for it now (`loops/evacuation.rs`, balancing).
+    /// `None`: jobs stay where they were submitted.
+    pub balance_after: Option<Duration>,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        PeerConfig {
+            peers: Vec::new(),
+            signing_key: None,
+            heartbeat_interval: Duration::from_secs(1),
+            lease: Duration::from_secs(8),
+            adopt_after: None,
+            balance_after: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+impl PeerConfig {
+    /// How many regions make a majority (this one included).
+    pub fn majority(&self) -> usize {
+        (self.peers.len() + 1) / 2 + 1
+    }
 }
 
 #[cfg(test)]

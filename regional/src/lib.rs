@@ -1,45 +1,51 @@
 //! The regional control plane: one region's API, scheduling loop and store.
 //!
 //! # Layout
-//! - [`config`]: [`RegionConfig`], every knob with its unit.
-//! - [`store`]: the PostgreSQL store (schema in `migrations/`, the SQL
-//!   functions' live bodies in `sql/functions.sql`).
-//! - [`api`]: the axum router (`/v1` jobs, `/internal/v1` agents).
-//! - [`scheduler`]: the leader's loop around the pure `gangway-sched` core.
-//! - [`health`]: the leader's health tick (node health meets the clock).
-//! - [`leader`]: leadership through a PostgreSQL advisory lock.
-//! - [`peers`]: regions watching each other: leases, fencing, adoption.
-//! - [`replication`]: the calls to other regions for replication: a new
-//!   job's intent handed to a buddy, adoption of a dead region's jobs,
-//!   moves learned, checkpoints copied; and `replication::outbox`, what
-//!   the leader keeps its peers told of later (updates, usage, credits,
-//!   placements, commitments), one loop for every kind. The database's side
-//!   is in `store/`, which calls no other region.
-//! - [`evacuation`]: planned evacuation of the region and fail back, and
-//!   balancing queued jobs to a buddy with room: the leader's loop that
-//!   hands jobs over.
-//! - [`validate`]: job spec validation.
-//! - [`telemetry`]: the Prometheus recorder and metric descriptions.
+//!
+//! Layers, each a folder (or a file), with imports pointing only down the
+//! list — a layer calls those below it, never one above:
+//!
+//! - [`api`]: HTTP — the axum router (`/v1` jobs, `/internal/v1` agents
+//!   and peers), its handlers, authentication, shedding, validation.
+//! - [`loops`]: what runs on a timer — leadership and the scheduling pass
+//!   loops, the leader's tick (node health, clusters, metering,
+//!   maintenance), the peers' beat (heartbeats, fencing, adoption, the
+//!   outbox), evacuation and balancing.
+//! - [`state`]: [`AppState`], what handlers and loops share.
+//! - [`replication`]: every call to another region — the peer client
+//!   (`replication::peers`), a new job's intent handed to a buddy,
+//!   adoption of a dead region's jobs, moves learned, checkpoints copied,
+//!   and `replication::outbox`, what the leader keeps its peers told of
+//!   later (updates, usage, credits, placements, commitments), one loop for
+//!   every kind.
+//! - [`scheduling`]: one scheduling pass (snapshot → the pure
+//!   `gangway-sched` core → checked commit), and explain / dry run.
+//! - [`store`]: the database — SQL in, domain types out (schema in
+//!   `migrations/`, the SQL functions' live bodies in
+//!   `sql/functions.sql`); no HTTP, no other region.
+//! - [`config`]: [`RegionConfig`], every knob with its unit; and
+//!   [`telemetry`], the Prometheus recorder and metric descriptions.
+//!
+//! The pure crates below all of it: `gangway-sched` (placement and policy)
+//! and `gangway-health` (node health).
 
 pub mod api;
 pub mod config;
-pub mod evacuation;
-pub mod health;
-pub mod leader;
-pub mod peers;
+pub mod loops;
 pub mod replication;
-pub mod scheduler;
+pub mod scheduling;
+pub mod state;
 pub mod store;
 pub mod telemetry;
-pub mod validate;
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use api::{app, AppState};
+pub use api::app;
 pub use config::RegionConfig;
+pub use state::AppState;
 pub use store::Store;
 
 /// Connects to the database (waiting up to `db_wait` for it), migrates,
@@ -90,9 +96,9 @@ pub async fn serve_on(
 ) -> anyhow::Result<()> {
     let tracker = TaskTracker::new();
     let loops = shutdown.child_token();
-    tracker.spawn(scheduler::run_loop(state.clone(), loops.clone()));
-    tracker.spawn(peers::run_loop(state.clone(), loops.clone()));
-    tracker.spawn(evacuation::run_loop(state.clone(), loops.clone()));
+    tracker.spawn(loops::scheduler::run_loop(state.clone(), loops.clone()));
+    tracker.spawn(loops::beat::run_loop(state.clone(), loops.clone()));
+    tracker.spawn(loops::evacuation::run_loop(state.clone(), loops.clone()));
     let server_shutdown = shutdown.clone();
     axum::serve(listener, app(state))
         .with_graceful_shutdown(async move { server_shutdown.cancelled().await })

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::{job, node, register, store, submit, TIMING};
-use gangway_regional::scheduler::run_pass;
+use gangway_regional::scheduling::run_pass;
 use gangway_regional::store::{Recorded, Refusal};
 use gangway_regional::{RegionConfig, Store};
 use gangway_shared::agent::{

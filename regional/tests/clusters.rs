@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use gangway_health::Signal;
-use gangway_regional::scheduler::run_pass;
+use gangway_regional::scheduling::run_pass;
 use gangway_regional::store::{
     ClusterOutcome, NewCluster, NewJob, NewReservation, StoreError, Who,
 };

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use gangway_regional::scheduler::run_pass;
+use gangway_regional::scheduling::run_pass;
 use gangway_regional::Store;
 use gangway_shared::api::{Granularity, JobState, QuotaTerms, UsageGroup};
 use uuid::Uuid;
@@ -121,11 +121,11 @@ async fn an_adopter_closes_the_dead_homes_open_placement_to_when_it_last_heard_f
         .await
         .unwrap();
     use gangway_regional::replication::outbox::{flush, Credits, Placements, Updates, UsageRows};
-    flush::<UsageRows>(&h).await;
-    flush::<Credits>(&h).await;
-    flush::<Placements>(&h).await;
-    gangway_regional::replication::replicate_pending_intents(&h).await;
-    flush::<Updates>(&h).await;
+    flush::<UsageRows>(h.link()).await;
+    flush::<Credits>(h.link()).await;
+    flush::<Placements>(h.link()).await;
+    gangway_regional::replication::replicate_pending_intents(h.link()).await;
+    flush::<Updates>(h.link()).await;
     let outbox: i64 = hc
         .query_one("SELECT count(*) FROM placement_outbox", &[])
         .await
@@ -299,7 +299,7 @@ async fn every_peer_holds_the_homes_commitments_and_reads_them_as_the_home_does(
             for _ in 0..100 {
                 gangway_regional::replication::outbox::flush::<
                     gangway_regional::replication::outbox::Commitments,
-                >(h)
+                >(h.link())
                 .await;
                 held = pc
                     .query_one(
@@ -341,7 +341,7 @@ async fn every_peer_holds_the_homes_commitments_and_reads_them_as_the_home_does(
     for _ in 0..3 {
         gangway_regional::replication::outbox::flush::<
             gangway_regional::replication::outbox::Commitments,
-        >(&h)
+        >(h.link())
         .await;
     }
     assert_eq!(held(3).await, 3, "nothing new");

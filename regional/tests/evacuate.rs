@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use gangway_regional::scheduler::run_pass;
+use gangway_regional::scheduling::run_pass;
 use gangway_regional::store::handovers::{Take, EVACUATING, FAILING_BACK};
 use gangway_regional::store::replicas::{Move, Update};
 use gangway_regional::Store;
@@ -402,7 +402,9 @@ async fn the_beat_hands_a_running_job_to_its_buddy_and_a_replay_changes_nothing(
     h_store.start_evacuation("ops", None).await.unwrap();
 
     // First beat: marked and asked to checkpoint and stop; rt has nothing.
-    gangway_regional::evacuation::advance(&h).await.unwrap();
+    gangway_regional::loops::evacuation::advance(&h)
+        .await
+        .unwrap();
     assert!(h.is_evacuating());
     assert_eq!(
         h_store.get_job("acme", id).await.unwrap().state,
@@ -413,7 +415,9 @@ async fn the_beat_hands_a_running_job_to_its_buddy_and_a_replay_changes_nothing(
     hf.act(&h_store, 0, Some("sim:0.500000")).await;
     // Next beat: moved to rt at epoch 2 with that checkpoint, rh's copy
     // released, and nothing is left.
-    gangway_regional::evacuation::advance(&h).await.unwrap();
+    gangway_regional::loops::evacuation::advance(&h)
+        .await
+        .unwrap();
     let there = t_store.get_job("acme", id).await.unwrap();
     assert_eq!((there.epoch, there.state), (2, JobState::Queued));
     assert_eq!(there.restore_from.as_deref(), Some("sim:0.500000"));
@@ -429,7 +433,9 @@ async fn the_beat_hands_a_running_job_to_its_buddy_and_a_replay_changes_nothing(
     assert_eq!(at_rt, vec![planned(id, "rh", "rt", 2)]);
     // A replayed beat changes nothing.
     let before = t_store.job_events("acme", id).await.unwrap().len();
-    gangway_regional::evacuation::advance(&h).await.unwrap();
+    gangway_regional::loops::evacuation::advance(&h)
+        .await
+        .unwrap();
     assert_eq!(t_store.job_events("acme", id).await.unwrap().len(), before);
     assert_eq!(events(&h_store, id, "handed_over").await.len(), 1);
     let e = h_store.evacuation().await.unwrap();
@@ -462,7 +468,10 @@ async fn a_waiting_job_goes_to_its_buddy_once_the_buddy_has_room() {
         let t = t.clone();
         async move { axum::serve(listener, gangway_regional::api::app(t)).await }
     });
-    let beats = tokio::spawn(gangway_regional::peers::run_loop(t.clone(), stop.clone()));
+    let beats = tokio::spawn(gangway_regional::loops::beat::run_loop(
+        t.clone(),
+        stop.clone(),
+    ));
     let mut config = common::region_config("rh", &[("rt", t_url)]);
     config.peers.balance_after = Some(Duration::ZERO);
     let h = gangway_regional::AppState::new(h_store.clone(), config);
@@ -501,7 +510,9 @@ async fn a_waiting_job_goes_to_its_buddy_once_the_buddy_has_room() {
     );
     tf.act(&t_store, 0, None).await;
     let wanted = tf.act(&t_store, 0, None).await;
-    gangway_regional::evacuation::advance(&h).await.unwrap();
+    gangway_regional::loops::evacuation::advance(&h)
+        .await
+        .unwrap();
     for id in [waiting, pinned] {
         let here = h_store.get_job("acme", id).await.unwrap();
         assert_eq!((here.state, here.moved_to), (JobState::Queued, None));
@@ -519,7 +530,9 @@ async fn a_waiting_job_goes_to_its_buddy_once_the_buddy_has_room() {
     tf.sync(&t_store, 0, "boot-1", vec![], done).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        gangway_regional::evacuation::advance(&h).await.unwrap();
+        gangway_regional::loops::evacuation::advance(&h)
+            .await
+            .unwrap();
         if h_store
             .get_job("acme", waiting)
             .await
@@ -562,7 +575,9 @@ async fn a_waiting_job_goes_to_its_buddy_once_the_buddy_has_room() {
     );
     // A replayed beat changes nothing.
     let before = t_store.job_events("acme", waiting).await.unwrap().len();
-    gangway_regional::evacuation::advance(&h).await.unwrap();
+    gangway_regional::loops::evacuation::advance(&h)
+        .await
+        .unwrap();
     assert_eq!(
         t_store.job_events("acme", waiting).await.unwrap().len(),
         before
@@ -601,7 +616,9 @@ async fn a_balancing_move_that_fails_is_called_off_and_the_job_stays() {
         0
     );
     // The beat cannot reach rt: the move is called off, nothing recorded.
-    gangway_regional::evacuation::advance(&h).await.unwrap();
+    gangway_regional::loops::evacuation::advance(&h)
+        .await
+        .unwrap();
     let j = h_store.get_job("acme", id).await.unwrap();
     assert_eq!((j.state, j.moved_to, j.epoch), (JobState::Queued, None, 1));
     let said = events(&h_store, id, "handover").await;

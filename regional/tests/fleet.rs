@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::http::Method;
 use gangway_health::{HealthPolicy, Signal};
-use gangway_regional::scheduler::run_pass;
+use gangway_regional::scheduling::run_pass;
 use gangway_regional::store::{AdminChange, NewJob, SubmitOutcome};
 use gangway_regional::{RegionConfig, Store};
 use gangway_shared::agent::{AgentGpu, AgentNode, Desired, RegisterRequest, WorkerReport};

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use gangway_regional::scheduler::run_loop;
+use gangway_regional::loops::scheduler::run_loop;
 use gangway_regional::{AppState, RegionConfig};
 use tokio_util::sync::CancellationToken;
 

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use gangway_health::HealthPolicy;
-use gangway_regional::scheduler::run_pass;
+use gangway_regional::scheduling::run_pass;
 use gangway_regional::Store;
 use gangway_shared::api::JobState;
 use uuid::Uuid;
@@ -390,7 +390,7 @@ async fn a_sync_leaves_a_report_for_later_rather_than_wait_for_its_job() {
 /// connections (and as many for syncs), node `n0` registered.
 struct Served {
     url: String,
-    state: gangway_regional::api::AppState,
+    state: gangway_regional::AppState,
     fleet: Fleet,
     base: String,
     http: reqwest::Client,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gangway_health::Signal;
 use gangway_regional::config::Planning;
-use gangway_regional::scheduler::{run_partition_pass, run_pass};
+use gangway_regional::scheduling::{run_partition_pass, run_pass};
 use gangway_regional::store::{NewJob, RackPower, StopTiming};
 use gangway_regional::Store;
 use gangway_sched::{plan, Policy};

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use gangway_regional::scheduler::run_pass;
+use gangway_regional::scheduling::run_pass;
 use gangway_regional::store::replicas::{Intent, Move};
 use gangway_shared::api::JobState;
 use uuid::Uuid;
@@ -227,7 +227,7 @@ async fn a_checkpoint_reaches_the_buddys_store_whole_and_an_older_epoch_is_refus
         owner: None,
     };
     let m = home_ckpt.upload(&src, &up(3)).await.unwrap();
-    gangway_regional::replication::copy_checkpoint(&home, "rb", &m.key)
+    gangway_regional::replication::copy_checkpoint(home.link(), "rb", &m.key)
         .await
         .unwrap();
     // Whole in the buddy's store: the same manifest, every file verified.
@@ -242,7 +242,7 @@ async fn a_checkpoint_reaches_the_buddys_store_whole_and_an_older_epoch_is_refus
     adopted.epoch = 2;
     buddy_store.hold_intent(&adopted).await.unwrap();
     let late = home_ckpt.upload(&src, &up(4)).await.unwrap();
-    gangway_regional::replication::copy_checkpoint(&home, "rb", &late.key)
+    gangway_regional::replication::copy_checkpoint(home.link(), "rb", &late.key)
         .await
         .unwrap();
     assert!(buddy_ckpt.manifest(&late.key).await.is_err());

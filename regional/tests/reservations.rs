@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gangway_regional::config::Planning;
-use gangway_regional::scheduler::{explain, run_pass_with};
+use gangway_regional::scheduling::{explain, run_pass_with};
 use gangway_regional::store::{
     NewJob, NewReservation, ReservationOutcome, StopTiming, StoreError, Who,
 };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::http::Method;
 use gangway_regional::config::{HistoryOptions, Planning};
-use gangway_regional::scheduler::{dry_run, explain, run_pass, run_pass_with};
+use gangway_regional::scheduling::{dry_run, explain, run_pass, run_pass_with};
 use gangway_regional::store::{NewJob, StopTiming, StoreError, SubmitOutcome};
 use gangway_regional::{RegionConfig, Store};
 use gangway_sched::{plan, Plan, Policy, PreemptCause, Preemption};

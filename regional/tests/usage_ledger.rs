@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::{node, Fleet};
-use gangway_regional::scheduler::run_pass;
+use gangway_regional::scheduling::run_pass;
 use gangway_shared::agent::{Desired, WorkerReport, WorkerStatus};
 use uuid::Uuid;
 

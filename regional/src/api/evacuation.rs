@@ -1,4 +1,4 @@
-//! Planned evacuation and fail back (`crate::evacuation`, docs/failover.md):
+//! Planned evacuation and fail back (`crate::loops::evacuation`, docs/failover.md):
 //! the operators' endpoints under `/v1/admin/region/…` (only the global
 //! tier reaches them; it names the operator in `X-Gangway-Actor`, which the
 //! audit log records), and what regions ask each other about it under
@@ -15,7 +15,7 @@ use super::error::ApiError;
 use super::extract::Json;
 use super::nodes::{actor, body, check_reason};
 use super::AppState;
-use crate::evacuation::{peer_states, PeerEvacuation};
+use crate::loops::evacuation::{peer_states, PeerEvacuation};
 use crate::replication::{replicate_intent, resumable_here};
 use crate::store::handovers::{
     Handback, HandbackAnswer, Take, Taken, BALANCING, EVACUATING, FAILING_BACK,
@@ -179,13 +179,13 @@ pub async fn take(
             ),
         ));
     }
-    let checkpoint = resumable_here(&state, t.checkpoint.clone()).await;
+    let checkpoint = resumable_here(state.link(), t.checkpoint.clone()).await;
     if t.checkpoint.is_some() && checkpoint.is_none() {
         tracing::warn!(job_id = %t.job_id, checkpoint = ?t.checkpoint, "a handed-over job's checkpoint is not in this region's store: it starts over");
     }
     let taken = state.store.take_handover(&t, checkpoint.as_deref()).await?;
     if state.store.awaits_buddy(t.job_id).await? {
-        if let Err(e) = replicate_intent(&state, t.job_id).await {
+        if let Err(e) = replicate_intent(state.link(), t.job_id).await {
             // The beat hands it over again (`replicate_pending_intents`).
             tracing::warn!(error = %e, job_id = %t.job_id, "replicating a taken job's intent failed");
         }

@@ -16,9 +16,9 @@ use super::extract::{JobId, Json, Query, Tenant};
 use super::AppState;
 use std::collections::BTreeMap;
 
+use crate::api::validate::check_fits;
 use crate::replication::replicate_intent;
 use crate::store::{job_pool, retry_races, ListFilter, NewJob, StoreError, SubmitOutcome};
-use crate::validate::check_fits;
 
 const DEFAULT_PAGE: i64 = 50;
 const MAX_PAGE: i64 = 500;
@@ -113,7 +113,7 @@ pub async fn submit(
     };
     // Acknowledged only once a buddy region holds the job's intent.
     if state.store.replicating() && (!replayed || state.store.awaits_buddy(id).await?) {
-        let held = replicate_intent(&state, id).await;
+        let held = replicate_intent(state.link(), id).await;
         if !matches!(held, Ok(Some(_))) {
             if let Err(e) = &held {
                 tracing::warn!(error = %e, job_id = %id, "replicating a new job's intent failed");
@@ -247,49 +247,6 @@ pub async fn events(
     Ok(axum::Json(JobEvents { job_id: id, events }))
 }
 
-/// How long a read of the region's capacity answers `GET /v1/region`.
-pub const STATUS_TTL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Capacity per GPU type, queued jobs, running jobs, and the generation.
-pub type Capacity = (Vec<gangway_shared::api::GpuTypeCapacity>, u64, u64, i64);
-
-/// The last read of the region's capacity, and whether a read is under
-/// way: `GET /v1/region` answers from it.
-#[derive(Default)]
-pub struct StatusCache {
-    /// When the last read finished, how long it took, and what it read.
-    last: std::sync::Mutex<Option<(std::time::Instant, std::time::Duration, Capacity)>>,
-    /// One read at a time.
-    reading: tokio::sync::Mutex<()>,
-}
-
-impl StatusCache {
-    /// The last read, and whether it is fresh: younger than the TTL, or
-    /// than four times what it took (a read that takes seconds on a large,
-    /// busy region is not run back to back: at most a fifth of the
-    /// database's time goes to it).
-    fn fresh(&self) -> Option<(bool, Capacity)> {
-        let last = self.last.lock().expect("status lock");
-        last.as_ref()
-            .map(|(at, took, c)| (at.elapsed() < STATUS_TTL.max(*took * 4), c.clone()))
-    }
-
-    /// Reads the capacity again unless a read is under way (then waits for
-    /// it) or one finished within the TTL.
-    async fn refresh(&self, state: &AppState) -> Result<Capacity, ApiError> {
-        let _reading = self.reading.lock().await;
-        if let Some((true, c)) = self.fresh() {
-            return Ok(c);
-        }
-        let started = std::time::Instant::now();
-        let (caps, queued, running) = state.store.capacity(state.config.agent_timeout).await?;
-        let c = (caps, queued, running, state.store.generation().await?);
-        *self.last.lock().expect("status lock") =
-            Some((std::time::Instant::now(), started.elapsed(), c.clone()));
-        Ok(c)
-    }
-}
-
 pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionStatus>, ApiError> {
     // One read at a time, and one per STATUS_TTL (on 10,000 GPUs the read
     // covers every node). A stale answer is given at once while a read
@@ -302,11 +259,11 @@ pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionSt
         Some((false, c)) => {
             // Unless a read is under way already (it re-checks, so two
             // callers racing here cost one read).
-            if cache.reading.try_lock().is_ok() {
+            if !cache.is_reading() {
                 let (cache, state) = (cache.clone(), state.clone());
                 tokio::spawn(async move {
                     if let Err(e) = cache.refresh(&state).await {
-                        tracing::debug!(error = ?e.message, "cannot read the region's capacity");
+                        tracing::debug!(error = %e, "cannot read the region's capacity");
                     }
                 });
             }
@@ -331,7 +288,7 @@ pub async fn explain(
     Tenant(tenant): Tenant,
     JobId(id): JobId,
 ) -> Result<axum::Json<gangway_shared::api::Explanation>, ApiError> {
-    let e = crate::scheduler::explain(&state.store, &tenant, id, &state.config.planning()).await?;
+    let e = crate::scheduling::explain(&state.store, &tenant, id, &state.config.planning()).await?;
     Ok(axum::Json(e))
 }
 
@@ -386,6 +343,6 @@ pub async fn dry_run(
         .await?;
     state.store.check_job_reservation(&tenant, &spec).await?;
     let d =
-        crate::scheduler::dry_run(&state.store, &tenant, &spec, &state.config.planning()).await?;
+        crate::scheduling::dry_run(&state.store, &tenant, &spec, &state.config.planning()).await?;
     Ok(axum::Json(d))
 }

@@ -2,7 +2,8 @@
 //! through the global tier) and `/internal/v1` for node agents.
 //!
 //! # Layout
-//! - `mod.rs`: [`AppState`] and [`app`], the router with its layers.
+//! - `mod.rs`: [`app`], the router with its layers (its state is
+//!   [`crate::state::AppState`]).
 //! - `jobs.rs`, `agents.rs`, `admin.rs`, `usage.rs`: handlers.
 //! - `reservations.rs`: capacity reservations (create, list, get,
 //!   resize, delete; every tenant's for operators).
@@ -38,10 +39,7 @@ mod peers;
 mod reservations;
 pub mod shed;
 mod usage;
-
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+pub mod validate;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -49,96 +47,12 @@ use axum::Router;
 
 pub use error::ApiError;
 
-use crate::config::RegionConfig;
-use crate::store::{FleetShape, Store, StoreError};
+pub use crate::state::AppState;
 
 /// Largest body a tenant may send.
 const PUBLIC_BODY_LIMIT: usize = 1024 * 1024;
 /// Largest body an agent may send (registering thousands of nodes).
 const AGENT_BODY_LIMIT: usize = 64 * 1024 * 1024;
-
-#[derive(Clone)]
-pub struct AppState {
-    pub store: Store,
-    pub config: Arc<RegionConfig>,
-    /// Wakes the scheduling loops early (new job, freed GPUs): every pass
-    /// loop sees a wake-up sent since its last pass began.
-    pub sched_wakeup: Arc<tokio::sync::watch::Sender<u64>>,
-    /// Whether this replica holds the scheduling leadership.
-    pub leader: Arc<AtomicBool>,
-    /// The other regions, and whether this one is fenced.
-    pub peers: Arc<crate::peers::Peers>,
-    /// Evacuated by its operators (`evacuation.rs`): the region takes no
-    /// new jobs and places nothing. Read from the database on every
-    /// evacuation beat, so every replica follows within one.
-    pub evacuating: Arc<AtomicBool>,
-    /// The clock hour (since the epoch) up to which the leader metered live
-    /// placements into the usage ledger (`health.rs`); 0: not yet.
-    pub metered_hour: Arc<std::sync::atomic::AtomicI64>,
-    /// The fleet's shape by GPU type, for validating submissions, with the
-    /// fleet version it was read at.
-    fleet: Arc<Mutex<Option<(i64, Arc<FleetByType>)>>>,
-    /// Turns for sheddable requests (`shed.rs`).
-    pub sheddable: Arc<tokio::sync::Semaphore>,
-    /// The region's capacity and job counts as last read, and when
-    /// (`GET /v1/region`, which every global replica polls every second:
-    /// one read serves them all for [`jobs::STATUS_TTL`], and a stale one
-    /// is answered while the next is read).
-    pub(crate) status: Arc<jobs::StatusCache>,
-}
-
-type FleetByType = BTreeMap<String, Vec<FleetShape>>;
-
-impl AppState {
-    pub fn new(store: Store, config: RegionConfig) -> Self {
-        let peers = crate::peers::Peers::new(config.peers.clone(), config.adopt_after());
-        let sheddable = shed::permits(store.pool_status().max_size);
-        AppState {
-            sheddable,
-            status: Arc::default(),
-            store,
-            config: Arc::new(config),
-            sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(0)),
-            leader: Arc::new(AtomicBool::new(false)),
-            peers: Arc::new(peers),
-            evacuating: Arc::new(AtomicBool::new(false)),
-            metered_hour: Arc::new(std::sync::atomic::AtomicI64::new(0)),
-            fleet: Arc::new(Mutex::new(None)),
-        }
-    }
-
-    /// The fleet's shape, re-read only when its version moved (one
-    /// single-row read per call otherwise).
-    pub async fn fleet_shape(&self) -> Result<Arc<FleetByType>, StoreError> {
-        let version = self.store.fleet_version().await?;
-        if let Some((v, shape)) = self.fleet.lock().expect("fleet cache lock").as_ref() {
-            if *v == version {
-                return Ok(shape.clone());
-            }
-        }
-        let (version, shape) = self.store.fleet_shape().await?;
-        let shape = Arc::new(shape);
-        *self.fleet.lock().expect("fleet cache lock") = Some((version, shape.clone()));
-        Ok(shape)
-    }
-
-    pub fn wake_scheduler(&self) {
-        self.sched_wakeup.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    pub fn is_leader(&self) -> bool {
-        self.leader.load(Ordering::Relaxed)
-    }
-
-    /// Whether the region is being evacuated (evacuating or evacuated).
-    pub fn is_evacuating(&self) -> bool {
-        self.evacuating.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_evacuating(&self, evacuating: bool) -> bool {
-        self.evacuating.swap(evacuating, Ordering::Relaxed)
-    }
-}
 
 /// The router, with every layer, for the server and for tests.
 pub fn app(state: AppState) -> Router {

@@ -1,7 +1,7 @@
 //! What regions ask each other (`/internal/v1/peers/…`,
 //! `/internal/v1/replicas/…`; service tokens only): heartbeats, job intent
 //! held for a home, the home's later updates, and moves witnessed for an
-//! adopter and read back by a returning home. See `peers.rs` and
+//! adopter and read back by a returning home. See `loops/beat.rs` and
 //! `store/replicas.rs`.
 
 use axum::body::Bytes;
@@ -13,7 +13,7 @@ use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use super::error::ApiError;
 use super::extract::{Json, Query};
 use super::AppState;
-use crate::peers::Heartbeat;
+use crate::replication::peers::Heartbeat;
 use crate::store::replicas::{Intent, Move, MoveAnswer, MovesList, MovesQuery, Update};
 
 /// Only a configured peer's name is accepted where one is named.

@@ -4,7 +4,7 @@
 //! actions on nodes, cancels — still gets database connections.
 //!
 //! Three rules, checked on every sheddable request:
-//! - At most [`SHEDDABLE_SHARE`] of the pool's connections serve sheddable
+//! - At most [`SHEDDABLE_SHARE`](crate::state::SHEDDABLE_SHARE) of the pool's connections serve sheddable
 //!   requests at once (a semaphore). One that finds none free waits up to
 //!   [`ADMISSION_WAIT`], then is shed.
 //! - When callers already queue for a connection (the pool is exhausted
@@ -23,7 +23,6 @@
 //! region shedding load is still heard by its peers and never fences for
 //! being busy.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
@@ -31,23 +30,13 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gangway_shared::error::codes;
-use tokio::sync::Semaphore;
 
 use super::{ApiError, AppState};
 
-/// The share of the pool sheddable requests may hold at once: the rest is
-/// kept for agents, operators and the region's own loops.
-pub const SHEDDABLE_SHARE: f64 = 0.75;
 /// How long a sheddable request waits for its turn before it is shed.
 pub const ADMISSION_WAIT: Duration = Duration::from_secs(1);
 /// What `Retry-After` says.
 pub(crate) const RETRY_AFTER_S: u64 = 2;
-
-/// Permits for sheddable requests.
-pub fn permits(pool_size: usize) -> Arc<Semaphore> {
-    let n = ((pool_size as f64 * SHEDDABLE_SHARE).floor() as usize).max(1);
-    Arc::new(Semaphore::new(n))
-}
 
 /// Whether a request may be shed: work a client can send again later.
 pub fn sheddable(method: &Method, path: &str) -> bool {
@@ -142,7 +131,7 @@ mod tests {
 
     #[test]
     fn sheddable_requests_leave_a_quarter_of_the_pool() {
-        assert_eq!(permits(16).available_permits(), 12);
-        assert_eq!(permits(1).available_permits(), 1);
+        assert_eq!(crate::state::sheddable_turns(16).available_permits(), 12);
+        assert_eq!(crate::state::sheddable_turns(1).available_permits(), 1);
     }
 }

@@ -4,32 +4,46 @@
 //! store; and [`outbox`], what the leader keeps its peers told of later.
 //! What is written and read in the database for all of it is in
 //! `store/replicas.rs`, `store/handovers.rs` and the other store files;
-//! this layer calls them and the peers (`crate::peers::Peers`), never the
+//! this layer calls them and the peers ([`peers::Peers`]), never the
 //! other way round.
 
 pub mod outbox;
+pub mod peers;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use uuid::Uuid;
 
-use crate::api::AppState;
+use gangway_checkpoint::CheckpointStore;
+
 use crate::store::replicas::{Leases, Move, MoveAnswer, MovesList, MovesQuery};
+use crate::store::Store;
 use crate::store::{Result, StoreError};
+use peers::Peers;
+
+/// What replication works with: this region's database, its link to the
+/// other regions, and its checkpoint store — a view of the replica's state
+/// (`AppState::link`), so that this layer needs nothing above it.
+#[derive(Clone, Copy)]
+pub struct Link<'a> {
+    pub store: &'a Store,
+    pub peers: &'a Peers,
+    pub checkpoint_store: Option<&'a CheckpointStore>,
+}
 
 /// Hands `job`'s intent to its first buddy that takes it; then the job is
 /// acknowledged and schedulable. Returns the buddy, or `None` when none
 /// took it. A region without peers needs none.
-pub async fn replicate_intent(state: &AppState, job: Uuid) -> Result<Option<String>> {
-    let peers = &state.peers;
-    let intent = state.store.intent_of(job).await?;
+pub async fn replicate_intent(link: Link<'_>, job: Uuid) -> Result<Option<String>> {
+    let peers = link.peers;
+    let intent = link.store.intent_of(job).await?;
     for buddy in peers.buddies_of(job) {
         let took: std::result::Result<serde_json::Value, _> = peers
             .post(buddy, "/internal/v1/replicas/intents", &intent)
             .await;
         match took {
             Ok(_) => {
-                state.store.replicated(job, buddy).await?;
+                link.store.replicated(job, buddy).await?;
                 metrics::counter!("gangway_intents_replicated_total").increment(1);
                 return Ok(Some(buddy.to_string()));
             }
@@ -43,12 +57,12 @@ pub async fn replicate_intent(state: &AppState, job: Uuid) -> Result<Option<Stri
 
 /// Hands buddies the intents they do not hold yet (jobs whose create was
 /// not acknowledged in time); what they are told later goes through
-/// `crate::outbox`.
-pub async fn replicate_pending_intents(state: &AppState) {
-    match state.store.awaiting_buddy(100).await {
+/// `crate::replication::outbox`.
+pub async fn replicate_pending_intents(link: Link<'_>) {
+    match link.store.awaiting_buddy(100).await {
         Ok(jobs) => {
             for job in jobs {
-                if let Err(e) = replicate_intent(state, job).await {
+                if let Err(e) = replicate_intent(link, job).await {
                     tracing::warn!(error = %e, job_id = %job, "replicating an intent failed");
                 }
             }
@@ -60,14 +74,14 @@ pub async fn replicate_pending_intents(state: &AppState) {
 /// Adopts the live jobs of every region that a majority of regions has
 /// not heard from for `adopt_after`, judged on `leases` (read after this
 /// beat's heartbeats). Returns how many were adopted.
-pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
-    let peers = &state.peers;
+pub async fn adopt_dead(link: Link<'_>, leases: &Leases) -> Result<usize> {
+    let peers = link.peers;
     let cfg = &peers.config;
     let adopt_after = peers.adopt_after.as_secs_f64();
-    let me = state.store.region().to_string();
+    let me = link.store.region().to_string();
     let (silences, views, ages) = (&leases.silent_s, &leases.views, &leases.round_trip_s);
     let mut adopted = 0;
-    for home in state.store.replica_homes().await? {
+    for home in link.store.replica_homes().await? {
         if silences.get(&home).is_none_or(|s| *s < adopt_after) {
             continue;
         }
@@ -87,7 +101,7 @@ pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
         if agree < cfg.majority() {
             continue;
         }
-        for (intent, checkpoint, checkpointed_at) in state.store.live_replicas(&home).await? {
+        for (intent, checkpoint, checkpointed_at) in link.store.live_replicas(&home).await? {
             let m = Move {
                 job_id: intent.job_id,
                 from_home: home.clone(),
@@ -97,7 +111,7 @@ pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
                 at: None,
             };
             // Recorded at a majority (us included) before it runs here.
-            let mut recorded = usize::from(state.store.witness_move(&m, adopt_after).await?);
+            let mut recorded = usize::from(link.store.witness_move(&m, adopt_after).await?);
             for p in cfg.peers.iter().filter(|p| p.name != home) {
                 let answer: std::result::Result<MoveAnswer, _> =
                     peers.post(&p.name, "/internal/v1/replicas/moves", &m).await;
@@ -109,20 +123,20 @@ pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
                 tracing::warn!(job_id = %m.job_id, recorded, "a move was not recorded at a majority: not adopted yet");
                 continue;
             }
-            let checkpoint = resumable_here(state, checkpoint).await;
+            let checkpoint = resumable_here(link, checkpoint).await;
             // The home's placements of it we hold as open are closed first
             // (billed if the home never comes back; docs/billing.md).
             let resumed_from = checkpoint.as_ref().and(checkpointed_at);
-            let closed = (state.store)
+            let closed = (link.store)
                 .close_placements(intent.job_id, &home, intent.epoch, resumed_from)
                 .await?;
             if closed > 0 {
                 tracing::info!(job_id = %intent.job_id, home, hours = closed, "closed the home's open placements of an adopted job");
             }
-            state.store.adopt(&intent, checkpoint.as_deref()).await?;
+            link.store.adopt(&intent, checkpoint.as_deref()).await?;
             // Its intent goes to a buddy of ours at once, so it is
             // scheduled now (and survives our own failure next).
-            replicate_intent(state, intent.job_id).await?;
+            replicate_intent(link, intent.job_id).await?;
             metrics::counter!("gangway_jobs_adopted_total").increment(1);
             adopted += 1;
         }
@@ -134,8 +148,8 @@ pub async fn adopt_dead(state: &AppState, leases: &Leases) -> Result<usize> {
 /// region's store holds (a copy that never arrived, or a store-less
 /// region, means the job starts over rather than failing to start); a
 /// checkpoint that is no store key (a simulated executor's) as it is.
-pub(crate) async fn resumable_here(state: &AppState, checkpoint: Option<String>) -> Option<String> {
-    match (checkpoint, &state.config.checkpoint_store) {
+pub(crate) async fn resumable_here(link: Link<'_>, checkpoint: Option<String>) -> Option<String> {
+    match (checkpoint, link.checkpoint_store) {
         (Some(c), Some(store)) if gangway_checkpoint::is_store_key(&c) => {
             store.manifest(&c).await.ok().map(|_| c)
         }
@@ -147,10 +161,10 @@ pub(crate) async fn resumable_here(state: &AppState, checkpoint: Option<String>)
 /// Asks the regions of our new majority which of our jobs moved while we
 /// were cut off, and releases those. Fails (so we stay fenced) unless a
 /// majority, us included, answered.
-pub async fn learn_moves(state: &AppState) -> Result<usize> {
-    let peers = &state.peers;
+pub async fn learn_moves(link: Link<'_>) -> Result<usize> {
+    let peers = link.peers;
     let q = MovesQuery {
-        home: state.store.region().to_string(),
+        home: link.store.region().to_string(),
     };
     let calls = peers.config.peers.iter().map(|p| {
         let q = &q;
@@ -195,7 +209,7 @@ pub async fn learn_moves(state: &AppState) -> Result<usize> {
     }
     let moves: Vec<Move> = moves.into_values().collect();
     let homes: BTreeSet<&str> = moves.iter().map(|m| m.to_region.as_str()).collect();
-    let n = state.store.release_moved(&moves).await?;
+    let n = link.store.release_moved(&moves).await?;
     if n > 0 {
         tracing::warn!(jobs = n, to = ?homes, "jobs moved while this region was cut off");
     }
@@ -220,14 +234,14 @@ pub fn staging_root(region: &str, way: &str) -> std::path::PathBuf {
 /// its copy of the job) counts as done: nothing more can be sent. Without
 /// a store here there is nothing to copy.
 pub async fn copy_checkpoint(
-    state: &AppState,
+    link: Link<'_>,
     buddy: &str,
     key: &str,
 ) -> std::result::Result<(), String> {
-    let Some(store) = &state.config.checkpoint_store else {
+    let Some(store) = link.checkpoint_store else {
         return Ok(());
     };
-    let root = staging_root(state.store.region(), "out").join(Uuid::new_v4().simple().to_string());
+    let root = staging_root(link.store.region(), "out").join(Uuid::new_v4().simple().to_string());
     let result = async {
         let m = store.manifest(key).await.map_err(|e| e.to_string())?;
         let dir = root.join(&m.name);
@@ -256,7 +270,7 @@ pub async fn copy_checkpoint(
                     ("offset", offset.to_string()),
                 ];
                 let path = "/internal/v1/replicas/checkpoints/file";
-                (state.peers.post_bytes(buddy, path, &query, chunk))
+                (link.peers.post_bytes(buddy, path, &query, chunk))
                     .await
                     .map_err(|e| e.to_string())?;
                 offset += n;
@@ -266,7 +280,7 @@ pub async fn copy_checkpoint(
                 }
             }
         }
-        let committed: std::result::Result<serde_json::Value, _> = state
+        let committed: std::result::Result<serde_json::Value, _> = link
             .peers
             .post(buddy, "/internal/v1/replicas/checkpoints/commit", &m)
             .await;
@@ -275,7 +289,7 @@ pub async fn copy_checkpoint(
                 metrics::counter!("gangway_checkpoints_replicated_total").increment(1);
                 Ok(())
             }
-            Err(crate::peers::PeerError::Refused { status, body, .. }) if status < 500 => {
+            Err(peers::PeerError::Refused { status, body, .. }) if status < 500 => {
                 tracing::warn!(
                     key,
                     buddy,

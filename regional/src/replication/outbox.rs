@@ -5,7 +5,7 @@
 //! next beat (the peers' endpoints take a batch twice without harm). The
 //! SQL of each kind stays in `store/` (its `*_unsent` and `*_sent`); this
 //! is the one loop that moves them, run by the leader on the peers' beat
-//! (`peers.rs`).
+//! (`loops/beat.rs`).
 //!
 //! | kind | endpoint | to |
 //! |---|---|---|
@@ -20,8 +20,7 @@ use std::future::Future;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::api::AppState;
-use crate::replication::copy_checkpoint;
+use crate::replication::{copy_checkpoint, Link};
 use crate::store::closings::{PlacementNote, MAX_NOTES};
 use crate::store::commitment_copies::{CommitmentCopies, MAX_VERSIONS};
 use crate::store::replicas::Update;
@@ -41,18 +40,18 @@ pub trait Outbox {
     /// What records a batch as sent once the peer took it.
     type Sent: Send;
     /// Per peer, a batch it has not been sent yet.
-    fn unsent(state: &AppState) -> impl Future<Output = Result<Unsent<Self>>> + Send;
+    fn unsent(link: Link<'_>) -> impl Future<Output = Result<Unsent<Self>>> + Send;
     /// `peer` took a batch.
     fn sent(
-        state: &AppState,
+        link: Link<'_>,
         peer: &str,
         sent: Self::Sent,
     ) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Sends every peer what `O` says it has not been sent.
-pub async fn flush<O: Outbox>(state: &AppState) {
-    let unsent = match O::unsent(state).await {
+pub async fn flush<O: Outbox>(link: Link<'_>) {
+    let unsent = match O::unsent(link).await {
         Ok(u) => u,
         Err(e) => {
             tracing::warn!(error = %e, what = O::WHAT, "cannot read what to replicate");
@@ -61,10 +60,10 @@ pub async fn flush<O: Outbox>(state: &AppState) {
     };
     for (peer, batch, sent) in unsent {
         let took: std::result::Result<serde_json::Value, _> =
-            state.peers.post(&peer, O::PATH, &batch).await;
+            link.peers.post(&peer, O::PATH, &batch).await;
         match took {
             Ok(_) => {
-                if let Err(e) = O::sent(state, &peer, sent).await {
+                if let Err(e) = O::sent(link, &peer, sent).await {
                     tracing::warn!(error = %e, what = O::WHAT, peer, "cannot record what a peer holds");
                 }
             }
@@ -77,12 +76,12 @@ pub async fn flush<O: Outbox>(state: &AppState) {
 
 /// Sends every kind, in the order a peer needs them (a job's updates
 /// before the ledger rows and placements that name its epoch).
-pub async fn flush_all(state: &AppState) {
-    flush::<Updates>(state).await;
-    flush::<UsageRows>(state).await;
-    flush::<Credits>(state).await;
-    flush::<Placements>(state).await;
-    flush::<Commitments>(state).await;
+pub async fn flush_all(link: Link<'_>) {
+    flush::<Updates>(link).await;
+    flush::<UsageRows>(link).await;
+    flush::<Credits>(link).await;
+    flush::<Placements>(link).await;
+    flush::<Commitments>(link).await;
 }
 
 /// A job's buddy is told when the job ends or has a newer checkpoint; a
@@ -96,14 +95,14 @@ impl Outbox for Updates {
     type Batch = Vec<Update>;
     type Sent = Vec<(Update, String)>;
 
-    async fn unsent(state: &AppState) -> Result<Unsent<Self>> {
+    async fn unsent(link: Link<'_>) -> Result<Unsent<Self>> {
         let mut out = Vec::new();
-        for (buddy, updates) in state.store.dirty(500).await? {
+        for (buddy, updates) in link.store.dirty(500).await? {
             let mut held = Vec::with_capacity(updates.len());
             for (u, st) in updates {
                 match &u.checkpoint {
                     Some(key) if gangway_checkpoint::is_store_key(key) => {
-                        match copy_checkpoint(state, &buddy, key).await {
+                        match copy_checkpoint(link, &buddy, key).await {
                             Ok(()) => held.push((u, st)),
                             Err(e) => {
                                 tracing::debug!(error = %e, buddy, key, "checkpoint not copied yet")
@@ -121,8 +120,8 @@ impl Outbox for Updates {
         Ok(out)
     }
 
-    async fn sent(state: &AppState, _peer: &str, sent: Self::Sent) -> Result<()> {
-        state.store.told(&sent).await
+    async fn sent(link: Link<'_>, _peer: &str, sent: Self::Sent) -> Result<()> {
+        link.store.told(&sent).await
     }
 }
 
@@ -137,8 +136,8 @@ impl Outbox for UsageRows {
     type Batch = Vec<gangway_shared::billing::UsageRecord>;
     type Sent = Vec<Uuid>;
 
-    async fn unsent(state: &AppState) -> Result<Unsent<Self>> {
-        Ok((state.store.usage_unsent(1000).await?)
+    async fn unsent(link: Link<'_>) -> Result<Unsent<Self>> {
+        Ok((link.store.usage_unsent(1000).await?)
             .into_iter()
             .map(|(buddy, rows)| {
                 let ids = rows.iter().map(|r| r.usage_id).collect();
@@ -147,8 +146,8 @@ impl Outbox for UsageRows {
             .collect())
     }
 
-    async fn sent(state: &AppState, _peer: &str, ids: Vec<Uuid>) -> Result<()> {
-        state.store.usage_sent(&ids).await
+    async fn sent(link: Link<'_>, _peer: &str, ids: Vec<Uuid>) -> Result<()> {
+        link.store.usage_sent(&ids).await
     }
 }
 
@@ -161,8 +160,8 @@ impl Outbox for Credits {
     type Batch = Vec<gangway_shared::billing::CreditRecord>;
     type Sent = Vec<Uuid>;
 
-    async fn unsent(state: &AppState) -> Result<Unsent<Self>> {
-        Ok((state.store.credits_unsent(1000).await?)
+    async fn unsent(link: Link<'_>) -> Result<Unsent<Self>> {
+        Ok((link.store.credits_unsent(1000).await?)
             .into_iter()
             .map(|(buddy, credits)| {
                 let ids = credits.iter().map(|c| c.credit_id).collect();
@@ -171,8 +170,8 @@ impl Outbox for Credits {
             .collect())
     }
 
-    async fn sent(state: &AppState, _peer: &str, ids: Vec<Uuid>) -> Result<()> {
-        state.store.credits_sent(&ids).await
+    async fn sent(link: Link<'_>, _peer: &str, ids: Vec<Uuid>) -> Result<()> {
+        link.store.credits_sent(&ids).await
     }
 }
 
@@ -186,8 +185,8 @@ impl Outbox for Placements {
     type Batch = Vec<PlacementNote>;
     type Sent = Vec<(PlacementNote, i64)>;
 
-    async fn unsent(state: &AppState) -> Result<Unsent<Self>> {
-        Ok((state.store.placements_unsent(MAX_NOTES as i64).await?)
+    async fn unsent(link: Link<'_>) -> Result<Unsent<Self>> {
+        Ok((link.store.placements_unsent(MAX_NOTES as i64).await?)
             .into_iter()
             .map(|(buddy, queued)| {
                 let notes = queued.iter().map(|(n, _)| n.clone()).collect();
@@ -196,8 +195,8 @@ impl Outbox for Placements {
             .collect())
     }
 
-    async fn sent(state: &AppState, _peer: &str, sent: Self::Sent) -> Result<()> {
-        state.store.placements_sent(&sent).await
+    async fn sent(link: Link<'_>, _peer: &str, sent: Self::Sent) -> Result<()> {
+        link.store.placements_sent(&sent).await
     }
 }
 
@@ -212,15 +211,15 @@ impl Outbox for Commitments {
     type Batch = CommitmentCopies;
     type Sent = (String, i64);
 
-    async fn unsent(state: &AppState) -> Result<Unsent<Self>> {
+    async fn unsent(link: Link<'_>) -> Result<Unsent<Self>> {
         let mut out = Vec::new();
-        for peer in &state.peers.config.peers {
-            let unsent = (state.store)
+        for peer in &link.peers.config.peers {
+            let unsent = (link.store)
                 .commitments_unsent(&peer.name, MAX_VERSIONS as i64)
                 .await?;
             if let Some((versions, next)) = unsent {
                 let copies = CommitmentCopies {
-                    home: state.store.region().to_string(),
+                    home: link.store.region().to_string(),
                     versions,
                 };
                 out.push((peer.name.clone(), copies, next));
@@ -229,7 +228,7 @@ impl Outbox for Commitments {
         Ok(out)
     }
 
-    async fn sent(state: &AppState, peer: &str, next: (String, i64)) -> Result<()> {
-        state.store.commitments_sent(peer, &next).await
+    async fn sent(link: Link<'_>, peer: &str, next: (String, i64)) -> Result<()> {
+        link.store.commitments_sent(peer, &next).await
     }
 }

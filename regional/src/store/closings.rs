@@ -3,7 +3,7 @@
 //!
 //! - **Placements replicated.** A home tells its job's buddy of every
 //!   placement as it opens and ends: triggers on `allocations` queue it in
-//!   `placement_outbox`; `crate::outbox::Placements` sends what the outbox names,
+//!   `placement_outbox`; `crate::replication::outbox::Placements` sends what the outbox names,
 //!   read from `allocations` as it is then
 //!   (`POST /internal/v1/replicas/placements`), and the buddy holds it in
 //!   `replica_placements`.

@@ -1066,7 +1066,7 @@ impl Store {
     /// Whether a job naming a cluster may run on it: the tenant's, of the
     /// job's GPU type, not being deleted ([`StoreError::Invalid`]
     /// `invalid_cluster` otherwise). Whether its shape fits the cluster's
-    /// nodes is checked against the fleet's shape (`validate.rs`).
+    /// nodes is checked against the fleet's shape (`api/validate.rs`).
     pub async fn check_job_cluster(&self, tenant: &str, spec: &JobSpec) -> Result<()> {
         let Some(id) = spec.cluster else {
             return Ok(());

@@ -1,7 +1,7 @@
 //! Committed capacity replicated to every peer (V22, docs/billing.md, "A
 //! region that does not come back"): each version of `commitment_history`
 //! records its last change (`change_seq`, and the transaction,
-//! `change_xid`); `crate::outbox::Commitments` sends each peer the versions
+//! `change_xid`); `crate::replication::outbox::Commitments` sends each peer the versions
 //! changed by transactions that ended since it was last sent
 //! (`commitment_peers.sent_xmin`), and a peer holds them in
 //! `held_commitments`, from which [`Store::held_usage_commitments`] reads

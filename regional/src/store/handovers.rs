@@ -5,7 +5,7 @@
 //! that waited here goes to its buddy, which has room for it now
 //! ([`Store::balance_candidates`], [`Store::mark_balancing`],
 //! [`Store::unmark_balancing`]). The protocol is driven from
-//! `crate::evacuation`; this is its durable side.
+//! `crate::loops::evacuation`; this is its durable side.
 //!
 //! - `region_evacuation`: what the operator asked, one row (survives
 //!   restarts).
@@ -41,7 +41,7 @@ use super::{NewJob, Result, Store, StoreError, SubmitOutcome};
 pub const EVACUATING: &str = "evacuating";
 pub const FAILING_BACK: &str = "failing_back";
 /// A queued job that waited here while another region has room for it now
-/// (`crate::evacuation`, "Balancing").
+/// (`crate::loops::evacuation`, "Balancing").
 pub const BALANCING: &str = "balancing";
 
 /// A queued job that may be handed to a region with room for it

@@ -69,7 +69,7 @@ pub struct Move {
     pub from_home: String,
     pub to_region: String,
     pub epoch: i32,
-    /// Asked for by the home itself (`evacuation.rs`): witnesses record it
+    /// Asked for by the home itself (`loops/evacuation.rs`): witnesses record it
     /// while they hear the home. Absent on the wire: an adoption.
     #[serde(default)]
     pub planned: bool,

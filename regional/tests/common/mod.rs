@@ -53,7 +53,7 @@ pub fn region_config(name: &str, peers: &[(&str, String)]) -> gangway_regional::
     let mut config = gangway_regional::RegionConfig::new(name, "127.0.0.1:0".parse().unwrap(), "");
     config.peers.peers = peers
         .iter()
-        .map(|(n, u)| gangway_regional::peers::Peer {
+        .map(|(n, u)| gangway_regional::config::Peer {
             name: n.to_string(),
             url: u.clone(),
         })

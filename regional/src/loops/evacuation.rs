@@ -42,8 +42,8 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::api::AppState;
 use crate::replication::copy_checkpoint;
+use crate::state::AppState;
 use crate::store::handovers::{
     Handback, HandbackAnswer, Handover, Take, Taken, BALANCING, FAILING_BACK,
 };
@@ -190,7 +190,7 @@ async fn ask_handback(state: &AppState) -> Option<u64> {
     away
 }
 
-fn peer_err(e: crate::peers::PeerError) -> StoreError {
+fn peer_err(e: crate::replication::peers::PeerError) -> StoreError {
     StoreError::Conflict {
         code: gangway_shared::error::codes::REGION_UNAVAILABLE,
         message: e.to_string(),
@@ -362,7 +362,7 @@ async fn move_stopped(state: &AppState, h: &Handover) -> Result<()> {
         .as_deref()
         .filter(|k| gangway_checkpoint::is_store_key(k))
     {
-        copy_checkpoint(state, &h.to, key)
+        copy_checkpoint(state.link(), &h.to, key)
             .await
             .map_err(|e| waits(format!("checkpoint {key} not copied yet: {e}")))?;
     }

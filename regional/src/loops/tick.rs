@@ -1,27 +1,43 @@
-//! Node health in the region's loop: the leader lets time pass for nodes
-//! (`Store::health_tick`) every `health_tick_interval`, so silent nodes turn
-//! suspect then lost, hold-downs and `wait` drains end, and what both axes
-//! decide (evacuate, lost) is carried out again until it is done; then
-//! dedicated clusters are tended (`Store::tend_clusters`). The
-//! policy itself is the pure `gangway-health` crate; the store applies it
-//! (`store/nodes.rs`). The running maintenance plan, if any, advances on
-//! the same beat (`Store::maintenance_tick`), and once an hour the usage
-//! ledger gets the hours live placements completed (`Store::meter_usage`).
+//! The leader's tick, every `health_tick_interval` on the scheduling
+//! loop: four jobs on one beat, each its own function below, in this
+//! order —
+//!
+//! - [`node_health`]: time passes for nodes (`Store::health_tick`), so
+//!   silent nodes turn suspect then lost, hold-downs and `wait` drains
+//!   end, and what both axes decide (evacuate, lost) is carried out again
+//!   until it is done. The policy itself is the pure `gangway-health`
+//!   crate; the store applies it (`store/nodes.rs`).
+//! - [`tend_clusters`]: dedicated clusters heal, shrink and finish
+//!   deleting (`store/clusters.rs`).
+//! - [`meter_if_due`]: once an hour the usage ledger gets the hours live
+//!   placements completed (`Store::meter_usage`).
+//! - [`maintenance`]: the running maintenance plan, if any, advances
+//!   (`store/maintenance.rs`).
 
 use std::time::Instant;
 
-use crate::api::AppState;
+use crate::state::AppState;
+use crate::store::{retry_races, HealthContext};
 
-/// Runs a health tick if one is due (the last was `interval` ago or more);
-/// wakes the scheduler when it changed what may be scheduled or freed GPUs.
+/// Runs the leader's tick if one is due (the last was `interval` ago or
+/// more); wakes the scheduler when it changed what may be scheduled or
+/// freed GPUs.
 pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
     if last.is_some_and(|t| t.elapsed() < state.config.health_tick_interval) {
         return;
     }
     *last = Some(Instant::now());
     let ctx = state.store.health_context();
+    node_health(state, &ctx).await;
+    tend_clusters(state).await;
+    meter_if_due(state).await;
+    maintenance(state, &ctx).await;
+}
+
+/// Lets time pass for nodes.
+async fn node_health(state: &AppState, ctx: &HealthContext) {
     let started = Instant::now();
-    let tick = crate::store::retry_races(|| state.store.health_tick(&ctx)).await;
+    let tick = retry_races(|| state.store.health_tick(ctx)).await;
     metrics::histogram!("gangway_health_tick_seconds").record(started.elapsed().as_secs_f64());
     match tick {
         Ok(o) => {
@@ -37,9 +53,11 @@ pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
         }
         Err(e) => tracing::warn!(error = %e, "health tick failed"),
     }
-    // Dedicated clusters heal, shrink and finish deleting on the same beat
-    // (store/clusters.rs).
-    match crate::store::retry_races(|| state.store.tend_clusters()).await {
+}
+
+/// Heals, shrinks and finishes deleting dedicated clusters.
+async fn tend_clusters(state: &AppState) {
+    match retry_races(|| state.store.tend_clusters()).await {
         Ok(o) => {
             if o.changed() {
                 tracing::info!(?o, "dedicated clusters tended");
@@ -48,9 +66,11 @@ pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
         }
         Err(e) => tracing::warn!(error = %e, "cluster tend failed"),
     }
-    meter_if_due(state).await;
-    // Rolling maintenance advances on the same beat (store/maintenance.rs).
-    match crate::store::retry_races(|| state.store.maintenance_tick(&ctx)).await {
+}
+
+/// Advances the running maintenance plan.
+async fn maintenance(state: &AppState, ctx: &HealthContext) {
+    match retry_races(|| state.store.maintenance_tick(ctx)).await {
         Ok(o) => {
             if o.fleet_changed || o.freed_gpus {
                 state.wake_scheduler();

@@ -1,86 +1,20 @@
-//! Regions watching each other (docs/failover.md).
-//!
-//! Every region heartbeats every peer over HTTPS each
-//! [`PeerConfig::heartbeat_interval`]; a heartbeat carries what the sender
-//! last heard from every region, and the answer what the receiver did.
-//! Both ends record it in `peer_leases`, on the database's clock:
-//!
-//! - **Fencing.** A region without a successful round trip to a majority of
-//!   the regions (itself included) for [`PeerConfig::lease`] fences itself:
-//!   it places nothing, refuses new jobs, and asks its running jobs to
-//!   checkpoint and stop within the fenced checkpoint time. It unfences
-//!   once it reaches a majority again, after it has learned which of its
-//!   jobs were adopted elsewhere meanwhile and released them.
-//! - **Adoption** (`replication/mod.rs`, `store/replicas.rs`). A region holding another's job
-//!   intent (its buddy) adopts that region's live jobs only when it is not
-//!   fenced itself and a majority of the regions — it and peers it reaches
-//!   — have heard nothing from the dead one for [`PeerConfig::adopt_after`],
-//!   which is longer than the dead region's lease plus the time its
-//!   workers have to stop (fenced by their region, or by their agents'
-//!   own lease when the region process is gone). A region heard from by a
-//!   majority is never adopted, so a job never runs in two regions.
-//! - **Replication** of job intent happens on each create (synchronous,
-//!   `api/jobs.rs`); what comes after (a job ended, a new checkpoint) is
-//!   sent by a loop of its own ([`run_loop`]), so that a large checkpoint
-//!   copy never holds up a heartbeat.
+//! The link to the other regions (docs/failover.md): who they are, a
+//! client to call them with this region's service token, and what the
+//! last heartbeats left of a majority (fenced or not). The heartbeats
+//! themselves, fencing and adoption run on the peers' beat
+//! (`loops/beat.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gangway_auth::jwt::{claims_for, Role, SigningKey};
+use gangway_auth::jwt::{claims_for, Role};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::api::AppState;
-
-/// Another region, as `NAME=URL`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Peer {
-    pub name: String,
-    pub url: String,
-}
-
-/// How this region watches its peers.
-#[derive(Clone)]
-pub struct PeerConfig {
-    pub peers: Vec<Peer>,
-    /// Signs the service tokens this region calls its peers with.
-    pub signing_key: Option<SigningKey>,
-    pub heartbeat_interval: Duration,
-    /// Without a round trip to a majority for this long, a region fences.
-    pub lease: Duration,
-    /// A region silent to a majority for this long is adopted. `None`:
-    /// derived ([`crate::RegionConfig::adopt_after`]).
-    pub adopt_after: Option<Duration>,
-    /// A queued job that has waited this long here goes to its buddy when
-    /// the buddy has room for it now (`crate::evacuation`, balancing).
-    /// `None`: jobs stay where they were submitted.
-    pub balance_after: Option<Duration>,
-}
-
-impl Default for PeerConfig {
-    fn default() -> Self {
-        PeerConfig {
-            peers: Vec::new(),
-            signing_key: None,
-            heartbeat_interval: Duration::from_secs(1),
-            lease: Duration::from_secs(8),
-            adopt_after: None,
-            balance_after: Some(Duration::from_secs(60)),
-        }
-    }
-}
-
-impl PeerConfig {
-    /// How many regions make a majority (this one included).
-    pub fn majority(&self) -> usize {
-        (self.peers.len() + 1) / 2 + 1
-    }
-}
+use crate::config::{Peer, PeerConfig};
 
 /// A heartbeat, and its answer: who sends it, and seconds since the sender
 /// last heard from each region it knows (or since it started, if never).
@@ -119,7 +53,7 @@ pub struct Peers {
     fenced: AtomicBool,
     /// Until when the round trips the last beat found keep a majority
     /// fresh (`None`: they did not). Past it, the region fences, whether
-    /// or not a beat runs to notice (see [`watchdog`]).
+    /// or not a beat runs to notice (the beat's watchdog, `loops/beat.rs`).
     majority_until: Mutex<Option<Instant>>,
     /// Replicas in this process made no round trip before this.
     pub started: Instant,
@@ -148,9 +82,16 @@ impl Peers {
     }
 
     /// Whether the majority the last beat saw has run out (or it saw none).
-    fn majority_lost(&self) -> bool {
+    pub(crate) fn majority_lost(&self) -> bool {
         let until = *self.majority_until.lock().expect("majority lock");
         until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// Records how much longer the round trips the last beat found keep a
+    /// majority fresh (`None`: they do not).
+    pub(crate) fn set_majority_left(&self, left: Option<Duration>) {
+        *self.majority_until.lock().expect("majority lock") =
+            left.map(|l| Instant::now().checked_add(l).unwrap_or_else(far_future));
     }
 
     pub fn is_fenced(&self) -> bool {
@@ -305,172 +246,6 @@ pub fn majority_left(
     }
 }
 
-/// The peers' loops, each a task of its own so that nothing slow delays a
-/// heartbeat or a fence:
-///
-/// - the heartbeats: every beat, heartbeat every peer, record the answers,
-///   unfence (after learning which jobs moved), and (the leader) adopt
-///   dead regions' jobs;
-/// - the [`watchdog`], which fences the region the moment the majority the
-///   last beat saw runs out — also when no beat runs (its database is
-///   down, or a beat is stuck), since the peers stop hearing a region
-///   whose beats stall and adopt its jobs on that count;
-/// - replication: the leader sends buddies what they have not been told,
-///   checkpoint copies included (a large one takes a while).
-pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
-    if state.peers.config.peers.is_empty() {
-        return;
-    }
-    let every = state.peers.config.heartbeat_interval;
-    let each = |f: fn(AppState) -> futures_util::future::BoxFuture<'static, ()>| {
-        let (state, shutdown) = (state.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            loop {
-                f(state.clone()).await;
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(every) => {}
-                }
-            }
-        })
-    };
-    let loops = [
-        each(|s| Box::pin(async move { beat(&s).await })),
-        each(|s| Box::pin(async move { watchdog(&s).await })),
-        each(|s| {
-            Box::pin(async move {
-                if s.is_leader() && !s.peers.is_fenced() {
-                    crate::replication::replicate_pending_intents(&s).await;
-                    crate::replication::outbox::flush_all(&s).await;
-                }
-                if let Ok(lag) = s.store.replication_lag().await {
-                    metrics::gauge!("gangway_replication_lag_seconds").set(lag);
-                }
-                if let Ok(lag) = s.store.usage_replication_lag().await {
-                    metrics::gauge!("gangway_usage_replication_lag_seconds").set(lag);
-                }
-            })
-        }),
-    ];
-    for l in loops {
-        let _ = l.await;
-    }
-}
-
-/// Fences the region once the majority the last beat saw has run out:
-/// places nothing, refuses creates, and (the leader) asks every starting or
-/// running job to checkpoint and stop, every beat while it lasts.
-async fn watchdog(state: &AppState) {
-    let peers = &state.peers;
-    if !peers.majority_lost() {
-        return;
-    }
-    if !peers.set_fenced(true) {
-        tracing::warn!(
-            lease_s = peers.config.lease.as_secs_f64(),
-            "no round trip to a majority of regions within the lease (or none could be \
-             recorded): fenced (placing nothing, asking running jobs to checkpoint and stop)"
-        );
-    }
-    metrics::gauge!("gangway_region_fenced").set(1.0);
-    if state.is_leader() {
-        match state.store.fence_jobs().await {
-            Ok(n) if n > 0 => tracing::warn!(jobs = n, "fenced: jobs asked to checkpoint and stop"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot stop jobs while fenced"),
-        }
-    }
-}
-
-async fn beat(state: &AppState) {
-    let peers = &state.peers;
-    let me = state.store.region().to_string();
-    let view = match state.store.leases(&peers.names(), peers.uptime_s()).await {
-        Ok(l) => l.silent_s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the peers' leases");
-            return;
-        }
-    };
-    let hb = Heartbeat {
-        from: me.clone(),
-        silent_s: view,
-    };
-    let calls = peers.config.peers.iter().map(|p| {
-        let hb = &hb;
-        async move {
-            let answer: Result<Heartbeat, _> = peers
-                .post(&p.name, "/internal/v1/peers/heartbeat", hb)
-                .await;
-            (p.name.as_str(), answer)
-        }
-    });
-    for (peer, answer) in futures_util::future::join_all(calls).await {
-        match answer {
-            Ok(theirs) if theirs.from == peer => {
-                if let Err(e) = state.store.peer_answered(peer, &theirs.silent_s).await {
-                    tracing::warn!(error = %e, peer, "cannot record a heartbeat's answer");
-                }
-            }
-            Ok(theirs) => {
-                tracing::warn!(peer, answered_as = %theirs.from, "a peer answered under another name")
-            }
-            Err(e) => tracing::debug!(error = %e, peer, "heartbeat failed"),
-        }
-    }
-    // What the heartbeats just recorded decides fencing and adoption.
-    let leases = match state.store.leases(&peers.names(), peers.uptime_s()).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the peers' leases");
-            return;
-        }
-    };
-    let left = majority_left(
-        &leases.round_trip_s,
-        peers.config.lease,
-        peers.config.majority(),
-    );
-    *peers.majority_until.lock().expect("majority lock") =
-        left.map(|l| Instant::now().checked_add(l).unwrap_or_else(far_future));
-    if left.is_none() {
-        watchdog(state).await;
-        return;
-    }
-    metrics::gauge!("gangway_region_fenced").set(0.0);
-    if peers.is_fenced() {
-        // Before placing anything again: which of our jobs moved while we
-        // were cut off.
-        match crate::replication::learn_moves(state).await {
-            Ok(moved) => {
-                if moved > 0 {
-                    tracing::warn!(
-                        jobs = moved,
-                        "jobs adopted elsewhere while fenced: released"
-                    );
-                }
-                peers.set_fenced(false);
-                tracing::info!("a majority of regions answers again: unfenced");
-                state.wake_scheduler();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot learn which jobs moved: staying fenced");
-                return;
-            }
-        }
-    }
-    if state.is_leader() {
-        match crate::replication::adopt_dead(state, &leases).await {
-            Ok(n) if n > 0 => {
-                tracing::warn!(jobs = n, "adopted the jobs of a dead region");
-                state.wake_scheduler();
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "adoption check failed"),
-        }
-    }
-}
-
 /// An instant no lease reaches.
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
@@ -479,6 +254,7 @@ fn far_future() -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Peer;
 
     #[test]
     fn a_majority_counts_the_region_itself_and_fresh_round_trips_only() {

@@ -1,0 +1,218 @@
+//! The scheduling loops: a replica competes for leadership
+//! ([`super::leader`]) and, while it leads, runs one pass loop per pool
+//! (a GPU type's shared pool, or a dedicated cluster), each placing with
+//! [`crate::scheduling::pass`] again at once while it places work, else on a
+//! wake-up (new job, freed GPUs) or every `schedule_interval`. The
+//! leader's tick (`tick.rs`) runs on the same loop.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::leader::Leadership;
+use crate::config::Planning;
+use crate::scheduling::run_partition_pass;
+use crate::state::AppState;
+
+/// Competes for leadership and, while leader, runs one pass loop per GPU
+/// type ([`partition_loop`]) until `shutdown` or until leadership is lost.
+pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
+    let span = tracing::info_span!("scheduler", region = %state.store.region());
+    async move {
+        let cfg = state.config.clone();
+        let planning = cfg.planning();
+        let mut leadership: Option<Leadership> = None;
+        let mut last_health_tick = None;
+        let mut partitions = Partitions::default();
+        loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            // (Re)connect the leadership connection when needed.
+            if leadership.as_ref().is_none_or(|l| l.is_closed()) {
+                set_leader(&state, false);
+                partitions.stop_all().await;
+                match Leadership::connect(&cfg.database_url).await {
+                    Ok(l) => leadership = Some(l),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot open the leader connection");
+                        sleep_or_cancel(cfg.leader_retry_interval, &shutdown).await;
+                        continue;
+                    }
+                }
+            }
+            let l = leadership.as_mut().expect("connected above");
+            let leading = match l.try_acquire().await {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "leadership check failed");
+                    false
+                }
+            };
+            set_leader(&state, leading);
+            if !leading {
+                partitions.stop_all().await;
+                sleep_or_cancel(cfg.leader_retry_interval, &shutdown).await;
+                continue;
+            }
+            super::tick::tick_if_due(&state, &mut last_health_tick).await;
+            // One pass loop per GPU type of the fleet (re-read only when
+            // the fleet changed).
+            match state.fleet_shape().await {
+                Ok(shape) => partitions.reconcile(&state, &planning, shape.keys()),
+                Err(e) => tracing::warn!(error = %e, "cannot read the fleet's GPU types"),
+            }
+            sleep_or_cancel(cfg.schedule_interval, &shutdown).await;
+        }
+        partitions.stop_all().await;
+        if let Some(mut l) = leadership {
+            l.release().await;
+        }
+        set_leader(&state, false);
+    }
+    .instrument(span)
+    .await
+}
+
+/// The running pass loops, by partition (GPU type, or cluster key).
+#[derive(Default)]
+struct Partitions {
+    loops: BTreeMap<String, (CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+impl Partitions {
+    /// Starts a loop for every partition that has none, stops those gone
+    /// from the fleet (a type no node has any more, a deleted cluster).
+    fn reconcile<'t>(
+        &mut self,
+        state: &AppState,
+        planning: &Planning,
+        types: impl Iterator<Item = &'t String>,
+    ) {
+        let types: std::collections::BTreeSet<&String> = types.collect();
+        self.loops.retain(|t, (stop, task)| {
+            let keep = types.contains(t) && !task.is_finished();
+            if !keep {
+                stop.cancel();
+            }
+            keep
+        });
+        for t in types {
+            if !self.loops.contains_key(t) {
+                let stop = CancellationToken::new();
+                let task = tokio::spawn(partition_loop(
+                    state.clone(),
+                    planning.clone(),
+                    t.clone(),
+                    stop.clone(),
+                ));
+                tracing::info!(gpu_type = %t, "scheduling partition started");
+                self.loops.insert(t.clone(), (stop, task));
+            }
+        }
+    }
+
+    /// Stops every loop and waits until none is in a pass.
+    async fn stop_all(&mut self) {
+        for (t, (stop, task)) in std::mem::take(&mut self.loops) {
+            stop.cancel();
+            let _ = task.await;
+            tracing::info!(gpu_type = %t, "scheduling partition stopped");
+        }
+    }
+}
+
+/// How often a partition with nothing to place or grow is planned anyway.
+const IDLE_PASS_EVERY: Duration = Duration::from_secs(10);
+
+/// One GPU type's passes: again at once while they place work or lose a
+/// race, else on a wake-up (new job, freed GPUs) or every
+/// `schedule_interval`, until `stop`.
+async fn partition_loop(
+    state: AppState,
+    planning: Planning,
+    gpu_type: String,
+    stop: CancellationToken,
+) {
+    let span = tracing::info_span!("partition", gpu_type = %gpu_type);
+    async move {
+        let mut wake = state.sched_wakeup.subscribe();
+        // When the partition was last planned, and whether this round was
+        // woken (a job came, GPUs were freed) rather than timed: a timed
+        // round over an idle partition is skipped, but it is planned at
+        // least every `IDLE_PASS_EVERY` (its fleet gauges stay fresh).
+        let mut planned_at: Option<Instant> = None;
+        let mut woken = true;
+        while !stop.is_cancelled() {
+            // Wake-ups from now on count for the next wait.
+            wake.borrow_and_update();
+            // A fenced region places nothing (`beat.rs`), nor does one
+            // being evacuated (`evacuation.rs`).
+            if state.peers.is_fenced() || state.is_evacuating() {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(state.config.schedule_interval) => {}
+                }
+                continue;
+            }
+            // A partition with nothing to place and nothing to grow is
+            // not planned: its snapshot reads the whole fleet (at 10,000
+            // GPUs, the region's largest read) for an empty plan.
+            let idle = !woken
+                && planned_at.is_some_and(|t| t.elapsed() < IDLE_PASS_EVERY)
+                && match state.store.partition_has_work(&gpu_type).await {
+                    Ok(work) => !work,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot tell whether work waits: planning");
+                        false
+                    }
+                };
+            if idle {
+                metrics::counter!("gangway_schedule_passes_total", "outcome" => "skipped", "partition" => gpu_type.clone()).increment(1);
+            } else {
+                planned_at = Some(Instant::now());
+                // A pass under way finishes (its commit is checked anyway).
+                match run_partition_pass(&state.store, &planning, &gpu_type).await {
+                    Ok(o) if o.stale => continue, // replan at once on fresh state
+                    Ok(o) if o.placements > 0 => {
+                        tracing::debug!(
+                            placements = o.placements,
+                            waiting = o.waiting,
+                            "pass committed"
+                        );
+                        continue; // more may fit now that these are out of the queue
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "scheduling pass failed"),
+                }
+            }
+            woken = tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = wake.changed() => true,
+                _ = tokio::time::sleep(state.config.schedule_interval) => false,
+            };
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Records whether this replica leads: the flag `GET /v1/region` reports
+/// and the `gangway_scheduler_leader` gauge, always together.
+fn set_leader(state: &AppState, leading: bool) {
+    let was = state.leader.swap(leading, Ordering::Relaxed);
+    if leading != was {
+        tracing::info!(leader = leading, "scheduling leadership changed");
+    }
+    metrics::gauge!("gangway_scheduler_leader").set(if leading { 1.0 } else { 0.0 });
+}
+
+async fn sleep_or_cancel(d: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(d) => {}
+    }
+}

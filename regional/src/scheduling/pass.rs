@@ -1,0 +1,209 @@
+//! One scheduling pass: snapshot → plan (the pure `gangway-sched` core) →
+//! a commit checked against the partition's version
+//! ([`Store::apply_plan`]). The leader's pass loops (`loops/scheduler.rs`)
+//! run it; so do tests and benchmarks, by hand.
+//!
+//! Scheduling is partitioned by pool: a GPU type's shared pool, or a
+//! dedicated cluster (`store::pool_key`), each on its own snapshot of its
+//! nodes and jobs, committing against its own version. A slow or busy pool
+//! never holds up another's passes, and two pools' commits never make each
+//! other stale.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use gangway_sched::{plan_partitioned, Snapshot};
+
+use crate::config::Planning;
+use crate::store::{Store, StoreError};
+
+/// What one pass did.
+#[derive(Clone, Debug, Default)]
+pub struct PassOutcome {
+    /// Units (gangs or array workers) placed.
+    pub placements: usize,
+    pub placed_workers: usize,
+    /// Units left waiting.
+    pub waiting: usize,
+    /// Running jobs asked to checkpoint and stop to make room.
+    pub preempted: usize,
+    /// The plan lost a race and was discarded.
+    pub stale: bool,
+    /// Time spent reading the snapshot, planning, and committing.
+    pub phases: Phases,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Phases {
+    pub snapshot: Duration,
+    pub plan: Duration,
+    pub commit: Duration,
+}
+
+/// Runs one scheduling pass against the store with the default planning
+/// settings ([`crate::RegionConfig::new`]'s) and this agent timeout.
+pub async fn run_pass(store: &Store, agent_timeout: Duration) -> Result<PassOutcome, StoreError> {
+    run_pass_with(store, &Planning::with_agent_timeout(agent_timeout)).await
+}
+
+/// Runs one scheduling pass over every GPU type against the store (the
+/// types' shared pools planned at once, [`plan_partitioned`]; committed
+/// together), then one over each dedicated cluster; the outcomes summed.
+pub async fn run_pass_with(store: &Store, planning: &Planning) -> Result<PassOutcome, StoreError> {
+    let mut out = pass(store, planning, None).await?;
+    let (_, shape) = store.fleet_shape().await?;
+    for key in shape
+        .keys()
+        .filter(|k| crate::store::cluster_of_key(k).is_some())
+    {
+        let o = pass(store, planning, Some(key)).await?;
+        out.placements += o.placements;
+        out.placed_workers += o.placed_workers;
+        out.waiting += o.waiting;
+        out.preempted += o.preempted;
+        out.stale |= o.stale;
+    }
+    Ok(out)
+}
+
+/// Runs one scheduling pass over one partition: a GPU type's shared pool,
+/// or a dedicated cluster's (`store::pool_key`).
+pub async fn run_partition_pass(
+    store: &Store,
+    planning: &Planning,
+    partition: &str,
+) -> Result<PassOutcome, StoreError> {
+    pass(store, planning, Some(partition)).await
+}
+
+async fn pass(
+    store: &Store,
+    planning: &Planning,
+    only: Option<&str>,
+) -> Result<PassOutcome, StoreError> {
+    let started = Instant::now();
+    let data = match only {
+        Some(t) => (store.snapshot_partition(t, planning.agent_timeout, planning.history)).await?,
+        None => (store.snapshot_with(planning.agent_timeout, planning.history)).await?,
+    };
+    let snapshot_took = started.elapsed();
+    let snapshot = data.snapshot;
+    let policy = planning.policy.clone();
+    let (snapshot, planned, plan_took) = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        let p = plan_partitioned(&snapshot, &policy);
+        (snapshot, p, t.elapsed())
+    })
+    .await
+    .expect("the planner does not panic");
+    let partition = only.unwrap_or("all").to_string();
+    record_fleet_metrics(&snapshot, &data.racks, only);
+    let mut outcome = PassOutcome {
+        placements: planned.placements.len(),
+        waiting: planned.waiting.len(),
+        phases: Phases {
+            snapshot: snapshot_took,
+            plan: plan_took,
+            commit: Duration::ZERO,
+        },
+        ..Default::default()
+    };
+    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "snapshot", "partition" => partition.clone())
+        .record(snapshot_took.as_secs_f64());
+    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "plan", "partition" => partition.clone())
+        .record(plan_took.as_secs_f64());
+    if planned.placements.is_empty() && planned.preemptions.is_empty() {
+        // Nothing to commit: leave the generation alone so that a plan
+        // another replica is applying right now does not go stale for nothing.
+        metrics::counter!("gangway_schedule_passes_total", "outcome" => "idle", "partition" => partition.clone()).increment(1);
+        metrics::histogram!("gangway_schedule_pass_seconds", "partition" => partition)
+            .record(started.elapsed().as_secs_f64());
+        return Ok(outcome);
+    }
+    let commit_started = Instant::now();
+    let applied = store.apply_plan(&planned).await;
+    outcome.phases.commit = commit_started.elapsed();
+    metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "commit", "partition" => partition.clone())
+        .record(outcome.phases.commit.as_secs_f64());
+    match applied {
+        Ok(applied) => {
+            outcome.placed_workers = applied.placed_workers;
+            outcome.preempted = applied.preempted.len();
+            for (job, cause) in &applied.preempted {
+                tracing::info!(job_id = %job, cause = cause.as_str(), "asked to checkpoint and stop to make room");
+                metrics::counter!("gangway_preemptions_total", "cause" => cause.as_str())
+                    .increment(1);
+            }
+            let now = Utc::now();
+            for p in &planned.placements {
+                metrics::counter!("gangway_placements_total", "level" => p.level.as_str())
+                    .increment(1);
+                if let Some(at) = data.submitted_at.get(&p.job) {
+                    let wait = (now - *at).num_milliseconds().max(0) as f64 / 1000.0;
+                    metrics::histogram!("gangway_queue_wait_seconds").record(wait);
+                }
+            }
+            metrics::counter!("gangway_schedule_passes_total", "outcome" => "committed", "partition" => partition.clone())
+                .increment(1);
+        }
+        Err(StoreError::StalePlan(why)) => {
+            tracing::debug!(%why, "plan rejected as stale");
+            metrics::counter!("gangway_schedule_passes_total", "outcome" => "stale", "partition" => partition.clone()).increment(1);
+            outcome.stale = true;
+        }
+        Err(e) => {
+            metrics::counter!("gangway_schedule_passes_total", "outcome" => "error", "partition" => partition.clone()).increment(1);
+            return Err(e);
+        }
+    }
+    metrics::histogram!("gangway_schedule_pass_seconds", "partition" => partition)
+        .record(started.elapsed().as_secs_f64());
+    Ok(outcome)
+}
+
+/// GPU and queue gauges per type (per dedicated cluster, for a cluster's
+/// `partition`), and each budgeted rack's power budget and headroom. A partition's pass covers only the racks holding its
+/// type's nodes; their figures are whole-rack, so passes of different
+/// partitions agree on a shared rack.
+fn record_fleet_metrics(
+    s: &Snapshot,
+    racks: &BTreeMap<String, crate::store::RackPower>,
+    partition: Option<&str>,
+) {
+    for (rack, p) in racks {
+        metrics::gauge!("gangway_rack_power_budget_watts", "rack" => rack.clone())
+            .set(p.budget_w as f64);
+        metrics::gauge!("gangway_rack_power_headroom_watts", "rack" => rack.clone())
+            .set(p.headroom_w() as f64);
+    }
+    let mut by_type: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for n in &s.nodes {
+        let e = by_type.entry(n.gpu_type.as_str()).or_default();
+        e.0 += (n.gpus as u64).saturating_sub(n.free.len() as u64);
+        if n.schedulable {
+            e.1 += n.free.len() as u64;
+        }
+    }
+    let mut queued: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in &s.queue {
+        *queued.entry(r.gpu_type.as_str()).or_default() += 1;
+    }
+    if let Some(cluster) = partition.and_then(crate::store::cluster_of_key) {
+        // A dedicated cluster's GPUs are not its type's shared pool's.
+        let (allocated, free) = by_type.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let id = cluster.to_string();
+        metrics::gauge!("gangway_cluster_gpus_allocated", "cluster" => id.clone())
+            .set(allocated as f64);
+        metrics::gauge!("gangway_cluster_gpus_free", "cluster" => id.clone()).set(free as f64);
+        metrics::gauge!("gangway_cluster_queue_depth", "cluster" => id).set(s.queue.len() as f64);
+        return;
+    }
+    for (t, (allocated, free)) in by_type {
+        metrics::gauge!("gangway_gpus_allocated", "gpu_type" => t.to_string())
+            .set(allocated as f64);
+        metrics::gauge!("gangway_gpus_free", "gpu_type" => t.to_string()).set(free as f64);
+        let depth = queued.get(t).copied().unwrap_or(0);
+        metrics::gauge!("gangway_queue_depth", "gpu_type" => t.to_string()).set(depth as f64);
+    }
+}
