@@ -139,7 +139,7 @@ async fn the_database_refuses_a_gpu_held_twice() {
     register_fleet(&store, 1, 1).await;
     let a = submit(&store, &job("acme", 1, 1)).await;
     let b = submit(&store, &job("acme", 1, 1)).await;
-    let insert = "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant, gpu_type, generation)
+    let insert = "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant, gpu_type, placement_seq)
                   VALUES ($1, 0, 1, 's0-l0-n0', 3, 'acme', 'h100', 1)";
     client.execute(insert, &[&a]).await.unwrap();
     let err = client.execute(insert, &[&b]).await.unwrap_err();
@@ -342,7 +342,7 @@ async fn usage_cuts_allocation_intervals_at_period_boundaries() {
         client
             .execute(
                 "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant,
-                                          gpu_type, generation, allocated_at)
+                                          gpu_type, placement_seq, allocated_at)
                  SELECT $1, $2, 1, 's0-l0-n0', $3, tenant, 'h100', 1, $4::text::timestamptz
                  FROM jobs WHERE job_id = $1",
                 &[&job, &rank, &gpu, &start],
@@ -561,7 +561,7 @@ async fn quotas_feed_the_snapshot_as_caps_guarantees_weights_and_decayed_history
         client
             .execute(
                 "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant,
-                                          gpu_type, generation, allocated_at, released_at)
+                                          gpu_type, placement_seq, allocated_at, released_at)
                  SELECT $1, 0, 1, 's0-l0-n0', $2, tenant, 'h100', 1,
                         now() - $3::text::interval, now() - $4::text::interval
                  FROM jobs WHERE job_id = $1",

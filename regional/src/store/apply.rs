@@ -137,10 +137,10 @@ async fn bump_partitions(
         };
         let bumped = tx
             .query_opt(
-                "INSERT INTO sched_partitions AS p (pool, generation) VALUES ($1, 1)
-                 ON CONFLICT (pool) DO UPDATE SET generation = p.generation + 1
-                 WHERE p.generation = $2
-                 RETURNING generation",
+                "INSERT INTO sched_partitions AS p (pool, version) VALUES ($1, 1)
+                 ON CONFLICT (pool) DO UPDATE SET version = p.version + 1
+                 WHERE p.version = $2
+                 RETURNING version",
                 &[&ty, &seen],
             )
             .await?;
@@ -169,7 +169,7 @@ pub(super) async fn apply_placements(
     {
         // This commit's number: higher than every earlier placement's, so
         // a job's newest run is the one with the highest.
-        let generation: i64 = tx
+        let placement_seq: i64 = tx
             .query_one("SELECT nextval('placement_seq')", &[])
             .await?
             .get(0);
@@ -288,7 +288,7 @@ pub(super) async fn apply_placements(
         let insert = tx
             .execute(
                 "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant,
-                                          gpu_type, generation)
+                                          gpu_type, placement_seq)
                  SELECT j, r, a, n, g, t, ty, $8
                  FROM unnest($1::uuid[], $2::int[], $3::int[], $4::text[], $5::int[],
                              $6::text[], $7::text[]) AS x(j, r, a, n, g, t, ty)",
@@ -300,7 +300,7 @@ pub(super) async fn apply_placements(
                     &a_gpu,
                     &a_tenant,
                     &a_type,
-                    &generation,
+                    &placement_seq,
                 ],
             )
             .await;
@@ -356,7 +356,9 @@ pub(super) async fn apply_placements(
                 "level": p.level.as_str(),
                 "ranks": p.ranks,
                 "nodes": nodes.iter().map(|(n, g)| json!({"node": n, "gpus": g})).collect::<Vec<_>>(),
-                "generation": generation,
+                // Named `generation` in the event since before it was
+                // called what it is (clients may read it).
+                "generation": placement_seq,
             });
             if let Some(&(run, _)) = runs.get(&job) {
                 detail["world_size"] = json!(run);

@@ -777,7 +777,7 @@ async fn settle_special(tx: &Transaction<'_>, job_id: Uuid) -> Result<()> {
                      FROM allocations a
                      WHERE a.job_id = j.job_id AND a.released_at IS NOT NULL
                        AND a.release_reason IS DISTINCT FROM 'node_lost'
-                       AND a.generation = (SELECT max(generation) FROM allocations
+                       AND a.placement_seq = (SELECT max(placement_seq) FROM allocations
                                            WHERE job_id = j.job_id)), 0)::float8
                  WHERE j.job_id = $1",
                 &[&job_id],

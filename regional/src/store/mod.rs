@@ -3,7 +3,7 @@
 //! # What is persisted, and why
 //! - `sched_state.generation`: the region's scheduling generation, moved
 //!   by every change to what may be scheduled (nodes, their states, spares,
-//!   maintenance). `sched_partitions`: per pool (a GPU type's shared pool,
+//!   maintenance). `sched_partitions.version`: per pool (a GPU type's shared pool,
 //!   or a dedicated cluster's, `cluster:<id>`: `pool_of` in
 //!   `regional/sql/functions.sql`), the partition's
 //!   version, moved by every plan that places or preempts on that type
@@ -12,7 +12,7 @@
 //!   current for what it decides, so a stale plan (another scheduler of the
 //!   same type won the race, or the fleet changed) is rejected whole, while
 //!   plans for different types commit independently. `placement_seq`
-//!   numbers placing commits (`allocations.generation`), so a job's newest
+//!   numbers placing commits (`allocations.placement_seq`), so a job's newest
 //!   run is the one with the highest number.
 //! - `jobs` and `workers`: tenants' intent (the accepted spec, kept verbatim
 //!   for idempotent retries) and each worker's progress. Idempotency keys are

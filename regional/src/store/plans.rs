@@ -545,7 +545,7 @@ impl Store {
         };
         for row in tx
             .query(
-                "SELECT pool, generation FROM sched_partitions
+                "SELECT pool, version FROM sched_partitions
                  WHERE ($1::text IS NULL AND pool NOT LIKE 'cluster:%') OR pool = $1",
                 &[&key],
             )

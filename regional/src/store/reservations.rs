@@ -166,8 +166,8 @@ const RUNNING_WORK_SQL: &str = "
 /// before the reads below and is seen by them.
 async fn ground(tx: &Transaction<'_>, gpu_type: &str, except: Option<Uuid>) -> Result<Ground> {
     tx.execute(
-        "INSERT INTO sched_partitions AS p (pool, generation) VALUES ($1, 1)
-         ON CONFLICT (pool) DO UPDATE SET generation = p.generation + 1",
+        "INSERT INTO sched_partitions AS p (pool, version) VALUES ($1, 1)
+         ON CONFLICT (pool) DO UPDATE SET version = p.version + 1",
         &[&gpu_type],
     )
     .await?;
