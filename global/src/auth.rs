@@ -13,7 +13,7 @@ use gangway_auth::jwt::{Claims, Role};
 use gangway_shared::error::codes;
 use gangway_shared::http::ApiError;
 
-use crate::api::GlobalState;
+use crate::state::GlobalState;
 
 /// A rejected caller.
 pub enum Rejection {

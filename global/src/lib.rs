@@ -11,7 +11,12 @@
 //! - [`ratelimit`]: per-tenant token buckets (governor).
 //! - [`regions`]: the region set: service tokens, forwarding, health.
 //! - [`routing`]: rendezvous order and the choice of a region for a job.
+//! - [`state`]: [`GlobalState`], what every handler shares.
 //! - [`api`]: the router and handlers.
+//!
+//! Imports point down this list, from `api` to `config`: `api` uses
+//! `auth`, `state`, `regions` and `routing`; `auth` uses `state`; none of
+//! those uses `api`.
 
 pub mod api;
 pub mod auth;
@@ -19,6 +24,7 @@ pub mod config;
 pub mod ratelimit;
 pub mod regions;
 pub mod routing;
+pub mod state;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +32,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use api::{app, GlobalState};
+pub use api::app;
 pub use config::GlobalConfig;
+pub use state::GlobalState;
 
 /// Serves the global tier over HTTPS on `listener` until `shutdown`; then
 /// stops accepting, gives in-flight requests up to 10 s, and stops the

@@ -22,9 +22,10 @@ use gangway_shared::http::{ApiError, Json, Path, Query};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::{openapi, GlobalState};
+use super::responses;
 use crate::auth::AdminCaller;
 use crate::regions::{Call, Region};
+use crate::state::GlobalState;
 
 /// Which regions an operator call goes to.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -39,7 +40,7 @@ pub struct RegionParam {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct PerRegion {
     /// By region name.
-    #[schema(value_type = BTreeMap<String, openapi::RegionAnswer>)]
+    #[schema(value_type = BTreeMap<String, responses::RegionAnswer>)]
     pub regions: BTreeMap<String, serde_json::Value>,
 }
 
@@ -114,15 +115,15 @@ async fn fan_out(
     params(RegionParam),
     responses(
         (status = 200, description = "Each region's answer, by region name.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is unknown or malformed.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn list_quotas(
@@ -174,19 +175,19 @@ pub async fn list_quotas(
     request_body(content = QuotaUpdate, content_type = "application/json"),
     responses(
         (status = 200, description = "Each region's answer, by region name.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or a query parameter is unknown or malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors(
             "The path does not decode.", &[codes::NOT_FOUND]), body = ErrorBody),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The body is not a quota update, or no region has the name given in `region`.",
             &[codes::INVALID_SPEC, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn put_quota(
@@ -230,17 +231,17 @@ pub async fn put_quota(
     ),
     responses(
         (status = 200, description = "Each region's answer, by region name.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is unknown or malformed.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors(
             "The path does not decode.", &[codes::NOT_FOUND]), body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn delete_quota(
@@ -290,15 +291,15 @@ fn check_tenant(tenant: &str) -> Result<(), ApiError> {
     params(RegionParam),
     responses(
         (status = 200, description = "Each region's answer, by region name.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is unknown or malformed.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn list_limits(
@@ -350,21 +351,21 @@ pub async fn list_limits(
     request_body(content = LimitsUpdate, content_type = "application/json"),
     responses(
         (status = 200, description = "Each region's answer, by region name.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or a query parameter is unknown or malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors(
             "The path does not decode.", &[codes::NOT_FOUND]), body = ErrorBody),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The tenant is not a valid name, the body is not a limits update (a wrong type, \
              an unknown field: `invalid_spec`), a limit is out of range or none is set \
              (`invalid_limits`), or no region has the name given in `region`.",
             &[codes::INVALID_SPEC, codes::INVALID_LIMITS, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn put_limits(
@@ -411,17 +412,17 @@ pub async fn put_limits(
     ),
     responses(
         (status = 200, description = "Each region's answer, by region name.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is unknown or malformed.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors(
             "The path does not decode.", &[codes::NOT_FOUND]), body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "The tenant is not a valid name, or no region has the name given in `region`.",
             &[codes::INVALID_SPEC, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn delete_limits(
@@ -457,14 +458,14 @@ pub async fn delete_limits(
     params(("id" = uuid::Uuid, Path, description = "The job's id.")),
     responses(
         (status = 200, description = "The job was asked to checkpoint and stop."),
-        (status = 401, response = crate::api::openapi::Unauthenticated),
-        (status = 403, response = crate::api::openapi::Forbidden),
-        (status = 404, response = crate::api::openapi::JobNotFound),
-        (status = 409, description = crate::api::openapi::errors(
+        (status = 401, response = crate::api::responses::Unauthenticated),
+        (status = 403, response = crate::api::responses::Forbidden),
+        (status = 404, response = crate::api::responses::JobNotFound),
+        (status = 409, description = crate::api::responses::errors(
             "The job is not running or starting.", &[codes::JOB_NOT_RUNNING]),
             body = gangway_shared::error::ErrorBody),
-        (status = 429, response = crate::api::openapi::RateLimited),
-        (status = 503, response = crate::api::openapi::RegionUnavailable),
+        (status = 429, response = crate::api::responses::RateLimited),
+        (status = 503, response = crate::api::responses::RegionUnavailable),
     )
 )]
 pub async fn preempt_job(
@@ -525,12 +526,12 @@ async fn ask_regions(
             Ok(a) if a.status.is_server_error() => {
                 down = Some(format!("region {} answered {}", region.name, a.status))
             }
-            Ok(a) => return Ok(super::jobs::relay(a)),
+            Ok(a) => return Ok(super::relay::relay(a)),
             Err(e) => down = Some(e.to_string()),
         }
     }
     match (down, not_found) {
-        (None, Some(a)) if regions.len() == 1 => Ok(super::jobs::relay(a)),
+        (None, Some(a)) if regions.len() == 1 => Ok(super::relay::relay(a)),
         (None, _) => Err(ApiError::not_found(what)),
         (Some(why), _) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -605,15 +606,15 @@ fn check_node_id(id: &str) -> Result<(), ApiError> {
     params(RegionParam),
     responses(
         (status = 200, description = "Each region's `NodeList`, by region name.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is unknown or malformed.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn list_nodes(
@@ -649,15 +650,15 @@ pub async fn list_nodes(
     params(("id" = String, Path, description = "The node's id."), RegionParam),
     responses(
         (status = 200, description = "The node.", body = NodeView),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors("No such node.", &[codes::NOT_FOUND]),
             body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn get_node(
@@ -717,19 +718,19 @@ async fn node_action(
     request_body(content = NodeActionRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The node as it is now.", body = NodeView),
-        (status = 400, description = openapi::errors("The body is not JSON.",
+        (status = 400, description = responses::errors("The body is not JSON.",
             &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors("No such node.", &[codes::NOT_FOUND]),
             body = ErrorBody),
-        (status = 409, description = openapi::errors(
+        (status = 409, description = responses::errors(
             "A maintenance plan holds the node.", &[codes::NODE_STATE_CONFLICT]), body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "The body is not a node action, or no region has the name given in `region`.",
             &[codes::INVALID_SPEC, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn cordon_node(
@@ -764,19 +765,19 @@ pub async fn cordon_node(
     request_body(content = NodeActionRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The node as it is now.", body = NodeView),
-        (status = 400, description = openapi::errors("The body is not JSON.",
+        (status = 400, description = responses::errors("The body is not JSON.",
             &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors("No such node.", &[codes::NOT_FOUND]),
             body = ErrorBody),
-        (status = 409, description = openapi::errors(
+        (status = 409, description = responses::errors(
             "A maintenance plan holds the node.", &[codes::NODE_STATE_CONFLICT]), body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "The body is not a node action, or no region has the name given in `region`.",
             &[codes::INVALID_SPEC, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn uncordon_node(
@@ -815,20 +816,20 @@ pub async fn uncordon_node(
     request_body(content = DrainRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The node as it is now.", body = NodeView),
-        (status = 400, description = openapi::errors("The body is not JSON.",
+        (status = 400, description = responses::errors("The body is not JSON.",
             &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors("No such node.", &[codes::NOT_FOUND]),
             body = ErrorBody),
-        (status = 409, description = openapi::errors(
+        (status = 409, description = responses::errors(
             "A maintenance plan holds the node.", &[codes::NODE_STATE_CONFLICT]), body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "The body is not a drain (`invalid_spec`), its deadline or reason is out of range, \
              or no region has the name given in `region`.",
             &[codes::INVALID_SPEC, codes::INVALID_DRAIN, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn drain_node(
@@ -869,20 +870,20 @@ pub async fn drain_node(
     request_body(content = Fault, content_type = "application/json"),
     responses(
         (status = 200, description = "The node as it is now.", body = NodeView),
-        (status = 400, description = openapi::errors("The body is not JSON.",
+        (status = 400, description = responses::errors("The body is not JSON.",
             &[codes::MALFORMED_JSON, codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors("No such node.", &[codes::NOT_FOUND]),
             body = ErrorBody),
-        (status = 409, description = openapi::errors(
+        (status = 409, description = responses::errors(
             "The node's agent is not simulated.", &[codes::NODE_NOT_SIMULATED]), body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "The body is not a fault (`invalid_spec`), names a GPU the node does not have or a \
              value out of range (`invalid_fault`), or no region has the name given in `region`.",
             &[codes::INVALID_SPEC, codes::INVALID_FAULT, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn inject_fault(
@@ -935,15 +936,15 @@ pub struct AuditParams {
     params(AuditParams),
     responses(
         (status = 200, description = "Each region's `AuditList`, by region name.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is unknown or malformed.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn audit_log(
@@ -1036,19 +1037,19 @@ fn maintenance_region<'a>(
     request_body(content = MaintenanceStart, content_type = "application/json"),
     responses(
         (status = 201, description = "The plan.", body = MaintenancePlan),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 409, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 409, description = responses::errors(
             "Another plan is running in the region.", &[codes::MAINTENANCE_CONFLICT]),
             body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "The body is not a plan (`invalid_spec`), names no target, an unknown node or \
              limits out of range (`invalid_maintenance`), or `region` is missing or names no \
              region.",
             &[codes::INVALID_SPEC, codes::INVALID_MAINTENANCE, codes::WRONG_REGION]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn start_maintenance(
@@ -1091,12 +1092,12 @@ pub async fn start_maintenance(
     responses(
         (status = 200, description = "Each region's `MaintenancePlanList`, by region name.",
             body = PerRegion),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn list_maintenance(
@@ -1137,15 +1138,15 @@ fn check_plan_id(id: &str) -> Result<(), ApiError> {
     params(("id" = String, Path, description = "The plan's id."), RegionParam),
     responses(
         (status = 200, description = "The plan.", body = MaintenancePlan),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors("No such plan.", &[codes::NOT_FOUND]),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors("No such plan.", &[codes::NOT_FOUND]),
             body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn get_maintenance(
@@ -1183,18 +1184,18 @@ pub async fn get_maintenance(
     request_body(content = NodeActionRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The plan.", body = MaintenancePlan),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors("No such plan.", &[codes::NOT_FOUND]),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors("No such plan.", &[codes::NOT_FOUND]),
             body = ErrorBody),
-        (status = 409, description = openapi::errors(
+        (status = 409, description = responses::errors(
             "The plan is no longer running.", &[codes::MAINTENANCE_CONFLICT]),
             body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "The reason is too long, or no region has the name given in `region`.",
             &[codes::INVALID_MAINTENANCE, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn cancel_maintenance(
@@ -1233,12 +1234,12 @@ pub async fn cancel_maintenance(
     params(RegionParam),
     responses(
         (status = 200, description = "Each region's `GoodputList`, by region name.", body = PerRegion),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn goodput(
@@ -1330,15 +1331,15 @@ fn check_period(from: &str, to: &str) -> Result<(), ApiError> {
     params(UsageRecordsParams),
     responses(
         (status = 200, description = "`{regions: {NAME: UsageRecords}}`.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is missing or malformed.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn usage_records(
@@ -1365,15 +1366,15 @@ pub async fn usage_records(
     params(UsageRecordsParams),
     responses(
         (status = 200, description = "`{regions: {NAME: CreditRecords}}`.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is missing or malformed.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn usage_credits(
@@ -1402,15 +1403,15 @@ pub async fn usage_credits(
     params(UsageRecordsParams),
     responses(
         (status = 200, description = "`{regions: {NAME: CommitmentRecords}}`.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is missing or malformed, or `from` is not before `to`.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn usage_commitments(
@@ -1508,15 +1509,15 @@ pub struct AllocatedParams {
     params(AllocatedParams),
     responses(
         (status = 200, description = "`{regions: {NAME: AllocatedUsage}}`.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is missing or malformed, or `from` is not before `to`.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn usage_allocated(
@@ -1593,15 +1594,15 @@ pub struct ClosingsParams {
     params(ClosingsParams),
     responses(
         (status = 200, description = "`{regions: {NAME: Closings}}`.", body = PerRegion),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is missing or malformed, or `from` is not before `to`.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has the name given in `region`.",
             &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn usage_closings(
@@ -1638,15 +1639,15 @@ pub async fn usage_closings(
     request_body = InventoryEntry,
     responses(
         (status = 200, description = "The machine's inventory entry."),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors(
             "No region has seen a machine of that name.", &[codes::NOT_FOUND]), body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "The entry is invalid, or no region has the name given in `region`.",
             &[codes::INVALID_NODE, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn admit_node(
@@ -1682,12 +1683,12 @@ pub async fn admit_node(
     request_body = NodeActionRequest,
     responses(
         (status = 200, description = "The agent whose claim was released."),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, description = openapi::errors("No such node.", &[codes::NOT_FOUND]),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, description = responses::errors("No such node.", &[codes::NOT_FOUND]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn release_node(
@@ -1744,13 +1745,13 @@ fn one_region<'a>(state: &'a GlobalState, region: Option<&str>) -> Result<&'a Re
     request_body = InventoryEntry,
     responses(
         (status = 200, description = "The machine's inventory entry."),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "The entry is invalid, or the region is not named (or unknown).",
             &[codes::INVALID_NODE, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn add_node(
@@ -1813,12 +1814,12 @@ pub struct AgentToken {
         AgentTokenParams),
     responses(
         (status = 200, description = "The token.", body = AgentToken),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "The agent id or lifetime is invalid, or the region is not named (or unknown).",
             &[codes::INVALID_NODE, codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn agent_token(

@@ -17,9 +17,10 @@ use gangway_shared::ids::cluster_id_for_key;
 use uuid::Uuid;
 
 use super::resources::{self, Resource};
-use super::{openapi, GlobalState};
+use super::responses;
 use crate::auth::{AdminCaller, TenantCaller};
 use crate::regions::Who;
+use crate::state::GlobalState;
 
 /// Dedicated clusters, as [`resources`] routes them.
 pub(super) struct Clusters;
@@ -77,28 +78,28 @@ impl Resource for Clusters {
     operation_id = "create_cluster",
     tag = "clusters",
     security(("bearer" = [])),
-    params(openapi::IdempotencyKey),
+    params(responses::IdempotencyKey),
     request_body(content = ClusterSpec, content_type = "application/json"),
     responses(
         (status = 201, description = "The cluster, made now or by an earlier attempt with \
             the same Idempotency-Key and body (as it is now).", body = Cluster),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or the Idempotency-Key is malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_IDEMPOTENCY_KEY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 409, response = openapi::ClusterRefused),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 409, response = responses::ClusterRefused),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The request is invalid (the message says what to fix), names a region the \
              tenant may not use or none when it may use several, or the Idempotency-Key was \
              used before with another body or region.",
             &[codes::INVALID_SPEC, codes::INVALID_CLUSTER, codes::UNKNOWN_GPU_TYPE,
               codes::WRONG_REGION, codes::IDEMPOTENCY_KEY_REUSED]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 #[tracing::instrument(skip_all, fields(tenant = %caller.tenant))]
@@ -125,9 +126,9 @@ pub async fn create(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The clusters.", body = ClusterList),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 429, response = openapi::RateLimited),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn list(
@@ -151,11 +152,11 @@ pub async fn list(
     params(("id" = Uuid, Path, description = "The cluster's id.")),
     responses(
         (status = 200, description = "The cluster, with its events.", body = Cluster),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ClusterNotFound),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ClusterNotFound),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn get(
@@ -181,28 +182,28 @@ pub async fn get(
     security(("bearer" = [])),
     params(
         ("id" = Uuid, Path, description = "The cluster's id."),
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     request_body(content = ClusterResize, content_type = "application/json"),
     responses(
         (status = 200, description = "The cluster after the resize (or after the earlier \
             attempt with the same Idempotency-Key and body).", body = Cluster),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or the Idempotency-Key is malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_IDEMPOTENCY_KEY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ClusterNotFound),
-        (status = 409, response = openapi::ClusterRefused),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ClusterNotFound),
+        (status = 409, response = responses::ClusterRefused),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The resize is invalid (a size out of range), or the Idempotency-Key was used \
              before for another request.",
             &[codes::INVALID_SPEC, codes::INVALID_CLUSTER, codes::IDEMPOTENCY_KEY_REUSED]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn resize(
@@ -231,24 +232,24 @@ pub async fn resize(
     security(("bearer" = [])),
     params(
         ("id" = Uuid, Path, description = "The cluster's id."),
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     responses(
         (status = 200, description = "The deleted cluster: its nodes are back in the \
             region.", body = Cluster),
         (status = 202, description = "The cluster, `deleting`: its jobs are being stopped; \
             its nodes go back once they have.", body = Cluster),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The Idempotency-Key is malformed.", &[codes::INVALID_IDEMPOTENCY_KEY]),
             body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ClusterNotFound),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ClusterNotFound),
+        (status = 422, description = responses::errors(
             "The Idempotency-Key was used before for another request.",
             &[codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn delete(
@@ -273,9 +274,9 @@ pub async fn delete(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The clusters.", body = ClusterList),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 429, response = openapi::RateLimited),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn list_all(
@@ -297,11 +298,11 @@ pub async fn list_all(
     params(("id" = Uuid, Path, description = "The cluster's id.")),
     responses(
         (status = 200, description = "The cluster, with its events.", body = Cluster),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ClusterNotFound),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ClusterNotFound),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn get_any(
@@ -324,27 +325,27 @@ pub async fn get_any(
     security(("bearer" = [])),
     params(
         ("id" = Uuid, Path, description = "The cluster's id."),
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     request_body(content = ClusterResize, content_type = "application/json"),
     responses(
         (status = 200, description = "The cluster after the resize.", body = Cluster),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or the Idempotency-Key is malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_IDEMPOTENCY_KEY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ClusterNotFound),
-        (status = 409, response = openapi::ClusterRefused),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ClusterNotFound),
+        (status = 409, response = responses::ClusterRefused),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The resize is invalid, or the Idempotency-Key was used before for another \
              request.",
             &[codes::INVALID_SPEC, codes::INVALID_CLUSTER, codes::IDEMPOTENCY_KEY_REUSED]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn resize_any(
@@ -370,23 +371,23 @@ pub async fn resize_any(
     security(("bearer" = [])),
     params(
         ("id" = Uuid, Path, description = "The cluster's id."),
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     responses(
         (status = 200, description = "The deleted cluster.", body = Cluster),
         (status = 202, description = "The cluster, `deleting`: its jobs are being \
             stopped.", body = Cluster),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The Idempotency-Key is malformed.", &[codes::INVALID_IDEMPOTENCY_KEY]),
             body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ClusterNotFound),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ClusterNotFound),
+        (status = 422, description = responses::errors(
             "The Idempotency-Key was used before for another request.",
             &[codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn delete_any(

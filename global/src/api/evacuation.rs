@@ -11,9 +11,10 @@ use gangway_shared::api::{Evacuation, NodeActionRequest};
 use gangway_shared::error::{codes, ErrorBody};
 use gangway_shared::http::{ApiError, Path};
 
-use super::{openapi, GlobalState};
+use super::responses;
 use crate::auth::AdminCaller;
 use crate::regions::{Call, Region};
+use crate::state::GlobalState;
 
 fn region<'a>(state: &'a GlobalState, name: &str) -> Result<&'a Region, ApiError> {
     state.regions.get(name).ok_or_else(|| {
@@ -47,8 +48,8 @@ async fn relay_to(
             },
         )
         .await
-        .map_err(|e| super::jobs::unavailable(&e))?;
-    Ok(super::jobs::relay(answer))
+        .map_err(|e| super::relay::unavailable(&e))?;
+    Ok(super::relay::relay(answer))
 }
 
 /// Evacuate a region
@@ -73,18 +74,18 @@ async fn relay_to(
     request_body(content = NodeActionRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The evacuation, started now or before.", body = Evacuation),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON.", &[codes::MALFORMED_JSON]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 409, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 409, description = responses::errors(
             "The region has no peer regions to move its jobs to, or another region is being \
              evacuated.", &[codes::EVACUATION_CONFLICT]), body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "No region has this name, or the reason is too long.",
             &[codes::WRONG_REGION, codes::INVALID_SPEC]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn evacuate(
@@ -123,17 +124,17 @@ pub async fn evacuate(
     request_body(content = NodeActionRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "The fail back, started now or before.", body = Evacuation),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON.", &[codes::MALFORMED_JSON]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 409, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 409, description = responses::errors(
             "The region has no peer regions.", &[codes::EVACUATION_CONFLICT]), body = ErrorBody),
-        (status = 422, description = openapi::errors(
+        (status = 422, description = responses::errors(
             "No region has this name, or the reason is too long.",
             &[codes::WRONG_REGION, codes::INVALID_SPEC]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn failback(
@@ -168,12 +169,12 @@ pub async fn failback(
     params(("name" = String, Path, description = "The region.")),
     responses(
         (status = 200, description = "The evacuation.", body = Evacuation),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
             "No region has this name.", &[codes::WRONG_REGION]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn evacuation(

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use axum::extract::{RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use gangway_shared::api::{Cursor, Job, JobList, JobSpec, JobState, RegionList};
@@ -16,119 +16,13 @@ use utoipa::IntoParams;
 use uuid::Uuid;
 
 use super::clusters::Clusters;
+use super::relay::{ask_every_region, claim, ownership, relay, unavailable};
 use super::reservations::Reservations;
-use super::{openapi, resources, GlobalState};
+use super::{resources, responses};
 use crate::auth::TenantCaller;
-use crate::regions::{Answer, Call, Region, Unreachable, Who};
+use crate::regions::{Answer, Call, Region, Who};
 use crate::routing::{choose, rendezvous, Candidate};
-
-/// A region's answer, passed on as it is.
-pub(super) fn relay(answer: Answer) -> Response {
-    let mut resp = (answer.status, answer.body).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    if answer.replayed {
-        resp.headers_mut().insert(
-            crate::regions::REPLAYED_HEADER,
-            HeaderValue::from_static("true"),
-        );
-    }
-    if let Some(v) = answer
-        .retry_after
-        .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
-    {
-        resp.headers_mut().insert(header::RETRY_AFTER, v);
-    }
-    resp
-}
-
-pub(super) fn unavailable(e: &Unreachable) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        codes::REGION_UNAVAILABLE,
-        format!("{e}; retry shortly (creates: with the same Idempotency-Key)"),
-    )
-}
-
-#[derive(Debug, Deserialize, serde::Serialize)]
-struct Claim {
-    job_id: Uuid,
-    tenant: String,
-    region: String,
-}
-
-/// Settles which region a keyed create goes to: the first region in the
-/// job's rendezvous order that answers records the choice (or tells us an
-/// earlier one), so concurrent first attempts through different replicas
-/// agree on one region. When none does and one of them was shedding load,
-/// its `503 overloaded` and `Retry-After` are the answer (the client
-/// retries with the same key), not `no_region_available`.
-pub(super) async fn claim(
-    state: &GlobalState,
-    job_id: Uuid,
-    tenant: &str,
-    chosen: &str,
-    order: &[&str],
-) -> Result<String, Response> {
-    let mut last_error = None;
-    let mut overloaded = None;
-    for name in order {
-        let Some(region) = state.regions.get(name) else {
-            continue;
-        };
-        let body = serde_json::to_vec(&Claim {
-            job_id,
-            tenant: tenant.to_string(),
-            region: chosen.to_string(),
-        })
-        .expect("a claim serializes");
-        match state
-            .regions
-            .call(
-                region,
-                Method::POST,
-                "/internal/v1/claims",
-                Call {
-                    body: Some(body.into()),
-                    ..Default::default()
-                },
-            )
-            .await
-        {
-            Ok(a) if a.status.is_success() => {
-                let claim: Claim = serde_json::from_slice(&a.body).map_err(|e| {
-                    ApiError::new(
-                        StatusCode::BAD_GATEWAY,
-                        codes::REGION_UNAVAILABLE,
-                        format!("region {name} answered a claim with {e}"),
-                    )
-                    .into_response()
-                })?;
-                return Ok(claim.region);
-            }
-            Ok(a) if a.retry_after.is_some() => {
-                last_error = Some(format!("region {name} is overloaded"));
-                overloaded = Some(a);
-            }
-            Ok(a) => last_error = Some(format!("region {name} refused the claim ({})", a.status)),
-            Err(e) => last_error = Some(e.to_string()),
-        }
-    }
-    if let Some(answer) = overloaded {
-        return Err(relay(answer));
-    }
-    Err(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        codes::NO_REGION_AVAILABLE,
-        format!(
-            "no region could record where this job goes ({}); retry with the same Idempotency-Key",
-            last_error.unwrap_or_else(|| "none healthy".into())
-        ),
-    )
-    .into_response())
-}
+use crate::state::GlobalState;
 
 /// Submit a job
 ///
@@ -148,36 +42,36 @@ pub(super) async fn claim(
     tag = "jobs",
     security(("bearer" = [])),
     params(
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     request_body(content = JobSpec, content_type = "application/json"),
     responses(
         (status = 201, description = "The job, created now or by an earlier attempt \
             with the same Idempotency-Key and body.", body = Job),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or the Idempotency-Key is malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_IDEMPOTENCY_KEY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 409, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 409, description = responses::errors(
             "A request with this Idempotency-Key is still being processed; retry in a \
              moment to get its result.",
             &[codes::IDEMPOTENCY_REQUEST_IN_FLIGHT]), body = ErrorBody),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The spec is invalid or can never run (the message says what to fix), or the \
              Idempotency-Key was used before with a different body.",
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_MIN_GPUS,
               codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
               codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION, codes::INVALID_RESERVATION,
               codes::INVALID_CLUSTER, codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
-        (status = 429, response = openapi::CreateRefused),
-        (status = 502, description = openapi::errors(
+        (status = 429, response = responses::CreateRefused),
+        (status = 502, description = responses::errors(
             "A region gave an answer that could not be understood; retry with the same \
              Idempotency-Key.",
             &[codes::REGION_UNAVAILABLE]), body = ErrorBody),
-        (status = 503, description = openapi::errors(
+        (status = 503, description = responses::errors(
             "No region the job may go to is answering now, or its database is \
              unavailable; retry with the same Idempotency-Key.",
             &[codes::NO_REGION_AVAILABLE, codes::REGION_UNAVAILABLE, codes::UNAVAILABLE]),
@@ -408,64 +302,6 @@ async fn find_owner<'a>(
     .await
 }
 
-/// Sends the same call to every region at once and returns the first
-/// answer that is not a 404 (nor a region failing): the region that has
-/// the job (or the `what` the path names) answers, the others do not know
-/// it. Nobody has it → 404, unless a region did not answer (503: it may be
-/// there; retry).
-/// How much an answer's copy of a job owns it: not moved away first, then
-/// the highest ownership epoch (bodies without them rank alike).
-fn ownership(body: &[u8]) -> (bool, i64) {
-    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    (
-        v.get("moved_to").is_none_or(|m| m.is_null()),
-        v.get("epoch").and_then(|e| e.as_i64()).unwrap_or(1),
-    )
-}
-
-pub(super) async fn ask_every_region<'a>(
-    state: &'a GlobalState,
-    method: Method,
-    path: &str,
-    who: Who<'_>,
-    what: &str,
-) -> Result<(&'a Region, Answer), ApiError> {
-    let asks = state.regions.list.iter().map(|r| {
-        let method = method.clone();
-        async move {
-            let a = state.regions.call(r, method, path, who.call()).await;
-            (r, a)
-        }
-    });
-    let mut down = None;
-    let mut found: Vec<(&Region, Answer)> = Vec::new();
-    for (region, answer) in join_all(asks).await {
-        match answer {
-            Ok(a) if a.status == StatusCode::NOT_FOUND => {}
-            Ok(a) if a.status.is_server_error() => {
-                down = Some(format!("region {} answered {}", region.name, a.status))
-            }
-            Ok(a) => found.push((region, a)),
-            Err(e) => down = Some(e.to_string()),
-        }
-    }
-    // A job adopted by another region after its home was cut off is in
-    // both: the owner is the copy that did not move, at the highest epoch.
-    if let Some(best) = (found.into_iter()).max_by_key(|(_, a)| ownership(&a.body)) {
-        return Ok(best);
-    }
-    match down {
-        None => Err(ApiError::not_found(what)),
-        Some(why) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::REGION_UNAVAILABLE,
-            format!(
-                "the {what} was not found in the regions that answered, and {why}; retry shortly"
-            ),
-        )),
-    }
-}
-
 /// Get a job
 ///
 /// Its state, spec, region and workers, from the region that owns it.
@@ -478,11 +314,11 @@ pub(super) async fn ask_every_region<'a>(
     params(("id" = Uuid, Path, description = "The job's id.")),
     responses(
         (status = 200, description = "The job.", body = Job),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::JobNotFound),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::JobNotFound),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn get(
@@ -531,11 +367,11 @@ async fn forward_to_owner(
     params(("id" = Uuid, Path, description = "The job's id.")),
     responses(
         (status = 200, description = "The job after the request.", body = Job),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::JobNotFound),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::JobNotFound),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn cancel(
@@ -558,11 +394,11 @@ pub async fn cancel(
     params(("id" = Uuid, Path, description = "The job's id.")),
     responses(
         (status = 200, description = "The events.", body = gangway_shared::api::JobEvents),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::JobNotFound),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::JobNotFound),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn events(
@@ -585,11 +421,11 @@ pub async fn events(
     params(("id" = Uuid, Path, description = "The job's id.")),
     responses(
         (status = 200, description = "The explanation.", body = gangway_shared::api::Explanation),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::JobNotFound),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::JobNotFound),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn explain(
@@ -635,12 +471,12 @@ const MAX_PAGE: u32 = 500;
     params(ListParams),
     responses(
         (status = 200, description = "A page of jobs.", body = JobList),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "A query parameter is unknown or malformed.",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 429, response = openapi::RateLimited),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn list(
@@ -751,9 +587,9 @@ pub async fn list(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The regions.", body = RegionList),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 429, response = openapi::RateLimited),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn regions(
@@ -778,20 +614,20 @@ pub async fn regions(
     request_body(content = JobSpec, content_type = "application/json"),
     responses(
         (status = 200, description = "What the submit would do.", body = gangway_shared::api::DryRun),
-        (status = 400, description = openapi::errors("The body is not JSON.", &[codes::MALFORMED_JSON]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 400, description = responses::errors("The body is not JSON.", &[codes::MALFORMED_JSON]), body = ErrorBody),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The spec is invalid or can never run.",
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_MIN_GPUS,
               codes::UNKNOWN_GPU_TYPE, codes::EXCEEDS_REGION_CAPACITY,
               codes::UNSATISFIABLE_TOPOLOGY, codes::WRONG_REGION, codes::INVALID_RESERVATION,
               codes::INVALID_CLUSTER]),
             body = ErrorBody),
-        (status = 429, response = openapi::CreateRefused),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::CreateRefused),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn dry_run(

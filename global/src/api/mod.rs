@@ -1,7 +1,7 @@
 //! The public API under `/v1`.
 //!
 //! # Layout
-//! - `mod.rs`: [`GlobalState`] and [`app`].
+//! - `mod.rs`: [`app`], the router (its state is [`crate::state::GlobalState`]).
 //! - `jobs.rs`: jobs (create with idempotency and routing, merged listing,
 //!   forwarding to the owning region) and regions.
 //! - `reservations.rs`: capacity reservations (creates routed to the
@@ -12,62 +12,32 @@
 //! - `resources.rs`: that routing, shared by reservations and clusters.
 //! - `admin.rs`: operator endpoints.
 //! - `evacuation.rs`: operators' evacuation and fail back of a region.
-//! - `openapi.rs`: the OpenAPI document.
+//! - `relay.rs`: calling the regions for a caller — answers relayed as
+//!   they are, the region that has a job or resource found, keyed creates'
+//!   regions claimed.
+//! - `openapi.rs`: the OpenAPI document; `responses.rs`, the answers
+//!   many operations share (errors with their codes, the
+//!   `Idempotency-Key` header), which handlers name.
 
 mod admin;
 mod clusters;
 mod evacuation;
 mod jobs;
 pub mod openapi;
+mod relay;
 mod reservations;
 mod resources;
+pub mod responses;
 mod usage;
-
-use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
 use axum::Router;
-use gangway_auth::jwt::Verifier;
 
-use crate::config::{GlobalConfig, TENANT_AUDIENCE, TENANT_ISSUER};
-use crate::ratelimit::RateLimiter;
-use crate::regions::Regions;
+pub use crate::state::GlobalState;
 
 /// Largest body a tenant may send.
 const BODY_LIMIT: usize = 1024 * 1024;
-
-#[derive(Clone)]
-pub struct GlobalState {
-    pub verifier: Verifier,
-    pub rate_limiter: Arc<RateLimiter>,
-    pub regions: Arc<Regions>,
-    /// Regions each listed tenant may use; tenants not listed may use all.
-    pub tenant_regions: Arc<std::collections::BTreeMap<String, Vec<String>>>,
-}
-
-impl GlobalState {
-    pub fn new(config: GlobalConfig) -> anyhow::Result<Self> {
-        let verifier = Verifier::new(TENANT_ISSUER, TENANT_AUDIENCE, &config.tenant_keys)
-            .map_err(|e| anyhow::anyhow!("tenant verification keys: {e}"))?;
-        Ok(GlobalState {
-            verifier,
-            rate_limiter: Arc::new(RateLimiter::new(
-                config.default_rate,
-                config.tenant_rates.clone(),
-            )),
-            regions: Arc::new(Regions::new(&config)?),
-            tenant_regions: Arc::new(config.tenant_regions.clone()),
-        })
-    }
-
-    /// Whether `tenant` may run new jobs in `region`.
-    pub fn tenant_may_use(&self, tenant: &str, region: &str) -> bool {
-        self.tenant_regions
-            .get(tenant)
-            .is_none_or(|allowed| allowed.iter().any(|r| r == region))
-    }
-}
 
 /// The router, with every layer, for the server and for tests.
 pub fn app(state: GlobalState) -> Router {

@@ -18,9 +18,10 @@ use gangway_shared::ids::{reservation_id_for_key, valid_tenant};
 use uuid::Uuid;
 
 use super::resources::{self, Resource};
-use super::{openapi, GlobalState};
+use super::responses;
 use crate::auth::{AdminCaller, TenantCaller};
 use crate::regions::Who;
+use crate::state::GlobalState;
 
 /// Capacity reservations, as [`resources`] routes them.
 pub(super) struct Reservations;
@@ -78,28 +79,28 @@ impl Resource for Reservations {
     operation_id = "create_reservation",
     tag = "reservations",
     security(("bearer" = [])),
-    params(openapi::IdempotencyKey),
+    params(responses::IdempotencyKey),
     request_body(content = ReservationSpec, content_type = "application/json"),
     responses(
         (status = 201, description = "The reservation, admitted now or by an earlier \
             attempt with the same Idempotency-Key and body.", body = Reservation),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or the Idempotency-Key is malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_IDEMPOTENCY_KEY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 409, response = openapi::ReservationRefused),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 409, response = responses::ReservationRefused),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The request is invalid (the message says what to fix), names a region the \
              tenant may not use or none when it may use several, or the Idempotency-Key was \
              used before with another body or region.",
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_RESERVATION,
               codes::UNKNOWN_GPU_TYPE, codes::WRONG_REGION, codes::IDEMPOTENCY_KEY_REUSED]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 #[tracing::instrument(skip_all, fields(tenant = %caller.tenant))]
@@ -126,9 +127,9 @@ pub async fn create(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The reservations.", body = ReservationList),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 429, response = openapi::RateLimited),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn list(
@@ -151,11 +152,11 @@ pub async fn list(
     params(("id" = Uuid, Path, description = "The reservation's id.")),
     responses(
         (status = 200, description = "The reservation.", body = Reservation),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ReservationNotFound),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ReservationNotFound),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn get(
@@ -180,30 +181,30 @@ pub async fn get(
     security(("bearer" = [])),
     params(
         ("id" = Uuid, Path, description = "The reservation's id."),
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     request_body(content = ReservationResize, content_type = "application/json"),
     responses(
         (status = 200, description = "The reservation after the resize (or after the \
             earlier attempt with the same Idempotency-Key and body).", body = Reservation),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or the Idempotency-Key is malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_IDEMPOTENCY_KEY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ReservationNotFound),
-        (status = 409, response = openapi::ReservationRefused),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ReservationNotFound),
+        (status = 409, response = responses::ReservationRefused),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The resize is invalid (nothing to change, a size out of range, an end not \
              after the start or now), or the Idempotency-Key was used before for another \
              request.",
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_RESERVATION,
               codes::IDEMPOTENCY_KEY_REUSED]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn resize(
@@ -230,21 +231,21 @@ pub async fn resize(
     security(("bearer" = [])),
     params(
         ("id" = Uuid, Path, description = "The reservation's id."),
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     responses(
         (status = 200, description = "The deleted reservation.", body = Reservation),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The Idempotency-Key is malformed.", &[codes::INVALID_IDEMPOTENCY_KEY]),
             body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ReservationNotFound),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ReservationNotFound),
+        (status = 422, description = responses::errors(
             "The Idempotency-Key was used before for another request.",
             &[codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn delete(
@@ -269,9 +270,9 @@ pub async fn delete(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The reservations.", body = ReservationList),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 429, response = openapi::RateLimited),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn list_all(
@@ -294,29 +295,29 @@ pub async fn list_all(
     security(("bearer" = [])),
     params(
         ("tenant" = String, Path, description = "The tenant the reservation is for."),
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     request_body(content = ReservationSpec, content_type = "application/json"),
     responses(
         (status = 201, description = "The tenant's reservation, admitted now or by an \
             earlier attempt with the same Idempotency-Key and body.", body = Reservation),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or the Idempotency-Key is malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_IDEMPOTENCY_KEY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 409, response = openapi::ReservationRefused),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 409, response = responses::ReservationRefused),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The tenant's name or the request is invalid, names a region the tenant may \
              not use or none when it may use several, or the Idempotency-Key was used before \
              with another body or region.",
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_RESERVATION,
               codes::UNKNOWN_GPU_TYPE, codes::WRONG_REGION, codes::IDEMPOTENCY_KEY_REUSED]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn create_for(
@@ -347,11 +348,11 @@ pub async fn create_for(
     params(("id" = Uuid, Path, description = "The reservation's id.")),
     responses(
         (status = 200, description = "The reservation.", body = Reservation),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ReservationNotFound),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ReservationNotFound),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn get_any(
@@ -374,28 +375,28 @@ pub async fn get_any(
     security(("bearer" = [])),
     params(
         ("id" = Uuid, Path, description = "The reservation's id."),
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     request_body(content = ReservationResize, content_type = "application/json"),
     responses(
         (status = 200, description = "The reservation after the resize.", body = Reservation),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The body is not JSON, or the Idempotency-Key is malformed.",
             &[codes::MALFORMED_JSON, codes::INVALID_IDEMPOTENCY_KEY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ReservationNotFound),
-        (status = 409, response = openapi::ReservationRefused),
-        (status = 413, response = openapi::PayloadTooLarge),
-        (status = 415, response = openapi::UnsupportedMediaType),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ReservationNotFound),
+        (status = 409, response = responses::ReservationRefused),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, description = responses::errors(
             "The resize is invalid, or the Idempotency-Key was used before for another \
              request.",
             &[codes::INVALID_SPEC, codes::INVALID_GPUS, codes::INVALID_RESERVATION,
               codes::IDEMPOTENCY_KEY_REUSED]),
             body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn resize_any(
@@ -421,21 +422,21 @@ pub async fn resize_any(
     security(("bearer" = [])),
     params(
         ("id" = Uuid, Path, description = "The reservation's id."),
-        openapi::IdempotencyKey,
+        responses::IdempotencyKey,
     ),
     responses(
         (status = 200, description = "The deleted reservation.", body = Reservation),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The Idempotency-Key is malformed.", &[codes::INVALID_IDEMPOTENCY_KEY]),
             body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 404, response = openapi::ReservationNotFound),
-        (status = 422, description = openapi::errors(
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::ReservationNotFound),
+        (status = 422, description = responses::errors(
             "The Idempotency-Key was used before for another request.",
             &[codes::IDEMPOTENCY_KEY_REUSED]), body = ErrorBody),
-        (status = 429, response = openapi::RateLimited),
-        (status = 503, response = openapi::RegionUnavailable),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
     )
 )]
 pub async fn delete_any(

@@ -27,10 +27,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::jobs::{ask_every_region, claim, relay, unavailable};
-use super::GlobalState;
+use super::relay::{ask_every_region, claim, relay, unavailable};
 use crate::regions::{Answer, Call, Region, Who};
 use crate::routing::rendezvous;
+use crate::state::GlobalState;
 
 /// A kind of tenant thing that lives in one region.
 pub(super) trait Resource {

@@ -11,10 +11,10 @@ use gangway_shared::api::{Usage, UsageQuery, UsageRow};
 use gangway_shared::error::{codes, ErrorBody};
 use gangway_shared::http::{ApiError, Query};
 
-use super::openapi;
-use super::GlobalState;
+use super::responses;
 use crate::auth::TenantCaller;
 use crate::regions::Call;
+use crate::state::GlobalState;
 
 /// Usage
 ///
@@ -33,13 +33,13 @@ use crate::regions::Call;
     params(UsageQuery),
     responses(
         (status = 200, description = "The tenant's usage.", body = Usage),
-        (status = 400, description = openapi::errors(
+        (status = 400, description = responses::errors(
             "The period or a parameter is malformed (`from` not before `to`, an unknown \
              granularity or grouping, a period too long for the granularity).",
             &[codes::INVALID_QUERY]), body = ErrorBody),
-        (status = 401, response = openapi::Unauthenticated),
-        (status = 403, response = openapi::Forbidden),
-        (status = 429, response = openapi::RateLimited),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 429, response = responses::RateLimited),
     )
 )]
 pub async fn usage(
