@@ -10,7 +10,8 @@
 //! - `clusters.rs`: dedicated clusters, routed the same way, and their
 //!   operator endpoints.
 //! - `resources.rs`: that routing, shared by reservations and clusters.
-//! - `admin.rs`: operator endpoints.
+//! - `admin/`: operator endpoints, a file per concern (quotas and limits,
+//!   jobs, nodes and the inventory, audit, maintenance, usage).
 //! - `evacuation.rs`: operators' evacuation and fail back of a region.
 //! - `relay.rs`: calling the regions for a caller — answers relayed as
 //!   they are, the region that has a job or resource found, keyed creates'
