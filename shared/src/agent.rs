@@ -215,7 +215,7 @@ pub struct NodeReport {
     /// NVLink counters, remap state, temperature, and the rack's thermal
     /// state where a facility feed reports it); heartbeats are implied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub signals: Vec<gangway_health::Signal>,
+    pub signals: Vec<gangway_signals::Signal>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -822,7 +822,10 @@ async fn syncs_again_soon_when_the_region_left_reports_for_later() {
         "the interval holds again"
     );
     shutdown.cancel();
-    within(Duration::from_secs(10), agent).await.unwrap();
+    within(Duration::from_secs(10), agent)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[test]
