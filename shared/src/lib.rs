@@ -1,14 +1,17 @@
 //! Types every Gangway component agrees on.
 //!
 //! # Layout
-//! - [`api`]: the public job API: job specs, jobs, events, list pages.
+//! - [`api`]: the public API's types, a file per concern (jobs, regions,
+//!   quotas and limits, usage, nodes, maintenance, audit), every one
+//!   re-exported as `api::Name`.
 //! - [`reservation`]: capacity reservations' requests and views
 //!   (re-exported from [`api`]).
 //! - [`cluster`]: dedicated clusters' requests and views (re-exported
 //!   from [`api`]).
 //! - [`billing`]: the usage ledger's records.
 //! - [`error`]: the JSON error body and the stable error codes.
-//! - [`agent`]: the protocol between a region and its node agents.
+//! - [`agent`]: the protocol between a region and its node agents (the
+//!   health signals it carries are the `gangway-signals` crate's).
 //! - [`fleet`]: the fleet file format (spines → leaves → nodes → GPUs).
 //! - [`ids`]: job ids derived from (tenant, idempotency key).
 //! - [`validate`]: spec checks that need no fleet.
