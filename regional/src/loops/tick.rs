@@ -8,7 +8,7 @@
 //!   until it is done. The policy itself is the pure `gangway-health`
 //!   crate; the store applies it (`store/nodes.rs`).
 //! - [`tend_clusters`]: dedicated clusters heal, shrink and finish
-//!   deleting (`store/clusters.rs`).
+//!   deleting (`store/clusters/tend.rs`).
 //! - [`meter_if_due`]: once an hour the usage ledger gets the hours live
 //!   placements completed (`Store::meter_usage`).
 //! - [`maintenance`]: the running maintenance plan, if any, advances

@@ -99,7 +99,7 @@
 //!   `jobs.reservation_id`: the reservation a job runs in (NULL: ordinary
 //!   work), checked at submission. What a reservation's jobs hold is not
 //!   stored: it is counted from the live allocations.
-//! - Dedicated clusters (`V14`, `clusters.rs`): `clusters`, one row per
+//! - Dedicated clusters (`V14`, `clusters/`): `clusters`, one row per
 //!   cluster a tenant asked for (GPU type, nodes asked, the level and the
 //!   domain its nodes lie in, `active` / `deleting` / `deleted`, the
 //!   accepted request for keyed retries); `nodes.cluster_id`, which
@@ -172,7 +172,8 @@
 //!   checked) and moving each job's restore point to its newest.
 //! - `plans.rs`: the scheduler's snapshot (throttled racks included), the
 //!   fleet's shape and capacity.
-//! - `apply.rs`: the generation-checked commit of a plan (`apply_plan`).
+//! - `apply.rs`: the commit of a plan, checked against the region's
+//!   generation and its pools' versions (`apply_plan`).
 //! - `power.rs`: rack power as the snapshot reads it: each rack's draw
 //!   against its budget, and each pool's share of the headroom.
 //! - `rows.rs`: row → domain conversions.
@@ -195,9 +196,11 @@
 //!   and the releaser's, and progress.
 //! - `keyed.rs`: idempotency keys of reservations' and clusters' creates
 //!   and keyed changes.
-//! - `clusters.rs`: dedicated clusters: create, resize and delete (all or
-//!   nothing), healing failed members from spares of the domain, the
-//!   leader's tend, partition keys, and the check a job naming one makes.
+//! - `clusters/`: dedicated clusters — `mod.rs`: create, resize and
+//!   delete (all or nothing), reads, pool keys, and the check a job naming
+//!   one makes; `choice.rs`: which nodes a cluster takes or gives back
+//!   (pure); `tend.rs`: the leader's tend and healing failed members from
+//!   spares of the domain.
 
 mod agents;
 mod apply;

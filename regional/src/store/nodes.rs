@@ -468,7 +468,7 @@ pub(super) async fn reconcile_into(
         _ => code.to_string(),
     });
     // A dedicated cluster's member that fails is replaced from the
-    // cluster's domain (`clusters.rs`).
+    // cluster's domain (`clusters/tend.rs`).
     if decision.lost || decision.evacuate || !decision.evacuate_gpus.is_empty() {
         // Actions read the nodes (a spare's health…): the writes first.
         writes.flush(tx).await?;
