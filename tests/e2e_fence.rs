@@ -121,6 +121,8 @@ async fn an_agent_cut_off_from_its_region_checkpoints_and_stops_its_workers_befo
             dir.path().join("service.pub.pem").display()
         ))
         .args(["--listen", &format!("127.0.0.1:{port}")])
+        // Plain HTTP on loopback: this test is about the region, not its links.
+        .arg("--insecure-http")
         .arg("--health-policy")
         .arg(&policy)
         .args(["--fence-after-s", "10", "--fence-checkpoint-s", "5"])
@@ -140,6 +142,8 @@ async fn an_agent_cut_off_from_its_region_checkpoints_and_stops_its_workers_befo
                 dir.path().join("service.pub.pem").display()
             ))
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            // Plain HTTP on loopback: this test is about the region, not its links.
+            .arg("--insecure-http")
             .args([
                 "--schedule-interval-ms",
                 "100",
@@ -169,6 +173,7 @@ async fn an_agent_cut_off_from_its_region_checkpoints_and_stops_its_workers_befo
             .args(["agent", "--region", "test", "--agent-id", "test-agent"])
             .arg("--region-url")
             .arg(format!("http://127.0.0.1:{}", proxy.port))
+            .arg("--insecure-http")
             .arg("--fleet")
             .arg(&fleet)
             .args(["--executor", "real"])

@@ -64,6 +64,7 @@ impl Cloud {
                     keys.join("service-signing.pub.pem").display()
                 ))
                 .args(["--listen", &format!("127.0.0.1:{region_port}")])
+                .args(gangway_chaos::procs::region_tls(&auth))
                 .args([
                     "--schedule-interval-ms",
                     "100",
@@ -92,7 +93,7 @@ impl Cloud {
             dir.path(),
             &auth,
             global_port,
-            &[("test", format!("http://127.0.0.1:{region_port}"))],
+            &[("test", format!("https://127.0.0.1:{region_port}"))],
         );
         let sign = |role, sub: &str, tenant: Option<&str>| {
             auth.tenant_key

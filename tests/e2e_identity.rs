@@ -53,6 +53,8 @@ impl Region {
                     dir.path().join("service.pub.pem").display()
                 ))
                 .args(["--listen", &format!("127.0.0.1:{port}")])
+                // Plain HTTP on loopback: this test is about the region, not its links.
+                .arg("--insecure-http")
                 .args([
                     "--schedule-interval-ms",
                     "100",
@@ -98,6 +100,7 @@ impl Region {
         )
         .arg("agent")
         .args(["--region-url", &self.url()])
+        .arg("--insecure-http")
         .args(["--gpus", "8", "--gpu-type", "h100", "--executor", "real"])
         .arg("--work-dir")
         .arg(self.dir.path().join(work))

@@ -59,6 +59,7 @@ impl Cloud {
                 .args(["agent", "--region", "test", "--agent-id", "test-agent"])
                 .arg("--region-url")
                 .arg(format!("http://127.0.0.1:{port}"))
+                .arg("--insecure-http")
                 .arg("--simulate")
                 .arg(&fleet)
                 .args(["--executor", executor, "--time-factor", "0.05"])
@@ -172,6 +173,8 @@ fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
                 dir.join("service.pub.pem").display()
             ))
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            // Plain HTTP on loopback: this test is about the region, not its links.
+            .arg("--insecure-http")
             .args([
                 "--schedule-interval-ms",
                 "100",
@@ -1404,6 +1407,7 @@ fn spawn_agent(dir: &Path, key: &SigningKey, port: u16, name: &str) -> Proc {
             ])
             .arg("--region-url")
             .arg(format!("http://127.0.0.1:{port}"))
+            .arg("--insecure-http")
             .args(["--executor", "real"])
             .arg("--work-dir")
             .arg(dir.join(name))

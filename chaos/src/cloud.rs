@@ -156,7 +156,7 @@ impl Cloud {
         }
         let via = |from: &str, to: &str| {
             let l = links.iter().find(|l| l.from == from && l.to == to).unwrap();
-            format!("http://127.0.0.1:{}", l.proxy.port)
+            format!("https://127.0.0.1:{}", l.proxy.port)
         };
         // The regions' databases, started side by side.
         let pgs = futures_util::future::join_all(REGIONS.iter().map(|name| {
@@ -199,6 +199,8 @@ impl Cloud {
                 .args(["region", "--name", name])
                 .args(["--service-key", &service_pub])
                 .args(["--peer-signing-key", &service_priv])
+                // TLS on every link, with the dev certificate and CA.
+                .args(crate::procs::region_tls(&auth))
                 .args(["--listen", &format!("127.0.0.1:{}", ports[i])])
                 .args(DRILL_TIMERS)
                 .args(["--checkpoint-store", &store])
@@ -224,7 +226,7 @@ impl Cloud {
             regions.push(RegionParts {
                 info: RegionInfo {
                     name: name.to_string(),
-                    url: format!("http://127.0.0.1:{}", ports[i]),
+                    url: format!("https://127.0.0.1:{}", ports[i]),
                     database: db,
                     store_dir: dir.path().join(format!("{name}-store")),
                     agent_dir: dir.path().join(&log),
@@ -551,7 +553,11 @@ impl Cloud {
 
     /// A client of region `name` itself, not through the global tier.
     fn direct(&self, name: &str) -> Client {
-        Client::new(self.region(name).url.clone(), "acme").with_token(self.service.clone())
+        // Regions serve TLS with the cloud's certificate: trust its CA.
+        let ca = self.auth.ca_pem().expect("the cloud's CA is readable");
+        Client::region(self.region(name).url.clone(), "acme", Some(ca.as_bytes()))
+            .expect("the cloud's CA is valid PEM")
+            .with_token(self.service.clone())
     }
 
     /// Kills a whole region with SIGKILL, as a power cut would: its

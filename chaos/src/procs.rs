@@ -65,6 +65,19 @@ pub fn key_arg(auth: &DevMaterial, file: &str) -> String {
     )
 }
 
+/// A region's TLS flags in a cloud of `auth`'s: the dev certificate
+/// (localhost, 127.0.0.1) and key, and the dev CA for its peers.
+pub fn region_tls(auth: &DevMaterial) -> Vec<std::ffi::OsString> {
+    vec![
+        "--tls-cert".into(),
+        auth.server_cert.clone().into(),
+        "--tls-key".into(),
+        auth.server_key.clone().into(),
+        "--ca".into(),
+        auth.ca_cert.clone().into(),
+    ]
+}
+
 /// `bin`'s `gangway global` on HTTPS at `port` in front of `regions` (name,
 /// URL), logging to `dir/global.log`.
 pub fn spawn_global(
@@ -106,6 +119,8 @@ pub fn global_launch(
         .arg(&auth.server_cert)
         .arg("--tls-key")
         .arg(&auth.server_key)
+        .arg("--region-ca")
+        .arg(&auth.ca_cert)
         .args(["--tenant-key", &key_arg(auth, "tenant-signing.pub.pem")])
         .args([
             "--service-signing-key",
@@ -257,7 +272,9 @@ pub fn agent_launch(
         .env("GANGWAY_LOG", "info")
         .args(["agent", "--region", region, "--agent-id", &agent_id])
         .arg("--region-url")
-        .arg(format!("http://127.0.0.1:{region_port}"))
+        .arg(format!("https://127.0.0.1:{region_port}"))
+        .arg("--region-ca")
+        .arg(&auth.ca_cert)
         .arg("--simulate")
         .arg(fleet)
         .arg("--work-dir")

@@ -237,7 +237,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             let ports = state.regions[name];
             vec![
                 name.clone(),
-                format!("http://127.0.0.1:{}", ports.api),
+                format!("https://127.0.0.1:{}", ports.api),
                 format!("http://127.0.0.1:{}/metrics", ports.metrics),
                 format!("127.0.0.1:{}", ports.postgres),
             ]
@@ -355,7 +355,7 @@ async fn assemble(
         let l = (links.iter())
             .find(|l| l.from == from && l.to == to)
             .expect("a link between every two");
-        format!("http://127.0.0.1:{}", l.proxy.port)
+        format!("https://127.0.0.1:{}", l.proxy.port)
     };
     let mut regions = Vec::new();
     for name in &args.regions {
@@ -396,6 +396,14 @@ async fn assemble(
             // of other users' sight (a command line is not).
             .env("GANGWAY_DATABASE_URL", &db)
             .args(["--service-key", &service_key])
+            // TLS on every link: the dev certificate (localhost,
+            // 127.0.0.1), and the dev CA for calls to peers.
+            .arg("--tls-cert")
+            .arg(&auth.server_cert)
+            .arg("--tls-key")
+            .arg(&auth.server_key)
+            .arg("--ca")
+            .arg(&auth.ca_cert)
             // Regions watch each other and hold each other's job intent
             // (docs/failover.md); with peers, agents fence after the
             // regions' lease (8 s) and a dead region's jobs run elsewhere
@@ -466,7 +474,9 @@ async fn assemble(
         let mut agent = launch("agent")
             .env("GANGWAY_AGENT_TOKEN", agent_token)
             .arg("agent")
-            .args(["--region-url", &format!("http://127.0.0.1:{}", ports.api)])
+            .args(["--region-url", &format!("https://127.0.0.1:{}", ports.api)])
+            .arg("--region-ca")
+            .arg(&auth.ca_cert)
             .args(["--region", name, "--agent-id", &agent_id])
             .arg("--simulate")
             .arg(fleet)
@@ -497,7 +507,7 @@ async fn assemble(
         regions.push(RegionParts {
             info: RegionInfo {
                 name: name.clone(),
-                url: format!("http://127.0.0.1:{}", ports.api),
+                url: format!("https://127.0.0.1:{}", ports.api),
                 database: db,
                 store_dir,
                 agent_dir,
@@ -528,7 +538,9 @@ async fn assemble(
                 auth.tenant_key.kid(),
                 dir.join("keys/tenant-signing.pub.pem").display()
             ))
-            .args(["--service-signing-key", &signing_key]);
+            .args(["--service-signing-key", &signing_key])
+            .arg("--region-ca")
+            .arg(&auth.ca_cert);
         l.die_with_parent = true;
         for r in &args.regions {
             l = l.arg("--region").arg(format!("{r}={}", via("global", r)));
@@ -603,7 +615,14 @@ async fn wait_ready(
             Duration::from_secs(600),
         ))
         .map_err(|e| anyhow::anyhow!("cannot sign a service token: {e}"))?;
-    let client = Client::new(format!("http://127.0.0.1:{}", ports.api), "acme").with_token(token);
+    let ca = auth.ca_pem()?;
+    let client = Client::region(
+        format!("https://127.0.0.1:{}", ports.api),
+        "acme",
+        Some(ca.as_bytes()),
+    )
+    .map_err(|e| anyhow::anyhow!(e))?
+    .with_token(token);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Ok(status) = client.region_status().await {
@@ -758,7 +777,7 @@ fn write_env(
         let ports = state.regions[name];
         let var = name.to_uppercase().replace('-', "_");
         s.push_str(&format!(
-            "export GANGWAY_REGION_{var}_URL=http://127.0.0.1:{}\n",
+            "export GANGWAY_REGION_{var}_URL=https://127.0.0.1:{}\n",
             ports.api
         ));
         s.push_str(&format!(

@@ -22,6 +22,21 @@ pub struct RegionArgs {
     /// Address of the regional API.
     #[arg(long, default_value = "127.0.0.1:7001")]
     pub listen: SocketAddr,
+    /// The region's TLS certificate chain (PEM), served to the global
+    /// tier, agents and peer regions.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The region's TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The CA certificate (PEM) that signs the peer regions' certificates:
+    /// calls to peers trust it alone, over HTTPS only.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Serve plain HTTP and call peers over plain HTTP: INSECURE, for a
+    /// network you trust (a laptop, a benchmark), never across machines.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key", "ca"])]
+    pub insecure_http: bool,
     /// Address of the Prometheus /metrics listener (kept apart from the API).
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -218,6 +233,7 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
     }
     config.fence_after = args.fence_after_s.map(Duration::from_secs);
     config.fence_checkpoint = args.fence_checkpoint_s.map(Duration::from_secs);
+    let ca_pem = region_tls(&args, &mut config)?;
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid region configuration: {e}"))?;
@@ -275,6 +291,7 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
         adopt_after: args.adopt_after_s.map(Duration::from_secs),
         balance_after: (args.balance_after_s > 0)
             .then(|| Duration::from_secs(args.balance_after_s)),
+        ca_pem,
     };
     config
         .validate()
@@ -286,6 +303,39 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
     gangway_regional::serve(state, shutdown).await
 }
 
+/// The region's TLS from its flags: its certificate and key for serving,
+/// and the CA its peers' certificates are checked against (returned). Plain
+/// HTTP only behind `--insecure-http`; a certificate or CA that cannot be
+/// read or parsed stops the start with the flag's name.
+fn region_tls(args: &RegionArgs, config: &mut RegionConfig) -> anyhow::Result<Option<String>> {
+    if args.insecure_http {
+        tracing::warn!(
+            "--insecure-http: the regional API and the calls to peers are plain HTTP; anyone on the network can read and forge them"
+        );
+        return Ok(None);
+    }
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        anyhow::bail!(
+            "pass --tls-cert and --tls-key (the region's certificate and key) and --ca (the CA that signs its peers' certificates), or --insecure-http on a network you trust"
+        );
+    };
+    let read = |p: &PathBuf, flag: &str| {
+        std::fs::read_to_string(p).with_context(|| format!("cannot read {flag} {}", p.display()))
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    config.tls = Some(
+        gangway_auth::tls::server_config(&read(cert, "--tls-cert")?, &read(key, "--tls-key")?)
+            .map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key: {e}"))?,
+    );
+    match &args.ca {
+        Some(p) => Ok(Some(read(p, "--ca")?)),
+        None if args.peers.is_empty() => Ok(None),
+        None => anyhow::bail!(
+            "a region with peers over TLS needs --ca, the CA that signs its peers' certificates"
+        ),
+    }
+}
+
 fn metrics_exporter_prometheus_install(addr: SocketAddr) -> anyhow::Result<()> {
     gangway_regional::telemetry::install_prometheus(addr)
         .with_context(|| format!("cannot serve metrics on {addr}"))
@@ -293,9 +343,17 @@ fn metrics_exporter_prometheus_install(addr: SocketAddr) -> anyhow::Result<()> {
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
-    /// The regional control plane's URL.
+    /// The regional control plane's URL (https://, checked against
+    /// --region-ca).
     #[arg(long, env = "GANGWAY_REGION_URL")]
     pub region_url: String,
+    /// The CA certificate (PEM) that signs the region's certificate: the
+    /// agent trusts it alone.
+    #[arg(long, env = "GANGWAY_REGION_CA")]
+    pub region_ca: Option<PathBuf>,
+    /// Call the region over plain HTTP: INSECURE, for a network you trust.
+    #[arg(long, conflicts_with = "region_ca")]
+    pub insecure_http: bool,
     /// The region's name (a simulated fleet's node ids derive from it).
     #[arg(long, env = "GANGWAY_REGION")]
     pub region: Option<String>,
@@ -445,6 +503,22 @@ fn isolation_config(args: &AgentArgs) -> anyhow::Result<IsolationConfig> {
 }
 
 pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
+    // The link to the region first: HTTPS checked against its CA, or
+    // plain HTTP only when the operator said so.
+    gangway_shared::client::check_internal_url(
+        &args.region_url,
+        args.region_ca.is_some(),
+        args.insecure_http,
+        "--region-url",
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    let region_ca_pem = match &args.region_ca {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read --region-ca {}", p.display()))?,
+        ),
+        None => None,
+    };
     let isolation = isolation_config(&args)?;
     if let Some(path) = &args.token_file {
         let token = std::fs::read_to_string(path)
@@ -459,6 +533,7 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
     };
     let config = AgentConfig {
         region_url: args.region_url.clone(),
+        region_ca_pem,
         agent_id,
         nodes,
         executor,
@@ -563,6 +638,13 @@ pub struct GlobalArgs {
     /// A region, as NAME=URL; repeat for each region.
     #[arg(long = "region", value_name = "NAME=URL", required = true)]
     pub regions: Vec<String>,
+    /// The CA certificate (PEM) that signs the regions' certificates: calls
+    /// to regions trust it alone, over HTTPS only.
+    #[arg(long)]
+    pub region_ca: Option<PathBuf>,
+    /// Call regions over plain HTTP: INSECURE, for a network you trust.
+    #[arg(long, conflicts_with = "region_ca")]
+    pub insecure_http: bool,
     /// A public key (PEM) that verifies tenant and admin tokens, as
     /// KEY_ID=PATH; repeat it while keys rotate.
     #[arg(long = "tenant-key", value_name = "KID=PATH", required = true)]
@@ -604,6 +686,16 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    for r in &regions {
+        let what = format!("--region {}", r.name);
+        gangway_shared::client::check_internal_url(
+            &r.url,
+            args.region_ca.is_some(),
+            args.insecure_http,
+            &what,
+        )
+        .map_err(|e| anyhow::anyhow!(e))?;
+    }
     let (kid, path) = args
         .service_signing_key
         .split_once('=')
@@ -614,6 +706,10 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
     let read = |p: &PathBuf| {
         std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
     };
+    let region_ca_pem = match &args.region_ca {
+        Some(p) => Some(read(p)?),
+        None => None,
+    };
     let mut config = GlobalConfig::new(
         read(&args.tls_cert)?,
         read(&args.tls_key)?,
@@ -621,6 +717,7 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
         read_keys(&args.tenant_keys)?,
         service_key,
     );
+    config.region_ca_pem = region_ca_pem;
     config.default_rate = RateLimit {
         per_second: args.rate_limit,
         burst: args.rate_burst,

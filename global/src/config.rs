@@ -48,6 +48,10 @@ pub struct GlobalConfig {
     pub health_interval: Duration,
     /// A region that has not answered for this long is unhealthy.
     pub unhealthy_after: Duration,
+    /// The CA (PEM) that signs the regions' certificates: calls to regions
+    /// trust it alone and go over HTTPS only. `None`: plain HTTP to regions
+    /// (`--insecure-http`).
+    pub region_ca_pem: Option<String>,
 }
 
 impl GlobalConfig {
@@ -73,6 +77,7 @@ impl GlobalConfig {
             region_timeout: Duration::from_secs(10),
             health_interval: Duration::from_millis(1000),
             unhealthy_after: Duration::from_secs(5),
+            region_ca_pem: None,
         }
     }
 }

@@ -109,10 +109,21 @@ impl<'a> Who<'a> {
 
 impl Regions {
     pub fn new(config: &GlobalConfig) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .timeout(config.region_timeout)
-            .pool_max_idle_per_host(64)
-            .build()?;
+        let http = gangway_shared::client::internal_client(
+            reqwest::Client::builder()
+                .timeout(config.region_timeout)
+                .pool_max_idle_per_host(64),
+            config.region_ca_pem.as_deref(),
+        )
+        .map_err(|e| anyhow::anyhow!("the regions' CA (--region-ca): {e}"))?;
+        // With the cloud's CA, every region is called over HTTPS.
+        if config.region_ca_pem.is_some() {
+            for r in &config.regions {
+                let what = format!("--region {}", r.name);
+                gangway_shared::client::check_internal_url(&r.url, true, false, &what)
+                    .map_err(|e| anyhow::anyhow!(e))?;
+            }
+        }
         Ok(Regions {
             list: config
                 .regions

@@ -100,6 +100,7 @@ fn main() -> anyhow::Result<()> {
         for (i, share) in nodes.chunks(chunk).enumerate() {
             let config = AgentConfig {
                 region_url: format!("http://{addr}"),
+                region_ca_pem: None,
                 agent_id: format!("sim-{i}"),
                 nodes: share.to_vec(),
                 executor: ExecutorKind::Sim,

@@ -69,6 +69,10 @@ pub struct RegionConfig {
     /// matches; `None` records what agents report (each restoring agent
     /// still verifies every file).
     pub checkpoint_store: Option<gangway_checkpoint::CheckpointStore>,
+    /// The API's TLS: the region's certificate chain and key, served with
+    /// rustls to the global tier, agents and peers. `None`: plain HTTP,
+    /// which `gangway region` allows only behind `--insecure-http`.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl RegionConfig {
@@ -95,6 +99,7 @@ impl RegionConfig {
             auth: None,
             peers: PeerConfig::default(),
             checkpoint_store: None,
+            tls: None,
         }
     }
 
@@ -188,6 +193,17 @@ impl RegionConfig {
                         .into(),
                 );
             }
+            // With the cloud's CA, every peer is called over HTTPS.
+            if p.ca_pem.is_some() {
+                for peer in &p.peers {
+                    let what = format!("--peer {}", peer.name);
+                    gangway_shared::client::check_internal_url(&peer.url, true, false, &what)?;
+                }
+            }
+        }
+        if let Some(pem) = &p.ca_pem {
+            gangway_shared::client::internal_client(reqwest::Client::builder(), Some(pem))
+                .map_err(|e| format!("the peers' CA (--ca): {e}"))?;
         }
         Ok(())
     }
@@ -295,6 +311,10 @@ pub struct PeerConfig {
     /// the buddy has room for it now (`loops/evacuation.rs`, balancing).
     /// `None`: jobs stay where they were submitted.
     pub balance_after: Option<Duration>,
+    /// The CA (PEM) that signs the peers' certificates: calls to peers
+    /// trust it alone and go over HTTPS only. `None`: plain HTTP to peers
+    /// (`--insecure-http`).
+    pub ca_pem: Option<String>,
 }
 
 impl Default for PeerConfig {
@@ -306,6 +326,7 @@ impl Default for PeerConfig {
             lease: Duration::from_secs(8),
             adopt_after: None,
             balance_after: Some(Duration::from_secs(60)),
+            ca_pem: None,
         }
     }
 }

@@ -84,11 +84,18 @@ pub async fn prepare(config: RegionConfig, db_wait: Duration) -> anyhow::Result<
 /// finishes in-flight requests, then stops the scheduling loop.
 pub async fn serve(state: AppState, shutdown: CancellationToken) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(state.config.listen).await?;
-    tracing::info!(region = %state.store.region(), addr = %listener.local_addr()?, "region listening");
+    let scheme = if state.config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!(region = %state.store.region(), addr = %listener.local_addr()?, scheme, "region listening");
     serve_on(listener, state, shutdown).await
 }
 
-/// Like [`serve`], on a listener the caller bound.
+/// Like [`serve`], on a listener the caller bound: over TLS when the
+/// configuration has the region's certificate ([`RegionConfig::tls`]),
+/// else plain HTTP.
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     state: AppState,
@@ -100,9 +107,30 @@ pub async fn serve_on(
     tracker.spawn(loops::beat::run_loop(state.clone(), loops.clone()));
     tracker.spawn(loops::evacuation::run_loop(state.clone(), loops.clone()));
     let server_shutdown = shutdown.clone();
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
-        .await?;
+    match state.config.tls.clone() {
+        Some(tls) => {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let handle = axum_server::Handle::new();
+            let h = handle.clone();
+            tokio::spawn(async move {
+                server_shutdown.cancelled().await;
+                // As the plain server: every request under way finishes.
+                h.graceful_shutdown(None);
+            });
+            axum_server::from_tcp_rustls(
+                listener.into_std()?,
+                axum_server::tls_rustls::RustlsConfig::from_config(tls),
+            )?
+            .handle(handle)
+            .serve(app(state).into_make_service())
+            .await?;
+        }
+        None => {
+            axum::serve(listener, app(state))
+                .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
+                .await?;
+        }
+    }
     loops.cancel();
     tracker.close();
     tracker.wait().await;

@@ -91,6 +91,17 @@ impl Client {
             .with_tenant(tenant)
     }
 
+    /// A client for a region at `base` acting as `tenant`, like
+    /// [`Client::new`], trusting `ca_pem` too (a region served over TLS
+    /// with the cloud's own CA).
+    pub fn region(
+        base: impl Into<String>,
+        tenant: impl Into<String>,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Self, String> {
+        Ok(Client::build(base.into(), ca_pem)?.with_tenant(tenant))
+    }
+
     /// A client for the public API at `base` (https), trusting `ca_pem`
     /// in addition to the system's roots, authenticating with `token`.
     pub fn public(
@@ -561,4 +572,57 @@ pub async fn post_json<B: Serialize, T: DeserializeOwned>(
     body: &B,
 ) -> Result<T, ClientError> {
     send_json(http.post(url).json(body), url).await
+}
+
+/// A client for one service of the cloud calling another (global →
+/// region, agent → region, region → peer region): over HTTPS only,
+/// trusting the cloud's own CA (`ca_pem`, one or more PEM certificates)
+/// and nothing else; or, with `None` — only behind an operator's explicit
+/// `--insecure-http` — plain HTTP. A CA that is not valid PEM is an error
+/// here, at start, not at the first call.
+pub fn internal_client(
+    builder: reqwest::ClientBuilder,
+    ca_pem: Option<&str>,
+) -> Result<reqwest::Client, String> {
+    let builder = match ca_pem {
+        Some(pem) => {
+            let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+                .map_err(|e| format!("the CA certificate is not valid PEM: {e}"))?;
+            if certs.is_empty() {
+                return Err("the CA file holds no certificate".to_string());
+            }
+            let mut b = builder.tls_built_in_root_certs(false).https_only(true);
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+            b
+        }
+        None => builder,
+    };
+    builder
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
+}
+
+/// Whether `url` may be called the way the caller is configured: an
+/// `https://` URL needs a CA to check it against; a plain `http://` one
+/// is refused unless the operator said `--insecure-http`. `what` names the
+/// setting in the error (`--peer us-west`, `--region-url`).
+pub fn check_internal_url(
+    url: &str,
+    has_ca: bool,
+    insecure: bool,
+    what: &str,
+) -> Result<(), String> {
+    match url.split_once("://").map(|(s, _)| s) {
+        Some("https") if has_ca => Ok(()),
+        Some("https") => Err(format!(
+            "{what} is an https:// URL but no CA was given to check its certificate: pass the CA file that signs the cloud's certificates"
+        )),
+        Some("http") if insecure => Ok(()),
+        Some("http") => Err(format!(
+            "{what} is a plain http:// URL: use https:// (with the cloud's CA), or pass --insecure-http on a network you trust"
+        )),
+        _ => Err(format!("{what} is not an http(s):// URL: {url:?}")),
+    }
 }

@@ -84,6 +84,9 @@ impl Cloud {
             let mut cfg = RegionConfig::new(name, addr, &db);
             cfg.auth = Some(service_verifier.clone());
             cfg.agent_timeout = Duration::from_secs(3600);
+            // The regions serve TLS with the cloud's certificate, as in
+            // production; the tier checks it against the cloud's CA.
+            cfg.tls = Some(auth.server_config().unwrap());
             let state: AppState = gangway_regional::prepare(cfg, Duration::from_secs(10))
                 .await
                 .unwrap();
@@ -99,7 +102,7 @@ impl Cloud {
             let token = CancellationToken::new();
             states.push(state.clone());
             tokio::spawn(gangway_regional::serve_on(listener, state, token.clone()));
-            regions.push((name.to_string(), format!("http://{addr}"), token));
+            regions.push((name.to_string(), format!("https://{addr}"), token));
         }
         let mut config = GlobalConfig::new(
             std::fs::read_to_string(&auth.server_cert).unwrap(),
@@ -114,6 +117,7 @@ impl Cloud {
             vec![auth.tenant_key.verifier_entry()],
             auth.service_key.clone(),
         );
+        config.region_ca_pem = Some(auth.ca_pem().unwrap());
         config.health_interval = Duration::from_millis(100);
         config.unhealthy_after = Duration::from_millis(1000);
         config.tenant_rates = BTreeMap::from([(

@@ -109,8 +109,12 @@ async fn until(at: Option<Instant>) {
 
 impl Agent {
     fn new(config: AgentConfig, boot_id: Uuid) -> anyhow::Result<Self> {
-        let region = RegionClient::new(&config.region_url, config.token.as_deref())
-            .context("building the HTTP client")?;
+        let region = RegionClient::new(
+            &config.region_url,
+            config.token.as_deref(),
+            config.region_ca_pem.as_deref(),
+        )
+        .map_err(|e| anyhow::anyhow!("building the client for the region: {e}"))?;
         let seed = boot_id.as_u64_pair().0;
         let machine_boot = machine_boot_id(
             config.machine_boot_id.as_deref(),

@@ -88,8 +88,12 @@ pub struct IsolationConfig {
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// The region's base URL, for example `http://127.0.0.1:7001`.
+    /// The region's base URL, for example `https://region.example:7001`.
     pub region_url: String,
+    /// The CA (PEM) that signs the region's certificate: calls to the
+    /// region trust it alone and go over HTTPS only. `None`: plain HTTP
+    /// (`gangway agent --insecure-http`).
+    pub region_ca_pem: Option<String>,
     /// This agent's stable name; letters, digits, `.`, `_` and `-` only, as
     /// it appears in URL paths.
     pub agent_id: String,
@@ -139,7 +143,7 @@ pub enum ConfigError {
         "agent_id {0:?} is empty or has characters other than letters, digits, '.', '_' and '-'"
     )]
     AgentId(String),
-    #[error("region_url {0:?} is not an http(s) URL")]
+    #[error("{0}")]
     RegionUrl(String),
     #[error("time_factor {0} is not a finite number >= 0")]
     TimeFactor(f64),
@@ -161,8 +165,17 @@ impl AgentConfig {
         if !id_ok {
             return Err(ConfigError::AgentId(self.agent_id.clone()));
         }
-        if !(self.region_url.starts_with("http://") || self.region_url.starts_with("https://")) {
-            return Err(ConfigError::RegionUrl(self.region_url.clone()));
+        // With the region's CA, the region is called over HTTPS only.
+        let url = &self.region_url;
+        match &self.region_ca_pem {
+            Some(_) => gangway_shared::client::check_internal_url(url, true, false, "region_url")
+                .map_err(ConfigError::RegionUrl)?,
+            None if url.starts_with("http://") || url.starts_with("https://") => {}
+            None => {
+                return Err(ConfigError::RegionUrl(format!(
+                    "region_url {url:?} is not an http(s) URL"
+                )))
+            }
         }
         if !self.time_factor.is_finite() || self.time_factor < 0.0 {
             return Err(ConfigError::TimeFactor(self.time_factor));

@@ -19,7 +19,8 @@ pub(crate) struct RegionClient {
 impl RegionClient {
     /// A client for the region at `base`, presenting `token` (an agent
     /// token naming this region) on every call.
-    pub fn new(base: &str, token: Option<&str>) -> Result<Self, reqwest::Error> {
+    /// Over HTTPS trusting only `ca_pem` when given, else plain HTTP.
+    pub fn new(base: &str, token: Option<&str>, ca_pem: Option<&str>) -> Result<Self, String> {
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(t) = token {
             if let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")) {
@@ -27,11 +28,13 @@ impl RegionClient {
                 headers.insert(reqwest::header::AUTHORIZATION, v);
             }
         }
-        let http = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .default_headers(headers)
-            .build()?;
+        let http = gangway_shared::client::internal_client(
+            reqwest::Client::builder()
+                .timeout(REQUEST_TIMEOUT)
+                .connect_timeout(CONNECT_TIMEOUT)
+                .default_headers(headers),
+            ca_pem,
+        )?;
         Ok(RegionClient {
             http,
             base: base.trim_end_matches('/').to_string(),

@@ -63,10 +63,11 @@ const TOKEN_TTL: Duration = Duration::from_secs(600);
 
 impl Peers {
     pub fn new(config: PeerConfig, adopt_after: Duration) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .expect("a plain HTTP client builds");
+        let http = gangway_shared::client::internal_client(
+            reqwest::Client::builder().timeout(Duration::from_secs(2)),
+            config.ca_pem.as_deref(),
+        )
+        .expect("the peers' CA was checked by RegionConfig::validate");
         // A region with peers starts fenced: it has not reached a majority
         // yet (the first beat tells).
         let fenced = !config.peers.is_empty();

@@ -125,6 +125,7 @@ async fn fake_region(fake: Shared) -> SocketAddr {
 fn config(addr: SocketAddr, executor: ExecutorKind, work_dir: &Path) -> AgentConfig {
     AgentConfig {
         region_url: format!("http://{addr}"),
+        region_ca_pem: None,
         agent_id: "agent-1".into(),
         nodes: vec![AgentNode {
             node_id: "node-a".into(),
