@@ -12,7 +12,7 @@ use gangway_agent::{
 use gangway_regional::RegionConfig;
 use gangway_shared::fleet::FleetFile;
 
-use crate::signals::shutdown_token;
+use crate::signals::{on_hangup, shutdown_token};
 
 #[derive(Args, Debug)]
 pub struct RegionArgs {
@@ -322,11 +322,7 @@ fn region_tls(args: &RegionArgs, config: &mut RegionConfig) -> anyhow::Result<Op
     let read = |p: &PathBuf, flag: &str| {
         std::fs::read_to_string(p).with_context(|| format!("cannot read {flag} {}", p.display()))
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    config.tls = Some(
-        gangway_auth::tls::server_config(&read(cert, "--tls-cert")?, &read(key, "--tls-key")?)
-            .map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key: {e}"))?,
-    );
+    config.tls = Some(reloadable_tls(cert, key)?);
     match &args.ca {
         Some(p) => Ok(Some(read(p, "--ca")?)),
         None if args.peers.is_empty() => Ok(None),
@@ -334,6 +330,35 @@ fn region_tls(args: &RegionArgs, config: &mut RegionConfig) -> anyhow::Result<Op
             "a region with peers over TLS needs --ca, the CA that signs its peers' certificates"
         ),
     }
+}
+
+/// The server's TLS from its certificate chain and key files, read again
+/// on every SIGHUP: new connections get the rotated certificate, open ones
+/// carry on with theirs. A pair that cannot be read or does not match at
+/// start stops the start; on a SIGHUP it leaves the one in use.
+fn reloadable_tls(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<axum_server::tls_rustls::RustlsConfig> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let load = {
+        let (cert, key) = (cert.to_owned(), key.to_owned());
+        move || -> anyhow::Result<std::sync::Arc<rustls::ServerConfig>> {
+            let read = |p: &std::path::Path, flag: &str| {
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read {flag} {}", p.display()))
+            };
+            gangway_auth::tls::server_config(&read(&cert, "--tls-cert")?, &read(&key, "--tls-key")?)
+                .map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key: {e}"))
+        }
+    };
+    let tls = axum_server::tls_rustls::RustlsConfig::from_config(load()?);
+    let reloaded = tls.clone();
+    on_hangup("the TLS certificate", move || {
+        reloaded.reload_from_config(load()?);
+        Ok(())
+    })?;
+    Ok(tls)
 }
 
 fn metrics_exporter_prometheus_install(addr: SocketAddr) -> anyhow::Result<()> {
@@ -746,7 +771,8 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
             regions.split(',').map(str::to_string).collect(),
         );
     }
+    let tls = reloadable_tls(&args.tls_cert, &args.tls_key)?;
     let listener = std::net::TcpListener::bind(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    gangway_global::serve(listener, config, shutdown_token()).await
+    gangway_global::serve_with_tls(listener, config, tls, shutdown_token()).await
 }

@@ -26,7 +26,6 @@ pub mod regions;
 pub mod routing;
 pub mod state;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -47,6 +46,20 @@ pub async fn serve(
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tls = gangway_auth::tls::server_config(&config.tls_cert_pem, &config.tls_key_pem)
         .map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
+    let tls = axum_server::tls_rustls::RustlsConfig::from_config(tls);
+    serve_with_tls(listener, config, tls, shutdown).await
+}
+
+/// [`serve`] with the certificate in `tls`, which a clone held by the
+/// caller rotates in place (`reload_from_config`: new connections get the
+/// new certificate, open ones carry on) — `gangway global` does so on
+/// SIGHUP.
+pub async fn serve_with_tls(
+    listener: std::net::TcpListener,
+    config: GlobalConfig,
+    tls: axum_server::tls_rustls::RustlsConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let state = GlobalState::new(config)?;
     let tracker = TaskTracker::new();
     let loops = shutdown.child_token();
@@ -63,13 +76,10 @@ pub async fn serve(
     });
     listener.set_nonblocking(true)?;
     tracing::info!(addr = %listener.local_addr()?, "global tier listening (https)");
-    axum_server::from_tcp_rustls(
-        listener,
-        axum_server::tls_rustls::RustlsConfig::from_config(Arc::clone(&tls)),
-    )?
-    .handle(handle)
-    .serve(app(state).into_make_service())
-    .await?;
+    axum_server::from_tcp_rustls(listener, tls)?
+        .handle(handle)
+        .serve(app(state).into_make_service())
+        .await?;
     loops.cancel();
     tracker.close();
     tracker.wait().await;

@@ -71,8 +71,11 @@ pub struct RegionConfig {
     pub checkpoint_store: Option<gangway_checkpoint::CheckpointStore>,
     /// The API's TLS: the region's certificate chain and key, served with
     /// rustls to the global tier, agents and peers. `None`: plain HTTP,
-    /// which `gangway region` allows only behind `--insecure-http`.
-    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// which `gangway region` allows only behind `--insecure-http`. A clone
+    /// held elsewhere rotates the certificate in place
+    /// (`reload_from_config`: new connections get the new one, open ones
+    /// carry on): `gangway region` does so on SIGHUP.
+    pub tls: Option<axum_server::tls_rustls::RustlsConfig>,
 }
 
 impl RegionConfig {

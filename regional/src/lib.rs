@@ -117,13 +117,10 @@ pub async fn serve_on(
                 // As the plain server: every request under way finishes.
                 h.graceful_shutdown(None);
             });
-            axum_server::from_tcp_rustls(
-                listener.into_std()?,
-                axum_server::tls_rustls::RustlsConfig::from_config(tls),
-            )?
-            .handle(handle)
-            .serve(app(state).into_make_service())
-            .await?;
+            axum_server::from_tcp_rustls(listener.into_std()?, tls)?
+                .handle(handle)
+                .serve(app(state).into_make_service())
+                .await?;
         }
         None => {
             axum::serve(listener, app(state))

@@ -42,7 +42,9 @@ impl TlsRegion {
             .await
             .unwrap();
         let mut config = region_config("rt", &[("rp", "https://127.0.0.1:9".into())]);
-        config.tls = Some(auth.server_config().unwrap());
+        config.tls = Some(axum_server::tls_rustls::RustlsConfig::from_config(
+            auth.server_config().unwrap(),
+        ));
         let state = gangway_regional::AppState::new(store, config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();

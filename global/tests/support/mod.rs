@@ -86,7 +86,9 @@ impl Cloud {
             cfg.agent_timeout = Duration::from_secs(3600);
             // The regions serve TLS with the cloud's certificate, as in
             // production; the tier checks it against the cloud's CA.
-            cfg.tls = Some(auth.server_config().unwrap());
+            cfg.tls = Some(axum_server::tls_rustls::RustlsConfig::from_config(
+                auth.server_config().unwrap(),
+            ));
             let state: AppState = gangway_regional::prepare(cfg, Duration::from_secs(10))
                 .await
                 .unwrap();
