@@ -21,6 +21,7 @@
 mod admin_cli;
 mod billing_cli;
 mod clusters_cli;
+mod config_file;
 mod conn;
 mod dev;
 mod jobs_cli;
@@ -133,8 +134,34 @@ fn init_tracing() {
         .init();
 }
 
+/// The command line, with a server role's `--config FILE` expanded
+/// (`config_file.rs`); a refused setting from the file is named as such.
+fn parse_cli() -> Cli {
+    use clap::CommandFactory;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (args, from_file) = match config_file::expand(&Cli::command(), args) {
+        Ok(expanded) => expanded,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            if let Some((file, keys)) = &from_file {
+                let text = e.to_string();
+                for key in keys.iter().filter(|k| text.contains(&format!("--{k}"))) {
+                    eprintln!("error: in {}: key `{key}`:", file.display());
+                }
+            }
+            e.exit()
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -16,6 +16,10 @@ use crate::signals::{on_hangup, shutdown_token};
 
 #[derive(Args, Debug)]
 pub struct RegionArgs {
+    /// A TOML file of settings (deploy/config/): the flags below without
+    /// their dashes; a flag or its environment variable overrides one.
+    #[arg(long, env = "GANGWAY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// The region's name.
     #[arg(long, env = "GANGWAY_REGION")]
     pub name: String,
@@ -368,6 +372,10 @@ fn metrics_exporter_prometheus_install(addr: SocketAddr) -> anyhow::Result<()> {
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
+    /// A TOML file of settings (deploy/config/): the flags below without
+    /// their dashes; a flag or its environment variable overrides one.
+    #[arg(long, env = "GANGWAY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// The regional control plane's URL (https://, checked against
     /// --region-ca).
     #[arg(long, env = "GANGWAY_REGION_URL")]
@@ -648,6 +656,10 @@ fn agent_nodes(
 
 #[derive(Args, Debug)]
 pub struct GlobalArgs {
+    /// A TOML file of settings (deploy/config/): the flags below without
+    /// their dashes; a flag or its environment variable overrides one.
+    #[arg(long, env = "GANGWAY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Address of the public HTTPS API.
     #[arg(long, default_value = "127.0.0.1:8443")]
     pub listen: SocketAddr,
