@@ -70,7 +70,16 @@ pub struct PgOptions {
     pub die_with_parent: bool,
     /// Further `name=value` server settings, passed as `-c name=value`.
     pub extra_settings: Vec<(String, String)>,
+    /// Serve TLS with this certificate chain and key (PEM files): they are
+    /// copied into the data directory, readable by the server's user alone,
+    /// and `ssl=on` names them. Clients may still connect in plain text
+    /// unless they ask for TLS (`sslmode`).
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
+
+/// Where [`PgOptions::tls`]'s files are kept, in the data directory.
+const TLS_CERT: &str = "gangway-server.crt";
+const TLS_KEY: &str = "gangway-server.key";
 
 impl Default for PgOptions {
     fn default() -> Self {
@@ -82,6 +91,7 @@ impl Default for PgOptions {
             start_timeout: Duration::from_secs(60),
             die_with_parent: true,
             extra_settings: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -337,6 +347,7 @@ impl PgCluster {
         }
         self.forget_dead_server();
         self.clear_stale_pid_file()?;
+        self.install_tls()?;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -400,8 +411,35 @@ impl PgCluster {
                 s.push((name.into(), "off".into()));
             }
         }
+        if self.opts.tls.is_some() {
+            let at = |f: &str| self.data_dir.join(f).to_string_lossy().into_owned();
+            s.push(("ssl".into(), "on".into()));
+            s.push(("ssl_cert_file".into(), at(TLS_CERT)));
+            s.push(("ssl_key_file".into(), at(TLS_KEY)));
+        }
         s.extend(self.opts.extra_settings.iter().cloned());
         s
+    }
+
+    /// Copies [`PgOptions::tls`]'s files into the data directory, owned by
+    /// the server's user, the key readable by it alone (the server refuses
+    /// a key others may read).
+    fn install_tls(&self) -> Result<()> {
+        let Some((cert, key)) = &self.opts.tls else {
+            return Ok(());
+        };
+        use std::os::unix::fs::PermissionsExt;
+        for (from, to, mode) in [(cert, TLS_CERT, 0o644), (key, TLS_KEY, 0o600)] {
+            let to = self.data_dir.join(to);
+            std::fs::copy(from, &to)
+                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))?;
+            if let Some(user) = &self.run_as {
+                std::os::unix::fs::chown(&to, Some(user.uid), Some(user.gid))
+                    .with_context(|| format!("chown {} to {}", to.display(), user.name))?;
+            }
+        }
+        Ok(())
     }
 
     fn socket_dir_setting(&self) -> String {

@@ -21,6 +21,7 @@
 //! - `auth.rs`: only the global tier, peer regions and this region's agents
 //!   get in.
 //! - `extract.rs`: extractors whose rejections are our JSON errors.
+//! - `validate.rs`: job spec validation against the fleet's shape.
 //! - `error.rs`: [`ApiError`], the one mapping from internal errors.
 
 mod admin;

@@ -6,7 +6,9 @@
 //! moment would only waste work, because every plan commits against the
 //! scheduling generation.
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
+
+use crate::store::PgTarget;
 
 /// Advisory lock key of the scheduling leader ("gangway-leader").
 const LEADER_LOCK_KEY: i64 = 0x6761_6e67_6c65_6164;
@@ -17,14 +19,10 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// Opens the dedicated connection (not yet leader).
-    pub async fn connect(url: &str) -> Result<Self, tokio_postgres::Error> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %e, "leader connection closed");
-            }
-        });
+    /// Opens the dedicated connection (not yet leader), over TLS when the
+    /// URL asks (`store/pg_tls.rs`), like the store's pools.
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        let client = PgTarget::parse(url)?.connect("leader").await?;
         Ok(Leadership {
             client,
             held: false,

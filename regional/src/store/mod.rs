@@ -194,6 +194,8 @@
 //! - `handovers.rs`: planned moves: the evacuation row, handover markers,
 //!   the point of no return, the taker's side (reviving a released copy)
 //!   and the releaser's, and progress.
+//! - `pg_tls.rs`: the connection URL, and TLS to PostgreSQL when it asks
+//!   (`sslmode=verify-full`, `sslrootcert`).
 //! - `keyed.rs`: idempotency keys of reservations' and clusters' creates
 //!   and keyed changes.
 //! - `clusters/`: dedicated clusters — `mod.rs`: create, resize and
@@ -216,6 +218,7 @@ mod keyed;
 mod limits;
 mod maintenance;
 mod nodes;
+mod pg_tls;
 mod plans;
 mod power;
 pub mod replicas;
@@ -229,7 +232,6 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
 
 pub use agents::{StopTiming, SyncOutcome};
 pub use apply::ApplyOutcome;
@@ -240,6 +242,7 @@ pub use inventory::InventoryNode;
 pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
+pub use pg_tls::PgTarget;
 pub use plans::{FleetShape, SnapshotData};
 pub use power::RackPower;
 pub use reservations::{NewReservation, ReservationOutcome};
@@ -453,15 +456,16 @@ impl Store {
     /// `max_size` connections, as many again for the agents' syncs and two
     /// for the leases (each opened as needed). Does not touch the schema.
     pub fn connect(url: &str, region: &str, max_size: usize) -> anyhow::Result<Store> {
-        let pg: tokio_postgres::Config = url.parse()?;
+        let target = PgTarget::parse(url)?;
         let manager = || {
-            Manager::from_config(
-                pg.clone(),
-                NoTls,
-                ManagerConfig {
-                    recycling_method: RecyclingMethod::Fast,
-                },
-            )
+            let config = ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            };
+            let pg = target.config.clone();
+            match &target.tls {
+                Some(tls) => Manager::from_config(pg, tls.clone(), config),
+                None => Manager::from_config(pg, tokio_postgres::NoTls, config),
+            }
         };
         // At most `size` connections; a caller waits up to `wait_s` for one.
         let pool = |size: usize, wait_s: u64| {

@@ -1,0 +1,179 @@
+//! How the region reaches PostgreSQL: its connection URL, and TLS when the
+//! URL asks for it.
+//!
+//! `sslmode=verify-full` (or `require`) with `sslrootcert=FILE` connects
+//! over TLS (rustls, through `tokio-postgres-rustls`), checking the
+//! server's certificate against the CA in FILE alone and its name against
+//! the host connected to. Unlike libpq, `require` is held to the same
+//! check: an encrypted connection to a server nobody vouched for is not
+//! one a region trusts, so a TLS mode without `sslrootcert` is refused at
+//! start, as is `verify-ca` (which checks no name). A server that does not
+//! speak TLS is a connection error, never a fallback to plain text. With
+//! no `sslmode`, or `disable` / `prefer`, the connection is plain (a
+//! database on the same host or a trusted network).
+//!
+//! The URL may be either form libpq takes: `postgres://…?sslmode=…&…` or
+//! `host=… sslmode=… …`.
+
+use std::sync::Arc;
+
+use tokio_postgres::tls::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// A parsed connection URL and the TLS it asks for.
+#[derive(Clone)]
+pub struct PgTarget {
+    pub config: tokio_postgres::Config,
+    /// `None`: plain.
+    pub tls: Option<MakeRustlsConnect>,
+}
+
+impl std::fmt::Debug for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTarget")
+            .field("hosts", &self.config.get_hosts())
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// The TLS settings libpq reads that tokio-postgres does not.
+const OURS: [&str; 2] = ["sslmode", "sslrootcert"];
+
+impl PgTarget {
+    /// Parses `url`; an error says which setting is wrong and what to do.
+    pub fn parse(url: &str) -> anyhow::Result<PgTarget> {
+        let (rest, ours) = split_settings(url);
+        let get = |k: &str| ours.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let mode = get("sslmode").unwrap_or("disable");
+        let tls = match mode {
+            "disable" | "prefer" | "allow" => None,
+            "require" | "verify-full" => {
+                let Some(ca) = get("sslrootcert") else {
+                    anyhow::bail!(
+                        "the database URL asks for sslmode={mode} but names no sslrootcert=FILE: give the CA that signs the database server's certificate (a TLS connection to a server nobody vouched for is refused)"
+                    );
+                };
+                let pem = std::fs::read_to_string(ca)
+                    .map_err(|e| anyhow::anyhow!("cannot read the database's sslrootcert {ca}: {e}"))?;
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let config = gangway_auth::tls::client_config(&pem)
+                    .map_err(|e| anyhow::anyhow!("the database's sslrootcert {ca}: {e}"))?;
+                Some(MakeRustlsConnect::new(Arc::unwrap_or_clone(config)))
+            }
+            "verify-ca" => anyhow::bail!(
+                "sslmode=verify-ca checks no server name: use sslmode=verify-full with sslrootcert=FILE"
+            ),
+            other => anyhow::bail!(
+                "the database URL's sslmode={other} is not one of disable, prefer, require, verify-full"
+            ),
+        };
+        let mut config: tokio_postgres::Config = rest
+            .parse()
+            .map_err(|e| anyhow::anyhow!("the database URL is not valid: {e}"))?;
+        config.ssl_mode(match tls {
+            Some(_) => tokio_postgres::config::SslMode::Require,
+            None => tokio_postgres::config::SslMode::Disable,
+        });
+        Ok(PgTarget { config, tls })
+    }
+
+    /// One connection outside the pools (the leader's lock), its driver
+    /// spawned; `what` names it in the log when it closes.
+    pub async fn connect(
+        &self,
+        what: &'static str,
+    ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        fn drive<F>(what: &'static str, connection: F)
+        where
+            F: std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+        {
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(error = %e, what, "database connection closed");
+                }
+            });
+        }
+        match &self.tls {
+            Some(tls) => {
+                let (client, connection) = self.config.connect(tls.clone()).await?;
+                drive(what, connection);
+                Ok(client)
+            }
+            None => {
+                let (client, connection) = self.config.connect(NoTls).await?;
+                drive(what, connection);
+                Ok(client)
+            }
+        }
+    }
+}
+
+/// `url` without the settings in [`OURS`], and those settings.
+fn split_settings(url: &str) -> (String, Vec<(String, String)>) {
+    let mut ours = Vec::new();
+    let keep = |kv: &str, ours: &mut Vec<(String, String)>| -> bool {
+        match kv.split_once('=') {
+            Some((k, v)) if OURS.contains(&k.trim()) => {
+                ours.push((k.trim().to_string(), v.trim().to_string()));
+                false
+            }
+            _ => true,
+        }
+    };
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let Some((base, query)) = url.split_once('?') else {
+            return (url.to_string(), ours);
+        };
+        let rest: Vec<&str> = query.split('&').filter(|kv| keep(kv, &mut ours)).collect();
+        let url = if rest.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        (url, ours)
+    } else {
+        let rest: Vec<&str> = (url.split_whitespace())
+            .filter(|kv| keep(kv, &mut ours))
+            .collect();
+        (rest.join(" "), ours)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_settings_are_read_from_either_form_and_the_rest_left_to_tokio_postgres() {
+        let (rest, ours) = split_settings(
+            "postgres://u@db:5432/g?sslmode=verify-full&application_name=x&sslrootcert=/ca.pem",
+        );
+        assert_eq!(rest, "postgres://u@db:5432/g?application_name=x");
+        assert_eq!(ours.len(), 2);
+        let (rest, ours) = split_settings("host=db sslmode=require port=5432 sslrootcert=/ca.pem");
+        assert_eq!(rest, "host=db port=5432");
+        assert_eq!(ours[0], ("sslmode".into(), "require".into()));
+        assert!(PgTarget::parse("host=db").unwrap().tls.is_none());
+    }
+
+    #[test]
+    fn a_tls_mode_without_a_ca_or_checking_no_name_is_refused() {
+        let e = PgTarget::parse("host=db sslmode=require")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sslrootcert"), "{e}");
+        let e = PgTarget::parse("postgres://db/g?sslmode=verify-ca&sslrootcert=/x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("verify-full"), "{e}");
+        let e = PgTarget::parse("host=db sslmode=verify-full sslrootcert=/nonexistent")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent"), "{e}");
+        let e = PgTarget::parse("host=db sslmode=sometimes")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sometimes"), "{e}");
+    }
+}

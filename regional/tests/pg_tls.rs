@@ -1,0 +1,91 @@
+//! The region's connection to PostgreSQL over TLS (issue 21): with
+//! `sslmode=verify-full` and `sslrootcert`, the store's pools and the
+//! leader's lock connection speak TLS to a server whose certificate the CA
+//! signed, and refuse one another CA signed, or a server without TLS —
+//! never falling back to plain text.
+
+use std::os::unix::fs::PermissionsExt;
+
+use gangway_auth::dev::DevMaterial;
+use gangway_devkit::{PgCluster, PgOptions};
+use gangway_regional::loops::leader::Leadership;
+use gangway_regional::store::PgTarget;
+use gangway_regional::Store;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_region_reaches_its_database_over_tls_checked_against_its_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    // Traversable by the `postgres` user when the test runs as root.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let ours = DevMaterial::load_or_create(&dir.path().join("ours")).unwrap();
+    let theirs = DevMaterial::load_or_create(&dir.path().join("theirs")).unwrap();
+    let data = dir.path().join("pg");
+    let tls = Some((ours.server_cert.clone(), ours.server_key.clone()));
+    let pg = tokio::task::spawn_blocking(move || {
+        let mut pg = PgCluster::init_or_open(
+            &data,
+            PgOptions {
+                tls,
+                ..PgOptions::for_tests()
+            },
+        )?;
+        pg.start()?;
+        anyhow::Ok(pg)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    pg.create_database("gangway").await.unwrap();
+    let base = pg.connection_string("gangway");
+    let with_ca =
+        |ca: &std::path::Path| format!("{base} sslmode=verify-full sslrootcert={}", ca.display());
+
+    // Our CA: the store migrates, and the server says the session is
+    // encrypted — for the pools and for the leader's lock connection.
+    let url = with_ca(&ours.ca_cert);
+    let store = Store::connect(&url, "r", 2).unwrap();
+    store.migrate().await.unwrap();
+    let client = PgTarget::parse(&url)
+        .unwrap()
+        .connect("test")
+        .await
+        .unwrap();
+    let ssl: bool = client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ssl, "the session is not encrypted");
+    let mut leader = Leadership::connect(&url).await.unwrap();
+    assert!(leader.try_acquire().await.unwrap());
+
+    // Another CA's certificate: no connection, no fallback.
+    let impostor = with_ca(&theirs.ca_cert);
+    let e = PgTarget::parse(&impostor)
+        .unwrap()
+        .connect("test")
+        .await
+        .unwrap_err();
+    assert!(format!("{e:?}").contains("UnknownIssuer"), "{e:?}");
+    let store = Store::connect(&impostor, "r", 2).unwrap();
+    assert!(
+        store.migrate().await.is_err(),
+        "a store connected to an impostor"
+    );
+    assert!(Leadership::connect(&impostor).await.is_err());
+
+    // A server that does not speak TLS: refused, not read in plain text.
+    let plain = gangway_devkit::fresh_database("pg_tls_plain").await;
+    let plain = format!(
+        "{plain} sslmode=verify-full sslrootcert={}",
+        ours.ca_cert.display()
+    );
+    assert!(PgTarget::parse(&plain)
+        .unwrap()
+        .connect("test")
+        .await
+        .is_err());
+}
