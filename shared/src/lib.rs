@@ -7,7 +7,9 @@
 //! - [`reservation`]: capacity reservations' requests and views
 //!   (re-exported from [`api`]).
 //! - [`cluster`]: dedicated clusters' requests and views (re-exported
-//!   from [`api`]).
+//!   from [`api`]). `cluster`, `reservation` and `validate` use `api`'s
+//!   job types, and `api` re-exports theirs so that every public type is
+//!   `api::Name`: the one import circle here, a re-export.
 //! - [`billing`]: the usage ledger's records.
 //! - [`error`]: the JSON error body and the stable error codes.
 //! - [`agent`]: the protocol between a region and its node agents (the

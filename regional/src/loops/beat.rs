@@ -97,7 +97,10 @@ async fn watchdog(state: &AppState) {
         );
     }
     metrics::gauge!("gangway_region_fenced").set(1.0);
-    if state.is_leader() {
+    // The beat may have heard a majority again since (it unfences on its
+    // own task): jobs are asked to stop only while the region still is
+    // fenced, or a moment's silence under load stops work for nothing.
+    if state.is_leader() && peers.is_fenced() && peers.majority_lost() {
         match state.store.fence_jobs().await {
             Ok(n) if n > 0 => tracing::warn!(jobs = n, "fenced: jobs asked to checkpoint and stop"),
             Ok(_) => {}

@@ -203,6 +203,18 @@
 //!   one makes; `choice.rs`: which nodes a cluster takes or gives back
 //!   (pure); `tend.rs`: the leader's tend and healing failed members from
 //!   spares of the domain.
+//!
+//! These files import nothing above the database layer (no HTTP, no
+//! other region, no loop). Among themselves, seven call each other's
+//! transaction helpers, because one transaction does what they each
+//! describe: a submit checks the job's cluster and reservation
+//! (`jobs` → `clusters`, `reservations`); a node that fails preempts its
+//! jobs, heals its cluster and swaps a spare in (`nodes` → `jobs`,
+//! `clusters`, `spares`); a swap places the held gangs with the plan
+//! commit's own code (`spares` → `apply` → `jobs`); a snapshot reads the
+//! nodes' decisions and pool keys (`plans` → `nodes`, `clusters`). That
+//! circle — apply, clusters, jobs, nodes, plans, reservations, spares — is
+//! the one left in `regional/src`, inside one layer and one `Store`.
 
 mod agents;
 mod apply;
