@@ -564,9 +564,13 @@ async fn submissions_are_shed_while_the_agents_syncs_queue_for_the_database() {
     queue_reaches(1).await;
     let resp = region.submit().await;
     let status = resp.status();
-    // Which rule shed it, should one (seen once under a loaded machine).
     let body = resp.text().await.unwrap();
-    assert_eq!(status, 201, "{body}");
+    // Shed only if the queue had filled meanwhile (on a loaded machine a
+    // sync may queue behind the three: then shedding is right).
+    let queued = store.sync_pool_status();
+    if !(status == 503 && body.contains("syncs") && queued.waiting >= queued.max_size) {
+        assert_eq!(status, 201, "{body} ({queued:?})");
+    }
 
     // As many waiting as the pool holds: shed.
     syncs.push(send());
