@@ -59,6 +59,7 @@ async fn sync(
                         // A path on the agent: local to it, not the restore point.
                         checkpoint: Some("/agent/checkpoints/step-9".into()),
                         fenced: false,
+                        unasked: false,
                     })
                     .collect(),
                 nodes: Vec::new(),
@@ -185,6 +186,7 @@ async fn checkpoints_are_recorded_once_the_newest_is_the_highest_epoch_and_seq_a
                     },
                     checkpoint: Some("/agent/checkpoints/step-10".into()),
                     fenced: false,
+                    unasked: false,
                 }],
                 nodes: Vec::new(),
                 checkpoints: Some(vec![]),

@@ -287,6 +287,7 @@ async fn act(store: &Store, boot: Uuid, signals: Vec<(String, Signal)>) -> Vec<D
             status: WorkerStatus::Running,
             checkpoint: None,
             fenced: false,
+            unasked: false,
         })
         .collect();
     store

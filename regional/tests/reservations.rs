@@ -154,6 +154,7 @@ async fn agent(store: &Store, boot: Uuid, finish: &[Uuid]) -> Vec<Assignment> {
             },
             checkpoint: (a.desired == Desired::Checkpoint).then(|| format!("/ckpt/{}", a.job_id)),
             fenced: false,
+            unasked: false,
         })
         .collect();
     store

@@ -3,6 +3,8 @@
 //! double-allocated GPU impossible, quotas as fair-share terms,
 //! preemption carried out from a plan, and per-tenant admission limits.
 
+mod common;
+
 use std::time::Duration;
 
 use axum::http::Method;
@@ -470,6 +472,7 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
                 _ => None,
             },
             fenced: false,
+            unasked: false,
         })
         .collect();
     store
@@ -771,6 +774,92 @@ async fn an_operator_preemption_is_recorded_as_one() {
     assert_eq!(store.get_job("acme", id).await.unwrap().preemptions, 1);
 }
 
+/// Reports `job`'s workers as exited, each `(rank, exit code, unasked)`:
+/// `unasked`, the agent had passed on no request to stop it.
+async fn report_ends(
+    store: &Store,
+    boot: Uuid,
+    wanted: &[Assignment],
+    job: Uuid,
+    ends: &[(u32, i32, bool)],
+) {
+    let workers = ends
+        .iter()
+        .map(|&(rank, code, unasked)| {
+            let a = wanted
+                .iter()
+                .find(|a| a.job_id == job && a.rank == rank)
+                .expect("an assignment for the worker");
+            json!({"job_id": job, "rank": rank, "attempt": a.attempt, "status": "exited",
+                   "exit_code": code, "unasked": unasked})
+        })
+        .collect::<Vec<_>>();
+    let req: SyncRequest =
+        serde_json::from_value(json!({"boot_id": boot, "workers": workers})).unwrap();
+    store.sync_agent("agent-0", &req, TIMING).await.unwrap();
+}
+
+/// Workers of `job` in each state, by name.
+async fn worker_states(client: &tokio_postgres::Client, job: Uuid) -> Vec<String> {
+    client
+        .query(
+            "SELECT state::text FROM workers WHERE job_id = $1 ORDER BY rank",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_job_that_ended_before_a_fence_reached_it_finishes_instead_of_running_again() {
+    let (store, client) = raw("endedunasked").await;
+    let boot = register_fleet(&store, 1, 2).await;
+    let id = submit(&store, &job("acme", 16, 8)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    let wanted = agent_sync(&store, boot, None).await;
+    assert_eq!(
+        store.get_job("acme", id).await.unwrap().state,
+        JobState::Running
+    );
+    // Both workers exit 0 by themselves; before their agent reports it,
+    // the region fences and asks the job to checkpoint and stop.
+    assert_eq!(store.fence_jobs().await.unwrap(), 1);
+    report_ends(&store, boot, &wanted, id, &[(0, 0, true), (1, 0, true)]).await;
+    let j = store.get_job("acme", id).await.unwrap();
+    assert_eq!(j.state, JobState::Succeeded, "{j:?}");
+    assert_eq!(worker_states(&client, id).await, ["succeeded", "succeeded"]);
+    assert_eq!(common::live_gpus(&client, id).await, 0);
+    let last = store.job_events("acme", id).await.unwrap().pop().unwrap();
+    assert_eq!(last.kind, "finished", "{last:?}");
+    // Nothing of it is placed again.
+    assert_eq!(run_pass(&store, AGENT_TIMEOUT).await.unwrap().placements, 0);
+}
+
+#[tokio::test]
+async fn a_gang_stopped_while_one_rank_ended_by_itself_runs_again_whole() {
+    let (store, client) = raw("partlyended").await;
+    let boot = register_fleet(&store, 1, 2).await;
+    let id = submit(&store, &job("acme", 16, 8)).await;
+    run_pass(&store, AGENT_TIMEOUT).await.unwrap();
+    let wanted = agent_sync(&store, boot, None).await;
+    assert!(store.preempt_job(id, "an operator asked").await.unwrap());
+    // Rank 1 had ended by itself; rank 0 checkpointed and stopped as
+    // asked (exit 0 too, as a script that catches SIGTERM does). And an
+    // agent from before `unasked` says nothing of why its worker ended:
+    // that exit is a stop, as it always was.
+    report_ends(&store, boot, &wanted, id, &[(0, 0, false), (1, 0, true)]).await;
+    let j = store.get_job("acme", id).await.unwrap();
+    assert_eq!(j.state, JobState::Queued, "{j:?}");
+    assert_eq!(worker_states(&client, id).await, ["pending", "pending"]);
+    assert_eq!(common::live_gpus(&client, id).await, 0);
+    // Placed again with both ranks, as a gang.
+    assert_eq!(run_pass(&store, AGENT_TIMEOUT).await.unwrap().placements, 1);
+    assert_eq!(worker_states(&client, id).await, ["assigned", "assigned"]);
+}
+
 #[tokio::test]
 async fn the_quota_api_refuses_bad_terms_and_changes_nothing() {
     let url = gangway_devkit::fresh_database("quotaapi").await;
@@ -1048,6 +1137,7 @@ async fn a_checkpoint_reported_by_a_running_worker_is_where_the_work_at_risk_sta
             status: WorkerStatus::Running,
             checkpoint: Some(checkpoint.into()),
             fenced: false,
+            unasked: false,
         }],
         nodes: Vec::new(),
         checkpoints: None,

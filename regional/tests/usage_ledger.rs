@@ -35,6 +35,7 @@ async fn report(store: &gangway_regional::Store, fleet: &Fleet, n: usize, exit: 
             },
             checkpoint: None,
             fenced: false,
+            unasked: false,
         })
         .collect();
     fleet.sync(store, n, "boot-1", vec![], reports).await;

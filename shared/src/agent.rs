@@ -145,6 +145,13 @@ pub struct WorkerReport {
     /// counting the exit as a failure.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fenced: bool,
+    /// With an exit: the worker ended by itself before the agent passed on
+    /// any request to stop or checkpoint it. An exit with code 0 so marked
+    /// is the work done, even if the region has asked it to checkpoint
+    /// since (the request crossed the exit on its way): the region does
+    /// not requeue the job to run again. False from older agents.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unasked: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -31,6 +31,8 @@ enum State {
         retired: bool,
         /// Stopped by the agent's fence (reported as such).
         fenced: bool,
+        /// It ended by itself: no stop or checkpoint had been passed on.
+        unasked: bool,
     },
 }
 
@@ -54,10 +56,15 @@ impl Workers {
     /// Moves workers whose task has ended from running to exited.
     pub async fn collect_exits(&mut self) {
         for state in self.table.values_mut() {
-            let State::Running { handle, fenced, .. } = state else {
+            let State::Running {
+                handle,
+                fenced,
+                stopping,
+            } = state
+            else {
                 continue;
             };
-            let fenced = *fenced;
+            let (fenced, unasked) = (*fenced, !*stopping);
             if !handle.task.is_finished() {
                 continue;
             }
@@ -75,6 +82,7 @@ impl Workers {
                 exit,
                 retired: false,
                 fenced,
+                unasked,
             };
         }
     }
@@ -124,7 +132,7 @@ impl Workers {
         self.table
             .iter()
             .filter_map(|(key, state)| {
-                let (status, checkpoint, fenced) = match state {
+                let (status, checkpoint, fenced, unasked) = match state {
                     State::Running { .. } => (
                         WorkerStatus::Running,
                         newest
@@ -132,11 +140,15 @@ impl Workers {
                             .or_insert_with(|| self.executor.running_checkpoint(key.job_id))
                             .clone(),
                         false,
+                        false,
                     ),
                     State::Exited { retired: true, .. } => return None,
-                    State::Exited { exit, fenced, .. } => {
-                        (exit.status(), exit.checkpoint.clone(), *fenced)
-                    }
+                    State::Exited {
+                        exit,
+                        fenced,
+                        unasked,
+                        ..
+                    } => (exit.status(), exit.checkpoint.clone(), *fenced, *unasked),
                 };
                 Some(WorkerReport {
                     job_id: key.job_id,
@@ -145,6 +157,7 @@ impl Workers {
                     status,
                     checkpoint,
                     fenced,
+                    unasked,
                 })
             })
             .collect()
@@ -207,7 +220,9 @@ impl Workers {
                         handle, stopping, ..
                     }),
                 ) => {
-                    if !*stopping {
+                    // One that has already ended by itself is left to be
+                    // reported so (its exit is its work done).
+                    if !*stopping && !handle.task.is_finished() {
                         tracing::info!(job_id = %key.job_id, worker = %key, deadline_s = a.checkpoint_deadline_s, "region asks worker to checkpoint and stop");
                         // The deadline given now (a drain's may be shorter
                         // than the one at launch).
@@ -234,6 +249,7 @@ impl Workers {
                                 },
                                 retired: false,
                                 fenced: false,
+                                unasked: false,
                             },
                         );
                     }
@@ -492,6 +508,32 @@ mod tests {
             }
         ));
         assert!(of(going).fenced);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_ended_before_a_checkpoint_request_is_reported_unasked() {
+        let mut w = sim_workers();
+        let (done, going) = (Uuid::new_v4(), Uuid::new_v4());
+        w.reconcile(&[
+            assignment(done, Desired::Run, 1),
+            assignment(going, Desired::Run, 1000),
+        ]);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        settle().await;
+        // The region asks both to checkpoint (a fence, a preemption) while
+        // `done`'s exit is not yet collected: the request crossed its exit.
+        w.reconcile(&[
+            assignment(done, Desired::Checkpoint, 1),
+            assignment(going, Desired::Checkpoint, 1000),
+        ]);
+        settle().await;
+        w.collect_exits().await;
+        let reports = w.reports();
+        let of = |id| reports.iter().find(|r| r.job_id == id).unwrap();
+        assert!(of(done).unasked, "{:?}", of(done));
+        assert_eq!(of(done).status, finished());
+        assert!(!of(going).unasked, "stopped as asked: {:?}", of(going));
+        assert!(matches!(of(going).status, WorkerStatus::Exited { .. }));
     }
 
     #[tokio::test(start_paused = true)]

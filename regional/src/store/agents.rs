@@ -560,6 +560,10 @@ fn change_of(report: &WorkerReport, state: &str) -> Change {
         WorkerStatus::Exited { .. } if report.fenced && matches!(state, "assigned" | "running") => {
             Change::Fenced
         }
+        // Its work was done before the request to checkpoint reached it.
+        WorkerStatus::Exited {
+            exit_code: Some(0), ..
+        } if report.unasked && state == "checkpointing" => Change::Ended("succeeded"),
         WorkerStatus::Exited { .. } if state == "checkpointing" => Change::Preempted,
         WorkerStatus::Exited { .. } if state == "stopping" => Change::Ended("cancelled"),
         WorkerStatus::Exited { exit_code, .. } if matches!(state, "assigned" | "running") => {

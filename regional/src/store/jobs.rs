@@ -621,7 +621,7 @@ pub(super) async fn settle_jobs(tx: &Transaction<'_>, jobs: &[Uuid]) -> Result<(
         )
         .await?;
     let mut one_by_one = Vec::new();
-    let (mut run_ids, mut late_ids) = (Vec::new(), Vec::new());
+    let (mut run_ids, mut late_ids, mut unheld) = (Vec::new(), Vec::new(), Vec::new());
     let (mut end_ids, mut end_states, mut end_reasons) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ev_jobs, mut ev_kinds, mut ev_messages, mut ev_details) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -637,7 +637,11 @@ pub(super) async fn settle_jobs(tx: &Transaction<'_>, jobs: &[Uuid]) -> Result<(
         if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
             continue;
         }
-        if state == "preempting"
+        // Asked to stop, but every worker had already ended by itself,
+        // successfully (the request crossed the exits on their way): the
+        // job is done, not requeued to run again.
+        let done_before_stop = state == "preempting" && active == 0 && succeeded == total;
+        if (state == "preempting" && !done_before_stop)
             || (mode == "gang" && failed > 0 && reason.is_none() && state != "cancelling")
         {
             one_by_one.push(job);
@@ -659,11 +663,19 @@ pub(super) async fn settle_jobs(tx: &Transaction<'_>, jobs: &[Uuid]) -> Result<(
             } else {
                 ("succeeded", "succeeded".to_string())
             };
+            if done_before_stop {
+                unheld.push(job);
+            }
             ev_jobs.push(job);
             ev_kinds.push("finished");
             ev_messages.push(format!(
                 "{final_state} ({final_reason}): {succeeded} of {total} worker(s) succeeded, \
-                 {failed} failed"
+                 {failed} failed{}",
+                if done_before_stop {
+                    " (they ended by themselves before the request to stop reached them)"
+                } else {
+                    ""
+                }
             ));
             ev_details.push(json!({"state": final_state, "reason": final_reason,
                                    "succeeded": succeeded, "failed": failed}));
@@ -707,6 +719,11 @@ pub(super) async fn settle_jobs(tx: &Transaction<'_>, jobs: &[Uuid]) -> Result<(
             &[&end_ids, &end_states, &end_reasons],
         )
         .await?;
+    }
+    if !unheld.is_empty() {
+        // GPUs held for a move onto a spare go back.
+        tx.execute("DELETE FROM gpu_holds WHERE job_id = ANY($1)", &[&unheld])
+            .await?;
     }
     if !ev_jobs.is_empty() {
         // In the order they happened: a late start before its end.
@@ -767,6 +784,17 @@ async fn settle_special(tx: &Transaction<'_>, job_id: Uuid) -> Result<()> {
     // A preempted job goes back to the queue once every worker is down.
     if state == "preempting" {
         if up == 0 {
+            if mode == "gang" {
+                // A gang restarts whole: a rank that ended by itself while
+                // the others were being stopped runs again with them.
+                tx.execute(
+                    "UPDATE workers SET state = 'pending', node_id = NULL, gpus = '{}',
+                            local_rank = NULL
+                     WHERE job_id = $1 AND state = 'succeeded' AND rank < $2",
+                    &[&job_id, &run_end],
+                )
+                .await?;
+            }
             // Work lost to this restart: what the run's GPUs held after the
             // last checkpoint (a lost node's share was counted when it was
             // lost).

@@ -238,6 +238,7 @@ impl Fleet {
                     _ => None,
                 },
                 fenced: false,
+                unasked: false,
             })
             .collect();
         self.sync(store, n, "boot-1", vec![], reports).await;
@@ -258,6 +259,7 @@ pub fn succeeded(a: &Assignment) -> WorkerReport {
         },
         checkpoint: None,
         fenced: false,
+        unasked: false,
     }
 }
 
