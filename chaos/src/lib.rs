@@ -38,6 +38,7 @@
 
 pub mod cloud;
 pub mod control;
+pub mod lab;
 pub mod procs;
 pub mod supervisor;
 pub mod trainer;

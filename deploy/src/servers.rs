@@ -12,7 +12,7 @@ use gangway_agent::{
 use gangway_regional::RegionConfig;
 use gangway_shared::fleet::FleetFile;
 
-use crate::signals::{on_hangup, shutdown_token};
+use crate::signals::{shutdown_token, Install, Reload};
 
 #[derive(Args, Debug)]
 pub struct RegionArgs {
@@ -237,19 +237,17 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
     }
     config.fence_after = args.fence_after_s.map(Duration::from_secs);
     config.fence_checkpoint = args.fence_checkpoint_s.map(Duration::from_secs);
-    let ca_pem = region_tls(&args, &mut config)?;
+    // Installed first: a SIGHUP while the region waits for its database
+    // reloads what there is by then rather than kill it.
+    let reload = Reload::default();
+    reload.on_hangup()?;
+    let files = RegionKeyFiles::from(&args);
+    let ca_pem = region_tls(&args, &mut config, &reload)?;
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid region configuration: {e}"))?;
     config.auth = match (args.service_keys.is_empty(), args.insecure_no_auth) {
-        (false, _) => Some(
-            gangway_auth::jwt::Verifier::new(
-                gangway_shared::tokens::ISSUER,
-                gangway_shared::tokens::REGION_AUDIENCE,
-                &read_keys(&args.service_keys)?,
-            )
-            .map_err(|e| anyhow::anyhow!("--service-key: {e}"))?,
-        ),
+        (false, _) => files.verifier()?,
         (true, true) => {
             tracing::warn!("--insecure-no-auth: this region accepts calls from anyone");
             None
@@ -276,20 +274,7 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?,
-        signing_key: match &args.peer_signing_key {
-            Some(k) => {
-                let (kid, path) = k
-                    .split_once('=')
-                    .context("--peer-signing-key is not KEY_ID=PATH")?;
-                let pem =
-                    std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
-                Some(
-                    gangway_auth::jwt::SigningKey::from_pem(kid, &pem)
-                        .map_err(|e| anyhow::anyhow!("--peer-signing-key: {e}"))?,
-                )
-            }
-            None => None,
-        },
+        signing_key: files.peer_signing_key()?,
         heartbeat_interval: Duration::from_millis(args.peer_heartbeat_ms.max(10)),
         lease: Duration::from_secs(args.peer_lease_s),
         adopt_after: args.adopt_after_s.map(Duration::from_secs),
@@ -303,6 +288,21 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
     let shutdown = shutdown_token();
     let state =
         gangway_regional::prepare(config, Duration::from_secs(args.database_wait_s)).await?;
+    let credentials = state.credentials.clone();
+    reload.part(
+        "the service keys, the peer signing key and the peers' CA (--service-key, --peer-signing-key, --ca)",
+        move || {
+            let material = credentials
+                .prepare(
+                    files.verifier()?,
+                    files.peer_signing_key()?,
+                    files.ca()?.as_deref(),
+                )
+                .map_err(|e| anyhow::anyhow!(e))?;
+            let credentials = credentials.clone();
+            Ok(Box::new(move || credentials.install(material)) as Install)
+        },
+    );
     load_inventory(&state, &args).await?;
     gangway_regional::serve(state, shutdown).await
 }
@@ -311,7 +311,11 @@ pub async fn run_region(args: RegionArgs) -> anyhow::Result<()> {
 /// and the CA its peers' certificates are checked against (returned). Plain
 /// HTTP only behind `--insecure-http`; a certificate or CA that cannot be
 /// read or parsed stops the start with the flag's name.
-fn region_tls(args: &RegionArgs, config: &mut RegionConfig) -> anyhow::Result<Option<String>> {
+fn region_tls(
+    args: &RegionArgs,
+    config: &mut RegionConfig,
+    reload: &Reload,
+) -> anyhow::Result<Option<String>> {
     if args.insecure_http {
         tracing::warn!(
             "--insecure-http: the regional API and the calls to peers are plain HTTP; anyone on the network can read and forge them"
@@ -323,12 +327,9 @@ fn region_tls(args: &RegionArgs, config: &mut RegionConfig) -> anyhow::Result<Op
             "pass --tls-cert and --tls-key (the region's certificate and key) and --ca (the CA that signs its peers' certificates), or --insecure-http on a network you trust"
         );
     };
-    let read = |p: &PathBuf, flag: &str| {
-        std::fs::read_to_string(p).with_context(|| format!("cannot read {flag} {}", p.display()))
-    };
-    config.tls = Some(reloadable_tls(cert, key)?);
+    config.tls = Some(reloadable_tls(cert, key, reload)?);
     match &args.ca {
-        Some(p) => Ok(Some(read(p, "--ca")?)),
+        Some(p) => Ok(Some(read_file(p, "--ca")?)),
         None if args.peers.is_empty() => Ok(None),
         None => anyhow::bail!(
             "a region with peers over TLS needs --ca, the CA that signs its peers' certificates"
@@ -337,12 +338,14 @@ fn region_tls(args: &RegionArgs, config: &mut RegionConfig) -> anyhow::Result<Op
 }
 
 /// The server's TLS from its certificate chain and key files, read again
-/// on every SIGHUP: new connections get the rotated certificate, open ones
-/// carry on with theirs. A pair that cannot be read or does not match at
-/// start stops the start; on a SIGHUP it leaves the one in use.
+/// on every SIGHUP (a part of `reload`): new connections get the rotated
+/// certificate, open ones carry on with theirs. A pair that cannot be read
+/// or does not match at start stops the start; on a SIGHUP it leaves the
+/// one in use.
 fn reloadable_tls(
     cert: &std::path::Path,
     key: &std::path::Path,
+    reload: &Reload,
 ) -> anyhow::Result<axum_server::tls_rustls::RustlsConfig> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let load = {
@@ -358,11 +361,73 @@ fn reloadable_tls(
     };
     let tls = axum_server::tls_rustls::RustlsConfig::from_config(load()?);
     let reloaded = tls.clone();
-    on_hangup("the TLS certificate", move || {
-        reloaded.reload_from_config(load()?);
-        Ok(())
-    })?;
+    reload.part("the TLS certificate (--tls-cert, --tls-key)", move || {
+        let config = load()?;
+        let tls = reloaded.clone();
+        Ok(Box::new(move || tls.reload_from_config(config)) as Install)
+    });
     Ok(tls)
+}
+
+/// A file's text, or an error naming its flag.
+fn read_file(path: &std::path::Path, flag: &str) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {flag} {}", path.display()))
+}
+
+/// Reads a `KID=PATH` private key argument (`flag` names it in errors).
+fn read_signing_key(arg: &str, flag: &str) -> anyhow::Result<gangway_auth::jwt::SigningKey> {
+    let (kid, path) = arg
+        .split_once('=')
+        .with_context(|| format!("{flag} is not KEY_ID=PATH"))?;
+    let pem = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+    gangway_auth::jwt::SigningKey::from_pem(kid, &pem).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+}
+
+/// The region's key and CA files, read at start and again on every
+/// SIGHUP, the same way both times.
+#[derive(Clone)]
+struct RegionKeyFiles {
+    service_keys: Vec<String>,
+    peer_signing_key: Option<String>,
+    ca: Option<PathBuf>,
+}
+
+impl RegionKeyFiles {
+    fn from(args: &RegionArgs) -> Self {
+        RegionKeyFiles {
+            service_keys: args.service_keys.clone(),
+            peer_signing_key: args.peer_signing_key.clone(),
+            ca: args.ca.clone(),
+        }
+    }
+
+    /// `--service-key`: the verifier of callers' tokens (`None` without).
+    fn verifier(&self) -> anyhow::Result<Option<gangway_auth::jwt::Verifier>> {
+        if self.service_keys.is_empty() {
+            return Ok(None);
+        }
+        let verifier = gangway_auth::jwt::Verifier::new(
+            gangway_shared::tokens::ISSUER,
+            gangway_shared::tokens::REGION_AUDIENCE,
+            &read_keys(&self.service_keys)?,
+        )
+        .map_err(|e| anyhow::anyhow!("--service-key: {e}"))?;
+        Ok(Some(verifier))
+    }
+
+    /// `--peer-signing-key`.
+    fn peer_signing_key(&self) -> anyhow::Result<Option<gangway_auth::jwt::SigningKey>> {
+        (self.peer_signing_key.as_deref())
+            .map(|k| read_signing_key(k, "--peer-signing-key"))
+            .transpose()
+    }
+
+    /// `--ca`, the peers' CA.
+    fn ca(&self) -> anyhow::Result<Option<String>> {
+        (self.ca.as_deref())
+            .map(|p| read_file(p, "--ca"))
+            .transpose()
+    }
 }
 
 fn metrics_exporter_prometheus_install(addr: SocketAddr) -> anyhow::Result<()> {
@@ -545,19 +610,12 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
         "--region-url",
     )
     .map_err(|e| anyhow::anyhow!(e))?;
-    let region_ca_pem = match &args.region_ca {
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read --region-ca {}", p.display()))?,
-        ),
-        None => None,
-    };
+    let reload = Reload::default();
+    reload.on_hangup()?;
+    let files = AgentKeyFiles::from(&args);
+    let region_ca_pem = files.region_ca()?;
     let isolation = isolation_config(&args)?;
-    if let Some(path) = &args.token_file {
-        let token = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the agent token file {}", path.display()))?;
-        args.token = Some(token.trim().to_string());
-    }
+    args.token = files.token()?;
     let (agent_id, nodes) = agent_nodes(&args)?;
     let executor = match args.executor.as_str() {
         "real" => ExecutorKind::Real,
@@ -580,45 +638,143 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
         checkpoint_store: args.checkpoint_store.clone(),
         isolation,
     };
+    let link = |token: Option<&str>| {
+        gangway_agent::RegionLink::new(token, config.region_ca_pem.as_deref())
+            .map_err(|e| anyhow::anyhow!("building the client for the region: {e}"))
+    };
     if !args.simulate_per_leaf {
-        return gangway_agent::run(config, shutdown_token()).await;
+        let link = link(config.token.as_deref())?;
+        let relinked = link.clone();
+        reload.part(
+            "the region's CA and the agent token (--region-ca, --token-file)",
+            move || {
+                let prepared = relinked
+                    .prepare(files.token()?.as_deref(), files.region_ca()?.as_deref())
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                let link = relinked.clone();
+                Ok(Box::new(move || link.install(prepared)) as Install)
+            },
+        );
+        return gangway_agent::run_with_link(config, link, shutdown_token()).await;
     }
     // One agent per leaf, each with its nodes, work dir and token.
-    let path = args.tokens_file.as_ref().expect("clap requires it");
-    let tokens: std::collections::BTreeMap<String, String> = serde_json::from_slice(
-        &std::fs::read(path)
-            .with_context(|| format!("cannot read the tokens file {}", path.display()))?,
-    )
-    .with_context(|| {
-        format!(
-            "{}: expected a JSON object of agent id → token",
-            path.display()
-        )
-    })?;
+    let tokens = files.leaf_tokens()?;
     let mut leaves: std::collections::BTreeMap<String, Vec<_>> = Default::default();
     for n in &config.nodes {
         leaves.entry(n.leaf.clone()).or_default().push(n.clone());
     }
     let shutdown = shutdown_token();
     let mut agents = tokio::task::JoinSet::new();
+    let mut links = Vec::new();
     for (leaf, nodes) in leaves {
         let agent_id = leaf_agent(&config.agent_id, &leaf);
-        let token = tokens
-            .get(&agent_id)
-            .with_context(|| format!("{}: no token for agent {agent_id}", path.display()))?;
+        let token = files.leaf_token(&tokens, &agent_id)?;
         let one = AgentConfig {
-            agent_id,
+            agent_id: agent_id.clone(),
             nodes,
             work_dir: config.work_dir.join(&leaf),
             token: Some(token.clone()),
             ..config.clone()
         };
-        agents.spawn(gangway_agent::run(one, shutdown.clone()));
+        let leaf_link = link(Some(&token))?;
+        links.push((agent_id, leaf_link.clone()));
+        agents.spawn(gangway_agent::run_with_link(
+            one,
+            leaf_link,
+            shutdown.clone(),
+        ));
     }
+    reload.part(
+        "the region's CA and the agents' tokens (--region-ca, --tokens-file)",
+        move || {
+            let (ca, tokens) = (files.region_ca()?, files.leaf_tokens()?);
+            let mut prepared = Vec::new();
+            for (agent_id, link) in &links {
+                let token = files.leaf_token(&tokens, agent_id)?;
+                let new =
+                    (link.prepare(Some(&token), ca.as_deref())).map_err(|e| anyhow::anyhow!(e))?;
+                prepared.push((link.clone(), new));
+            }
+            Ok(Box::new(move || {
+                for (link, new) in prepared {
+                    link.install(new);
+                }
+            }) as Install)
+        },
+    );
     while let Some(done) = agents.join_next().await {
         done.context("an agent panicked")??;
     }
     Ok(())
+}
+
+/// The agent's CA and token files, read at start and again on every
+/// SIGHUP, the same way both times. A token given as `--token` (or its
+/// environment variable) cannot be re-read: it stays.
+#[derive(Clone)]
+struct AgentKeyFiles {
+    region_ca: Option<PathBuf>,
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+    tokens_file: Option<PathBuf>,
+}
+
+impl AgentKeyFiles {
+    fn from(args: &AgentArgs) -> Self {
+        AgentKeyFiles {
+            region_ca: args.region_ca.clone(),
+            token: args.token.clone(),
+            token_file: args.token_file.clone(),
+            tokens_file: args.tokens_file.clone(),
+        }
+    }
+
+    /// `--region-ca`.
+    fn region_ca(&self) -> anyhow::Result<Option<String>> {
+        (self.region_ca.as_deref())
+            .map(|p| read_file(p, "--region-ca"))
+            .transpose()
+    }
+
+    /// The agent's token: `--token-file`'s, else `--token`.
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.token_file else {
+            return Ok(self.token.clone());
+        };
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the agent token file {}", path.display()))?;
+        Ok(Some(token.trim().to_string()))
+    }
+
+    /// `--tokens-file`: agent id → token.
+    fn leaf_tokens(&self) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+        let path = self.tokens_file.as_ref().context("no --tokens-file")?;
+        serde_json::from_slice(
+            &std::fs::read(path)
+                .with_context(|| format!("cannot read the tokens file {}", path.display()))?,
+        )
+        .with_context(|| {
+            format!(
+                "{}: expected a JSON object of agent id → token",
+                path.display()
+            )
+        })
+    }
+
+    fn leaf_token(
+        &self,
+        tokens: &std::collections::BTreeMap<String, String>,
+        agent_id: &str,
+    ) -> anyhow::Result<String> {
+        let path = self
+            .tokens_file
+            .as_deref()
+            .unwrap_or(std::path::Path::new(""));
+        tokens
+            .get(agent_id)
+            .cloned()
+            .with_context(|| format!("{}: no token for agent {agent_id}", path.display()))
+    }
 }
 
 /// The agent's id and the nodes it serves: a simulated fleet's
@@ -733,28 +889,17 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
         )
         .map_err(|e| anyhow::anyhow!(e))?;
     }
-    let (kid, path) = args
-        .service_signing_key
-        .split_once('=')
-        .context("--service-signing-key is not KEY_ID=PATH")?;
-    let pem = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
-    let service_key = gangway_auth::jwt::SigningKey::from_pem(kid, &pem)
-        .map_err(|e| anyhow::anyhow!("--service-signing-key: {e}"))?;
-    let read = |p: &PathBuf| {
-        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
-    };
-    let region_ca_pem = match &args.region_ca {
-        Some(p) => Some(read(p)?),
-        None => None,
-    };
+    let reload = Reload::default();
+    reload.on_hangup()?;
+    let files = GlobalKeyFiles::from(&args);
     let mut config = GlobalConfig::new(
-        read(&args.tls_cert)?,
-        read(&args.tls_key)?,
+        read_file(&args.tls_cert, "--tls-cert")?,
+        read_file(&args.tls_key, "--tls-key")?,
         regions,
         read_keys(&args.tenant_keys)?,
-        service_key,
+        files.service_signing_key()?,
     );
-    config.region_ca_pem = region_ca_pem;
+    config.region_ca_pem = files.region_ca()?;
     config.default_rate = RateLimit {
         per_second: args.rate_limit,
         burst: args.rate_burst,
@@ -783,8 +928,52 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
             regions.split(',').map(str::to_string).collect(),
         );
     }
-    let tls = reloadable_tls(&args.tls_cert, &args.tls_key)?;
+    let tls = reloadable_tls(&args.tls_cert, &args.tls_key, &reload)?;
+    let state = gangway_global::GlobalState::new(config)?;
+    let credentials = state.credentials.clone();
+    reload.part(
+        "the tenant keys, the service signing key and the regions' CA (--tenant-key, --service-signing-key, --region-ca)",
+        move || {
+            let material = credentials.prepare(
+                &read_keys(&files.tenant_keys)?,
+                files.service_signing_key()?,
+                files.region_ca()?.as_deref(),
+            )?;
+            let credentials = credentials.clone();
+            Ok(Box::new(move || credentials.install(material)) as Install)
+        },
+    );
     let listener = std::net::TcpListener::bind(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    gangway_global::serve_with_tls(listener, config, tls, shutdown_token()).await
+    gangway_global::serve_state(listener, state, tls, shutdown_token()).await
+}
+
+/// The global tier's key and CA files, read at start and again on every
+/// SIGHUP, the same way both times.
+struct GlobalKeyFiles {
+    tenant_keys: Vec<String>,
+    service_signing_key: String,
+    region_ca: Option<PathBuf>,
+}
+
+impl GlobalKeyFiles {
+    fn from(args: &GlobalArgs) -> Self {
+        GlobalKeyFiles {
+            tenant_keys: args.tenant_keys.clone(),
+            service_signing_key: args.service_signing_key.clone(),
+            region_ca: args.region_ca.clone(),
+        }
+    }
+
+    /// `--service-signing-key`.
+    fn service_signing_key(&self) -> anyhow::Result<gangway_auth::jwt::SigningKey> {
+        read_signing_key(&self.service_signing_key, "--service-signing-key")
+    }
+
+    /// `--region-ca`, the regions' CA.
+    fn region_ca(&self) -> anyhow::Result<Option<String>> {
+        (self.region_ca.as_deref())
+            .map(|p| read_file(p, "--region-ca"))
+            .transpose()
+    }
 }

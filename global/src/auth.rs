@@ -55,13 +55,16 @@ impl IntoResponse for Rejection {
 
 /// Verifies the bearer token. The verifier remembers tokens that passed
 /// until their `exp` (`gangway_auth::jwt::Verifier::verify_at`), so a
-/// tenant's repeated token costs a hash lookup, not an ES256 check.
+/// tenant's repeated token costs a hash lookup, not an ES256 check. The
+/// verifier is the one in use when the request came in; a reload (SIGHUP)
+/// builds a new one, which remembers nothing.
 fn verify(parts: &Parts, state: &GlobalState) -> Result<Claims, Rejection> {
     let header = parts
         .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    state.verifier.verify_header(header).map_err(|e| {
+    let credentials = state.credentials.current();
+    credentials.verifier.verify_header(header).map_err(|e| {
         Rejection::Api(ApiError::new(
             StatusCode::UNAUTHORIZED,
             e.code(),

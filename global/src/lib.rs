@@ -7,6 +7,7 @@
 //!
 //! # Layout
 //! - [`config`]: [`GlobalConfig`].
+//! - [`credentials`]: the keys and the regions' CA, reloadable (SIGHUP).
 //! - [`auth`]: the `Caller` extractors (JWT, role, per-tenant rate limit).
 //! - [`ratelimit`]: per-tenant token buckets (governor).
 //! - [`regions`]: the region set: service tokens, forwarding, health.
@@ -21,6 +22,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod credentials;
 pub mod ratelimit;
 pub mod regions;
 pub mod routing;
@@ -60,7 +62,18 @@ pub async fn serve_with_tls(
     tls: axum_server::tls_rustls::RustlsConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let state = GlobalState::new(config)?;
+    serve_state(listener, GlobalState::new(config)?, tls, shutdown).await
+}
+
+/// [`serve_with_tls`] with a state the caller built, and so holds the
+/// handle of ([`GlobalState::credentials`]): `gangway global` reloads the
+/// keys and the regions' CA through it on SIGHUP.
+pub async fn serve_state(
+    listener: std::net::TcpListener,
+    state: GlobalState,
+    tls: axum_server::tls_rustls::RustlsConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let tracker = TaskTracker::new();
     let loops = shutdown.child_token();
     tracker.spawn(regions::poll_health(state.regions.clone(), loops.clone()));

@@ -8,13 +8,29 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::http::{Method, StatusCode};
 use futures_util::future::join_all;
-use gangway_auth::jwt::{claims_for, Role, SigningKey};
+use gangway_auth::jwt::{claims_for, Role};
 use gangway_shared::api::{RegionInfo, RegionStatus};
 use gangway_shared::client::{IDEMPOTENCY_KEY_HEADER, TENANT_HEADER};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::{GlobalConfig, RegionEndpoint, SERVICE_AUDIENCE, SERVICE_ISSUER};
+use crate::credentials::Credentials;
+
+/// An error and every error under it, `outer: inner: …`.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
 
 /// Set by a region on the answer to a retried create.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -64,9 +80,8 @@ pub struct Unreachable {
 
 pub struct Regions {
     pub list: Vec<Region>,
-    http: reqwest::Client,
-    service_key: SigningKey,
-    token: Mutex<Option<(String, Instant)>>,
+    /// The client to the regions and the service key, as last (re)loaded.
+    credentials: Credentials,
     unhealthy_after: Duration,
     health_interval: Duration,
 }
@@ -108,14 +123,18 @@ impl<'a> Who<'a> {
 }
 
 impl Regions {
+    /// The regions of `config`, called with the credentials it names.
     pub fn new(config: &GlobalConfig) -> anyhow::Result<Self> {
-        let http = gangway_shared::client::internal_client(
-            reqwest::Client::builder()
-                .timeout(config.region_timeout)
-                .pool_max_idle_per_host(64),
-            config.region_ca_pem.as_deref(),
-        )
-        .map_err(|e| anyhow::anyhow!("the regions' CA (--region-ca): {e}"))?;
+        Regions::with_credentials(config, Credentials::new(config)?)
+    }
+
+    /// The regions of `config`, called with `credentials` (which a reload
+    /// may replace: each call uses the client and key in use when it
+    /// starts).
+    pub fn with_credentials(
+        config: &GlobalConfig,
+        credentials: Credentials,
+    ) -> anyhow::Result<Self> {
         // With the cloud's CA, every region is called over HTTPS.
         if config.region_ca_pem.is_some() {
             for r in &config.regions {
@@ -134,9 +153,7 @@ impl Regions {
                     view: Mutex::new(View::default()),
                 })
                 .collect(),
-            http,
-            service_key: config.service_key.clone(),
-            token: Mutex::new(None),
+            credentials,
             unhealthy_after: config.unhealthy_after,
             health_interval: config.health_interval,
         })
@@ -146,29 +163,23 @@ impl Regions {
         self.list.iter().find(|r| r.name == name)
     }
 
-    /// The token regions accept from the global tier, minted on demand.
-    fn service_token(&self) -> String {
-        let mut t = self.token.lock().expect("token lock");
-        if let Some((token, renew_at)) = t.as_ref() {
-            if Instant::now() < *renew_at {
-                return token.clone();
-            }
-        }
-        let claims = claims_for(
-            Role::Service,
-            "gangway-global",
-            None,
-            None,
-            SERVICE_ISSUER,
-            SERVICE_AUDIENCE,
-            SERVICE_TOKEN_TTL,
-        );
-        let token = self
-            .service_key
-            .sign(&claims)
-            .expect("signing with a loaded key does not fail");
-        *t = Some((token.clone(), Instant::now() + SERVICE_TOKEN_TTL / 2));
-        token
+    /// The token regions accept from the global tier, minted on demand
+    /// with the service key of `material`.
+    fn service_token(material: &crate::credentials::Material) -> String {
+        material.service_token(
+            || {
+                claims_for(
+                    Role::Service,
+                    "gangway-global",
+                    None,
+                    None,
+                    SERVICE_ISSUER,
+                    SERVICE_AUDIENCE,
+                    SERVICE_TOKEN_TTL,
+                )
+            },
+            SERVICE_TOKEN_TTL / 2,
+        )
     }
 
     /// A token for agent `agent_id` of `region`, valid for `ttl`: the
@@ -184,7 +195,7 @@ impl Regions {
             SERVICE_AUDIENCE,
             ttl,
         );
-        self.service_key
+        (self.credentials.current().service_key)
             .sign(&claims)
             .expect("signing with a loaded key does not fail")
     }
@@ -203,10 +214,12 @@ impl Regions {
             url.push('?');
             url.push_str(q);
         }
-        let mut req = self
+        // This call's client and token: a reload meanwhile leaves them be.
+        let material = self.credentials.current();
+        let mut req = material
             .http
             .request(method, &url)
-            .bearer_auth(self.service_token());
+            .bearer_auth(Self::service_token(&material));
         if let Some(t) = call.tenant {
             req = req.header(TENANT_HEADER, t);
         }
@@ -223,7 +236,9 @@ impl Regions {
         }
         let unreachable = |e: reqwest::Error| Unreachable {
             region: region.name.clone(),
-            reason: e.to_string(),
+            // With its causes: "… invalid peer certificate: UnknownIssuer"
+            // tells an operator the CA is wrong, not the network.
+            reason: with_causes(&e),
             slow: e.is_timeout() && !e.is_connect(),
         };
         let resp = req.send().await.map_err(unreachable)?;
@@ -380,15 +395,21 @@ impl Region {
 /// Polls every region's `/v1/region` until `shutdown`.
 pub async fn poll_health(regions: Arc<Regions>, shutdown: CancellationToken) {
     let span = tracing::info_span!("region_health");
-    async move {
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(regions.health_interval) => {}
+    // Each region on a cadence of its own: a region whose poll hangs (its
+    // link cut, so nothing answers, not even a refusal, until the request
+    // times out) must not hold up the others' polls until their health
+    // ages out too.
+    let polls = (0..regions.list.len()).map(|i| {
+        let (regions, shutdown) = (regions.clone(), shutdown.clone());
+        async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(regions.health_interval) => {}
+                }
+                regions.refresh(&regions.list[i]).await;
             }
-            regions.refresh_all().await;
         }
-    }
-    .instrument(span)
-    .await
+    });
+    join_all(polls).instrument(span).await;
 }

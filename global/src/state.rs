@@ -1,19 +1,21 @@
 //! What every request handler of the global tier shares: the tenants'
-//! token verifier, the rate limiter, the regions (and what the tier last
+//! token verifier (with the rest of the reloadable credentials), the rate limiter, the regions (and what the tier last
 //! heard of each), and which regions each tenant may use. Stateless
 //! otherwise: any replica answers any call.
 
 use std::sync::Arc;
 
-use gangway_auth::jwt::Verifier;
-
-use crate::config::{GlobalConfig, TENANT_AUDIENCE, TENANT_ISSUER};
+use crate::config::GlobalConfig;
+use crate::credentials::Credentials;
 use crate::ratelimit::RateLimiter;
 use crate::regions::Regions;
 
 #[derive(Clone)]
 pub struct GlobalState {
-    pub verifier: Verifier,
+    /// The tenant-token verifier, the service key and the client to the
+    /// regions: `credentials.current()` for each request; SIGHUP may
+    /// replace them (`gangway global`).
+    pub credentials: Credentials,
     pub rate_limiter: Arc<RateLimiter>,
     pub regions: Arc<Regions>,
     /// Regions each listed tenant may use; tenants not listed may use all.
@@ -22,15 +24,14 @@ pub struct GlobalState {
 
 impl GlobalState {
     pub fn new(config: GlobalConfig) -> anyhow::Result<Self> {
-        let verifier = Verifier::new(TENANT_ISSUER, TENANT_AUDIENCE, &config.tenant_keys)
-            .map_err(|e| anyhow::anyhow!("tenant verification keys: {e}"))?;
+        let credentials = Credentials::new(&config)?;
         Ok(GlobalState {
-            verifier,
+            regions: Arc::new(Regions::with_credentials(&config, credentials.clone())?),
+            credentials,
             rate_limiter: Arc::new(RateLimiter::new(
                 config.default_rate,
                 config.tenant_rates.clone(),
             )),
-            regions: Arc::new(Regions::new(&config)?),
             tenant_regions: Arc::new(config.tenant_regions.clone()),
         })
     }

@@ -58,7 +58,9 @@ pub struct RegionConfig {
     /// it anyway. `None`: derived, see [`RegionConfig::fencing`].
     pub fence_checkpoint: Option<Duration>,
     /// Verifies the tokens of callers (the global tier, agents). `None`
-    /// lets anyone in: only for benchmarks and `--insecure-no-auth`.
+    /// lets anyone in: only for benchmarks and `--insecure-no-auth`. What
+    /// the region starts with: [`AppState::credentials`](crate::AppState)
+    /// holds the one in use, which SIGHUP may replace.
     pub auth: Option<gangway_auth::jwt::Verifier>,
     /// The other regions, the lease, and when a silent region is adopted
     /// (`loops/beat.rs`). No peers: a region alone, never fenced.

@@ -23,14 +23,17 @@
 //! - [`store`]: the database — SQL in, domain types out (schema in
 //!   `migrations/`, the SQL functions' live bodies in
 //!   `sql/functions.sql`); no HTTP, no other region.
-//! - [`config`]: [`RegionConfig`], every knob with its unit; and
-//!   [`telemetry`], the Prometheus recorder and metric descriptions.
+//! - [`config`]: [`RegionConfig`], every knob with its unit;
+//!   [`credentials`], the verifier, the peer signing key and the client
+//!   to the peers as in use now (reloaded on SIGHUP); and [`telemetry`],
+//!   the Prometheus recorder and metric descriptions.
 //!
 //! The pure crates below all of it: `gangway-sched` (placement and policy)
 //! and `gangway-health` (node health).
 
 pub mod api;
 pub mod config;
+pub mod credentials;
 pub mod loops;
 pub mod replication;
 pub mod scheduling;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 
 use crate::config::RegionConfig;
+use crate::credentials::Credentials;
 use crate::replication::peers::Peers;
 use crate::store::{FleetShape, Store, StoreError};
 
@@ -18,6 +19,11 @@ use crate::store::{FleetShape, Store, StoreError};
 pub struct AppState {
     pub store: Store,
     pub config: Arc<RegionConfig>,
+    /// The verifier of callers' tokens, the key signing this region's
+    /// tokens to its peers and the client to them, as in use now (take
+    /// `credentials.current()` once per request): SIGHUP may replace them
+    /// (`gangway region`); `config.auth` is the verifier it started with.
+    pub credentials: Credentials,
     /// Wakes the scheduling loops early (new job, freed GPUs): every pass
     /// loop sees a wake-up sent since its last pass began.
     pub sched_wakeup: Arc<tokio::sync::watch::Sender<u64>>,
@@ -48,11 +54,18 @@ type FleetByType = BTreeMap<String, Vec<FleetShape>>;
 
 impl AppState {
     pub fn new(store: Store, config: RegionConfig) -> Self {
-        let peers = Peers::new(config.peers.clone(), config.adopt_after());
+        let credentials = Credentials::new(config.auth.clone(), &config.peers)
+            .expect("the peers' CA was checked by RegionConfig::validate");
+        let peers = Peers::with_credentials(
+            config.peers.clone(),
+            config.adopt_after(),
+            credentials.clone(),
+        );
         let sheddable = sheddable_turns(store.pool_status().max_size);
         AppState {
             sheddable,
             status: Arc::default(),
+            credentials,
             store,
             config: Arc::new(config),
             sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(0)),

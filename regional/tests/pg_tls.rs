@@ -89,3 +89,37 @@ async fn the_region_reaches_its_database_over_tls_checked_against_its_ca() {
         .await
         .is_err());
 }
+
+/// A replica that vanishes without a word (power cut, cut link) must not
+/// keep the leader's lock for the kernel's two hours: every session asks
+/// the server to probe it, and the URL's own settings still win.
+#[tokio::test]
+async fn every_session_asks_the_server_to_notice_a_vanished_replica_within_seconds() {
+    let url = gangway_devkit::fresh_database("keepalives").await;
+    let show = |url: String| async move {
+        let client = PgTarget::parse(&url)
+            .unwrap()
+            .connect("test")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        for setting in [
+            "tcp_keepalives_idle",
+            "tcp_keepalives_count",
+            "tcp_user_timeout",
+        ] {
+            let row = client
+                .query_one(&format!("SHOW {setting}"), &[])
+                .await
+                .unwrap();
+            got.push(row.get::<_, String>(0));
+        }
+        got
+    };
+    // A session over TCP (the throwaway cluster's URL is): the server
+    // probes it after 5 s of silence, 3 probes, and gives up on data
+    // unacknowledged for 15 s.
+    assert_eq!(show(url.clone()).await, ["5", "3", "15000"]);
+    let theirs = format!("{url} options='-c tcp_keepalives_idle=9'");
+    assert_eq!(show(theirs).await, ["9", "3", "15000"]);
+}

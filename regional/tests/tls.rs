@@ -225,3 +225,83 @@ fn a_region_refuses_plain_peers_when_it_has_a_ca_and_a_ca_that_is_not_pem() {
     let e = config.validate().unwrap_err();
     assert!(e.contains("CA"), "{e}");
 }
+
+/// The region's side of a CA rotated by SIGHUP (`gangway region` wires
+/// these calls to the signal; tests/e2e_tls.rs sends it to real
+/// processes): a peer whose certificate a new CA issued is refused until
+/// the region's credentials are reloaded with that CA, then heard; a CA
+/// file of garbage is refused by the reload and leaves the link as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_ca_reloaded_in_place_is_trusted_by_the_next_call() {
+    use gangway_regional::credentials::Credentials;
+    let region = TlsRegion::start("tls_peer_reload").await;
+    let hb = Heartbeat {
+        from: "rp".into(),
+        silent_s: Default::default(),
+    };
+    let path = "/internal/v1/peers/heartbeat";
+    let (_other, old_ca) = other_ca();
+    let config = PeerConfig {
+        peers: vec![Peer {
+            name: "rt".into(),
+            url: region.url.clone(),
+        }],
+        ca_pem: Some(old_ca),
+        ..PeerConfig::default()
+    };
+    let credentials = Credentials::new(None, &config).unwrap();
+    let peers = Peers::with_credentials(config, Duration::from_secs(30), credentials.clone());
+    let refused: Result<Heartbeat, _> = peers.post("rt", path, &hb).await;
+    assert!(
+        matches!(refused, Err(PeerError::Transport { .. })),
+        "{refused:?}"
+    );
+
+    // Garbage in the CA file: not even built; nothing changes.
+    assert!(credentials.prepare(None, None, Some("garbage")).is_err());
+    // No CA at all would be plain HTTP or the system's roots: refused.
+    assert!(credentials.prepare(None, None, None).is_err());
+    let refused: Result<Heartbeat, _> = peers.post("rt", path, &hb).await;
+    assert!(refused.is_err(), "{refused:?}");
+
+    // The new CA: the next call trusts it.
+    let ca = region.auth.ca_pem().unwrap();
+    credentials.install(credentials.prepare(None, None, Some(&ca)).unwrap());
+    let answer: Heartbeat = peers.post("rt", path, &hb).await.unwrap();
+    assert_eq!(answer.from, "rt");
+    region.stop.cancel();
+}
+
+/// The agent's side of a CA rotated by SIGHUP (`gangway agent` re-reads
+/// `--region-ca` and its token file into its [`gangway_agent::RegionLink`]):
+/// an agent that does not trust the region's CA registers nothing; once
+/// its link is reloaded with that CA, its next attempt registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_link_reloaded_with_the_regions_ca_registers() {
+    let region = TlsRegion::start("tls_agent_reload").await;
+    let work = tempfile::tempdir().unwrap();
+    let (_other, other_pem) = other_ca();
+    let link = gangway_agent::RegionLink::new(None, Some(&other_pem)).unwrap();
+    let stop = CancellationToken::new();
+    let agent = tokio::spawn(gangway_agent::run_with_link(
+        agent_config(&region.url, Some(other_pem), work.path()),
+        link.clone(),
+        stop.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(region.nodes().await, 0, "another CA's client got through");
+
+    // A CA of garbage is refused, and the link stays as it was.
+    assert!(link.prepare(None, Some("garbage")).is_err());
+    // The region's CA: the next attempt (within the 5 s backoff) registers.
+    let ca = region.auth.ca_pem().unwrap();
+    link.install(link.prepare(None, Some(&ca)).unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while region.nodes().await == 0 {
+        assert!(std::time::Instant::now() < deadline, "never registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
+    region.stop.cancel();
+}

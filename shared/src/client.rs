@@ -574,16 +574,39 @@ pub async fn post_json<B: Serialize, T: DeserializeOwned>(
     send_json(http.post(url).json(body), url).await
 }
 
+/// See [`internal_client`].
+pub const INTERNAL_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub const INTERNAL_KEEPALIVE: Duration = Duration::from_secs(5);
+pub const INTERNAL_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+pub const INTERNAL_KEEPALIVE_PROBES: u32 = 3;
+pub const INTERNAL_UNACKED_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A client for one service of the cloud calling another (global →
 /// region, agent → region, region → peer region): over HTTPS only,
 /// trusting the cloud's own CA (`ca_pem`, one or more PEM certificates)
 /// and nothing else; or, with `None` — only behind an operator's explicit
 /// `--insecure-http` — plain HTTP. A CA that is not valid PEM is an error
 /// here, at start, not at the first call.
+///
+/// Its connections give up on a peer that vanished without a word (its
+/// machine lost power, a link was cut: nothing answers, not even a
+/// refusal) in seconds rather than the kernel's minutes: a connection is
+/// not made within [`INTERNAL_CONNECT_TIMEOUT`] (split among the
+/// addresses a name resolves to, so a service behind two addresses
+/// reaches the live one), and a pooled connection is probed after
+/// [`INTERNAL_KEEPALIVE`] of silence and dropped when unanswered, or when
+/// sent data goes unacknowledged for [`INTERNAL_UNACKED_TIMEOUT`] — so a
+/// request is not sent down a dead one and left to its timeout.
 pub fn internal_client(
     builder: reqwest::ClientBuilder,
     ca_pem: Option<&str>,
 ) -> Result<reqwest::Client, String> {
+    let builder = builder
+        .connect_timeout(INTERNAL_CONNECT_TIMEOUT)
+        .tcp_keepalive(INTERNAL_KEEPALIVE)
+        .tcp_keepalive_interval(INTERNAL_KEEPALIVE_INTERVAL)
+        .tcp_keepalive_retries(INTERNAL_KEEPALIVE_PROBES)
+        .tcp_user_timeout(INTERNAL_UNACKED_TIMEOUT);
     let builder = match ca_pem {
         Some(pem) => {
             let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes())

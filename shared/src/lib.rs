@@ -18,7 +18,10 @@
 //! - [`ids`]: job ids derived from (tenant, idempotency key).
 //! - [`validate`]: spec checks that need no fleet.
 //! - [`tokens`]: token issuer and audiences.
-//! - [`client`]: a typed HTTP client for the job API.
+//! - [`client`]: a typed HTTP client for the job API, and the client one
+//!   service of the cloud calls another with.
+//! - [`reload`]: [`reload::Reloadable`], keys and clients replaced while
+//!   in use (SIGHUP).
 //! - [`http`]: the API error type and extractors servers share.
 
 pub mod agent;
@@ -30,6 +33,7 @@ pub mod error;
 pub mod fleet;
 pub mod http;
 pub mod ids;
+pub mod reload;
 pub mod reservation;
 pub mod tokens;
 pub mod validate;

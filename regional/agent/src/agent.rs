@@ -16,7 +16,7 @@ use crate::config::{AgentConfig, ExecutorKind};
 use crate::executor::isolation::Isolation;
 use crate::executor::Executor;
 use crate::health::{machine_boot_id, nvml_gpu_power_w, spawn_nvml, Signals};
-use crate::region::{is_transient, must_reregister, Backoff, RegionClient};
+use crate::region::{is_transient, must_reregister, Backoff, RegionClient, RegionLink};
 use crate::workers::Workers;
 
 /// How long shutdown waits for real workers to end after SIGTERM before it
@@ -28,6 +28,20 @@ const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 /// fatal: running workers carry on meanwhile.
 pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     config.validate().context("invalid agent configuration")?;
+    let link = RegionLink::new(config.token.as_deref(), config.region_ca_pem.as_deref())
+        .map_err(|e| anyhow::anyhow!("building the client for the region: {e}"))?;
+    run_with_link(config, link, shutdown).await
+}
+
+/// [`run`] calling the region over `link` (built from the same token and
+/// CA as `config`'s), whose holder may replace its client: `gangway agent`
+/// does on SIGHUP, with a re-read token file and CA.
+pub async fn run_with_link(
+    config: AgentConfig,
+    link: RegionLink,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    config.validate().context("invalid agent configuration")?;
     let boot_id = Uuid::new_v4();
     let span = tracing::info_span!(
         parent: None,
@@ -36,7 +50,7 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Re
         %boot_id,
         executor = %config.executor,
     );
-    Agent::new(config, boot_id)?
+    Agent::new(config, link, boot_id)?
         .run(shutdown)
         .instrument(span)
         .await;
@@ -108,13 +122,8 @@ async fn until(at: Option<Instant>) {
 }
 
 impl Agent {
-    fn new(config: AgentConfig, boot_id: Uuid) -> anyhow::Result<Self> {
-        let region = RegionClient::new(
-            &config.region_url,
-            config.token.as_deref(),
-            config.region_ca_pem.as_deref(),
-        )
-        .map_err(|e| anyhow::anyhow!("building the client for the region: {e}"))?;
+    fn new(config: AgentConfig, link: RegionLink, boot_id: Uuid) -> anyhow::Result<Self> {
+        let region = RegionClient::new(&config.region_url, link);
         let seed = boot_id.as_u64_pair().0;
         let machine_boot = machine_boot_id(
             config.machine_boot_id.as_deref(),

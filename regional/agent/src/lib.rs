@@ -48,6 +48,7 @@ pub mod identity;
 mod region;
 mod workers;
 
-pub use agent::run;
+pub use agent::{run, run_with_link};
 pub use config::{AgentConfig, ExecutorKind, IsolationConfig, IsolationMode, SandboxBind};
 pub use fleet::nodes_from_fleet;
+pub use region::{PreparedLink, RegionLink};

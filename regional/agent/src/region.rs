@@ -5,45 +5,92 @@ use std::time::Duration;
 use gangway_shared::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncResponse};
 use gangway_shared::client::{post_json, ClientError};
 use gangway_shared::error::codes;
+use gangway_shared::reload::Reloadable;
 
 /// No single request may hold up the loop longer than this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The agent's link to its region: an HTTP client trusting the region's
+/// CA and presenting the agent's token, which SIGHUP may replace
+/// (`gangway agent` re-reads `--region-ca` and its token file). Each call
+/// takes the client in use when it starts, so a sync under way finishes
+/// on its connection; the next one uses the new client. Clones share it.
+#[derive(Clone, Debug)]
+pub struct RegionLink {
+    http: Reloadable<reqwest::Client>,
+    /// Started with the region's CA: a reload must bring one too.
+    tls: bool,
+}
+
+/// A client for [`RegionLink::install`], built by [`RegionLink::prepare`].
+pub struct PreparedLink(reqwest::Client);
+
+impl RegionLink {
+    /// A link presenting `token` (an agent token naming this region) on
+    /// every call, over HTTPS trusting only `ca_pem` when given, else
+    /// plain HTTP.
+    pub fn new(token: Option<&str>, ca_pem: Option<&str>) -> Result<Self, String> {
+        Ok(RegionLink {
+            http: Reloadable::new(client(token, ca_pem)?),
+            tls: ca_pem.is_some(),
+        })
+    }
+
+    /// A new client from a re-read token and CA; nothing changes until
+    /// [`RegionLink::install`].
+    pub fn prepare(
+        &self,
+        token: Option<&str>,
+        ca_pem: Option<&str>,
+    ) -> Result<PreparedLink, String> {
+        if ca_pem.is_some() != self.tls {
+            return Err(
+                "the region's CA (--region-ca) cannot be added or removed without a restart".into(),
+            );
+        }
+        client(token, ca_pem).map(PreparedLink)
+    }
+
+    /// Calls from now on use `link`'s client.
+    pub fn install(&self, link: PreparedLink) {
+        self.http.replace(link.0);
+    }
+}
+
+fn client(token: Option<&str>, ca_pem: Option<&str>) -> Result<reqwest::Client, String> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = token {
+        if let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")) {
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
+    }
+    gangway_shared::client::internal_client(
+        reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .default_headers(headers),
+        ca_pem,
+    )
+}
 
 #[derive(Clone, Debug)]
 pub(crate) struct RegionClient {
-    http: reqwest::Client,
+    link: RegionLink,
     base: String,
 }
 
 impl RegionClient {
-    /// A client for the region at `base`, presenting `token` (an agent
-    /// token naming this region) on every call.
-    /// Over HTTPS trusting only `ca_pem` when given, else plain HTTP.
-    pub fn new(base: &str, token: Option<&str>, ca_pem: Option<&str>) -> Result<Self, String> {
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(t) = token {
-            if let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")) {
-                v.set_sensitive(true);
-                headers.insert(reqwest::header::AUTHORIZATION, v);
-            }
-        }
-        let http = gangway_shared::client::internal_client(
-            reqwest::Client::builder()
-                .timeout(REQUEST_TIMEOUT)
-                .connect_timeout(CONNECT_TIMEOUT)
-                .default_headers(headers),
-            ca_pem,
-        )?;
-        Ok(RegionClient {
-            http,
+    /// A client for the region at `base` over `link`.
+    pub fn new(base: &str, link: RegionLink) -> Self {
+        RegionClient {
+            link,
             base: base.trim_end_matches('/').to_string(),
-        })
+        }
     }
 
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {
         let url = format!("{}/internal/v1/agents/register", self.base);
-        post_json(&self.http, &url, req).await
+        post_json(&self.link.http.current(), &url, req).await
     }
 
     /// `agent_id` has been checked to need no escaping in a path.
@@ -53,7 +100,7 @@ impl RegionClient {
         req: &SyncRequest,
     ) -> Result<SyncResponse, ClientError> {
         let url = format!("{}/internal/v1/agents/{agent_id}/sync", self.base);
-        post_json(&self.http, &url, req).await
+        post_json(&self.link.http.current(), &url, req).await
     }
 }
 

@@ -43,7 +43,10 @@ pub async fn require_caller(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let Some(verifier) = &state.config.auth else {
+    // The verifier in use when the request came in (SIGHUP may replace it
+    // for the next ones).
+    let credentials = state.credentials.current();
+    let Some(verifier) = &credentials.verifier else {
         return next.run(req).await;
     };
     let authorization = req

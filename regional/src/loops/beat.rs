@@ -123,16 +123,35 @@ async fn beat(state: &AppState) {
         from: me.clone(),
         silent_s: view,
     };
-    let calls = peers.config.peers.iter().map(|p| {
-        let hb = &hb;
-        async move {
-            let answer: Result<Heartbeat, _> = peers
-                .post(&p.name, "/internal/v1/peers/heartbeat", hb)
-                .await;
-            (p.name.as_str(), answer)
-        }
-    });
-    for (peer, answer) in futures_util::future::join_all(calls).await {
+    // Each answer is recorded as it comes, and the beat waits for the
+    // slowest at most a quarter of the lease: a peer whose packets vanish
+    // (a cut link answers nothing, not even a refusal) must not hold up
+    // the round trips to the others, or a region that still reaches a
+    // majority would fence for want of recording it.
+    let mut calls: futures_util::stream::FuturesUnordered<_> = (peers.config.peers.iter())
+        .map(|p| {
+            let hb = &hb;
+            async move {
+                let answer: Result<Heartbeat, _> = peers
+                    .post(&p.name, "/internal/v1/peers/heartbeat", hb)
+                    .await;
+                (p.name.as_str(), answer)
+            }
+        })
+        .collect();
+    let patience = tokio::time::sleep(peer_patience(&peers.config));
+    tokio::pin!(patience);
+    loop {
+        let (peer, answer) = tokio::select! {
+            next = futures_util::StreamExt::next(&mut calls) => match next {
+                Some(next) => next,
+                None => break,
+            },
+            () = &mut patience => {
+                tracing::debug!(unanswered = calls.len(), "heartbeats unanswered in time");
+                break;
+            }
+        };
         match answer {
             Ok(theirs) if theirs.from == peer => {
                 if let Err(e) = state.store.peer_answered(peer, &theirs.silent_s).await {
@@ -168,6 +187,13 @@ async fn beat(state: &AppState) {
         // Before placing anything again: which of our jobs moved while we
         // were cut off.
         match crate::replication::learn_moves(state.link()).await {
+            // The majority the heartbeats found may have run out while
+            // the peers were asked (a slow one): unfenced now, the
+            // watchdog would fence again at once and stop every job.
+            Ok(_) if peers.majority_lost() => {
+                tracing::debug!("the majority ran out while learning moves: staying fenced");
+                return;
+            }
             Ok(moved) => {
                 if moved > 0 {
                     tracing::warn!(
@@ -195,4 +221,12 @@ async fn beat(state: &AppState) {
             Err(e) => tracing::warn!(error = %e, "adoption check failed"),
         }
     }
+}
+
+/// How long one beat waits for a peer's answer (a heartbeat, the moves
+/// list): a quarter of the lease, so that a beat that asks twice (fenced:
+/// heartbeats, then moves) still ends well within the lease although a
+/// peer answers nothing at all.
+pub(crate) fn peer_patience(config: &crate::config::PeerConfig) -> std::time::Duration {
+    config.lease / 4
 }

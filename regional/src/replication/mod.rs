@@ -37,10 +37,21 @@ pub struct Link<'a> {
 pub async fn replicate_intent(link: Link<'_>, job: Uuid) -> Result<Option<String>> {
     let peers = link.peers;
     let intent = link.store.intent_of(job).await?;
+    // A buddy gets half the lease to answer before the next is tried: one
+    // whose packets vanish (a cut link) must not hold up an adoption in
+    // the beat, or a create, for a whole request timeout.
+    let patience = peers.config.lease / 2;
     for buddy in peers.buddies_of(job) {
-        let took: std::result::Result<serde_json::Value, _> = peers
-            .post(buddy, "/internal/v1/replicas/intents", &intent)
-            .await;
+        let call =
+            peers.post::<_, serde_json::Value>(buddy, "/internal/v1/replicas/intents", &intent);
+        let took = tokio::time::timeout(patience, call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(peers::PeerError::Timeout {
+                    peer: buddy.to_string(),
+                    after: patience,
+                })
+            });
         match took {
             Ok(_) => {
                 link.store.replicated(job, buddy).await?;
@@ -166,13 +177,15 @@ pub async fn learn_moves(link: Link<'_>) -> Result<usize> {
     let q = MovesQuery {
         home: link.store.region().to_string(),
     };
+    // Each peer gets the beat's patience to answer: one whose packets
+    // vanish (a cut link answers nothing, not even a refusal) must not
+    // keep the region fenced while a majority has answered.
+    let patience = crate::loops::beat::peer_patience(&peers.config);
     let calls = peers.config.peers.iter().map(|p| {
         let q = &q;
         async move {
-            let r: std::result::Result<MovesList, _> = peers
-                .post(&p.name, "/internal/v1/replicas/moves/list", q)
-                .await;
-            r
+            let call = peers.post::<_, MovesList>(&p.name, "/internal/v1/replicas/moves/list", q);
+            tokio::time::timeout(patience, call).await
         }
     });
     let mut answered = 1;
@@ -180,6 +193,7 @@ pub async fn learn_moves(link: Link<'_>) -> Result<usize> {
     for r in futures_util::future::join_all(calls)
         .await
         .into_iter()
+        .flatten()
         .flatten()
     {
         answered += 1;

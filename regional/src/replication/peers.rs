@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::config::{Peer, PeerConfig};
+use crate::credentials::Credentials;
 
 /// A heartbeat, and its answer: who sends it, and seconds since the sender
 /// last heard from each region it knows (or since it started, if never).
@@ -41,6 +42,13 @@ pub enum PeerError {
         status: u16,
         body: String,
     },
+    /// No answer within the caller's patience (a peer whose packets
+    /// vanish: a cut link answers nothing, not even a refusal).
+    #[error("region {peer} did not answer within {after:?}")]
+    Timeout {
+        peer: String,
+        after: std::time::Duration,
+    },
 }
 
 /// The peers, a client to call them, and whether this region is fenced.
@@ -48,8 +56,11 @@ pub struct Peers {
     pub config: PeerConfig,
     /// [`PeerConfig::adopt_after`], resolved.
     pub adopt_after: Duration,
-    http: reqwest::Client,
-    token: Mutex<Option<(String, Instant)>>,
+    /// The client to the peers and the key this region signs its tokens
+    /// to them with, as last (re)loaded: each call uses the pair in use
+    /// when it starts. (`config.signing_key` and `config.ca_pem` are what
+    /// the region started with.)
+    credentials: Credentials,
     fenced: AtomicBool,
     /// Until when the round trips the last beat found keep a majority
     /// fresh (`None`: they did not). Past it, the region fences, whether
@@ -62,20 +73,27 @@ pub struct Peers {
 const TOKEN_TTL: Duration = Duration::from_secs(600);
 
 impl Peers {
+    /// The peers of `config`, called with its signing key and CA.
     pub fn new(config: PeerConfig, adopt_after: Duration) -> Self {
-        let http = gangway_shared::client::internal_client(
-            reqwest::Client::builder().timeout(Duration::from_secs(2)),
-            config.ca_pem.as_deref(),
-        )
-        .expect("the peers' CA was checked by RegionConfig::validate");
+        let credentials = Credentials::new(None, &config)
+            .expect("the peers' CA was checked by RegionConfig::validate");
+        Peers::with_credentials(config, adopt_after, credentials)
+    }
+
+    /// The peers of `config`, called with the client and key of
+    /// `credentials` (the region's, which SIGHUP may replace).
+    pub fn with_credentials(
+        config: PeerConfig,
+        adopt_after: Duration,
+        credentials: Credentials,
+    ) -> Self {
         // A region with peers starts fenced: it has not reached a majority
         // yet (the first beat tells).
         let fenced = !config.peers.is_empty();
         Peers {
             config,
             adopt_after,
-            http,
-            token: Mutex::new(None),
+            credentials,
             fenced: AtomicBool::new(fenced),
             majority_until: Mutex::new(None),
             started: Instant::now(),
@@ -117,26 +135,22 @@ impl Peers {
         self.config.peers.iter().find(|p| p.name == name)
     }
 
-    fn token(&self) -> Option<String> {
-        let key = self.config.signing_key.as_ref()?;
-        let mut t = self.token.lock().expect("token lock");
-        if let Some((token, renew_at)) = t.as_ref() {
-            if Instant::now() < *renew_at {
-                return Some(token.clone());
-            }
-        }
-        let claims = claims_for(
-            Role::Service,
-            "gangway-region",
-            None,
-            None,
-            gangway_shared::tokens::ISSUER,
-            gangway_shared::tokens::REGION_AUDIENCE,
-            TOKEN_TTL,
-        );
-        let token = key.sign(&claims).expect("signing with a loaded key");
-        *t = Some((token.clone(), Instant::now() + TOKEN_TTL / 2));
-        Some(token)
+    /// The token to call peers with, from `material`'s key.
+    fn token(material: &crate::credentials::Material) -> Option<String> {
+        material.peer_token(
+            || {
+                claims_for(
+                    Role::Service,
+                    "gangway-region",
+                    None,
+                    None,
+                    gangway_shared::tokens::ISSUER,
+                    gangway_shared::tokens::REGION_AUDIENCE,
+                    TOKEN_TTL,
+                )
+            },
+            TOKEN_TTL / 2,
+        )
     }
 
     /// POSTs `body` to `path` of peer `name` and reads its JSON answer.
@@ -149,11 +163,13 @@ impl Peers {
         let peer = self
             .peer(name)
             .ok_or_else(|| PeerError::Unknown(name.to_string()))?;
-        let mut req = self
-            .http
+        // This call's client and token: a reload meanwhile leaves them be.
+        let material = self.credentials.current();
+        let mut req = material
+            .peer_http
             .post(format!("{}{path}", peer.url.trim_end_matches('/')))
             .json(body);
-        if let Some(t) = self.token() {
+        if let Some(t) = Self::token(&material) {
             req = req.bearer_auth(t);
         }
         let transport = |source| PeerError::Transport {
@@ -183,13 +199,14 @@ impl Peers {
         let peer = self
             .peer(name)
             .ok_or_else(|| PeerError::Unknown(name.to_string()))?;
-        let mut req = self
-            .http
+        let material = self.credentials.current();
+        let mut req = material
+            .peer_http
             .post(format!("{}{path}", peer.url.trim_end_matches('/')))
             .query(query)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
-        if let Some(t) = self.token() {
+        if let Some(t) = Self::token(&material) {
             req = req.bearer_auth(t);
         }
         let resp = req.send().await.map_err(|source| PeerError::Transport {

@@ -16,6 +16,7 @@
 //! `host=… sslmode=… …`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_postgres::tls::NoTls;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -75,6 +76,7 @@ impl PgTarget {
             Some(_) => tokio_postgres::config::SslMode::Require,
             None => tokio_postgres::config::SslMode::Disable,
         });
+        dead_peer_timers(&mut config);
         Ok(PgTarget { config, tls })
     }
 
@@ -107,6 +109,47 @@ impl PgTarget {
             }
         }
     }
+}
+
+/// How soon either end of a connection gives up on a silent peer: keepalive
+/// probes after [`KEEPALIVE_IDLE`] of silence, [`KEEPALIVE_PROBES`] of them
+/// [`KEEPALIVE_INTERVAL`] apart, and at most [`UNACKED_TIMEOUT`] for sent
+/// data to be acknowledged.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+pub const KEEPALIVE_PROBES: u32 = 3;
+pub const UNACKED_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A replica that vanishes without a word (its machine loses power, its
+/// link is cut) must not keep its locks: PostgreSQL releases a session's
+/// advisory lock (the scheduling leader's, `loops/leader.rs`) and row
+/// locks only when it notices the session is gone, which with the
+/// kernel's defaults takes two hours of silence. So every connection asks
+/// the server to probe it (`tcp_keepalives_*` and `tcp_user_timeout` for
+/// the session, through the startup `options`; settings the URL's own
+/// `options` gives win, coming later) and probes the server itself the
+/// same way: a dead peer is noticed within about 11 s idle, 15 s with data
+/// in flight.
+fn dead_peer_timers(config: &mut tokio_postgres::Config) {
+    config
+        .keepalives(true)
+        .keepalives_idle(KEEPALIVE_IDLE)
+        .keepalives_interval(KEEPALIVE_INTERVAL)
+        .keepalives_retries(KEEPALIVE_PROBES)
+        .tcp_user_timeout(UNACKED_TIMEOUT);
+    let ours = format!(
+        "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={} \
+         -c tcp_user_timeout={}",
+        KEEPALIVE_IDLE.as_secs(),
+        KEEPALIVE_INTERVAL.as_secs(),
+        KEEPALIVE_PROBES,
+        UNACKED_TIMEOUT.as_millis()
+    );
+    let options = match config.get_options() {
+        Some(theirs) if !theirs.is_empty() => format!("{ours} {theirs}"),
+        _ => ours,
+    };
+    config.options(options);
 }
 
 /// `url` without the settings in [`OURS`], and those settings.

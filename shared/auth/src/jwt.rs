@@ -231,7 +231,9 @@ pub struct Verifier {
 struct Inner {
     issuer: String,
     audience: String,
-    keys: BTreeMap<String, DecodingKey>,
+    /// Each key id's keys: one, or two while a key rotates under its id
+    /// (the old and the new public key in one file).
+    keys: BTreeMap<String, Vec<DecodingKey>>,
     /// Tokens that passed every check. It lives next to the keys, so a
     /// verifier rebuilt with other keys starts with nothing remembered.
     verified: VerifiedTokens,
@@ -310,7 +312,12 @@ struct JoseHeader {
 
 impl Verifier {
     /// A verifier trusting the given `(kid, SPKI public PEM)` keys. Several
-    /// keys means rotation: a token signed by any of them verifies.
+    /// keys means rotation: a token signed by any of them verifies. One
+    /// kid's PEM may hold several public keys one after the other, as a CA
+    /// bundle holds certificates: a token with that kid verifies if any of
+    /// them signed it, so a signer can move to a new key under the same
+    /// kid (the new key added beside the old, the signer switched, the old
+    /// removed) without a moment where its tokens are refused.
     pub fn new(issuer: &str, audience: &str, keys: &[(String, String)]) -> Result<Self, AuthError> {
         if issuer.is_empty() || audience.is_empty() {
             return Err(AuthError::Key(
@@ -327,20 +334,14 @@ impl Verifier {
             if kid.is_empty() {
                 return Err(AuthError::Key("every verification key needs a kid".into()));
             }
-            let key = DecodingKey::from_ec_pem(pem.as_bytes()).map_err(|e| {
-                AuthError::Key(format!(
-                    "key {kid:?}: not an EC public key PEM ({e}); expected `-----BEGIN PUBLIC KEY-----`"
-                ))
-            })?;
-            // A well-formed P-256 key answers "no" to a zero signature; any
-            // other curve (or garbage) fails to load and answers an error.
-            let zero_sig = URL_SAFE_NO_PAD.encode([0u8; 64]);
-            if jsonwebtoken::crypto::verify(&zero_sig, b"probe", &key, Algorithm::ES256).is_err() {
-                return Err(AuthError::Key(format!(
-                    "key {kid:?} is not an ECDSA P-256 public key; tokens are verified with ES256"
-                )));
+            let keys = pem_blocks(pem)
+                .map(|block| public_key(kid, block))
+                .collect::<Result<Vec<_>, _>>()?;
+            if keys.is_empty() {
+                // No block at all: let the parser say what is wrong.
+                public_key(kid, pem)?;
             }
-            if map.insert(kid.clone(), key).is_some() {
+            if map.insert(kid.clone(), keys).is_some() {
                 return Err(AuthError::Key(format!("kid {kid:?} is configured twice")));
             }
         }
@@ -433,7 +434,7 @@ impl Verifier {
                 )))
             }
         }
-        let key = match &header.kid {
+        let keys = match &header.kid {
             Some(serde_json::Value::String(kid)) => self
                 .inner
                 .keys
@@ -444,11 +445,14 @@ impl Verifier {
         };
 
         let signed = &token[..header_b64.len() + 1 + payload_b64.len()];
-        match jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), key, Algorithm::ES256) {
-            Ok(true) => {}
-            // Ok(false): wrong signature; Err: a signature that is not even
-            // base64 or not 64 bytes. Either way it does not verify.
-            Ok(false) | Err(_) => return Err(AuthError::BadSignature),
+        // Ok(false): wrong signature; Err: a signature that is not even
+        // base64 or not 64 bytes. Either way it does not verify.
+        let by = |key| {
+            jsonwebtoken::crypto::verify(sig_b64, signed.as_bytes(), key, Algorithm::ES256)
+                .unwrap_or(false)
+        };
+        if !keys.iter().any(by) {
+            return Err(AuthError::BadSignature);
         }
 
         let claims: Claims = decode_json(payload_b64, "payload")?;
@@ -503,6 +507,39 @@ impl Verifier {
             _ => Ok(()),
         }
     }
+}
+
+/// The `-----BEGIN …-----` … `-----END …-----` blocks of a PEM text.
+fn pem_blocks(pem: &str) -> impl Iterator<Item = &str> {
+    const END: &str = "-----END ";
+    let mut rest = pem;
+    std::iter::from_fn(move || {
+        let start = rest.find("-----BEGIN ")?;
+        let end_at = start + rest[start..].find(END)?;
+        // The end line runs to its closing dashes.
+        let close = end_at + END.len() + rest[end_at + END.len()..].find("-----")? + 5;
+        let block = &rest[start..close];
+        rest = &rest[close..];
+        Some(block)
+    })
+}
+
+/// One ES256 public key of `kid` from its PEM block.
+fn public_key(kid: &str, pem: &str) -> Result<DecodingKey, AuthError> {
+    let key = DecodingKey::from_ec_pem(pem.as_bytes()).map_err(|e| {
+        AuthError::Key(format!(
+            "key {kid:?}: not an EC public key PEM ({e}); expected `-----BEGIN PUBLIC KEY-----`"
+        ))
+    })?;
+    // A well-formed P-256 key answers "no" to a zero signature; any other
+    // curve (or garbage) fails to load and answers an error.
+    let zero_sig = URL_SAFE_NO_PAD.encode([0u8; 64]);
+    if jsonwebtoken::crypto::verify(&zero_sig, b"probe", &key, Algorithm::ES256).is_err() {
+        return Err(AuthError::Key(format!(
+            "key {kid:?} is not an ECDSA P-256 public key; tokens are verified with ES256"
+        )));
+    }
+    Ok(key)
 }
 
 /// Extracts the token from an `Authorization` header value. The scheme is
@@ -742,6 +779,25 @@ mod tests {
             0,
         );
         assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn a_kid_with_two_keys_accepts_either_while_the_signer_moves_over() {
+        let (old, new) = (SigningKey::generate("k1"), SigningKey::generate("k1"));
+        let both = format!("{}\n{}", old.public_pem(), new.public_pem());
+        let v = Verifier::new("iss", "aud", &[("k1".into(), both)]).unwrap();
+        let claims = claims_between(1000, 1100);
+        assert!(v.verify_at(&old.sign(&claims).unwrap(), 1050).is_ok());
+        assert!(v.verify_at(&new.sign(&claims).unwrap(), 1050).is_ok());
+        let stranger = SigningKey::generate("k1").sign(&claims).unwrap();
+        assert_eq!(v.verify_at(&stranger, 1050), Err(AuthError::BadSignature));
+        // One good block and one of garbage: the whole key is refused.
+        let bad = format!(
+            "{}\n-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
+            old.public_pem()
+        );
+        assert!(Verifier::new("iss", "aud", &[("k1".into(), bad)]).is_err());
+        assert!(Verifier::new("iss", "aud", &[("k1".into(), "garbage".into())]).is_err());
     }
 
     #[test]
