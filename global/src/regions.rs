@@ -247,7 +247,8 @@ impl Regions {
         let replayed = resp.headers().contains_key(REPLAYED_HEADER);
         let retry_after = resp.headers().get(reqwest::header::RETRY_AFTER).cloned();
         let body = resp.bytes().await.map_err(unreachable)?;
-        if status == StatusCode::SERVICE_UNAVAILABLE && retry_after.is_some() {
+        if status == StatusCode::SERVICE_UNAVAILABLE && retry_after.is_some() && !database_down(&body)
+        {
             // An overloaded region shedding load (`overloaded`) is alive:
             // its answer (503, Retry-After) goes to the caller, and it
             // stays as healthy as it was.
@@ -313,7 +314,7 @@ impl Regions {
             // Overloaded (503 with Retry-After) or slow to answer: busy,
             // not dead. It stays as healthy as it was; if it stays that
             // way, it ages out after `unhealthy_after` without an answer.
-            Ok(a) if a.retry_after.is_some() => region.mark_busy(),
+            Ok(a) if a.retry_after.is_some() && !database_down(&a.body) => region.mark_busy(),
             Err(e) if e.slow => {
                 tracing::debug!(region = %region.name, reason = %e.reason, "status poll timed out");
                 region.mark_busy();
@@ -322,6 +323,15 @@ impl Regions {
             Err(e) => region.mark_failed(e.reason),
         }
     }
+}
+
+/// Whether a region's answer says its database is unavailable (failing
+/// over to a standby, or gone): retryable, so it carries `Retry-After` like
+/// an overloaded region's, but the region takes no work until it is back,
+/// so unpinned jobs go around it meanwhile rather than waiting for it.
+fn database_down(body: &[u8]) -> bool {
+    serde_json::from_slice::<gangway_shared::error::ErrorBody>(body)
+        .is_ok_and(|e| e.code == gangway_shared::error::codes::UNAVAILABLE)
 }
 
 impl Region {

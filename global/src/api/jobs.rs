@@ -247,7 +247,8 @@ fn pick_region<'a>(
                     StatusCode::SERVICE_UNAVAILABLE,
                     codes::REGION_UNAVAILABLE,
                     format!("region {pinned} is not answering; retry later or unpin the job"),
-                ));
+                )
+                .with_retry_after(super::relay::RETRY_AFTER_S));
             }
             vec![region]
         }
@@ -269,7 +270,8 @@ fn pick_region<'a>(
             StatusCode::SERVICE_UNAVAILABLE,
             codes::NO_REGION_AVAILABLE,
             "no region you may use is answering; retry shortly",
-        ));
+        )
+        .with_retry_after(super::relay::RETRY_AFTER_S));
     }
     let scored: Vec<Candidate> = candidates
         .iter()

@@ -44,7 +44,13 @@ pub fn unavailable(e: &Unreachable) -> ApiError {
         codes::REGION_UNAVAILABLE,
         format!("{e}; retry shortly (creates: with the same Idempotency-Key)"),
     )
+    .with_retry_after(RETRY_AFTER_S)
 }
+
+/// The `Retry-After` of a retryable 503 the global tier answers itself (a
+/// region not answering, none could take the job): about a region
+/// database's failover, or a heartbeat or two of a region's health.
+pub const RETRY_AFTER_S: u64 = 2;
 
 #[derive(Debug, Deserialize, serde::Serialize)]
 struct Claim {
@@ -121,6 +127,7 @@ pub async fn claim(
             last_error.unwrap_or_else(|| "none healthy".into())
         ),
     )
+    .with_retry_after(RETRY_AFTER_S)
     .into_response())
 }
 
@@ -178,6 +185,7 @@ pub async fn ask_every_region<'a>(
             format!(
                 "the {what} was not found in the regions that answered, and {why}; retry shortly"
             ),
-        )),
+        )
+        .with_retry_after(RETRY_AFTER_S)),
     }
 }

@@ -108,7 +108,8 @@ fn target<'a, R: Resource>(
             StatusCode::SERVICE_UNAVAILABLE,
             codes::REGION_UNAVAILABLE,
             format!("region {name} is not answering; retry shortly with the same Idempotency-Key"),
-        ));
+        )
+        .with_retry_after(super::relay::RETRY_AFTER_S));
     }
     Ok(region)
 }

@@ -6,6 +6,10 @@ pub use gangway_shared::http::ApiError;
 
 use crate::store::StoreError;
 
+/// When a client should retry after the database was unavailable: about
+/// the time a Patroni failover takes to give writes back (docs/operations.md).
+pub const DATABASE_RETRY_AFTER_S: u64 = 2;
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
@@ -132,8 +136,13 @@ impl From<StoreError> for ApiError {
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     codes::UNAVAILABLE,
-                    "the region's database is unavailable; retry shortly",
+                    format!(
+                        "the region's database is unavailable (failing over, or unreachable); \
+                         retry in {DATABASE_RETRY_AFTER_S} s (see Retry-After; a create with the \
+                         same Idempotency-Key)"
+                    ),
                 )
+                .with_retry_after(DATABASE_RETRY_AFTER_S)
             }
             e => {
                 tracing::error!(error = %e, "internal error");

@@ -58,14 +58,31 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
                 sleep_or_cancel(cfg.leader_retry_interval, &shutdown).await;
                 continue;
             }
-            super::tick::tick_if_due(&state, &mut last_health_tick).await;
-            // One pass loop per GPU type of the fleet (re-read only when
-            // the fleet changed).
-            match state.fleet_shape().await {
-                Ok(shape) => partitions.reconcile(&state, &planning, shape.keys()),
-                Err(e) => tracing::warn!(error = %e, "cannot read the fleet's GPU types"),
+            // Whatever leads runs under the lock's token: the moment the
+            // lock's connection ends (its server failed over), the pass
+            // loops stop and the flag drops, before any next check.
+            let lost = l.lost().clone();
+            tokio::select! {
+                _ = lost.cancelled() => {}
+                _ = super::tick::tick_if_due(&state, &mut last_health_tick) => {}
             }
-            sleep_or_cancel(cfg.schedule_interval, &shutdown).await;
+            if !lost.is_cancelled() {
+                // One pass loop per GPU type of the fleet (re-read only
+                // when the fleet changed).
+                match state.fleet_shape().await {
+                    Ok(shape) => partitions.reconcile(&state, &planning, &lost, shape.keys()),
+                    Err(e) => tracing::warn!(error = %e, "cannot read the fleet's GPU types"),
+                }
+                tokio::select! {
+                    _ = lost.cancelled() => {}
+                    _ = sleep_or_cancel(cfg.schedule_interval, &shutdown) => {}
+                }
+            }
+            if lost.is_cancelled() {
+                set_leader(&state, false);
+                tracing::warn!("the leader lock's connection ended: no longer leading");
+                partitions.stop_all().await;
+            }
         }
         partitions.stop_all().await;
         if let Some(mut l) = leadership {
@@ -86,10 +103,13 @@ struct Partitions {
 impl Partitions {
     /// Starts a loop for every partition that has none, stops those gone
     /// from the fleet (a type no node has any more, a deleted cluster).
+    /// Each loop stops by itself when `lock` (the leader lock's
+    /// [`Leadership::lost`]) is cancelled.
     fn reconcile<'t>(
         &mut self,
         state: &AppState,
         planning: &Planning,
+        lock: &CancellationToken,
         types: impl Iterator<Item = &'t String>,
     ) {
         let types: std::collections::BTreeSet<&String> = types.collect();
@@ -102,7 +122,8 @@ impl Partitions {
         });
         for t in types {
             if !self.loops.contains_key(t) {
-                let stop = CancellationToken::new();
+                // Stopped by the leader, or by the lock's loss itself.
+                let stop = lock.child_token();
                 let task = tokio::spawn(partition_loop(
                     state.clone(),
                     planning.clone(),

@@ -357,14 +357,34 @@ impl StoreError {
         }
     }
 
-    /// Whether the database is unreachable (as opposed to a query bug).
+    /// Whether the database is unreachable (as opposed to a query bug):
+    /// no connection, a connection that broke, or a server that is going
+    /// away or is not the primary (any longer): what a failover looks like
+    /// from here, while the pools' next connections find the new primary
+    /// (`pg_tls.rs`). Worth a retry shortly, unlike a query's error.
     pub fn is_unavailable(&self) -> bool {
         match self {
             StoreError::Pool(_) => true,
-            StoreError::Db(e) => e.is_closed() || e.code().is_none(),
+            StoreError::Db(e) => e.is_closed() || e.code().is_none_or(failing_over),
             _ => false,
         }
     }
+}
+
+/// The SQLSTATEs of a server failing over: a connection exception (class
+/// 08), a server shutting down or crashed (an administrator's or Patroni's
+/// stop, a crash: 57P01, 57P02), starting up or in recovery (57P03), and a
+/// write refused by a standby (25006: a connection opened to the primary
+/// that has since been demoted).
+fn failing_over(code: &SqlState) -> bool {
+    code.code().starts_with("08")
+        || [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+        ]
+        .contains(code)
 }
 
 pub use gangway_shared::api::{Quota, QuotaTerms};

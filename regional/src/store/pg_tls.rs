@@ -14,12 +14,22 @@
 //!
 //! The URL may be either form libpq takes: `postgres://…?sslmode=…&…` or
 //! `host=… sslmode=… …`.
+//!
+//! A region whose database is a Patroni cluster (docs/operations.md) names
+//! every member with `target_session_attrs=read-write`
+//! (`postgres://u@db1:5432,db2:5432,db3:5432/gangway?target_session_attrs=read-write`):
+//! each new connection tries the members in turn and keeps the one that
+//! takes writes, so after a failover the pools' next connections reach the
+//! new primary. Each member gets [`CONNECT_TIMEOUT`] to answer unless the
+//! URL sets `connect_timeout`, so a member whose host is gone costs seconds,
+//! not the kernel's minutes of SYN retries.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::tls::NoTls;
 use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::sync::CancellationToken;
 
 /// A parsed connection URL and the TLS it asks for.
 #[derive(Clone)]
@@ -77,39 +87,53 @@ impl PgTarget {
             None => tokio_postgres::config::SslMode::Disable,
         });
         dead_peer_timers(&mut config);
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
         Ok(PgTarget { config, tls })
     }
 
     /// One connection outside the pools (the leader's lock), its driver
-    /// spawned; `what` names it in the log when it closes.
+    /// spawned; `what` names it in the log when it closes. The token is
+    /// cancelled the moment the connection ends (the server went away, was
+    /// shut down or failed over, or terminated the session), not when the
+    /// client next uses it: whatever the session held (an advisory lock)
+    /// is gone by then.
     pub async fn connect(
         &self,
         what: &'static str,
-    ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        fn drive<F>(what: &'static str, connection: F)
+    ) -> Result<(tokio_postgres::Client, CancellationToken), tokio_postgres::Error> {
+        fn drive<F>(what: &'static str, connection: F) -> CancellationToken
         where
             F: std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
         {
+            let ended = CancellationToken::new();
+            let on_end = ended.clone();
             tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::warn!(error = %e, what, "database connection closed");
+                match connection.await {
+                    Err(e) => tracing::warn!(error = %e, what, "database connection closed"),
+                    Ok(()) => tracing::debug!(what, "database connection closed"),
                 }
+                on_end.cancel();
             });
+            ended
         }
         match &self.tls {
             Some(tls) => {
                 let (client, connection) = self.config.connect(tls.clone()).await?;
-                drive(what, connection);
-                Ok(client)
+                Ok((client, drive(what, connection)))
             }
             None => {
                 let (client, connection) = self.config.connect(NoTls).await?;
-                drive(what, connection);
-                Ok(client)
+                Ok((client, drive(what, connection)))
             }
         }
     }
 }
+
+/// How long one member of the URL has to accept a connection, unless the
+/// URL's `connect_timeout` says otherwise.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How soon either end of a connection gives up on a silent peer: keepalive
 /// probes after [`KEEPALIVE_IDLE`] of silence, [`KEEPALIVE_PROBES`] of them
@@ -198,6 +222,26 @@ mod tests {
         assert_eq!(rest, "host=db port=5432");
         assert_eq!(ours[0], ("sslmode".into(), "require".into()));
         assert!(PgTarget::parse("host=db").unwrap().tls.is_none());
+    }
+
+    #[test]
+    fn a_multi_host_url_names_every_member_and_asks_for_the_primary() {
+        let t = PgTarget::parse(
+            "postgres://u:p@db1:5432,db2:5433,db3:5434/g?target_session_attrs=read-write",
+        )
+        .unwrap();
+        assert_eq!(t.config.get_hosts().len(), 3);
+        assert_eq!(t.config.get_ports(), &[5432, 5433, 5434]);
+        assert_eq!(
+            t.config.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(t.config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+        let t = PgTarget::parse("host=db1,db2 connect_timeout=1").unwrap();
+        assert_eq!(
+            t.config.get_connect_timeout(),
+            Some(&Duration::from_secs(1))
+        );
     }
 
     #[test]
