@@ -45,7 +45,7 @@ async fn the_region_reaches_its_database_over_tls_checked_against_its_ca() {
     let url = with_ca(&ours.ca_cert);
     let store = Store::connect(&url, "r", 2).unwrap();
     store.migrate().await.unwrap();
-    let client = PgTarget::parse(&url)
+    let (client, _ended) = PgTarget::parse(&url)
         .unwrap()
         .connect("test")
         .await
@@ -97,7 +97,7 @@ async fn the_region_reaches_its_database_over_tls_checked_against_its_ca() {
 async fn every_session_asks_the_server_to_notice_a_vanished_replica_within_seconds() {
     let url = gangway_devkit::fresh_database("keepalives").await;
     let show = |url: String| async move {
-        let client = PgTarget::parse(&url)
+        let (client, _ended) = PgTarget::parse(&url)
             .unwrap()
             .connect("test")
             .await
