@@ -486,7 +486,7 @@ async fn a_dedicated_cluster_that_loses_a_node_is_healed_from_its_leafs_spare() 
         .unwrap()
     };
     match cloud.tenant.submit(&job(24), None).await {
-        Err(gangway_shared::client::ClientError::Api { status, body }) => {
+        Err(gangway_shared::client::ClientError::Api { status, body, .. }) => {
             assert_eq!(
                 (status.as_u16(), body.code.as_str()),
                 (422, "invalid_cluster"),

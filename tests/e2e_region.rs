@@ -1224,7 +1224,7 @@ async fn reservations_are_refused_with_a_window_idempotent_and_run_their_jobs() 
         Some(t + hour * 3 / 2),
     );
     match globex.create_reservation(&overlap, None).await {
-        Err(gangway_shared::client::ClientError::Api { status, body }) => {
+        Err(gangway_shared::client::ClientError::Api { status, body, .. }) => {
             assert_eq!(status.as_u16(), 409);
             assert_eq!(body.code, "reservation_unavailable");
             assert_eq!(body.earliest_start, Some(t + hour));

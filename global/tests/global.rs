@@ -757,7 +757,7 @@ async fn reservations_go_to_their_region_and_its_jobs_follow_them() {
     let late: gangway_shared::api::ReservationSpec =
         serde_json::from_value(reservation(8, Some("r2"), hour, 2 * hour)).unwrap();
     match acme.create_reservation(&late, None).await {
-        Err(gangway_shared::client::ClientError::Api { status, body }) => {
+        Err(gangway_shared::client::ClientError::Api { status, body, .. }) => {
             assert_eq!(
                 (status.as_u16(), body.code.as_str()),
                 (409, "reservation_unavailable")

@@ -27,7 +27,12 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 pub enum ClientError {
     /// The server answered with an error body.
     #[error("{status}: {} ({})", body.message, body.code)]
-    Api { status: StatusCode, body: ErrorBody },
+    Api {
+        status: StatusCode,
+        body: ErrorBody,
+        /// The answer's `Retry-After` in seconds (a retryable 503 or 429).
+        retry_after: Option<u64>,
+    },
     /// The request may or may not have reached the server.
     #[error("cannot reach {url}: {source}")]
     Transport {
@@ -49,6 +54,14 @@ impl ClientError {
     pub fn code(&self) -> Option<&str> {
         match self {
             ClientError::Api { body, .. } => Some(&body.code),
+            _ => None,
+        }
+    }
+
+    /// The answer's `Retry-After` in seconds, when it sent one.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ClientError::Api { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
@@ -534,6 +547,8 @@ pub async fn send_json<T: DeserializeOwned>(
     })?;
     let status = resp.status();
     let url = resp.url().to_string();
+    let retry_after = (resp.headers().get(reqwest::header::RETRY_AFTER))
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     let bytes = resp
         .bytes()
         .await
@@ -556,7 +571,11 @@ pub async fn send_json<T: DeserializeOwned>(
         });
     }
     match serde_json::from_slice::<ErrorBody>(&bytes) {
-        Ok(body) => Err(ClientError::Api { status, body }),
+        Ok(body) => Err(ClientError::Api {
+            status,
+            body,
+            retry_after,
+        }),
         Err(_) => Err(ClientError::Unexpected {
             url,
             status,

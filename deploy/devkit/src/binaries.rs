@@ -53,7 +53,7 @@ impl PgBinaries {
                     continue;
                 }
                 if let Ok(found) = Self::from_dir(&dir) {
-                    return Ok(found);
+                    return Ok(found.resolved());
                 }
             }
         }
@@ -79,6 +79,20 @@ impl PgBinaries {
              {}/*/bin: {INSTALL_HINT}",
             lib_root.display()
         )
+    }
+
+    /// The installation behind links: a `PATH` directory of links to the
+    /// server's binaries (`/usr/local/bin/postgres` →
+    /// `/usr/lib/postgresql/15/bin/postgres`) is replaced by the directory
+    /// they point into when it holds all three, so that the installation's
+    /// other programs (pg_basebackup, pg_rewind, which Patroni needs) sit
+    /// next to them.
+    fn resolved(self) -> Self {
+        let real = std::fs::canonicalize(&self.postgres).ok();
+        match real.as_deref().and_then(Path::parent) {
+            Some(dir) if dir != self.bin_dir => Self::from_dir(dir).unwrap_or(self),
+            _ => self,
+        }
     }
 
     /// The binaries in `dir`; an error names the missing ones.

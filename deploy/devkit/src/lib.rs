@@ -50,22 +50,52 @@
 //!   ([`PgOptions::die_with_parent`]) the postmaster is a child of a
 //!   dedicated thread with `PR_SET_PDEATHSIG`, so it never outlives this
 //!   process; with `die_with_parent: false` it is a `pg_ctl start` daemon.
+//! - `patroni` — [`PatroniCluster`]: an HA cluster for tests and
+//!   `gangway dev up --db ha` — one etcd and N (3) Patroni members
+//!   `<scope>-db1…` on 127.0.0.1, `synchronous_mode`, pg_rewind, timers from
+//!   [`PatroniOptions`] (`for_tests`: ttl 8 s), each process under a small
+//!   Python supervisor (child subreaper; its stdin is a pipe from us) that
+//!   SIGKILLs the process tree when this process goes; the multi-host
+//!   `target_session_attrs=read-write` URL, Patroni's view over its REST API
+//!   (`GET /cluster`, 2 s timeouts), waits that probe a real commit, and
+//!   fault injection (`kill_postgres`, `kill_member`, `restart_member`).
+//!   Needs the Debian packages `patroni` and `etcd-server`
+//!   ([`PATRONI_INSTALL_HINT`]).
 //! - `testing` — [`test_cluster`] / [`fresh_database`]: one cluster per test
 //!   process under `/tmp/gangway-devkit-pg-<pid>-*`, created lazily, torn
 //!   down by an `atexit` hook (and by the parent-death signal if the process
 //!   is killed); each call of `fresh_database` creates a new empty database.
 //!   Safe across parallel test binaries (own cluster, own port) and across
 //!   `#[tokio::test]` runtimes (no connection is shared between runtimes).
+//! - `backup` — [`Backups`]: a pgBackRest repository (a directory) and
+//!   stanza for one cluster, its configuration in `<dir>/pgbackrest.conf`
+//!   (always passed with `--config`), run as user `postgres` when root:
+//!   [`Backups::archive_options`] (`archive_mode=on`, `archive_command` =
+//!   `pgbackrest … archive-push %p`), `stanza_create`, `check` (switches
+//!   WAL and waits until it is archived), `backup` ([`BackupKind`], fast
+//!   checkpoint), `info`, and `restore` into a new data directory to
+//!   [`RestoreTarget::Latest`] or [`RestoreTarget::Time`], which starts the
+//!   restored cluster and waits until it has promoted. Errors quote
+//!   pgBackRest's output.
 
+mod backup;
 mod binaries;
 mod cluster;
+mod patroni;
 mod testing;
 mod user;
 
+pub use backup::{
+    BackupKind, Backups, RestoreTarget, PGBACKREST_CONFIG_FILE, PGBACKREST_INSTALL_HINT,
+};
 pub use binaries::{PgBinaries, DEBIAN_PG_LIB_ROOT, INSTALL_HINT, PG_BIN_DIR_ENV};
 pub use cluster::{
     file_tail, free_port, quote_ident, PgCluster, PgOptions, LOG_FILE_NAME, PASSWORD_FILE,
     SUPERUSER,
+};
+pub use patroni::{
+    MemberStatus, PatroniCluster, PatroniOptions, ETCD_BIN_ENV, ETCD_LOG_FILE, PATRONI_BIN_ENV,
+    PATRONI_INSTALL_HINT, PATRONI_LOG_FILE, REPLICATION_USER,
 };
 pub use testing::{
     fresh_database, fresh_database_blocking, test_cluster, test_cluster_blocking,

@@ -121,7 +121,11 @@ impl From<StoreError> for ApiError {
             }
             // No connection within the pool's wait: the database is
             // there, the region is busy. Overloaded, as when it sheds.
-            StoreError::Pool(deadpool_postgres::PoolError::Timeout(_)) => ApiError::new(
+            // (A connection that could not be made in time is the
+            // database not answering: unavailable, below.)
+            StoreError::Pool(deadpool_postgres::PoolError::Timeout(
+                deadpool_postgres::TimeoutType::Wait,
+            )) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 codes::OVERLOADED,
                 format!(
