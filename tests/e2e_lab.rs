@@ -15,6 +15,25 @@
 //!
 //! One lab for the three (it takes half a minute to bring up), in that
 //! order: each leaves the lab whole for the next but the third.
+//!
+//! And two of the failover drills (`gangway chaos … --lab`,
+//! docs/failover.md), each on a lab of its own, judged as their loopback
+//! versions are (tests/e2e_failover.rs: [`Report::moved_and_resumed`] and
+//! every invariant the drill checks):
+//!
+//! 4. region-kill: every host of the home region (router, database, both
+//!    control-plane replicas, four GPU machines) loses power — links down,
+//!    SIGKILL to every process, workers included; its jobs run again
+//!    elsewhere at epoch 2 from a checkpoint; booted again on its data, the
+//!    region releases its copies;
+//! 5. partition (through the CLI): the home's router leaves the WAN; the
+//!    home fences and stops its job, which moves; healed, the home releases
+//!    its copy.
+//!
+//! The tests of this binary run in parallel threads, but one lab at a time
+//! runs on a machine: [`Lab::start`] waits for the machine's lab lock,
+//! held until the lab is gone (and the other test binaries run after this
+//! one).
 
 mod support;
 
@@ -22,6 +41,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gangway_chaos::lab::{HostRole, Lab};
+use gangway_chaos::{Drill, On, Report, TRAINING};
 use gangway_shared::api::{Job, JobSpec, JobState};
 use gangway_shared::client::Client;
 use support::BIN;
@@ -282,4 +302,57 @@ async fn on_a_lab_of_machines_a_gang_runs_across_hosts_a_dead_leader_host_loses_
     .await;
     assert_eq!(finished.state, JobState::Succeeded, "{finished:#?}");
     assert_ne!(finished.region, home, "{finished:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_lab_of_machines_a_region_that_loses_power_host_by_host_moves_its_jobs_loses_none_and_lets_them_go_once_booted(
+) {
+    let on = On::Lab {
+        bin: Path::new(BIN),
+    };
+    let report: Report = gangway_chaos::run_on(Drill::RegionKill, on)
+        .await
+        .unwrap_or_else(|e| panic!("the drill did not run: {e:#}"));
+    eprintln!("{report}");
+    assert!(report.lab, "{report}");
+    assert!(report.passed(), "{report}");
+    let short = report.moved_and_resumed(30.0);
+    assert!(short.is_empty(), "{short:?}\n{report}");
+    assert_eq!(report.jobs.len(), 2, "{report}");
+    for j in report.jobs.iter().filter(|j| j.home != report.region) {
+        assert_eq!((j.epoch, &j.region), (1, &j.home), "undisturbed: {report}");
+        assert_eq!(j.final_step, Some(TRAINING.total), "{report}");
+    }
+}
+
+#[test]
+fn on_a_lab_of_machines_a_region_whose_router_leaves_the_wan_fences_and_lets_its_moved_job_go_once_healed(
+) {
+    let out = std::process::Command::new(BIN)
+        .args(["chaos", "partition", "--lab", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "exit {:?}: {stderr}",
+        out.status.code()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["lab"], true, "{report}");
+    assert_eq!(report["violations"], serde_json::json!([]), "{report}");
+    let job = &report["jobs"][0];
+    assert_eq!(job["home"], report["region"], "{report}");
+    assert_eq!(job["epoch"], 2, "{report}");
+    assert_ne!(job["region"], report["region"], "{report}");
+    assert_eq!(job["state"], "succeeded", "{report}");
+    assert_eq!(job["final_step"], TRAINING.total, "{report}");
+    assert!(
+        job["recovered_s"].as_f64().is_some_and(|s| s < 30.0),
+        "{report}"
+    );
+    assert!(
+        job["lost"]["resumed"].as_u64() >= Some(TRAINING.every.into()),
+        "{report}"
+    );
 }

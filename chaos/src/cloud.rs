@@ -7,20 +7,25 @@
 //! proxy that can be cut. Its processes are held by a
 //! [`Supervisor`] of its own ([`Cloud::start_with`]); or the cloud is a
 //! running `gangway dev up`'s, whose supervisor breaks and mends its parts
-//! when asked through its control API ([`Cloud::attach`]).
+//! when asked through its control API ([`Cloud::attach`]); or the cloud is
+//! a lab of machines' ([`Cloud::start_lab`], [`crate::lab`]): 25 hosts, each a
+//! network namespace, whose faults come from the network and the hosts
+//! (links down, power cut), not from a proxy.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gangway_auth::dev::DevMaterial;
 use gangway_auth::jwt::{claims_for, Role};
-use gangway_devkit::{PgCluster, PgOptions};
+use gangway_devkit::{PatroniCluster, PatroniOptions, PgCluster, PgOptions};
 use gangway_shared::api::{Job, JobSpec};
 use gangway_shared::client::Client;
 use gangway_shared::tokens;
 use uuid::Uuid;
 
 use crate::control::Remote;
+use crate::lab::Lab;
 use crate::procs::{agent_launch, global_launch, key_arg, until_ready, Proxy};
 use crate::supervisor::{Launch, Link, RegionInfo, RegionParts, Supervisor, Target};
 
@@ -52,12 +57,21 @@ pub enum Executor {
     Sim,
 }
 
-/// What breaks and mends the cloud's parts: a supervisor of its own, or a
-/// running `gangway dev up`'s, through its control API.
+/// What breaks and mends the cloud's parts: a supervisor of its own, a
+/// running `gangway dev up`'s, through its control API, or a lab of
+/// machines.
 enum Parts {
     Own(Supervisor),
     Dev(Remote),
+    Lab(Lab),
 }
+
+/// How long the harness waits for one answer of a lab region's replica
+/// about its status or a job (a host without power answers nothing, and
+/// the watch of the other regions must not wait for it), and for the
+/// ledgers' pages at the end.
+const LAB_PROBE: Duration = Duration::from_millis(750);
+const LAB_READ: Duration = Duration::from_secs(15);
 
 /// The timers every drill cloud runs with: a fast scheduler and agent
 /// syncs, short grace periods.
@@ -89,6 +103,10 @@ pub struct Cloud {
     /// First, so that it drops first: an own cloud's processes stop
     /// before its directory goes.
     parts: Parts,
+    /// The region whose database is a Patroni cluster, and the cluster
+    /// ([`Cloud::start_ha`]); second, so that it stops before the
+    /// directory it keeps its data in goes.
+    patroni: Option<(String, Arc<PatroniCluster>)>,
     /// Where the drill keeps its trainer logs (for its own cloud, also the
     /// processes' logs and state).
     pub dir: tempfile::TempDir,
@@ -109,6 +127,26 @@ pub struct Cloud {
     keep: std::sync::atomic::AtomicBool,
 }
 
+/// A region's database as a drill cloud starts it.
+enum Database {
+    Single(PgCluster),
+    Patroni(Arc<PatroniCluster>),
+}
+
+/// The timers of a cloud whose database may fail over ([`Cloud::start_ha`]):
+/// CI's short ones, but leases (the regions', and so the agents') of 30 s,
+/// longer than a failover takes even on a loaded machine (a killed
+/// primary's PostgreSQL restarted in place by Patroni took 21 s once), so
+/// that the region rides it out rather than fencing.
+pub const HA_TIMERS: [&str; 6] = [
+    "--fence-checkpoint-s",
+    "3",
+    "--peer-heartbeat-ms",
+    "250",
+    "--peer-lease-s",
+    "30",
+];
+
 impl Drop for Cloud {
     fn drop(&mut self) {
         if *self.keep.get_mut() {
@@ -127,6 +165,24 @@ impl Cloud {
     /// short (`short`, for CI) or the defaults, its agents running workers
     /// with `executor`.
     pub async fn start_with(bin: &Path, short: bool, executor: Executor) -> Cloud {
+        let timers: &[&str] = if short { &SHORT_TIMERS } else { &[] };
+        Cloud::start_inner(bin, timers, executor, None).await
+    }
+
+    /// Starts the cloud with region `ha`'s database a three-member Patroni
+    /// cluster (the others a single server each), and [`HA_TIMERS`], so
+    /// that its database can fail over without the region fencing; its
+    /// agents run real workers. [`Cloud::patroni`] is the cluster.
+    pub async fn start_ha(bin: &Path, ha: &str) -> Cloud {
+        Cloud::start_inner(bin, &HA_TIMERS, Executor::Real, Some(ha)).await
+    }
+
+    async fn start_inner(
+        bin: &Path,
+        timers: &[&str],
+        executor: Executor,
+        ha: Option<&str>,
+    ) -> Cloud {
         let dir = tempfile::tempdir().unwrap();
         // Traversable by the `postgres` user when we run as root.
         use std::os::unix::fs::PermissionsExt;
@@ -161,7 +217,14 @@ impl Cloud {
         // The regions' databases, started side by side.
         let pgs = futures_util::future::join_all(REGIONS.iter().map(|name| {
             let data = dir.path().join(format!("{name}-pg"));
-            tokio::task::spawn_blocking(move || -> anyhow::Result<(PgCluster, String)> {
+            let ha = ha == Some(*name);
+            tokio::task::spawn_blocking(move || -> anyhow::Result<(Database, String)> {
+                if ha {
+                    let c = PatroniCluster::start(&data, PatroniOptions::for_tests())?;
+                    c.create_database_blocking("gangway")?;
+                    let url = c.connection_url("gangway");
+                    return Ok((Database::Patroni(Arc::new(c)), url));
+                }
                 // A fixed port (a restart keeps the region's URL), so one
                 // some other process took meanwhile is tried again.
                 let mut tries = 0;
@@ -176,7 +239,7 @@ impl Cloud {
                         Ok(()) => {
                             pg.create_database_blocking("gangway")?;
                             let url = pg.connection_string("gangway");
-                            return Ok((pg, url));
+                            return Ok((Database::Single(pg), url));
                         }
                         Err(e) if tries < 5 && format!("{e:#}").contains("already in use") => {}
                         Err(e) => return Err(e),
@@ -186,10 +249,18 @@ impl Cloud {
         }))
         .await;
         let mut regions = Vec::new();
+        let mut patroni = None;
         for (i, (name, pg)) in REGIONS.iter().zip(pgs).enumerate() {
             let (pg, db) = pg
                 .unwrap()
                 .unwrap_or_else(|e| panic!("{name}'s PostgreSQL: {e:#}"));
+            let pg = match pg {
+                Database::Single(pg) => Some(pg),
+                Database::Patroni(c) => {
+                    patroni = Some((name.to_string(), c));
+                    None
+                }
+            };
             let store = store_url(dir.path(), name);
             let mut control = Launch::new(bin, dir.path().join(format!("{name}-region.log")))
                 .env("GANGWAY_LOG", "info")
@@ -209,9 +280,7 @@ impl Cloud {
                 .arg(&fleet);
             // Short timers keep CI short; the defaults are what
             // docs/benchmarks.md measures.
-            if short {
-                control = control.args(SHORT_TIMERS);
-            }
+            control = control.args(timers);
             for peer in REGIONS.iter().filter(|p| *p != name) {
                 control = control
                     .arg("--peer")
@@ -252,6 +321,7 @@ impl Cloud {
             .map(|port| format!("https://127.0.0.1:{port}"))
             .collect();
         let mut cloud = Cloud::new(dir, auth, executor, infos, &global_urls, Parts::Own(sup));
+        cloud.patroni = patroni;
         // Ready: every region healthy with its 16 GPUs schedulable (or the
         // logs are kept for whoever reads the failure).
         cloud.dir.disable_cleanup(true);
@@ -329,6 +399,49 @@ impl Cloud {
         }
     }
 
+    /// A cloud on a lab of machines of its own ([`crate::lab`]), started
+    /// with `bin`: three regions of two control-plane replicas, a
+    /// PostgreSQL host and four GPU machines each (real executor), two
+    /// global replicas, TLS on every hop, CI's short timers. A region is
+    /// killed by a power cut of every one of its hosts and brought back by
+    /// booting them; its links are cut at its router. The drill's trainer
+    /// logs are under the lab's shared directory, bound into every
+    /// sandbox.
+    pub async fn start_lab(bin: &Path) -> anyhow::Result<Cloud> {
+        let lab = Lab::start(bin).await?;
+        let dir = tempfile::Builder::new()
+            .prefix("drill-")
+            .tempdir_in(lab.shared())?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
+        }
+        write_trainer(dir.path());
+        let regions: Vec<RegionInfo> = (crate::lab::REGIONS.iter())
+            .map(|r| {
+                let gpu = &lab.hosts_of(r, crate::lab::HostRole::Agent)[0];
+                RegionInfo {
+                    name: r.to_string(),
+                    url: lab.replica_urls(r)[0].clone(),
+                    database: lab.database_url(r),
+                    store_dir: lab.store_dir(r),
+                    agent_dir: gpu.dir.join("var/agent"),
+                    broken: Vec::new(),
+                }
+            })
+            .collect();
+        let globals = lab.global_urls();
+        let auth = lab.auth().clone();
+        Ok(Cloud::new(
+            dir,
+            auth,
+            Executor::Real,
+            regions,
+            &globals,
+            Parts::Lab(lab),
+        ))
+    }
+
     fn new(
         dir: tempfile::TempDir,
         auth: DevMaterial,
@@ -357,10 +470,12 @@ impl Cloud {
         let process_logs = match &parts {
             Parts::Own(_) => dir.path().to_path_buf(),
             Parts::Dev(_) => auth.dir.join("logs"),
+            Parts::Lab(lab) => lab.dir.path().join("hosts"),
         };
         Cloud {
             process_logs,
             keep: Default::default(),
+            patroni: None,
             parts,
             dir,
             tenant: tenants[0].clone(),
@@ -377,9 +492,12 @@ impl Cloud {
         self.regions.iter().map(|r| r.name.as_str()).collect()
     }
 
-    /// Keeps [`Cloud::dir`] once the cloud is gone.
+    /// Keeps [`Cloud::dir`] once the cloud is gone (and a lab's files).
     pub fn keep_logs(&self) {
         self.keep.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Parts::Lab(lab) = &self.parts {
+            lab.keep();
+        }
     }
 
     /// Where the drill's and the processes' logs are, in words.
@@ -401,11 +519,21 @@ impl Cloud {
         matches!(self.parts, Parts::Dev(_))
     }
 
+    /// The lab of machines this cloud runs on, if it does.
+    pub fn lab(&self) -> Option<&Lab> {
+        match &self.parts {
+            Parts::Lab(lab) => Some(lab),
+            _ => None,
+        }
+    }
+
     /// Breaks `target` (`broken`) or mends it.
     pub async fn apply(&self, target: Target, broken: bool) -> anyhow::Result<()> {
         match &self.parts {
             Parts::Own(sup) => sup.apply(&target, broken).await,
             Parts::Dev(remote) => remote.apply(&target, broken).await,
+            // Links and processes by the dozen: off the runtime's threads.
+            Parts::Lab(lab) => tokio::task::block_in_place(|| lab.apply(&target, broken)),
         }
     }
 
@@ -414,6 +542,7 @@ impl Cloud {
         match &self.parts {
             Parts::Own(sup) => sup.mend_all().await,
             Parts::Dev(remote) => remote.mend_all().await,
+            Parts::Lab(lab) => tokio::task::block_in_place(|| lab.mend_all()),
         }
     }
 
@@ -456,7 +585,10 @@ impl Cloud {
 
     /// The job as region `name` itself has it (its own copy), if it has one.
     pub async fn copy_in(&self, name: &str, id: Uuid) -> Option<Job> {
-        self.direct(name).get(id).await.ok()
+        (self
+            .ask(name, LAB_PROBE, |c| async move { Ok(c.get(id).await?) })
+            .await)
+            .ok()
     }
 
     /// Region `name`'s usage ledger: its own rows and those it holds for
@@ -467,10 +599,10 @@ impl Cloud {
     ) -> anyhow::Result<Vec<gangway_shared::billing::UsageRecord>> {
         let now = chrono::Utc::now();
         let day = chrono::Duration::days(1);
-        Ok(self
-            .direct(name)
-            .usage_records(now - day, now + day, None)
-            .await?)
+        self.ask(name, LAB_READ, |c| async move {
+            Ok(c.usage_records(now - day, now + day, None).await?)
+        })
+        .await
     }
 
     /// What region `name` closed of `home`'s placements in the last day,
@@ -492,8 +624,11 @@ impl Cloud {
             "/v1/admin/usage/closings?{}",
             gangway_shared::http::query_string(&q)
         );
-        let doc = (self.direct(name))
-            .call_json(reqwest::Method::GET, &path, None)
+        let path = &path;
+        let doc = self
+            .ask(name, LAB_READ, |c| async move {
+                Ok(c.call_json(reqwest::Method::GET, path, None).await?)
+            })
             .await?;
         Ok(serde_json::from_value(doc)?)
     }
@@ -506,9 +641,16 @@ impl Cloud {
         &self,
         name: &str,
     ) -> anyhow::Result<std::collections::BTreeMap<Uuid, chrono::DateTime<chrono::Utc>>> {
+        self.ask(name, LAB_READ, |client| Self::corrections_of(client))
+            .await
+    }
+
+    /// [`Cloud::corrections_in`] of the region `client` calls.
+    async fn corrections_of(
+        client: Client,
+    ) -> anyhow::Result<std::collections::BTreeMap<Uuid, chrono::DateTime<chrono::Utc>>> {
         let now = chrono::Utc::now();
         let day = chrono::Duration::days(1);
-        let client = self.direct(name);
         let mut cut = std::collections::BTreeMap::new();
         let mut after: Option<Uuid> = None;
         loop {
@@ -537,12 +679,112 @@ impl Cloud {
     }
 
     /// Whether region `name` says it is fenced (`None`: it did not say).
+    /// A lab region answers through each of its replicas, which fence each
+    /// on its own: it is unfenced when one says so (that one would place
+    /// and run what its database holds).
     pub async fn fenced(&self, name: &str) -> Option<bool> {
-        self.direct(name)
-            .region_status()
+        let said: Vec<bool> = (self.each(name, LAB_PROBE, |c| async move {
+            Ok(c.region_status().await?.fenced)
+        }))
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+        match said.is_empty() {
+            true => None,
+            false => Some(said.iter().all(|f| *f)),
+        }
+    }
+
+    /// Asks region `name` itself with `f`. A lab region is asked through
+    /// every replica at once, each given `within` (a host without power
+    /// answers nothing): the first answer is the region's.
+    async fn ask<T, Fut>(
+        &self,
+        name: &str,
+        within: Duration,
+        f: impl Fn(Client) -> Fut,
+    ) -> anyhow::Result<T>
+    where
+        Fut: std::future::Future<Output = anyhow::Result<T>>,
+    {
+        if self.lab().is_none() {
+            return f(self.direct(name)).await;
+        }
+        let calls = self.directs(name).into_iter().map(|c| {
+            let call = f(c);
+            Box::pin(async move {
+                match tokio::time::timeout(within, call).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(anyhow::anyhow!("no answer within {within:?}")),
+                }
+            })
+        });
+        let (answer, _) = futures_util::future::select_ok(calls)
             .await
-            .ok()
-            .map(|s| s.fenced)
+            .map_err(|e| e.context(format!("no replica of {name} answered")))?;
+        Ok(answer)
+    }
+
+    /// What each replica of region `name` answers `f` (one for a cloud
+    /// on loopback), as [`Cloud::ask`] asks.
+    async fn each<T, Fut>(
+        &self,
+        name: &str,
+        within: Duration,
+        f: impl Fn(Client) -> Fut,
+    ) -> Vec<Option<T>>
+    where
+        Fut: std::future::Future<Output = anyhow::Result<T>>,
+    {
+        if self.lab().is_none() {
+            return vec![f(self.direct(name)).await.ok()];
+        }
+        let calls = self.directs(name).into_iter().map(|c| {
+            let call = f(c);
+            async move { (tokio::time::timeout(within, call).await).ok()?.ok() }
+        });
+        futures_util::future::join_all(calls).await
+    }
+
+    /// A client of each control-plane replica of region `name` (a lab
+    /// region has two; a cloud on loopback, one).
+    fn directs(&self, name: &str) -> Vec<Client> {
+        let urls = match &self.parts {
+            Parts::Lab(lab) => lab.replica_urls(name),
+            _ => vec![self.region(name).url.clone()],
+        };
+        let ca = self.auth.ca_pem().expect("the cloud's CA is readable");
+        (urls.into_iter())
+            .map(|url| {
+                Client::region(url, "acme", Some(ca.as_bytes()))
+                    .expect("the cloud's CA is valid PEM")
+                    .with_token(self.service.clone())
+            })
+            .collect()
+    }
+
+    /// A connection to region `name`'s PostgreSQL, as the drills check it
+    /// (a lab's takes TLS alone, under the lab's CA).
+    pub async fn database_client(&self, name: &str) -> anyhow::Result<tokio_postgres::Client> {
+        let url = self.database(name);
+        let client = match &self.parts {
+            Parts::Lab(lab) => {
+                let config = gangway_auth::tls::client_config(lab.ca_pem())?;
+                let tls = tokio_postgres_rustls::MakeRustlsConnect::new(
+                    std::sync::Arc::unwrap_or_clone(config),
+                );
+                let (client, conn) = tokio_postgres::connect(url, tls).await?;
+                tokio::spawn(conn);
+                client
+            }
+            _ => {
+                let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+                tokio::spawn(conn);
+                client
+            }
+        };
+        Ok(client)
     }
 
     fn region(&self, name: &str) -> &RegionInfo {
@@ -641,6 +883,12 @@ impl Cloud {
             false,
         )
         .await
+    }
+
+    /// The region whose database is a Patroni cluster, and the cluster
+    /// (a cloud of [`Cloud::start_ha`]).
+    pub fn patroni(&self) -> Option<(&str, &Arc<PatroniCluster>)> {
+        self.patroni.as_ref().map(|(n, c)| (n.as_str(), c))
     }
 
     /// Where region `name`'s checkpoint store keeps its objects.

@@ -19,8 +19,20 @@
 //! meet on the WAN. A region's links are cut where a real one's would be:
 //! its router's WAN link goes down (`ip link set … down`), and it still
 //! reaches its own database and agents. A host is killed as a power cut
-//! would: every process in its namespace gets SIGKILL and its link goes
-//! down. Delay or loss can be put on any link with `tc netem`.
+//! would: its links go down (nothing it sends gets out, not even the
+//! kernel's goodbyes to its peers), then every process in its namespace
+//! gets SIGKILL — workers too, until none is left. A whole region loses
+//! power host by host the same way ([`Lab::power_off`]), and boots again on
+//! its data ([`Lab::power_on`]): links up, routes put back (the kernel
+//! drops the routes through a link that goes down), every process started
+//! again from the same files. Delay or loss can be put on any link with
+//! `tc netem`.
+//!
+//! The harness also has an address on each region's LAN, 10.199.R.254: a
+//! management path, as an operator's out-of-band network, through which
+//! it watches a region whose router is cut off. No host routes anything
+//! through it, and the harness's namespace forwards nothing from the
+//! lab's bridges.
 //!
 //! Every process runs from the paths the Debian package installs and is
 //! configured from the reference files (deploy/config/), with TLS on every
@@ -33,8 +45,11 @@
 //! Needs root, `ip` (iproute2), `unshare` and `runuser` (util-linux),
 //! PostgreSQL's server binaries and, for the agents' sandboxes,
 //! bubblewrap. One lab runs at a time on a machine (its names and
-//! addresses are fixed); a lab left by a killed test is removed by the
-//! next one.
+//! addresses are fixed): [`Lab::start`] waits for a lock on
+//! `/run/lock/gangway-lab.lock` (or `/tmp`'s), held until the lab is gone —
+//! tests of one binary run in parallel threads, and a `gangway chaos --lab`
+//! may run beside them; a lab left by a killed process (its lock released
+//! with it) is removed by the next one.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
@@ -54,6 +69,7 @@ use gangway_shared::tokens;
 
 use crate::cloud::{DRILL_TIMERS, SHORT_TIMERS};
 use crate::procs::{agent_token, Proc};
+use crate::supervisor::Target;
 
 /// The lab's regions.
 pub const REGIONS: [&str; 3] = ["r1", "r2", "r3"];
@@ -139,6 +155,15 @@ pub struct Lab {
     service: String,
     ca_pem: String,
     keep: std::sync::atomic::AtomicBool,
+    /// Each region's database superuser password.
+    passwords: Mutex<std::collections::BTreeMap<String, String>>,
+    /// The hosts without power ([`Lab::power_off`]) and the regions cut
+    /// off ([`Lab::cut_region`]), for [`Lab::mend_all`].
+    off: Mutex<std::collections::BTreeSet<String>>,
+    cut: Mutex<std::collections::BTreeSet<String>>,
+    /// The machine's one-lab lock, held while the lab lives: last, so
+    /// that it is released once the lab is gone.
+    _lock: std::fs::File,
 }
 
 impl Drop for Lab {
@@ -312,6 +337,60 @@ fn teardown() {
     }
 }
 
+/// Kills every process in namespace `ns` until none is left (a process
+/// may fork while a round kills: a trainer starts a `sleep` every step).
+fn kill_all_in(ns: &str) {
+    for _ in 0..100 {
+        let pids = run("ip", &["netns", "pids", ns]).unwrap_or_default();
+        if pids.split_whitespace().next().is_none() {
+            return;
+        }
+        kill_namespace(ns);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tracing::warn!(
+        ns,
+        "processes are left in the namespace after 100 rounds of SIGKILL"
+    );
+}
+
+/// The machine's one-lab lock (see the module's documentation), once this
+/// process holds it.
+fn lock() -> anyhow::Result<std::fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let dir = if Path::new("/run/lock").is_dir() {
+        "/run/lock"
+    } else {
+        "/tmp"
+    };
+    let path = Path::new(dir).join("gangway-lab.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening the lab's lock {}", path.display()))?;
+    let fd = file.as_raw_fd();
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(file);
+    }
+    eprintln!(
+        "another lab runs on this machine: waiting for it to end ({})",
+        path.display()
+    );
+    loop {
+        // SAFETY: as above; blocks until the holder releases it.
+        if unsafe { libc::flock(fd, libc::LOCK_EX) } == 0 {
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).with_context(|| format!("locking {}", path.display()));
+        }
+    }
+}
+
 /// Writes `contents` to `path`, making its directory; `private`: 0600.
 fn write(path: &Path, contents: impl AsRef<[u8]>, private: bool) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
@@ -366,6 +445,7 @@ impl Lab {
                 format!("the lab needs `{tool}`: apt-get install -y iproute2 util-linux")
             })?;
         }
+        let lock = tokio::task::spawn_blocking(lock).await??;
         teardown();
         // The mount points the package's paths are bound on.
         for d in ["/etc/gangway", "/var/lib/gangway"] {
@@ -386,6 +466,15 @@ impl Lab {
         let hosts = plan(dir.path());
         network(&hosts)?;
         write(&dir.path().join("host-exec"), HOST_EXEC, false)?;
+        {
+            // What jobs write for the harness to read: bound into every
+            // sandbox of every GPU machine (its subdirectories are made
+            // writable by whoever needs them).
+            use std::os::unix::fs::PermissionsExt;
+            let shared = dir.path().join("shared");
+            std::fs::create_dir_all(&shared)?;
+            std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o711))?;
+        }
         // Each region's checkpoint store: a file system its control planes
         // and machines share (S3 in production).
         for r in REGIONS {
@@ -393,7 +482,7 @@ impl Lab {
         }
         let mut databases = Vec::new();
         for h in &hosts {
-            write_host_files(h, &hosts, &auth, &ca)?;
+            write_host_files(h, &hosts, &auth, &ca, &dir.path().join("shared"))?;
         }
         let service = crate::procs::token(&auth.service_key, Role::Service, None);
         let tenant_token = auth.tenant_key.sign(&claims_for(
@@ -422,6 +511,10 @@ impl Lab {
             service,
             ca_pem,
             keep: Default::default(),
+            passwords: Default::default(),
+            off: Default::default(),
+            cut: Default::default(),
+            _lock: lock,
         };
         // Kept while it comes up: a lab that does not is read from its logs.
         lab.keep();
@@ -430,47 +523,12 @@ impl Lab {
             let h = h.clone();
             databases.push(tokio::task::spawn_blocking(move || init_database(&h)));
         }
-        let mut passwords = std::collections::BTreeMap::new();
         for d in databases {
             let (region, password) = d.await??;
-            passwords.insert(region, password);
-        }
-        for h in lab.hosts.iter().filter(|h| h.role == HostRole::Database) {
-            lab.start_database(h)?;
+            lab.passwords.lock().unwrap().insert(region, password);
         }
         for h in &lab.hosts {
-            match h.role {
-                HostRole::Control => {
-                    let region = h.region.as_deref().unwrap();
-                    let url = format!(
-                        "postgres://postgres:{}@{region}-db.{DOMAIN}:5432/postgres\
-                         ?sslmode=verify-full&sslrootcert=/etc/gangway/tls/ca.pem",
-                        passwords[region]
-                    );
-                    lab.spawn(
-                        h,
-                        "region",
-                        &["region"],
-                        &[
-                            ("GANGWAY_CONFIG", "/etc/gangway/region.toml"),
-                            ("GANGWAY_DATABASE_URL", &url),
-                        ],
-                    )?;
-                }
-                HostRole::Agent => lab.spawn(
-                    h,
-                    "agent",
-                    &["agent"],
-                    &[("GANGWAY_CONFIG", "/etc/gangway/agent.toml")],
-                )?,
-                HostRole::Global => lab.spawn(
-                    h,
-                    "global",
-                    &["global"],
-                    &[("GANGWAY_CONFIG", "/etc/gangway/global.toml")],
-                )?,
-                HostRole::Router | HostRole::Database => {}
-            }
+            lab.start_host(h)?;
         }
         crate::procs::until_ready(
             &lab.tenant,
@@ -558,9 +616,54 @@ impl Lab {
         Ok(())
     }
 
+    /// Starts host `h`'s processes as its role and files say: a database
+    /// host's PostgreSQL, a control-plane host's `gangway region`, a GPU
+    /// machine's `gangway agent`, a global host's `gangway global` (a
+    /// router runs nothing).
+    fn start_host(&self, h: &Host) -> anyhow::Result<()> {
+        match h.role {
+            HostRole::Database => self.start_database(h),
+            HostRole::Control => {
+                let region = h.region.as_deref().unwrap();
+                let password = (self.passwords.lock().unwrap().get(region).cloned())
+                    .with_context(|| format!("no database password for {region}"))?;
+                let url = format!(
+                    "postgres://postgres:{password}@{region}-db.{DOMAIN}:5432/postgres\
+                     ?sslmode=verify-full&sslrootcert=/etc/gangway/tls/ca.pem"
+                );
+                self.spawn(
+                    h,
+                    "region",
+                    &["region"],
+                    &[
+                        ("GANGWAY_CONFIG", "/etc/gangway/region.toml"),
+                        ("GANGWAY_DATABASE_URL", &url),
+                    ],
+                )
+            }
+            HostRole::Agent => self.spawn(
+                h,
+                "agent",
+                &["agent"],
+                &[("GANGWAY_CONFIG", "/etc/gangway/agent.toml")],
+            ),
+            HostRole::Global => self.spawn(
+                h,
+                "global",
+                &["global"],
+                &[("GANGWAY_CONFIG", "/etc/gangway/global.toml")],
+            ),
+            HostRole::Router => Ok(()),
+        }
+    }
+
     fn start_database(&self, h: &Host) -> anyhow::Result<()> {
         let bins = PgBinaries::find()?;
         let data = h.dir.join("var/postgresql");
+        // Left by a postmaster killed with its host: every process of the
+        // host is gone, and a pid reused meanwhile must not keep the
+        // database from starting again (crash recovery follows).
+        let _ = std::fs::remove_file(data.join("postmaster.pid"));
         let mut cmd = self.on_host(h);
         cmd.args(["runuser", "-u", "postgres", "--"])
             .arg(&bins.postgres)
@@ -626,24 +729,181 @@ impl Lab {
         }
     }
 
-    /// Kills host `name` as a power cut would: SIGKILL to every process in
-    /// its namespace (workers too), and its link down.
+    /// Kills host `name` as a power cut would: see [`Lab::power_off`].
     pub fn kill_host(&self, name: &str) -> anyhow::Result<()> {
-        let h = self.host(name);
-        kill_namespace(&h.ns);
-        run("ip", &["-n", &h.ns, "link", "set", "eth0", "down"])?;
-        self.procs.lock().unwrap().retain(|(host, _)| host != name);
+        self.power_off(&[name])
+    }
+
+    /// Host `h`'s links: `eth0`, and a router's `wan0`.
+    fn links(h: &Host) -> &'static [&'static str] {
+        match h.role {
+            HostRole::Router => &["eth0", "wan0"],
+            _ => &["eth0"],
+        }
+    }
+
+    /// Hosts `names` lose power, one after another as a room's racks go
+    /// dark: first every one's links go down, so that nothing any of them
+    /// sends gets out (not even the kernel's FIN or RST for a socket its
+    /// killed process held: a dead machine says no goodbye), then every
+    /// process in each one's namespace gets SIGKILL — the workers its
+    /// agent started too — until none is left.
+    pub fn power_off(&self, names: &[&str]) -> anyhow::Result<()> {
+        let hosts: Vec<&Host> = names.iter().map(|n| self.host(n)).collect();
+        for h in &hosts {
+            for link in Self::links(h) {
+                run("ip", &["-n", &h.ns, "link", "set", link, "down"])?;
+            }
+        }
+        for h in &hosts {
+            kill_namespace(&h.ns);
+        }
+        // Ours reaped (SIGKILL again, and waited for), then whatever
+        // forked meanwhile.
+        self.procs
+            .lock()
+            .unwrap()
+            .retain(|(host, _)| !names.contains(&host.as_str()));
+        for h in &hosts {
+            kill_all_in(&h.ns);
+        }
+        (self.off.lock().unwrap()).extend(names.iter().map(|n| n.to_string()));
         Ok(())
+    }
+
+    /// Hosts `names` boot again, in that order: links up, their routes put
+    /// back (the kernel dropped those through a link that went down), and
+    /// their processes started from the same files, on the data they left
+    /// (a database recovers from its crash).
+    pub fn power_on(&self, names: &[&str]) -> anyhow::Result<()> {
+        for name in names {
+            let h = self.host(name);
+            for link in Self::links(h) {
+                run("ip", &["-n", &h.ns, "link", "set", link, "up"])?;
+            }
+            ip_batch(Some(&h.ns), &routes(h))?;
+            self.start_host(h)?;
+            self.off.lock().unwrap().remove(*name);
+        }
+        Ok(())
+    }
+
+    /// Every host of region `region`, in the order it boots: its router,
+    /// its database, its control planes, its GPU machines.
+    pub fn region_hosts(&self, region: &str) -> Vec<&str> {
+        let order = [
+            HostRole::Router,
+            HostRole::Database,
+            HostRole::Control,
+            HostRole::Agent,
+        ];
+        (order.iter())
+            .flat_map(|role| self.hosts_of(region, *role))
+            .map(|h| h.name.as_str())
+            .collect()
     }
 
     /// Cuts (or mends) region `region`'s links to the rest of the cloud:
     /// its router's WAN link goes down. Its replicas still reach their
-    /// database and agents.
+    /// database and agents. Mended, the router's routes to the other
+    /// regions are put back.
     pub fn cut_region(&self, region: &str, cut: bool) -> anyhow::Result<()> {
         let router = &self.hosts_of(region, HostRole::Router)[0];
         let state = if cut { "down" } else { "up" };
         run("ip", &["-n", &router.ns, "link", "set", "wan0", state])?;
+        if cut {
+            self.cut.lock().unwrap().insert(region.to_string());
+        } else {
+            ip_batch(Some(&router.ns), &routes(router))?;
+            self.cut.lock().unwrap().remove(region);
+        }
         Ok(())
+    }
+
+    /// Breaks `target` (`broken`) or mends it, as the drills ask a cloud
+    /// to: a whole region loses power host by host, or boots again
+    /// ([`Lab::power_off`], [`Lab::power_on`]); a region's links are cut at
+    /// its router or mended ([`Lab::cut_region`]). The other parts are not
+    /// broken on the lab (yet).
+    pub fn apply(&self, target: &Target, broken: bool) -> anyhow::Result<()> {
+        match target {
+            Target::Region { region } => {
+                let hosts = self.region_hosts(region);
+                if broken {
+                    self.power_off(&hosts)
+                } else {
+                    self.power_on(&hosts)
+                }
+            }
+            Target::Links { region } => self.cut_region(region, broken),
+            other => bail!(
+                "{other} is not broken on the lab of machines: only a whole region \
+                 (region-kill) or its links (partition)"
+            ),
+        }
+    }
+
+    /// Mends what is broken: boots every host without power, heals every
+    /// region cut off.
+    pub fn mend_all(&self) -> anyhow::Result<()> {
+        let off: Vec<String> = self.off.lock().unwrap().iter().cloned().collect();
+        // In boot order, region by region.
+        let mut order: Vec<&str> = Vec::new();
+        for r in REGIONS {
+            order.extend(
+                self.region_hosts(r)
+                    .into_iter()
+                    .filter(|h| off.iter().any(|o| o == h)),
+            );
+        }
+        let rest: Vec<&str> = (self.hosts.iter())
+            .map(|h| h.name.as_str())
+            .filter(|h| off.iter().any(|o| o == h) && !order.contains(h))
+            .collect();
+        order.extend(rest);
+        self.power_on(&order)?;
+        let cut: Vec<String> = self.cut.lock().unwrap().iter().cloned().collect();
+        for r in cut {
+            self.cut_region(&r, false)?;
+        }
+        Ok(())
+    }
+
+    /// Region `region`'s database as the harness reaches it (its address,
+    /// over TLS: the server takes nothing else), for the drills' checks.
+    pub fn database_url(&self, region: &str) -> String {
+        let db = &self.hosts_of(region, HostRole::Database)[0];
+        let password = (self.passwords.lock().unwrap().get(region).cloned()).unwrap_or_default();
+        format!(
+            "postgres://postgres:{password}@{}:5432/postgres?sslmode=require&connect_timeout=5",
+            db.ip
+        )
+    }
+
+    /// The URLs of region `region`'s control-plane replicas, by address.
+    pub fn replica_urls(&self, region: &str) -> Vec<String> {
+        (self.hosts_of(region, HostRole::Control).into_iter())
+            .map(|h| format!("https://{}:7001", h.ip))
+            .collect()
+    }
+
+    /// The URLs of the global tier's replicas, by address.
+    pub fn global_urls(&self) -> Vec<String> {
+        (self.hosts.iter())
+            .filter(|h| h.role == HostRole::Global)
+            .map(|h| format!("https://{}:8443", h.ip))
+            .collect()
+    }
+
+    /// Where jobs write what the harness reads: bound into every sandbox
+    /// of every GPU machine.
+    pub fn shared(&self) -> PathBuf {
+        self.dir.path().join("shared")
+    }
+
+    /// Where region `region`'s checkpoint store keeps its objects.
+    pub fn store_dir(&self, region: &str) -> PathBuf {
+        self.dir.path().join("stores").join(region)
     }
 
     /// Puts `tc netem` delay (ms) and loss (%) on host `name`'s link, or
@@ -731,31 +991,29 @@ fn network(hosts: &[Host]) -> anyhow::Result<()> {
             writeln!(cmds, "link set {name} up")?;
         }
         writeln!(cmds, "link set lo up")?;
-        match (&h.region, h.role) {
-            (Some(r), HostRole::Router) => {
-                let me = region_no(r);
-                for other in REGIONS.iter().map(|o| region_no(o)).filter(|o| *o != me) {
-                    writeln!(
-                        cmds,
-                        "route add {}/24 via {}",
-                        addr(other, 0),
-                        addr(0, 10 + other)
-                    )?;
-                }
-            }
-            (Some(r), _) => writeln!(cmds, "route add default via {}", addr(region_no(r), 1))?,
-            (None, _) => {
-                for r in REGIONS.iter().map(|r| region_no(r)) {
-                    writeln!(cmds, "route add {}/24 via {}", addr(r, 0), addr(0, 10 + r))?;
-                }
+        cmds.push_str(&routes(h));
+    }
+    // The harness's management path: an address on each region's LAN, so
+    // that it reaches (watches) every host of a region whose router is
+    // cut off. Nothing is routed through it: no host has a route via it.
+    for r in REGIONS {
+        writeln!(
+            root,
+            "addr add {}/24 dev {PREFIX}-{r}",
+            addr(region_no(r), 254)
+        )?;
+    }
+    ip_batch(None, &root)?;
+    // Nor does the harness's namespace forward what reaches it on the
+    // lab's bridges, whatever the machine's ip_forward says.
+    for br in std::iter::once(wan).chain(REGIONS.iter().map(|r| format!("{PREFIX}-{r}"))) {
+        let key = format!("net.ipv4.conf.{br}.forwarding=0");
+        if let Err(e) = run("sysctl", &["-qw", &key]) {
+            if run("sysctl", &["-n", "net.ipv4.ip_forward"]).is_ok_and(|v| v.trim() != "0") {
+                return Err(e.context("the machine forwards IPv4: the lab's bridges must not"));
             }
         }
     }
-    // The harness (this machine) reaches the regions through their routers.
-    for r in REGIONS.iter().map(|r| region_no(r)) {
-        writeln!(root, "route add {}/24 via {}", addr(r, 0), addr(0, 10 + r))?;
-    }
-    ip_batch(None, &root)?;
     for (h, cmds) in hosts.iter().zip(&inside) {
         ip_batch(Some(&h.ns), cmds)?;
         if h.role == HostRole::Router {
@@ -775,9 +1033,51 @@ fn network(hosts: &[Host]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Host `h`'s routes, as `ip -batch` lines: a LAN host's default route
+/// through its region's router, a router's to the other regions' LANs
+/// through their routers, a global host's to every region's LAN. `replace`,
+/// so that they also put back what the kernel dropped when a link went
+/// down.
+fn routes(h: &Host) -> String {
+    let mut cmds = String::new();
+    match (&h.region, h.role) {
+        (Some(r), HostRole::Router) => {
+            let me = region_no(r);
+            for other in REGIONS.iter().map(|o| region_no(o)).filter(|o| *o != me) {
+                let _ = writeln!(
+                    cmds,
+                    "route replace {}/24 via {}",
+                    addr(other, 0),
+                    addr(0, 10 + other)
+                );
+            }
+        }
+        (Some(r), _) => {
+            let _ = writeln!(cmds, "route replace default via {}", addr(region_no(r), 1));
+        }
+        (None, _) => {
+            for r in REGIONS.iter().map(|r| region_no(r)) {
+                let _ = writeln!(
+                    cmds,
+                    "route replace {}/24 via {}",
+                    addr(r, 0),
+                    addr(0, 10 + r)
+                );
+            }
+        }
+    }
+    cmds
+}
+
 /// Host `h`'s files: `/etc/hosts`, its certificates and keys, its role's
 /// configuration from the reference file, and the directories it writes.
-fn write_host_files(h: &Host, all: &[Host], auth: &DevMaterial, ca: &DevCa) -> anyhow::Result<()> {
+fn write_host_files(
+    h: &Host,
+    all: &[Host],
+    auth: &DevMaterial,
+    ca: &DevCa,
+    shared: &Path,
+) -> anyhow::Result<()> {
     let etc = h.dir.join("etc");
     let var = h.dir.join("var");
     std::fs::create_dir_all(&var)?;
@@ -892,6 +1192,9 @@ fn write_host_files(h: &Host, all: &[Host], auth: &DevMaterial, ca: &DevCa) -> a
                     ("gpus", toml::Value::Integer(GPUS_PER_MACHINE.into())),
                     ("gpu-type", s("h100")),
                     ("address", s(h.ip.to_string())),
+                    // What the harness reads of jobs (a drill's trainer
+                    // logs), bound into every sandbox.
+                    ("sandbox-bind", list([shared.display().to_string()])),
                 ],
                 &[],
             );

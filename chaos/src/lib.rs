@@ -35,9 +35,22 @@
 //! - `partition`: a region is cut off from its peers and the global tier
 //!   (its agent still reaches it); it must fence and stop its job, its
 //!   buddy must adopt it, and once healed the home must release its copy.
+//! - `database-failover` ([`db_failover`]): the region's database is a
+//!   Patroni cluster; its primary's PostgreSQL is killed, then its
+//!   primary's whole member, under load; nothing may fence, move, restart
+//!   or be lost, and refusals meanwhile are 503s with Retry-After.
+//!
+//! `region-kill` and `partition` also run on a lab of machines ([`lab`],
+//! [`On::Lab`]), where the faults come from the network and the hosts
+//! rather than from a proxy inside Gangway: the region's every host (its
+//! router, database, both control-plane replicas and four GPU machines)
+//! loses power — links down, SIGKILL to every process, workers included —
+//! and boots again on its data; or its router leaves the WAN (`ip link set
+//! wan0 down`) and comes back. The same checks judge both.
 
 pub mod cloud;
 pub mod control;
+pub mod db_failover;
 pub mod lab;
 pub mod procs;
 pub mod supervisor;
@@ -64,17 +77,22 @@ pub enum Drill {
     ControlPlaneKill,
     DatabaseKill,
     Partition,
+    DatabaseFailover,
 }
 
 impl Drill {
-    pub const ALL: [Drill; 6] = [
+    pub const ALL: [Drill; 7] = [
         Drill::RegionKill,
         Drill::AgentKill,
         Drill::GlobalKill,
         Drill::ControlPlaneKill,
         Drill::DatabaseKill,
         Drill::Partition,
+        Drill::DatabaseFailover,
     ];
+
+    /// The drills that also run on a lab of machines ([`On::Lab`]).
+    pub const ON_LAB: [Drill; 2] = [Drill::RegionKill, Drill::Partition];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -84,6 +102,7 @@ impl Drill {
             Drill::ControlPlaneKill => "control-plane-kill",
             Drill::DatabaseKill => "database-kill",
             Drill::Partition => "partition",
+            Drill::DatabaseFailover => "database-failover",
         }
     }
 }
@@ -137,11 +156,65 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Where the processes' logs are (kept only when the drill failed).
     pub logs: String,
+    /// Whether it ran on a lab of machines ([`On::Lab`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lab: bool,
 }
 
 impl Report {
     pub fn passed(&self) -> bool {
         self.violations.is_empty()
+    }
+
+    /// What CI asks of a failover drill (region-kill, control-plane-kill,
+    /// database-kill, partition; on loopback or on the lab) beyond its
+    /// invariants: the broken region had jobs, and each of them ran again
+    /// elsewhere at epoch 2 within `within_s` of the failure, succeeded
+    /// there with its full step count, and resumed from a checkpoint (it
+    /// failed past its second: not from scratch). Each shortfall, in words;
+    /// empty when there is none.
+    pub fn moved_and_resumed(&self, within_s: f64) -> Vec<String> {
+        let t = &self.training;
+        let mut v = Vec::new();
+        let moved: Vec<&JobReport> = (self.jobs.iter())
+            .filter(|j| j.home == self.region)
+            .collect();
+        if moved.is_empty() {
+            v.push(format!("no job of {} in the report", self.region));
+        }
+        for j in moved {
+            let id = j.id;
+            if j.epoch != 2 {
+                v.push(format!("job {id} at epoch {}, not 2", j.epoch));
+            }
+            if j.region == self.region {
+                v.push(format!("job {id} still in {}", j.region));
+            }
+            if j.state != "succeeded" {
+                v.push(format!("job {id} {}, not succeeded", j.state));
+            }
+            if j.final_step != Some(t.total) {
+                v.push(format!(
+                    "job {id} ended at step {:?}, not {}",
+                    j.final_step, t.total
+                ));
+            }
+            if !j.recovered_s.is_some_and(|s| s < within_s) {
+                v.push(format!(
+                    "job {id} ran elsewhere {:?} s after the failure, not within {within_s} s",
+                    j.recovered_s
+                ));
+            }
+            match j.lost {
+                Some(l) if l.resumed >= t.every => {}
+                Some(l) => v.push(format!(
+                    "job {id} resumed from step {}, not from a checkpoint (every {})",
+                    l.resumed, t.every
+                )),
+                None => v.push(format!("job {id}: no lost work measured")),
+            }
+        }
+        v
     }
 }
 
@@ -150,9 +223,10 @@ impl std::fmt::Display for Report {
         let t = &self.training;
         writeln!(
             f,
-            "drill {} on region {}: trainer jobs of {} steps × {} s, a checkpoint every {} steps ({:.1} s)",
+            "drill {} on region {}{}: trainer jobs of {} steps × {} s, a checkpoint every {} steps ({:.1} s)",
             self.drill,
             self.region,
+            if self.lab { " of the lab of machines" } else { "" },
             t.total,
             t.step_s,
             t.every,
@@ -212,25 +286,34 @@ fn watch_twice(
         let mut twice = Vec::new();
         while !stop.load(Ordering::SeqCst) {
             // Per region, once a sample: whether it said it was unfenced
-            // before and after its copies were read.
-            let mut running: Vec<(Uuid, &str)> = Vec::new();
-            for r in cloud.names() {
-                if cloud.fenced(r).await != Some(false) {
-                    continue;
-                }
-                let mut seen = Vec::new();
-                for id in &jobs {
-                    let copy = cloud.copy_in(r, *id).await;
-                    if copy
-                        .is_some_and(|j| matches!(j.state, JobState::Starting | JobState::Running))
-                    {
-                        seen.push((*id, r));
+            // before and after its copies were read. The regions side by
+            // side, so that one that answers slowly (a lab region without
+            // power answers nothing) holds up no other's sample.
+            let samples = cloud.names().into_iter().map(|r| {
+                let (cloud, jobs) = (&cloud, &jobs);
+                async move {
+                    let mut seen = Vec::new();
+                    if cloud.fenced(r).await != Some(false) {
+                        return seen;
                     }
+                    for id in jobs {
+                        let copy = cloud.copy_in(r, *id).await;
+                        if copy.is_some_and(|j| {
+                            matches!(j.state, JobState::Starting | JobState::Running)
+                        }) {
+                            seen.push((*id, r));
+                        }
+                    }
+                    if cloud.fenced(r).await != Some(false) {
+                        seen.clear();
+                    }
+                    seen
                 }
-                if cloud.fenced(r).await == Some(false) {
-                    running.extend(seen);
-                }
-            }
+            });
+            let running: Vec<(Uuid, &str)> = (futures_util::future::join_all(samples).await)
+                .into_iter()
+                .flatten()
+                .collect();
             for id in &jobs {
                 let live: Vec<&str> = (running.iter())
                     .filter(|(j, _)| j == id)
@@ -289,6 +372,9 @@ pub enum On<'a> {
     Own { bin: &'a Path, short: bool },
     /// The running `gangway dev up` whose state dir this is.
     Dev(&'a Path),
+    /// A lab of machines of its own ([`lab`]), of `bin`, with CI's short
+    /// timers: [`Drill::ON_LAB`] only. Needs root.
+    Lab { bin: &'a Path },
 }
 
 /// Runs `drill` on a cloud of its own of `bin` (short timers with `short`).
@@ -300,14 +386,35 @@ pub async fn run(drill: Drill, bin: &Path, short: bool) -> anyhow::Result<Report
 /// found: whatever the drill broke is mended, however it ended.
 pub async fn run_on(drill: Drill, on: On<'_>) -> anyhow::Result<Report> {
     let cloud = Arc::new(match on {
+        // Its own cloud's first region on a Patroni cluster (always with
+        // HA_TIMERS: short timers would fence during the failover).
+        On::Own { bin, .. } if drill == Drill::DatabaseFailover => {
+            Cloud::start_ha(bin, cloud::REGIONS[0]).await
+        }
         On::Own { bin, short } => Cloud::start_with(bin, short, Executor::Real).await,
+        On::Dev(_) if drill == Drill::DatabaseFailover => anyhow::bail!(
+            "the database-failover drill runs on a cloud of its own (a region on a Patroni \
+             cluster): run it without --dev"
+        ),
         On::Dev(state_dir) => Cloud::attach(state_dir).await?,
+        On::Lab { bin } => {
+            if !Drill::ON_LAB.contains(&drill) {
+                let names: Vec<&str> = Drill::ON_LAB.iter().map(|d| d.as_str()).collect();
+                anyhow::bail!(
+                    "the {} drill does not run on the lab of machines (yet): {} do",
+                    drill.as_str(),
+                    names.join(" and ")
+                );
+            }
+            Cloud::start_lab(bin).await?
+        }
     });
     // Names and keys no earlier drill on the same cloud used.
     let tag = Uuid::new_v4().simple().to_string()[..8].to_string();
     let outcome = match drill {
         Drill::AgentKill => agent_kill(cloud.clone(), &tag).await,
         Drill::GlobalKill => global_kill(cloud.clone(), &tag).await,
+        Drill::DatabaseFailover => db_failover::run(cloud.clone(), &tag).await,
         _ => failover(drill, cloud.clone(), &tag).await,
     };
     if !cloud.is_dev() {
@@ -364,12 +471,31 @@ async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<
     let at: Vec<usize> = jobs.iter().map(|w| read_log(&w.log).len()).collect();
     let broke = Instant::now();
     let broke_at = chrono::Utc::now();
+    // What the lab's faults took (the loopback's are instant).
+    let mut notes = Vec::new();
+    if let Some(lab) = cloud.lab() {
+        match drill {
+            Drill::RegionKill => notes.push(format!(
+                "{victim} lost power host by host: {} (links down, then SIGKILL to every process)",
+                lab.region_hosts(&victim).join(", ")
+            )),
+            Drill::Partition => notes.push(format!(
+                "{victim}'s router left the WAN (wan0 down); its hosts reach each other, nothing else"
+            )),
+            _ => {}
+        }
+    }
     match drill {
         Drill::RegionKill => cloud.kill(&victim).await?,
-        Drill::AgentKill | Drill::GlobalKill => unreachable!("drills of their own"),
+        Drill::AgentKill | Drill::GlobalKill | Drill::DatabaseFailover => {
+            unreachable!("drills of their own")
+        }
         Drill::ControlPlaneKill => cloud.kill_control(&victim).await?,
         Drill::DatabaseKill => cloud.kill_database(&victim).await?,
         Drill::Partition => cloud.partition(&victim, true).await?,
+    }
+    if let Some(n) = notes.first_mut() {
+        n.push_str(&format!(", in {:.2} s", broke.elapsed().as_secs_f64()));
     }
     // Each of the victim's jobs runs again elsewhere at the next epoch.
     let mut recovered = BTreeMap::new();
@@ -390,7 +516,7 @@ async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<
     // The broken region comes back, and must release its copies of the
     // moved jobs (and, freshly booted, start none of them meanwhile).
     let back = match drill {
-        Drill::AgentKill | Drill::GlobalKill => false,
+        Drill::AgentKill | Drill::GlobalKill | Drill::DatabaseFailover => false,
         Drill::RegionKill => {
             // Were it never to come back, its moved jobs would be billed
             // from its copies, to its death.
@@ -432,6 +558,8 @@ async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<
             true
         }
     };
+    let back_at = Instant::now();
+    let mut released_s: Option<f64> = None;
     if back {
         for w in jobs.iter().filter(|w| w.home == victim) {
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -441,6 +569,7 @@ async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<
                     .as_ref()
                     .is_some_and(|c| c.state == JobState::Cancelled && c.moved_to.is_some());
                 if released {
+                    released_s = Some(back_at.elapsed().as_secs_f64());
                     break;
                 }
                 if Instant::now() >= deadline {
@@ -450,6 +579,20 @@ async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
+    }
+    if cloud.lab().is_some() && back {
+        let how = match drill {
+            Drill::RegionKill => "booted again (links up, routes back, every process started)",
+            _ => "healed (wan0 up, its routes back)",
+        };
+        notes.push(format!(
+            "{victim} {how} {:.1} s after the fault; {}",
+            (back_at - broke).as_secs_f64(),
+            match released_s {
+                Some(s) => format!("it had released its copies {s:.1} s later"),
+                None => "it never released its copies".into(),
+            }
+        ));
     }
     // A retried create with the moved job's key returns the adopted job.
     let w = &jobs[0];
@@ -496,7 +639,9 @@ async fn failover(drill: Drill, cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<
     }
     violations.extend(allocated_twice(&cloud, None).await);
     violations.extend(usage_counted_twice(&cloud, &ids, None).await);
-    Ok(finish(cloud, drill, victim, t, reports, violations))
+    let mut report = finish(cloud, drill, victim, t, reports, violations);
+    report.notes = notes;
+    Ok(report)
 }
 
 /// What the trainer's own log says of job `w` (`ended` as the control
@@ -701,7 +846,7 @@ async fn billed_from_copies(
 async fn allocated_twice(cloud: &Cloud, skip: Option<&str>) -> Vec<String> {
     let mut v = Vec::new();
     for r in cloud.names().into_iter().filter(|r| Some(*r) != skip) {
-        match twice_allocated(cloud.database(r)).await {
+        match twice_allocated(cloud, r).await {
             Ok(0) => {}
             Ok(n) => v.push(format!("{r}: {n} GPU(s) allocated to two workers at once")),
             Err(e) => v.push(format!("{r}: cannot check its allocations: {e:#}")),
@@ -724,6 +869,7 @@ fn finish(
         cloud.keep_logs();
     }
     Report {
+        lab: cloud.lab().is_some(),
         drill: drill.as_str().into(),
         region,
         training,
@@ -1075,11 +1221,10 @@ fn judge_log(id: Uuid, log: &trainer::Log, t: Training) -> Vec<String> {
     v
 }
 
-/// How many pairs of allocations in the database at `url` gave one GPU to
-/// two workers over overlapping times.
-async fn twice_allocated(url: &str) -> anyhow::Result<i64> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    let conn = tokio::spawn(conn);
+/// How many pairs of allocations in region `region`'s database gave one
+/// GPU to two workers over overlapping times.
+async fn twice_allocated(cloud: &Cloud, region: &str) -> anyhow::Result<i64> {
+    let client = cloud.database_client(region).await?;
     let n: i64 = client
         .query_one(
             "SELECT count(*) FROM allocations a JOIN allocations b
@@ -1090,7 +1235,5 @@ async fn twice_allocated(url: &str) -> anyhow::Result<i64> {
         )
         .await?
         .get(0);
-    drop(client);
-    let _ = conn.await;
     Ok(n)
 }

@@ -152,8 +152,9 @@ pub struct RegionParts {
     pub info: RegionInfo,
     pub control: Launch,
     pub agent: Launch,
-    /// Its PostgreSQL, started.
-    pub database: PgCluster,
+    /// Its PostgreSQL, started (`None`: one the supervisor does not break
+    /// or mend, a Patroni cluster the drill holds itself).
+    pub database: Option<PgCluster>,
 }
 
 /// A link: connections from `from` (a region, or `global`) to region `to`
@@ -252,7 +253,7 @@ impl Supervisor {
                 control: Service::new(format!("{}: the control plane", r.info.name), r.control),
                 agent: Service::new(format!("{}: the agent", r.info.name), r.agent),
                 info: r.info,
-                pg: Some(r.database),
+                pg: r.database,
                 pg_broken: false,
             })
             .collect();
@@ -368,7 +369,15 @@ impl Supervisor {
                 .agent
                 .start()?,
             (Target::Database { region }, true) => {
-                kill_database(Self::member(&mut self.lock_regions(), region)?)
+                let mut regions = self.lock_regions();
+                let m = Self::member(&mut regions, region)?;
+                if m.pg.is_none() && !m.pg_broken {
+                    anyhow::bail!(
+                        "{region}'s database is not a server this cloud holds (a Patroni \
+                         cluster): `gangway chaos database-failover` drills its failover"
+                    );
+                }
+                kill_database(m)
             }
             (Target::Database { region }, false) => self.start_database(region).await?,
             (Target::Links { region }, cut) => {
@@ -506,8 +515,13 @@ impl Supervisor {
     }
 }
 
+/// Kills the region's PostgreSQL, when it is a server the supervisor
+/// holds (a Patroni cluster is not: it stays up).
 fn kill_database(m: &mut Member) {
-    if let Some(pid) = m.pg.as_ref().and_then(PgCluster::postmaster_pid) {
+    let Some(pg) = m.pg.as_ref() else {
+        return;
+    };
+    if let Some(pid) = pg.postmaster_pid() {
         // SAFETY: signalling a process of ours; its backends exit when
         // they see the postmaster gone.
         unsafe { libc::kill(pid, libc::SIGKILL) };

@@ -19,14 +19,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use gangway_auth::dev::DevMaterial;
 use gangway_auth::jwt::{claims_for, Role};
-use gangway_chaos::cloud::{DRILL_TIMERS, SHORT_TIMERS};
+use gangway_chaos::cloud::{DRILL_TIMERS, HA_TIMERS, SHORT_TIMERS};
 use gangway_chaos::control;
 use gangway_chaos::procs::Proxy;
 use gangway_chaos::supervisor::{Launch, Link, RegionInfo, RegionParts, Supervisor};
-use gangway_devkit::{free_port, PgCluster, PgOptions};
+use gangway_devkit::{free_port, PatroniCluster, PatroniOptions, PgCluster, PgOptions};
 use gangway_shared::client::Client;
 use gangway_shared::tokens;
 use serde::{Deserialize, Serialize};
@@ -79,7 +79,25 @@ pub struct UpArgs {
     /// `--balance-after-s`; 0: never; default: the region's).
     #[arg(long)]
     balance_after_s: Option<u64>,
+    /// Each region's database: `single`, one PostgreSQL server (kept
+    /// across restarts); `ha`, a three-member Patroni cluster (a primary
+    /// and a synchronous standby, one etcd per region; needs the Debian
+    /// packages `patroni` and `etcd-server`), fresh on every start, with
+    /// the regions' lease at 30 s so that a failover passes without
+    /// fencing (docs/operations.md).
+    #[arg(long, value_enum, default_value_t = DbKind::Single)]
+    db: DbKind,
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DbKind {
+    Single,
+    Ha,
+}
+
+/// The regions' lease with `--db ha`: longer than a Patroni failover
+/// (ttl 10 s, loop_wait 2 s: about 10–12 s), so a region rides it out.
+const HA_LEASE_S: &str = "30";
 
 /// Ports chosen on the first start, kept so URLs stay stable across restarts.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -204,7 +222,13 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot prepare the dev CA and keys: {e}"))?;
 
     let shutdown = shutdown_token();
-    let sup = Arc::new(assemble(&args, &dir, &exe, &fleet, &state, &auth).await?);
+    // Declared before the supervisor, so dropped after it: the regions
+    // stop before their databases do.
+    let ha = match args.db {
+        DbKind::Single => BTreeMap::new(),
+        DbKind::Ha => start_ha_databases(&args.regions, &dir).await?,
+    };
+    let sup = Arc::new(assemble(&args, &dir, &exe, &fleet, &state, &auth, &ha).await?);
     let result = async {
         sup.start_regions()?;
         for name in &args.regions {
@@ -239,7 +263,10 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
                 name.clone(),
                 format!("https://127.0.0.1:{}", ports.api),
                 format!("http://127.0.0.1:{}/metrics", ports.metrics),
-                format!("127.0.0.1:{}", ports.postgres),
+                match ha.get(name) {
+                    Some(c) => ha_summary(c),
+                    None => format!("127.0.0.1:{}", ports.postgres),
+                },
             ]
         })
         .collect();
@@ -327,6 +354,7 @@ async fn assemble(
     fleet: &Path,
     state: &DevState,
     auth: &DevMaterial,
+    ha: &BTreeMap<String, PatroniCluster>,
 ) -> anyhow::Result<Supervisor> {
     let service_key = format!(
         "{}={}",
@@ -362,27 +390,34 @@ async fn assemble(
         let ports = state.regions[name];
         let region_dir = dir.join("regions").join(name);
         std::fs::create_dir_all(&region_dir)?;
-        println!(
-            "{name}: starting PostgreSQL on 127.0.0.1:{}",
-            ports.postgres
-        );
-        let pg_dir = pg_data_dir(dir, &region_dir, name)?;
         // The region's checkpoint store, shared by its control plane and
         // its agent (docs/jobs.md).
         let store_dir = std::path::absolute(region_dir.join("checkpoints"))?;
         let checkpoint_store = format!("file://{}", store_dir.display());
-        let opts = PgOptions {
-            port: Some(ports.postgres),
-            ..PgOptions::default()
+        let (pg, db) = match ha.get(name) {
+            // Held by `up`; the supervisor neither breaks nor mends it.
+            Some(c) => (None, c.connection_url("gangway")),
+            None => {
+                println!(
+                    "{name}: starting PostgreSQL on 127.0.0.1:{}",
+                    ports.postgres
+                );
+                let pg_dir = pg_data_dir(dir, &region_dir, name)?;
+                let opts = PgOptions {
+                    port: Some(ports.postgres),
+                    ..PgOptions::default()
+                };
+                let pg = tokio::task::spawn_blocking(move || -> anyhow::Result<PgCluster> {
+                    let mut pg = PgCluster::init_or_open(&pg_dir, opts)?;
+                    pg.start()?;
+                    Ok(pg)
+                })
+                .await??;
+                pg.create_database("gangway").await?;
+                let db = pg.connection_string("gangway");
+                (Some(pg), db)
+            }
         };
-        let pg = tokio::task::spawn_blocking(move || -> anyhow::Result<PgCluster> {
-            let mut pg = PgCluster::init_or_open(&pg_dir, opts)?;
-            pg.start()?;
-            Ok(pg)
-        })
-        .await??;
-        pg.create_database("gangway").await?;
-        let db = pg.connection_string("gangway");
         let launch = |what: &str| {
             let mut l = Launch::new(exe, logs.join(format!("{name}-{what}.log")));
             l.die_with_parent = true;
@@ -421,8 +456,12 @@ async fn assemble(
         if let Some(s) = args.balance_after_s {
             control = control.args(["--balance-after-s", &s.to_string()]);
         }
-        if args.short_timers {
-            control = control.args(DRILL_TIMERS).args(SHORT_TIMERS);
+        match (args.short_timers, args.db) {
+            (true, DbKind::Single) => control = control.args(DRILL_TIMERS).args(SHORT_TIMERS),
+            // CI's short timers but a lease a failover fits in.
+            (true, DbKind::Ha) => control = control.args(DRILL_TIMERS).args(HA_TIMERS),
+            (false, DbKind::Ha) => control = control.args(["--peer-lease-s", HA_LEASE_S]),
+            (false, DbKind::Single) => {}
         }
         for peer in args.regions.iter().filter(|p| *p != name) {
             control = control
@@ -559,6 +598,62 @@ fn on_path(program: &str) -> bool {
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// `--db ha`: each region's database a three-member Patroni cluster of its
+/// own (scope = the region's name, one etcd each), started side by side in
+/// `<region's database dir>/../patroni`, fresh (what an earlier start left
+/// is removed first), with the database `gangway` created.
+async fn start_ha_databases(
+    regions: &[String],
+    dir: &Path,
+) -> anyhow::Result<BTreeMap<String, PatroniCluster>> {
+    let mut starts = Vec::new();
+    for name in regions {
+        let region_dir = dir.join("regions").join(name);
+        std::fs::create_dir_all(&region_dir)?;
+        let root = pg_data_dir(dir, &region_dir, name)?.with_file_name("patroni");
+        if root.exists() {
+            std::fs::remove_dir_all(&root)
+                .with_context(|| format!("cannot remove {}", root.display()))?;
+        }
+        println!(
+            "{name}: starting a Patroni cluster of three PostgreSQL servers (a synchronous \
+             standby, etcd) in {}",
+            root.display()
+        );
+        let opts = PatroniOptions {
+            scope: name.clone(),
+            ..PatroniOptions::default()
+        };
+        let name = name.clone();
+        starts.push(tokio::task::spawn_blocking(move || {
+            let c = PatroniCluster::start(&root, opts)
+                .with_context(|| format!("{name}'s Patroni cluster did not start"))?;
+            c.create_database_blocking("gangway")?;
+            anyhow::Ok((name, c))
+        }));
+    }
+    let mut out = BTreeMap::new();
+    // Already running side by side: each awaited in turn.
+    for started in starts {
+        let (name, c) = started.await??;
+        println!("{name}: {}", ha_summary(&c));
+        out.insert(name, c);
+    }
+    Ok(out)
+}
+
+/// A Patroni cluster in a line: its members' ports and who is primary.
+fn ha_summary(c: &PatroniCluster) -> String {
+    let ports: Vec<String> = (c.member_names().iter())
+        .map(|m| c.pg_port(m).to_string())
+        .collect();
+    format!(
+        "127.0.0.1:{} (Patroni; primary {})",
+        ports.join(","),
+        c.primary().unwrap_or_else(|| "none now".into())
+    )
 }
 
 /// Where region `name`'s PostgreSQL keeps its data: in the region's

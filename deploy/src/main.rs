@@ -113,6 +113,14 @@ enum Command {
         /// The dev cloud's state dir (with --dev).
         #[arg(long, env = "GANGWAY_STATE_DIR", default_value = ".gangway")]
         state_dir: std::path::PathBuf,
+        /// Drill on a lab of machines of the drill's own (25 network
+        /// namespaces, TLS on every hop, CI's short timers; needs root):
+        /// the faults come from the network and the hosts — a region's
+        /// every host loses power, or its router leaves the WAN.
+        /// `region-kill` and `partition` only (its timers are always CI's:
+        /// --short-timers changes nothing).
+        #[arg(long, conflicts_with = "dev")]
+        lab: bool,
         /// The report as JSON.
         #[arg(long)]
         json: bool,
@@ -205,10 +213,16 @@ fn main() -> std::process::ExitCode {
                 short_timers,
                 dev,
                 state_dir,
+                lab,
                 json,
             } => {
                 let bin = std::env::current_exe()?;
-                let on = if dev {
+                let on = if lab {
+                    eprintln!(
+                        "starting a lab of machines (25 network namespaces) for the drill…"
+                    );
+                    gangway_chaos::On::Lab { bin: &bin }
+                } else if dev {
                     eprintln!(
                         "drilling {} on the dev cloud of {}…",
                         drill.as_str(),

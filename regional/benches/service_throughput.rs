@@ -11,14 +11,18 @@
 //! triggers and V22's index on allocations dropped). `PROFILE=1` loads
 //! `pg_stat_statements` (nested statements too) and tracks PL/pgSQL
 //! functions, and prints where the backlog phase's database time went:
-//! the statements and functions that took the most.
+//! the statements and functions that took the most. `DB`: `single` (the
+//! default: one server) or `ha` (a three-member Patroni cluster with a
+//! synchronous standby, durable, on this machine: every commit waits for
+//! the standby's flush; needs the Debian packages `patroni` and
+//! `etcd-server`), to compare the submit path's cost side by side.
 //!
 //! Not a criterion bench: one run of a whole pipeline, timed in phases.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use gangway_devkit::{PgCluster, PgOptions};
+use gangway_devkit::{PatroniCluster, PatroniOptions, PgCluster, PgOptions};
 use gangway_regional::{AppState, RegionConfig};
 use gangway_shared::agent::{AgentGpu, AgentNode, RegisterRequest};
 use gangway_shared::api::{JobMode, JobSpec};
@@ -43,6 +47,63 @@ fn size(i: usize) -> i64 {
         90..=96 => 8,
         97..=98 => 16,
         _ => 32,
+    }
+}
+
+/// The region's database: one server, or a Patroni cluster.
+enum Db {
+    Single(PgCluster),
+    Ha(PatroniCluster),
+}
+
+impl Db {
+    fn start(dir: &std::path::Path, extra: Vec<(String, String)>) -> anyhow::Result<Db> {
+        match std::env::var("DB").as_deref().unwrap_or("single") {
+            "single" => {
+                let mut options = PgOptions::default();
+                options.extra_settings = extra;
+                let mut pg = PgCluster::init_or_open(&dir.join("pg"), options)?;
+                pg.start()?;
+                Ok(Db::Single(pg))
+            }
+            "ha" => {
+                let options = PatroniOptions {
+                    scope: "bench".into(),
+                    extra_settings: extra,
+                    ..PatroniOptions::default()
+                };
+                let c = PatroniCluster::start(&dir.join("patroni"), options)?;
+                c.wait_for_sync_standby(Duration::from_secs(60))?;
+                Ok(Db::Ha(c))
+            }
+            other => anyhow::bail!("DB is single or ha, not {other:?}"),
+        }
+    }
+
+    async fn create_database(&self, name: &str) -> anyhow::Result<()> {
+        match self {
+            Db::Single(pg) => pg.create_database(name).await,
+            Db::Ha(c) => c.create_database(name).await,
+        }
+    }
+
+    fn connection_string(&self, db: &str) -> String {
+        match self {
+            Db::Single(pg) => pg.connection_string(db),
+            Db::Ha(c) => c.connection_url(db),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Db::Single(_) => "one PostgreSQL server".into(),
+            Db::Ha(c) => format!(
+                "a Patroni cluster of {} (primary {}, synchronous standby {})",
+                c.member_names().len(),
+                c.primary().unwrap_or_default(),
+                c.sync_standbys().join(",")
+            ),
+        }
     }
 }
 
@@ -93,18 +154,17 @@ fn main() -> anyhow::Result<()> {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )?;
     let profile = std::env::var("PROFILE").is_ok_and(|v| v == "1");
-    let mut options = PgOptions::default();
+    let mut extra = Vec::new();
     if profile {
         for (k, v) in [
             ("shared_preload_libraries", "pg_stat_statements"),
             ("pg_stat_statements.track", "all"),
             ("track_functions", "all"),
         ] {
-            options.extra_settings.push((k.into(), v.into()));
+            extra.push((k.into(), v.into()));
         }
     }
-    let mut pg = PgCluster::init_or_open(&dir.path().join("pg"), options)?;
-    pg.start()?;
+    let pg = Db::start(dir.path(), extra)?;
 
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
@@ -139,7 +199,8 @@ fn main() -> anyhow::Result<()> {
         }
 
         println!(
-            "fleet {fleet_path}: {gpus} schedulable GPUs; {jobs} jobs, {concurrency} concurrent clients"
+            "fleet {fleet_path}: {gpus} schedulable GPUs; {jobs} jobs, {concurrency} concurrent clients; the database: {}",
+            pg.describe()
         );
         let started = Instant::now();
         let mut tasks = Vec::new();
@@ -147,7 +208,9 @@ fn main() -> anyhow::Result<()> {
             let client = Client::new(base.clone(), format!("tenant-{}", c % 8));
             tasks.push(tokio::spawn(async move {
                 let mut i = c;
+                let mut took = Vec::new();
                 while i < jobs {
+                    let sent = Instant::now();
                     let spec = JobSpec {
                         name: format!("bench-{i}"),
                         gpus: size(i),
@@ -169,14 +232,22 @@ fn main() -> anyhow::Result<()> {
                         .submit(&spec, Some(&format!("bench-{i}")))
                         .await
                         .expect("submit");
+                    took.push(sent.elapsed());
                     i += concurrency;
                 }
+                took
             }));
         }
+        let mut latencies = Vec::new();
         for t in tasks {
-            t.await?;
+            latencies.extend(t.await?);
         }
         let submitted = started.elapsed();
+        latencies.sort();
+        let pct = |p: f64| {
+            let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len());
+            latencies[i - 1].as_secs_f64() * 1000.0
+        };
         // Wait until the loop has placed every job that fits.
         let status_client = Client::new(base.clone(), "tenant-0");
         let mut last = u64::MAX;
@@ -198,9 +269,11 @@ fn main() -> anyhow::Result<()> {
         let allocated: u32 = s.capacity.iter().map(|c| c.allocated).sum();
         let placed_jobs = jobs as u64 - s.queued_jobs;
         println!(
-            "submit over HTTP:          {:>8.0} jobs/s  ({jobs} in {:.2} s)",
+            "submit over HTTP:          {:>8.0} jobs/s  ({jobs} in {:.2} s; p50 {:.1} ms, p99 {:.1} ms)",
             jobs as f64 / submitted.as_secs_f64(),
-            submitted.as_secs_f64()
+            submitted.as_secs_f64(),
+            pct(0.5),
+            pct(0.99)
         );
         println!(
             "submitted and placed:      {:>8.0} jobs/s  ({placed_jobs} placed, {allocated} GPUs, all done at {:.2} s)",
@@ -357,7 +430,9 @@ fn main() -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })?;
-    pg.stop()?;
+    if let Db::Single(mut pg) = pg {
+        pg.stop()?;
+    }
     Ok(())
 }
 

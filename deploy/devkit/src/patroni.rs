@@ -391,8 +391,8 @@ impl PatroniCluster {
             );
         }
 
-        let root = std::path::absolute(root)
-            .with_context(|| format!("resolving {}", root.display()))?;
+        let root =
+            std::path::absolute(root).with_context(|| format!("resolving {}", root.display()))?;
         let run_as = RunAs::for_current_process()?;
         std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
         let root = root
@@ -593,7 +593,10 @@ impl PatroniCluster {
             ("wal_log_hints", "on".into()),
             ("wal_keep_size", "256MB".into()),
             ("max_wal_senders", (self.members.len() + 5).to_string()),
-            ("max_replication_slots", (self.members.len() + 5).to_string()),
+            (
+                "max_replication_slots",
+                (self.members.len() + 5).to_string(),
+            ),
         ] {
             line(format!("        {k}: {}", q(&v)));
         }
@@ -605,8 +608,14 @@ impl PatroniCluster {
         line("postgresql:".into());
         line(format!("  listen: \"127.0.0.1:{}\"", m.pg_port));
         line(format!("  connect_address: \"127.0.0.1:{}\"", m.pg_port));
-        line(format!("  data_dir: {}", q(&m.data_dir().to_string_lossy())));
-        line(format!("  bin_dir: {}", q(&self.bins.bin_dir.to_string_lossy())));
+        line(format!(
+            "  data_dir: {}",
+            q(&m.data_dir().to_string_lossy())
+        ));
+        line(format!(
+            "  bin_dir: {}",
+            q(&self.bins.bin_dir.to_string_lossy())
+        ));
         line(format!(
             "  pgpass: {}",
             q(&m.dir.join("pgpass").to_string_lossy())
@@ -626,8 +635,7 @@ impl PatroniCluster {
         line(format!("      username: {}", q(REPLICATION_USER)));
         line(format!("      password: {}", q(&self.password)));
         line("  parameters:".into());
-        let mut local: Vec<(String, String)> =
-            vec![("unix_socket_directories".into(), socket_dir)];
+        let mut local: Vec<(String, String)> = vec![("unix_socket_directories".into(), socket_dir)];
         if o.fast {
             local.push(("fsync".into(), "off".into()));
         }
@@ -716,13 +724,16 @@ impl PatroniCluster {
     }
 
     fn member(&self, name: &str) -> Result<&Member> {
-        self.members.iter().find(|m| m.name == name).with_context(|| {
-            format!(
-                "no member {name:?} in Patroni cluster {} (members: {})",
-                self.opts.scope,
-                self.member_names().join(", ")
-            )
-        })
+        self.members
+            .iter()
+            .find(|m| m.name == name)
+            .with_context(|| {
+                format!(
+                    "no member {name:?} in Patroni cluster {} (members: {})",
+                    self.opts.scope,
+                    self.member_names().join(", ")
+                )
+            })
     }
 
     /// The members' names, `<scope>-db1`…
@@ -865,9 +876,8 @@ impl PatroniCluster {
         for m in &self.members {
             match http_get(m.rest_port, "/cluster", REST_TIMEOUT) {
                 Ok((200, body)) => {
-                    return parse_cluster(&body).with_context(|| {
-                        format!("reading GET /cluster of {}: {body}", m.name)
-                    })
+                    return parse_cluster(&body)
+                        .with_context(|| format!("reading GET /cluster of {}: {body}", m.name))
                 }
                 Ok((code, body)) => errors.push(format!("{}: HTTP {code} {body}", m.name)),
                 Err(e) => errors.push(format!("{}: {e:#}", m.name)),
@@ -929,7 +939,10 @@ impl PatroniCluster {
                         .any(|r| r.0 == s.name && r.1 == "streaming" && is_sync(&r.2))
                 })
                 .with_context(|| {
-                    format!("no synchronous standby streams from {}: {rows:?}", leader.name)
+                    format!(
+                        "no synchronous standby streams from {}: {rows:?}",
+                        leader.name
+                    )
                 })?;
             Ok(sync.name.clone())
         })
@@ -958,7 +971,10 @@ impl PatroniCluster {
             }
             let rows = self.replication(self.member(&leader.name)?)?;
             if !rows.iter().any(|r| r.0 == member && r.1 == "streaming") {
-                bail!("{member} does not stream from {} yet: {rows:?}", leader.name);
+                bail!(
+                    "{member} does not stream from {} yet: {rows:?}",
+                    leader.name
+                );
             }
             Ok(())
         })
@@ -989,7 +1005,11 @@ impl PatroniCluster {
                     );
                 }
             }
-            let standbys = self.members.iter().filter(|m| m.name != leader.name && m.lock().is_some()).count();
+            let standbys = self
+                .members
+                .iter()
+                .filter(|m| m.name != leader.name && m.lock().is_some())
+                .count();
             if standbys > 0 {
                 let synced = (status.iter()).any(|s| {
                     s.is_sync_standby() && rows.iter().any(|r| r.0 == s.name && is_sync(&r.2))
@@ -1005,7 +1025,12 @@ impl PatroniCluster {
     /// Polls `check` every 200 ms until it succeeds; past `timeout`, the
     /// error quotes its last failure and the logs. Fails at once when a
     /// member's Patroni (not killed by us) or etcd has exited.
-    fn poll<T>(&self, timeout: Duration, what: &str, mut check: impl FnMut() -> Result<T>) -> Result<T> {
+    fn poll<T>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        mut check: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
         let t0 = Instant::now();
         let deadline = t0 + timeout;
         loop {
@@ -1080,7 +1105,11 @@ impl PatroniCluster {
     fn on_member<T: Send>(
         &self,
         m: &Member,
-        f: impl for<'c> FnOnce(&'c tokio_postgres::Client) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>> + 'c>> + Send,
+        f: impl for<'c> FnOnce(
+                &'c tokio_postgres::Client,
+            )
+                -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>> + 'c>>
+            + Send,
     ) -> Result<T> {
         let mut config = tokio_postgres::Config::new();
         config
@@ -1092,10 +1121,11 @@ impl PatroniCluster {
             .connect_timeout(Duration::from_secs(3));
         let name = m.name.clone();
         block_on_private_runtime(move || async move {
-            let (client, connection) = tokio::time::timeout(Duration::from_secs(5), config.connect(NoTls))
-                .await
-                .map_err(|_| anyhow!("connecting to {name}: timed out"))?
-                .with_context(|| format!("connecting to {name}"))?;
+            let (client, connection) =
+                tokio::time::timeout(Duration::from_secs(5), config.connect(NoTls))
+                    .await
+                    .map_err(|_| anyhow!("connecting to {name}: timed out"))?
+                    .with_context(|| format!("connecting to {name}"))?;
             let conn = tokio::spawn(connection);
             let result = f(&client).await;
             drop(client);
@@ -1114,10 +1144,13 @@ impl PatroniCluster {
                 if recovery {
                     bail!("{name} is still in recovery");
                 }
-                tokio::time::timeout(WRITE_PROBE_TIMEOUT, c.batch_execute("SELECT txid_current()"))
-                    .await
-                    .map_err(|_| anyhow!("a commit on {name} took over {WRITE_PROBE_TIMEOUT:?}"))?
-                    .with_context(|| format!("a commit on {name}"))?;
+                tokio::time::timeout(
+                    WRITE_PROBE_TIMEOUT,
+                    c.batch_execute("SELECT txid_current()"),
+                )
+                .await
+                .map_err(|_| anyhow!("a commit on {name} took over {WRITE_PROBE_TIMEOUT:?}"))?
+                .with_context(|| format!("a commit on {name}"))?;
                 Ok(())
             })
         })
@@ -1227,7 +1260,12 @@ impl Drop for PatroniCluster {
         let mut procs: Vec<Supervised> = (self.members.iter_mut())
             .filter_map(|m| m.proc.get_mut().unwrap_or_else(|e| e.into_inner()).take())
             .collect();
-        procs.extend(self.etcd.get_mut().unwrap_or_else(|e| e.into_inner()).take());
+        procs.extend(
+            self.etcd
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         for p in &mut procs {
             p.signal_kill();
         }
@@ -1298,7 +1336,10 @@ fn find_program(env: &str, name: &str) -> Result<PathBuf> {
         if p.is_file() {
             return Ok(p);
         }
-        bail!("{env}={} is not a file: {PATRONI_INSTALL_HINT}", p.display());
+        bail!(
+            "{env}={} is not a file: {PATRONI_INSTALL_HINT}",
+            p.display()
+        );
     }
     let on_path = std::env::var_os("PATH").and_then(|path| {
         std::env::split_paths(&path)
@@ -1443,9 +1484,10 @@ fn complete_response(buf: &[u8]) -> Result<Option<(u16, String)>> {
         .find_map(|l| l.strip_prefix("content-length:"))
         .and_then(|v| v.trim().parse::<usize>().ok());
     match length {
-        Some(n) if body.len() >= n => {
-            Ok(Some((status, String::from_utf8_lossy(&body[..n]).into_owned())))
-        }
+        Some(n) if body.len() >= n => Ok(Some((
+            status,
+            String::from_utf8_lossy(&body[..n]).into_owned(),
+        ))),
         _ => Ok(None),
     }
 }
@@ -1632,7 +1674,10 @@ impl JsonParser<'_> {
             Some(c) if *c == b'-' || c.is_ascii_digit() => {
                 let start = self.i;
                 while self.i < self.s.len()
-                    && matches!(self.s[self.i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                    && matches!(
+                        self.s[self.i],
+                        b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'
+                    )
                 {
                     self.i += 1;
                 }
@@ -1693,7 +1738,10 @@ impl JsonParser<'_> {
     }
 
     fn hex4(&mut self) -> Result<u32> {
-        let digits = self.s.get(self.i..self.i + 4).and_then(|d| std::str::from_utf8(d).ok());
+        let digits = self
+            .s
+            .get(self.i..self.i + 4)
+            .and_then(|d| std::str::from_utf8(d).ok());
         match digits.and_then(|d| u32::from_str_radix(d, 16).ok()) {
             Some(v) => {
                 self.i += 4;
@@ -1745,11 +1793,17 @@ mod tests {
     #[test]
     fn reads_http_answers() {
         let plain = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4\r\n\r\nabcdEXTRA";
-        assert_eq!(complete_response(plain).unwrap(), Some((200, "abcd".into())));
+        assert_eq!(
+            complete_response(plain).unwrap(),
+            Some((200, "abcd".into()))
+        );
         let short = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 10\r\n\r\nabc";
         assert_eq!(complete_response(short).unwrap(), None);
         let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        assert_eq!(complete_response(chunked).unwrap(), Some((200, "abcde".into())));
+        assert_eq!(
+            complete_response(chunked).unwrap(),
+            Some((200, "abcde".into()))
+        );
         assert_eq!(complete_response(b"HTTP/1.1 200 OK\r\n").unwrap(), None);
         assert!(complete_response(b"garbage\r\n\r\n").is_err());
     }
@@ -1775,6 +1829,9 @@ mod tests {
         let err = find_program("GANGWAY_TEST_NO_SUCH_VAR", "gangway-no-such-program")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("apt-get install -y patroni etcd-server"), "{err}");
+        assert!(
+            err.contains("apt-get install -y patroni etcd-server"),
+            "{err}"
+        );
     }
 }

@@ -86,7 +86,9 @@ fn starts_replicates_and_commits_synchronously() {
         .filter(|m| *m != primary)
         .collect();
     assert_eq!(standbys.len(), 2, "{standbys:?}");
-    let sync = cluster.wait_for_sync_standby(Duration::from_secs(30)).unwrap();
+    let sync = cluster
+        .wait_for_sync_standby(Duration::from_secs(30))
+        .unwrap();
     assert!(standbys.contains(&sync), "{sync} among {standbys:?}");
     assert_eq!(cluster.sync_standbys(), vec![sync.clone()]);
     cluster.create_database_blocking("app").unwrap();
@@ -118,7 +120,10 @@ fn starts_replicates_and_commits_synchronously() {
             .await
             .unwrap()
             .get(0);
-        assert!(names.contains(&sync), "synchronous_standby_names = {names:?}");
+        assert!(
+            names.contains(&sync),
+            "synchronous_standby_names = {names:?}"
+        );
         let commit: String = c
             .query_one("SHOW synchronous_commit", &[])
             .await
@@ -190,7 +195,10 @@ fn starts_replicates_and_commits_synchronously() {
     assert!(pid > 0);
     assert!(cluster.is_member_running(&victim));
     cluster.wait_for_standby(&victim, REJOIN_TIMEOUT).unwrap();
-    eprintln!("{victim}: PostgreSQL back and streaming in {:?}", t0.elapsed());
+    eprintln!(
+        "{victim}: PostgreSQL back and streaming in {:?}",
+        t0.elapsed()
+    );
     cluster.wait_ready(REJOIN_TIMEOUT).unwrap();
 }
 
@@ -277,7 +285,14 @@ fn dropping_the_cluster_kills_every_process_and_removes_its_directory() {
     let cluster = PatroniCluster::start(&root, opts).unwrap();
     let member = cluster.member_names().remove(0);
     let pid_file = cluster.member_dir(&member).join("data/postmaster.pid");
-    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().lines().next().unwrap().trim().parse().unwrap();
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(alive(pid));
     assert!(!root.join("x").exists());
     // Not empty any more: a second cluster refuses the directory.
