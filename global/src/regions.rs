@@ -247,7 +247,9 @@ impl Regions {
         let replayed = resp.headers().contains_key(REPLAYED_HEADER);
         let retry_after = resp.headers().get(reqwest::header::RETRY_AFTER).cloned();
         let body = resp.bytes().await.map_err(unreachable)?;
-        if status == StatusCode::SERVICE_UNAVAILABLE && retry_after.is_some() && !database_down(&body)
+        if status == StatusCode::SERVICE_UNAVAILABLE
+            && retry_after.is_some()
+            && !database_down(&body)
         {
             // An overloaded region shedding load (`overloaded`) is alive:
             // its answer (503, Retry-After) goes to the caller, and it

@@ -86,9 +86,11 @@ async fn a_region_on_patroni_writes_to_the_new_primary_after_a_failover_and_lose
                     Ok(SubmitOutcome::Created(j)) => {
                         seen.lock().unwrap().acked.push((j.id, Instant::now()))
                     }
-                    Ok(SubmitOutcome::Replayed(_)) => {
-                        seen.lock().unwrap().wrong.push("a fresh job replayed".into())
-                    }
+                    Ok(SubmitOutcome::Replayed(_)) => seen
+                        .lock()
+                        .unwrap()
+                        .wrong
+                        .push("a fresh job replayed".into()),
                     Err(e) => {
                         let what = e.to_string();
                         let api = ApiError::from(e);
@@ -107,9 +109,11 @@ async fn a_region_on_patroni_writes_to_the_new_primary_after_a_failover_and_lose
             }
         })
     };
-    wait("jobs acknowledged before the kill", Duration::from_secs(30), || {
-        seen.lock().unwrap().acked.len() >= 5
-    })
+    wait(
+        "jobs acknowledged before the kill",
+        Duration::from_secs(30),
+        || seen.lock().unwrap().acked.len() >= 5,
+    )
     .await;
 
     // The primary's host dies: Patroni, PostgreSQL, at once.
@@ -123,26 +127,29 @@ async fn a_region_on_patroni_writes_to_the_new_primary_after_a_failover_and_lose
         .unwrap();
     let c = cluster.clone();
     let o = old.clone();
-    let new = tokio::task::spawn_blocking(move || {
-        c.wait_for_primary(Some(&o), Duration::from_secs(90))
-    })
-    .await
-    .unwrap()
-    .unwrap_or_else(|e| panic!("no new primary: {e:#}"));
+    let new =
+        tokio::task::spawn_blocking(move || c.wait_for_primary(Some(&o), Duration::from_secs(90)))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("no new primary: {e:#}"));
     assert_ne!(new, old);
     // Writes land again, through the same URL.
     let acked_after = |s: &Seen| s.acked.iter().filter(|(_, t)| *t > killed).count();
-    wait("jobs acknowledged after the failover", Duration::from_secs(60), || {
-        acked_after(&seen.lock().unwrap()) >= 5
-    })
+    wait(
+        "jobs acknowledged after the failover",
+        Duration::from_secs(60),
+        || acked_after(&seen.lock().unwrap()) >= 5,
+    )
     .await;
     stop_submitting.cancel();
     submitting.await.unwrap();
     // Exactly one replica leads afterwards: the old leader's lock died
     // with the old primary, and the replicas competed again on the new.
-    wait("one leader after the failover", Duration::from_secs(30), || {
-        leaders() == 1
-    })
+    wait(
+        "one leader after the failover",
+        Duration::from_secs(30),
+        || leaders() == 1,
+    )
     .await;
     for _ in 0..20 {
         assert_eq!(leaders(), 1);
@@ -153,7 +160,11 @@ async fn a_region_on_patroni_writes_to_the_new_primary_after_a_failover_and_lose
         l.await.unwrap();
     }
     let seen = std::mem::take(&mut *seen.lock().unwrap());
-    assert!(seen.wrong.is_empty(), "refused other than as unavailable: {:?}", seen.wrong);
+    assert!(
+        seen.wrong.is_empty(),
+        "refused other than as unavailable: {:?}",
+        seen.wrong
+    );
     let first_after = (seen.acked.iter())
         .find(|(_, t)| *t > killed)
         .map(|(_, t)| t.duration_since(killed));
@@ -172,5 +183,4 @@ async fn a_region_on_patroni_writes_to_the_new_primary_after_a_failover_and_lose
             .await
             .unwrap_or_else(|e| panic!("acknowledged job {id} lost in the failover: {e}"));
     }
-
 }
