@@ -5,7 +5,9 @@
 //! configured from the reference files, TLS on every hop. Faults come from
 //! the network and the hosts, not from a proxy inside Gangway:
 //!
-//! 1. a gang runs end to end across two machines of a region;
+//! 1. a gang runs end to end across two machines of a region; another,
+//!    over all four, one of them behind a slow and lossy link (nftables
+//!    drops, a `tc tbf` rate), runs once and succeeds;
 //! 2. the leading control-plane replica's host loses power (link down,
 //!    every process killed, no goodbye to the database): the other replica
 //!    leads, and every job submitted before and after finishes — none lost;
@@ -30,6 +32,12 @@
 //!    home fences and stops its job, which moves; healed, the home releases
 //!    its copy.
 //!
+//! 6. database-failover: the home's database is a Patroni cluster on hosts
+//!    of its own (etcd and three PostgreSQL hosts, TLS alone); its
+//!    primary's PostgreSQL is killed, then its primary's host loses power,
+//!    under creates every half second: no fence, no move, no restart, no
+//!    acknowledged create lost, refusals only 503 with Retry-After.
+//!
 //! The tests of this binary run in parallel threads, but one lab at a time
 //! runs on a machine: [`Lab::start`] waits for the machine's lab lock,
 //! held until the lab is gone (and the other test binaries run after this
@@ -40,7 +48,7 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gangway_chaos::lab::{HostRole, Lab};
+use gangway_chaos::lab::{HostRole, Impairment, Lab};
 use gangway_chaos::{Drill, On, Report, TRAINING};
 use gangway_shared::api::{Job, JobSpec, JobState};
 use gangway_shared::client::Client;
@@ -186,6 +194,49 @@ async fn on_a_lab_of_machines_a_gang_runs_across_hosts_a_dead_leader_host_loses_
         assert!(line.contains("master 10.199.1."), "{line}");
     }
 
+    // 1b. A slow, lossy link to one machine (5 % of packets lost each
+    // way, 2 Mbit/s out) is not a failure: a gang over all four of r1's
+    // machines, that one included, runs once and succeeds; its node is not
+    // taken for lost (no move, no preemption, no lost GPU-time).
+    let lossy = Impairment {
+        loss_pct: 5,
+        rate_kbit: 2_000,
+    };
+    lab.impair("r1-gpu3", Some(lossy)).unwrap();
+    let wide = t
+        .submit(&job("lab-lossy", 32, "r1", "sleep 6", 6), None)
+        .await
+        .unwrap();
+    let wide = until(
+        t,
+        &lab,
+        wide.id,
+        "the gang over a lossy link finishing",
+        Duration::from_secs(120),
+        |j| matches!(j.state, JobState::Succeeded | JobState::Failed),
+    )
+    .await;
+    let dropped = lab.dropped("r1-gpu3").unwrap();
+    lab.impair("r1-gpu3", None).unwrap();
+    assert!(dropped > 0, "the link lost nothing: not impaired");
+    assert_eq!(wide.state, JobState::Succeeded, "{wide:#?}");
+    assert!(
+        wide.workers
+            .iter()
+            .any(|w| w.node.as_deref() == Some("r1-gpu3")),
+        "{wide:#?}"
+    );
+    assert_eq!(
+        (
+            wide.epoch,
+            wide.preemptions,
+            wide.node_moves,
+            wide.lost_gpu_s
+        ),
+        (1, 0, 0, 0.0),
+        "{wide:#?}"
+    );
+
     // 2. The leader's host loses power with work in flight.
     let leader = lab
         .leader("r1", Duration::from_secs(30))
@@ -322,6 +373,33 @@ async fn on_a_lab_of_machines_a_region_that_loses_power_host_by_host_moves_its_j
     for j in report.jobs.iter().filter(|j| j.home != report.region) {
         assert_eq!((j.epoch, &j.region), (1, &j.home), "undisturbed: {report}");
         assert_eq!(j.final_step, Some(TRAINING.total), "{report}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_lab_of_machines_a_database_whose_primary_loses_power_fails_over_with_no_job_restarted_moved_or_lost(
+) {
+    let on = On::Lab {
+        bin: Path::new(BIN),
+    };
+    let report: Report = gangway_chaos::run_on(Drill::DatabaseFailover, on)
+        .await
+        .unwrap_or_else(|e| panic!("the drill did not run: {e:#}"));
+    eprintln!("{report}");
+    assert!(report.lab, "{report}");
+    assert!(report.passed(), "{report}");
+    let j = &report.jobs[0];
+    assert_eq!((j.epoch, &j.region), (1, &report.region), "{report}");
+    assert_eq!(j.state, "succeeded", "{report}");
+    let total = gangway_chaos::db_failover::FAILOVER_TRAINING.total;
+    assert_eq!(j.final_step, Some(total), "{report}");
+    // Writes and placements came back after each: the primary's
+    // PostgreSQL killed, then its host powered off.
+    for what in ["PostgreSQL killed", "host powered off"] {
+        let note = (report.notes.iter())
+            .find(|n| n.starts_with(what))
+            .unwrap_or_else(|| panic!("no note on {what}: {report}"));
+        assert!(!note.contains("never"), "{note}\n{report}");
     }
 }
 

@@ -408,7 +408,26 @@ impl Cloud {
     /// logs are under the lab's shared directory, bound into every
     /// sandbox.
     pub async fn start_lab(bin: &Path) -> anyhow::Result<Cloud> {
-        let lab = Lab::start(bin).await?;
+        Cloud::start_lab_with(bin, crate::lab::LabOptions::default()).await
+    }
+
+    /// [`Cloud::start_lab`] with region `ha`'s database a Patroni cluster
+    /// on hosts of its own (an etcd and three PostgreSQL hosts) and every
+    /// region on [`HA_TIMERS`]; [`Cloud::patroni`] is the cluster, its
+    /// members named as their hosts.
+    pub async fn start_lab_ha(bin: &Path, ha: &str) -> anyhow::Result<Cloud> {
+        let opts = crate::lab::LabOptions {
+            patroni: Some(ha.to_string()),
+        };
+        let mut cloud = Cloud::start_lab_with(bin, opts).await?;
+        cloud.patroni = (cloud.lab())
+            .and_then(|lab| lab.patroni())
+            .map(|(r, c)| (r.to_string(), c.clone()));
+        Ok(cloud)
+    }
+
+    async fn start_lab_with(bin: &Path, opts: crate::lab::LabOptions) -> anyhow::Result<Cloud> {
+        let lab = Lab::start_with(bin, opts).await?;
         let dir = tempfile::Builder::new()
             .prefix("drill-")
             .tempdir_in(lab.shared())?;

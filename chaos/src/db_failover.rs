@@ -5,7 +5,10 @@
 //! region every half second through the global tier — first the primary's
 //! PostgreSQL is killed (Patroni restarts it or fails over), then, once a
 //! synchronous standby streams again, the new primary's whole member (its
-//! host, as far as the cluster can tell).
+//! host, as far as the cluster can tell). On a lab of machines
+//! (`--lab`: the members and etcd on hosts of their own) that second kill
+//! is the primary's host losing power: its links go down before its
+//! processes die, so the region's connections to it hear nothing at all.
 //!
 //! It checks: no region fences and no job moves to another region; the
 //! trainer job runs on, once, through both (one run in its own log, epoch
@@ -142,18 +145,33 @@ pub(crate) async fn run(cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<Report> 
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let mut recoveries = Vec::new();
-    for what in ["PostgreSQL killed", "member killed"] {
+    // On a lab of machines the second kill is the primary's host losing
+    // power (links down first: its peers hear no goodbye), not only its
+    // processes.
+    let second = if cloud.lab().is_some() {
+        "host powered off"
+    } else {
+        "member killed"
+    };
+    for what in ["PostgreSQL killed", second] {
         let c = patroni.clone();
         let member = tokio::task::spawn_blocking(move || c.primary())
             .await?
             .context("the cluster has no primary to kill")?;
         let killed = Instant::now();
-        let (c, m) = (patroni.clone(), member.clone());
-        tokio::task::spawn_blocking(move || match what {
-            "PostgreSQL killed" => c.kill_postgres(&m).map(|_| ()),
-            _ => c.kill_member(&m),
-        })
-        .await??;
+        match (what, cloud.lab()) {
+            ("host powered off", Some(lab)) => {
+                tokio::task::block_in_place(|| lab.power_off(&[member.as_str()]))?
+            }
+            _ => {
+                let (c, m) = (patroni.clone(), member.clone());
+                tokio::task::spawn_blocking(move || match what {
+                    "PostgreSQL killed" => c.kill_postgres(&m).map(|_| ()),
+                    _ => c.kill_member(&m),
+                })
+                .await??;
+            }
+        }
         let r = recovered(&cloud, &creates, killed, Duration::from_secs(60)).await;
         recoveries.push(Recovery {
             what,

@@ -25,8 +25,17 @@
 //! power host by host the same way ([`Lab::power_off`]), and boots again on
 //! its data ([`Lab::power_on`]): links up, routes put back (the kernel
 //! drops the routes through a link that goes down), every process started
-//! again from the same files. Delay or loss can be put on any link with
-//! `tc netem`.
+//! again from the same files. Any host's link can be made lossy and slow
+//! ([`Lab::impair`]: nftables drops, a `tc tbf` rate).
+//!
+//! A region's database may instead be a Patroni cluster on hosts of its
+//! own ([`LabOptions::patroni`]): `r1-etcd` (.1.30) and three PostgreSQL
+//! hosts `r1-db1` … `r1-db3` (.1.31–.33) under Patroni, a synchronous
+//! standby for every commit, each serving TLS alone to the region's LAN;
+//! its control planes reach whichever is the primary through a multi-host
+//! URL (`target_session_attrs=read-write`). A member's host loses power as
+//! any other's does ([`Lab::power_off`]); booted again, its Patroni rejoins
+//! as a standby.
 //!
 //! The harness also has an address on each region's LAN, 10.199.R.254: a
 //! management path, as an operator's out-of-band network, through which
@@ -42,7 +51,8 @@
 //! host's own directory under the lab's, bound in a mount namespace of the
 //! host's processes, as `/etc/hosts` is.
 //!
-//! Needs root, `ip` (iproute2), `unshare` and `runuser` (util-linux),
+//! Needs root, `ip` and `tc` (iproute2), `unshare` and `runuser`
+//! (util-linux), `nft` (nftables) to impair a link,
 //! PostgreSQL's server binaries and, for the agents' sandboxes,
 //! bubblewrap. One lab runs at a time on a machine (its names and
 //! addresses are fixed): [`Lab::start`] waits for a lock on
@@ -62,12 +72,14 @@ use anyhow::{bail, Context};
 use gangway_auth::dev::DevMaterial;
 use gangway_auth::jwt::{claims_for, Role};
 use gangway_auth::tls::DevCa;
-use gangway_devkit::{PgBinaries, PgCluster, PgOptions};
+use gangway_devkit::{
+    PatroniCluster, PatroniHost, PatroniHosts, PatroniOptions, PgBinaries, PgCluster, PgOptions,
+};
 use gangway_shared::api::RegionStatus;
 use gangway_shared::client::Client;
 use gangway_shared::tokens;
 
-use crate::cloud::{DRILL_TIMERS, SHORT_TIMERS};
+use crate::cloud::{DRILL_TIMERS, HA_TIMERS, SHORT_TIMERS};
 use crate::procs::{agent_token, Proc};
 use crate::supervisor::Target;
 
@@ -81,6 +93,9 @@ pub const AGENTS: usize = 4;
 pub const GPUS_PER_MACHINE: u32 = 8;
 /// Replicas of the global tier.
 pub const GLOBALS: usize = 2;
+
+/// Members of a region's Patroni cluster ([`LabOptions::patroni`]).
+pub const PATRONI_MEMBERS: usize = 3;
 
 /// Prefix of every namespace, bridge and link the lab makes.
 const PREFIX: &str = "gwlab";
@@ -110,7 +125,11 @@ exec "$@"
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostRole {
     Router,
+    /// A PostgreSQL server: the region's one, or a member of its Patroni
+    /// cluster.
     Database,
+    /// The etcd of a region's Patroni cluster.
+    Etcd,
     Control,
     Agent,
     Global,
@@ -139,10 +158,33 @@ impl Host {
     }
 }
 
-/// A running lab: three regions and the global tier on 25 hosts.
+/// How [`Lab::impair`] degrades a host's link.
+#[derive(Clone, Copy, Debug)]
+pub struct Impairment {
+    /// Packets lost at random, each way (%).
+    pub loss_pct: u32,
+    /// The most the host sends (kbit/s).
+    pub rate_kbit: u32,
+}
+
+/// How a lab is set up.
+#[derive(Clone, Debug, Default)]
+pub struct LabOptions {
+    /// The region whose database is a Patroni cluster of three members and
+    /// an etcd, each on a host of its own (the others keep one PostgreSQL
+    /// host). Every region then runs with [`HA_TIMERS`] instead of CI's
+    /// short ones, so that a database failing over does not fence its
+    /// region.
+    pub patroni: Option<String>,
+}
+
+/// A running lab: three regions and the global tier on 25 hosts (29 with
+/// a Patroni cluster).
 pub struct Lab {
     /// First, so that they drop first.
     procs: Mutex<Vec<(String, Proc)>>,
+    /// The region whose database is a Patroni cluster, and the cluster.
+    patroni: Option<(String, std::sync::Arc<PatroniCluster>)>,
     pub hosts: Vec<Host>,
     /// The lab's files (hosts' directories, databases, keys); removed with
     /// the lab unless [`Lab::keep`] was called.
@@ -197,7 +239,7 @@ pub fn region_host(name: &str) -> String {
     format!("region.{name}.{DOMAIN}")
 }
 
-fn plan(dir: &Path) -> Vec<Host> {
+fn plan(dir: &Path, patroni: Option<&str>) -> Vec<Host> {
     let host = |name: String, ip, region: Option<&str>, role| Host {
         ns: format!("{PREFIX}-{name}"),
         dir: dir.join("hosts").join(&name),
@@ -223,12 +265,30 @@ fn plan(dir: &Path) -> Vec<Host> {
             Some(r),
             HostRole::Router,
         ));
-        hosts.push(host(
-            format!("{r}-db"),
-            addr(n, 10),
-            Some(r),
-            HostRole::Database,
-        ));
+        if patroni == Some(r) {
+            hosts.push(host(
+                format!("{r}-etcd"),
+                addr(n, 30),
+                Some(r),
+                HostRole::Etcd,
+            ));
+            // Named as PatroniCluster names its members (scope `r`).
+            for m in 1..=PATRONI_MEMBERS {
+                hosts.push(host(
+                    format!("{r}-db{m}"),
+                    addr(n, 30 + m as u8),
+                    Some(r),
+                    HostRole::Database,
+                ));
+            }
+        } else {
+            hosts.push(host(
+                format!("{r}-db"),
+                addr(n, 10),
+                Some(r),
+                HostRole::Database,
+            ));
+        }
         for c in 1..=CONTROL_PLANES {
             hosts.push(host(
                 format!("{r}-cp{c}"),
@@ -436,6 +496,16 @@ impl Lab {
     /// (the `gangway` binary), and waits until the global tier sees every
     /// region with all its GPUs schedulable.
     pub async fn start(bin: &Path) -> anyhow::Result<Lab> {
+        Lab::start_with(bin, LabOptions::default()).await
+    }
+
+    /// [`Lab::start`], set up as `opts` says.
+    pub async fn start_with(bin: &Path, opts: LabOptions) -> anyhow::Result<Lab> {
+        if let Some(r) = &opts.patroni {
+            if !REGIONS.contains(&r.as_str()) {
+                bail!("no lab region {r} (one of {})", REGIONS.join(", "));
+            }
+        }
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             bail!("the lab needs root (network namespaces, bind mounts): run the tests as root");
@@ -463,7 +533,7 @@ impl Lab {
             &std::fs::read_to_string(auth.dir.join("tls/ca-key.pem"))?,
         )?;
         let ca_pem = ca.cert_pem();
-        let hosts = plan(dir.path());
+        let hosts = plan(dir.path(), opts.patroni.as_deref());
         network(&hosts)?;
         write(&dir.path().join("host-exec"), HOST_EXEC, false)?;
         {
@@ -481,8 +551,21 @@ impl Lab {
             std::fs::create_dir_all(dir.path().join("stores").join(r))?;
         }
         let mut databases = Vec::new();
+        let timers: Vec<&str> = if opts.patroni.is_some() {
+            DRILL_TIMERS
+                .iter()
+                .chain(HA_TIMERS.iter())
+                .copied()
+                .collect()
+        } else {
+            DRILL_TIMERS
+                .iter()
+                .chain(SHORT_TIMERS.iter())
+                .copied()
+                .collect()
+        };
         for h in &hosts {
-            write_host_files(h, &hosts, &auth, &ca, &dir.path().join("shared"))?;
+            write_host_files(h, &hosts, &auth, &ca, &dir.path().join("shared"), &timers)?;
         }
         let service = crate::procs::token(&auth.service_key, Role::Service, None);
         let tenant_token = auth.tenant_key.sign(&claims_for(
@@ -501,8 +584,9 @@ impl Lab {
             Some(ca_pem.as_bytes()),
         )
         .map_err(anyhow::Error::msg)?;
-        let lab = Lab {
+        let mut lab = Lab {
             procs: Mutex::new(Vec::new()),
+            patroni: None,
             hosts,
             dir,
             tenant,
@@ -518,8 +602,17 @@ impl Lab {
         };
         // Kept while it comes up: a lab that does not is read from its logs.
         lab.keep();
-        // The databases first (initdb takes a moment each), side by side.
-        for h in lab.hosts.iter().filter(|h| h.role == HostRole::Database) {
+        // The databases first (initdb takes a moment each), side by side;
+        // a Patroni cluster's beside them.
+        let cluster = opts.patroni.clone().map(|region| {
+            let hosts = lab.hosts.clone();
+            let root = lab.dir.path().join(format!("patroni-{region}"));
+            tokio::task::spawn_blocking(move || start_patroni(&root, &region, &hosts))
+        });
+        for h in (lab.hosts.iter()).filter(|h| h.role == HostRole::Database) {
+            if h.region == opts.patroni {
+                continue;
+            }
             let h = h.clone();
             databases.push(tokio::task::spawn_blocking(move || init_database(&h)));
         }
@@ -527,8 +620,15 @@ impl Lab {
             let (region, password) = d.await??;
             lab.passwords.lock().unwrap().insert(region, password);
         }
+        if let (Some(cluster), Some(region)) = (cluster, &opts.patroni) {
+            let cluster = cluster.await??;
+            (lab.passwords.lock().unwrap()).insert(region.clone(), cluster.password().to_string());
+            lab.patroni = Some((region.clone(), std::sync::Arc::new(cluster)));
+        }
         for h in &lab.hosts {
-            lab.start_host(h)?;
+            if !lab.runs_patroni(h) {
+                lab.start_host(h)?;
+            }
         }
         crate::procs::until_ready(
             &lab.tenant,
@@ -622,14 +722,35 @@ impl Lab {
     /// router runs nothing).
     fn start_host(&self, h: &Host) -> anyhow::Result<()> {
         match h.role {
+            HostRole::Database if self.runs_patroni(h) => {
+                let (_, cluster) = self.patroni.as_ref().unwrap();
+                cluster.restart_member(&h.name)
+            }
             HostRole::Database => self.start_database(h),
+            HostRole::Etcd => bail!(
+                "{} (etcd) is not booted again in the lab: the Patroni cluster's handle \
+                 started it once",
+                h.name
+            ),
             HostRole::Control => {
                 let region = h.region.as_deref().unwrap();
                 let password = (self.passwords.lock().unwrap().get(region).cloned())
                     .with_context(|| format!("no database password for {region}"))?;
+                // Every database host of the region: with a Patroni
+                // cluster, whichever takes writes.
+                let dbs = self.hosts_of(region, HostRole::Database);
+                let servers: Vec<String> = (dbs.iter())
+                    .map(|d| format!("{}.{DOMAIN}:5432", d.name))
+                    .collect();
+                let primary = if dbs.len() > 1 {
+                    "&target_session_attrs=read-write"
+                } else {
+                    ""
+                };
                 let url = format!(
-                    "postgres://postgres:{password}@{region}-db.{DOMAIN}:5432/postgres\
-                     ?sslmode=verify-full&sslrootcert=/etc/gangway/tls/ca.pem"
+                    "postgres://postgres:{password}@{}/postgres\
+                     ?sslmode=verify-full&sslrootcert=/etc/gangway/tls/ca.pem{primary}",
+                    servers.join(",")
                 );
                 self.spawn(
                     h,
@@ -655,6 +776,19 @@ impl Lab {
             ),
             HostRole::Router => Ok(()),
         }
+    }
+
+    /// Whether host `h`'s processes are a Patroni cluster's (its etcd, or
+    /// a member), started and driven by the cluster's handle.
+    fn runs_patroni(&self, h: &Host) -> bool {
+        matches!(h.role, HostRole::Database | HostRole::Etcd)
+            && (self.patroni.as_ref()).is_some_and(|(r, _)| h.region.as_deref() == Some(r))
+    }
+
+    /// The region whose database is a Patroni cluster, and the cluster
+    /// (its members named as their hosts).
+    pub fn patroni(&self) -> Option<(&str, &std::sync::Arc<PatroniCluster>)> {
+        self.patroni.as_ref().map(|(r, c)| (r.as_str(), c))
     }
 
     fn start_database(&self, h: &Host) -> anyhow::Result<()> {
@@ -767,6 +901,13 @@ impl Lab {
         for h in &hosts {
             kill_all_in(&h.ns);
         }
+        // A Patroni member's handle learns that its processes are gone (as
+        // killed, not as a crash it should report).
+        for h in hosts.iter().filter(|h| self.runs_patroni(h)) {
+            if let (HostRole::Database, Some((_, cluster))) = (h.role, &self.patroni) {
+                cluster.kill_member(&h.name)?;
+            }
+        }
         (self.off.lock().unwrap()).extend(names.iter().map(|n| n.to_string()));
         Ok(())
     }
@@ -793,6 +934,7 @@ impl Lab {
     pub fn region_hosts(&self, region: &str) -> Vec<&str> {
         let order = [
             HostRole::Router,
+            HostRole::Etcd,
             HostRole::Database,
             HostRole::Control,
             HostRole::Agent,
@@ -872,11 +1014,17 @@ impl Lab {
     /// Region `region`'s database as the harness reaches it (its address,
     /// over TLS: the server takes nothing else), for the drills' checks.
     pub fn database_url(&self, region: &str) -> String {
-        let db = &self.hosts_of(region, HostRole::Database)[0];
+        let dbs = self.hosts_of(region, HostRole::Database);
+        let servers: Vec<String> = dbs.iter().map(|d| format!("{}:5432", d.ip)).collect();
+        let primary = if dbs.len() > 1 {
+            "&target_session_attrs=read-write"
+        } else {
+            ""
+        };
         let password = (self.passwords.lock().unwrap().get(region).cloned()).unwrap_or_default();
         format!(
-            "postgres://postgres:{password}@{}:5432/postgres?sslmode=require&connect_timeout=5",
-            db.ip
+            "postgres://postgres:{password}@{}/postgres?sslmode=require&connect_timeout=5{primary}",
+            servers.join(",")
         )
     }
 
@@ -906,31 +1054,86 @@ impl Lab {
         self.dir.path().join("stores").join(region)
     }
 
-    /// Puts `tc netem` delay (ms) and loss (%) on host `name`'s link, or
-    /// takes it off (`None`).
-    pub fn netem(&self, name: &str, delay_loss: Option<(u32, f32)>) -> anyhow::Result<()> {
+    /// Impairs host `name`'s link as `how` says, or mends it (`None`):
+    /// packets lost at random both ways (nftables' `numgen`, in the host's
+    /// namespace) and what it sends held to a rate (`tc tbf`, whose queue
+    /// delays what waits). `tc netem` would add a fixed delay too, but the
+    /// kernels CI runs on are built without it (`CONFIG_NET_SCH_NETEM` is
+    /// not set), so the lab uses what they have.
+    pub fn impair(&self, name: &str, how: Option<Impairment>) -> anyhow::Result<()> {
         let h = self.host(name);
         let _ = run("tc", &["-n", &h.ns, "qdisc", "del", "dev", "eth0", "root"]);
-        if let Some((delay, loss)) = delay_loss {
-            run(
-                "tc",
-                &[
-                    "-n",
-                    &h.ns,
-                    "qdisc",
-                    "add",
-                    "dev",
-                    "eth0",
-                    "root",
-                    "netem",
-                    "delay",
-                    &format!("{delay}ms"),
-                    "loss",
-                    &format!("{loss}%"),
-                ],
-            )?;
+        let _ = run(
+            "ip",
+            &[
+                "netns", "exec", &h.ns, "nft", "delete", "table", "inet", PREFIX,
+            ],
+        );
+        let Some(how) = how else {
+            return Ok(());
+        };
+        run(
+            "tc",
+            &[
+                "-n",
+                &h.ns,
+                "qdisc",
+                "add",
+                "dev",
+                "eth0",
+                "root",
+                "tbf",
+                "rate",
+                &format!("{}kbit", how.rate_kbit),
+                "burst",
+                "16kb",
+                "latency",
+                "400ms",
+            ],
+        )?;
+        let loss = how.loss_pct.min(100);
+        let rules = format!(
+            "table inet {PREFIX} {{\n\
+             \x20 chain in {{ type filter hook input priority 0; policy accept; \
+             iifname \"eth0\" numgen random mod 100 < {loss} counter drop; }}\n\
+             \x20 chain out {{ type filter hook output priority 0; policy accept; \
+             oifname \"eth0\" numgen random mod 100 < {loss} counter drop; }}\n}}\n"
+        );
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", &h.ns, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running nft (the Debian package nftables)")?;
+        {
+            use std::io::Write;
+            nft.stdin.take().unwrap().write_all(rules.as_bytes())?;
+        }
+        let out = nft.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "nft on {name}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         Ok(())
+    }
+
+    /// Packets [`Lab::impair`] has dropped on host `name`'s link so far,
+    /// both ways.
+    pub fn dropped(&self, name: &str) -> anyhow::Result<u64> {
+        let h = self.host(name);
+        let table = run(
+            "ip",
+            &[
+                "netns", "exec", &h.ns, "nft", "list", "table", "inet", PREFIX,
+            ],
+        )?;
+        let words: Vec<&str> = table.split_whitespace().collect();
+        Ok((words.windows(2))
+            .filter(|w| w[0] == "packets")
+            .filter_map(|w| w[1].parse::<u64>().ok())
+            .sum())
     }
 
     /// Everything host `name`'s process `what` has logged.
@@ -1077,6 +1280,7 @@ fn write_host_files(
     auth: &DevMaterial,
     ca: &DevCa,
     shared: &Path,
+    timers: &[&str],
 ) -> anyhow::Result<()> {
     let etc = h.dir.join("etc");
     let var = h.dir.join("var");
@@ -1118,7 +1322,7 @@ fn write_host_files(
             .collect()
     };
     match (h.role, h.region.as_deref()) {
-        (HostRole::Router, _) => {}
+        (HostRole::Router | HostRole::Etcd, _) => {}
         (HostRole::Database, Some(_)) => {
             let name = format!("{}.{DOMAIN}", h.name);
             let (cert, key) = ca.issue_server_cert(&[&name], &[IpAddr::V4(h.ip)])?;
@@ -1137,11 +1341,7 @@ fn write_host_files(
             copy_key("service-signing.pem", true)?;
             write(&etc.join("fleet.toml"), inventory(region), false)?;
             std::fs::create_dir_all(var.join("checkpoints"))?;
-            let flags: Vec<&str> = DRILL_TIMERS
-                .iter()
-                .chain(SHORT_TIMERS.iter())
-                .copied()
-                .collect();
+            let flags = timers;
             let config = configure(
                 REGION_TOML,
                 vec![
@@ -1169,7 +1369,7 @@ fn write_host_files(
                     // The lab's jobs are short: nothing waits 5 minutes.
                     ("preemption-min-run-s", toml::Value::Integer(0)),
                 ],
-                &flags,
+                flags,
             );
             write(&etc.join("region.toml"), config, false)?;
         }
@@ -1292,4 +1492,55 @@ fn init_database(h: &Host) -> anyhow::Result<(String, String)> {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))?;
     }
     Ok((h.region.clone().unwrap(), password))
+}
+
+/// Region `region`'s database as a Patroni cluster on its hosts (see the
+/// module's documentation): etcd on `{region}-etcd`, member `{region}-dbN`
+/// on the host of that name with its certificate, TLS alone from the
+/// region's LAN, the harness's management address (10.199.R.254) the one
+/// plain-text client. CI's timers (Patroni's `ttl` 8 s), durable enough
+/// for process kills (`fsync` off).
+fn start_patroni(root: &Path, region: &str, hosts: &[Host]) -> anyhow::Result<PatroniCluster> {
+    let on = |h: &Host| PatroniHost {
+        addr: h.ip,
+        exec: ["ip", "netns", "exec", h.ns.as_str()]
+            .into_iter()
+            .map(Into::into)
+            .collect(),
+        tls: None,
+    };
+    let of = |role| {
+        (hosts.iter())
+            .filter(|h| h.region.as_deref() == Some(region) && h.role == role)
+            .collect::<Vec<_>>()
+    };
+    let etcd = of(HostRole::Etcd)
+        .first()
+        .map(|h| on(h))
+        .context("no etcd host in the lab's plan")?;
+    let mut members = Vec::new();
+    for h in of(HostRole::Database) {
+        let cert = std::fs::read_to_string(h.dir.join("db-server.pem"))?;
+        let key = std::fs::read_to_string(h.dir.join("db-server-key.pem"))?;
+        members.push(PatroniHost {
+            tls: Some((cert, key)),
+            ..on(h)
+        });
+    }
+    let n = region_no(region);
+    let opts = PatroniOptions {
+        scope: region.to_string(),
+        members: members.len(),
+        hosts: Some(PatroniHosts {
+            etcd,
+            members,
+            clients: vec![format!("{}/24", addr(n, 0))],
+            admin: format!("{}/32", addr(n, 254)),
+        }),
+        // The lab's directory goes with the lab (or stays, kept).
+        keep_dir: true,
+        ..PatroniOptions::for_tests()
+    };
+    PatroniCluster::start(root, opts)
+        .with_context(|| format!("starting {region}'s database as a Patroni cluster"))
 }

@@ -92,7 +92,7 @@ impl Drill {
     ];
 
     /// The drills that also run on a lab of machines ([`On::Lab`]).
-    pub const ON_LAB: [Drill; 2] = [Drill::RegionKill, Drill::Partition];
+    pub const ON_LAB: [Drill; 3] = [Drill::RegionKill, Drill::Partition, Drill::DatabaseFailover];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -406,7 +406,13 @@ pub async fn run_on(drill: Drill, on: On<'_>) -> anyhow::Result<Report> {
                     names.join(" and ")
                 );
             }
-            Cloud::start_lab(bin).await?
+            if drill == Drill::DatabaseFailover {
+                // The first region's database a Patroni cluster on hosts
+                // of its own: its primary's host loses power.
+                Cloud::start_lab_ha(bin, lab::REGIONS[0]).await?
+            } else {
+                Cloud::start_lab(bin).await?
+            }
         }
     });
     // Names and keys no earlier drill on the same cloud used.

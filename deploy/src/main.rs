@@ -98,7 +98,7 @@ enum Command {
     /// (docs/failover.md). Exits 1 when an invariant broke.
     Chaos {
         /// `region-kill`, `agent-kill`, `global-kill`, `control-plane-kill`,
-        /// `database-kill` or `partition` (docs/failover.md).
+        /// `database-kill`, `partition` or `database-failover` (docs/failover.md).
         drill: gangway_chaos::Drill,
         /// The short timers CI uses (leases of 3–4 s) instead of the
         /// defaults (a cloud of the drill's own; a dev cloud runs its own
@@ -116,9 +116,11 @@ enum Command {
         /// Drill on a lab of machines of the drill's own (25 network
         /// namespaces, TLS on every hop, CI's short timers; needs root):
         /// the faults come from the network and the hosts — a region's
-        /// every host loses power, or its router leaves the WAN.
-        /// `region-kill` and `partition` only (its timers are always CI's:
-        /// --short-timers changes nothing).
+        /// every host loses power, its router leaves the WAN, or its
+        /// database's primary host loses power. `region-kill`,
+        /// `partition` and `database-failover` only (its timers are always
+        /// CI's, or the HA ones for database-failover: --short-timers
+        /// changes nothing).
         #[arg(long, conflicts_with = "dev")]
         lab: bool,
         /// The report as JSON.
@@ -219,7 +221,12 @@ fn main() -> std::process::ExitCode {
                 let bin = std::env::current_exe()?;
                 let on = if lab {
                     eprintln!(
-                        "starting a lab of machines (25 network namespaces) for the drill…"
+                        "starting a lab of machines (25 network namespaces{}) for the drill…",
+                        if drill == gangway_chaos::Drill::DatabaseFailover {
+                            ", 29 with the Patroni cluster's"
+                        } else {
+                            ""
+                        }
                     );
                     gangway_chaos::On::Lab { bin: &bin }
                 } else if dev {

@@ -94,8 +94,8 @@ pub use cluster::{
     SUPERUSER,
 };
 pub use patroni::{
-    MemberStatus, PatroniCluster, PatroniOptions, ETCD_BIN_ENV, ETCD_LOG_FILE, PATRONI_BIN_ENV,
-    PATRONI_INSTALL_HINT, PATRONI_LOG_FILE, REPLICATION_USER,
+    MemberStatus, PatroniCluster, PatroniHost, PatroniHosts, PatroniOptions, ETCD_BIN_ENV,
+    ETCD_LOG_FILE, PATRONI_BIN_ENV, PATRONI_INSTALL_HINT, PATRONI_LOG_FILE, REPLICATION_USER,
 };
 pub use testing::{
     fresh_database, fresh_database_blocking, test_cluster, test_cluster_blocking,

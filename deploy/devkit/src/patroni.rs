@@ -1,7 +1,8 @@
 //! [`PatroniCluster`]: a throwaway or dev PostgreSQL HA cluster — one etcd
 //! and N Patroni members (a primary and synchronous standbys) on 127.0.0.1,
-//! from the Debian packages `patroni` and `etcd-server` and the PostgreSQL
-//! binaries of [`PgBinaries::find`].
+//! or each on a host of its own ([`PatroniHosts`]: a lab's network
+//! namespaces, each member serving TLS), from the Debian packages `patroni`
+//! and `etcd-server` and the PostgreSQL binaries of [`PgBinaries::find`].
 //!
 //! Every process (etcd, each member's Patroni) runs under a small Python
 //! supervisor of ours (Patroni needs Python anyway): it is a child
@@ -101,6 +102,49 @@ pub struct PatroniOptions {
     pub keep_dir: bool,
     /// Further PostgreSQL settings, each member's (`name`, `value`).
     pub extra_settings: Vec<(String, String)>,
+    /// Where etcd and each member run when each is a machine of its own (a
+    /// lab's hosts); `None`: all on 127.0.0.1.
+    pub hosts: Option<PatroniHosts>,
+}
+
+/// A cluster whose processes each run on a host of their own: etcd on one,
+/// each member on another, every one on its host's standard ports (etcd
+/// 2379/2380, PostgreSQL 5432, Patroni's REST API 8008). The handle still
+/// watches and drives the cluster from where it runs: it must reach every
+/// host's address.
+#[derive(Clone, Debug)]
+pub struct PatroniHosts {
+    pub etcd: PatroniHost,
+    /// One per member, in order (`<scope>-db1` first).
+    pub members: Vec<PatroniHost>,
+    /// Networks (CIDR) whose clients and standbys PostgreSQL accepts,
+    /// over TLS alone when the members have certificates (`hostssl`).
+    pub clients: Vec<String>,
+    /// The one address (CIDR) from which the handle itself connects, with
+    /// or without TLS: an operator's management path.
+    pub admin: String,
+}
+
+/// One host of a [`PatroniHosts`].
+#[derive(Clone, Debug)]
+pub struct PatroniHost {
+    pub addr: Ipv4Addr,
+    /// What runs a program on the host: prepended to its command line
+    /// (`ip netns exec NS` for a network namespace); empty for here.
+    pub exec: Vec<OsString>,
+    /// The server's certificate and key (PEM), for a member: its
+    /// PostgreSQL then serves TLS and takes its clients over TLS alone.
+    pub tls: Option<(String, String)>,
+}
+
+impl PatroniHost {
+    fn local() -> Self {
+        Self {
+            addr: Ipv4Addr::LOCALHOST,
+            exec: Vec::new(),
+            tls: None,
+        }
+    }
 }
 
 impl Default for PatroniOptions {
@@ -120,6 +164,7 @@ impl Default for PatroniOptions {
             start_timeout: Duration::from_secs(120),
             keep_dir: false,
             extra_settings: Vec::new(),
+            hosts: None,
         }
     }
 }
@@ -311,6 +356,7 @@ say('%s: killed %d processes' % (reason, len(killed)))
 struct Member {
     name: String,
     dir: PathBuf,
+    host: PatroniHost,
     pg_port: u16,
     rest_port: u16,
     proc: Mutex<Option<Supervised>>,
@@ -335,7 +381,8 @@ impl Member {
 }
 
 /// A Patroni cluster: one etcd and [`PatroniOptions::members`] PostgreSQL
-/// servers, `synchronous_mode` on, all on 127.0.0.1 under one directory.
+/// servers, `synchronous_mode` on, all on 127.0.0.1 (or each on its host,
+/// [`PatroniOptions::hosts`]) under one directory.
 ///
 /// Methods block (they wait on processes and poll); from async code call
 /// them in `spawn_blocking`, or accept that the runtime's thread waits.
@@ -350,6 +397,7 @@ pub struct PatroniCluster {
     python: PathBuf,
     run_as: Option<RunAs>,
     password: String,
+    etcd_host: PatroniHost,
     etcd_port: u16,
     etcd: Mutex<Option<Supervised>>,
     members: Vec<Member>,
@@ -410,21 +458,36 @@ impl PatroniCluster {
             check_traversable(&root, user)?;
         }
 
+        if let Some(h) = &opts.hosts {
+            if h.members.len() != opts.members {
+                bail!(
+                    "{} hosts named for {} Patroni members",
+                    h.members.len(),
+                    opts.members
+                );
+            }
+        }
+        // On hosts of their own, every process on its standard ports.
+        let placed = opts.hosts.is_some();
+        let port = |standard: u16| if placed { standard } else { free_port() };
         let members = (1..=opts.members)
             .map(|i| {
                 let name = format!("{}-db{i}", opts.scope);
                 Member {
                     dir: root.join(&name),
                     name,
-                    pg_port: free_port(),
-                    rest_port: free_port(),
+                    host: (opts.hosts.as_ref())
+                        .map_or_else(PatroniHost::local, |h| h.members[i - 1].clone()),
+                    pg_port: port(5432),
+                    rest_port: port(8008),
                     proc: Mutex::new(None),
                 }
             })
             .collect();
         let keep = opts.keep_dir;
         let cluster = Self {
-            etcd_port: free_port(),
+            etcd_host: (opts.hosts.as_ref()).map_or_else(PatroniHost::local, |h| h.etcd.clone()),
+            etcd_port: port(2379),
             root,
             opts,
             bins,
@@ -455,10 +518,15 @@ impl PatroniCluster {
     }
 
     fn start_etcd(&self, etcd: &Path) -> Result<()> {
-        let peer_port = free_port();
+        let peer_port = if self.opts.hosts.is_some() {
+            2380
+        } else {
+            free_port()
+        };
         let name = format!("{}-etcd", self.opts.scope);
-        let client = format!("http://127.0.0.1:{}", self.etcd_port);
-        let peer = format!("http://127.0.0.1:{peer_port}");
+        let ip = self.etcd_host.addr;
+        let client = format!("http://{ip}:{}", self.etcd_port);
+        let peer = format!("http://{ip}:{peer_port}");
         let data = self.root.join("etcd");
         let mut argv: Vec<OsString> = vec![etcd.into()];
         for (flag, value) in [
@@ -481,7 +549,8 @@ impl PatroniCluster {
             argv.push(value.into());
         }
         let log = self.root.join(ETCD_LOG_FILE);
-        let mut proc = self.spawn_supervised(&log, None, &self.root, &argv, &[])?;
+        let mut proc =
+            self.spawn_supervised(&log, None, &self.root, &self.etcd_host.exec, &argv, &[])?;
         let deadline = Instant::now() + self.opts.start_timeout;
         loop {
             if let Some(status) = proc.exited() {
@@ -491,7 +560,7 @@ impl PatroniCluster {
                     file_tail(&log, 30)
                 );
             }
-            if let Ok((200, body)) = http_get(self.etcd_port, "/health", REST_TIMEOUT) {
+            if let Ok((200, body)) = http_get(ip, self.etcd_port, "/health", REST_TIMEOUT) {
                 if body.contains("true") {
                     break;
                 }
@@ -500,7 +569,7 @@ impl PatroniCluster {
                 proc.signal_kill();
                 proc.wait(Duration::from_secs(10));
                 bail!(
-                    "etcd did not answer on 127.0.0.1:{} within {:?}; last lines of {}:\n{}",
+                    "etcd did not answer on {ip}:{} within {:?}; last lines of {}:\n{}",
                     self.etcd_port,
                     self.opts.start_timeout,
                     log.display(),
@@ -534,6 +603,21 @@ impl PatroniCluster {
         if let Some(user) = &self.run_as {
             std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))?;
         }
+        if let Some((cert, key)) = &m.host.tls {
+            for (file, pem) in [("server.pem", cert), ("server-key.pem", key)] {
+                let path = m.dir.join(file);
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)
+                    .and_then(|mut f| f.write_all(pem.as_bytes()))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                if let Some(user) = &self.run_as {
+                    std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -558,15 +642,19 @@ impl PatroniCluster {
         line(format!("name: {}", q(&m.name)));
         line("log:\n  level: \"INFO\"".into());
         line("restapi:".into());
-        line(format!("  listen: \"127.0.0.1:{}\"", m.rest_port));
-        line(format!("  connect_address: \"127.0.0.1:{}\"", m.rest_port));
+        let ip = m.host.addr;
+        line(format!("  listen: \"{ip}:{}\"", m.rest_port));
+        line(format!("  connect_address: \"{ip}:{}\"", m.rest_port));
         // Changing endpoints (switchover, restart, …) need the password.
         line(format!(
             "  authentication:\n    username: \"gangway\"\n    password: {}",
             q(&self.password)
         ));
         line("etcd3:".into());
-        line(format!("  hosts: \"127.0.0.1:{}\"", self.etcd_port));
+        line(format!(
+            "  hosts: \"{}:{}\"",
+            self.etcd_host.addr, self.etcd_port
+        ));
         line("  protocol: \"http\"".into());
         line("watchdog:\n  mode: \"off\"".into());
         line("bootstrap:".into());
@@ -606,8 +694,8 @@ impl PatroniCluster {
         line("    - auth-local: \"trust\"".into());
         line("    - auth-host: \"scram-sha-256\"".into());
         line("postgresql:".into());
-        line(format!("  listen: \"127.0.0.1:{}\"", m.pg_port));
-        line(format!("  connect_address: \"127.0.0.1:{}\"", m.pg_port));
+        line(format!("  listen: \"{ip}:{}\"", m.pg_port));
+        line(format!("  connect_address: \"{ip}:{}\"", m.pg_port));
         line(format!(
             "  data_dir: {}",
             q(&m.data_dir().to_string_lossy())
@@ -639,19 +727,51 @@ impl PatroniCluster {
         if o.fast {
             local.push(("fsync".into(), "off".into()));
         }
+        if m.host.tls.is_some() {
+            local.push(("ssl".into(), "on".into()));
+            for (k, file) in [
+                ("ssl_cert_file", "server.pem"),
+                ("ssl_key_file", "server-key.pem"),
+            ] {
+                local.push((k.into(), m.dir.join(file).to_string_lossy().into_owned()));
+            }
+        }
         local.extend(o.extra_settings.iter().cloned());
         for (k, v) in &local {
             line(format!("    {}: {}", q(k), q(v)));
         }
         line("  pg_hba:".into());
-        for rule in [
-            "local all all trust".to_string(),
-            format!("host replication {REPLICATION_USER} 127.0.0.1/32 scram-sha-256"),
-            "host all all 127.0.0.1/32 scram-sha-256".to_string(),
-        ] {
+        for rule in self.hba_rules(m) {
             line(format!("    - {}", q(&rule)));
         }
         c
+    }
+
+    /// Member `m`'s `pg_hba.conf`: on 127.0.0.1, local TCP; on hosts of
+    /// their own, the clients' networks (over TLS alone when it has a
+    /// certificate), then the handle's management address.
+    fn hba_rules(&self, m: &Member) -> Vec<String> {
+        let mut rules = vec!["local all all trust".to_string()];
+        let Some(hosts) = &self.opts.hosts else {
+            rules.push(format!(
+                "host replication {REPLICATION_USER} 127.0.0.1/32 scram-sha-256"
+            ));
+            rules.push("host all all 127.0.0.1/32 scram-sha-256".into());
+            return rules;
+        };
+        let kind = if m.host.tls.is_some() {
+            "hostssl"
+        } else {
+            "host"
+        };
+        for net in &hosts.clients {
+            rules.push(format!(
+                "{kind} replication {REPLICATION_USER} {net} scram-sha-256"
+            ));
+            rules.push(format!("{kind} all all {net} scram-sha-256"));
+        }
+        rules.push(format!("host all all {} scram-sha-256", hosts.admin));
+        rules
     }
 
     fn spawn_member(&self, m: &Member) -> Result<Supervised> {
@@ -664,16 +784,25 @@ impl PatroniCluster {
             env.push(("USER".into(), user.name.clone()));
             env.push(("LOGNAME".into(), user.name.clone()));
         }
-        self.spawn_supervised(&m.log_file(), self.run_as.as_ref(), &m.dir, &argv, &env)
+        self.spawn_supervised(
+            &m.log_file(),
+            self.run_as.as_ref(),
+            &m.dir,
+            &m.host.exec,
+            &argv,
+            &env,
+        )
     }
 
-    /// Starts `argv` under our supervisor (as `user` when given), its
-    /// stdout and stderr appended to `log`.
+    /// Starts `argv` under our supervisor (as `user` when given, on the
+    /// host `exec` runs programs on), its stdout and stderr appended to
+    /// `log`.
     fn spawn_supervised(
         &self,
         log: &Path,
         user: Option<&RunAs>,
         cwd: &Path,
+        exec: &[OsString],
         argv: &[OsString],
         env: &[(String, String)],
     ) -> Result<Supervised> {
@@ -683,7 +812,14 @@ impl PatroniCluster {
             .mode(0o640)
             .open(log)
             .with_context(|| format!("opening {}", log.display()))?;
-        let mut cmd = Command::new(&self.python);
+        let mut cmd = match exec.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&self.python);
+                cmd
+            }
+            None => Command::new(&self.python),
+        };
         cmd.arg("-I").arg("-c").arg(SUPERVISOR_PY);
         match user {
             Some(u) => {
@@ -757,7 +893,7 @@ impl PatroniCluster {
 
     /// etcd's client URL, `http://127.0.0.1:N`.
     pub fn etcd_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.etcd_port)
+        format!("http://{}:{}", self.etcd_host.addr, self.etcd_port)
     }
 
     /// Member `name`'s PostgreSQL port.
@@ -802,7 +938,7 @@ impl PatroniCluster {
     /// that is writable). It holds the superuser's password.
     pub fn connection_url(&self, db: &str) -> String {
         let hosts: Vec<String> = (self.members.iter())
-            .map(|m| format!("127.0.0.1:{}", m.pg_port))
+            .map(|m| format!("{}:{}", m.host.addr, m.pg_port))
             .collect();
         format!(
             "postgres://{SUPERUSER}:{}@{}/{}?target_session_attrs=read-write&connect_timeout=10",
@@ -819,8 +955,9 @@ impl PatroniCluster {
     /// When there is no such member.
     pub fn member_url(&self, member: &str, db: &str) -> String {
         format!(
-            "postgres://{SUPERUSER}:{}@127.0.0.1:{}/{}?connect_timeout=10",
+            "postgres://{SUPERUSER}:{}@{}:{}/{}?connect_timeout=10",
             self.password,
+            self.member_or_panic(member).host.addr,
             self.pg_port(member),
             percent_encode(db)
         )
@@ -874,7 +1011,7 @@ impl PatroniCluster {
     pub fn status(&self) -> Result<Vec<MemberStatus>> {
         let mut errors = Vec::new();
         for m in &self.members {
-            match http_get(m.rest_port, "/cluster", REST_TIMEOUT) {
+            match http_get(m.host.addr, m.rest_port, "/cluster", REST_TIMEOUT) {
                 Ok((200, body)) => {
                     return parse_cluster(&body)
                         .with_context(|| format!("reading GET /cluster of {}: {body}", m.name))
@@ -1113,7 +1250,7 @@ impl PatroniCluster {
     ) -> Result<T> {
         let mut config = tokio_postgres::Config::new();
         config
-            .host("127.0.0.1")
+            .host(&m.host.addr.to_string())
             .port(m.pg_port)
             .user(SUPERUSER)
             .password(&self.password)
@@ -1417,17 +1554,17 @@ fn percent_encode(s: &str) -> String {
     out
 }
 
-/// `GET path` on 127.0.0.1:`port` (plain HTTP/1.0), within `timeout` in
-/// all: (status, body).
-fn http_get(port: u16, path: &str, timeout: Duration) -> Result<(u16, String)> {
+/// `GET path` on `ip`:`port` (plain HTTP/1.0), within `timeout` in all:
+/// (status, body).
+fn http_get(ip: Ipv4Addr, port: u16, path: &str, timeout: Duration) -> Result<(u16, String)> {
     let deadline = Instant::now() + timeout;
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let addr = SocketAddr::from((ip, port));
     let mut stream = TcpStream::connect_timeout(&addr, timeout)
         .with_context(|| format!("connecting to {addr}"))?;
     stream.set_write_timeout(Some(timeout))?;
     write!(
         stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
     )?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];

@@ -20,6 +20,9 @@ use crate::api::validate::check_fits;
 use crate::replication::replicate_intent;
 use crate::store::{job_pool, retry_races, ListFilter, NewJob, StoreError, SubmitOutcome};
 
+/// `Retry-After` of a create no buddy region took yet: a beat or two.
+const INTENT_RETRY_AFTER_S: u64 = 1;
+
 const DEFAULT_PAGE: i64 = 50;
 const MAX_PAGE: i64 = 500;
 
@@ -123,12 +126,20 @@ pub async fn submit(
                 // without a key must not find it running twice.
                 state.store.drop_unacknowledged(id).await?;
             }
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                codes::REGION_UNAVAILABLE,
-                "no other region took this job's intent, so it is not accepted yet; retry with \
-                 the same Idempotency-Key",
-            ));
+            return Err(match held {
+                // The region's own database went away under the create (a
+                // failover): unavailable, as any request would be now.
+                Err(e) if e.is_unavailable() => ApiError::from(e),
+                _ => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    codes::REGION_UNAVAILABLE,
+                    format!(
+                        "no other region took this job's intent, so it is not accepted yet; \
+                         retry in {INTENT_RETRY_AFTER_S} s with the same Idempotency-Key"
+                    ),
+                )
+                .with_retry_after(INTENT_RETRY_AFTER_S),
+            });
         }
     }
     let mut resp = (StatusCode::CREATED, axum::Json(job)).into_response();

@@ -493,11 +493,10 @@ impl Store {
             let config = ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             };
-            let pg = target.config.clone();
-            match &target.tls {
-                Some(tls) => Manager::from_config(pg, tls.clone(), config),
-                None => Manager::from_config(pg, tokio_postgres::NoTls, config),
-            }
+            // Each new connection to the member that takes writes,
+            // staggered over the URL's members (pg_tls.rs).
+            let connect = pg_tls::PoolConnect(target.clone());
+            Manager::from_connect(target.config.clone(), connect, config)
         };
         // At most `size` connections; a caller waits up to `wait_s` for one.
         let pool = |size: usize, wait_s: u64| {

@@ -23,11 +23,25 @@
 //! new primary. Each member gets [`CONNECT_TIMEOUT`] to answer unless the
 //! URL sets `connect_timeout`, so a member whose host is gone costs seconds,
 //! not the kernel's minutes of SYN retries.
+//!
+//! The members are not tried one after another, as libpq does, but
+//! staggered ([`PgTarget::connect_first`]): first the member that last took
+//! writes in this process, then, every [`HEAD_START`] that none has
+//! answered, the next, and the first that takes writes wins. A member whose
+//! host lost power (a connect that hangs for its whole timeout) ahead of
+//! the new primary in the URL would otherwise cost every new connection
+//! that timeout — longer than a lease pool waits for one, so that a region
+//! whose database had failed over within seconds could record no lease and
+//! fenced itself (found on the lab of machines: `gangway chaos
+//! database-failover --lab`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio_postgres::tls::NoTls;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio_postgres::tls::{MakeTlsConnect, NoTls, TlsConnect};
+use tokio_postgres::{Client, Connection, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
@@ -93,6 +107,132 @@ impl PgTarget {
         Ok(PgTarget { config, tls })
     }
 
+    /// The URL's members, each as a configuration of its own (one host, its
+    /// port and address), in the URL's order.
+    fn members(&self) -> Vec<tokio_postgres::Config> {
+        let c = &self.config;
+        let hosts = c.get_hosts();
+        if hosts.len() <= 1 {
+            return vec![c.clone()];
+        }
+        (0..hosts.len())
+            .map(|i| {
+                let mut one = tokio_postgres::Config::new();
+                match &hosts[i] {
+                    tokio_postgres::config::Host::Tcp(h) => one.host(h),
+                    tokio_postgres::config::Host::Unix(p) => one.host_path(p),
+                };
+                if let Some(addr) = c.get_hostaddrs().get(i) {
+                    one.hostaddr(*addr);
+                }
+                // One port for all, or one each (tokio-postgres checks).
+                let ports = c.get_ports();
+                if let Some(port) = ports.get(i).or(ports.first()) {
+                    one.port(*port);
+                }
+                if let Some(u) = c.get_user() {
+                    one.user(u);
+                }
+                if let Some(p) = c.get_password() {
+                    one.password(p);
+                }
+                if let Some(d) = c.get_dbname() {
+                    one.dbname(d);
+                }
+                if let Some(o) = c.get_options() {
+                    one.options(o);
+                }
+                if let Some(a) = c.get_application_name() {
+                    one.application_name(a);
+                }
+                if let Some(t) = c.get_connect_timeout() {
+                    one.connect_timeout(*t);
+                }
+                if let Some(t) = c.get_tcp_user_timeout() {
+                    one.tcp_user_timeout(*t);
+                }
+                one.ssl_mode(c.get_ssl_mode())
+                    .ssl_negotiation(c.get_ssl_negotiation())
+                    .keepalives(c.get_keepalives())
+                    .keepalives_idle(c.get_keepalives_idle())
+                    .target_session_attrs(c.get_target_session_attrs())
+                    .channel_binding(c.get_channel_binding());
+                if let Some(i) = c.get_keepalives_interval() {
+                    one.keepalives_interval(i);
+                }
+                if let Some(r) = c.get_keepalives_retries() {
+                    one.keepalives_retries(r);
+                }
+                one
+            })
+            .collect()
+    }
+
+    /// The member to try first: the one that last took a connection in
+    /// this process, by the URL's hosts and ports.
+    fn key(&self) -> String {
+        format!(
+            "{:?}|{:?}",
+            self.config.get_hosts(),
+            self.config.get_ports()
+        )
+    }
+
+    /// A connection to the first member that takes it (and, with
+    /// `target_session_attrs=read-write`, writes), trying them staggered:
+    /// the member that last did first, then the next every [`HEAD_START`]
+    /// (or at once when one fails). The error is the last to fail's.
+    pub async fn connect_first<T>(
+        &self,
+        tls: T,
+    ) -> Result<(Client, Connection<Socket, T::Stream>), tokio_postgres::Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync,
+        T::TlsConnect: Send + Sync,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        let members = self.members();
+        if members.len() == 1 {
+            return self.config.connect(tls).await;
+        }
+        static LAST: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
+        let last = LAST.get_or_init(Default::default);
+        let key = self.key();
+        let first = last.lock().unwrap().get(&key).copied().unwrap_or(0) % members.len();
+        let mut order = (0..members.len()).map(|k| (first + k) % members.len());
+        let mut trying = FuturesUnordered::new();
+        let attempt = |i: usize| {
+            let (config, tls) = (members[i].clone(), tls.clone());
+            async move { (i, config.connect(tls).await) }
+        };
+        trying.push(attempt(order.next().expect("two members or more")));
+        loop {
+            let more = order.len() > 0;
+            tokio::select! {
+                Some((i, outcome)) = trying.next() => match outcome {
+                    Ok(pair) => {
+                        last.lock().unwrap().insert(key, i);
+                        return Ok(pair);
+                    }
+                    Err(e) => {
+                        tracing::debug!(member = i, error = %e, "database member refused");
+                        match order.next() {
+                            Some(j) => trying.push(attempt(j)),
+                            None if trying.is_empty() => return Err(e),
+                            None => {}
+                        }
+                    }
+                },
+                () = tokio::time::sleep(HEAD_START), if more => {
+                    if let Some(j) = order.next() {
+                        trying.push(attempt(j));
+                    }
+                }
+            }
+        }
+    }
+
     /// One connection outside the pools (the leader's lock), its driver
     /// spawned; `what` names it in the log when it closes. The token is
     /// cancelled the moment the connection ends (the server went away, was
@@ -120,16 +260,56 @@ impl PgTarget {
         }
         match &self.tls {
             Some(tls) => {
-                let (client, connection) = self.config.connect(tls.clone()).await?;
+                let (client, connection) = self.connect_first(tls.clone()).await?;
                 Ok((client, drive(what, connection)))
             }
             None => {
-                let (client, connection) = self.config.connect(NoTls).await?;
+                let (client, connection) = self.connect_first(NoTls).await?;
                 Ok((client, drive(what, connection)))
             }
         }
     }
 }
+
+/// The pools' connector ([`deadpool_postgres::Connect`]): each new
+/// connection through [`PgTarget::connect_first`].
+pub struct PoolConnect(pub PgTarget);
+
+impl deadpool_postgres::Connect for PoolConnect {
+    fn connect(
+        &self,
+        _: &tokio_postgres::Config,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+    > {
+        fn drive<F>(connection: F) -> tokio::task::JoinHandle<()>
+        where
+            F: std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+        {
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(target: "deadpool.postgres", "Connection error: {}", e);
+                }
+            })
+        }
+        Box::pin(async move {
+            match &self.0.tls {
+                Some(tls) => {
+                    let (client, connection) = self.0.connect_first(tls.clone()).await?;
+                    Ok((client, drive(connection)))
+                }
+                None => {
+                    let (client, connection) = self.0.connect_first(NoTls).await?;
+                    Ok((client, drive(connection)))
+                }
+            }
+        })
+    }
+}
+
+/// How long the member tried first has before the next is tried too.
+pub const HEAD_START: Duration = Duration::from_millis(300);
 
 /// How long one member of the URL has to accept a connection, unless the
 /// URL's `connect_timeout` says otherwise.
@@ -139,10 +319,19 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// probes after [`KEEPALIVE_IDLE`] of silence, [`KEEPALIVE_PROBES`] of them
 /// [`KEEPALIVE_INTERVAL`] apart, and at most [`UNACKED_TIMEOUT`] for sent
 /// data to be acknowledged.
-pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+///
+/// Six seconds either way: a database host and its region's replicas share
+/// a LAN, where a live kernel acknowledges within milliseconds however
+/// loaded its processes are. The region's connections to a primary whose
+/// host lost power must be given up before Patroni has promoted its
+/// standby (its `ttl`, 10 s in the reference configuration), so that the
+/// region writes again as soon as the new primary does: with 11 s / 15 s
+/// it wrote again 16.5 s after the power cut, 6 s after the promotion
+/// (the lab's database-failover drill).
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(3);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 pub const KEEPALIVE_PROBES: u32 = 3;
-pub const UNACKED_TIMEOUT: Duration = Duration::from_secs(15);
+pub const UNACKED_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// A replica that vanishes without a word (its machine loses power, its
 /// link is cut) must not keep its locks: PostgreSQL releases a session's
@@ -152,8 +341,8 @@ pub const UNACKED_TIMEOUT: Duration = Duration::from_secs(15);
 /// the server to probe it (`tcp_keepalives_*` and `tcp_user_timeout` for
 /// the session, through the startup `options`; settings the URL's own
 /// `options` gives win, coming later) and probes the server itself the
-/// same way: a dead peer is noticed within about 11 s idle, 15 s with data
-/// in flight.
+/// same way: a dead peer is noticed within about 6 s, idle or with data in
+/// flight.
 fn dead_peer_timers(config: &mut tokio_postgres::Config) {
     config
         .keepalives(true)
