@@ -181,7 +181,11 @@ impl PgTarget {
     /// A connection to the first member that takes it (and, with
     /// `target_session_attrs=read-write`, writes), trying them staggered:
     /// the member that last did first, then the next every [`HEAD_START`]
-    /// (or at once when one fails). The error is the last to fail's.
+    /// (or at once when one fails). While a member is still being tried
+    /// (a silent host's connect takes its whole timeout), those that
+    /// refused are asked again every [`HEAD_START`]: a standby promoted
+    /// meanwhile is found within it, not after the silent one gives up.
+    /// The error is the last to fail's, once none is being tried.
     pub async fn connect_first<T>(
         &self,
         tls: T,
@@ -207,8 +211,11 @@ impl PgTarget {
             async move { (i, config.connect(tls).await) }
         };
         trying.push(attempt(order.next().expect("two members or more")));
+        // Members that refused while another is still being tried: asked
+        // again in turn, for one of them may be promoted meanwhile.
+        let mut refused = std::collections::VecDeque::new();
         loop {
-            let more = order.len() > 0;
+            let more = order.len() > 0 || !refused.is_empty();
             tokio::select! {
                 Some((i, outcome)) = trying.next() => match outcome {
                     Ok(pair) => {
@@ -220,12 +227,12 @@ impl PgTarget {
                         match order.next() {
                             Some(j) => trying.push(attempt(j)),
                             None if trying.is_empty() => return Err(e),
-                            None => {}
+                            None => refused.push_back(i),
                         }
                     }
                 },
                 () = tokio::time::sleep(HEAD_START), if more => {
-                    if let Some(j) = order.next() {
+                    if let Some(j) = order.next().or_else(|| refused.pop_front()) {
                         trying.push(attempt(j));
                     }
                 }
