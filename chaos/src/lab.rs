@@ -326,31 +326,38 @@ fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `ip -batch -` (in namespace `ns` if given) with these commands, one a
-/// line.
-fn ip_batch(ns: Option<&str>, commands: &str) -> anyhow::Result<()> {
+/// Runs `program` with `args`, `input` on its standard input; its stderr
+/// in the error.
+fn run_fed(program: &str, args: &[&str], input: &str) -> anyhow::Result<()> {
     use std::io::Write;
-    let mut cmd = Command::new("ip");
-    if let Some(ns) = ns {
-        cmd.args(["-n", ns]);
-    }
-    let mut child = cmd
-        .args(["-batch", "-"])
+    let mut child = Command::new(program)
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .context("running ip (iproute2)")?;
-    child.stdin.take().unwrap().write_all(commands.as_bytes())?;
+        .with_context(|| format!("running {program}"))?;
+    child.stdin.take().unwrap().write_all(input.as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
         bail!(
-            "ip -batch{}: {}",
-            ns.map(|n| format!(" in {n}")).unwrap_or_default(),
+            "{program} {}: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
     Ok(())
+}
+
+/// `ip -batch -` (in namespace `ns` if given) with these commands, one a
+/// line.
+fn ip_batch(ns: Option<&str>, commands: &str) -> anyhow::Result<()> {
+    let mut args = Vec::new();
+    if let Some(ns) = ns {
+        args.extend(["-n", ns]);
+    }
+    args.extend(["-batch", "-"]);
+    run_fed("ip", &args, commands).context("iproute2")
 }
 
 /// Every process in namespace `ns`, killed with SIGKILL.
@@ -1099,23 +1106,8 @@ impl Lab {
              \x20 chain out {{ type filter hook output priority 0; policy accept; \
              oifname \"eth0\" numgen random mod 100 < {loss} counter drop; }}\n}}\n"
         );
-        let mut nft = Command::new("ip")
-            .args(["netns", "exec", &h.ns, "nft", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("running nft (the Debian package nftables)")?;
-        {
-            use std::io::Write;
-            nft.stdin.take().unwrap().write_all(rules.as_bytes())?;
-        }
-        let out = nft.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "nft on {name}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
+        run_fed("ip", &["netns", "exec", &h.ns, "nft", "-f", "-"], &rules)
+            .with_context(|| format!("nft on {name} (the Debian package nftables)"))?;
         Ok(())
     }
 

@@ -30,3 +30,22 @@ pub fn shared_out(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o1777)).unwrap();
     out
 }
+
+/// What the database-failover drill must show, on loopback or on the lab:
+/// every invariant held, its job ran on at epoch 1 in its region to its
+/// last step, and writes and placements came back after each kill (the
+/// report's notes start with `kills`' names).
+pub fn held_through_database_failover(report: &gangway_chaos::Report, kills: [&str; 2]) {
+    assert!(report.passed(), "{report}");
+    let j = &report.jobs[0];
+    assert_eq!((j.epoch, &j.region), (1, &report.region), "{report}");
+    assert_eq!(j.state, "succeeded", "{report}");
+    let total = gangway_chaos::db_failover::FAILOVER_TRAINING.total;
+    assert_eq!(j.final_step, Some(total), "{report}");
+    for what in kills {
+        let note = (report.notes.iter())
+            .find(|n| n.starts_with(what))
+            .unwrap_or_else(|| panic!("no note on {what}: {report}"));
+        assert!(!note.contains("never"), "{note}\n{report}");
+    }
+}
