@@ -419,11 +419,7 @@ impl Cloud {
         let opts = crate::lab::LabOptions {
             patroni: Some(ha.to_string()),
         };
-        let mut cloud = Cloud::start_lab_with(bin, opts).await?;
-        cloud.patroni = (cloud.lab())
-            .and_then(|lab| lab.patroni())
-            .map(|(r, c)| (r.to_string(), c.clone()));
-        Ok(cloud)
+        Cloud::start_lab_with(bin, opts).await
     }
 
     async fn start_lab_with(bin: &Path, opts: crate::lab::LabOptions) -> anyhow::Result<Cloud> {
@@ -905,9 +901,11 @@ impl Cloud {
     }
 
     /// The region whose database is a Patroni cluster, and the cluster
-    /// (a cloud of [`Cloud::start_ha`]).
+    /// (a cloud of [`Cloud::start_ha`], or the lab's of
+    /// [`Cloud::start_lab_ha`]).
     pub fn patroni(&self) -> Option<(&str, &Arc<PatroniCluster>)> {
-        self.patroni.as_ref().map(|(n, c)| (n.as_str(), c))
+        (self.patroni.as_ref().map(|(n, c)| (n.as_str(), c)))
+            .or_else(|| self.lab().and_then(|lab| lab.patroni()))
     }
 
     /// Where region `name`'s checkpoint store keeps its objects.

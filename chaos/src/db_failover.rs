@@ -58,6 +58,28 @@ struct Creates {
     wrong: Vec<String>,
 }
 
+/// What the drill kills of the primary.
+#[derive(Clone, Copy)]
+enum Kill {
+    /// Its PostgreSQL (Patroni starts it again, or fails over).
+    Postgres,
+    /// Its Patroni and PostgreSQL: their sockets close.
+    Member,
+    /// Its host, on a lab of machines: power cut, links down first.
+    Host,
+}
+
+impl Kill {
+    /// How the report's notes name it.
+    fn as_str(self) -> &'static str {
+        match self {
+            Kill::Postgres => "PostgreSQL killed",
+            Kill::Member => "member killed",
+            Kill::Host => "host powered off",
+        }
+    }
+}
+
 /// One kill and how the region came back from it.
 struct Recovery {
     what: &'static str,
@@ -149,28 +171,26 @@ pub(crate) async fn run(cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<Report> 
     // power (links down first: its peers hear no goodbye), not only its
     // processes.
     let second = if cloud.lab().is_some() {
-        "host powered off"
+        Kill::Host
     } else {
-        "member killed"
+        Kill::Member
     };
-    for what in ["PostgreSQL killed", second] {
+    for kill in [Kill::Postgres, second] {
+        let what = kill.as_str();
         let c = patroni.clone();
         let member = tokio::task::spawn_blocking(move || c.primary())
             .await?
             .context("the cluster has no primary to kill")?;
         let killed = Instant::now();
-        match (what, cloud.lab()) {
-            ("host powered off", Some(lab)) => {
+        let (c, m) = (patroni.clone(), member.clone());
+        match (kill, cloud.lab()) {
+            (Kill::Host, Some(lab)) => {
                 tokio::task::block_in_place(|| lab.power_off(&[member.as_str()]))?
             }
-            _ => {
-                let (c, m) = (patroni.clone(), member.clone());
-                tokio::task::spawn_blocking(move || match what {
-                    "PostgreSQL killed" => c.kill_postgres(&m).map(|_| ()),
-                    _ => c.kill_member(&m),
-                })
-                .await??;
+            (Kill::Postgres, _) => {
+                tokio::task::spawn_blocking(move || c.kill_postgres(&m).map(|_| ())).await??
             }
+            _ => tokio::task::spawn_blocking(move || c.kill_member(&m)).await??,
         }
         let r = recovered(&cloud, &creates, killed, Duration::from_secs(60)).await;
         recoveries.push(Recovery {

@@ -36,6 +36,7 @@
 //! database-failover --lab`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -51,6 +52,13 @@ pub struct PgTarget {
     pub config: tokio_postgres::Config,
     /// `None`: plain.
     pub tls: Option<MakeRustlsConnect>,
+    /// The URL's members, each a configuration of its own (one when the
+    /// URL names one host).
+    members: Arc<[tokio_postgres::Config]>,
+    /// The member that last took a connection, shared by every target of
+    /// the same hosts in this process (the leader parses its URL anew on
+    /// each reconnect).
+    last: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for PgTarget {
@@ -104,78 +112,20 @@ impl PgTarget {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
-        Ok(PgTarget { config, tls })
-    }
-
-    /// The URL's members, each as a configuration of its own (one host, its
-    /// port and address), in the URL's order.
-    fn members(&self) -> Vec<tokio_postgres::Config> {
-        let c = &self.config;
-        let hosts = c.get_hosts();
-        if hosts.len() <= 1 {
-            return vec![c.clone()];
-        }
-        (0..hosts.len())
-            .map(|i| {
-                let mut one = tokio_postgres::Config::new();
-                match &hosts[i] {
-                    tokio_postgres::config::Host::Tcp(h) => one.host(h),
-                    tokio_postgres::config::Host::Unix(p) => one.host_path(p),
-                };
-                if let Some(addr) = c.get_hostaddrs().get(i) {
-                    one.hostaddr(*addr);
-                }
-                // One port for all, or one each (tokio-postgres checks).
-                let ports = c.get_ports();
-                if let Some(port) = ports.get(i).or(ports.first()) {
-                    one.port(*port);
-                }
-                if let Some(u) = c.get_user() {
-                    one.user(u);
-                }
-                if let Some(p) = c.get_password() {
-                    one.password(p);
-                }
-                if let Some(d) = c.get_dbname() {
-                    one.dbname(d);
-                }
-                if let Some(o) = c.get_options() {
-                    one.options(o);
-                }
-                if let Some(a) = c.get_application_name() {
-                    one.application_name(a);
-                }
-                if let Some(t) = c.get_connect_timeout() {
-                    one.connect_timeout(*t);
-                }
-                if let Some(t) = c.get_tcp_user_timeout() {
-                    one.tcp_user_timeout(*t);
-                }
-                one.ssl_mode(c.get_ssl_mode())
-                    .ssl_negotiation(c.get_ssl_negotiation())
-                    .keepalives(c.get_keepalives())
-                    .keepalives_idle(c.get_keepalives_idle())
-                    .target_session_attrs(c.get_target_session_attrs())
-                    .channel_binding(c.get_channel_binding());
-                if let Some(i) = c.get_keepalives_interval() {
-                    one.keepalives_interval(i);
-                }
-                if let Some(r) = c.get_keepalives_retries() {
-                    one.keepalives_retries(r);
-                }
-                one
-            })
-            .collect()
-    }
-
-    /// The member to try first: the one that last took a connection in
-    /// this process, by the URL's hosts and ports.
-    fn key(&self) -> String {
-        format!(
-            "{:?}|{:?}",
-            self.config.get_hosts(),
-            self.config.get_ports()
-        )
+        let members = members_of(&config).into();
+        // Keyed by the URL's hosts and ports.
+        static LAST: OnceLock<Mutex<HashMap<String, Arc<AtomicUsize>>>> = OnceLock::new();
+        let key = format!("{:?}|{:?}", config.get_hosts(), config.get_ports());
+        let last = (LAST.get_or_init(Default::default).lock().unwrap())
+            .entry(key)
+            .or_default()
+            .clone();
+        Ok(PgTarget {
+            config,
+            tls,
+            members,
+            last,
+        })
     }
 
     /// A connection to the first member that takes it (and, with
@@ -196,14 +146,11 @@ impl PgTarget {
         T::TlsConnect: Send + Sync,
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
-        let members = self.members();
+        let members = &self.members;
         if members.len() == 1 {
             return self.config.connect(tls).await;
         }
-        static LAST: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
-        let last = LAST.get_or_init(Default::default);
-        let key = self.key();
-        let first = last.lock().unwrap().get(&key).copied().unwrap_or(0) % members.len();
+        let first = self.last.load(Ordering::Relaxed) % members.len();
         let mut order = (0..members.len()).map(|k| (first + k) % members.len());
         let mut trying = FuturesUnordered::new();
         let attempt = |i: usize| {
@@ -219,7 +166,7 @@ impl PgTarget {
             tokio::select! {
                 Some((i, outcome)) = trying.next() => match outcome {
                     Ok(pair) => {
-                        last.lock().unwrap().insert(key, i);
+                        self.last.store(i, Ordering::Relaxed);
                         return Ok(pair);
                     }
                     Err(e) => {
@@ -250,33 +197,37 @@ impl PgTarget {
         &self,
         what: &'static str,
     ) -> Result<(tokio_postgres::Client, CancellationToken), tokio_postgres::Error> {
-        fn drive<F>(what: &'static str, connection: F) -> CancellationToken
-        where
-            F: std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
-        {
-            let ended = CancellationToken::new();
-            let on_end = ended.clone();
-            tokio::spawn(async move {
-                match connection.await {
-                    Err(e) => tracing::warn!(error = %e, what, "database connection closed"),
-                    Ok(()) => tracing::debug!(what, "database connection closed"),
-                }
-                on_end.cancel();
-            });
-            ended
-        }
-        match &self.tls {
+        let (client, connection) = self.connect_any().await?;
+        let ended = CancellationToken::new();
+        let on_end = ended.clone();
+        tokio::spawn(async move {
+            match connection.await {
+                Err(e) => tracing::warn!(error = %e, what, "database connection closed"),
+                Ok(()) => tracing::debug!(what, "database connection closed"),
+            }
+            on_end.cancel();
+        });
+        Ok((client, ended))
+    }
+
+    /// [`PgTarget::connect_first`] over TLS or not, as the URL says; the
+    /// connection's driver is for the caller to spawn.
+    async fn connect_any(&self) -> Result<(Client, Driver), tokio_postgres::Error> {
+        Ok(match &self.tls {
             Some(tls) => {
                 let (client, connection) = self.connect_first(tls.clone()).await?;
-                Ok((client, drive(what, connection)))
+                (client, Box::pin(connection))
             }
             None => {
                 let (client, connection) = self.connect_first(NoTls).await?;
-                Ok((client, drive(what, connection)))
+                (client, Box::pin(connection))
             }
-        }
+        })
     }
 }
+
+/// A connection's driver, whatever its stream.
+type Driver = futures_util::future::BoxFuture<'static, Result<(), tokio_postgres::Error>>;
 
 /// The pools' connector ([`deadpool_postgres::Connect`]): each new
 /// connection through [`PgTarget::connect_first`].
@@ -290,33 +241,80 @@ impl deadpool_postgres::Connect for PoolConnect {
         '_,
         Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
     > {
-        fn drive<F>(connection: F) -> tokio::task::JoinHandle<()>
-        where
-            F: std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
-        {
-            tokio::spawn(async move {
+        Box::pin(async move {
+            let (client, connection) = self.0.connect_any().await?;
+            let driver = tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::warn!(target: "deadpool.postgres", "Connection error: {}", e);
                 }
-            })
-        }
-        Box::pin(async move {
-            match &self.0.tls {
-                Some(tls) => {
-                    let (client, connection) = self.0.connect_first(tls.clone()).await?;
-                    Ok((client, drive(connection)))
-                }
-                None => {
-                    let (client, connection) = self.0.connect_first(NoTls).await?;
-                    Ok((client, drive(connection)))
-                }
-            }
+            });
+            Ok((client, driver))
         })
     }
 }
 
 /// How long the member tried first has before the next is tried too.
 pub const HEAD_START: Duration = Duration::from_millis(300);
+
+/// `c`'s members, each as a configuration of its own (one host, its port
+/// and address), in the URL's order.
+fn members_of(c: &tokio_postgres::Config) -> Vec<tokio_postgres::Config> {
+    let hosts = c.get_hosts();
+    if hosts.len() <= 1 {
+        return vec![c.clone()];
+    }
+    (0..hosts.len())
+        .map(|i| {
+            let mut one = tokio_postgres::Config::new();
+            match &hosts[i] {
+                tokio_postgres::config::Host::Tcp(h) => one.host(h),
+                tokio_postgres::config::Host::Unix(p) => one.host_path(p),
+            };
+            if let Some(addr) = c.get_hostaddrs().get(i) {
+                one.hostaddr(*addr);
+            }
+            // One port for all, or one each (tokio-postgres checks).
+            let ports = c.get_ports();
+            if let Some(port) = ports.get(i).or(ports.first()) {
+                one.port(*port);
+            }
+            if let Some(u) = c.get_user() {
+                one.user(u);
+            }
+            if let Some(p) = c.get_password() {
+                one.password(p);
+            }
+            if let Some(d) = c.get_dbname() {
+                one.dbname(d);
+            }
+            if let Some(o) = c.get_options() {
+                one.options(o);
+            }
+            if let Some(a) = c.get_application_name() {
+                one.application_name(a);
+            }
+            if let Some(t) = c.get_connect_timeout() {
+                one.connect_timeout(*t);
+            }
+            if let Some(t) = c.get_tcp_user_timeout() {
+                one.tcp_user_timeout(*t);
+            }
+            one.ssl_mode(c.get_ssl_mode())
+                .ssl_negotiation(c.get_ssl_negotiation())
+                .keepalives(c.get_keepalives())
+                .keepalives_idle(c.get_keepalives_idle())
+                .target_session_attrs(c.get_target_session_attrs())
+                .channel_binding(c.get_channel_binding());
+            if let Some(i) = c.get_keepalives_interval() {
+                one.keepalives_interval(i);
+            }
+            if let Some(r) = c.get_keepalives_retries() {
+                one.keepalives_retries(r);
+            }
+            one
+        })
+        .collect()
+}
 
 /// How long one member of the URL has to accept a connection, unless the
 /// URL's `connect_timeout` says otherwise.
