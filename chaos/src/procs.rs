@@ -195,6 +195,9 @@ impl Proxy {
                     else {
                         return;
                     };
+                    // Bytes pass as they come: Nagle's algorithm would hold
+                    // a small write back for the other end's delayed ACK.
+                    let _ = (inbound.set_nodelay(true), out.set_nodelay(true));
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
                 });
                 let mut list = k.lock().unwrap();

@@ -24,7 +24,8 @@ pub struct Conn {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
-    /// CA certificate (PEM) to trust for the API's TLS certificate.
+    /// CA certificate (PEM) to trust for the API's TLS certificate: it
+    /// alone, as `curl --cacert` (without it, the system's roots).
     #[arg(long, env = "GANGWAY_CA_CERT", global = true)]
     pub ca_cert: Option<PathBuf>,
     /// Where `gangway dev up` keeps its state; its `env` file fills in

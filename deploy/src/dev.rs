@@ -87,6 +87,20 @@ pub struct UpArgs {
     /// fencing (docs/operations.md).
     #[arg(long, value_enum, default_value_t = DbKind::Single)]
     db: DbKind,
+    /// A further PostgreSQL setting for every region's database, as
+    /// `NAME=VALUE` (repeat the flag for more), e.g.
+    /// `shared_preload_libraries=pg_stat_statements` to see where a
+    /// request's database time goes (docs/benchmarks.md).
+    #[arg(long = "pg-setting", value_name = "NAME=VALUE", value_parser = pg_setting)]
+    pg_settings: Vec<(String, String)>,
+}
+
+/// `NAME=VALUE` of `--pg-setting`.
+fn pg_setting(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((n, v)) if !n.trim().is_empty() => Ok((n.trim().to_string(), v.to_string())),
+        _ => Err(format!("{s:?} is not NAME=VALUE (e.g. track_functions=pl)")),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -226,7 +240,7 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
     // stop before their databases do.
     let ha = match args.db {
         DbKind::Single => BTreeMap::new(),
-        DbKind::Ha => start_ha_databases(&args.regions, &dir).await?,
+        DbKind::Ha => start_ha_databases(&args.regions, &dir, &args.pg_settings).await?,
     };
     let sup = Arc::new(assemble(&args, &dir, &exe, &fleet, &state, &auth, &ha).await?);
     let result = async {
@@ -405,6 +419,7 @@ async fn assemble(
                 let pg_dir = pg_data_dir(dir, &region_dir, name)?;
                 let opts = PgOptions {
                     port: Some(ports.postgres),
+                    extra_settings: args.pg_settings.clone(),
                     ..PgOptions::default()
                 };
                 let pg = tokio::task::spawn_blocking(move || -> anyhow::Result<PgCluster> {
@@ -607,6 +622,7 @@ fn is_root() -> bool {
 async fn start_ha_databases(
     regions: &[String],
     dir: &Path,
+    pg_settings: &[(String, String)],
 ) -> anyhow::Result<BTreeMap<String, PatroniCluster>> {
     let mut starts = Vec::new();
     for name in regions {
@@ -624,6 +640,7 @@ async fn start_ha_databases(
         );
         let opts = PatroniOptions {
             scope: name.clone(),
+            extra_settings: pg_settings.to_vec(),
             ..PatroniOptions::default()
         };
         let name = name.clone();

@@ -172,10 +172,26 @@ fn parse_cli() -> Cli {
 
 fn main() -> std::process::ExitCode {
     let cli = parse_cli();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    // A client command makes a request or a few and exits: one thread is
+    // enough, and starting worker threads is a measurable part of a
+    // `gangway job submit` (issue 23). Servers, drills and the load
+    // generator get a worker per core.
+    let one_shot = matches!(
+        cli.command,
+        Command::Job { .. }
+            | Command::Admin { .. }
+            | Command::Billing { .. }
+            | Command::Reservation { .. }
+            | Command::Cluster { .. }
+            | Command::Regions { .. }
+            | Command::Usage(_)
+    );
+    let mut builder = if one_shot {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = builder.enable_all().build().expect("a tokio runtime");
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Region(region_cli::RegionCli {

@@ -89,7 +89,8 @@ pub async fn serve_state(
     });
     listener.set_nonblocking(true)?;
     tracing::info!(addr = %listener.local_addr()?, "global tier listening (https)");
-    axum_server::from_tcp_rustls(listener, tls)?
+    axum_server::from_tcp(listener)?
+        .acceptor(gangway_shared::http::nodelay_tls(tls))
         .handle(handle)
         .serve(app(state).into_make_service())
         .await?;

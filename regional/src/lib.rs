@@ -120,12 +120,17 @@ pub async fn serve_on(
                 // As the plain server: every request under way finishes.
                 h.graceful_shutdown(None);
             });
-            axum_server::from_tcp_rustls(listener.into_std()?, tls)?
+            axum_server::from_tcp(listener.into_std()?)?
+                .acceptor(gangway_shared::http::nodelay_tls(tls))
                 .handle(handle)
                 .serve(app(state).into_make_service())
                 .await?;
         }
         None => {
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, app(state))
                 .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
                 .await?;

@@ -31,6 +31,9 @@ pub struct AppState {
     pub leader: Arc<AtomicBool>,
     /// The other regions, and whether this one is fenced.
     pub peers: Arc<Peers>,
+    /// New jobs' intents waiting to be handed to a buddy together (group
+    /// commit, `replication::intents`).
+    pub intents: Arc<crate::replication::intents::IntentBatcher>,
     /// Evacuated by its operators (`loops/evacuation.rs`): the region takes no
     /// new jobs and places nothing. Read from the database on every
     /// evacuation beat, so every replica follows within one.
@@ -71,6 +74,7 @@ impl AppState {
             sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(0)),
             leader: Arc::new(AtomicBool::new(false)),
             peers: Arc::new(peers),
+            intents: Arc::default(),
             evacuating: Arc::new(AtomicBool::new(false)),
             metered_hour: Arc::new(std::sync::atomic::AtomicI64::new(0)),
             fleet: Arc::new(Mutex::new(None)),
@@ -81,6 +85,12 @@ impl AppState {
     /// single-row read per call otherwise).
     pub async fn fleet_shape(&self) -> Result<Arc<FleetByType>, StoreError> {
         let version = self.store.fleet_version().await?;
+        self.fleet_shape_at(version).await
+    }
+
+    /// The fleet's shape at `version` (just read), re-read only when the
+    /// cached one is older.
+    pub async fn fleet_shape_at(&self, version: i64) -> Result<Arc<FleetByType>, StoreError> {
         if let Some((v, shape)) = self.fleet.lock().expect("fleet cache lock").as_ref() {
             if *v == version {
                 return Ok(shape.clone());

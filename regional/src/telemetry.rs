@@ -58,6 +58,29 @@ fn describe() {
         "1 while this replica leads scheduling"
     );
     describe_histogram!(
+        "gangway_submit_phase_seconds",
+        Unit::Seconds,
+        "A create in the region, by phase: checks (spec, fleet, region state), insert (the job's \
+         one statement), intent (waiting for a buddy region to hold its intent, batched with the \
+         creates waiting for the same buddy)"
+    );
+    describe_histogram!(
+        "gangway_intent_batch_size",
+        "New jobs' intents handed to a buddy region in one request and one commit"
+    );
+    describe_histogram!(
+        "gangway_intent_handover_seconds",
+        Unit::Seconds,
+        "A hand-over of a batch of intents, by step: buddy (the request to the buddy region, its \
+         commit included) and mark (the commit here that makes the jobs schedulable)"
+    );
+    describe_histogram!(
+        "gangway_global_create_phase_seconds",
+        Unit::Seconds,
+        "A create in the global tier, by call: claim (the key's claim region records where the \
+         job goes) and create (the chosen region's answer)"
+    );
+    describe_histogram!(
         "gangway_sync_seconds",
         Unit::Seconds,
         "An agent's sync, as the region handles it (its database work included), by kind: quiet \

@@ -249,3 +249,183 @@ async fn a_checkpoint_reaches_the_buddys_store_whole_and_an_older_epoch_is_refus
     stop.cancel();
     let _ = server.await;
 }
+
+/// Serves `state` on a free loopback port until the returned token is
+/// cancelled; its URL.
+async fn serve(state: gangway_regional::AppState) -> (String, tokio_util::sync::CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(gangway_regional::serve_on(listener, state, stop.clone()));
+    (url, stop)
+}
+
+/// `n` jobs submitted at `store` while it replicates, and their intents.
+async fn new_jobs(store: &gangway_regional::Store, home: &str, n: usize) -> Vec<Intent> {
+    let mut intents = Vec::new();
+    for _ in 0..n {
+        let j = common::job("acme", "h100", 8, 8);
+        let id = submit(store, &j).await;
+        let i = store.intent_of(id).await.unwrap();
+        assert_eq!(i.home, home);
+        intents.push(i);
+    }
+    intents
+}
+
+/// Every intent handed over by `home` at once, as concurrent creates do.
+async fn hold_all(
+    home: &gangway_regional::AppState,
+    intents: &[Intent],
+) -> Vec<gangway_regional::replication::intents::Taken> {
+    let holds = intents.iter().map(|i| {
+        let (home, i) = (home.clone(), i.clone());
+        tokio::spawn(async move { home.intents.hold(&home.store, &home.peers, i).await })
+    });
+    (futures_util::future::join_all(holds).await.into_iter())
+        .map(|t| t.unwrap())
+        .collect()
+}
+
+/// A count over the jobs `ids` (`$1`) on a raw client.
+async fn count(db: &tokio_postgres::Client, sql: &str, ids: &[Uuid]) -> i64 {
+    db.query_one(sql, &[&ids]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn concurrent_creates_share_one_hand_over_and_each_is_held_before_it_is_acknowledged() {
+    use gangway_regional::replication::intents::Taken;
+    let (home_store, home_db) = common::region_store("replicas_group_home", "ra").await;
+    let home_store = home_store.with_replication(true);
+    let (buddy_store, buddy_db) = store("replicas_group_buddy").await;
+    let (buddy_url, stop) = serve(common::region_state(
+        "rb",
+        buddy_store,
+        &[("ra", "http://127.0.0.1:9".into())],
+    ))
+    .await;
+    let home = common::region_state("ra", home_store.clone(), &[("rb", buddy_url)]);
+    let intents = new_jobs(&home_store, "ra", 60).await;
+
+    // Sixty creates waiting for their buddy at once, as a busy region's are.
+    for taken in hold_all(&home, &intents).await {
+        assert_eq!(taken, Taken::Marked("rb".into()));
+    }
+    // Every one held at the buddy, and schedulable at home, by the time its
+    // create is answered...
+    let ids: Vec<Uuid> = intents.iter().map(|i| i.job_id).collect();
+    let held = count(&buddy_db, "SELECT count(*) FROM replica_jobs WHERE job_id = ANY($1) AND home = 'ra' AND state = 'live'", &ids).await;
+    assert_eq!(held, 60);
+    for id in &ids {
+        assert!(!home_store.awaits_buddy(*id).await.unwrap());
+    }
+    let buddies = count(
+        &home_db,
+        "SELECT count(*) FROM jobs WHERE job_id = ANY($1) AND buddy = 'rb'",
+        &ids,
+    )
+    .await;
+    assert_eq!(buddies, 60);
+    // ...in fewer commits than creates: rows written by one statement share
+    // its transaction's `now()`.
+    let commits = count(
+        &buddy_db,
+        "SELECT count(DISTINCT updated_at) FROM replica_jobs WHERE job_id = ANY($1)",
+        &ids,
+    )
+    .await;
+    assert!(commits < 60, "60 intents in {commits} commits: not batched");
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn intents_whose_first_buddy_is_down_go_together_to_the_next() {
+    use gangway_regional::replication::intents::Taken;
+    let (home_store, _home_db) = common::region_store("replicas_group_next_home", "ra").await;
+    let home_store = home_store.with_replication(true);
+    let (buddy_store, buddy_db) = store("replicas_group_next_rc").await;
+    let (rc_url, stop) = serve(common::region_state(
+        "rc",
+        buddy_store,
+        &[
+            ("ra", "http://127.0.0.1:9".into()),
+            ("rb", "http://127.0.0.1:9".into()),
+        ],
+    ))
+    .await;
+    // rb never answers (nothing listens there); rc does.
+    let home = common::region_state(
+        "ra",
+        home_store.clone(),
+        &[("rb", "http://127.0.0.1:9".into()), ("rc", rc_url)],
+    );
+    let intents = new_jobs(&home_store, "ra", 20).await;
+    let first_rb = (intents.iter())
+        .filter(|i| home.peers.buddies_of(i.job_id)[0] == "rb")
+        .count();
+    assert!(first_rb > 0, "some jobs must have rb first for this test");
+    for taken in hold_all(&home, &intents).await {
+        assert_eq!(taken, Taken::Marked("rc".into()));
+    }
+    let ids: Vec<Uuid> = intents.iter().map(|i| i.job_id).collect();
+    let held = count(
+        &buddy_db,
+        "SELECT count(*) FROM replica_jobs WHERE job_id = ANY($1)",
+        &ids,
+    )
+    .await;
+    assert_eq!(held, 20);
+    // With no buddy at all, nothing is acknowledged.
+    stop.cancel();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let late = new_jobs(&home_store, "ra", 1).await.remove(0);
+    let id = late.job_id;
+    assert_eq!(
+        home.intents.hold(&home.store, &home.peers, late).await,
+        Taken::Nobody
+    );
+    assert!(
+        home_store.awaits_buddy(id).await.unwrap(),
+        "not schedulable"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_holds_each_job_once_at_its_highest_epoch() {
+    let (store, client) = store("replicas_batch_epochs").await;
+    let a1 = intent("ra", 1);
+    let a3 = Intent {
+        epoch: 3,
+        ..a1.clone()
+    };
+    let a2 = Intent {
+        epoch: 2,
+        ..a1.clone()
+    };
+    let b = intent("ra", 1);
+    store
+        .hold_intents(&[a1.clone(), a3, a2, b.clone()])
+        .await
+        .unwrap();
+    assert_eq!(epoch_of(&store, a1.job_id).await, Some(3));
+    assert_eq!(epoch_of(&store, b.job_id).await, Some(1));
+    // An older epoch later changes nothing; the claims answer for the home.
+    store.hold_intents(&[a1.clone()]).await.unwrap();
+    assert_eq!(epoch_of(&store, a1.job_id).await, Some(3));
+    let claims: i64 = (client.query_one(
+        "SELECT count(*) FROM idempotency_claims WHERE job_id = ANY($1) AND region = 'ra'",
+        &[&vec![a1.job_id, b.job_id]],
+    ))
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(claims, 2);
+}
+
+async fn epoch_of(store: &gangway_regional::Store, job: Uuid) -> Option<i32> {
+    store
+        .replica_epoch(job)
+        .await
+        .unwrap()
+        .map(|(epoch, _)| epoch)
+}

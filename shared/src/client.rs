@@ -115,8 +115,9 @@ impl Client {
         Ok(Client::build(base.into(), ca_pem)?.with_tenant(tenant))
     }
 
-    /// A client for the public API at `base` (https), trusting `ca_pem`
-    /// in addition to the system's roots, authenticating with `token`.
+    /// A client for the public API at `base` (https), authenticating with
+    /// `token`, trusting `ca_pem` alone when given (as `curl --cacert`), else
+    /// the system's roots.
     pub fn public(
         base: impl Into<String>,
         token: impl Into<String>,
@@ -130,7 +131,11 @@ impl Client {
         if let Some(pem) = ca_pem {
             let cert = reqwest::Certificate::from_pem(pem)
                 .map_err(|e| format!("the CA certificate is not valid PEM: {e}"))?;
-            builder = builder.add_root_certificate(cert);
+            // The given CA alone: reading and parsing the system's roots
+            // (hundreds of files) was most of a CLI call's CPU (issue 23).
+            builder = builder
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(cert);
         }
         let http = builder
             .build()

@@ -412,3 +412,13 @@ pub fn query_string(q: &[(&str, String)]) -> String {
     let parts: Vec<String> = q.iter().map(|(k, v)| format!("{k}={}", enc(v))).collect();
     parts.join("&")
 }
+
+/// TLS on connections with `TCP_NODELAY`: an answer written as several
+/// TLS records is not held back by Nagle's algorithm waiting for the
+/// client's delayed ACK (tens of milliseconds a request, issue 23).
+pub fn nodelay_tls(
+    tls: axum_server::tls_rustls::RustlsConfig,
+) -> axum_server::tls_rustls::RustlsAcceptor<axum_server::accept::NoDelayAcceptor> {
+    axum_server::tls_rustls::RustlsAcceptor::new(tls)
+        .acceptor(axum_server::accept::NoDelayAcceptor::new())
+}

@@ -101,7 +101,11 @@ pub async fn create(
     let target = match &key {
         Some(_) => {
             let order = rendezvous(job_id, candidates.iter().map(|r| r.name.as_str()));
-            match claim(&state, job_id, &tenant, &chosen, &order).await {
+            let started = std::time::Instant::now();
+            let claimed = claim(&state, job_id, &tenant, &chosen, &order).await;
+            metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "claim")
+                .record(started.elapsed().as_secs_f64());
+            match claimed {
                 Ok(region) => region,
                 Err(refusal) => return Ok(refusal),
             }
@@ -116,6 +120,7 @@ pub async fn create(
         )
     })?;
     let body = serde_json::to_vec(&spec).expect("a JobSpec serializes");
+    let started = std::time::Instant::now();
     let answer = state
         .regions
         .call(
@@ -130,6 +135,8 @@ pub async fn create(
             },
         )
         .await;
+    metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "create")
+        .record(started.elapsed().as_secs_f64());
     // A keyed create its region cannot answer for (gone, fenced, or its
     // copy moved): the job may have been adopted by another region, which
     // then answers for it, as a retry.

@@ -17,7 +17,8 @@ use super::AppState;
 use std::collections::BTreeMap;
 
 use crate::api::validate::check_fits;
-use crate::replication::replicate_intent;
+use crate::replication::intents::Taken;
+use crate::store::replicas::Intent;
 use crate::store::{job_pool, retry_races, ListFilter, NewJob, StoreError, SubmitOutcome};
 
 /// `Retry-After` of a create no buddy region took yet: a beat or two.
@@ -30,9 +31,11 @@ const MAX_PAGE: i64 = 500;
 pub async fn submit(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
+    turn: Option<axum::Extension<super::shed::Turn>>,
     headers: HeaderMap,
     Json(body): Json<serde_json::Value>,
 ) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let key = idempotency_key(&headers)?;
     let spec: JobSpec = job_spec(body)?;
     if let Some(pinned) = spec.region.as_deref() {
@@ -47,13 +50,14 @@ pub async fn submit(
             ));
         }
     }
-    let fleet = state.fleet_shape().await?;
-    fits_its_partition(&state, &tenant, &spec, &fleet).await?;
-
     let id = match &key {
         Some(k) => job_id_for_key(&tenant, k),
         None => Uuid::new_v4(),
     };
+    let (fleet_version, held_for) = state.store.before_create(id, key.is_some()).await?;
+    let fleet = state.fleet_shape_at(fleet_version).await?;
+    fits_its_partition(&state, &tenant, &spec, &fleet).await?;
+
     if state.peers.is_fenced() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -80,7 +84,7 @@ pub async fn submit(
     // A keyed create of a job whose intent this region holds for its home:
     // the job is that region's (alive or not) and must not be made twice.
     if key.is_some() {
-        if let Some(home) = state.store.held_for_another(id).await? {
+        if let Some(home) = held_for {
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 codes::REGION_UNAVAILABLE,
@@ -93,6 +97,8 @@ pub async fn submit(
         }
     }
     let new = NewJob::from_spec(id, &tenant, key.clone(), spec);
+    let checked = std::time::Instant::now();
+    phase("checks", started, checked);
     let outcome = state.store.submit(&new).await.inspect_err(|e| {
         let limit = match e {
             StoreError::QueuedJobsLimit { .. } => "queued_jobs",
@@ -104,7 +110,6 @@ pub async fn submit(
     let (job, replayed) = match outcome {
         SubmitOutcome::Created(job) => {
             metrics::counter!("gangway_jobs_submitted_total").increment(1);
-            state.wake_scheduler();
             (job, false)
         }
         SubmitOutcome::Replayed(job) => {
@@ -114,33 +119,68 @@ pub async fn submit(
             (if here.moved_to.is_some() { here } else { job }, true)
         }
     };
-    // Acknowledged only once a buddy region holds the job's intent.
+    let inserted = std::time::Instant::now();
+    phase("insert", checked, inserted);
+    // Acknowledged only once a buddy region holds the job's intent: a new
+    // job's goes with the other creates waiting for the same buddy (group
+    // commit, `replication::intents`); a retried one's is read back.
     if state.store.replicating() && (!replayed || state.store.awaits_buddy(id).await?) {
-        let held = replicate_intent(state.link(), id).await;
-        if !matches!(held, Ok(Some(_))) {
-            if let Err(e) = &held {
-                tracing::warn!(error = %e, job_id = %id, "replicating a new job's intent failed");
+        let intent = if replayed {
+            state.store.intent_of(id).await?
+        } else {
+            Intent {
+                job_id: id,
+                home: state.store.region().to_string(),
+                tenant: tenant.clone(),
+                idempotency_key: key.clone(),
+                spec: new.spec.clone(),
+                created_at: job.created_at,
+                // A new job's first epoch (the column's default).
+                epoch: 1,
             }
+        };
+        // The wait holds no database connection: the turn goes back.
+        if let Some(axum::Extension(turn)) = &turn {
+            turn.give_back();
+        }
+        let taken = (state.intents)
+            .hold(&state.store, &state.peers, intent)
+            .await;
+        let held = match taken {
+            Taken::Marked(_) => Ok(()),
+            Taken::Unmarked(buddy) => state.store.replicated(id, &buddy).await,
+            Taken::Nobody => Err(StoreError::NotFound),
+        };
+        if let Err(e) = held {
             if key.is_none() {
                 // Never acknowledged, so never run: a client retrying
                 // without a key must not find it running twice.
                 state.store.drop_unacknowledged(id).await?;
             }
-            return Err(match held {
+            return Err(match e {
                 // The region's own database went away under the create (a
                 // failover): unavailable, as any request would be now.
-                Err(e) if e.is_unavailable() => ApiError::from(e),
-                _ => ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    codes::REGION_UNAVAILABLE,
-                    format!(
-                        "no other region took this job's intent, so it is not accepted yet; \
-                         retry in {INTENT_RETRY_AFTER_S} s with the same Idempotency-Key"
-                    ),
-                )
-                .with_retry_after(INTENT_RETRY_AFTER_S),
+                e if e.is_unavailable() => ApiError::from(e),
+                e => {
+                    if !matches!(e, StoreError::NotFound) {
+                        tracing::warn!(error = %e, job_id = %id, "marking a new job's intent held failed");
+                    }
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        codes::REGION_UNAVAILABLE,
+                        format!(
+                            "no other region took this job's intent, so it is not accepted \
+                             yet; retry in {INTENT_RETRY_AFTER_S} s with the same Idempotency-Key"
+                        ),
+                    )
+                    .with_retry_after(INTENT_RETRY_AFTER_S)
+                }
             });
         }
+    }
+    phase("intent", inserted, std::time::Instant::now());
+    if !replayed {
+        state.wake_scheduler();
     }
     let mut resp = (StatusCode::CREATED, axum::Json(job)).into_response();
     if replayed {
@@ -150,6 +190,14 @@ pub async fn submit(
         );
     }
     Ok(resp)
+}
+
+/// Time a create spent in one of its phases (`gangway_submit_phase_seconds`:
+/// `checks` before the insert, `insert`, and `intent`, the wait for a
+/// buddy to hold it; docs/benchmarks.md "Global tier").
+fn phase(name: &'static str, from: std::time::Instant, to: std::time::Instant) {
+    metrics::histogram!("gangway_submit_phase_seconds", "phase" => name)
+        .record((to - from).as_secs_f64());
 }
 
 /// Whether the job could ever fit where it would run: its GPU type's

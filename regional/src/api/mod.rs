@@ -102,6 +102,10 @@ pub fn app(state: AppState) -> Router {
         .route("/internal/v1/claims", post(jobs::claim))
         .route("/internal/v1/peers/heartbeat", post(peers::heartbeat))
         .route("/internal/v1/replicas/intents", post(peers::hold_intent))
+        .route(
+            "/internal/v1/replicas/intents/batch",
+            post(peers::hold_intents),
+        )
         .route("/internal/v1/replicas/updates", post(peers::updates))
         .route("/internal/v1/replicas/moves", post(peers::witness_move))
         .route("/internal/v1/replicas/moves/list", post(peers::moves))

@@ -13,6 +13,7 @@ use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use super::error::ApiError;
 use super::extract::{Json, Query};
 use super::AppState;
+use crate::replication::intents::{BatchAnswer, IntentBatch, MAX_BATCH};
 use crate::replication::peers::Heartbeat;
 use crate::store::replicas::{Intent, Move, MoveAnswer, MovesList, MovesQuery, Update};
 
@@ -53,9 +54,7 @@ pub async fn hold_intent(
     Json(intent): Json<Intent>,
 ) -> Result<axum::Json<serde_json::Value>, ApiError> {
     known(&state, &intent.home)?;
-    // A region being evacuated holds no new job's intent (it could have to
-    // adopt it): the home gives it to its next buddy.
-    if state.is_evacuating() && state.store.replica_epoch(intent.job_id).await?.is_none() {
+    if refuses_new_intent(&state, &intent).await? {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             gangway_shared::error::codes::REGION_UNAVAILABLE,
@@ -67,6 +66,49 @@ pub async fn hold_intent(
     }
     state.store.hold_intent(&intent).await?;
     Ok(axum::Json(serde_json::json!({"held": intent.job_id})))
+}
+
+/// A region being evacuated holds no new job's intent (it could have to
+/// adopt it), only again one it holds already: the home gives the others
+/// to their next buddy.
+async fn refuses_new_intent(state: &AppState, i: &Intent) -> Result<bool, ApiError> {
+    Ok(state.is_evacuating() && state.store.replica_epoch(i.job_id).await?.is_none())
+}
+
+/// `POST /internal/v1/replicas/intents/batch`: holds a batch of a home's
+/// new jobs in one commit (the home's group commit,
+/// `replication::intents`); answers which it holds and which it refused.
+pub async fn hold_intents(
+    State(state): State<AppState>,
+    Json(batch): Json<IntentBatch>,
+) -> Result<axum::Json<BatchAnswer>, ApiError> {
+    for i in &batch.intents {
+        known(&state, &i.home)?;
+    }
+    if batch.intents.len() > MAX_BATCH {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            gangway_shared::error::codes::INVALID_SPEC,
+            format!(
+                "{} intents in one batch; at most {MAX_BATCH}",
+                batch.intents.len()
+            ),
+        ));
+    }
+    let mut answer = BatchAnswer::default();
+    let mut take = Vec::with_capacity(batch.intents.len());
+    for i in batch.intents {
+        if refuses_new_intent(&state, &i).await? {
+            answer.refused.push(i.job_id);
+        } else {
+            take.push(i);
+        }
+    }
+    if !take.is_empty() {
+        state.store.hold_intents(&take).await?;
+    }
+    answer.held = take.iter().map(|i| i.job_id).collect();
+    Ok(axum::Json(answer))
 }
 
 /// `POST /internal/v1/replicas/updates`: a home's jobs ended or

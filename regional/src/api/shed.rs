@@ -86,9 +86,25 @@ pub async fn admit(State(state): State<AppState>, req: Request, next: Next) -> R
             Ok(Ok(p)) => p,
             _ => return overloaded(&req, "too many submissions and listings are in progress"),
         };
+    let turn = Turn(std::sync::Arc::new(std::sync::Mutex::new(Some(permit))));
+    let mut req = req;
+    req.extensions_mut().insert(turn.clone());
     let resp = next.run(req).await;
-    drop(permit);
+    turn.give_back();
     resp
+}
+
+/// A sheddable request's turn (a permit of `AppState::sheddable`), in the
+/// request's extensions: a handler that goes on to wait without holding a
+/// database connection (a create waiting for its buddy) gives it back
+/// early, so the turns bound the database work, not the waits.
+#[derive(Clone)]
+pub struct Turn(std::sync::Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
+
+impl Turn {
+    pub fn give_back(&self) {
+        self.0.lock().expect("turn lock").take();
+    }
 }
 
 fn overloaded(req: &Request, why: &str) -> Response {

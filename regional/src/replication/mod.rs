@@ -7,6 +7,7 @@
 //! this layer calls them and the peers ([`peers::Peers`]), never the
 //! other way round.
 
+pub mod intents;
 pub mod outbox;
 pub mod peers;
 

@@ -244,37 +244,72 @@ impl Store {
     /// Holds another region's job intent (idempotent: the same intent again
     /// changes nothing; a higher epoch replaces a lower one).
     pub async fn hold_intent(&self, i: &Intent) -> Result<()> {
+        self.hold_intents(std::slice::from_ref(i)).await
+    }
+
+    /// Holds a batch of other regions' job intents in one statement, so one
+    /// commit (a home's group commit, `replication::intents`): each as
+    /// [`Store::hold_intent`] would. A job twice in the batch is held at
+    /// its highest epoch.
+    pub async fn hold_intents(&self, intents: &[Intent]) -> Result<()> {
+        let mut latest: BTreeMap<Uuid, &Intent> = BTreeMap::new();
+        for i in intents {
+            match latest.get(&i.job_id) {
+                Some(have) if have.epoch >= i.epoch => {}
+                _ => {
+                    latest.insert(i.job_id, i);
+                }
+            }
+        }
+        let n = latest.len();
+        let (mut ids, mut homes, mut tenants, mut keys, mut specs, mut created, mut epochs) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for i in latest.values() {
+            ids.push(i.job_id);
+            homes.push(i.home.as_str());
+            tenants.push(i.tenant.as_str());
+            keys.push(i.idempotency_key.as_deref());
+            specs.push(serde_json::to_value(&i.spec).expect("a JobSpec serializes"));
+            created.push(i.created_at);
+            epochs.push(i.epoch);
+        }
         let conn = self.conn().await?;
-        let spec = serde_json::to_value(&i.spec).expect("a JobSpec serializes");
-        conn.execute(
-            "INSERT INTO replica_jobs (job_id, home, tenant, idempotency_key, spec, created_at, epoch)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
-             ON CONFLICT (job_id) DO UPDATE
-               SET home = EXCLUDED.home, spec = EXCLUDED.spec, epoch = EXCLUDED.epoch,
-                   state = 'live', updated_at = now()
-               WHERE replica_jobs.epoch < EXCLUDED.epoch",
-            &[
-                &i.job_id,
-                &i.home,
-                &i.tenant,
-                &i.idempotency_key,
-                &spec,
-                &i.created_at,
-                &i.epoch,
-            ],
-        )
-        .await?;
         // A keyed create retried while its home is gone reaches its buddy
         // first (the next region of the job's rendezvous order): the claim
         // says where the job is, so it is not made a second time here.
-        if i.idempotency_key.is_some() {
-            conn.execute(
-                "INSERT INTO idempotency_claims (job_id, tenant, region) VALUES ($1, $2, $3)
-                 ON CONFLICT (job_id) DO NOTHING",
-                &[&i.job_id, &i.tenant, &i.home],
+        let hold = conn
+            .prepare_cached(
+                "WITH i AS (
+                     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[],
+                                          $5::jsonb[], $6::timestamptz[], $7::int[])
+                         AS i(job_id, home, tenant, idempotency_key, spec, created_at, epoch)),
+                 r AS (
+                     INSERT INTO replica_jobs (job_id, home, tenant, idempotency_key, spec,
+                                               created_at, epoch)
+                     SELECT job_id, home, tenant, idempotency_key, spec, created_at, epoch FROM i
+                     ON CONFLICT (job_id) DO UPDATE
+                       SET home = EXCLUDED.home, spec = EXCLUDED.spec, epoch = EXCLUDED.epoch,
+                           state = 'live', updated_at = now()
+                       WHERE replica_jobs.epoch < EXCLUDED.epoch),
+                 c AS (
+                     INSERT INTO idempotency_claims (job_id, tenant, region)
+                     SELECT job_id, tenant, home FROM i WHERE idempotency_key IS NOT NULL
+                     ON CONFLICT (job_id) DO NOTHING)
+                 SELECT count(*) FROM i",
             )
             .await?;
-        }
+        conn.execute(
+            &hold,
+            &[&ids, &homes, &tenants, &keys, &specs, &created, &epochs],
+        )
+        .await?;
         Ok(())
     }
 
@@ -439,13 +474,23 @@ impl Store {
 
     /// A job's intent is held by `buddy`: acknowledged, and schedulable.
     pub async fn replicated(&self, job: Uuid, buddy: &str) -> Result<()> {
+        self.replicated_many(&[(job, buddy)]).await
+    }
+
+    /// [`Store::replicated`] for a batch of jobs (each with the buddy that
+    /// holds it), in one statement: one commit for a group of creates.
+    pub async fn replicated_many(&self, held: &[(Uuid, &str)]) -> Result<()> {
+        let (jobs, buddies): (Vec<Uuid>, Vec<&str>) = held.iter().copied().unzip();
         let conn = self.conn().await?;
-        conn.execute(
-            "UPDATE jobs SET awaits_buddy = false, buddy = $2, buddy_told_state = state::text
-             WHERE job_id = $1",
-            &[&job, &buddy],
-        )
-        .await?;
+        let mark = conn
+            .prepare_cached(
+                "UPDATE jobs j SET awaits_buddy = false, buddy = b.buddy,
+                                   buddy_told_state = j.state::text
+                 FROM unnest($1::uuid[], $2::text[]) AS b(job_id, buddy)
+                 WHERE j.job_id = b.job_id",
+            )
+            .await?;
+        conn.execute(&mark, &[&jobs, &buddies]).await?;
         Ok(())
     }
 
@@ -475,14 +520,13 @@ impl Store {
     /// A job's intent as its buddy holds it.
     pub async fn intent_of(&self, job: Uuid) -> Result<Intent> {
         let conn = self.conn().await?;
-        let row = conn
-            .query_opt(
+        let intent = conn
+            .prepare_cached(
                 "SELECT tenant, idempotency_key, spec, created_at, epoch FROM jobs
                  WHERE job_id = $1",
-                &[&job],
             )
-            .await?
-            .ok_or(StoreError::NotFound)?;
+            .await?;
+        let row = (conn.query_opt(&intent, &[&job]).await?).ok_or(StoreError::NotFound)?;
         Ok(Intent {
             job_id: job,
             home: self.region().to_string(),
@@ -614,18 +658,31 @@ impl Store {
             .collect())
     }
 
+    /// What a create reads before it inserts, in one round trip: the
+    /// fleet's version (`AppState::fleet_shape_at`) and, for a keyed
+    /// create, [`Store::held_for_another`].
+    pub async fn before_create(&self, job: Uuid, keyed: bool) -> Result<(i64, Option<String>)> {
+        let conn = self.conn().await?;
+        let read = conn
+            .prepare_cached(
+                "SELECT (SELECT fleet_version FROM sched_state WHERE id = 1),
+                        (SELECT home FROM replica_jobs
+                         WHERE $2 AND job_id = $1 AND state = 'live')",
+            )
+            .await?;
+        let row = conn.query_one(&read, &[&job, &keyed]).await?;
+        Ok((row.get(0), row.get(1)))
+    }
+
     /// Whether a keyed create of `job` must wait: we hold its intent for a
     /// home that has not been adopted from (the job is that home's, alive
     /// or not; it must not be made again here).
     pub async fn held_for_another(&self, job: Uuid) -> Result<Option<String>> {
         let conn = self.conn().await?;
-        Ok((conn
-            .query_opt(
-                "SELECT home FROM replica_jobs WHERE job_id = $1 AND state = 'live'",
-                &[&job],
-            )
-            .await?)
-            .map(|r| r.get(0)))
+        let held = conn
+            .prepare_cached("SELECT home FROM replica_jobs WHERE job_id = $1 AND state = 'live'")
+            .await?;
+        Ok((conn.query_opt(&held, &[&job]).await?).map(|r| r.get(0)))
     }
 
     /// Makes an adopted job ours: submitted here with its id, spec and key
