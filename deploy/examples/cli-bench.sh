@@ -5,7 +5,9 @@
 # `gangway dev up` (its state dir) and, for the Slurm half, Debian's
 # `slurm-wlm` and `munge` (apt-get install slurm-wlm munge): this script
 # sets up a one-node slurmctld of its own in /tmp/gw-slurm (no slurmd: held
-# jobs only queue) and stops it at the end. SLURM=0 skips Slurm.
+# jobs only queue) and stops it at the end. SLURM=0 skips Slurm. Gangway's
+# scheduling is held off meanwhile (as submit-bench.sh does), so that both
+# only accept and keep jobs, and its queue is emptied first.
 #
 #   deploy/examples/cli-bench.sh /tmp/gw-bench [calls-in-a-row] [calls-per-shell]
 #
@@ -26,7 +28,10 @@ OUT=$(mktemp -d)
 # requests/s a tenant), as a real cloud's limit would be set for it.
 BENCH_PORT=${BENCH_PORT:-18463}
 bench_global "$BENCH_PORT"
-trap 'kill $BENCH_PID 2>/dev/null || true' EXIT
+# As `sbatch --hold`: jobs are accepted and kept, not scheduled, and the
+# cloud is idle before each half.
+hold_scheduling
+trap 'kill $BENCH_PID "${HELD_PIDS[@]}" 2>/dev/null || true' EXIT
 export GANGWAY_URL=https://127.0.0.1:$BENCH_PORT
 
 slurm_up() {
@@ -120,6 +125,7 @@ if [ "${SLURM:-1}" != 0 ]; then
     run_both "sbatch --hold" sbatch --hold --wrap true
     scancel --user root --state PENDING 2>/dev/null || true
 fi
+for r in "${REGIONS[@]}"; do clear_queue "$r"; done
 run_both "gangway job submit" "$GANGWAY" job submit --gpus 1 --gpu-type h100 -- true
 if [ "${SLURM:-1}" != 0 ]; then
     pkill -x slurmctld || true

@@ -6,12 +6,23 @@
 #   bench_global PORT    starts a global replica on 127.0.0.1:PORT with dev
 #                        up's flags but no practical rate limit (metrics on
 #                        PORT + 10), straight to the regions; sets BENCH_PID
+#   hold_scheduling      no region schedules until the script ends (sets
+#                        HELD_PIDS, the sessions holding the leader locks)
+#   clear_queue REGION   deletes the region's queued jobs and vacuums
 # shellcheck shell=bash disable=SC1091
 source "$STATE/env"
 IFS=, read -r -a REGIONS <<<"$GANGWAY_REGIONS"
 
 psql_of() { # region, sql
-    local pw port
+    local pw port pid
+    if [ -d "$STATE/regions/$1/patroni" ]; then
+        # dev up --db ha: the region's own URL (its members, the primary
+        # chosen by target_session_attrs), from its process.
+        pid=$(pgrep -f " region --name $1 " | head -1)
+        psql -qAtX -F ' ' -c "$2" \
+            "$(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^GANGWAY_DATABASE_URL=//p')"
+        return
+    fi
     pw=$(cat "$STATE/regions/$1/pg/gangway-superuser.password" 2>/dev/null ||
         cat "$(dirname "$(readlink -f "$STATE/regions/$1/pg")")/pg/gangway-superuser.password")
     port=$(python3 -c "import json,sys; print(json.load(open('$STATE/dev.json'))['regions']['$1']['postgres'])")
@@ -38,5 +49,43 @@ bench_global() { # port
     for _ in $(seq 50); do
         curl -s --cacert "$STATE/tls/ca.pem" "https://127.0.0.1:$1/v1/regions" >/dev/null && return
         sleep 0.2
+    done
+}
+
+# A psql session holds each region's leader lock (regional/src/leader.rs)
+# and the leader's own connection is ended. The session queues for the
+# lock first, so that it, not the leader's next try, gets it.
+hold_scheduling() {
+    local lock=7449356649126781284 r var
+    HELD_PIDS=()
+    for r in "${REGIONS[@]}"; do
+        psql_of "$r" "SELECT pg_advisory_lock($lock); SELECT pg_sleep(100000)" >/dev/null 2>&1 &
+        HELD_PIDS+=($!)
+        sleep 1
+        psql_of "$r" "SELECT pg_terminate_backend(pid) FROM pg_locks
+                      WHERE locktype = 'advisory' AND objid = ($lock::bigint & 4294967295)
+                        AND granted" >/dev/null
+    done
+    sleep 3
+    for r in "${REGIONS[@]}"; do
+        var=GANGWAY_REGION_$(echo "$r" | tr a-z- A-Z_)_METRICS_URL
+        if [ "$(curl -s "${!var}" | awk '/^gangway_scheduler_leader / {print $2}')" = 1 ]; then
+            echo "$r still schedules: its leader lock was not taken" >&2
+            exit 1
+        fi
+    done
+}
+
+clear_queue() { # region
+    psql_of "$1" "CREATE TEMP TABLE q AS SELECT job_id FROM jobs WHERE state = 'queued';
+                  DELETE FROM workers WHERE job_id IN (SELECT job_id FROM q);
+                  DELETE FROM job_events WHERE job_id IN (SELECT job_id FROM q);
+                  DELETE FROM gpu_holds WHERE job_id IN (SELECT job_id FROM q);
+                  DELETE FROM checkpoints WHERE job_id IN (SELECT job_id FROM q);
+                  DELETE FROM jobs WHERE job_id IN (SELECT job_id FROM q);
+                  SELECT pg_stat_reset()" >/dev/null
+    local t
+    for t in jobs workers job_events replica_jobs idempotency_claims; do
+        psql_of "$1" "VACUUM (ANALYZE) $t" >/dev/null
     done
 }

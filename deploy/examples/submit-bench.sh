@@ -48,31 +48,17 @@ bench_global "$BENCH_PORT"
 GLOBAL=$BENCH_PID
 pids+=("$GLOBAL")
 
-# Scheduling held off: a psql session holds each region's leader lock
-# (regional/src/leader.rs) and the leader's own connection is ended.
-LEADER_LOCK=7449356649126781284
-# The session queues for the lock first, so that it, not the leader's next
-# try, gets it when the leader's connection ends.
 if [ -z "${WHOLE:-}" ]; then
-    for r in "${REGIONS[@]}"; do
-        psql_of "$r" "SELECT pg_advisory_lock($LEADER_LOCK); SELECT pg_sleep(100000)" >/dev/null 2>&1 &
-        pids+=($!)
-        sleep 1
-        psql_of "$r" "SELECT pg_terminate_backend(pid) FROM pg_locks
-                      WHERE locktype = 'advisory' AND objid = ($LEADER_LOCK::bigint & 4294967295)
-                        AND granted" >/dev/null
-    done
+    hold_scheduling
+    pids+=("${HELD_PIDS[@]}")
 fi
-sleep 3
-for r in "${REGIONS[@]}"; do
-    if [ -z "${WHOLE:-}" ] && [ "$(curl -s "$(eval echo "\$GANGWAY_REGION_$(echo "$r" | tr a-z- A-Z_)_METRICS_URL")" |
-        awk '/^gangway_scheduler_leader / {print $2}')" = 1 ]; then
-        echo "$r still schedules: its leader lock was not taken" >&2
-        exit 1
-    fi
-done
 
-postmaster() { head -1 "$(readlink -f "$STATE/regions/$1/pg")/postmaster.pid"; }
+postmaster() { # region: its PostgreSQL servers' postmasters (three with dev up --db ha)
+    local f
+    for f in "$(readlink -f "$STATE/regions/$1/pg")/postmaster.pid" "$STATE/regions/$1"/patroni/*/data/postmaster.pid; do
+        [ -r "$f" ] && head -1 "$f"
+    done
+}
 ticks() { # pid...: utime+stime (+ reaped children) of each, summed, in clock ticks
     local t=0 p f
     for p in "$@"; do
@@ -83,7 +69,7 @@ ticks() { # pid...: utime+stime (+ reaped children) of each, summed, in clock ti
     echo $t
 }
 region_pids() { pgrep -f " region --name " | tr '\n' ' '; }
-pg_pids() { local r m; for r in "${REGIONS[@]}"; do m=$(postmaster "$r"); echo -n "$m $(pgrep -P "$m" | tr '\n' ' ') "; done; }
+pg_pids() { local r m; for r in "${REGIONS[@]}"; do for m in $(postmaster "$r"); do echo -n "$m $(pgrep -P "$m" | tr '\n' ' ') "; done; done; }
 devup_pid() { pgrep -f " dev up --state-dir $STATE" | head -1; }
 scrape() { # the benchmark replica's and every region's metrics, as text
     curl -s "http://127.0.0.1:$((BENCH_PORT + 10))/metrics"
@@ -95,16 +81,7 @@ HZ=$(getconf CLK_TCK)
 
 for run in $(seq 1 "$RUNS"); do
     for r in "${REGIONS[@]}"; do
-        psql_of "$r" "CREATE TEMP TABLE q AS SELECT job_id FROM jobs WHERE state = 'queued';
-                      DELETE FROM workers WHERE job_id IN (SELECT job_id FROM q);
-                      DELETE FROM job_events WHERE job_id IN (SELECT job_id FROM q);
-                      DELETE FROM gpu_holds WHERE job_id IN (SELECT job_id FROM q);
-                      DELETE FROM checkpoints WHERE job_id IN (SELECT job_id FROM q);
-                      DELETE FROM jobs WHERE job_id IN (SELECT job_id FROM q);
-                      SELECT pg_stat_reset()" >/dev/null
-        for t in jobs workers job_events replica_jobs idempotency_claims; do
-            psql_of "$r" "VACUUM (ANALYZE) $t" >/dev/null
-        done
+        clear_queue "$r"
         [ -z "$STATS" ] || psql_of "$r" "SELECT pg_stat_statements_reset()" >/dev/null
     done
     scrape >"$STATE/bench-metrics.before"
