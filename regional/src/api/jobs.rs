@@ -146,23 +146,24 @@ pub async fn submit(
         let taken = (state.intents)
             .hold(&state.store, &state.peers, intent)
             .await;
+        // Whether a buddy holds it and the job is marked so here.
         let held = match taken {
-            Taken::Marked(_) => Ok(()),
-            Taken::Unmarked(buddy) => state.store.replicated(id, &buddy).await,
-            Taken::Nobody => Err(StoreError::NotFound),
+            Taken::Marked(_) => Ok(true),
+            Taken::Unmarked(buddy) => state.store.replicated(id, &buddy).await.map(|()| true),
+            Taken::Nobody => Ok(false),
         };
-        if let Err(e) = held {
+        if !matches!(held, Ok(true)) {
             if key.is_none() {
                 // Never acknowledged, so never run: a client retrying
                 // without a key must not find it running twice.
                 state.store.drop_unacknowledged(id).await?;
             }
-            return Err(match e {
+            return Err(match held {
                 // The region's own database went away under the create (a
                 // failover): unavailable, as any request would be now.
-                e if e.is_unavailable() => ApiError::from(e),
-                e => {
-                    if !matches!(e, StoreError::NotFound) {
+                Err(e) if e.is_unavailable() => ApiError::from(e),
+                refused => {
+                    if let Err(e) = refused {
                         tracing::warn!(error = %e, job_id = %id, "marking a new job's intent held failed");
                     }
                     ApiError::new(
