@@ -429,3 +429,24 @@ async fn epoch_of(store: &gangway_regional::Store, job: Uuid) -> Option<i32> {
         .unwrap()
         .map(|(epoch, _)| epoch)
 }
+
+#[tokio::test]
+async fn the_homes_with_live_replicas_are_each_named_once() {
+    let (store, client) = store("replicas_homes").await;
+    assert!(store.replica_homes().await.unwrap().is_empty());
+    let mut held = Vec::new();
+    for home in ["rc", "ra", "rc", "rb", "ra", "rc"] {
+        held.push(intent(home, 1));
+    }
+    store.hold_intents(&held).await.unwrap();
+    assert_eq!(store.replica_homes().await.unwrap(), ["ra", "rb", "rc"]);
+    // A home whose replicas all finished is no longer one.
+    client
+        .execute(
+            "UPDATE replica_jobs SET state = 'finished' WHERE home = 'rb'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.replica_homes().await.unwrap(), ["ra", "rc"]);
+}
