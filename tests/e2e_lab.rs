@@ -355,17 +355,23 @@ async fn on_a_lab_of_machines_a_gang_runs_across_hosts_a_dead_leader_host_loses_
     assert_ne!(finished.region, home, "{finished:#?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_lab_of_machines_a_region_that_loses_power_host_by_host_moves_its_jobs_loses_none_and_lets_them_go_once_booted(
-) {
+/// `drill` run on a lab of machines of its own; its report, printed.
+async fn drill_on_a_lab(drill: Drill) -> Report {
     let on = On::Lab {
         bin: Path::new(BIN),
     };
-    let report: Report = gangway_chaos::run_on(Drill::RegionKill, on)
+    let report: Report = gangway_chaos::run_on(drill, on)
         .await
         .unwrap_or_else(|e| panic!("the drill did not run: {e:#}"));
     eprintln!("{report}");
     assert!(report.lab, "{report}");
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_lab_of_machines_a_region_that_loses_power_host_by_host_moves_its_jobs_loses_none_and_lets_them_go_once_booted(
+) {
+    let report = drill_on_a_lab(Drill::RegionKill).await;
     assert!(report.passed(), "{report}");
     let short = report.moved_and_resumed(30.0);
     assert!(short.is_empty(), "{short:?}\n{report}");
@@ -379,14 +385,7 @@ async fn on_a_lab_of_machines_a_region_that_loses_power_host_by_host_moves_its_j
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_lab_of_machines_a_database_whose_primary_loses_power_fails_over_with_no_job_restarted_moved_or_lost(
 ) {
-    let on = On::Lab {
-        bin: Path::new(BIN),
-    };
-    let report: Report = gangway_chaos::run_on(Drill::DatabaseFailover, on)
-        .await
-        .unwrap_or_else(|e| panic!("the drill did not run: {e:#}"));
-    eprintln!("{report}");
-    assert!(report.lab, "{report}");
+    let report = drill_on_a_lab(Drill::DatabaseFailover).await;
     // Writes and placements came back after each: the primary's
     // PostgreSQL killed, then its host powered off.
     support::held_through_database_failover(&report, ["PostgreSQL killed", "host powered off"]);

@@ -107,6 +107,7 @@ impl AppState {
         crate::replication::Link {
             store: &self.store,
             peers: &self.peers,
+            intents: &self.intents,
             checkpoint_store: self.config.checkpoint_store.as_ref(),
         }
     }

@@ -17,7 +17,7 @@ use super::AppState;
 use std::collections::BTreeMap;
 
 use crate::api::validate::check_fits;
-use crate::replication::intents::Taken;
+use crate::replication::hand_over;
 use crate::store::replicas::Intent;
 use crate::store::{job_pool, retry_races, ListFilter, NewJob, StoreError, SubmitOutcome};
 
@@ -143,16 +143,8 @@ pub async fn submit(
         if let Some(axum::Extension(turn)) = &turn {
             turn.give_back();
         }
-        let taken = (state.intents)
-            .hold(&state.store, &state.peers, intent)
-            .await;
-        // Whether a buddy holds it and the job is marked so here.
-        let held = match taken {
-            Taken::Marked(_) => Ok(true),
-            Taken::Unmarked(buddy) => state.store.replicated(id, &buddy).await.map(|()| true),
-            Taken::Nobody => Ok(false),
-        };
-        if !matches!(held, Ok(true)) {
+        let held = hand_over(state.link(), intent).await;
+        if !matches!(held, Ok(Some(_))) {
             if key.is_none() {
                 // Never acknowledged, so never run: a client retrying
                 // without a key must not find it running twice.

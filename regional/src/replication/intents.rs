@@ -56,6 +56,8 @@ pub enum Taken {
 
 struct Waiting {
     intent: Intent,
+    /// Its buddies, in the job's rendezvous order.
+    order: Vec<String>,
     done: oneshot::Sender<Taken>,
 }
 
@@ -83,18 +85,21 @@ impl IntentBatcher {
         peers: &Arc<Peers>,
         intent: Intent,
     ) -> Taken {
-        let Some(first) = peers
-            .buddies_of(intent.job_id)
-            .first()
-            .map(|b| b.to_string())
-        else {
+        let order: Vec<String> = (peers.buddies_of(intent.job_id).into_iter())
+            .map(String::from)
+            .collect();
+        let Some(first) = order.first().cloned() else {
             return Taken::Nobody;
         };
         let (done, outcome) = oneshot::channel();
         let start = {
             let mut queues = self.queues.lock().expect("intent queues lock");
             let q = queues.entry(first.clone()).or_default();
-            q.waiting.push(Waiting { intent, done });
+            q.waiting.push(Waiting {
+                intent,
+                order,
+                done,
+            });
             !std::mem::replace(&mut q.flushing, true)
         };
         if start {
@@ -129,32 +134,26 @@ impl IntentBatcher {
 async fn hand_over(store: &Store, peers: &Peers, batch: Vec<Waiting>) {
     metrics::histogram!("gangway_intent_batch_size").record(batch.len() as f64);
     // A buddy gets half the lease to answer before the next is tried: one
-    // whose packets vanish (a cut link) must not hold up a create for a
-    // whole request timeout.
+    // whose packets vanish (a cut link) must not hold up a create, or an
+    // adoption in the beat, for a whole request timeout.
     let patience = peers.config.lease / 2;
-    let mut left: Vec<(Waiting, Vec<String>)> = batch
-        .into_iter()
-        .map(|w| {
-            let order = peers.buddies_of(w.intent.job_id);
-            (w, order.into_iter().map(String::from).collect())
-        })
-        .collect();
+    let mut left = batch;
     let mut taken: Vec<(Waiting, String)> = Vec::new();
     for attempt in 0.. {
         if left.is_empty() {
             break;
         }
-        let mut by_buddy: BTreeMap<String, Vec<(Waiting, Vec<String>)>> = BTreeMap::new();
-        for (w, order) in left.drain(..) {
-            match order.get(attempt) {
-                Some(b) => by_buddy.entry(b.clone()).or_default().push((w, order)),
+        let mut by_buddy: BTreeMap<String, Vec<Waiting>> = BTreeMap::new();
+        for w in left.drain(..) {
+            match w.order.get(attempt) {
+                Some(b) => by_buddy.entry(b.clone()).or_default().push(w),
                 None => {
                     let _ = w.done.send(Taken::Nobody);
                 }
             }
         }
         for (buddy, items) in by_buddy {
-            let intents: Vec<&Intent> = items.iter().map(|(w, _)| &w.intent).collect();
+            let intents: Vec<&Intent> = items.iter().map(|w| &w.intent).collect();
             let sent = std::time::Instant::now();
             let held = match tokio::time::timeout(patience, send(peers, &buddy, &intents)).await {
                 Ok(r) => r,
@@ -167,11 +166,11 @@ async fn hand_over(store: &Store, peers: &Peers, batch: Vec<Waiting>) {
                 .record(sent.elapsed().as_secs_f64());
             match held {
                 Ok(held) => {
-                    for (w, order) in items {
+                    for w in items {
                         if held.contains(&w.intent.job_id) {
                             taken.push((w, buddy.clone()));
                         } else {
-                            left.push((w, order));
+                            left.push(w);
                         }
                     }
                 }

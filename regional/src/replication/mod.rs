@@ -12,23 +12,27 @@ pub mod outbox;
 pub mod peers;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use uuid::Uuid;
 
 use gangway_checkpoint::CheckpointStore;
 
-use crate::store::replicas::{Leases, Move, MoveAnswer, MovesList, MovesQuery};
+use crate::store::replicas::{Intent, Leases, Move, MoveAnswer, MovesList, MovesQuery};
 use crate::store::Store;
 use crate::store::{Result, StoreError};
+use intents::{IntentBatcher, Taken};
 use peers::Peers;
 
 /// What replication works with: this region's database, its link to the
-/// other regions, and its checkpoint store — a view of the replica's state
-/// (`AppState::link`), so that this layer needs nothing above it.
+/// other regions, its queues of intents for them, and its checkpoint store
+/// — a view of the replica's state (`AppState::link`), so that this layer
+/// needs nothing above it.
 #[derive(Clone, Copy)]
 pub struct Link<'a> {
     pub store: &'a Store,
-    pub peers: &'a Peers,
+    pub peers: &'a Arc<Peers>,
+    pub intents: &'a Arc<IntentBatcher>,
     pub checkpoint_store: Option<&'a CheckpointStore>,
 }
 
@@ -36,35 +40,25 @@ pub struct Link<'a> {
 /// acknowledged and schedulable. Returns the buddy, or `None` when none
 /// took it. A region without peers needs none.
 pub async fn replicate_intent(link: Link<'_>, job: Uuid) -> Result<Option<String>> {
-    let peers = link.peers;
     let intent = link.store.intent_of(job).await?;
-    // A buddy gets half the lease to answer before the next is tried: one
-    // whose packets vanish (a cut link) must not hold up an adoption in
-    // the beat, or a create, for a whole request timeout.
-    let patience = peers.config.lease / 2;
-    for buddy in peers.buddies_of(job) {
-        let call =
-            peers.post::<_, serde_json::Value>(buddy, "/internal/v1/replicas/intents", &intent);
-        let took = tokio::time::timeout(patience, call)
-            .await
-            .unwrap_or_else(|_| {
-                Err(peers::PeerError::Timeout {
-                    peer: buddy.to_string(),
-                    after: patience,
-                })
-            });
-        match took {
-            Ok(_) => {
-                link.store.replicated(job, buddy).await?;
-                metrics::counter!("gangway_intents_replicated_total").increment(1);
-                return Ok(Some(buddy.to_string()));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, job_id = %job, buddy, "a buddy did not take the intent")
-            }
+    hand_over(link, intent).await
+}
+
+/// [`replicate_intent`] of an intent the caller has (a create's own): it
+/// goes with whatever else waits for the same buddy (`intents`, group
+/// commit), and the job is marked held here.
+pub async fn hand_over(link: Link<'_>, intent: Intent) -> Result<Option<String>> {
+    let job = intent.job_id;
+    match link.intents.hold(link.store, link.peers, intent).await {
+        Taken::Marked(buddy) => Ok(Some(buddy)),
+        // Held there, but the batch's mark failed: this job's own, so that
+        // its error is the caller's.
+        Taken::Unmarked(buddy) => {
+            link.store.replicated(job, &buddy).await?;
+            Ok(Some(buddy))
         }
+        Taken::Nobody => Ok(None),
     }
-    Ok(None)
 }
 
 /// Hands buddies the intents they do not hold yet (jobs whose create was
@@ -73,8 +67,10 @@ pub async fn replicate_intent(link: Link<'_>, job: Uuid) -> Result<Option<String
 pub async fn replicate_pending_intents(link: Link<'_>) {
     match link.store.awaiting_buddy(100).await {
         Ok(jobs) => {
-            for job in jobs {
-                if let Err(e) = replicate_intent(link, job).await {
+            // All at once, so that those for one buddy go together.
+            let sends = jobs.iter().map(|job| replicate_intent(link, *job));
+            for (job, r) in jobs.iter().zip(futures_util::future::join_all(sends).await) {
+                if let Err(e) = r {
                     tracing::warn!(error = %e, job_id = %job, "replicating an intent failed");
                 }
             }

@@ -261,25 +261,17 @@ impl Store {
                 }
             }
         }
-        let n = latest.len();
-        let (mut ids, mut homes, mut tenants, mut keys, mut specs, mut created, mut epochs) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for i in latest.values() {
-            ids.push(i.job_id);
-            homes.push(i.home.as_str());
-            tenants.push(i.tenant.as_str());
-            keys.push(i.idempotency_key.as_deref());
-            specs.push(serde_json::to_value(&i.spec).expect("a JobSpec serializes"));
-            created.push(i.created_at);
-            epochs.push(i.epoch);
-        }
+        let ids: Vec<Uuid> = latest.keys().copied().collect();
+        let homes: Vec<&str> = latest.values().map(|i| i.home.as_str()).collect();
+        let tenants: Vec<&str> = latest.values().map(|i| i.tenant.as_str()).collect();
+        let keys: Vec<Option<&str>> = (latest.values())
+            .map(|i| i.idempotency_key.as_deref())
+            .collect();
+        let specs: Vec<serde_json::Value> = (latest.values())
+            .map(|i| serde_json::to_value(&i.spec).expect("a JobSpec serializes"))
+            .collect();
+        let created: Vec<DateTime<Utc>> = latest.values().map(|i| i.created_at).collect();
+        let epochs: Vec<i32> = latest.values().map(|i| i.epoch).collect();
         let conn = self.conn().await?;
         // A keyed create retried while its home is gone reaches its buddy
         // first (the next region of the job's rendezvous order): the claim
@@ -688,11 +680,7 @@ impl Store {
     /// home that has not been adopted from (the job is that home's, alive
     /// or not; it must not be made again here).
     pub async fn held_for_another(&self, job: Uuid) -> Result<Option<String>> {
-        let conn = self.conn().await?;
-        let held = conn
-            .prepare_cached("SELECT home FROM replica_jobs WHERE job_id = $1 AND state = 'live'")
-            .await?;
-        Ok((conn.query_opt(&held, &[&job]).await?).map(|r| r.get(0)))
+        Ok(self.before_create(job, true).await?.1)
     }
 
     /// Makes an adopted job ours: submitted here with its id, spec and key
