@@ -6,7 +6,9 @@
 -- new migration: `regional/tests/functions.rs` refuses that). Triggers that
 -- call these functions, and the tables they read, stay in the migrations;
 -- a migration must not call a function first written here (on a fresh
--- database every migration runs before this file).
+-- database every migration runs before this file). A trigger whose
+-- function was first written here (after V25) is created here, after its
+-- function, with `CREATE OR REPLACE TRIGGER` (at the end of the file).
 --
 -- Each function first appeared in the migration named above it.
 
@@ -398,3 +400,60 @@ CREATE OR REPLACE FUNCTION pool_of(p_gpu_type text, p_cluster uuid)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_cluster IS NULL THEN p_gpu_type ELSE 'cluster:' || p_cluster::text END
 $$;
+
+-- jobs_queue_changed (since V28__queue_changes.sql)
+-- What the queue shows of a job changed: its row is found by the next
+-- scheduling pass's read of what changed (`store/queue.rs`).
+CREATE OR REPLACE FUNCTION jobs_queue_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.queue_xid := pg_current_xact_id();
+    RETURN NEW;
+END $$;
+
+-- workers_queue_changed (since V28__queue_changes.sql)
+-- A worker started or ceased to wait: its job's queue entry changed (an
+-- array job's workers are placed one by one while the job's row may stay
+-- as it is).
+CREATE OR REPLACE FUNCTION workers_queue_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE jobs SET queue_xid = pg_current_xact_id()
+    WHERE job_id = NEW.job_id AND queue_xid <> pg_current_xact_id();
+    RETURN NULL;
+END $$;
+
+-- jobs_deleted (since V28__queue_changes.sql)
+-- A deleted job leaves no row for a pass to find: the next pass reads the
+-- whole queue.
+CREATE OR REPLACE FUNCTION jobs_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE sched_state SET queue_epoch = queue_epoch + 1 WHERE id = 1;
+    RETURN NULL;
+END $$;
+
+-- The triggers of the functions first written here (V28__queue_changes.sql
+-- says why each column matters).
+CREATE OR REPLACE TRIGGER jobs_queue_changed BEFORE UPDATE ON jobs FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state
+       OR OLD.run_workers IS DISTINCT FROM NEW.run_workers
+       OR OLD.awaits_buddy IS DISTINCT FROM NEW.awaits_buddy
+       OR OLD.handover_to IS DISTINCT FROM NEW.handover_to
+       OR OLD.cluster_id IS DISTINCT FROM NEW.cluster_id
+       OR OLD.gpu_type IS DISTINCT FROM NEW.gpu_type
+       OR OLD.tenant IS DISTINCT FROM NEW.tenant
+       OR OLD.priority IS DISTINCT FROM NEW.priority
+       OR OLD.seq IS DISTINCT FROM NEW.seq
+       OR OLD.requeue_front IS DISTINCT FROM NEW.requeue_front
+       OR OLD.mode IS DISTINCT FROM NEW.mode
+       OR OLD.gpus_per_worker IS DISTINCT FROM NEW.gpus_per_worker
+       OR OLD.required_level IS DISTINCT FROM NEW.required_level
+       OR OLD.preferred_level IS DISTINCT FROM NEW.preferred_level
+       OR OLD.created_at IS DISTINCT FROM NEW.created_at
+       OR OLD.estimated_duration_s IS DISTINCT FROM NEW.estimated_duration_s
+       OR OLD.min_workers IS DISTINCT FROM NEW.min_workers
+       OR OLD.reservation_id IS DISTINCT FROM NEW.reservation_id)
+    EXECUTE FUNCTION jobs_queue_changed();
+CREATE OR REPLACE TRIGGER workers_queue_changed AFTER UPDATE OF state ON workers FOR EACH ROW
+    WHEN ((OLD.state = 'pending') IS DISTINCT FROM (NEW.state = 'pending'))
+    EXECUTE FUNCTION workers_queue_changed();
+CREATE OR REPLACE TRIGGER jobs_deleted AFTER DELETE ON jobs FOR EACH STATEMENT
+    EXECUTE FUNCTION jobs_deleted();

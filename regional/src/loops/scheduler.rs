@@ -1,8 +1,9 @@
 //! The scheduling loops: a replica competes for leadership
 //! ([`super::leader`]) and, while it leads, runs one pass loop per pool
 //! (a GPU type's shared pool, or a dedicated cluster), each placing with
-//! [`crate::scheduling::pass`] again at once while it places work, else on a
-//! wake-up (new job, freed GPUs) or every `schedule_interval`. The
+//! [`crate::scheduling::pass`] again while it places work, else on a
+//! wake-up (new job, freed GPUs) or every `schedule_interval`, never
+//! sooner than [`MIN_PASS_GAP`] after the previous pass began. The
 //! leader's tick (`tick.rs`) runs on the same loop.
 
 use std::collections::BTreeMap;
@@ -149,9 +150,16 @@ impl Partitions {
 /// How often a partition with nothing to place or grow is planned anyway.
 const IDLE_PASS_EVERY: Duration = Duration::from_secs(10);
 
-/// One GPU type's passes: again at once while they place work or lose a
-/// race, else on a wake-up (new job, freed GPUs) or every
-/// `schedule_interval`, until `stop`.
+/// The least time from one pass's start to the next's: wake-ups that come
+/// meanwhile (each new job, each freed GPU) are served by one pass, which
+/// places them together and commits once, instead of one pass each (under
+/// a steady stream of creates, passes ran back to back and most placed one
+/// or two jobs). A job waits at most this much longer to be placed.
+const MIN_PASS_GAP: Duration = Duration::from_millis(20);
+
+/// One GPU type's passes: again while they place work or lose a race,
+/// else on a wake-up (new job, freed GPUs) or every `schedule_interval`,
+/// at most one per [`MIN_PASS_GAP`], until `stop`.
 async fn partition_loop(
     state: AppState,
     planning: Planning,
@@ -168,6 +176,14 @@ async fn partition_loop(
         let mut planned_at: Option<Instant> = None;
         let mut woken = true;
         while !stop.is_cancelled() {
+            // Coalesce: what woke the loop since the last pass began is
+            // served together, at most one pass per `MIN_PASS_GAP`.
+            if let Some(rest) = planned_at.and_then(|t| MIN_PASS_GAP.checked_sub(t.elapsed())) {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(rest) => {}
+                }
+            }
             // Wake-ups from now on count for the next wait.
             wake.borrow_and_update();
             // A fenced region places nothing (`beat.rs`), nor does one

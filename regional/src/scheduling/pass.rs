@@ -16,7 +16,7 @@ use chrono::Utc;
 use gangway_sched::{plan_partitioned, Snapshot};
 
 use crate::config::Planning;
-use crate::store::{Store, StoreError};
+use crate::store::{QueueRead, Store, StoreError};
 
 /// What one pass did.
 #[derive(Clone, Debug, Default)]
@@ -32,6 +32,9 @@ pub struct PassOutcome {
     pub stale: bool,
     /// Time spent reading the snapshot, planning, and committing.
     pub phases: Phases,
+    /// How the pool's queue was read (whole, or what changed); `None`
+    /// for a sum of passes.
+    pub queue_read: Option<QueueRead>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -63,6 +66,7 @@ pub async fn run_pass_with(store: &Store, planning: &Planning) -> Result<PassOut
         out.waiting += o.waiting;
         out.preempted += o.preempted;
         out.stale |= o.stale;
+        out.queue_read = None;
     }
     Ok(out)
 }
@@ -107,6 +111,7 @@ async fn pass(
             plan: plan_took,
             commit: Duration::ZERO,
         },
+        queue_read: Some(data.queue_read),
         ..Default::default()
     };
     metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "snapshot", "partition" => partition.clone())

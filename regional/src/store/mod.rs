@@ -233,6 +233,7 @@ mod nodes;
 mod pg_tls;
 mod plans;
 mod power;
+mod queue;
 pub mod replicas;
 mod reservations;
 mod rows;
@@ -255,7 +256,7 @@ pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
 pub use pg_tls::PgTarget;
-pub use plans::{FleetShape, SnapshotData};
+pub use plans::{FleetShape, QueueRead, SnapshotData};
 pub use power::RackPower;
 pub use reservations::{NewReservation, ReservationOutcome};
 pub(crate) use rows::level_of;
@@ -444,6 +445,8 @@ pub struct Store {
     /// Every node's GPUs, reused while the fleet's version stands
     /// (`plans.rs`).
     fleet_gpus: Arc<Mutex<Option<Arc<plans::FleetGpus>>>>,
+    /// Each pool's queue, brought up to date by each pass (`queue.rs`).
+    queues: Arc<queue::Queues>,
     /// The last health tick held silent nodes in a mass silence
     /// (`nodes.rs`): when it ends, the nodes still silent get their lost
     /// countdown back. In memory: a new leader starts without it.
@@ -518,6 +521,7 @@ impl Store {
             region: region.to_string(),
             history: Arc::new(Mutex::new(None)),
             fleet_gpus: Arc::new(Mutex::new(None)),
+            queues: Arc::default(),
             mass_silence: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             health: Arc::new(gangway_health::HealthPolicy::default()),
             checkpoint_deadline_s: 120,

@@ -13,6 +13,7 @@ use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
 use super::power::{gpus_fed, rack_power, rack_power_rows, RackPower};
+pub use super::queue::QueueRead;
 use super::{Result, Store, StoreError};
 use crate::config::HistoryOptions;
 
@@ -27,6 +28,9 @@ pub struct SnapshotData {
     /// partition's: the racks holding nodes of its type). Whole-rack
     /// figures, the same whichever partition reads them.
     pub racks: BTreeMap<String, RackPower>,
+    /// How the queue was read: whole, or only what changed since the
+    /// previous snapshot of the same pool (`queue.rs`).
+    pub queue_read: QueueRead,
 }
 
 type History = BTreeMap<(String, String), u64>;
@@ -151,6 +155,9 @@ impl Store {
         history_options: HistoryOptions,
     ) -> Result<SnapshotData> {
         let mut laps = Laps(Instant::now());
+        // The pool's queue, held between passes (`queue.rs`): locked before
+        // the snapshot is taken.
+        let mut held_queue = self.queues.lock(only.unwrap_or("*")).await;
         let mut conn = self.conn().await?;
         let tx = conn
             .build_transaction()
@@ -161,7 +168,8 @@ impl Store {
         laps.lap("conn");
         let head = tx
             .query_one(
-                "SELECT generation, extract(epoch FROM now())::bigint, fleet_version
+                "SELECT generation, extract(epoch FROM now())::bigint, fleet_version,
+                        pg_snapshot_xmin(pg_current_snapshot())::text::bigint, queue_epoch
                  FROM sched_state WHERE id = 1",
                 &[],
             )
@@ -263,76 +271,22 @@ impl Store {
             })
             .collect();
 
-        let queue_rows = tx
-            .query(
-                "SELECT j.job_id, j.tenant, j.gpu_type, j.gpus_per_worker, j.priority, j.seq,
-                        j.mode::text AS mode, j.required_level::text AS required,
-                        j.preferred_level::text AS preferred, j.created_at,
-                        j.estimated_duration_s, j.min_workers, j.requeue_front,
-                        j.reservation_id,
-                        array_agg(w.rank ORDER BY w.rank) AS ranks
-                 FROM workers w JOIN jobs j ON j.job_id = w.job_id
-                 WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
-                   AND j.run_workers IS NULL AND ($1::text IS NULL OR j.gpu_type = $1)
-                   AND j.cluster_id IS NOT DISTINCT FROM $2
-                   -- Not acknowledged until a buddy region holds its intent.
-                   AND NOT j.awaits_buddy
-                   -- Being handed to another region (evacuation.rs): never
-                   -- placed here again.
-                   AND j.handover_to IS NULL
-                 GROUP BY j.job_id",
-                &[&only, &cluster],
-            )
-            .await?;
+        let (queue, submitted_at, how) = super::queue::read(
+            &tx,
+            &mut held_queue,
+            only,
+            cluster,
+            head.get(3),
+            head.get(4),
+        )
+        .await?;
+        drop(held_queue);
         laps.lap("queue");
-        let mut queue = Vec::new();
-        let mut submitted_at = BTreeMap::new();
-        for row in &queue_rows {
-            let job: Uuid = row.get("job_id");
-            let job = job.to_string();
-            let ranks: Vec<i32> = row.get("ranks");
-            let mode: String = row.get("mode");
-            let base = Request {
-                job: job.clone(),
-                ranks: Vec::new(),
-                tenant: row.get("tenant"),
-                gpu_type: row.get("gpu_type"),
-                gpus_per_worker: row.get::<_, i32>("gpus_per_worker") as u32,
-                required: level_from_db(row.get("required")),
-                preferred: level_from_db(row.get("preferred")),
-                priority: row.get::<_, i16>("priority") as i32,
-                // Jobs moved off a node for its sake go first.
-                seq: super::nodes::queue_seq(row.get("seq"), row.get("requeue_front")),
-                estimated_duration_s: row.get::<_, i64>("estimated_duration_s").max(0) as u64,
-                min_workers: 0,
-                submitted: if row.get("requeue_front") {
-                    0 // waited "forever": first within its tenant's queue too
-                } else {
-                    row.get::<_, DateTime<Utc>>("created_at").timestamp().max(0) as u64
-                },
-                // A reservation deleted or over is not in `reserved`: the
-                // core tells its units it is unavailable.
-                reservation: (row.get::<_, Option<Uuid>>("reservation_id")).map(|r| r.to_string()),
-            };
-            if mode == "gang" {
-                // An elastic gang may start with a prefix of its ranks.
-                let min_workers = row.get::<_, Option<i32>>("min_workers").unwrap_or(0);
-                queue.push(Request {
-                    ranks: ranks.iter().map(|&r| r as u32).collect(),
-                    min_workers: min_workers.max(0) as u32,
-                    ..base
-                });
-            } else {
-                // Each worker of an array job is placed on its own.
-                for r in ranks {
-                    queue.push(Request {
-                        ranks: vec![r as u32],
-                        ..base.clone()
-                    });
-                }
-            }
-            submitted_at.insert(job, row.get("created_at"));
-        }
+        let read = match how {
+            QueueRead::Whole => "whole",
+            QueueRead::Changes { .. } => "changes",
+        };
+        metrics::counter!("gangway_queue_reads_total", "read" => read).increment(1);
 
         // Quotas: the cap is the core's hard limit; guarantee and weight
         // feed fair sharing together with the decayed history.
@@ -573,7 +527,15 @@ impl Store {
             },
             submitted_at,
             racks,
+            queue_read: how,
         })
+    }
+
+    /// Forgets the queues held between passes: the next snapshot of each
+    /// pool reads its whole queue (`queue.rs`; for benches that compare
+    /// the two reads).
+    pub fn forget_queues(&self) {
+        self.queues.forget();
     }
 
     /// Every node's GPUs as of fleet version `version` (read in `tx`), from

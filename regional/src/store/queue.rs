@@ -1,0 +1,235 @@
+//! Each pool's queue, kept between scheduling passes and brought up to date
+//! by reading only the jobs that changed (issue 23).
+//!
+//! A pass used to read every queued job of its pool: at a few hundred
+//! queued jobs that was a third of the database's time in a busy cloud,
+//! and it grows with the queue. Now the first pass of a pool reads the
+//! whole queue once; every later pass reads the jobs whose `queue_xid`
+//! (V28: the transaction that last changed what the queue shows of a job)
+//! is at or above the previous snapshot's xmin, drops them from what it
+//! holds and adds back those still waiting. Every change the previous
+//! snapshot did not see was made by a transaction at or above its xmin, so
+//! nothing is missed; a change it already saw may be read again, which is
+//! harmless. A deleted job leaves no row: deletions move
+//! `sched_state.queue_epoch`, and a pass that sees it moved reads the whole
+//! queue again.
+//!
+//! The queue of a key is locked from before its snapshot is taken until
+//! the snapshot is read, so the snapshots a key's state is brought up to
+//! date with are taken one after the other (each sees at least what the
+//! one before it saw). A read that fails leaves no state: the next one
+//! reads the whole queue.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use gangway_sched::Request;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::plans::level_from_db;
+use super::Result;
+
+/// The queue's columns and joins; the two reads add their conditions.
+macro_rules! queue_select {
+    ($extra:literal) => {
+        concat!(
+            "SELECT j.job_id, j.tenant, j.gpu_type, j.gpus_per_worker, j.priority, j.seq,
+                    j.mode::text AS mode, j.required_level::text AS required,
+                    j.preferred_level::text AS preferred, j.created_at,
+                    j.estimated_duration_s, j.min_workers, j.requeue_front,
+                    j.reservation_id,
+                    array_agg(w.rank ORDER BY w.rank) AS ranks
+             FROM workers w JOIN jobs j ON j.job_id = w.job_id
+             WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
+               AND j.run_workers IS NULL AND ($1::text IS NULL OR j.gpu_type = $1)
+               AND j.cluster_id IS NOT DISTINCT FROM $2
+               -- Not acknowledged until a buddy region holds its intent.
+               AND NOT j.awaits_buddy
+               -- Being handed to another region (evacuation.rs): never
+               -- placed here again.
+               AND j.handover_to IS NULL",
+            $extra,
+            " GROUP BY j.job_id"
+        )
+    };
+}
+
+/// Every waiting job of a pool.
+const WHOLE_QUEUE: &str = queue_select!("");
+/// The waiting jobs among `$3`.
+const SOME_OF_THE_QUEUE: &str = queue_select!(" AND j.job_id = ANY($3)");
+/// The jobs whose queue entry changed at or after transaction `$1`.
+const CHANGED: &str = "SELECT job_id FROM jobs WHERE queue_xid >= ($1::bigint)::text::xid8";
+
+/// One waiting job: what the core places (a gang is one request, an array
+/// job's workers one each) and when it was submitted.
+#[derive(Clone, Debug)]
+struct Queued {
+    requests: Vec<Request>,
+    submitted_at: DateTime<Utc>,
+}
+
+/// A pool's queue as of one snapshot.
+#[derive(Debug, Default)]
+pub(super) struct QueueState {
+    /// `sched_state.queue_epoch` at that snapshot.
+    epoch: i64,
+    /// That snapshot's xmin.
+    xmin: i64,
+    jobs: BTreeMap<Uuid, Queued>,
+}
+
+/// The held queues, by pool key (`"*"`: every shared pool at once).
+#[derive(Default)]
+pub(super) struct Queues {
+    by_key: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<QueueState>>>>>,
+}
+
+impl Queues {
+    /// The queue held for `key`, locked: hold the guard from before the
+    /// snapshot's transaction begins until the queue is read.
+    pub(super) async fn lock(&self, key: &str) -> tokio::sync::OwnedMutexGuard<Option<QueueState>> {
+        let cell = self
+            .by_key
+            .lock()
+            .expect("queues lock")
+            .entry(key.to_string())
+            .or_default()
+            .clone();
+        cell.lock_owned().await
+    }
+}
+
+impl Queues {
+    /// Drops every held queue: each pool's next snapshot reads its whole
+    /// queue (the benches compare the two reads side by side).
+    pub(super) fn forget(&self) {
+        self.by_key.lock().expect("queues lock").clear();
+    }
+}
+
+/// How a read went, for `gangway_queue_reads_total` and the benches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueRead {
+    /// Every waiting job read (no state held, or the epoch moved).
+    Whole,
+    /// Only the jobs that changed since the state held.
+    Changes { changed: usize },
+}
+
+/// The pool's waiting jobs at the snapshot `tx` reads (whose xmin and
+/// queue epoch are `xmin`, `epoch`), from `held` brought up to date, or
+/// read whole; `held` is left as of this snapshot. `gpu_type`/`cluster`
+/// pick the pool as the snapshot does.
+pub(super) async fn read(
+    tx: &deadpool_postgres::Transaction<'_>,
+    held: &mut Option<QueueState>,
+    gpu_type: Option<&str>,
+    cluster: Option<Uuid>,
+    xmin: i64,
+    epoch: i64,
+) -> Result<(Vec<Request>, BTreeMap<String, DateTime<Utc>>, QueueRead)> {
+    // Taken: a read that fails part-way leaves nothing half brought up to date.
+    let state = match held.take() {
+        Some(state) if state.epoch == epoch => {
+            let mut state = state;
+            let changed: Vec<Uuid> = tx
+                .query(&tx.prepare_cached(CHANGED).await?, &[&state.xmin])
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            for id in &changed {
+                state.jobs.remove(id);
+            }
+            if !changed.is_empty() {
+                let rows = tx
+                    .query(
+                        &tx.prepare_cached(SOME_OF_THE_QUEUE).await?,
+                        &[&gpu_type, &cluster, &changed],
+                    )
+                    .await?;
+                state.jobs.extend(rows.iter().map(queued));
+            }
+            state.xmin = xmin;
+            (state, QueueRead::Changes { changed: changed.len() })
+        }
+        _ => {
+            let rows = tx
+                .query(&tx.prepare_cached(WHOLE_QUEUE).await?, &[&gpu_type, &cluster])
+                .await?;
+            let state = QueueState {
+                epoch,
+                xmin,
+                jobs: rows.iter().map(queued).collect(),
+            };
+            (state, QueueRead::Whole)
+        }
+    };
+    let (state, how) = state;
+    let mut queue = Vec::with_capacity(state.jobs.len());
+    let mut submitted_at = BTreeMap::new();
+    for (id, q) in &state.jobs {
+        queue.extend(q.requests.iter().cloned());
+        submitted_at.insert(id.to_string(), q.submitted_at);
+    }
+    *held = Some(state);
+    Ok((queue, submitted_at, how))
+}
+
+/// One row of the queue's read as what the core places.
+fn queued(row: &Row) -> (Uuid, Queued) {
+    let id: Uuid = row.get("job_id");
+    let ranks: Vec<i32> = row.get("ranks");
+    let mode: String = row.get("mode");
+    let created_at: DateTime<Utc> = row.get("created_at");
+    let base = Request {
+        job: id.to_string(),
+        ranks: Vec::new(),
+        tenant: row.get("tenant"),
+        gpu_type: row.get("gpu_type"),
+        gpus_per_worker: row.get::<_, i32>("gpus_per_worker") as u32,
+        required: level_from_db(row.get("required")),
+        preferred: level_from_db(row.get("preferred")),
+        priority: row.get::<_, i16>("priority") as i32,
+        // Jobs moved off a node for its sake go first.
+        seq: super::nodes::queue_seq(row.get("seq"), row.get("requeue_front")),
+        estimated_duration_s: row.get::<_, i64>("estimated_duration_s").max(0) as u64,
+        min_workers: 0,
+        submitted: if row.get("requeue_front") {
+            0 // waited "forever": first within its tenant's queue too
+        } else {
+            created_at.timestamp().max(0) as u64
+        },
+        // A reservation deleted or over is not in `reserved`: the core
+        // tells its units it is unavailable.
+        reservation: (row.get::<_, Option<Uuid>>("reservation_id")).map(|r| r.to_string()),
+    };
+    let requests = if mode == "gang" {
+        // An elastic gang may start with a prefix of its ranks.
+        let min_workers = row.get::<_, Option<i32>>("min_workers").unwrap_or(0);
+        vec![Request {
+            ranks: ranks.iter().map(|&r| r as u32).collect(),
+            min_workers: min_workers.max(0) as u32,
+            ..base
+        }]
+    } else {
+        // Each worker of an array job is placed on its own.
+        ranks
+            .into_iter()
+            .map(|r| Request {
+                ranks: vec![r as u32],
+                ..base.clone()
+            })
+            .collect()
+    };
+    (
+        id,
+        Queued {
+            requests,
+            submitted_at: created_at,
+        },
+    )
+}

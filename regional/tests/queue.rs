@@ -1,0 +1,215 @@
+//! The queue a pool's passes keep between them (`store/queue.rs`), against
+//! a real, throwaway PostgreSQL: after every kind of change — creates,
+//! placements (a gang whole, an array job's workers some at a time),
+//! cancellations, preemptions that requeue, a deletion, a change made by a
+//! transaction still open when the previous snapshot was taken, and
+//! creates racing the passes — the held queue is exactly what a whole read
+//! of the queue finds, while reading only what changed.
+
+use std::time::Duration;
+
+use gangway_regional::config::Planning;
+use gangway_regional::scheduling::run_partition_pass;
+use gangway_regional::store::{NewJob, QueueRead};
+use gangway_regional::Store;
+use gangway_sched::Request;
+use gangway_shared::api::JobMode;
+use uuid::Uuid;
+mod common;
+use common::{node, submit, Fleet};
+
+const AGENT_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn planning() -> Planning {
+    Planning::with_agent_timeout(AGENT_TIMEOUT)
+}
+
+async fn fresh() -> (Store, tokio_postgres::Client, String) {
+    let url = gangway_devkit::fresh_database("queue").await;
+    let store = Store::connect(&url, "test-region", 8).unwrap();
+    store.migrate().await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    (store, client, url)
+}
+
+/// The h100 pool's queue as `store` reads it now, in a fixed order.
+async fn queue(store: &Store) -> (Vec<Request>, QueueRead) {
+    let data = store
+        .snapshot_partition("h100", AGENT_TIMEOUT, planning().history)
+        .await
+        .unwrap();
+    let mut q = data.snapshot.queue;
+    q.sort_by(|a, b| (&a.job, &a.ranks).cmp(&(&b.job, &b.ranks)));
+    (q, data.queue_read)
+}
+
+/// `held`'s queue, checked against a whole read by a store that holds
+/// nothing; how `held` read it.
+async fn agrees(held: &Store, url: &str) -> (Vec<Request>, QueueRead) {
+    let (mine, how) = queue(held).await;
+    let (theirs, whole) = queue(&Store::connect(url, "test-region", 2).unwrap()).await;
+    assert_eq!(whole, QueueRead::Whole);
+    assert_eq!(mine, theirs, "the held queue differs from a whole read");
+    (mine, how)
+}
+
+fn changes(how: QueueRead) -> usize {
+    match how {
+        QueueRead::Changes { changed } => changed,
+        QueueRead::Whole => panic!("read the whole queue, not what changed"),
+    }
+}
+
+fn array(tenant: &str, workers: i32) -> NewJob {
+    let mut j = common::job(tenant, "h100", workers, 1);
+    j.mode = JobMode::Array;
+    j.spec.mode = JobMode::Array;
+    j
+}
+
+fn jobs_of(q: &[Request]) -> Vec<&str> {
+    let mut j: Vec<&str> = q.iter().map(|r| r.job.as_str()).collect();
+    j.dedup();
+    j
+}
+
+#[tokio::test]
+async fn the_held_queue_sees_every_change_a_whole_read_sees() {
+    let (held, client, url) = fresh().await;
+    // Two 8-GPU nodes, one agent each.
+    let fleet = Fleet::register_nodes(
+        &held,
+        vec![node("n0", "s0", "s0-l0", "h100"), node("n1", "s0", "s0-l0", "h100")],
+    )
+    .await;
+    let gang = submit(&held, &common::job("acme", "h100", 8, 8)).await;
+    let big = submit(&held, &common::job("acme", "h100", 16, 8)).await;
+    let workers = submit(&held, &array("zeta", 12)).await;
+
+    let (q, how) = agrees(&held, &url).await;
+    assert_eq!(how, QueueRead::Whole, "the first read is whole");
+    assert_eq!(q.len(), 1 + 1 + 12);
+    // Then only what changed is read (nothing, or what transactions of
+    // other databases on the server kept below the horizon).
+    let (_, how) = agrees(&held, &url).await;
+    assert!(changes(how) <= 3);
+
+    // A pass places what fits: the gang and some of the array job's
+    // workers (its row may stay 'starting' while its workers are placed
+    // one by one).
+    let o = run_partition_pass(&held, &planning(), "h100").await.unwrap();
+    assert!(o.placements > 0);
+    let (q, how) = agrees(&held, &url).await;
+    assert!(changes(how) >= 1);
+    assert!(q.len() < 14, "placed units left the queue: {q:?}");
+
+    // A cancelled job leaves the queue.
+    held.cancel_job("acme", big).await.unwrap();
+    let (q, how) = agrees(&held, &url).await;
+    assert!(changes(how) >= 1);
+    assert!(!jobs_of(&q).contains(&big.to_string().as_str()));
+
+    // Every running unit preempted and checkpointed: back in the queue.
+    let running: Vec<Uuid> = client
+        .query(
+            "SELECT DISTINCT job_id FROM allocations WHERE released_at IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(running.contains(&gang));
+    for &j in &running {
+        held.preempt_job(j, "test").await.unwrap();
+    }
+    for n in 0..2 {
+        fleet.act(&held, n, Some("ckpt-1")).await;
+    }
+    let (q, _) = agrees(&held, &url).await;
+    assert!(jobs_of(&q).contains(&gang.to_string().as_str()), "the gang waits again");
+    assert_eq!(
+        q.iter().filter(|r| r.job == workers.to_string()).count(),
+        12,
+        "all the array job's workers wait again"
+    );
+
+    // A change by a transaction that was open while the previous snapshot
+    // was taken (its xid below that snapshot's horizon) is not missed.
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .execute("UPDATE jobs SET priority = 3 WHERE job_id = $1", &[&gang])
+        .await
+        .unwrap();
+    // A later transaction commits first: the snapshot's horizon of
+    // finished transactions passes the open one's.
+    let later = submit(&held, &common::job("acme", "h100", 8, 8)).await;
+    let (q, _) = agrees(&held, &url).await;
+    assert!(q.iter().any(|r| r.job == gang.to_string() && r.priority != 3));
+    assert!(jobs_of(&q).contains(&later.to_string().as_str()));
+    client.batch_execute("COMMIT").await.unwrap();
+    let (q, how) = agrees(&held, &url).await;
+    assert!(changes(how) >= 1);
+    assert!(q.iter().any(|r| r.job == gang.to_string() && r.priority == 3));
+
+    // A deleted job (no row left to find) leaves too: the whole queue is
+    // read again once.
+    let doomed = submit(&held, &common::job("acme", "h100", 16, 8)).await;
+    let (q, _) = agrees(&held, &url).await;
+    assert!(jobs_of(&q).contains(&doomed.to_string().as_str()));
+    client
+        .batch_execute(&format!(
+            "DELETE FROM workers WHERE job_id = '{doomed}';
+             DELETE FROM job_events WHERE job_id = '{doomed}';
+             DELETE FROM jobs WHERE job_id = '{doomed}';"
+        ))
+        .await
+        .unwrap();
+    let (q, how) = agrees(&held, &url).await;
+    assert_eq!(how, QueueRead::Whole);
+    assert!(!jobs_of(&q).contains(&doomed.to_string().as_str()));
+    let (_, how) = agrees(&held, &url).await;
+    changes(how);
+}
+
+#[tokio::test]
+async fn creates_racing_the_passes_are_all_in_the_held_queue() {
+    let (held, _client, url) = fresh().await;
+    // One 8-GPU node, full: what is created waits.
+    Fleet::register_nodes(&held, vec![node("n0", "s0", "s0-l0", "h100")]).await;
+    submit(&held, &common::job("acme", "h100", 8, 8)).await;
+    run_partition_pass(&held, &planning(), "h100").await.unwrap();
+
+    let mut creates = Vec::new();
+    for c in 0..8 {
+        let store = held.clone();
+        creates.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for _ in 0..40 {
+                ids.push(submit(&store, &common::job(&format!("t{c}"), "h100", 1, 1)).await);
+            }
+            ids
+        }));
+    }
+    // Passes (snapshots with the held queue) while the creates commit.
+    let mut passes = 0;
+    while !creates.iter().all(|t| t.is_finished()) {
+        run_partition_pass(&held, &planning(), "h100").await.unwrap();
+        passes += 1;
+    }
+    let mut created = Vec::new();
+    for t in creates {
+        created.extend(t.await.unwrap());
+    }
+    assert!(passes > 1, "the passes raced the creates");
+    let (q, how) = agrees(&held, &url).await;
+    assert!(matches!(how, QueueRead::Changes { .. }));
+    let waiting = jobs_of(&q);
+    for id in created {
+        assert!(waiting.contains(&id.to_string().as_str()), "{id} missing");
+    }
+}
