@@ -218,6 +218,15 @@ fn main() -> anyhow::Result<()> {
                     outcomes.iter().map(|o| ms(total(o))).fold(0.0, f64::max),
                 );
             }
+            // Where the held store's snapshots went, read by read.
+            let reads: Vec<String> = (runs[0][0].reads.iter())
+                .enumerate()
+                .map(|(i, (read, _))| {
+                    let took = median(runs[0].iter().map(|o| ms(o.reads[i].1)).collect());
+                    format!("{read} {took:.1}")
+                })
+                .collect();
+            println!("|   | (held: snapshot reads, median ms: {}) | | | | | |", reads.join(", "));
             if !changed.is_empty() {
                 println!("|   | (jobs read as changed, median: {:.0}) | | | | | |", median(changed));
             }

@@ -35,6 +35,9 @@ pub struct PassOutcome {
     /// How the pool's queue was read (whole, or what changed); `None`
     /// for a sum of passes.
     pub queue_read: Option<QueueRead>,
+    /// The snapshot's reads and how long each took
+    /// ([`crate::store::SnapshotData::reads`]); empty for a sum of passes.
+    pub reads: Vec<(&'static str, Duration)>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -67,6 +70,7 @@ pub async fn run_pass_with(store: &Store, planning: &Planning) -> Result<PassOut
         out.preempted += o.preempted;
         out.stale |= o.stale;
         out.queue_read = None;
+        out.reads.clear();
     }
     Ok(out)
 }
@@ -112,6 +116,7 @@ async fn pass(
             commit: Duration::ZERO,
         },
         queue_read: Some(data.queue_read),
+        reads: data.reads.clone(),
         ..Default::default()
     };
     metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "snapshot", "partition" => partition.clone())

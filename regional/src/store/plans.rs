@@ -31,6 +31,9 @@ pub struct SnapshotData {
     /// How the queue was read: whole, or only what changed since the
     /// previous snapshot of the same pool (`queue.rs`).
     pub queue_read: QueueRead,
+    /// How long each of the snapshot's reads took, in order (as
+    /// `gangway_snapshot_read_seconds{read}` records them; for benches).
+    pub reads: Vec<(&'static str, Duration)>,
 }
 
 type History = BTreeMap<(String, String), u64>;
@@ -92,14 +95,17 @@ pub struct FleetShape {
 }
 
 /// Times a snapshot's reads one after the other
-/// (`gangway_snapshot_read_seconds`, by read).
-struct Laps(Instant);
+/// (`gangway_snapshot_read_seconds`, by read), and keeps the times for
+/// [`SnapshotData::reads`].
+struct Laps(Instant, Vec<(&'static str, Duration)>);
 
 impl Laps {
     fn lap(&mut self, read: &'static str) {
         let now = Instant::now();
+        let took = now.duration_since(self.0);
         metrics::histogram!("gangway_snapshot_read_seconds", "read" => read)
-            .record(now.duration_since(self.0).as_secs_f64());
+            .record(took.as_secs_f64());
+        self.1.push((read, took));
         self.0 = now;
     }
 }
@@ -154,7 +160,7 @@ impl Store {
         agent_timeout: Duration,
         history_options: HistoryOptions,
     ) -> Result<SnapshotData> {
-        let mut laps = Laps(Instant::now());
+        let mut laps = Laps(Instant::now(), Vec::new());
         // The pool's queue, held between passes (`queue.rs`): locked before
         // the snapshot is taken.
         let mut held_queue = self.queues.lock(only.unwrap_or("*")).await;
@@ -528,6 +534,7 @@ impl Store {
             submitted_at,
             racks,
             queue_read: how,
+            reads: laps.1,
         })
     }
 
