@@ -77,7 +77,8 @@ hold_scheduling() {
 }
 
 clear_queue() { # region
-    psql_of "$1" "CREATE TEMP TABLE q AS SELECT job_id FROM jobs WHERE state = 'queued' FOR UPDATE;
+    psql_of "$1" "CREATE TEMP TABLE q AS SELECT job_id FROM jobs WHERE state = 'queued'
+                                         ORDER BY job_id FOR UPDATE;
                   DELETE FROM workers WHERE job_id IN (SELECT job_id FROM q);
                   DELETE FROM job_events WHERE job_id IN (SELECT job_id FROM q);
                   DELETE FROM gpu_holds WHERE job_id IN (SELECT job_id FROM q);
