@@ -20,10 +20,12 @@ use gangway_regional::config::Planning;
 use gangway_regional::scheduling::{run_partition_pass, PassOutcome};
 use gangway_regional::store::{NewJob, QueueRead};
 use gangway_regional::Store;
-use gangway_shared::agent::{AgentGpu, AgentNode, RegisterRequest};
-use gangway_shared::api::{JobMode, TopologyLevel};
+use gangway_shared::agent::RegisterRequest;
 use gangway_shared::fleet::FleetFile;
 use uuid::Uuid;
+
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -45,25 +47,7 @@ fn size(i: usize) -> i32 {
 }
 
 fn job(i: usize, gpus: i32) -> NewJob {
-    let per = gpus.min(8);
-    NewJob {
-        id: Uuid::new_v4(),
-        tenant: format!("tenant-{}", i % 8),
-        idempotency_key: None,
-        spec: serde_json::from_value(serde_json::json!({"name": "q", "gpus": gpus,
-            "gpu_type": "h100", "estimated_duration_s": 3600, "command": ["t"],
-            "gpus_per_worker": per}))
-        .expect("spec"),
-        name: "q".into(),
-        mode: JobMode::Gang,
-        gpu_type: "h100".into(),
-        gpus,
-        gpus_per_worker: per,
-        workers: gpus / per,
-        priority: 1,
-        required: TopologyLevel::Region,
-        preferred: TopologyLevel::Nvlink,
-    }
+    common::job(&format!("tenant-{}", i % 8), "h100", gpus, gpus.min(8))
 }
 
 /// Submits `n` jobs (numbered from `from`) of `gpus` GPUs each (Philly-shaped
@@ -111,28 +95,7 @@ fn main() -> anyhow::Result<()> {
             env!("CARGO_MANIFEST_DIR")
         )
     });
-    let nodes: Vec<AgentNode> = FleetFile::load(&fleet_path)?
-        .expand("bench")
-        .into_iter()
-        .map(|n| AgentNode {
-            gpus: (0..n.gpus)
-                .map(|i| AgentGpu {
-                    index: i,
-                    uuid: format!("GPU-{}-{i}", n.node_id),
-                    ..AgentGpu::default()
-                })
-                .collect(),
-            node_id: n.node_id,
-            spine: n.spine,
-            leaf: n.leaf,
-            nvlink_domain: n.nvlink_domain,
-            gpu_type: n.gpu_type,
-            spare: n.spare,
-            address: "127.0.0.1".into(),
-            gpu_power_w: n.gpu_power_w,
-            rack_power_budget_w: n.rack_power_budget_w,
-        })
-        .collect();
+    let nodes = gangway_agent::nodes_from_fleet(&FleetFile::load(&fleet_path)?, "bench", "127.0.0.1");
     let gpus: usize = (nodes.iter())
         .filter(|n| !n.spare && n.gpu_type == "h100")
         .map(|n| n.gpus.len())

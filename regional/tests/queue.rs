@@ -25,14 +25,7 @@ fn planning() -> Planning {
 }
 
 async fn fresh() -> (Store, tokio_postgres::Client, String) {
-    let url = gangway_devkit::fresh_database("queue").await;
-    let store = Store::connect(&url, "test-region", 8).unwrap();
-    store.migrate().await.unwrap();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    (store, client, url)
+    common::region_store_at("queue", "test-region").await
 }
 
 /// The h100 pool's queue as `store` reads it now, in a fixed order.

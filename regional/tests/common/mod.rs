@@ -20,6 +20,15 @@ pub async fn store(prefix: &str) -> (Store, tokio_postgres::Client) {
 
 /// A migrated store named `region` on a fresh database, and a raw client.
 pub async fn region_store(prefix: &str, region: &str) -> (Store, tokio_postgres::Client) {
+    let (store, client, _) = region_store_at(prefix, region).await;
+    (store, client)
+}
+
+/// [`region_store`], and the database's URL (for another store on it).
+pub async fn region_store_at(
+    prefix: &str,
+    region: &str,
+) -> (Store, tokio_postgres::Client, String) {
     let url = gangway_devkit::fresh_database(prefix).await;
     let store = Store::connect(&url, region, 16).unwrap();
     store.migrate().await.unwrap();
@@ -27,7 +36,7 @@ pub async fn region_store(prefix: &str, region: &str) -> (Store, tokio_postgres:
         .await
         .unwrap();
     tokio::spawn(conn);
-    (store, client)
+    (store, client, url)
 }
 
 /// A migrated store on a fresh database that decides nodes with `policy`
