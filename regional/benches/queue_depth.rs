@@ -95,7 +95,8 @@ fn main() -> anyhow::Result<()> {
             env!("CARGO_MANIFEST_DIR")
         )
     });
-    let nodes = gangway_agent::nodes_from_fleet(&FleetFile::load(&fleet_path)?, "bench", "127.0.0.1");
+    let nodes =
+        gangway_agent::nodes_from_fleet(&FleetFile::load(&fleet_path)?, "bench", "127.0.0.1");
     let gpus: usize = (nodes.iter())
         .filter(|n| !n.spare && n.gpu_type == "h100")
         .map(|n| n.gpus.len())

@@ -75,7 +75,10 @@ async fn the_held_queue_sees_every_change_a_whole_read_sees() {
     // Two 8-GPU nodes, one agent each.
     let fleet = Fleet::register_nodes(
         &held,
-        vec![node("n0", "s0", "s0-l0", "h100"), node("n1", "s0", "s0-l0", "h100")],
+        vec![
+            node("n0", "s0", "s0-l0", "h100"),
+            node("n1", "s0", "s0-l0", "h100"),
+        ],
     )
     .await;
     let gang = submit(&held, &common::job("acme", "h100", 8, 8)).await;
@@ -93,7 +96,9 @@ async fn the_held_queue_sees_every_change_a_whole_read_sees() {
     // A pass places what fits: the gang and some of the array job's
     // workers (its row may stay 'starting' while its workers are placed
     // one by one).
-    let o = run_partition_pass(&held, &planning(), "h100").await.unwrap();
+    let o = run_partition_pass(&held, &planning(), "h100")
+        .await
+        .unwrap();
     assert!(o.placements > 0);
     let (q, how) = agrees(&held, &url).await;
     assert!(changes(how) >= 1);
@@ -124,7 +129,10 @@ async fn the_held_queue_sees_every_change_a_whole_read_sees() {
         fleet.act(&held, n, Some("ckpt-1")).await;
     }
     let (q, _) = agrees(&held, &url).await;
-    assert!(jobs_of(&q).contains(&gang.to_string().as_str()), "the gang waits again");
+    assert!(
+        jobs_of(&q).contains(&gang.to_string().as_str()),
+        "the gang waits again"
+    );
     assert_eq!(
         q.iter().filter(|r| r.job == workers.to_string()).count(),
         12,
@@ -142,12 +150,16 @@ async fn the_held_queue_sees_every_change_a_whole_read_sees() {
     // finished transactions passes the open one's.
     let later = submit(&held, &common::job("acme", "h100", 8, 8)).await;
     let (q, _) = agrees(&held, &url).await;
-    assert!(q.iter().any(|r| r.job == gang.to_string() && r.priority != 3));
+    assert!(q
+        .iter()
+        .any(|r| r.job == gang.to_string() && r.priority != 3));
     assert!(jobs_of(&q).contains(&later.to_string().as_str()));
     client.batch_execute("COMMIT").await.unwrap();
     let (q, how) = agrees(&held, &url).await;
     assert!(changes(how) >= 1);
-    assert!(q.iter().any(|r| r.job == gang.to_string() && r.priority == 3));
+    assert!(q
+        .iter()
+        .any(|r| r.job == gang.to_string() && r.priority == 3));
 
     // A deleted job (no row left to find) leaves too: the whole queue is
     // read again once.
@@ -175,7 +187,9 @@ async fn creates_racing_the_passes_are_all_in_the_held_queue() {
     // One 8-GPU node, full: what is created waits.
     Fleet::register_nodes(&held, vec![node("n0", "s0", "s0-l0", "h100")]).await;
     submit(&held, &common::job("acme", "h100", 8, 8)).await;
-    run_partition_pass(&held, &planning(), "h100").await.unwrap();
+    run_partition_pass(&held, &planning(), "h100")
+        .await
+        .unwrap();
 
     let mut creates = Vec::new();
     for c in 0..8 {
@@ -191,7 +205,9 @@ async fn creates_racing_the_passes_are_all_in_the_held_queue() {
     // Passes (snapshots with the held queue) while the creates commit.
     let mut passes = 0;
     while !creates.iter().all(|t| t.is_finished()) {
-        run_partition_pass(&held, &planning(), "h100").await.unwrap();
+        run_partition_pass(&held, &planning(), "h100")
+            .await
+            .unwrap();
         passes += 1;
     }
     let mut created = Vec::new();

@@ -91,7 +91,7 @@ async fn pass(
     only: Option<&str>,
 ) -> Result<PassOutcome, StoreError> {
     let started = Instant::now();
-    let data = match only {
+    let mut data = match only {
         Some(t) => (store.snapshot_partition(t, planning.agent_timeout, planning.history)).await?,
         None => (store.snapshot_with(planning.agent_timeout, planning.history)).await?,
     };
@@ -116,7 +116,7 @@ async fn pass(
             commit: Duration::ZERO,
         },
         queue_read: Some(data.queue_read),
-        reads: data.reads.clone(),
+        reads: std::mem::take(&mut data.reads),
         ..Default::default()
     };
     metrics::histogram!("gangway_schedule_phase_seconds", "phase" => "snapshot", "partition" => partition.clone())

@@ -132,9 +132,8 @@ pub(super) async fn read(
     epoch: i64,
 ) -> Result<(Vec<Request>, BTreeMap<String, DateTime<Utc>>, QueueRead)> {
     // Taken: a read that fails part-way leaves nothing half brought up to date.
-    let state = match held.take() {
-        Some(state) if state.epoch == epoch => {
-            let mut state = state;
+    let (state, how) = match held.take() {
+        Some(mut state) if state.epoch == epoch => {
             let changed: Vec<Uuid> = tx
                 .query(&tx.prepare_cached(CHANGED).await?, &[&state.xmin])
                 .await?
@@ -154,11 +153,19 @@ pub(super) async fn read(
                 state.jobs.extend(rows.iter().map(queued));
             }
             state.xmin = xmin;
-            (state, QueueRead::Changes { changed: changed.len() })
+            (
+                state,
+                QueueRead::Changes {
+                    changed: changed.len(),
+                },
+            )
         }
         _ => {
             let rows = tx
-                .query(&tx.prepare_cached(WHOLE_QUEUE).await?, &[&gpu_type, &cluster])
+                .query(
+                    &tx.prepare_cached(WHOLE_QUEUE).await?,
+                    &[&gpu_type, &cluster],
+                )
                 .await?;
             let state = QueueState {
                 epoch,
@@ -168,7 +175,6 @@ pub(super) async fn read(
             (state, QueueRead::Whole)
         }
     };
-    let (state, how) = state;
     let mut queue = Vec::with_capacity(state.jobs.len());
     let mut submitted_at = BTreeMap::new();
     for (id, q) in &state.jobs {
