@@ -31,7 +31,7 @@ bench_global "$BENCH_PORT"
 # As `sbatch --hold`: jobs are accepted and kept, not scheduled, and the
 # cloud is idle before each half.
 hold_scheduling
-trap 'kill $BENCH_PID "${HELD_PIDS[@]}" 2>/dev/null || true' EXIT
+trap 'kill $BENCH_PID 2>/dev/null; release_scheduling' EXIT
 export GANGWAY_URL=https://127.0.0.1:$BENCH_PORT
 
 slurm_up() {

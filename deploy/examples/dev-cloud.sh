@@ -2,31 +2,34 @@
 # STATE set to its state dir, reads its env file (REGIONS: the regions'
 # names) and defines
 #   psql_of REGION SQL   a query on the region's database as its superuser
+#                        (SQL empty: the statements are read from stdin)
 #   metrics_of REGION    the region's Prometheus metrics, as text
 #   bench_global PORT    starts a global replica on 127.0.0.1:PORT with dev
 #                        up's flags but no practical rate limit (metrics on
 #                        PORT + 10), straight to the regions; sets BENCH_PID
-#   hold_scheduling      no region schedules until the script ends (sets
-#                        HELD_PIDS, the sessions holding the leader locks)
+#   hold_scheduling      no region schedules until release_scheduling or
+#                        the script ends (sets HELD_PIDS)
 #   clear_queue REGION   deletes the region's queued jobs and vacuums
 # shellcheck shell=bash disable=SC1091
 source "$STATE/env"
 IFS=, read -r -a REGIONS <<<"$GANGWAY_REGIONS"
 
-psql_of() { # region, sql
+psql_of() { # region, sql (empty: read from stdin)
     local pw port pid
+    local sql=(-c "$2")
+    [ -n "$2" ] || sql=()
     if [ -d "$STATE/regions/$1/patroni" ]; then
         # dev up --db ha: the region's own URL (its members, the primary
         # chosen by target_session_attrs), from its process.
         pid=$(pgrep -f " region --name $1 " | head -1)
-        psql -qAtX -F ' ' -c "$2" \
+        psql -qAtX -F ' ' "${sql[@]}" \
             "$(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^GANGWAY_DATABASE_URL=//p')"
         return
     fi
     pw=$(cat "$STATE/regions/$1/pg/gangway-superuser.password" 2>/dev/null ||
         cat "$(dirname "$(readlink -f "$STATE/regions/$1/pg")")/pg/gangway-superuser.password")
     port=$(python3 -c "import json,sys; print(json.load(open('$STATE/dev.json'))['regions']['$1']['postgres'])")
-    PGPASSWORD=$pw psql -qAtX -h 127.0.0.1 -p "$port" -U postgres -d gangway -F ' ' -c "$2"
+    PGPASSWORD=$pw psql -qAtX -h 127.0.0.1 -p "$port" -U postgres -d gangway -F ' ' "${sql[@]}"
 }
 
 metrics_of() { # region
@@ -54,13 +57,26 @@ bench_global() { # port
 
 # A psql session holds each region's leader lock (regional/src/leader.rs)
 # and the leader's own connection is ended. The session queues for the
-# lock first, so that it, not the leader's next try, gets it.
+# lock first, so that it, not the leader's next try, gets it. It then idles
+# outside any transaction: a session left in a statement (say pg_sleep)
+# would hold every vacuum back, and each run would find the tables more
+# bloated than the last.
+HOLD_APP=gangway-bench-hold
 hold_scheduling() {
-    local lock=7449356649126781284 r var
+    local lock=7449356649126781284 r var fifo fd
     HELD_PIDS=()
+    HELD_FDS=()
     for r in "${REGIONS[@]}"; do
-        psql_of "$r" "SELECT pg_advisory_lock($lock); SELECT pg_sleep(100000)" >/dev/null 2>&1 &
+        # Its statements come from a pipe this shell holds open: when the
+        # script ends, however it ends, psql reads EOF and lets go.
+        fifo=$(mktemp -u)
+        mkfifo "$fifo"
+        PGAPPNAME=$HOLD_APP psql_of "$r" "" <"$fifo" >/dev/null 2>&1 &
         HELD_PIDS+=($!)
+        exec {fd}>"$fifo"
+        rm "$fifo"
+        HELD_FDS+=("$fd")
+        echo "SELECT pg_advisory_lock($lock);" >&"$fd"
         sleep 1
         psql_of "$r" "SELECT pg_terminate_backend(pid) FROM pg_locks
                       WHERE locktype = 'advisory' AND objid = ($lock::bigint & 4294967295)
@@ -74,6 +90,14 @@ hold_scheduling() {
             exit 1
         fi
     done
+}
+
+release_scheduling() { # the held sessions ended; every region schedules again
+    local fd
+    for fd in "${HELD_FDS[@]}"; do exec {fd}>&-; done
+    wait "${HELD_PIDS[@]}" 2>/dev/null || true
+    HELD_PIDS=()
+    HELD_FDS=()
 }
 
 clear_queue() { # region

@@ -39,7 +39,10 @@ for r in "${REGIONS[@]}"; do
 done
 
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    [ -n "${WHOLE:-}" ] || release_scheduling
+}
 trap cleanup EXIT
 
 # The benchmark's global replica: dev up's flags, straight to the regions,
@@ -50,7 +53,6 @@ pids+=("$GLOBAL")
 
 if [ -z "${WHOLE:-}" ]; then
     hold_scheduling
-    pids+=("${HELD_PIDS[@]}")
 fi
 
 postmaster() { # region: its PostgreSQL servers' postmasters (three with dev up --db ha)
@@ -87,7 +89,7 @@ for run in $(seq 1 "$RUNS"); do
     scrape >"$STATE/bench-metrics.before"
     before=$(snapshot)
     out=$($GANGWAY loadgen --state-dir "$STATE" --url "https://127.0.0.1:$BENCH_PORT" \
-        --duration-s "$SECONDS_PER_RUN" --concurrency "$IN_FLIGHT" --json 2>/dev/null)
+        --duration-s "$SECONDS_PER_RUN" --concurrency "$IN_FLIGHT" --json 2>/dev/null) || true # errors: in the JSON
     after=$(snapshot)
     scrape >"$STATE/bench-metrics.after"
     python3 - "$before" "$after" "$HZ" "$out" "$run" <<'EOF'

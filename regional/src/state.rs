@@ -26,7 +26,7 @@ pub struct AppState {
     pub credentials: Credentials,
     /// Wakes the scheduling loops early (new job, freed GPUs): every pass
     /// loop sees a wake-up sent since its last pass began.
-    pub sched_wakeup: Arc<tokio::sync::watch::Sender<u64>>,
+    pub sched_wakeup: Arc<tokio::sync::watch::Sender<Wakeups>>,
     /// Whether this replica holds the scheduling leadership.
     pub leader: Arc<AtomicBool>,
     /// The other regions, and whether this one is fenced.
@@ -71,7 +71,7 @@ impl AppState {
             credentials,
             store,
             config: Arc::new(config),
-            sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(0)),
+            sched_wakeup: Arc::new(tokio::sync::watch::Sender::new(Wakeups::default())),
             leader: Arc::new(AtomicBool::new(false)),
             peers: Arc::new(peers),
             intents: Arc::default(),
@@ -112,8 +112,21 @@ impl AppState {
         }
     }
 
+    /// Wakes the scheduling loops: something changed that a pass may act
+    /// on (GPUs freed, a node back, a job cancelled, a reservation…).
     pub fn wake_scheduler(&self) {
-        self.sched_wakeup.send_modify(|n| *n = n.wrapping_add(1));
+        self.sched_wakeup.send_modify(|w| {
+            w.any = w.any.wrapping_add(1);
+            w.other = w.other.wrapping_add(1);
+        });
+    }
+
+    /// Wakes the scheduling loops for new jobs alone: a pool whose last
+    /// pass could do nothing waits a little longer for them
+    /// (`loops::scheduler`'s `FUTILE_PASS_GAP`).
+    pub fn wake_scheduler_for_new_jobs(&self) {
+        self.sched_wakeup
+            .send_modify(|w| w.any = w.any.wrapping_add(1));
     }
 
     pub fn is_leader(&self) -> bool {
@@ -128,6 +141,14 @@ impl AppState {
     pub(crate) fn set_evacuating(&self, evacuating: bool) -> bool {
         self.evacuating.swap(evacuating, Ordering::Relaxed)
     }
+}
+
+/// The scheduling loops' wake-ups, counted: all of them, and those for
+/// anything but new jobs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wakeups {
+    pub any: u64,
+    pub other: u64,
 }
 
 /// The share of the pool sheddable requests may hold at once: the rest is

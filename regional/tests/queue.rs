@@ -4,7 +4,9 @@
 //! cancellations, preemptions that requeue, a deletion, a change made by a
 //! transaction still open when the previous snapshot was taken, and
 //! creates racing the passes — the held queue is exactly what a whole read
-//! of the queue finds, while reading only what changed.
+//! of the queue finds, while reading only what changed; and a pool has
+//! work (`Store::partition_has_work`) exactly while its held queue holds a
+//! job.
 
 use std::time::Duration;
 
@@ -221,4 +223,45 @@ async fn creates_racing_the_passes_are_all_in_the_held_queue() {
     for id in created {
         assert!(waiting.contains(&id.to_string().as_str()), "{id} missing");
     }
+}
+
+#[tokio::test]
+async fn a_pool_has_work_exactly_while_its_held_queue_holds_a_job() {
+    let (held, _client, url) = fresh().await;
+    // One 8-GPU node of each type.
+    Fleet::register_nodes(
+        &held,
+        vec![
+            node("n0", "s0", "s0-l0", "h100"),
+            node("n1", "s0", "s0-l1", "a100"),
+        ],
+    )
+    .await;
+    let has_work = |ty: &'static str| {
+        let store = held.clone();
+        async move { store.partition_has_work(ty).await.unwrap() }
+    };
+    assert!(!has_work("h100").await && !has_work("a100").await);
+
+    // Two gangs of the node's size: the first is placed, the second waits.
+    let first = submit(&held, &common::job("acme", "h100", 8, 8)).await;
+    let second = submit(&held, &common::job("acme", "h100", 8, 8)).await;
+    assert!(has_work("h100").await);
+    assert!(!has_work("a100").await, "h100's queue is not a100's work");
+    run_partition_pass(&held, &planning(), "h100")
+        .await
+        .unwrap();
+    assert!(has_work("h100").await, "the second gang still waits");
+    // The check brought the pass's held queue up to date: it still agrees
+    // with a whole read, and holds only the second gang.
+    let (q, how) = agrees(&held, &url).await;
+    assert!(matches!(how, QueueRead::Changes { .. }));
+    assert_eq!(jobs_of(&q), vec![second.to_string().as_str()]);
+
+    // Cancelled, nothing waits; the first runs and has nothing to grow.
+    held.cancel_job("acme", second).await.unwrap();
+    assert!(!has_work("h100").await);
+    assert!(!has_work("a100").await);
+    let (q, _) = agrees(&held, &url).await;
+    assert!(q.is_empty(), "{first} runs, {second} is cancelled: {q:?}");
 }

@@ -173,7 +173,7 @@ pub async fn submit(
     }
     phase("intent", inserted, std::time::Instant::now());
     if !replayed {
-        state.wake_scheduler();
+        state.wake_scheduler_for_new_jobs();
     }
     let mut resp = (StatusCode::CREATED, axum::Json(job)).into_response();
     if replayed {

@@ -3,7 +3,8 @@
 //! (a GPU type's shared pool, or a dedicated cluster), each placing with
 //! [`crate::scheduling::pass`] again while it places work, else on a
 //! wake-up (new job, freed GPUs) or every `schedule_interval`, never
-//! sooner than [`MIN_PASS_GAP`] after the previous pass began. The
+//! sooner than [`MIN_PASS_GAP`] after the previous pass began (for new
+//! jobs alone after a pass that did nothing, [`FUTILE_PASS_GAP`]). The
 //! leader's tick (`tick.rs`) runs on the same loop.
 
 use std::collections::BTreeMap;
@@ -157,9 +158,20 @@ const IDLE_PASS_EVERY: Duration = Duration::from_secs(10);
 /// or two jobs). A job waits at most this much longer to be placed.
 const MIN_PASS_GAP: Duration = Duration::from_millis(20);
 
+/// The least time from the start of a pass that placed and preempted
+/// nothing to the next pass woken by new jobs alone. Such a pass means the
+/// pool is full for what waits (or everything waits on a reservation): a
+/// new job changes that only if it fits where nothing waiting did, or
+/// outranks a running one, and either can wait this long. Freed GPUs, a
+/// node back or any other wake-up plans at once (after [`MIN_PASS_GAP`]).
+/// Under a stream of creates into a full pool, passes ran 50 times a second
+/// to place nothing; now at most 5.
+const FUTILE_PASS_GAP: Duration = Duration::from_millis(200);
+
 /// One GPU type's passes: again while they place work or lose a race,
 /// else on a wake-up (new job, freed GPUs) or every `schedule_interval`,
-/// at most one per [`MIN_PASS_GAP`], until `stop`.
+/// at most one per [`MIN_PASS_GAP`] (per [`FUTILE_PASS_GAP`] for new jobs
+/// after a pass that did nothing), until `stop`.
 async fn partition_loop(
     state: AppState,
     planning: Planning,
@@ -175,7 +187,32 @@ async fn partition_loop(
         // least every `IDLE_PASS_EVERY` (its fleet gauges stay fresh).
         let mut planned_at: Option<Instant> = None;
         let mut woken = true;
+        // Whether the last pass placed and preempted nothing, and the
+        // count of other-than-new-job wake-ups when it began.
+        let mut futile = false;
+        let mut others_seen = 0;
         while !stop.is_cancelled() {
+            // New jobs alone after a pass that could do nothing: wait
+            // until `FUTILE_PASS_GAP` after it, or until anything else
+            // wakes the loop.
+            if let Some(rest) = planned_at
+                .filter(|_| futile && woken && wake.borrow().other == others_seen)
+                .and_then(|t| FUTILE_PASS_GAP.checked_sub(t.elapsed()))
+            {
+                let other_wakeup = async {
+                    while wake.changed().await.is_ok() {
+                        if wake.borrow().other != others_seen {
+                            return;
+                        }
+                    }
+                    std::future::pending().await // the state is gone: the timer decides
+                };
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(rest) => {}
+                    _ = other_wakeup => {}
+                }
+            }
             // Coalesce: what woke the loop since the last pass began is
             // served together, at most one pass per `MIN_PASS_GAP`.
             if let Some(rest) = planned_at.and_then(|t| MIN_PASS_GAP.checked_sub(t.elapsed())) {
@@ -185,7 +222,7 @@ async fn partition_loop(
                 }
             }
             // Wake-ups from now on count for the next wait.
-            wake.borrow_and_update();
+            others_seen = wake.borrow_and_update().other;
             // A fenced region places nothing (`beat.rs`), nor does one
             // being evacuated (`evacuation.rs`).
             if state.peers.is_fenced() || state.is_evacuating() {
@@ -212,7 +249,11 @@ async fn partition_loop(
             } else {
                 planned_at = Some(Instant::now());
                 // A pass under way finishes (its commit is checked anyway).
-                match run_partition_pass(&state.store, &planning, &gpu_type).await {
+                let outcome = run_partition_pass(&state.store, &planning, &gpu_type).await;
+                futile = outcome
+                    .as_ref()
+                    .is_ok_and(|o| !o.stale && o.placements == 0 && o.preempted == 0);
+                match outcome {
                     Ok(o) if o.stale => continue, // replan at once on fresh state
                     Ok(o) if o.placements > 0 => {
                         tracing::debug!(

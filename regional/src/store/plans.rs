@@ -631,34 +631,58 @@ impl Store {
     /// placed (the queue a snapshot reads), or an elastic gang runs below
     /// its maximum (it may grow). The planner acts on nothing else: with
     /// neither, its plan is empty whatever the fleet, so the pass loop need
-    /// not read the fleet (`scheduler::partition_loop`). Two indexed
-    /// lookups, whatever the fleet's size.
+    /// not read the fleet (`scheduler::partition_loop`). The waiting jobs
+    /// are the pool's held queue brought up to date (`queue.rs`: what
+    /// changed since, an index lookup), the growing gangs an indexed
+    /// lookup of the running ones: whatever the fleet's size or the queue's.
     pub async fn partition_has_work(&self, key: &str) -> Result<bool> {
-        let conn = self.conn().await?;
         let cluster = super::clusters::cluster_of_key(key);
-        let gpu_type = cluster.is_none().then_some(key);
-        let row = conn
+        let mut held = self.queues.lock(key).await;
+        let mut conn = self.conn().await?;
+        let tx = conn
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let head = tx
             .query_one(
-                &conn
-                    .prepare_cached(
-                        "SELECT EXISTS (
-                            SELECT 1 FROM workers w JOIN jobs j ON j.job_id = w.job_id
-                            WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
-                              AND j.run_workers IS NULL AND ($1::text IS NULL OR j.gpu_type = $1)
-                              AND j.cluster_id IS NOT DISTINCT FROM $2
-                              AND NOT j.awaits_buddy AND j.handover_to IS NULL)
-                         OR EXISTS (
-                            SELECT 1 FROM jobs j
-                            WHERE j.state IN ('starting', 'running') AND j.mode = 'gang'
-                              AND j.min_workers < j.workers AND j.run_workers < j.workers
-                              AND ($1::text IS NULL OR j.gpu_type = $1)
-                              AND j.cluster_id IS NOT DISTINCT FROM $2)",
-                    )
-                    .await?,
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, queue_epoch,
+                        (SELECT gpu_type FROM clusters WHERE cluster_id = $1)
+                 FROM sched_state WHERE id = 1",
+                &[&cluster],
+            )
+            .await?;
+        // The pool as the snapshot picks it (`snapshot_of`): a cluster's
+        // jobs of its GPU type, or the type's shared pool.
+        let cluster_type: Option<String> = head.get(2);
+        if cluster.is_some() && cluster_type.is_none() {
+            return Ok(false); // the cluster is gone: nothing of it is placed
+        }
+        let gpu_type = cluster_type.as_deref().or(Some(key));
+        let waiting =
+            super::queue::any_waiting(&tx, &mut held, gpu_type, cluster, head.get(0), head.get(1))
+                .await?;
+        drop(held);
+        if waiting {
+            return Ok(true);
+        }
+        let growing = tx
+            .query_one(
+                &tx.prepare_cached(
+                    "SELECT EXISTS (
+                        SELECT 1 FROM jobs j
+                        WHERE j.state IN ('starting', 'running') AND j.mode = 'gang'
+                          AND j.min_workers < j.workers AND j.run_workers < j.workers
+                          AND ($1::text IS NULL OR j.gpu_type = $1)
+                          AND j.cluster_id IS NOT DISTINCT FROM $2)",
+                )
+                .await?,
                 &[&gpu_type, &cluster],
             )
             .await?;
-        Ok(row.get(0))
+        tx.commit().await?;
+        Ok(growing.get(0))
     }
 
     /// The region's non-spare nodes by scheduling partition (a GPU type's

@@ -131,6 +131,44 @@ pub(super) async fn read(
     xmin: i64,
     epoch: i64,
 ) -> Result<(Vec<Request>, BTreeMap<String, DateTime<Utc>>, QueueRead)> {
+    let how = bring_up_to_date(tx, held, gpu_type, cluster, xmin, epoch).await?;
+    let state = held.as_ref().expect("brought up to date");
+    let mut queue = Vec::with_capacity(state.jobs.len());
+    let mut submitted_at = BTreeMap::new();
+    for (id, q) in &state.jobs {
+        queue.extend(q.requests.iter().cloned());
+        submitted_at.insert(id.to_string(), q.submitted_at);
+    }
+    Ok((queue, submitted_at, how))
+}
+
+/// Whether any of the pool's jobs waits, at the snapshot `tx` reads
+/// (arguments as [`read`]'s): the held queue brought up to date, without
+/// the copy a pass plans on. An index lookup of what changed, where an
+/// `EXISTS` over the pending workers visited every waiting job of every
+/// pool to find none of this one's.
+pub(super) async fn any_waiting(
+    tx: &deadpool_postgres::Transaction<'_>,
+    held: &mut Option<QueueState>,
+    gpu_type: Option<&str>,
+    cluster: Option<Uuid>,
+    xmin: i64,
+    epoch: i64,
+) -> Result<bool> {
+    bring_up_to_date(tx, held, gpu_type, cluster, xmin, epoch).await?;
+    Ok(held.as_ref().is_some_and(|s| !s.jobs.is_empty()))
+}
+
+/// `held` brought up to date with the snapshot `tx` reads, or read whole;
+/// on error `held` is left empty (the next read is whole).
+async fn bring_up_to_date(
+    tx: &deadpool_postgres::Transaction<'_>,
+    held: &mut Option<QueueState>,
+    gpu_type: Option<&str>,
+    cluster: Option<Uuid>,
+    xmin: i64,
+    epoch: i64,
+) -> Result<QueueRead> {
     // Taken: a read that fails part-way leaves nothing half brought up to date.
     let (state, how) = match held.take() {
         Some(mut state) if state.epoch == epoch => {
@@ -175,14 +213,8 @@ pub(super) async fn read(
             (state, QueueRead::Whole)
         }
     };
-    let mut queue = Vec::with_capacity(state.jobs.len());
-    let mut submitted_at = BTreeMap::new();
-    for (id, q) in &state.jobs {
-        queue.extend(q.requests.iter().cloned());
-        submitted_at.insert(id.to_string(), q.submitted_at);
-    }
     *held = Some(state);
-    Ok((queue, submitted_at, how))
+    Ok(how)
 }
 
 /// One row of the queue's read as what the core places.
