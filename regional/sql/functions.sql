@@ -435,7 +435,6 @@ END $$;
 CREATE OR REPLACE TRIGGER jobs_queue_changed BEFORE UPDATE ON jobs FOR EACH ROW
     WHEN (OLD.state IS DISTINCT FROM NEW.state
        OR OLD.run_workers IS DISTINCT FROM NEW.run_workers
-       OR OLD.awaits_buddy IS DISTINCT FROM NEW.awaits_buddy
        OR OLD.handover_to IS DISTINCT FROM NEW.handover_to
        OR OLD.cluster_id IS DISTINCT FROM NEW.cluster_id
        OR OLD.gpu_type IS DISTINCT FROM NEW.gpu_type

@@ -293,7 +293,8 @@ impl Store {
             .query(
                 &format!(
                     "SELECT j.job_id, j.buddy FROM jobs j
-                     WHERE j.handover_to IS NULL AND j.moved_to IS NULL AND NOT j.awaits_buddy
+                     WHERE j.handover_to IS NULL AND j.moved_to IS NULL
+                       AND NOT EXISTS (SELECT 1 FROM jobs_awaiting_buddy a WHERE a.job_id = j.job_id)
                        AND j.state IN {LIVE} AND {MOVABLE}
                      ORDER BY j.job_id LIMIT 500 FOR UPDATE"
                 ),
@@ -333,7 +334,9 @@ impl Store {
                 &format!(
                     "SELECT job_id FROM jobs
                      WHERE adopted_from = $1 AND handover_to IS NULL AND moved_to IS NULL
-                       AND NOT awaits_buddy AND state IN {LIVE}
+                       AND NOT EXISTS (SELECT 1 FROM jobs_awaiting_buddy a
+                                       WHERE a.job_id = jobs.job_id)
+                       AND state IN {LIVE}
                        AND cluster_id IS NULL AND reservation_id IS NULL
                      ORDER BY job_id LIMIT 500 FOR UPDATE"
                 ),
@@ -585,7 +588,8 @@ impl Store {
                             extract(epoch FROM now() - j.created_at)::float8, j.buddy
                      FROM jobs j
                      WHERE j.state = 'queued' AND j.handover_to IS NULL AND j.moved_to IS NULL
-                       AND NOT j.awaits_buddy AND j.buddy IS NOT NULL AND {MOVABLE}
+                       AND NOT EXISTS (SELECT 1 FROM jobs_awaiting_buddy a WHERE a.job_id = j.job_id)
+                       AND j.buddy IS NOT NULL AND {MOVABLE}
                        AND j.created_at <= now() - make_interval(secs => $2)
                        AND NOT EXISTS (SELECT 1 FROM job_moves m WHERE m.job_id = j.job_id
                                          AND m.at > now() - make_interval(secs => $2))
@@ -744,7 +748,7 @@ impl Store {
     /// released copy we keep — that copy revived (queued again, its
     /// workers pending, `moved_to` cleared); at the front of its queue,
     /// resuming from `checkpoint` (else what it had); its intent goes to a
-    /// buddy of ours before it is scheduled (`awaits_buddy`). The replica
+    /// buddy of ours before it is scheduled (`jobs_awaiting_buddy`). The replica
     /// is marked adopted and its idempotency claim names us. A handover
     /// (`cause`) is counted in `handovers`. Returns false when the job is
     /// ours at `epoch` or later already.
@@ -795,9 +799,22 @@ impl Store {
                             moved_to = NULL, run_workers = NULL, preempted_for = NULL, preempt_cause = NULL,
                             handover_to = NULL, handover_cause = NULL, buddy = NULL,
                             buddy_told_state = NULL, buddy_told_checkpoint = NULL,
-                            buddy_dirty_since = NULL, awaits_buddy = $2
+                            buddy_dirty_since = NULL
                      WHERE job_id = $1",
-                    &[&i.job_id, &self.replicating],
+                    &[&i.job_id],
+                )
+                .await?;
+                // Queued again (its row changed what the queue shows: the
+                // held queues re-read it and find it awaiting).
+                tx.execute(
+                    if self.replicating {
+                        "INSERT INTO jobs_awaiting_buddy (job_id, created_at)
+                         SELECT job_id, now() FROM jobs WHERE job_id = $1
+                         ON CONFLICT DO NOTHING"
+                    } else {
+                        "DELETE FROM jobs_awaiting_buddy WHERE job_id = $1"
+                    },
+                    &[&i.job_id],
                 )
                 .await?;
             } else if state != "queued" {

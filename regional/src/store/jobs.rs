@@ -158,14 +158,17 @@ impl Store {
                      INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
                                        gpus, gpus_per_worker, workers, priority,
                                        required_level, preferred_level, estimated_duration_s,
-                                       min_workers, reservation_id, cluster_id, awaits_buddy)
+                                       min_workers, reservation_id, cluster_id)
                      SELECT $1::uuid, $2::text, $3::text, $4::jsonb, $5::text, $6::text::job_mode,
                             $7::text, $8::int, $9::int, $10::int, $11::smallint,
                             $12::text::topology_level, $13::text::topology_level, $14::bigint,
-                            $19::int, $21::uuid, $22::uuid, $23::bool
+                            $19::int, $21::uuid, $22::uuid
                      FROM lock, lim WHERE lock.got AND NOT lim.limited
                      ON CONFLICT DO NOTHING
                      RETURNING job_id, created_at),
+                 aw AS (
+                     INSERT INTO jobs_awaiting_buddy (job_id, created_at)
+                     SELECT job_id, created_at FROM job WHERE $23::bool),
                  w AS (
                      INSERT INTO workers (job_id, rank)
                      SELECT job.job_id, r FROM job, generate_series(0, $10::int - 1) AS r),

@@ -120,7 +120,7 @@
 //!   the same); `replica_jobs` (other regions' job intent we hold as their
 //!   buddy: the only copy of an acknowledged job outside its home);
 //!   `job_moves` (adoptions we recorded for an adopter, read back by a
-//!   returning home); `jobs.epoch` (ownership epoch), `jobs.awaits_buddy`
+//!   returning home); `jobs.epoch` (ownership epoch), `jobs_awaiting_buddy`
 //!   (not acknowledged nor scheduled until a buddy holds its intent),
 //!   `jobs.buddy`, `buddy_told_*` and `buddy_dirty_since` (what the buddy
 //!   was told, and since when it lags: a trigger keeps it),

@@ -14,13 +14,19 @@
 //! `sched_state.queue_epoch`, and a pass that sees it moved reads the whole
 //! queue again.
 //!
+//! A job a buddy region does not hold yet (`jobs_awaiting_buddy`, V29) is
+//! not placed, but is held apart: a buddy taking it deletes its row there
+//! and touches nothing of the job that the queue's trigger watches (so the
+//! mark stays a HOT update), so each read asks which of the held awaiting
+//! jobs no longer await, and reads those again.
+//!
 //! The queue of a key is locked from before its snapshot is taken until
 //! the snapshot is read, so the snapshots a key's state is brought up to
 //! date with are taken one after the other (each sees at least what the
 //! one before it saw). A read that fails leaves no state: the next one
 //! reads the whole queue.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -40,13 +46,15 @@ macro_rules! queue_select {
                     j.preferred_level::text AS preferred, j.created_at,
                     j.estimated_duration_s, j.min_workers, j.requeue_front,
                     j.reservation_id,
-                    array_agg(w.rank ORDER BY w.rank) AS ranks
+                    array_agg(w.rank ORDER BY w.rank) AS ranks,
+                    -- Not acknowledged (nor placed) until a buddy region
+                    -- holds its intent: held apart.
+                    EXISTS (SELECT 1 FROM jobs_awaiting_buddy a WHERE a.job_id = j.job_id)
+                        AS awaiting
              FROM workers w JOIN jobs j ON j.job_id = w.job_id
              WHERE w.state = 'pending' AND j.state IN ('queued', 'starting', 'running')
                AND j.run_workers IS NULL AND ($1::text IS NULL OR j.gpu_type = $1)
                AND j.cluster_id IS NOT DISTINCT FROM $2
-               -- Not acknowledged until a buddy region holds its intent.
-               AND NOT j.awaits_buddy
                -- Being handed to another region (evacuation.rs): never
                -- placed here again.
                AND j.handover_to IS NULL",
@@ -62,6 +70,9 @@ const WHOLE_QUEUE: &str = queue_select!("");
 const SOME_OF_THE_QUEUE: &str = queue_select!(" AND j.job_id = ANY($3)");
 /// The jobs whose queue entry changed at or after transaction `$1`.
 const CHANGED: &str = "SELECT job_id FROM jobs WHERE queue_xid >= ($1::bigint)::text::xid8";
+/// Which of the jobs `$1` (held as awaiting a buddy) no longer await one.
+const NO_LONGER_AWAITING: &str = "SELECT id FROM unnest($1::uuid[]) AS id
+     WHERE NOT EXISTS (SELECT 1 FROM jobs_awaiting_buddy a WHERE a.job_id = id)";
 
 /// One waiting job: what the core places (a gang is one request, an array
 /// job's workers one each) and when it was submitted.
@@ -78,7 +89,24 @@ pub(super) struct QueueState {
     epoch: i64,
     /// That snapshot's xmin.
     xmin: i64,
+    /// The jobs that may be placed.
     jobs: BTreeMap<Uuid, Queued>,
+    /// The pool's jobs that would wait but for a buddy region to hold them.
+    awaiting: HashSet<Uuid>,
+}
+
+impl QueueState {
+    /// The rows of a read of the queue, each where it belongs.
+    fn add(&mut self, rows: &[Row]) {
+        for row in rows {
+            let (id, q) = queued(row);
+            if row.get("awaiting") {
+                self.awaiting.insert(id);
+            } else {
+                self.jobs.insert(id, q);
+            }
+        }
+    }
 }
 
 /// The held queues, by pool key (`"*"`: every shared pool at once).
@@ -172,14 +200,22 @@ async fn bring_up_to_date(
     // Taken: a read that fails part-way leaves nothing half brought up to date.
     let (state, how) = match held.take() {
         Some(mut state) if state.epoch == epoch => {
-            let changed: Vec<Uuid> = tx
+            let mut changed: Vec<Uuid> = tx
                 .query(&tx.prepare_cached(CHANGED).await?, &[&state.xmin])
                 .await?
                 .iter()
                 .map(|r| r.get(0))
                 .collect();
+            if !state.awaiting.is_empty() {
+                let awaiting: Vec<Uuid> = state.awaiting.iter().copied().collect();
+                let held = tx
+                    .query(&tx.prepare_cached(NO_LONGER_AWAITING).await?, &[&awaiting])
+                    .await?;
+                changed.extend(held.iter().map(|r| r.get::<_, Uuid>(0)));
+            }
             for id in &changed {
                 state.jobs.remove(id);
+                state.awaiting.remove(id);
             }
             if !changed.is_empty() {
                 let rows = tx
@@ -188,7 +224,7 @@ async fn bring_up_to_date(
                         &[&gpu_type, &cluster, &changed],
                     )
                     .await?;
-                state.jobs.extend(rows.iter().map(queued));
+                state.add(&rows);
             }
             state.xmin = xmin;
             (
@@ -205,11 +241,12 @@ async fn bring_up_to_date(
                     &[&gpu_type, &cluster],
                 )
                 .await?;
-            let state = QueueState {
+            let mut state = QueueState {
                 epoch,
                 xmin,
-                jobs: rows.iter().map(queued).collect(),
+                ..QueueState::default()
             };
+            state.add(&rows);
             (state, QueueRead::Whole)
         }
     };

@@ -2,8 +2,8 @@
 //! database's side. What calls the peers for it — handing an intent over,
 //! adoption, learning moves, copying checkpoints — is `crate::replication`.
 //!
-//! - **Intent.** A new job is written with `awaits_buddy` (not scheduled,
-//!   not acknowledged); `replication::replicate_intent` hands it to the
+//! - **Intent.** A new job is written with a row in `jobs_awaiting_buddy`
+//!   (not scheduled, not acknowledged); `replication::replicate_intent` hands it to the
 //!   first peer of its rendezvous order that takes it (`replica_jobs`
 //!   there), and only then is it acknowledged and scheduled. Later changes
 //!   (it ended, a new checkpoint) are sent by
@@ -232,7 +232,7 @@ impl Store {
         let row = conn
             .query_one(
                 "SELECT coalesce(extract(epoch FROM now() - least(
-                     (SELECT min(created_at) FROM jobs WHERE awaits_buddy),
+                     (SELECT min(created_at) FROM jobs_awaiting_buddy),
                      (SELECT min(buddy_dirty_since) FROM jobs
                       WHERE buddy_dirty_since IS NOT NULL))), 0)::float8",
                 &[],
@@ -474,12 +474,19 @@ impl Store {
     pub async fn replicated_many(&self, held: &[(Uuid, &str)]) -> Result<()> {
         let (jobs, buddies): (Vec<Uuid>, Vec<&str>) = held.iter().copied().unzip();
         let conn = self.conn().await?;
+        // The intent told the buddy the job is queued: a job cancelled
+        // meanwhile is dirty at once (`jobs_buddy_dirty`), so the buddy
+        // hears of it. Neither column is indexed: the update stays on the
+        // row's page (HOT), with no index entries.
         let mark = conn
             .prepare_cached(
-                "UPDATE jobs j SET awaits_buddy = false, buddy = b.buddy,
-                                   buddy_told_state = j.state::text
-                 FROM unnest($1::uuid[], $2::text[]) AS b(job_id, buddy)
-                 WHERE j.job_id = b.job_id",
+                "WITH held AS (
+                     DELETE FROM jobs_awaiting_buddy a
+                     USING unnest($1::uuid[], $2::text[]) AS b(job_id, buddy)
+                     WHERE a.job_id = b.job_id
+                     RETURNING a.job_id, b.buddy)
+                 UPDATE jobs j SET buddy = held.buddy, buddy_told_state = 'queued'
+                 FROM held WHERE j.job_id = held.job_id",
             )
             .await?;
         conn.execute(&mark, &[&jobs, &buddies]).await?;
@@ -490,9 +497,12 @@ impl Store {
     pub async fn awaits_buddy(&self, job: Uuid) -> Result<bool> {
         let conn = self.conn().await?;
         Ok((conn
-            .query_opt("SELECT awaits_buddy FROM jobs WHERE job_id = $1", &[&job])
+            .query_opt(
+                "SELECT 1 FROM jobs_awaiting_buddy WHERE job_id = $1",
+                &[&job],
+            )
             .await?)
-            .is_some_and(|r| r.get(0)))
+            .is_some())
     }
 
     /// Jobs created but not yet held by a buddy (oldest first).
@@ -500,7 +510,7 @@ impl Store {
         let conn = self.conn().await?;
         Ok((conn
             .query(
-                "SELECT job_id FROM jobs WHERE awaits_buddy ORDER BY created_at LIMIT $1",
+                "SELECT job_id FROM jobs_awaiting_buddy ORDER BY created_at LIMIT $1",
                 &[&limit],
             )
             .await?)
@@ -544,11 +554,8 @@ impl Store {
             "not acknowledged: no other region took its intent",
         )
         .await?;
-        tx.execute(
-            "UPDATE jobs SET awaits_buddy = false WHERE job_id = $1",
-            &[&job],
-        )
-        .await?;
+        tx.execute("DELETE FROM jobs_awaiting_buddy WHERE job_id = $1", &[&job])
+            .await?;
         tx.commit().await?;
         Ok(())
     }
