@@ -165,12 +165,7 @@ impl Store {
         // the snapshot is taken.
         let mut held_queue = self.queues.lock(only.unwrap_or("*")).await;
         let mut conn = self.conn().await?;
-        let tx = conn
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = read_only_snapshot(&mut conn).await?;
         laps.lap("conn");
         let head = tx
             .query_one(
@@ -639,12 +634,7 @@ impl Store {
         let cluster = super::clusters::cluster_of_key(key);
         let mut held = self.queues.lock(key).await;
         let mut conn = self.conn().await?;
-        let tx = conn
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = read_only_snapshot(&mut conn).await?;
         let head = tx
             .query_one(
                 "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, queue_epoch,
@@ -660,9 +650,12 @@ impl Store {
             return Ok(false); // the cluster is gone: nothing of it is placed
         }
         let gpu_type = cluster_type.as_deref().or(Some(key));
-        let waiting =
-            super::queue::any_waiting(&tx, &mut held, gpu_type, cluster, head.get(0), head.get(1))
-                .await?;
+        // What changed since, an index lookup: where an `EXISTS` over the
+        // pending workers visited every waiting job of every pool to find
+        // none of this one's.
+        super::queue::bring_up_to_date(&tx, &mut held, gpu_type, cluster, head.get(0), head.get(1))
+            .await?;
+        let waiting = held.as_ref().is_some_and(|q| q.any_waiting());
         drop(held);
         if waiting {
             return Ok(true);
@@ -691,12 +684,7 @@ impl Store {
     /// loops, with the fleet version they were read at.
     pub async fn fleet_shape(&self) -> Result<(i64, BTreeMap<String, Vec<FleetShape>>)> {
         let mut conn = self.conn().await?;
-        let tx = conn
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = read_only_snapshot(&mut conn).await?;
         let version: i64 = tx
             .query_one("SELECT fleet_version FROM sched_state WHERE id = 1", &[])
             .await?
@@ -840,4 +828,17 @@ impl Store {
             counts.get::<_, i64>(1) as u64,
         ))
     }
+}
+
+/// A read-only transaction on one snapshot (repeatable read): what a
+/// scheduling pass, or a look at whether one is needed, reads.
+async fn read_only_snapshot(
+    conn: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>> {
+    Ok(conn
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?)
 }

@@ -96,6 +96,11 @@ pub(super) struct QueueState {
 }
 
 impl QueueState {
+    /// Whether any job may be placed.
+    pub(super) fn any_waiting(&self) -> bool {
+        !self.jobs.is_empty()
+    }
+
     /// The rows of a read of the queue, each where it belongs.
     fn add(&mut self, rows: &[Row]) {
         for row in rows {
@@ -170,26 +175,10 @@ pub(super) async fn read(
     Ok((queue, submitted_at, how))
 }
 
-/// Whether any of the pool's jobs waits, at the snapshot `tx` reads
-/// (arguments as [`read`]'s): the held queue brought up to date, without
-/// the copy a pass plans on. An index lookup of what changed, where an
-/// `EXISTS` over the pending workers visited every waiting job of every
-/// pool to find none of this one's.
-pub(super) async fn any_waiting(
-    tx: &deadpool_postgres::Transaction<'_>,
-    held: &mut Option<QueueState>,
-    gpu_type: Option<&str>,
-    cluster: Option<Uuid>,
-    xmin: i64,
-    epoch: i64,
-) -> Result<bool> {
-    bring_up_to_date(tx, held, gpu_type, cluster, xmin, epoch).await?;
-    Ok(held.as_ref().is_some_and(|s| !s.jobs.is_empty()))
-}
-
-/// `held` brought up to date with the snapshot `tx` reads, or read whole;
-/// on error `held` is left empty (the next read is whole).
-async fn bring_up_to_date(
+/// `held` brought up to date with the snapshot `tx` reads (arguments as
+/// [`read`]'s), or read whole; on error `held` is left empty (the next read
+/// is whole).
+pub(super) async fn bring_up_to_date(
     tx: &deadpool_postgres::Transaction<'_>,
     held: &mut Option<QueueState>,
     gpu_type: Option<&str>,

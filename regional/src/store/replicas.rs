@@ -474,19 +474,21 @@ impl Store {
     pub async fn replicated_many(&self, held: &[(Uuid, &str)]) -> Result<()> {
         let (jobs, buddies): (Vec<Uuid>, Vec<&str>) = held.iter().copied().unzip();
         let conn = self.conn().await?;
-        // The intent told the buddy the job is queued: a job cancelled
-        // meanwhile is dirty at once (`jobs_buddy_dirty`), so the buddy
-        // hears of it. Neither column is indexed: the update stays on the
-        // row's page (HOT), with no index entries.
+        // The intent told the buddy the job is queued: one cancelled while
+        // it awaited is dirty at once (`jobs_buddy_dirty`), so the buddy
+        // hears of it. (A job that awaited nothing, say marked again, keeps
+        // what it was told.) Neither column is indexed: the update stays on
+        // the row's page (HOT), with no index entries.
         let mark = conn
             .prepare_cached(
-                "WITH held AS (
-                     DELETE FROM jobs_awaiting_buddy a
-                     USING unnest($1::uuid[], $2::text[]) AS b(job_id, buddy)
-                     WHERE a.job_id = b.job_id
-                     RETURNING a.job_id, b.buddy)
-                 UPDATE jobs j SET buddy = held.buddy, buddy_told_state = 'queued'
-                 FROM held WHERE j.job_id = held.job_id",
+                "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS b(job_id, buddy)),
+                 held AS (
+                     DELETE FROM jobs_awaiting_buddy a USING b WHERE a.job_id = b.job_id
+                     RETURNING a.job_id)
+                 UPDATE jobs j SET buddy = b.buddy,
+                        buddy_told_state = CASE WHEN j.job_id IN (SELECT job_id FROM held)
+                                                THEN 'queued' ELSE j.state::text END
+                 FROM b WHERE j.job_id = b.job_id",
             )
             .await?;
         conn.execute(&mark, &[&jobs, &buddies]).await?;
