@@ -162,6 +162,30 @@ async fn a_job_is_not_scheduled_until_a_buddy_holds_its_intent() {
     assert_eq!(store.intent_of(id).await.unwrap().epoch, 1);
 }
 
+#[tokio::test]
+async fn a_job_cancelled_before_a_buddy_held_it_is_told_to_that_buddy() {
+    let (store, client) = store("replicas_cancel_awaiting").await;
+    let store = store.with_replication(true);
+    register(&store, vec![common::node("n0", "s0", "l0", "h100")]).await;
+    let id = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    assert!(store.awaits_buddy(id).await.unwrap());
+    // Cancelled while its intent (a queued job) is on its way to r2.
+    store.cancel_job("acme", id).await.unwrap();
+    store.replicated(id, "r2").await.unwrap();
+    assert!(!store.awaits_buddy(id).await.unwrap());
+    // r2 holds it queued: the cancellation is owed to it, or r2 would run
+    // it should this region die.
+    let owed: bool = client
+        .query_one(
+            "SELECT buddy = 'r2' AND buddy_dirty_since IS NOT NULL FROM jobs WHERE job_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(owed, "the buddy is never told of the cancellation");
+}
+
 /// A region's state for tests: `name`, its store, its checkpoint store at
 /// `ckpt`, and its peers (name, URL).
 fn region_state(
