@@ -272,7 +272,7 @@ impl Store {
             })
             .collect();
 
-        let (queue, submitted_at, how) = super::queue::read(
+        let how = super::queue::bring_up_to_date(
             &tx,
             &mut held_queue,
             only,
@@ -281,6 +281,8 @@ impl Store {
             head.get(4),
         )
         .await?;
+        let (queue, submitted_at) =
+            super::queue::requests(held_queue.as_ref().expect("brought up to date"));
         drop(held_queue);
         laps.lap("queue");
         let read = match how {

@@ -152,32 +152,22 @@ pub enum QueueRead {
     Changes { changed: usize },
 }
 
-/// The pool's waiting jobs at the snapshot `tx` reads (whose xmin and
-/// queue epoch are `xmin`, `epoch`), from `held` brought up to date, or
-/// read whole; `held` is left as of this snapshot. `gpu_type`/`cluster`
-/// pick the pool as the snapshot does.
-pub(super) async fn read(
-    tx: &deadpool_postgres::Transaction<'_>,
-    held: &mut Option<QueueState>,
-    gpu_type: Option<&str>,
-    cluster: Option<Uuid>,
-    xmin: i64,
-    epoch: i64,
-) -> Result<(Vec<Request>, BTreeMap<String, DateTime<Utc>>, QueueRead)> {
-    let how = bring_up_to_date(tx, held, gpu_type, cluster, xmin, epoch).await?;
-    let state = held.as_ref().expect("brought up to date");
+/// What a pass plans on from a pool's queue brought up to date: its
+/// waiting units, and when each job was submitted.
+pub(super) fn requests(state: &QueueState) -> (Vec<Request>, BTreeMap<String, DateTime<Utc>>) {
     let mut queue = Vec::with_capacity(state.jobs.len());
     let mut submitted_at = BTreeMap::new();
     for (id, q) in &state.jobs {
         queue.extend(q.requests.iter().cloned());
         submitted_at.insert(id.to_string(), q.submitted_at);
     }
-    Ok((queue, submitted_at, how))
+    (queue, submitted_at)
 }
 
-/// `held` brought up to date with the snapshot `tx` reads (arguments as
-/// [`read`]'s), or read whole; on error `held` is left empty (the next read
-/// is whole).
+/// `held` brought up to date with the snapshot `tx` reads (whose xmin and
+/// queue epoch are `xmin`, `epoch`), or read whole; on error `held` is
+/// left empty (the next read is whole). `gpu_type`/`cluster` pick the pool
+/// as the snapshot does.
 pub(super) async fn bring_up_to_date(
     tx: &deadpool_postgres::Transaction<'_>,
     held: &mut Option<QueueState>,
