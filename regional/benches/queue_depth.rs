@@ -15,7 +15,6 @@
 
 use std::time::Duration;
 
-use gangway_devkit::{PgCluster, PgOptions};
 use gangway_regional::config::Planning;
 use gangway_regional::scheduling::{run_partition_pass, PassOutcome};
 use gangway_regional::store::{NewJob, QueueRead};
@@ -27,24 +26,8 @@ use uuid::Uuid;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Sizes like the Philly trace: mostly 1 GPU, some 2/4/8, a few 16/32.
-fn size(i: usize) -> i32 {
-    match i % 100 {
-        0..=79 => 1,
-        80..=84 => 2,
-        85..=89 => 4,
-        90..=96 => 8,
-        97..=98 => 16,
-        _ => 32,
-    }
-}
+mod bench_util;
+use bench_util::{env_or, philly_gpus, throwaway_pg};
 
 fn job(i: usize, gpus: i32) -> NewJob {
     common::job(&format!("tenant-{}", i % 8), "h100", gpus, gpus.min(8))
@@ -59,7 +42,7 @@ async fn submit(store: &Store, from: usize, n: usize, gpus: Option<i32>) -> anyh
         tasks.push(tokio::spawn(async move {
             let mut i = c;
             while i < n {
-                let g = gpus.unwrap_or_else(|| size(from + i));
+                let g = gpus.unwrap_or_else(|| philly_gpus(from + i) as i32);
                 store.submit(&job(from + i, g)).await?;
                 i += 16;
             }
@@ -102,15 +85,7 @@ fn main() -> anyhow::Result<()> {
         .map(|n| n.gpus.len())
         .sum();
 
-    let dir = tempfile::Builder::new()
-        .prefix("gangway-bench-")
-        .tempdir_in("/tmp")?;
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )?;
-    let mut pg = PgCluster::init_or_open(&dir.path().join("pg"), PgOptions::default())?;
-    pg.start()?;
+    let (_dir, mut pg) = throwaway_pg("gangway-bench-")?;
 
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {

@@ -20,7 +20,6 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use gangway_agent::{AgentConfig, ExecutorKind};
-use gangway_devkit::{PgCluster, PgOptions};
 use gangway_regional::store::NewJob;
 use gangway_regional::{AppState, RegionConfig};
 use gangway_shared::api::{JobMode, MaintenanceStart, TopologyLevel};
@@ -28,12 +27,8 @@ use gangway_shared::fleet::FleetFile;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod bench_util;
+use bench_util::{env_or, throwaway_pg};
 
 async fn count(client: &tokio_postgres::Client, sql: &str) -> anyhow::Result<i64> {
     Ok(client.query_one(sql, &[]).await?.get(0))
@@ -62,15 +57,7 @@ fn main() -> anyhow::Result<()> {
         .map(|n| n.gpus.len())
         .sum();
 
-    let dir = tempfile::Builder::new()
-        .prefix("gangway-bench-maint-")
-        .tempdir_in("/tmp")?;
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )?;
-    let mut pg = PgCluster::init_or_open(&dir.path().join("pg"), PgOptions::default())?;
-    pg.start()?;
+    let (dir, mut pg) = throwaway_pg("gangway-bench-maint-")?;
 
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {

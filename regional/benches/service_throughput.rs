@@ -31,24 +31,8 @@ use gangway_shared::fleet::FleetFile;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Sizes like the Philly trace: mostly 1 GPU, some 2/4/8, a few 16/32.
-fn size(i: usize) -> i64 {
-    match i % 100 {
-        0..=79 => 1,
-        80..=84 => 2,
-        85..=89 => 4,
-        90..=96 => 8,
-        97..=98 => 16,
-        _ => 32,
-    }
-}
+mod bench_util;
+use bench_util::{env_or, philly_gpus};
 
 /// The region's database: one server, or a Patroni cluster.
 enum Db {
@@ -213,14 +197,14 @@ fn main() -> anyhow::Result<()> {
                     let sent = Instant::now();
                     let spec = JobSpec {
                         name: format!("bench-{i}"),
-                        gpus: size(i),
+                        gpus: philly_gpus(i),
                         gpu_type: "h100".into(),
                         priority: Default::default(),
                         estimated_duration_s: 3600,
                         max_duration_s: None,
                         command: vec!["train".into()],
                         env: Default::default(),
-                        gpus_per_worker: Some(size(i).min(8)),
+                        gpus_per_worker: Some(philly_gpus(i).min(8)),
                         mode: JobMode::Gang,
                         min_gpus: None,
                         topology: Default::default(),
@@ -308,7 +292,7 @@ fn main() -> anyhow::Result<()> {
             submits.push(tokio::spawn(async move {
                 let mut i = c;
                 while i < jobs {
-                    let g = size(i) as i32;
+                    let g = philly_gpus(i) as i32;
                     let per = g.min(8);
                     let new = gangway_regional::store::NewJob {
                         id: Uuid::new_v4(),
