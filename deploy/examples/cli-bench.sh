@@ -13,7 +13,10 @@
 #
 # Each figure is the wall time of one whole command (process start, TLS,
 # the request) from the shell's point of view, and its CPU time (user +
-# system, `perf stat`'s task-clock: apt-get install linux-perf).
+# system, `perf stat`'s task-clock: apt-get install linux-perf). At 8
+# shells it also says where the machine's CPU went per call: the servers
+# (slurmctld and munged; Gangway's global replica, regions and PostgreSQL)
+# and the rest (the clients themselves, their shells, the kernel).
 set -euo pipefail
 STATE=${1:?state dir of a running gangway dev up}
 IN_A_ROW=${2:-50}
@@ -28,9 +31,6 @@ OUT=$(mktemp -d)
 # requests/s a tenant), as a real cloud's limit would be set for it.
 BENCH_PORT=${BENCH_PORT:-18463}
 bench_global "$BENCH_PORT"
-# As `sbatch --hold`: jobs are accepted and kept, not scheduled, and the
-# cloud is idle before each half.
-hold_scheduling
 trap 'kill $BENCH_PID 2>/dev/null; release_scheduling' EXIT
 export GANGWAY_URL=https://127.0.0.1:$BENCH_PORT
 
@@ -64,6 +64,16 @@ EOF
     echo "slurmctld did not come up; see $d/log/slurmctld.log" >&2
     exit 1
 }
+
+# Slurm's daemons start before the hold below: a daemon started after it
+# would inherit the hold's pipe ends and keep its sessions (and the
+# regions' leader locks) past the script's end.
+if [ "${SLURM:-1}" != 0 ]; then
+    slurm_up
+fi
+# As `sbatch --hold`: jobs are accepted and kept, not scheduled, and the
+# cloud is idle before each half.
+hold_scheduling
 
 # One command, timed from the shell (bash's $EPOCHREALTIME: no fork to
 # read the clock): its wall time in ms appended to $1.
@@ -107,7 +117,8 @@ run_both() { # label, command...
     for _ in $(seq "$IN_A_ROW"); do cpu "$f.cpu" "$@"; done
     summary "$label, one at a time" "$f" "" "$f.cpu"
     f="$OUT/${label// /-}.par"
-    local t0 t1
+    local t0 t1 before after
+    before="$(busy_ticks) $(servers)"
     t0=$EPOCHREALTIME
     local shells=()
     for s in $(seq "$SHELLS"); do
@@ -116,16 +127,29 @@ run_both() { # label, command...
     done
     wait "${shells[@]}"
     t1=$EPOCHREALTIME
+    after="$(busy_ticks) $(servers)"
     cat "$f".[0-9]* >"$f"
     summary "$label, $SHELLS shells at once" "$f" "$(echo "$t0 $t1" | awk '{print $2 - $1}')"
+    # Where the machine's CPU went, per call: the servers' processes, and
+    # the rest (the clients, their shells, the kernel's threads).
+    python3 - "$before" "$after" "$HZ" "$(wc -l <"$f")" "$SERVER_NAMES" <<'EOF'
+import sys
+b, a, hz, n, names = sys.argv[1].split(), sys.argv[2].split(), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5].split(",")
+ms = [(int(y) - int(x)) / hz * 1000 / max(n, 1) for x, y in zip(b, a)]
+parts = " / ".join(f"{name} {v:.2f}" for name, v in zip(names, ms[1:]))
+print(f"{'':40s} CPU ms per call: all {ms[0]:.2f} = {parts} / the rest (clients, shells, kernel) {ms[0] - sum(ms[1:]):.2f}")
+EOF
 }
 
 if [ "${SLURM:-1}" != 0 ]; then
-    slurm_up
+    servers() { ticks $(pgrep -x slurmctld) $(pgrep -x munged); }
+    SERVER_NAMES="slurmctld and munged"
     run_both "sbatch --hold" sbatch --hold --wrap true
     scancel --user root --state PENDING 2>/dev/null || true
 fi
 for r in "${REGIONS[@]}"; do clear_queue "$r"; done
+servers() { echo "$(ticks "$BENCH_PID") $(ticks $(region_pids)) $(ticks $(pg_pids))"; }
+SERVER_NAMES="global,regions,PostgreSQL"
 run_both "gangway job submit" "$GANGWAY" job submit --gpus 1 --gpu-type h100 -- true
 if [ "${SLURM:-1}" != 0 ]; then
     pkill -x slurmctld || true

@@ -100,6 +100,30 @@ release_scheduling() { # the held sessions ended; every region schedules again
     HELD_FDS=()
 }
 
+# CPU accounting for the benchmarks: clock ticks (HZ a second) of user and
+# system time.
+HZ=$(getconf CLK_TCK)
+postmaster() { # region: its PostgreSQL servers' postmasters (three with dev up --db ha)
+    local f
+    for f in "$(readlink -f "$STATE/regions/$1/pg")/postmaster.pid" "$STATE/regions/$1"/patroni/*/data/postmaster.pid; do
+        [ -r "$f" ] && head -1 "$f"
+    done
+}
+ticks() { # pid...: utime+stime (+ reaped children) of each, summed
+    local t=0 p f
+    for p in "$@"; do
+        [ -r "/proc/$p/stat" ] || continue
+        f=$(sed 's/^.*) //' "/proc/$p/stat")
+        t=$((t + $(echo "$f" | awk '{print $12 + $13 + $14 + $15}')))
+    done
+    echo $t
+}
+busy_ticks() { # the whole machine's busy time (user, nice, system, irq, softirq)
+    awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat
+}
+region_pids() { pgrep -f " region --name " | tr '\n' ' '; }
+pg_pids() { local r m; for r in "${REGIONS[@]}"; do for m in $(postmaster "$r"); do echo -n "$m $(pgrep -P "$m" | tr '\n' ' ') "; done; done; }
+
 clear_queue() { # region
     psql_of "$1" "CREATE TEMP TABLE q AS SELECT job_id FROM jobs WHERE state = 'queued'
                                          ORDER BY job_id FOR UPDATE;

@@ -55,23 +55,6 @@ if [ -z "${WHOLE:-}" ]; then
     hold_scheduling
 fi
 
-postmaster() { # region: its PostgreSQL servers' postmasters (three with dev up --db ha)
-    local f
-    for f in "$(readlink -f "$STATE/regions/$1/pg")/postmaster.pid" "$STATE/regions/$1"/patroni/*/data/postmaster.pid; do
-        [ -r "$f" ] && head -1 "$f"
-    done
-}
-ticks() { # pid...: utime+stime (+ reaped children) of each, summed, in clock ticks
-    local t=0 p f
-    for p in "$@"; do
-        [ -r "/proc/$p/stat" ] || continue
-        f=$(sed 's/^.*) //' "/proc/$p/stat")
-        t=$((t + $(echo "$f" | awk '{print $12 + $13 + $14 + $15}')))
-    done
-    echo $t
-}
-region_pids() { pgrep -f " region --name " | tr '\n' ' '; }
-pg_pids() { local r m; for r in "${REGIONS[@]}"; do for m in $(postmaster "$r"); do echo -n "$m $(pgrep -P "$m" | tr '\n' ' ') "; done; done; }
 devup_pid() { pgrep -f " dev up --state-dir $STATE" | head -1; }
 scrape() { # the benchmark replica's and every region's metrics, as text
     curl -s "http://127.0.0.1:$((BENCH_PORT + 10))/metrics"
@@ -79,7 +62,6 @@ scrape() { # the benchmark replica's and every region's metrics, as text
     for r in "${REGIONS[@]}"; do metrics_of "$r"; done
 }
 snapshot() { echo "$(ticks "$GLOBAL") $(ticks $(region_pids)) $(ticks $(pg_pids)) $(ticks "$(devup_pid)")"; }
-HZ=$(getconf CLK_TCK)
 
 for run in $(seq 1 "$RUNS"); do
     for r in "${REGIONS[@]}"; do

@@ -7,6 +7,7 @@ use crate::conn::Conn;
 use crate::jobs_cli::table;
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum AdminCommand {
     /// Per-tenant terms per GPU type: guaranteed GPUs, fair-share weight
     /// and an optional cap.
@@ -71,6 +72,7 @@ pub enum AdminCommand {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum MaintenanceCommand {
     /// Start a plan in a region: name the nodes (--all, --leaf, --gpu-type,
     /// --nodes; together they narrow each other) and the limits.
@@ -131,6 +133,7 @@ pub enum MaintenanceCommand {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum NodeCommand {
     /// Every node, with its admin and observed state, usable GPUs and why;
     /// and the machines refused as not in the inventory (`unknown`).
@@ -312,6 +315,7 @@ impl Placement {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum AgentCommand {
     /// Mint a token for one agent of one region (a real machine's agent is
     /// named as its node: `gangway admin agent token gpu-a1-001`). Give it
@@ -364,6 +368,7 @@ async fn agent(cmd: AgentCommand) -> anyhow::Result<u8> {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum JobAdminCommand {
     /// Ask a job to checkpoint, stop and requeue; it resumes from its
     /// newest checkpoint.
@@ -375,6 +380,7 @@ pub enum JobAdminCommand {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum QuotaCommand {
     /// Set (replace) a tenant's terms for a GPU type:
     /// `gangway admin quota set globex h100 --guaranteed 64 --max 128 --weight 2`.
@@ -412,6 +418,7 @@ pub enum QuotaCommand {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum LimitsCommand {
     /// Set (replace) a tenant's admission limits in every region (or one):
     /// `gangway admin limits set globex --max-queued-jobs 100 --max-gpus 512`.

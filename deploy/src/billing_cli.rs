@@ -31,6 +31,7 @@ use crate::conn::Conn;
 mod reconcile;
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum BillingCommand {
     /// A month of every tenant's GPU usage, from every region, counted
     /// once and priced, as FOCUS rows (one per placement and clock hour),

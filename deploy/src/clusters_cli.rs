@@ -18,6 +18,7 @@ use crate::jobs_cli::{print_rows, table, warn_unavailable};
 use crate::reservations_cli::{domain_cell, when};
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum ClusterCommand {
     /// Bind whole nodes to yourself: `gangway cluster create --gpu-type h100
     /// --nodes 4 --level leaf`. Only jobs naming the cluster (`gangway job

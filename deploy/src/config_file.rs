@@ -19,12 +19,14 @@ use clap::{ArgAction, Command};
 pub const ROLES: [&str; 3] = ["region", "global", "agent"];
 
 /// The command line with `--config FILE` (or `GANGWAY_CONFIG`) replaced
-/// by the file's settings, for `cli` (the whole program's command). The
+/// by the file's settings, for `cli` (the whole program's command, made
+/// only when a role is named: the subcommands are deferred, and building
+/// them all is most of a client command's start-up, issue 23). The
 /// settings go right after the role's name, each only when neither the
 /// command line nor its environment variable sets it. Also returns the
 /// file and the keys it set, to name them if the parser refuses one.
 pub fn expand(
-    cli: &Command,
+    cli: impl FnOnce() -> Command,
     args: Vec<OsString>,
 ) -> anyhow::Result<(Vec<OsString>, Option<(PathBuf, Vec<String>)>)> {
     let Some(role) = args.get(1).and_then(|a| a.to_str()) else {
@@ -34,6 +36,8 @@ pub fn expand(
         return Ok((args, None));
     }
     let role = role.to_string();
+    let mut cli = cli();
+    cli.build();
     let sub = cli
         .find_subcommand(&role)
         .with_context(|| format!("no role {role}"))?;
@@ -173,7 +177,7 @@ mod tests {
         argv.extend(args.iter().map(OsString::from));
         argv.push("--config".into());
         argv.push(file.into_os_string());
-        let (out, _) = expand(&cli(), argv)?;
+        let (out, _) = expand(cli, argv)?;
         Ok(out.into_iter().map(|a| a.into_string().unwrap()).collect())
     }
 
@@ -234,7 +238,7 @@ mod tests {
                 // Given in the environment in production (it holds a password).
                 argv.push("--database-url=postgres://localhost/gangway".into());
             }
-            let (out, from) = expand(&crate::Cli::command(), argv).unwrap();
+            let (out, from) = expand(crate::Cli::command, argv).unwrap();
             assert!(from.unwrap().1.len() > 5, "{role}: the file set little");
             if let Err(e) = crate::Cli::try_parse_from(&out) {
                 panic!("{role}: {e}");

@@ -80,7 +80,7 @@ impl Conn {
                 })?),
                 None => None,
             };
-        Client::public(url, token, ca.as_deref()).map_err(|e| anyhow::anyhow!(e))
+        Client::one_shot(url, token, ca.as_deref()).map_err(|e| anyhow::anyhow!(e))
     }
 
     /// A client acting with the tenant token.

@@ -39,6 +39,7 @@ const DEV_FLEET: &str = include_str!("../fleets/dev.toml");
 const DEFAULT_REGIONS: [&str; 3] = ["us-east", "us-west", "eu-central"];
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum DevCommand {
     /// Start the local cloud in the foreground; Ctrl-C stops it.
     Up(UpArgs),

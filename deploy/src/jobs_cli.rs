@@ -13,6 +13,7 @@ use crate::conn::Conn;
 use uuid::Uuid;
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum JobCommand {
     /// Submit a job: `gangway job submit --gpus 8 --gpu-type h100 -- python train.py`.
     Submit {

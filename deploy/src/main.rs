@@ -46,6 +46,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 enum Command {
     /// Run one region's control plane (API, scheduler, reconcilers); or,
     /// with a subcommand, evacuate a whole region and fail it back
@@ -149,7 +150,7 @@ fn init_tracing() {
 fn parse_cli() -> Cli {
     use clap::CommandFactory;
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let (args, from_file) = match config_file::expand(&Cli::command(), args) {
+    let (args, from_file) = match config_file::expand(Cli::command, args) {
         Ok(expanded) => expanded,
         Err(e) => {
             eprintln!("error: {e:#}");

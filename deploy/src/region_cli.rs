@@ -24,6 +24,7 @@ pub struct RegionCli {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum RegionCommand {
     /// Evacuate a whole region: it takes no new jobs (they go to the other
     /// regions), places nothing, and hands every live job to another

@@ -14,6 +14,7 @@ use crate::conn::Conn;
 use crate::jobs_cli::{print_rows, warn_unavailable};
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum ReservationCommand {
     /// Reserve GPUs: `gangway reservation create --gpus 16 --gpu-type h100
     /// --level spine --start 2030-01-01T00:00:00Z --duration-s 86400`.

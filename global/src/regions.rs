@@ -10,7 +10,7 @@ use axum::http::{Method, StatusCode};
 use futures_util::future::join_all;
 use gangway_auth::jwt::{claims_for, Role};
 use gangway_shared::api::{RegionInfo, RegionStatus};
-use gangway_shared::client::{IDEMPOTENCY_KEY_HEADER, TENANT_HEADER};
+use gangway_shared::client::{CLAIM_HEADER, CLAIM_HERE, IDEMPOTENCY_KEY_HEADER, TENANT_HEADER};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -65,6 +65,9 @@ pub struct Answer {
     pub replayed: bool,
     /// The region's `Retry-After` (an overloaded region's 503), passed on.
     pub retry_after: Option<reqwest::header::HeaderValue>,
+    /// The region's word on a create's claim (`X-Gangway-Claim`: `held`
+    /// or `elsewhere`), if it gave one.
+    pub claim: Option<reqwest::header::HeaderValue>,
 }
 
 /// The region could not be reached, or did not answer in time.
@@ -96,6 +99,9 @@ pub struct Call<'a> {
     pub idempotency_key: Option<&'a str>,
     pub query: Option<&'a str>,
     pub body: Option<Bytes>,
+    /// A keyed create whose key's claim the region records itself
+    /// (`X-Gangway-Claim: here`, [`gangway_shared::client::CLAIM_HEADER`]).
+    pub claim_here: bool,
 }
 
 /// On whose behalf a forwarded call is made: a tenant (about its own
@@ -229,6 +235,9 @@ impl Regions {
         if let Some(k) = call.idempotency_key {
             req = req.header(IDEMPOTENCY_KEY_HEADER, k);
         }
+        if call.claim_here {
+            req = req.header(CLAIM_HEADER, CLAIM_HERE);
+        }
         if let Some(body) = call.body {
             req = req
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -246,6 +255,7 @@ impl Regions {
             StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         let replayed = resp.headers().contains_key(REPLAYED_HEADER);
         let retry_after = resp.headers().get(reqwest::header::RETRY_AFTER).cloned();
+        let claim = resp.headers().get(CLAIM_HEADER).cloned();
         let body = resp.bytes().await.map_err(unreachable)?;
         if status == StatusCode::SERVICE_UNAVAILABLE
             && retry_after.is_some()
@@ -265,6 +275,7 @@ impl Regions {
             body,
             replayed,
             retry_after,
+            claim,
         })
     }
 

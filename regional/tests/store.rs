@@ -304,6 +304,110 @@ async fn idempotent_submit_returns_the_same_job_and_refuses_a_different_spec() {
     assert_eq!(jobs.len(), 1);
 }
 
+/// A keyed create that claims its key in its own commit
+/// (`Store::submit_claiming`, the global tier's merged claim) makes the job
+/// only where the claim is this region's: a claim for another region,
+/// made before or committed by a concurrent claimer while the create
+/// waited on it, leaves nothing behind; the global tier then goes where
+/// the claim says.
+#[tokio::test]
+async fn a_create_that_claims_its_key_makes_nothing_where_another_region_holds_the_claim() {
+    let url = gangway_devkit::fresh_database("claimhere").await;
+    let store = Store::connect(&url, "test-region", 8).unwrap();
+    store.migrate().await.unwrap();
+    let connect = || async {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+    };
+    let client = connect().await;
+    register_fleet(&store, 1, 1).await;
+    let keyed = |key: &str| {
+        let mut j = job("acme", 2, 1);
+        j.idempotency_key = Some(key.into());
+        j.id = gangway_shared::ids::job_id_for_key("acme", key);
+        j
+    };
+    let jobs_with = |id: Uuid| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one("SELECT count(*) FROM jobs WHERE job_id = $1", &[&id])
+                .await
+                .unwrap();
+            row.get::<_, i64>(0)
+        }
+    };
+
+    // Made here, and the claim says so to anyone claiming later.
+    let a = keyed("k-a");
+    let (made, held) = store.submit_claiming(&a).await.unwrap();
+    assert!(matches!(made, SubmitOutcome::Created(_)) && held);
+    assert_eq!(
+        store.claim(a.id, "acme", "us-west").await.unwrap(),
+        "test-region"
+    );
+    // A retry claims and replays.
+    let (again, held) = store.submit_claiming(&a).await.unwrap();
+    assert!(matches!(again, SubmitOutcome::Replayed(_)) && held);
+
+    // Claimed here before (a claim call, then this create): made.
+    let b = keyed("k-b");
+    store.claim(b.id, "acme", "test-region").await.unwrap();
+    let (made, _) = store.submit_claiming(&b).await.unwrap();
+    assert!(matches!(made, SubmitOutcome::Created(_)));
+
+    // Claimed for another region before: nothing made.
+    let c = keyed("k-c");
+    store.claim(c.id, "acme", "us-west").await.unwrap();
+    assert!(matches!(
+        store.submit_claiming(&c).await,
+        Err(StoreError::ClaimedElsewhere)
+    ));
+    assert_eq!(jobs_with(c.id).await, 0);
+
+    // A concurrent claimer's claim for another region, not yet committed
+    // when the create starts: the create waits for it, then makes nothing.
+    let d = keyed("k-d");
+    let mut other = connect().await;
+    let tx = other.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO idempotency_claims (job_id, tenant, region) VALUES ($1, 'acme', 'us-west')",
+        &[&d.id],
+    )
+    .await
+    .unwrap();
+    let racing = {
+        let (store, d) = (store.clone(), d.clone());
+        tokio::spawn(async move { store.submit_claiming(&d).await })
+    };
+    // The create is waiting on the claim's row.
+    let waits = "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%idempotency_claims%'";
+    for _ in 0..200 {
+        if client.query_one(waits, &[]).await.unwrap().get::<_, i64>(0) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !racing.is_finished(),
+        "the create did not wait for the claim"
+    );
+    tx.commit().await.unwrap();
+    assert!(matches!(
+        racing.await.unwrap(),
+        Err(StoreError::ClaimedElsewhere)
+    ));
+    assert_eq!(jobs_with(d.id).await, 0);
+    assert_eq!(
+        store.claim(d.id, "acme", "test-region").await.unwrap(),
+        "us-west"
+    );
+}
+
 #[tokio::test]
 async fn tenants_do_not_see_each_others_jobs() {
     let store = store("isolation").await;

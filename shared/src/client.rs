@@ -22,6 +22,17 @@ use crate::error::ErrorBody;
 pub const TENANT_HEADER: &str = "x-gangway-tenant";
 /// The header that carries the idempotency key of a create.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// Between the global tier and a region, on a keyed create: the global
+/// tier sends [`CLAIM_HERE`] when the region it sends the job to is also
+/// the first of the key's claim order, and the region records the key's
+/// claim in the create's own commit (instead of a claim call first). The
+/// region answers [`CLAIM_HELD`] when the claim is its own, or 409 with
+/// [`CLAIM_ELSEWHERE`] when another region's claim holds the key (nothing
+/// made; the global tier claims as usual and goes there).
+pub const CLAIM_HEADER: &str = "x-gangway-claim";
+pub const CLAIM_HERE: &str = "here";
+pub const CLAIM_HELD: &str = "held";
+pub const CLAIM_ELSEWHERE: &str = "elsewhere";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -126,8 +137,31 @@ impl Client {
         Ok(Client::build(base.into(), ca_pem)?.with_token(token))
     }
 
+    /// [`Client::public`] for a command that makes a request or a few, one
+    /// at a time, and exits (the CLI): it speaks HTTP/1.1, so its one
+    /// connection costs neither end HTTP/2's preface, settings and header
+    /// tables (issue 23: a `gangway job submit` at 8 shells is CPU-bound,
+    /// client and global tier together). Requests made at once open a
+    /// connection each.
+    pub fn one_shot(
+        base: impl Into<String>,
+        token: impl Into<String>,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Self, String> {
+        let builder = reqwest::Client::builder().http1_only();
+        Ok(Client::build_with(builder, base.into(), ca_pem)?.with_token(token))
+    }
+
     fn build(base: String, ca_pem: Option<&[u8]>) -> Result<Self, String> {
-        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        Client::build_with(reqwest::Client::builder(), base, ca_pem)
+    }
+
+    fn build_with(
+        builder: reqwest::ClientBuilder,
+        base: String,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Self, String> {
+        let mut builder = builder.timeout(Duration::from_secs(30));
         if let Some(pem) = ca_pem {
             let cert = reqwest::Certificate::from_pem(pem)
                 .map_err(|e| format!("the CA certificate is not valid PEM: {e}"))?;

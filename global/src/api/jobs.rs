@@ -7,6 +7,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use gangway_shared::api::{Cursor, Job, JobList, JobSpec, JobState, RegionList};
+use gangway_shared::client::{CLAIM_ELSEWHERE, CLAIM_HELD};
 use gangway_shared::error::{codes, ErrorBody};
 use gangway_shared::http::{idempotency_key, job_spec, ApiError, JobId, Json, Query};
 use gangway_shared::ids::job_id_for_key;
@@ -98,45 +99,92 @@ pub async fn create(
     let routed = to_home_region(&state, &tenant, &spec).await?;
     let (chosen, candidates) =
         pick_region(&state, &tenant, routed.as_ref().unwrap_or(&spec), job_id)?;
-    let target = match &key {
-        Some(_) => {
-            let order = rendezvous(job_id, candidates.iter().map(|r| r.name.as_str()));
-            let started = std::time::Instant::now();
-            let claimed = claim(&state, job_id, &tenant, &chosen, &order).await;
-            metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "claim")
-                .record(started.elapsed().as_secs_f64());
-            match claimed {
-                Ok(region) => region,
-                Err(refusal) => return Ok(refusal),
-            }
-        }
-        None => chosen,
+    let order: Vec<&str> = match &key {
+        Some(_) => rendezvous(job_id, candidates.iter().map(|r| r.name.as_str())),
+        None => Vec::new(),
     };
-    let region = state.regions.get(&target).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::REGION_UNAVAILABLE,
-            format!("this job was routed to region {target}, which this replica does not know"),
-        )
-    })?;
-    let body = serde_json::to_vec(&spec).expect("a JobSpec serializes");
-    let started = std::time::Instant::now();
-    let answer = state
-        .regions
-        .call(
-            region,
-            Method::POST,
-            "/v1/jobs",
-            Call {
-                tenant: Some(&tenant),
-                idempotency_key: key.as_deref(),
-                body: Some(body.into()),
-                ..Default::default()
-            },
-        )
-        .await;
-    metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "create")
-        .record(started.elapsed().as_secs_f64());
+    // A keyed create whose region is also the first of its claim order is
+    // claimed there in the create's own commit (the common case while
+    // regions have room); else the claim is settled first.
+    let claim_here = key.is_some() && order.first() == Some(&chosen.as_str());
+    let target = if key.is_some() && !claim_here {
+        match claim_phase(&state, job_id, &tenant, &chosen, &order).await {
+            Ok(region) => region,
+            Err(refusal) => return Ok(refusal),
+        }
+    } else {
+        chosen.clone()
+    };
+    let body = axum::body::Bytes::from(serde_json::to_vec(&spec).expect("a JobSpec serializes"));
+    let create = |target: String, claim_here: bool| {
+        let (state, tenant, key, body) = (&state, &tenant, &key, body.clone());
+        async move {
+            let region = state.regions.get(&target).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    codes::REGION_UNAVAILABLE,
+                    format!(
+                        "this job was routed to region {target}, which this replica does not know"
+                    ),
+                )
+            })?;
+            let started = std::time::Instant::now();
+            let answer = (state.regions)
+                .call(
+                    region,
+                    Method::POST,
+                    "/v1/jobs",
+                    Call {
+                        tenant: Some(tenant),
+                        idempotency_key: key.as_deref(),
+                        body: Some(body),
+                        claim_here,
+                        ..Default::default()
+                    },
+                )
+                .await;
+            metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "create")
+                .record(started.elapsed().as_secs_f64());
+            Ok::<_, ApiError>((region, answer))
+        }
+    };
+    let (mut region, mut answer) = create(target, claim_here).await?;
+    if claim_here {
+        let word = |a: &Answer| a.claim.as_ref().map(|v| v.as_bytes().to_vec());
+        match &answer {
+            // Another region's claim holds the key: settle it and go there.
+            Ok(a) if word(a).as_deref() == Some(CLAIM_ELSEWHERE.as_bytes()) => {
+                metrics::counter!("gangway_global_claims_total", "how" => "elsewhere").increment(1);
+                let target = match claim_phase(&state, job_id, &tenant, &chosen, &order).await {
+                    Ok(region) => region,
+                    Err(refusal) => return Ok(refusal),
+                };
+                (region, answer) = create(target, false).await?;
+            }
+            // Made, but the region did not say the claim is its own (a
+            // region older than merged claims, or a retry it answered
+            // before its claim check): claim as before, so a later retry
+            // through any replica finds where the job went.
+            Ok(a)
+                if a.status == StatusCode::CREATED
+                    && word(a).as_deref() != Some(CLAIM_HELD.as_bytes()) =>
+            {
+                metrics::counter!("gangway_global_claims_total", "how" => "after").increment(1);
+                if let Ok(won) = claim(&state, job_id, &tenant, &chosen, &order).await {
+                    if won != region.name {
+                        tracing::warn!(%job_id, made_in = %region.name, claimed_for = %won,
+                            "a keyed create was made where its claim does not say");
+                    }
+                }
+            }
+            Ok(a) if word(a).as_deref() == Some(CLAIM_HELD.as_bytes()) => {
+                metrics::counter!("gangway_global_claims_total", "how" => "merged").increment(1)
+            }
+            // Refused (nothing made, nothing claimed), or unanswered (both
+            // or neither: one commit); a retry settles which.
+            _ => {}
+        }
+    }
     // A keyed create its region cannot answer for (gone, fenced, or its
     // copy moved): the job may have been adopted by another region, which
     // then answers for it, as a retry.
@@ -165,6 +213,23 @@ pub async fn create(
     metrics::counter!("gangway_global_creates_total", "status" => answer.status.as_str().to_string())
         .increment(1);
     Ok(relay(answer))
+}
+
+/// [`claim`], timed (`gangway_global_create_phase_seconds{phase="claim"}`)
+/// and counted (`gangway_global_claims_total{how="separate"}`).
+async fn claim_phase(
+    state: &GlobalState,
+    job_id: Uuid,
+    tenant: &str,
+    chosen: &str,
+    order: &[&str],
+) -> Result<String, Response> {
+    let started = std::time::Instant::now();
+    let claimed = claim(state, job_id, tenant, chosen, order).await;
+    metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "claim")
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!("gangway_global_claims_total", "how" => "separate").increment(1);
+    claimed
 }
 
 /// For a job that names a capacity reservation or a dedicated cluster and

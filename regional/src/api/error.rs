@@ -26,6 +26,15 @@ impl From<StoreError> for ApiError {
                 "a request with this Idempotency-Key is still being processed; \
                  retry in a moment and you will get its result",
             ),
+            // The create handler answers this itself (with
+            // `X-Gangway-Claim: elsewhere`, for the global tier); anywhere
+            // else it is a retry's business, like a request in flight.
+            StoreError::ClaimedElsewhere => ApiError::new(
+                StatusCode::CONFLICT,
+                codes::IDEMPOTENCY_REQUEST_IN_FLIGHT,
+                "this Idempotency-Key is claimed for another region; retry and the global \
+                 tier sends the create there",
+            ),
             StoreError::UnknownAgent => ApiError::new(
                 StatusCode::NOT_FOUND,
                 codes::UNKNOWN_AGENT,

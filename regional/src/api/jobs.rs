@@ -1,9 +1,10 @@
 //! The job endpoints under `/v1`.
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use gangway_shared::api::{Cursor, JobEvents, JobList, JobSpec, JobState, RegionStatus};
+use gangway_shared::client::{CLAIM_ELSEWHERE, CLAIM_HEADER, CLAIM_HELD, CLAIM_HERE};
 use gangway_shared::error::codes;
 use gangway_shared::http::{idempotency_key, job_spec};
 use gangway_shared::ids::job_id_for_key;
@@ -99,14 +100,35 @@ pub async fn submit(
     let new = NewJob::from_spec(id, &tenant, key.clone(), spec);
     let checked = std::time::Instant::now();
     phase("checks", started, checked);
-    let outcome = state.store.submit(&new).await.inspect_err(|e| {
-        let limit = match e {
-            StoreError::QueuedJobsLimit { .. } => "queued_jobs",
-            StoreError::RequestedGpusLimit { .. } => "requested_gpus",
-            _ => return,
-        };
-        metrics::counter!("gangway_admission_refusals_total", "limit" => limit).increment(1);
-    })?;
+    // The global tier's claim of the key, made here in the create's commit.
+    let claim_here = key.is_some()
+        && (headers.get(CLAIM_HEADER)).is_some_and(|v| v.as_bytes() == CLAIM_HERE.as_bytes());
+    let submitted = if claim_here {
+        state.store.submit_claiming(&new).await
+    } else {
+        state.store.submit(&new).await.map(|o| (o, false))
+    };
+    let (outcome, claim_held) = match submitted {
+        Err(StoreError::ClaimedElsewhere) => {
+            let mut resp = ApiError::from(StoreError::ClaimedElsewhere).into_response();
+            resp.headers_mut()
+                .insert(CLAIM_HEADER, HeaderValue::from_static(CLAIM_ELSEWHERE));
+            return Ok(resp);
+        }
+        Err(e) => {
+            let limit = match e {
+                StoreError::QueuedJobsLimit { .. } => Some("queued_jobs"),
+                StoreError::RequestedGpusLimit { .. } => Some("requested_gpus"),
+                _ => None,
+            };
+            if let Some(limit) = limit {
+                metrics::counter!("gangway_admission_refusals_total", "limit" => limit)
+                    .increment(1);
+            }
+            return Err(e.into());
+        }
+        Ok(done) => done,
+    };
     let (job, replayed) = match outcome {
         SubmitOutcome::Created(job) => {
             metrics::counter!("gangway_jobs_submitted_total").increment(1);
@@ -181,6 +203,9 @@ pub async fn submit(
             "idempotent-replayed",
             "true".parse().expect("static header"),
         );
+    }
+    if claim_held {
+        (resp.headers_mut()).insert(CLAIM_HEADER, HeaderValue::from_static(CLAIM_HELD));
     }
     Ok(resp)
 }

@@ -97,16 +97,36 @@ impl Store {
     /// [`Store::check_job_cluster`]; [`StoreError::Invalid`] when it cannot
     /// run there); a job naming neither takes the one-statement path alone.
     pub async fn submit(&self, job: &NewJob) -> Result<SubmitOutcome> {
-        self.submit_checked(job, true).await
+        Ok(self.submit_checked(job, true, false).await?.0)
+    }
+
+    /// [`Store::submit`] of a keyed create that also records the key's
+    /// claim for this region (`idempotency_claims`, as [`Store::claim`]
+    /// does), in the same statement and commit: the global tier asks for it
+    /// when this region is both the one the job goes to and the first of
+    /// the job's claim order, saving a round trip and a commit. The job is
+    /// made only if the claim is this region's: one another region's claim
+    /// holds (committed before, or concurrently) is
+    /// [`StoreError::ClaimedElsewhere`], and nothing is written. Also
+    /// returns whether the claim was checked (false only for a retry
+    /// answered before the statement, which a caller settles with a claim
+    /// of its own).
+    pub async fn submit_claiming(&self, job: &NewJob) -> Result<(SubmitOutcome, bool)> {
+        self.submit_checked(job, true, true).await
     }
 
     /// [`Store::submit`] without the tenant's admission limits: a job
     /// another region accepted and this one adopts (`replicas.rs`).
     pub(super) async fn submit_adopted(&self, job: &NewJob) -> Result<SubmitOutcome> {
-        self.submit_checked(job, false).await
+        Ok(self.submit_checked(job, false, false).await?.0)
     }
 
-    async fn submit_checked(&self, job: &NewJob, limits: bool) -> Result<SubmitOutcome> {
+    async fn submit_checked(
+        &self,
+        job: &NewJob,
+        limits: bool,
+        claim: bool,
+    ) -> Result<(SubmitOutcome, bool)> {
         let spec = serde_json::to_value(&job.spec).expect("a JobSpec always serializes");
         let mut conn = self.conn().await?;
         // A job naming a reservation or a cluster must be able to run in it.
@@ -133,7 +153,7 @@ impl Store {
             // cluster went away still gets its job.
             if job.idempotency_key.is_some() {
                 if let Some(existing) = job_row(&**conn, &job.tenant, job.id).await? {
-                    return self.replay(job, &spec, existing);
+                    return Ok((self.replay(job, &spec, existing)?, false));
                 }
             }
             return Err(e);
@@ -147,6 +167,13 @@ impl Store {
         // A tenant with a limits row gets nothing inserted here (`lim`), only
         // that answer: its submit is done again in a transaction that checks
         // the limits first, with `$20` saying they were checked.
+        //
+        // With `$24` the key's claim for this region (`$25`) is recorded
+        // too (`cl`), and the job is made only if the claim is ours: just
+        // inserted, or one committed before that names us. A claim for
+        // another region, or one committed by a concurrent claimer while
+        // the insert waited for it (not in this statement's snapshot),
+        // makes nothing (`claimed` false).
         let submit = conn
             .prepare_cached(
                 "WITH lim AS MATERIALIZED (
@@ -154,6 +181,18 @@ impl Store {
                             AND EXISTS (SELECT 1 FROM tenant_limits WHERE tenant = $2) AS limited),
                  lock AS MATERIALIZED (
                      SELECT CASE WHEN $15 THEN pg_try_advisory_xact_lock($16) ELSE true END AS got),
+                 cl AS (
+                     INSERT INTO idempotency_claims (job_id, tenant, region)
+                     SELECT $1::uuid, $2::text, $25::text FROM lock, lim
+                     WHERE $24::bool AND lock.got AND NOT lim.limited
+                     ON CONFLICT (job_id) DO NOTHING
+                     RETURNING region),
+                 claimed AS MATERIALIZED (
+                     SELECT NOT $24::bool
+                            OR EXISTS (SELECT 1 FROM cl)
+                            OR EXISTS (SELECT 1 FROM idempotency_claims
+                                       WHERE job_id = $1 AND tenant = $2 AND region = $25)
+                            AS ok),
                  job AS (
                      INSERT INTO jobs (job_id, tenant, idempotency_key, spec, name, mode, gpu_type,
                                        gpus, gpus_per_worker, workers, priority,
@@ -163,7 +202,7 @@ impl Store {
                             $7::text, $8::int, $9::int, $10::int, $11::smallint,
                             $12::text::topology_level, $13::text::topology_level, $14::bigint,
                             $19::int, $21::uuid, $22::uuid
-                     FROM lock, lim WHERE lock.got AND NOT lim.limited
+                     FROM lock, lim, claimed WHERE lock.got AND NOT lim.limited AND claimed.ok
                      ON CONFLICT DO NOTHING
                      RETURNING job_id, created_at),
                  aw AS (
@@ -176,7 +215,7 @@ impl Store {
                      INSERT INTO job_events (job_id, kind, message, detail)
                      SELECT job.job_id, 'queued', $17::text, $18::jsonb FROM job)
                  SELECT (SELECT got FROM lock), (SELECT created_at FROM job),
-                        (SELECT limited FROM lim)",
+                        (SELECT limited FROM lim), (SELECT ok FROM claimed)",
             )
             .await?;
         let message = format!(
@@ -209,7 +248,8 @@ impl Store {
         // `$20`: the limits were checked (or do not apply).
         let (unchecked, checked) = (!limits, true);
         let replicating = self.replicating;
-        let mut params: [&(dyn ToSql + Sync); 23] = [
+        let here = self.region();
+        let mut params: [&(dyn ToSql + Sync); 25] = [
             &job.id,
             &job.tenant,
             &job.idempotency_key,
@@ -233,21 +273,26 @@ impl Store {
             &job.spec.reservation,
             &job.spec.cluster,
             &replicating,
+            &claim,
+            &here,
         ];
         let row = conn.query_one(&submit, &params).await?;
         if row.get::<_, bool>(2) {
             params[19] = &checked;
             return self
                 .submit_limited(&mut conn, &submit, &params, job, &spec)
-                .await;
+                .await
+                .map(|(o, ran)| (o, claim && ran));
         }
-        self.submit_outcome(&**conn, &row, job, &spec).await
+        let outcome = self.submit_outcome(&**conn, &row, job, &spec).await?;
+        Ok((outcome, claim))
     }
 
     /// A limited tenant's submit: in one transaction, the key's lock (a
     /// concurrent request with the key is told to retry), the job an
     /// earlier create with the key made (returned even at the limit), the
-    /// tenant's lock and the limits' check, then the same insert.
+    /// tenant's lock and the limits' check, then the same insert. Also
+    /// returns whether the insert ran (not for a retry answered first).
     async fn submit_limited(
         &self,
         conn: &mut deadpool_postgres::Object,
@@ -255,7 +300,7 @@ impl Store {
         params: &[&(dyn ToSql + Sync)],
         job: &NewJob,
         spec: &serde_json::Value,
-    ) -> Result<SubmitOutcome> {
+    ) -> Result<(SubmitOutcome, bool)> {
         let tx = conn.transaction().await?;
         if job.idempotency_key.is_some() {
             let got: bool = tx
@@ -266,7 +311,7 @@ impl Store {
                 return Err(StoreError::InFlight);
             }
             if let Some(existing) = job_row(&*tx, &job.tenant, job.id).await? {
-                return self.replay(job, spec, existing);
+                return Ok((self.replay(job, spec, existing)?, false));
             }
         }
         // A job in a capacity reservation or on a dedicated cluster asks
@@ -281,7 +326,7 @@ impl Store {
         let row = tx.query_one(submit, params).await?;
         let outcome = self.submit_outcome(&*tx, &row, job, spec).await?;
         tx.commit().await?;
-        Ok(outcome)
+        Ok((outcome, true))
     }
 
     /// What the submit statement's answer (`got`, `created_at`) means.
@@ -294,6 +339,9 @@ impl Store {
     ) -> Result<SubmitOutcome> {
         if !row.get::<_, bool>(0) {
             return Err(StoreError::InFlight);
+        }
+        if !row.get::<_, bool>(3) {
+            return Err(StoreError::ClaimedElsewhere);
         }
         let Some(created_at) = row.get::<_, Option<DateTime<Utc>>>(1) else {
             // The id is derived from (tenant, key), so a conflict is a retry

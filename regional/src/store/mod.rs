@@ -293,6 +293,10 @@ pub enum StoreError {
     /// now; retry shortly.
     #[error("a request with this idempotency key is in flight")]
     InFlight,
+    /// A create asked to claim its key here found another region's claim
+    /// ([`Store::submit_claiming`]); nothing was written.
+    #[error("this idempotency key is claimed for another region")]
+    ClaimedElsewhere,
     /// The report comes from an earlier boot of the agent.
     #[error("report from an earlier boot")]
     StaleBoot,

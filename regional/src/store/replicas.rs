@@ -479,9 +479,17 @@ impl Store {
         // hears of it. (A job that awaited nothing, say marked again, keeps
         // what it was told.) Neither column is indexed: the update stays on
         // the row's page (HOT), with no index entries.
+        //
+        // Committed without waiting for its WAL to reach the disk
+        // (`synchronous_commit` off for this transaction alone): the
+        // buddy's commit is what makes the create durable twice over, and a
+        // mark lost with a crash of this database leaves the job awaiting a
+        // buddy, so its intent is handed over again (the buddy keeps one)
+        // and marked then. Any later durable commit here flushes it too.
         let mark = conn
             .prepare_cached(
-                "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS b(job_id, buddy)),
+                "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS b(job_id, buddy)
+                            WHERE (SELECT set_config('synchronous_commit', 'off', true)) = 'off'),
                  held AS (
                      DELETE FROM jobs_awaiting_buddy a USING b WHERE a.job_id = b.job_id
                      RETURNING a.job_id)
