@@ -163,6 +163,37 @@ async fn the_held_queue_sees_every_change_a_whole_read_sees() {
         .iter()
         .any(|r| r.job == gang.to_string() && r.priority == 3));
 
+    // A job held apart as awaiting a buddy, then held by one and changed
+    // in the same interval, is named by both of the read's lookups: it is
+    // read once (its ranks not twice).
+    client
+        .execute(
+            "INSERT INTO jobs_awaiting_buddy (job_id, created_at) VALUES ($1, now())",
+            &[&workers],
+        )
+        .await
+        .unwrap();
+    client
+        .execute(
+            "UPDATE jobs SET priority = 2 WHERE job_id = $1",
+            &[&workers],
+        )
+        .await
+        .unwrap();
+    agrees(&held, &url).await;
+    client
+        .batch_execute(&format!(
+            "DELETE FROM jobs_awaiting_buddy WHERE job_id = '{workers}';
+             UPDATE jobs SET priority = 3 WHERE job_id = '{workers}';"
+        ))
+        .await
+        .unwrap();
+    let (q, _) = agrees(&held, &url).await;
+    assert_eq!(
+        q.iter().filter(|r| r.job == workers.to_string()).count(),
+        12
+    );
+
     // A deleted job (no row left to find) leaves too: the whole queue is
     // read again once.
     let doomed = submit(&held, &common::job("acme", "h100", 16, 8)).await;

@@ -108,7 +108,7 @@ pub async fn create(
     // regions have room); else the claim is settled first.
     let claim_here = key.is_some() && order.first() == Some(&chosen.as_str());
     let target = if key.is_some() && !claim_here {
-        match claim_phase(&state, job_id, &tenant, &chosen, &order).await {
+        match claim(&state, job_id, &tenant, &chosen, &order).await {
             Ok(region) => region,
             Err(refusal) => return Ok(refusal),
         }
@@ -155,7 +155,7 @@ pub async fn create(
             // Another region's claim holds the key: settle it and go there.
             Ok(a) if word(a).as_deref() == Some(CLAIM_ELSEWHERE.as_bytes()) => {
                 metrics::counter!("gangway_global_claims_total", "how" => "elsewhere").increment(1);
-                let target = match claim_phase(&state, job_id, &tenant, &chosen, &order).await {
+                let target = match claim(&state, job_id, &tenant, &chosen, &order).await {
                     Ok(region) => region,
                     Err(refusal) => return Ok(refusal),
                 };
@@ -213,23 +213,6 @@ pub async fn create(
     metrics::counter!("gangway_global_creates_total", "status" => answer.status.as_str().to_string())
         .increment(1);
     Ok(relay(answer))
-}
-
-/// [`claim`], timed (`gangway_global_create_phase_seconds{phase="claim"}`)
-/// and counted (`gangway_global_claims_total{how="separate"}`).
-async fn claim_phase(
-    state: &GlobalState,
-    job_id: Uuid,
-    tenant: &str,
-    chosen: &str,
-    order: &[&str],
-) -> Result<String, Response> {
-    let started = std::time::Instant::now();
-    let claimed = claim(state, job_id, tenant, chosen, order).await;
-    metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "claim")
-        .record(started.elapsed().as_secs_f64());
-    metrics::counter!("gangway_global_claims_total", "how" => "separate").increment(1);
-    claimed
 }
 
 /// For a job that names a capacity reservation or a dedicated cluster and

@@ -64,7 +64,9 @@ struct Claim {
 /// earlier one), so concurrent first attempts through different replicas
 /// agree on one region. When none does and one of them was shedding load,
 /// its `503 overloaded` and `Retry-After` are the answer (the client
-/// retries with the same key), not `no_region_available`.
+/// retries with the same key), not `no_region_available`. Timed
+/// (`gangway_global_create_phase_seconds{phase="claim"}`) and counted
+/// (`gangway_global_claims_total{how="separate"}`).
 pub async fn claim(
     state: &GlobalState,
     job_id: Uuid,
@@ -72,63 +74,71 @@ pub async fn claim(
     chosen: &str,
     order: &[&str],
 ) -> Result<String, Response> {
-    let mut last_error = None;
-    let mut overloaded = None;
-    for name in order {
-        let Some(region) = state.regions.get(name) else {
-            continue;
-        };
-        let body = serde_json::to_vec(&Claim {
-            job_id,
-            tenant: tenant.to_string(),
-            region: chosen.to_string(),
-        })
-        .expect("a claim serializes");
-        match state
-            .regions
-            .call(
-                region,
-                Method::POST,
-                "/internal/v1/claims",
-                Call {
-                    body: Some(body.into()),
-                    ..Default::default()
-                },
-            )
-            .await
-        {
-            Ok(a) if a.status.is_success() => {
-                let claim: Claim = serde_json::from_slice(&a.body).map_err(|e| {
-                    ApiError::new(
-                        StatusCode::BAD_GATEWAY,
-                        codes::REGION_UNAVAILABLE,
-                        format!("region {name} answered a claim with {e}"),
-                    )
-                    .into_response()
-                })?;
-                return Ok(claim.region);
+    let started = std::time::Instant::now();
+    let claimed = async {
+        let mut last_error = None;
+        let mut overloaded = None;
+        for name in order {
+            let Some(region) = state.regions.get(name) else {
+                continue;
+            };
+            let body = serde_json::to_vec(&Claim {
+                job_id,
+                tenant: tenant.to_string(),
+                region: chosen.to_string(),
+            })
+            .expect("a claim serializes");
+            match state
+                .regions
+                .call(
+                    region,
+                    Method::POST,
+                    "/internal/v1/claims",
+                    Call {
+                        body: Some(body.into()),
+                        ..Default::default()
+                    },
+                )
+                .await
+            {
+                Ok(a) if a.status.is_success() => {
+                    let claim: Claim = serde_json::from_slice(&a.body).map_err(|e| {
+                        ApiError::new(
+                            StatusCode::BAD_GATEWAY,
+                            codes::REGION_UNAVAILABLE,
+                            format!("region {name} answered a claim with {e}"),
+                        )
+                        .into_response()
+                    })?;
+                    return Ok(claim.region);
+                }
+                Ok(a) if a.retry_after.is_some() => {
+                    last_error = Some(format!("region {name} is overloaded"));
+                    overloaded = Some(a);
+                }
+                Ok(a) => last_error = Some(format!("region {name} refused the claim ({})", a.status)),
+                Err(e) => last_error = Some(e.to_string()),
             }
-            Ok(a) if a.retry_after.is_some() => {
-                last_error = Some(format!("region {name} is overloaded"));
-                overloaded = Some(a);
-            }
-            Ok(a) => last_error = Some(format!("region {name} refused the claim ({})", a.status)),
-            Err(e) => last_error = Some(e.to_string()),
         }
+        if let Some(answer) = overloaded {
+            return Err(relay(answer));
+        }
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::NO_REGION_AVAILABLE,
+            format!(
+                "no region could record where this job goes ({}); retry with the same Idempotency-Key",
+                last_error.unwrap_or_else(|| "none healthy".into())
+            ),
+        )
+        .with_retry_after(RETRY_AFTER_S)
+        .into_response())
     }
-    if let Some(answer) = overloaded {
-        return Err(relay(answer));
-    }
-    Err(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        codes::NO_REGION_AVAILABLE,
-        format!(
-            "no region could record where this job goes ({}); retry with the same Idempotency-Key",
-            last_error.unwrap_or_else(|| "none healthy".into())
-        ),
-    )
-    .with_retry_after(RETRY_AFTER_S)
-    .into_response())
+    .await;
+    metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "claim")
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!("gangway_global_claims_total", "how" => "separate").increment(1);
+    claimed
 }
 
 /// How much an answer's copy of a job owns it: not moved away first, then
