@@ -150,10 +150,13 @@ pub async fn create(
     };
     let (mut region, mut answer) = create(target, claim_here).await?;
     if claim_here {
-        let word = |a: &Answer| a.claim.as_ref().map(|v| v.as_bytes().to_vec());
+        let says = |a: &Answer, word: &str| a.claim.as_ref().is_some_and(|v| v == word);
         match &answer {
+            Ok(a) if says(a, CLAIM_HELD) => {
+                metrics::counter!("gangway_global_claims_total", "how" => "merged").increment(1)
+            }
             // Another region's claim holds the key: settle it and go there.
-            Ok(a) if word(a).as_deref() == Some(CLAIM_ELSEWHERE.as_bytes()) => {
+            Ok(a) if says(a, CLAIM_ELSEWHERE) => {
                 metrics::counter!("gangway_global_claims_total", "how" => "elsewhere").increment(1);
                 let target = match claim(&state, job_id, &tenant, &chosen, &order).await {
                     Ok(region) => region,
@@ -165,10 +168,7 @@ pub async fn create(
             // region older than merged claims, or a retry it answered
             // before its claim check): claim as before, so a later retry
             // through any replica finds where the job went.
-            Ok(a)
-                if a.status == StatusCode::CREATED
-                    && word(a).as_deref() != Some(CLAIM_HELD.as_bytes()) =>
-            {
+            Ok(a) if a.status == StatusCode::CREATED => {
                 metrics::counter!("gangway_global_claims_total", "how" => "after").increment(1);
                 if let Ok(won) = claim(&state, job_id, &tenant, &chosen, &order).await {
                     if won != region.name {
@@ -176,9 +176,6 @@ pub async fn create(
                             "a keyed create was made where its claim does not say");
                     }
                 }
-            }
-            Ok(a) if word(a).as_deref() == Some(CLAIM_HELD.as_bytes()) => {
-                metrics::counter!("gangway_global_claims_total", "how" => "merged").increment(1)
             }
             // Refused (nothing made, nothing claimed), or unanswered (both
             // or neither: one commit); a retry settles which.

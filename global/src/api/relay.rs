@@ -74,71 +74,77 @@ pub async fn claim(
     chosen: &str,
     order: &[&str],
 ) -> Result<String, Response> {
-    let started = std::time::Instant::now();
-    let claimed = async {
-        let mut last_error = None;
-        let mut overloaded = None;
-        for name in order {
-            let Some(region) = state.regions.get(name) else {
-                continue;
-            };
-            let body = serde_json::to_vec(&Claim {
-                job_id,
-                tenant: tenant.to_string(),
-                region: chosen.to_string(),
-            })
-            .expect("a claim serializes");
-            match state
-                .regions
-                .call(
-                    region,
-                    Method::POST,
-                    "/internal/v1/claims",
-                    Call {
-                        body: Some(body.into()),
-                        ..Default::default()
-                    },
-                )
-                .await
-            {
-                Ok(a) if a.status.is_success() => {
-                    let claim: Claim = serde_json::from_slice(&a.body).map_err(|e| {
-                        ApiError::new(
-                            StatusCode::BAD_GATEWAY,
-                            codes::REGION_UNAVAILABLE,
-                            format!("region {name} answered a claim with {e}"),
-                        )
-                        .into_response()
-                    })?;
-                    return Ok(claim.region);
-                }
-                Ok(a) if a.retry_after.is_some() => {
-                    last_error = Some(format!("region {name} is overloaded"));
-                    overloaded = Some(a);
-                }
-                Ok(a) => last_error = Some(format!("region {name} refused the claim ({})", a.status)),
-                Err(e) => last_error = Some(e.to_string()),
+    let _timed = ClaimTimer(std::time::Instant::now());
+    let mut last_error = None;
+    let mut overloaded = None;
+    for name in order {
+        let Some(region) = state.regions.get(name) else {
+            continue;
+        };
+        let body = serde_json::to_vec(&Claim {
+            job_id,
+            tenant: tenant.to_string(),
+            region: chosen.to_string(),
+        })
+        .expect("a claim serializes");
+        match state
+            .regions
+            .call(
+                region,
+                Method::POST,
+                "/internal/v1/claims",
+                Call {
+                    body: Some(body.into()),
+                    ..Default::default()
+                },
+            )
+            .await
+        {
+            Ok(a) if a.status.is_success() => {
+                let claim: Claim = serde_json::from_slice(&a.body).map_err(|e| {
+                    ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        codes::REGION_UNAVAILABLE,
+                        format!("region {name} answered a claim with {e}"),
+                    )
+                    .into_response()
+                })?;
+                return Ok(claim.region);
             }
+            Ok(a) if a.retry_after.is_some() => {
+                last_error = Some(format!("region {name} is overloaded"));
+                overloaded = Some(a);
+            }
+            Ok(a) => last_error = Some(format!("region {name} refused the claim ({})", a.status)),
+            Err(e) => last_error = Some(e.to_string()),
         }
-        if let Some(answer) = overloaded {
-            return Err(relay(answer));
-        }
-        Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::NO_REGION_AVAILABLE,
-            format!(
-                "no region could record where this job goes ({}); retry with the same Idempotency-Key",
-                last_error.unwrap_or_else(|| "none healthy".into())
-            ),
-        )
-        .with_retry_after(RETRY_AFTER_S)
-        .into_response())
     }
-    .await;
-    metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "claim")
-        .record(started.elapsed().as_secs_f64());
-    metrics::counter!("gangway_global_claims_total", "how" => "separate").increment(1);
-    claimed
+    if let Some(answer) = overloaded {
+        return Err(relay(answer));
+    }
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        codes::NO_REGION_AVAILABLE,
+        format!(
+            "no region could record where this job goes ({}); retry with the same Idempotency-Key",
+            last_error.unwrap_or_else(|| "none healthy".into())
+        ),
+    )
+    .with_retry_after(RETRY_AFTER_S)
+    .into_response())
+}
+
+/// Times and counts a claim call when it ends, however it ends
+/// (`gangway_global_create_phase_seconds{phase="claim"}`,
+/// `gangway_global_claims_total{how="separate"}`).
+struct ClaimTimer(std::time::Instant);
+
+impl Drop for ClaimTimer {
+    fn drop(&mut self) {
+        metrics::histogram!("gangway_global_create_phase_seconds", "phase" => "claim")
+            .record(self.0.elapsed().as_secs_f64());
+        metrics::counter!("gangway_global_claims_total", "how" => "separate").increment(1);
+    }
 }
 
 /// How much an answer's copy of a job owns it: not moved away first, then

@@ -108,26 +108,20 @@ pub async fn submit(
     } else {
         state.store.submit(&new).await.map(|o| (o, false))
     };
-    let (outcome, claim_held) = match submitted {
+    let (outcome, claim_held) = match submitted.inspect_err(|e| {
+        let limit = match e {
+            StoreError::QueuedJobsLimit { .. } => "queued_jobs",
+            StoreError::RequestedGpusLimit { .. } => "requested_gpus",
+            _ => return,
+        };
+        metrics::counter!("gangway_admission_refusals_total", "limit" => limit).increment(1);
+    }) {
         Err(StoreError::ClaimedElsewhere) => {
             let mut resp = ApiError::from(StoreError::ClaimedElsewhere).into_response();
-            resp.headers_mut()
-                .insert(CLAIM_HEADER, HeaderValue::from_static(CLAIM_ELSEWHERE));
+            (resp.headers_mut()).insert(CLAIM_HEADER, HeaderValue::from_static(CLAIM_ELSEWHERE));
             return Ok(resp);
         }
-        Err(e) => {
-            let limit = match e {
-                StoreError::QueuedJobsLimit { .. } => Some("queued_jobs"),
-                StoreError::RequestedGpusLimit { .. } => Some("requested_gpus"),
-                _ => None,
-            };
-            if let Some(limit) = limit {
-                metrics::counter!("gangway_admission_refusals_total", "limit" => limit)
-                    .increment(1);
-            }
-            return Err(e.into());
-        }
-        Ok(done) => done,
+        done => done?,
     };
     let (job, replayed) = match outcome {
         SubmitOutcome::Created(job) => {
