@@ -18,6 +18,11 @@
 //!   mixed fleet's three GPU types, planned in one pass, as partitions at
 //!   once, and each type's partition alone.
 //!
+//! - `depth/h100-10k/<queued>`: one `plan` call on a fully allocated
+//!   fleet (what a busy region plans on most of the time) against the
+//!   queue's depth, 1,000 to 50,000 Philly-shaped jobs (issue 23: a pass
+//!   time that stays flat as the queue grows).
+//!
 //! Run: `cargo bench -p gangway-sched --bench placement -- --warm-up-time 1 --measurement-time 3`
 //!
 //! With `GANGWAY_BENCH_CLOCK=thread-cpu` (Linux) the figures are the CPU
@@ -455,9 +460,32 @@ fn partitions(c: &mut Criterion<Clock>) {
     }
 }
 
+/// One pass on the whole `h100-10k` fleet allocated, against the queue's
+/// depth (`DEPTHS`, default `1000,5000,20000,50000`).
+fn depth(c: &mut Criterion<Clock>) {
+    let mut nodes = fleet("h100-10k.toml");
+    let running = allocate(&mut nodes, 100, 42);
+    let policy = Policy::default();
+    let depths: Vec<usize> = std::env::var("DEPTHS")
+        .unwrap_or_else(|_| "1000,5000,20000,50000".into())
+        .split(',')
+        .map(|d| d.trim().parse().expect("DEPTHS: numbers"))
+        .collect();
+    let mut group = c.benchmark_group("depth/h100-10k");
+    group.sample_size(10);
+    for n in depths {
+        let snap = snapshot(nodes.clone(), running.clone(), philly_queue(n, 7));
+        describe(&format!("depth/h100-10k/{n}"), &plan(&snap, &policy));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &snap, |b, snap| {
+            b.iter(|| plan(black_box(snap), &policy))
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().with_measurement(Clock::from_env());
-    targets = decisions, reservations, full_pass, partitions
+    targets = decisions, reservations, full_pass, partitions, depth
 }
 criterion_main!(benches);

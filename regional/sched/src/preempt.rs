@@ -139,6 +139,13 @@ struct Choice {
     score: (bool, u64, Level, usize, u64, u32),
 }
 
+/// The unit of each of a plan's placements and waits, in step with
+/// [`Plan::placements`] and [`Plan::waiting`].
+pub(crate) struct Decided<'a, 'r> {
+    pub placed_by: &'a [&'r Request],
+    pub waited_by: &'a [&'r Request],
+}
+
 /// Adds the pass's preemptions to `out` and turns the waits of the units
 /// they are for into [`WaitReason::Preempting`].
 pub(crate) fn choose(
@@ -147,31 +154,19 @@ pub(crate) fn choose(
     reserved: &Reserved,
     types: &mut BTreeMap<&str, TypeState>,
     out: &mut Plan,
+    decided: Decided,
 ) {
     let now = snapshot.now;
     let until = now.saturating_add(policy.checkpoint_deadline_s);
-    // Looked up once per waiting unit: hashed (at 50,000 queued units,
-    // ordered maps of string keys made this function most of the plan).
-    let mut units: HashMap<(&str, &[u32]), &Request> = HashMap::with_capacity(snapshot.queue.len());
-    for req in &snapshot.queue {
-        units
-            .entry((req.job.as_str(), req.ranks.as_slice()))
-            .or_insert(req);
-    }
+    debug_assert_eq!(decided.placed_by.len(), out.placements.len());
+    debug_assert_eq!(decided.waited_by.len(), out.waiting.len());
     // What tenants will hold: now, plus what the pass starts, minus what is
     // already on its way out.
     // (What runs in capacity reservations is not usage of the shared pool.)
     let mut usage = pool_usage(snapshot);
-    let mut by_job: HashMap<&str, &Request> = HashMap::with_capacity(snapshot.queue.len());
-    for req in &snapshot.queue {
-        by_job.entry(req.job.as_str()).or_insert(req);
-    }
-    for p in &out.placements {
-        // (An elastic unit may have started with a prefix of its ranks.)
-        if let Some(req) = by_job
-            .get(p.job.as_str())
-            .filter(|r| r.reservation.is_none())
-        {
+    for (p, req) in out.placements.iter().zip(decided.placed_by) {
+        if req.reservation.is_none() {
+            // (An elastic unit may have started with a prefix of its ranks.)
             let took = p.workers.len() as u64 * u64::from(req.gpus_per_worker);
             *usage.entry((&req.tenant, &req.gpu_type)).or_insert(0) += took;
         }
@@ -199,17 +194,15 @@ pub(crate) fn choose(
     // unit of a lower class does not reclaim, since what it frees would go
     // to that class first and it would only ask again.
     let mut top_waiting: BTreeMap<&str, i32> = BTreeMap::new();
-    for w in &out.waiting {
+    for (w, req) in out.waiting.iter().zip(decided.waited_by) {
         if matches!(
             w.reason,
             WaitReason::Invalid { .. } | WaitReason::OverQuota { .. }
         ) {
             continue;
         }
-        if let Some(req) = units.get(&(w.job.as_str(), w.ranks.as_slice())) {
-            let top = top_waiting.entry(req.gpu_type.as_str()).or_insert(i32::MIN);
-            *top = (*top).max(req.priority);
-        }
+        let top = top_waiting.entry(req.gpu_type.as_str()).or_insert(i32::MIN);
+        *top = (*top).max(req.priority);
     }
     let mut budget = policy.max_victims_per_pass;
     let mut taken: BTreeSet<usize> = BTreeSet::new();
@@ -223,13 +216,10 @@ pub(crate) fn choose(
     // Searches cost up to a few milliseconds on a 40,000-GPU fleet: a pass
     // makes a bounded number, and the next pass goes on from there.
     let mut searches = MAX_SEARCHES_PER_VICTIM * policy.max_victims_per_pass;
-    for w in out.waiting.iter_mut() {
+    for (w, &req) in out.waiting.iter_mut().zip(decided.waited_by) {
         if budget == 0 || searches == 0 {
             break;
         }
-        let Some(&req) = units.get(&(w.job.as_str(), w.ranks.as_slice())) else {
-            continue;
-        };
         let starts_late = match &w.reason {
             WaitReason::NoCapacity { .. } | WaitReason::BlockedByReservation { .. } => true,
             // A reservation at `now` that did not start waits on units
@@ -414,16 +404,9 @@ pub(crate) fn choose(
     // Elastic units below their maximum restart larger where idle GPUs of
     // their type, which no waiting unit wants, could hold at least half as
     // many workers again.
-    let wanted: BTreeSet<&str> = (out.waiting.iter())
-        .filter(|w| {
-            !matches!(
-                w.reason,
-                WaitReason::Invalid { .. } | WaitReason::OverQuota { .. }
-            )
-        })
-        .filter_map(|w| units.get(&(w.job.as_str(), w.ranks.as_slice())))
-        .map(|r| r.gpu_type.as_str())
-        .collect();
+    // (The types of units waiting for capacity: `top_waiting`'s, as the
+    // waits turned into preemptions waited for capacity too.)
+    let wanted = |ty: &str| top_waiting.contains_key(ty);
     for (at, r) in snapshot.running.iter().enumerate() {
         if budget == 0 {
             break;
@@ -435,7 +418,7 @@ pub(crate) fn choose(
             || r.preempted_for.is_some()
             || taken.contains(&at)
             || now.saturating_sub(r.started) < policy.min_run_s
-            || wanted.contains(r.gpu_type.as_str())
+            || wanted(r.gpu_type.as_str())
         {
             continue;
         }

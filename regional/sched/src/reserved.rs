@@ -69,77 +69,93 @@ impl<'s> Reserved<'s> {
         (r.start <= self.now && !r.over(self.now)).then_some(*r)
     }
 
-    /// Decides the owners' units (in queue order): placements, and waits.
-    pub fn place_units(
+    /// Decides the owners' units (in queue order): placements, and waits;
+    /// each unit decided is pushed to `placed_by` or `waited_by` alongside
+    /// its placement or wait (what preemption reads them back with).
+    pub fn place_units<'r>(
         &mut self,
-        units: &[&Request],
+        units: &[&'r Request],
+        types: &mut BTreeMap<&str, TypeState>,
+        (placements, placed_by): (&mut Vec<Placement>, &mut Vec<&'r Request>),
+        (waits, waited_by): (&mut Vec<Waiting>, &mut Vec<&'r Request>),
+    ) {
+        for &req in units {
+            let (n_placed, n_waits) = (placements.len(), waits.len());
+            self.place_unit(req, types, placements, waits);
+            placed_by.extend((n_placed..placements.len()).map(|_| req));
+            waited_by.extend((n_waits..waits.len()).map(|_| req));
+        }
+    }
+
+    /// [`Self::place_units`] for one unit.
+    fn place_unit(
+        &mut self,
+        req: &Request,
         types: &mut BTreeMap<&str, TypeState>,
         placements: &mut Vec<Placement>,
         waits: &mut Vec<Waiting>,
     ) {
-        for &req in units {
-            let id = req
-                .reservation
-                .as_deref()
-                .expect("only reservations' units");
-            let wait = |reason| Waiting {
-                job: req.job.clone(),
-                ranks: req.ranks.clone(),
-                reason,
-            };
-            let unavailable = |detail: String| {
-                wait(WaitReason::ReservationUnavailable {
-                    reservation: id.to_string(),
-                    detail,
-                })
-            };
-            let Some(&(res, in_use)) = self.by_id.get(id) else {
-                waits.push(unavailable("no reservation with this id here".into()));
-                continue;
-            };
-            if res.tenant != req.tenant {
-                waits.push(unavailable("it is another tenant's".into()));
-                continue;
+        let id = req
+            .reservation
+            .as_deref()
+            .expect("only reservations' units");
+        let wait = |reason| Waiting {
+            job: req.job.clone(),
+            ranks: req.ranks.clone(),
+            reason,
+        };
+        let unavailable = |detail: String| {
+            wait(WaitReason::ReservationUnavailable {
+                reservation: id.to_string(),
+                detail,
+            })
+        };
+        let Some(&(res, in_use)) = self.by_id.get(id) else {
+            waits.push(unavailable("no reservation with this id here".into()));
+            return;
+        };
+        if res.tenant != req.tenant {
+            waits.push(unavailable("it is another tenant's".into()));
+            return;
+        }
+        if res.gpu_type != req.gpu_type {
+            waits.push(unavailable(format!("it holds {} GPUs", res.gpu_type)));
+            return;
+        }
+        if res.over(self.now) {
+            let end = res.end.unwrap_or(0);
+            waits.push(unavailable(format!("it ended at t={end}s")));
+            return;
+        }
+        if res.start > self.now {
+            waits.push(wait(WaitReason::ReservationNotStarted {
+                reservation: id.to_string(),
+                start: res.start,
+            }));
+            return;
+        }
+        let need = req.gpus();
+        if in_use + need > u64::from(res.gpus) {
+            waits.push(wait(WaitReason::ReservationFull {
+                reservation: id.to_string(),
+                gpus: res.gpus,
+                in_use: sat(in_use),
+                requested: sat(need),
+            }));
+            return;
+        }
+        let Some(ts) = types.get_mut(req.gpu_type.as_str()) else {
+            unreachable!("every queued type has a state")
+        };
+        match place_inside(&mut ts.index, res, req) {
+            Some(p) => {
+                self.by_id.get_mut(id).expect("found above").1 += need;
+                placements.push(p);
             }
-            if res.gpu_type != req.gpu_type {
-                waits.push(unavailable(format!("it holds {} GPUs", res.gpu_type)));
-                continue;
-            }
-            if res.over(self.now) {
-                let end = res.end.unwrap_or(0);
-                waits.push(unavailable(format!("it ended at t={end}s")));
-                continue;
-            }
-            if res.start > self.now {
-                waits.push(wait(WaitReason::ReservationNotStarted {
-                    reservation: id.to_string(),
-                    start: res.start,
-                }));
-                continue;
-            }
-            let need = req.gpus();
-            if in_use + need > u64::from(res.gpus) {
-                waits.push(wait(WaitReason::ReservationFull {
-                    reservation: id.to_string(),
-                    gpus: res.gpus,
-                    in_use: sat(in_use),
-                    requested: sat(need),
-                }));
-                continue;
-            }
-            let Some(ts) = types.get_mut(req.gpu_type.as_str()) else {
-                unreachable!("every queued type has a state")
-            };
-            match place_inside(&mut ts.index, res, req) {
-                Some(p) => {
-                    self.by_id.get_mut(id).expect("found above").1 += need;
-                    placements.push(p);
-                }
-                None => waits.push(wait(WaitReason::NoCapacity {
-                    required: req.required.min(res.level),
-                    free_gpus: ts.free_gpus(),
-                })),
-            }
+            None => waits.push(wait(WaitReason::NoCapacity {
+                required: req.required.min(res.level),
+                free_gpus: ts.free_gpus(),
+            })),
         }
     }
 

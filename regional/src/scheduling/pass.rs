@@ -146,11 +146,16 @@ async fn pass(
                     .increment(1);
             }
             let now = Utc::now();
-            for p in &planned.placements {
+            let submitted = (store.submitted_at(
+                &data.queue_key,
+                planned.placements.iter().map(|p| p.job.as_str()),
+            ))
+            .await;
+            for (p, at) in planned.placements.iter().zip(submitted) {
                 metrics::counter!("gangway_placements_total", "level" => p.level.as_str())
                     .increment(1);
-                if let Some(at) = data.submitted_at.get(&p.job) {
-                    let wait = (now - *at).num_milliseconds().max(0) as f64 / 1000.0;
+                if let Some(at) = at {
+                    let wait = (now - at).num_milliseconds().max(0) as f64 / 1000.0;
                     metrics::histogram!("gangway_queue_wait_seconds").record(wait);
                 }
             }

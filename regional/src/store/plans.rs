@@ -21,8 +21,9 @@ use crate::config::HistoryOptions;
 #[derive(Clone, Debug)]
 pub struct SnapshotData {
     pub snapshot: Snapshot,
-    /// Submission time of every queued job (for the queue-wait metric).
-    pub submitted_at: BTreeMap<String, DateTime<Utc>>,
+    /// The key of the pool's queue held between passes
+    /// ([`Store::submitted_at`] reads it).
+    pub queue_key: String,
     /// Rack (leaf) → its power budget and what its allocated GPUs draw,
     /// for every rack with a budget that the snapshot covers (a
     /// partition's: the racks holding nodes of its type). Whole-rack
@@ -163,14 +164,16 @@ impl Store {
         let mut laps = Laps(Instant::now(), Vec::new());
         // The pool's queue, held between passes (`queue.rs`): locked before
         // the snapshot is taken.
-        let mut held_queue = self.queues.lock(only.unwrap_or("*")).await;
+        let only_key = only.unwrap_or("*");
+        let mut held_queue = self.queues.lock(only_key).await;
         let mut conn = self.conn().await?;
         let tx = read_only_snapshot(&mut conn).await?;
         laps.lap("conn");
         let head = tx
             .query_one(
                 "SELECT generation, extract(epoch FROM now())::bigint, fleet_version,
-                        pg_snapshot_xmin(pg_current_snapshot())::text::bigint, queue_epoch
+                        pg_snapshot_xmin(pg_current_snapshot())::text::bigint, queue_epoch,
+                        pg_snapshot_xmax(pg_current_snapshot())::text::bigint
                  FROM sched_state WHERE id = 1",
                 &[],
             )
@@ -277,14 +280,14 @@ impl Store {
             &mut held_queue,
             only,
             cluster,
-            head.get(3),
+            (head.get(3), head.get(5)),
             head.get(4),
         )
         .await?;
-        let (queue, submitted_at) =
-            super::queue::requests(held_queue.as_ref().expect("brought up to date"));
-        drop(held_queue);
         laps.lap("queue");
+        let queue = super::queue::requests(held_queue.as_ref().expect("brought up to date"));
+        drop(held_queue);
+        laps.lap("queue_copy");
         let read = match how {
             QueueRead::Whole => "whole",
             QueueRead::Changes { .. } => "changes",
@@ -528,7 +531,7 @@ impl Store {
                 power_headroom_w,
                 reserved,
             },
-            submitted_at,
+            queue_key: only_key.to_string(),
             racks,
             queue_read: how,
             reads: laps.1,
@@ -540,6 +543,18 @@ impl Store {
     /// the two reads).
     pub fn forget_queues(&self) {
         self.queues.forget();
+    }
+
+    /// When each of `jobs` (as a plan names them) was submitted, for those
+    /// the pool's held queue (`SnapshotData::queue_key`) still holds: a
+    /// pass's placements, for the queue-wait metric, without copying every
+    /// queued job's time into each snapshot.
+    pub async fn submitted_at<'j>(
+        &self,
+        queue_key: &str,
+        jobs: impl Iterator<Item = &'j str>,
+    ) -> Vec<Option<DateTime<Utc>>> {
+        self.queues.submitted_at(queue_key, jobs).await
     }
 
     /// Every node's GPUs as of fleet version `version` (read in `tx`), from
@@ -640,7 +655,8 @@ impl Store {
         let head = tx
             .query_one(
                 "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, queue_epoch,
-                        (SELECT gpu_type FROM clusters WHERE cluster_id = $1)
+                        (SELECT gpu_type FROM clusters WHERE cluster_id = $1),
+                        pg_snapshot_xmax(pg_current_snapshot())::text::bigint
                  FROM sched_state WHERE id = 1",
                 &[&cluster],
             )
@@ -655,8 +671,15 @@ impl Store {
         // What changed since, an index lookup: where an `EXISTS` over the
         // pending workers visited every waiting job of every pool to find
         // none of this one's.
-        super::queue::bring_up_to_date(&tx, &mut held, gpu_type, cluster, head.get(0), head.get(1))
-            .await?;
+        super::queue::bring_up_to_date(
+            &tx,
+            &mut held,
+            gpu_type,
+            cluster,
+            (head.get(0), head.get(3)),
+            head.get(1),
+        )
+        .await?;
         let waiting = held.as_ref().is_some_and(|q| q.any_waiting());
         drop(held);
         if waiting {
