@@ -296,3 +296,60 @@ async fn a_pool_has_work_exactly_while_its_held_queue_holds_a_job() {
     let (q, _) = agrees(&held, &url).await;
     assert!(q.is_empty(), "{first} runs, {second} is cancelled: {q:?}");
 }
+
+#[tokio::test]
+async fn a_pass_knows_when_each_waiting_job_was_submitted() {
+    // (What `gangway_queue_wait_seconds` records for each placement: the
+    // submission times stay in the held queue, asked for by job.)
+    let (store, client, _url) = fresh().await;
+    Fleet::register_nodes(&store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
+    let first = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    let second = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    let created = |id: Uuid| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one("SELECT created_at FROM jobs WHERE job_id = $1", &[&id])
+                .await
+                .unwrap();
+            row.get::<_, chrono::DateTime<chrono::Utc>>(0)
+        }
+    };
+    let data = store
+        .snapshot_partition("h100", AGENT_TIMEOUT, planning().history)
+        .await
+        .unwrap();
+    let (a, b, stranger) = (
+        first.to_string(),
+        second.to_string(),
+        Uuid::new_v4().to_string(),
+    );
+    let asked = [a.as_str(), b.as_str(), stranger.as_str(), "not-an-id"];
+    let at = store
+        .submitted_at(&data.queue_key, asked.iter().copied())
+        .await;
+    assert_eq!(
+        at,
+        vec![
+            Some(created(first).await),
+            Some(created(second).await),
+            None,
+            None
+        ]
+    );
+    // Placed, the first is no longer held after the next read; another
+    // pool's key holds neither.
+    run_partition_pass(&store, &planning(), "h100")
+        .await
+        .unwrap();
+    let data = store
+        .snapshot_partition("h100", AGENT_TIMEOUT, planning().history)
+        .await
+        .unwrap();
+    let at = store
+        .submitted_at(&data.queue_key, [a.as_str(), b.as_str()].into_iter())
+        .await;
+    assert_eq!(at, vec![None, Some(created(second).await)]);
+    let elsewhere = store.submitted_at("a100", [b.as_str()].into_iter()).await;
+    assert_eq!(elsewhere, vec![None]);
+}

@@ -682,11 +682,15 @@ impl Store {
     /// create, [`Store::held_for_another`].
     pub async fn before_create(&self, job: Uuid, keyed: bool) -> Result<(i64, Option<String>)> {
         let conn = self.conn().await?;
+        // The intent is found by its key alone, its state tested after: as
+        // `job_id = $1 AND state = 'live'` the plan cached while the table
+        // was empty (a fresh region) read the partial index of live intents
+        // and filtered every one by id, 3.5 ms a create at 2,700 held.
         let read = conn
             .prepare_cached(
                 "SELECT (SELECT fleet_version FROM sched_state WHERE id = 1),
-                        (SELECT home FROM replica_jobs
-                         WHERE $2 AND job_id = $1 AND state = 'live')",
+                        (SELECT CASE WHEN state = 'live' THEN home END FROM replica_jobs
+                         WHERE $2 AND job_id = $1)",
             )
             .await?;
         let row = conn.query_one(&read, &[&job, &keyed]).await?;
