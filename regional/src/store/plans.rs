@@ -231,10 +231,12 @@ impl Store {
             .query(
                 // Live allocations, and GPUs held for a gang moving onto a
                 // spare (`spares.rs`) while it is being preempted.
+                // (`UNION ALL`: a GPU both allocated and held is taken
+                // either way; nothing to deduplicate.)
                 "SELECT node_id, array_agg(gpu_index) FROM (
                      SELECT node_id, gpu_index FROM allocations
                      WHERE released_at IS NULL AND ($1::text IS NULL OR gpu_type = $1)
-                     UNION
+                     UNION ALL
                      SELECT h.node_id, h.gpu_index FROM gpu_holds h
                      JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'
                  ) x GROUP BY node_id",
@@ -335,10 +337,21 @@ impl Store {
         // is in flight, for preemption.
         let running_rows = tx
             .query(
-                "SELECT a.job_id, j.tenant, j.gpu_type, j.priority,
-                        (extract(epoch FROM min(a.allocated_at))::bigint
+                // The allocations grouped by job first, each job then
+                // looked up once: joined row by row, at 10,240 allocated
+                // GPUs the read looked up and sorted every GPU's job row
+                // (40 ms a pass; `queue_depth` bench).
+                "WITH a AS (
+                     SELECT job_id, min(allocated_at) AS started,
+                            array_agg(node_id ORDER BY node_id, gpu_index) AS nodes,
+                            array_agg(gpu_index ORDER BY node_id, gpu_index) AS gpus
+                     FROM allocations
+                     WHERE released_at IS NULL AND ($1::text IS NULL OR gpu_type = $1)
+                     GROUP BY job_id)
+                 SELECT a.job_id, j.tenant, j.gpu_type, j.priority,
+                        (extract(epoch FROM a.started)::bigint
                          + j.estimated_duration_s) AS expected_end,
-                        extract(epoch FROM min(a.allocated_at))::bigint AS started,
+                        extract(epoch FROM a.started)::bigint AS started,
                         extract(epoch FROM j.checkpointed_at)::bigint AS checkpointed,
                         j.preemptions,
                         CASE WHEN j.state = 'preempting' THEN coalesce(j.preempted_for, '')
@@ -347,17 +360,14 @@ impl Store {
                             (SELECT extract(epoch FROM max(e.at))::bigint FROM job_events e
                              WHERE e.job_id = j.job_id AND e.kind = 'preempted')
                         END AS preempted_at,
-                        array_agg(a.node_id ORDER BY a.node_id, a.gpu_index) AS nodes,
-                        array_agg(a.gpu_index ORDER BY a.node_id, a.gpu_index) AS gpus,
+                        a.nodes, a.gpus,
                         j.preemptions - j.grows - j.node_moves AS capped_preemptions,
                         CASE WHEN j.mode = 'gang' AND j.min_workers < j.workers
                              THEN j.run_workers END AS elastic_workers,
                         j.workers, j.gpus_per_worker, j.required_level::text AS required,
                         j.reservation_id
-                 FROM allocations a JOIN jobs j ON j.job_id = a.job_id
-                 WHERE a.released_at IS NULL AND ($1::text IS NULL OR a.gpu_type = $1)
-                   AND j.cluster_id IS NOT DISTINCT FROM $2
-                 GROUP BY a.job_id, j.job_id
+                 FROM a JOIN jobs j ON j.job_id = a.job_id
+                 WHERE j.cluster_id IS NOT DISTINCT FROM $2
                  ORDER BY a.job_id",
                 &[&only, &cluster],
             )
@@ -440,9 +450,16 @@ impl Store {
         let mut usage = BTreeMap::new();
         for row in tx
             .query(
-                "SELECT a.tenant, a.gpu_type, count(*) FROM allocations a JOIN jobs j USING (job_id)
-                 WHERE a.released_at IS NULL AND j.cluster_id IS NOT DISTINCT FROM $1
-                 GROUP BY a.tenant, a.gpu_type",
+                // Counted per job first (grouped by id alone: sorting the
+                // GPUs by tenant and type text took half the read), each
+                // job looked up once for its tenant and type (what its
+                // allocations copy), not once per allocated GPU.
+                "SELECT j.tenant, j.gpu_type, sum(a.n)::bigint
+                 FROM (SELECT job_id, count(*) AS n FROM allocations
+                       WHERE released_at IS NULL GROUP BY job_id) a
+                 JOIN jobs j USING (job_id)
+                 WHERE j.cluster_id IS NOT DISTINCT FROM $1
+                 GROUP BY j.tenant, j.gpu_type",
                 &[&cluster],
             )
             .await?
