@@ -268,18 +268,13 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
                 cut = true;
                 break;
             }
-            let wait = |reason| Waiting {
-                job: req.job.clone(),
-                ranks: req.ranks.clone(),
-                reason,
-            };
             let mut waits = Waits {
                 waiting: &mut out.waiting,
                 by: &mut waited_by,
                 req,
             };
             if let Some(detail) = invalid(req) {
-                waits.push(wait(WaitReason::Invalid { detail }));
+                waits.push(WaitReason::Invalid { detail });
                 left.push(req);
                 continue;
             }
@@ -301,12 +296,12 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
                     });
                 }
                 if in_use + need > u64::from(quota) {
-                    waits.push(wait(WaitReason::OverQuota {
+                    waits.push(WaitReason::OverQuota {
                         gpu_type: req.gpu_type.clone(),
                         quota,
                         in_use: sat(in_use),
                         requested: sat(need),
-                    }));
+                    });
                     left.push(req);
                     continue;
                 }
@@ -330,10 +325,10 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
                 Outcome::Reserve(found) => {
                     *usage.entry(key).or_insert(0) += need;
                     charged.push((key, need));
-                    waits.push(wait(WaitReason::Reserved {
+                    waits.push(WaitReason::Reserved {
                         start: found.start,
                         level: found.level,
-                    }));
+                    });
                     out.reservations.push(Reservation {
                         job: req.job.clone(),
                         ranks: req.ranks.clone(),
@@ -350,7 +345,7 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
                     left.push(req);
                 }
                 Outcome::Wait(reason) => {
-                    waits.push(wait(reason));
+                    waits.push(reason);
                     left.push(req);
                 }
             }
@@ -390,7 +385,7 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
     out
 }
 
-/// A round's waits, each pushed with the unit it is for.
+/// A round's waits for one unit, each pushed with the unit it is for.
 struct Waits<'a, 'r> {
     waiting: &'a mut Vec<Waiting>,
     by: &'a mut Vec<&'r Request>,
@@ -398,8 +393,12 @@ struct Waits<'a, 'r> {
 }
 
 impl Waits<'_, '_> {
-    fn push(&mut self, w: Waiting) {
-        self.waiting.push(w);
+    fn push(&mut self, reason: WaitReason) {
+        self.waiting.push(Waiting {
+            job: self.req.job.clone(),
+            ranks: self.req.ranks.clone(),
+            reason,
+        });
         self.by.push(self.req);
     }
 }

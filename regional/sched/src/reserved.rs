@@ -80,21 +80,25 @@ impl<'s> Reserved<'s> {
         (waits, waited_by): (&mut Vec<Waiting>, &mut Vec<&'r Request>),
     ) {
         for &req in units {
-            let (n_placed, n_waits) = (placements.len(), waits.len());
-            self.place_unit(req, types, placements, waits);
-            placed_by.extend((n_placed..placements.len()).map(|_| req));
-            waited_by.extend((n_waits..waits.len()).map(|_| req));
+            match self.place_unit(req, types) {
+                Ok(p) => {
+                    placements.push(p);
+                    placed_by.push(req);
+                }
+                Err(w) => {
+                    waits.push(w);
+                    waited_by.push(req);
+                }
+            }
         }
     }
 
-    /// [`Self::place_units`] for one unit.
+    /// [`Self::place_units`] for one unit: where it starts, or why it waits.
     fn place_unit(
         &mut self,
         req: &Request,
         types: &mut BTreeMap<&str, TypeState>,
-        placements: &mut Vec<Placement>,
-        waits: &mut Vec<Waiting>,
-    ) {
+    ) -> Result<Placement, Waiting> {
         let id = req
             .reservation
             .as_deref()
@@ -111,38 +115,32 @@ impl<'s> Reserved<'s> {
             })
         };
         let Some(&(res, in_use)) = self.by_id.get(id) else {
-            waits.push(unavailable("no reservation with this id here".into()));
-            return;
+            return Err(unavailable("no reservation with this id here".into()));
         };
         if res.tenant != req.tenant {
-            waits.push(unavailable("it is another tenant's".into()));
-            return;
+            return Err(unavailable("it is another tenant's".into()));
         }
         if res.gpu_type != req.gpu_type {
-            waits.push(unavailable(format!("it holds {} GPUs", res.gpu_type)));
-            return;
+            return Err(unavailable(format!("it holds {} GPUs", res.gpu_type)));
         }
         if res.over(self.now) {
             let end = res.end.unwrap_or(0);
-            waits.push(unavailable(format!("it ended at t={end}s")));
-            return;
+            return Err(unavailable(format!("it ended at t={end}s")));
         }
         if res.start > self.now {
-            waits.push(wait(WaitReason::ReservationNotStarted {
+            return Err(wait(WaitReason::ReservationNotStarted {
                 reservation: id.to_string(),
                 start: res.start,
             }));
-            return;
         }
         let need = req.gpus();
         if in_use + need > u64::from(res.gpus) {
-            waits.push(wait(WaitReason::ReservationFull {
+            return Err(wait(WaitReason::ReservationFull {
                 reservation: id.to_string(),
                 gpus: res.gpus,
                 in_use: sat(in_use),
                 requested: sat(need),
             }));
-            return;
         }
         let Some(ts) = types.get_mut(req.gpu_type.as_str()) else {
             unreachable!("every queued type has a state")
@@ -150,9 +148,9 @@ impl<'s> Reserved<'s> {
         match place_inside(&mut ts.index, res, req) {
             Some(p) => {
                 self.by_id.get_mut(id).expect("found above").1 += need;
-                placements.push(p);
+                Ok(p)
             }
-            None => waits.push(wait(WaitReason::NoCapacity {
+            None => Err(wait(WaitReason::NoCapacity {
                 required: req.required.min(res.level),
                 free_gpus: ts.free_gpus(),
             })),

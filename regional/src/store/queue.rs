@@ -127,6 +127,20 @@ impl QueueState {
         !self.jobs.is_empty()
     }
 
+    /// When each of `jobs` (ids as the core names them) was submitted, if
+    /// it is held as waiting.
+    pub(super) fn submitted_at<'j>(
+        &self,
+        jobs: impl Iterator<Item = &'j str>,
+    ) -> Vec<Option<DateTime<Utc>>> {
+        jobs.map(|j| {
+            let id = Uuid::parse_str(j).ok()?;
+            let key = self.key_of.get(&id)?;
+            self.jobs.get(key).map(|q| q.submitted_at)
+        })
+        .collect()
+    }
+
     /// The rows of a read of the queue, each where it belongs.
     fn add(&mut self, rows: &[Row]) {
         for row in rows {
@@ -164,9 +178,7 @@ impl Queues {
             .clone();
         cell.lock_owned().await
     }
-}
 
-impl Queues {
     /// When each of `jobs` was submitted, as the queue held for `key`
     /// knows (`None` for a job it does not hold, or when it holds none).
     pub(super) async fn submitted_at<'j>(
@@ -204,22 +216,6 @@ pub(super) fn requests(state: &QueueState) -> Vec<Request> {
         queue.extend(q.requests.iter().cloned());
     }
     queue
-}
-
-impl QueueState {
-    /// When each of `jobs` (ids as the core names them) was submitted, if
-    /// it is held as waiting.
-    pub(super) fn submitted_at<'j>(
-        &self,
-        jobs: impl Iterator<Item = &'j str>,
-    ) -> Vec<Option<DateTime<Utc>>> {
-        jobs.map(|j| {
-            let id = Uuid::parse_str(j).ok()?;
-            let key = self.key_of.get(&id)?;
-            self.jobs.get(key).map(|q| q.submitted_at)
-        })
-        .collect()
-    }
 }
 
 /// `held` brought up to date with the snapshot `tx` reads (whose xmin,
