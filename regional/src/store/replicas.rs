@@ -603,16 +603,26 @@ impl Store {
     /// The buddy holds these updates now (what changed since they were
     /// read is dirty again: the trigger compares with what was sent).
     pub(crate) async fn told(&self, updates: &[(Update, String)]) -> Result<()> {
-        let conn = self.conn().await?;
-        for (u, state) in updates {
-            conn.execute(
-                "UPDATE jobs SET buddy_told_state = $2, buddy_told_checkpoint = $3,
-                        buddy_dirty_since = NULL
-                 WHERE job_id = $1",
-                &[&u.job_id, state, &u.checkpoint],
-            )
-            .await?;
+        if updates.is_empty() {
+            return Ok(());
         }
+        // One statement and one commit for the batch (a round trip and a
+        // commit per job were 2,500 commits in 20 s of a busy cloud).
+        let jobs: Vec<Uuid> = updates.iter().map(|(u, _)| u.job_id).collect();
+        let states: Vec<&str> = updates.iter().map(|(_, s)| s.as_str()).collect();
+        let checkpoints: Vec<Option<&str>> = updates
+            .iter()
+            .map(|(u, _)| u.checkpoint.as_deref())
+            .collect();
+        let conn = self.conn().await?;
+        conn.execute(
+            "UPDATE jobs j SET buddy_told_state = x.state, buddy_told_checkpoint = x.ckpt,
+                    buddy_dirty_since = NULL
+             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS x(job_id, state, ckpt)
+             WHERE j.job_id = x.job_id",
+            &[&jobs, &states, &checkpoints],
+        )
+        .await?;
         Ok(())
     }
 
