@@ -96,7 +96,7 @@ impl Cloud {
             &[("test", format!("https://127.0.0.1:{region_port}"))],
         );
         let sign = |role, sub: &str, tenant: Option<&str>| {
-            auth.tenant_key
+            auth.public_key_for(role)
                 .sign(&claims_for(
                     role,
                     sub,

@@ -312,7 +312,7 @@ impl RotationCloud {
         auth: &DevMaterial,
         region_cert: &DevMaterial,
         region_ca: &std::path::Path,
-        tenant_key: &str,
+        (tenant_key, operator_key): (&str, &str),
     ) -> RotationCloud {
         use support::key_arg;
         let db = gangway_devkit::fresh_database(db_name).await;
@@ -343,6 +343,7 @@ impl RotationCloud {
                 .arg("--region-ca")
                 .arg(region_ca)
                 .args(["--tenant-key", tenant_key])
+                .args(["--operator-key", operator_key])
                 .args([
                     "--service-signing-key",
                     &key_arg(auth, "service-signing.pem"),
@@ -522,8 +523,15 @@ async fn a_tenant_key_rotated_by_sighup_serves_the_next_request_while_one_in_fli
         SigningKey::generate("tenant-1"),
         SigningKey::generate("tenant-1"),
     );
+    // The operators' key rotates in step (a file of its own).
+    let (op_a, op_b) = (
+        SigningKey::generate("operator-1"),
+        SigningKey::generate("operator-1"),
+    );
     let key_file = dir.path().join("tenant.pub.pem");
     replace_file(&key_file, &a.public_pem());
+    let operator_file = dir.path().join("operator.pub.pem");
+    replace_file(&operator_file, &op_a.public_pem());
     let region_ca = dir.path().join("region-ca.pem");
     replace_file(&region_ca, &auth.ca_pem().unwrap());
     let mut cloud = RotationCloud::start(
@@ -532,7 +540,10 @@ async fn a_tenant_key_rotated_by_sighup_serves_the_next_request_while_one_in_fli
         &auth,
         &auth,
         &region_ca,
-        &format!("tenant-1={}", key_file.display()),
+        (
+            &format!("tenant-1={}", key_file.display()),
+            &format!("operator-1={}", operator_file.display()),
+        ),
     )
     .await;
     let (tenant_a, tenant_b, tenant_c) = (
@@ -555,7 +566,7 @@ async fn a_tenant_key_rotated_by_sighup_serves_the_next_request_while_one_in_fli
     // is still to come when the key changes.
     let base = cloud.base.clone();
     let ca = cloud.ca.clone();
-    let admin_a = api_token(&a, Role::Admin);
+    let admin_a = api_token(&op_a, Role::Admin);
     let held = tokio::task::spawn_blocking(move || {
         HeldRequest::start(
             &base,
@@ -571,11 +582,16 @@ async fn a_tenant_key_rotated_by_sighup_serves_the_next_request_while_one_in_fli
 
     // B beside A, then SIGHUP: tokens of either verify.
     replace_file(&key_file, &format!("{}{}", a.public_pem(), b.public_pem()));
+    replace_file(
+        &operator_file,
+        &format!("{}{}", op_a.public_pem(), op_b.public_pem()),
+    );
     assert!(cloud.reload_global(1).await, "{}", cloud.logs());
     assert_eq!(cloud.regions(&tenant_b).await.0, 200, "B beside A");
     assert_eq!(cloud.regions(&tenant_a).await.0, 200, "A beside B");
     // A dropped, then SIGHUP: the next requests are checked with B alone.
     replace_file(&key_file, &b.public_pem());
+    replace_file(&operator_file, &op_b.public_pem());
     assert!(cloud.reload_global(2).await, "{}", cloud.logs());
     assert_eq!(
         cloud.regions(&tenant_b).await.0,
@@ -595,7 +611,7 @@ async fn a_tenant_key_rotated_by_sighup_serves_the_next_request_while_one_in_fli
     assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{}", cloud.logs());
     let limits = trusting(&cloud.ca)
         .get(format!("{}/v1/admin/limits", cloud.base))
-        .bearer_auth(api_token(&b, Role::Admin))
+        .bearer_auth(api_token(&op_b, Role::Admin))
         .send()
         .await
         .unwrap()
@@ -646,13 +662,14 @@ async fn the_global_tier_trusts_a_regions_ca_rotated_by_sighup() {
     let region_ca = dir.path().join("region-ca.pem");
     replace_file(&region_ca, &old.ca_pem().unwrap());
     let tenant_key = support::key_arg(&old, "tenant-signing.pub.pem");
+    let operator_key = support::key_arg(&old, "operator-signing.pub.pem");
     let cloud = RotationCloud::start(
         "e2e_tls_ca_rotation",
         dir,
         &old,
         &new,
         &region_ca,
-        &tenant_key,
+        (&tenant_key, &operator_key),
     )
     .await;
     let token = api_token(&old.tenant_key, gangway_auth::jwt::Role::Tenant);
@@ -692,7 +709,7 @@ async fn the_global_tier_trusts_a_regions_ca_rotated_by_sighup() {
     assert!(!region_log().contains("not reloaded"), "{}", cloud.logs());
     let answered = trusting(&cloud.ca)
         .put(format!("{}/v1/admin/limits/acme", cloud.base))
-        .bearer_auth(api_token(&old.tenant_key, gangway_auth::jwt::Role::Admin))
+        .bearer_auth(api_token(&old.operator_key, gangway_auth::jwt::Role::Admin))
         .json(&serde_json::json!({"max_gpus": 8}))
         .send()
         .await

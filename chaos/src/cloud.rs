@@ -968,7 +968,7 @@ impl Cloud {
     /// A client of the first global replica with a token of `role` for
     /// `subject` (and `tenant`), and the token.
     fn public_client(&self, role: Role, subject: &str, tenant: Option<&str>) -> (Client, String) {
-        let token = (self.auth.tenant_key)
+        let token = (self.auth.public_key_for(role))
             .sign(&claims_for(
                 role,
                 subject,

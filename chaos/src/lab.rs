@@ -1307,6 +1307,7 @@ fn write_host_files(
     };
     let service_kid = auth.service_key.kid().to_string();
     let tenant_kid = auth.tenant_key.kid().to_string();
+    let operator_kid = auth.operator_key.kid().to_string();
     let peers_of = |region: &str| -> Vec<IpAddr> {
         (all.iter())
             .filter(|o| o.role == HostRole::Control && o.region.as_deref() == Some(region))
@@ -1402,6 +1403,7 @@ fn write_host_files(
             write(&etc.join("tls/global.pem"), cert, false)?;
             write(&etc.join("tls/global-key.pem"), key, true)?;
             copy_key("tenant-signing.pub.pem", false)?;
+            copy_key("operator-signing.pub.pem", false)?;
             copy_key("service-signing.pem", true)?;
             let config = configure(
                 GLOBAL_TOML,
@@ -1417,6 +1419,12 @@ fn write_host_files(
                         "tenant-key",
                         list([format!(
                             "{tenant_kid}=/etc/gangway/keys/tenant-signing.pub.pem"
+                        )]),
+                    ),
+                    (
+                        "operator-key",
+                        list([format!(
+                            "{operator_kid}=/etc/gangway/keys/operator-signing.pub.pem"
                         )]),
                     ),
                     (

@@ -51,10 +51,12 @@ pub fn token(key: &SigningKey, role: Role, region: Option<&str>) -> String {
 
 /// `KID=PATH` of a dev key's PEM under `auth`'s `keys/` (`file`:
 /// `service-signing.pem`, `service-signing.pub.pem`,
-/// `tenant-signing.pub.pem`).
+/// `tenant-signing.pub.pem`, `operator-signing.pub.pem`).
 pub fn key_arg(auth: &DevMaterial, file: &str) -> String {
     let key = if file.starts_with("tenant") {
         &auth.tenant_key
+    } else if file.starts_with("operator") {
+        &auth.operator_key
     } else {
         &auth.service_key
     };
@@ -122,6 +124,7 @@ pub fn global_launch(
         .arg("--region-ca")
         .arg(&auth.ca_cert)
         .args(["--tenant-key", &key_arg(auth, "tenant-signing.pub.pem")])
+        .args(["--operator-key", &key_arg(auth, "operator-signing.pub.pem")])
         .args([
             "--service-signing-key",
             &key_arg(auth, "service-signing.pem"),

@@ -42,6 +42,7 @@ bench_global() { # port
     ${GANGWAY:-target/release/gangway} global --listen "127.0.0.1:$1" \
         --tls-cert "$STATE/tls/server.pem" --tls-key "$STATE/tls/server-key.pem" \
         --tenant-key dev-tenant-1="$STATE/keys/tenant-signing.pub.pem" \
+        --operator-key dev-operator-1="$STATE/keys/operator-signing.pub.pem" \
         --service-signing-key dev-service-1="$STATE/keys/service-signing.pem" \
         --region-ca "$STATE/tls/ca.pem" \
         --region us-east="$GANGWAY_REGION_US_EAST_URL" --region us-west="$GANGWAY_REGION_US_WEST_URL" \

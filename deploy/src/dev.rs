@@ -593,6 +593,12 @@ async fn assemble(
                 auth.tenant_key.kid(),
                 dir.join("keys/tenant-signing.pub.pem").display()
             ))
+            .arg("--operator-key")
+            .arg(format!(
+                "{}={}",
+                auth.operator_key.kid(),
+                dir.join("keys/operator-signing.pub.pem").display()
+            ))
             .args(["--service-signing-key", &signing_key])
             .arg("--region-ca")
             .arg(&auth.ca_cert);
@@ -763,7 +769,7 @@ struct Tokens {
 impl Tokens {
     fn mint(auth: &DevMaterial) -> anyhow::Result<Tokens> {
         let sign = |role, sub: &str, tenant: Option<&str>| {
-            auth.tenant_key
+            auth.public_key_for(role)
                 .sign(&claims_for(
                     role,
                     sub,

@@ -838,10 +838,16 @@ pub struct GlobalArgs {
     /// Call regions over plain HTTP: INSECURE, for a network you trust.
     #[arg(long, conflicts_with = "region_ca")]
     pub insecure_http: bool,
-    /// A public key (PEM) that verifies tenant and admin tokens, as
-    /// KEY_ID=PATH; repeat it while keys rotate.
+    /// A public key (PEM) that verifies tenant tokens, as KEY_ID=PATH;
+    /// repeat it while keys rotate.
     #[arg(long = "tenant-key", value_name = "KID=PATH", required = true)]
     pub tenant_keys: Vec<String>,
+    /// A public key (PEM) that verifies operator (admin) tokens, as
+    /// KEY_ID=PATH; repeat it while keys rotate. Never a tenant key: tenant
+    /// keys vouch for tenant tokens only. Without one, no admin endpoint
+    /// answers.
+    #[arg(long = "operator-key", value_name = "KID=PATH")]
+    pub operator_keys: Vec<String>,
     /// The private key (PEM) that signs this tier's tokens for regions, as
     /// KEY_ID=PATH.
     #[arg(long, value_name = "KID=PATH")]
@@ -900,6 +906,7 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
         files.service_signing_key()?,
     );
     config.region_ca_pem = files.region_ca()?;
+    config.operator_keys = read_keys(&files.operator_keys)?;
     config.default_rate = RateLimit {
         per_second: args.rate_limit,
         burst: args.rate_burst,
@@ -932,10 +939,13 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
     let state = gangway_global::GlobalState::new(config)?;
     let credentials = state.credentials.clone();
     reload.part(
-        "the tenant keys, the service signing key and the regions' CA (--tenant-key, --service-signing-key, --region-ca)",
+        "the tenant and operator keys, the service signing key and the regions' CA (--tenant-key, --operator-key, --service-signing-key, --region-ca)",
         move || {
             let material = credentials.prepare(
-                &read_keys(&files.tenant_keys)?,
+                (
+                    &read_keys(&files.tenant_keys)?,
+                    &read_keys(&files.operator_keys)?,
+                ),
                 files.service_signing_key()?,
                 files.region_ca()?.as_deref(),
             )?;
@@ -952,6 +962,7 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
 /// SIGHUP, the same way both times.
 struct GlobalKeyFiles {
     tenant_keys: Vec<String>,
+    operator_keys: Vec<String>,
     service_signing_key: String,
     region_ca: Option<PathBuf>,
 }
@@ -960,6 +971,7 @@ impl GlobalKeyFiles {
     fn from(args: &GlobalArgs) -> Self {
         GlobalKeyFiles {
             tenant_keys: args.tenant_keys.clone(),
+            operator_keys: args.operator_keys.clone(),
             service_signing_key: args.service_signing_key.clone(),
             region_ca: args.region_ca.clone(),
         }

@@ -1,7 +1,9 @@
 //! Who is calling: tenant and admin extractors. Each verifies the bearer
-//! token, checks the role, then takes one request from the caller's rate
-//! limit bucket, so health, metrics and the OpenAPI document (which use no
-//! extractor) are never limited.
+//! token with its own keys (tenant tokens with `--tenant-key`, admin tokens
+//! with `--operator-key`: a key vouches for one kind only), checks the
+//! role, then takes one request from the caller's rate limit bucket, so
+//! health, metrics and the OpenAPI document (which use no extractor) are
+//! never limited.
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use gangway_auth::jwt::{Claims, Role};
+use gangway_auth::jwt::Role;
 use gangway_shared::error::codes;
 use gangway_shared::http::ApiError;
 
@@ -53,24 +55,33 @@ impl IntoResponse for Rejection {
     }
 }
 
-/// Verifies the bearer token. The verifier remembers tokens that passed
-/// until their `exp` (`gangway_auth::jwt::Verifier::verify_at`), so a
-/// tenant's repeated token costs a hash lookup, not an ES256 check. The
-/// verifier is the one in use when the request came in; a reload (SIGHUP)
-/// builds a new one, which remembers nothing.
-fn verify(parts: &Parts, state: &GlobalState) -> Result<Claims, Rejection> {
-    let header = parts
+/// The `Authorization` header's value. Tokens are verified by the tenants'
+/// or the operators' verifier, as the endpoint says: each remembers tokens
+/// that passed until their `exp` (`gangway_auth::jwt::Verifier::verify_at`),
+/// so a caller's repeated token costs a hash lookup, not an ES256 check.
+/// They are the ones in use when the request came in; a reload (SIGHUP)
+/// builds new ones, which remember nothing.
+fn bearer(parts: &Parts) -> Option<&str> {
+    parts
         .headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let credentials = state.credentials.current();
-    credentials.verifier.verify_header(header).map_err(|e| {
-        Rejection::Api(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            e.code(),
-            e.to_string(),
-        ))
-    })
+        .and_then(|v| v.to_str().ok())
+}
+
+fn unauthenticated(e: gangway_auth::AuthError) -> Rejection {
+    Rejection::Api(ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        e.code(),
+        e.to_string(),
+    ))
+}
+
+fn forbidden(message: &'static str) -> Rejection {
+    Rejection::Api(ApiError::new(
+        StatusCode::FORBIDDEN,
+        codes::FORBIDDEN,
+        message,
+    ))
 }
 
 fn limit(state: &GlobalState, key: &str) -> Result<(), Rejection> {
@@ -89,17 +100,33 @@ impl FromRequestParts<GlobalState> for TenantCaller {
     type Rejection = Rejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &GlobalState) -> Result<Self, Rejection> {
-        let claims = verify(parts, state)?;
+        let credentials = state.credentials.current();
+        let header = bearer(parts);
+        let claims = match credentials.verifier.verify_header(header) {
+            Ok(claims) => claims,
+            // An operator's token, valid, on a tenant endpoint: say so.
+            Err(_)
+                if (credentials.operator_verifier.as_ref())
+                    .is_some_and(|v| v.verify_header(header).is_ok()) =>
+            {
+                return Err(forbidden(
+                    "this endpoint is for tenants; use a tenant token",
+                ))
+            }
+            Err(e) => return Err(unauthenticated(e)),
+        };
         match (claims.role, claims.tenant) {
             (Role::Tenant, Some(tenant)) => {
                 limit(state, &tenant)?;
                 Ok(TenantCaller { tenant })
             }
-            _ => Err(Rejection::Api(ApiError::new(
-                StatusCode::FORBIDDEN,
-                codes::FORBIDDEN,
+            (Role::Admin, _) => Err(forbidden(
+                "a tenant key does not vouch for admin tokens: operators' tokens are \
+                 signed by an operator key (--operator-key)",
+            )),
+            _ => Err(forbidden(
                 "this endpoint is for tenants; use a tenant token",
-            ))),
+            )),
         }
     }
 }
@@ -113,13 +140,30 @@ impl FromRequestParts<GlobalState> for AdminCaller {
     type Rejection = Rejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &GlobalState) -> Result<Self, Rejection> {
-        let claims = verify(parts, state)?;
+        let credentials = state.credentials.current();
+        let header = bearer(parts);
+        let tenants_token = || credentials.verifier.verify_header(header).is_ok();
+        let Some(operators) = &credentials.operator_verifier else {
+            if header.is_none_or(|h| h.trim().is_empty()) {
+                return Err(unauthenticated(gangway_auth::AuthError::Missing));
+            }
+            return Err(forbidden(
+                "this global tier trusts no operator key (--operator-key): its admin \
+                 endpoints answer no one",
+            ));
+        };
+        let claims = match operators.verify_header(header) {
+            Ok(claims) => claims,
+            // A tenant's token, valid, on an admin endpoint: say so.
+            Err(_) if tenants_token() => {
+                return Err(forbidden(
+                    "this endpoint is for operators; a tenant token may not use it",
+                ))
+            }
+            Err(e) => return Err(unauthenticated(e)),
+        };
         if claims.role != Role::Admin {
-            return Err(Rejection::Api(ApiError::new(
-                StatusCode::FORBIDDEN,
-                codes::FORBIDDEN,
-                "this endpoint is for operators; a tenant token may not use it",
-            )));
+            return Err(forbidden("an operator key vouches for admin tokens only"));
         }
         limit(state, &format!("admin:{}", claims.sub))?;
         Ok(AdminCaller {

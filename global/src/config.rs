@@ -31,9 +31,12 @@ pub struct GlobalConfig {
     pub tls_cert_pem: String,
     pub tls_key_pem: String,
     pub regions: Vec<RegionEndpoint>,
-    /// Keys (key id, public PEM) that verify tenant and admin tokens; more
-    /// than one while keys rotate.
+    /// Keys (key id, public PEM) that verify tenant tokens; more than one
+    /// while keys rotate.
     pub tenant_keys: Vec<(String, String)>,
+    /// Keys (key id, public PEM) that verify operator (admin) tokens: none
+    /// of them a tenant key. Empty: no admin endpoint answers.
+    pub operator_keys: Vec<(String, String)>,
     /// Signs the short-lived tokens the global tier presents to regions.
     pub service_key: SigningKey,
     /// Every tenant's limit unless `tenant_rates` names it.
@@ -67,6 +70,7 @@ impl GlobalConfig {
             tls_key_pem,
             regions,
             tenant_keys,
+            operator_keys: Vec::new(),
             service_key,
             default_rate: RateLimit {
                 per_second: 200,

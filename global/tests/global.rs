@@ -117,6 +117,101 @@ async fn every_authentication_failure_is_a_401_with_its_code() {
     assert_eq!(code_of(r).await, (403, "forbidden".to_string()));
 }
 
+/// Whoever holds the tenants' signing key (a tenant-token issuer, or a
+/// thief of its key) cannot make themselves an operator: admin tokens are
+/// verified by the operator keys alone, and a tenant key's admin token is
+/// refused everywhere. Nor does an operator key make tenant tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_signing_key_cannot_mint_an_operator_token() {
+    let cloud = Cloud::start().await;
+    let http = cloud.http();
+    let call = |url: String, token: String| {
+        let r = http.get(url).bearer_auth(token);
+        async move { r.send().await.unwrap() }
+    };
+    let quotas = format!("{}/v1/admin/quotas", cloud.globals[0]);
+    let jobs = format!("{}/v1/jobs", cloud.globals[1]);
+    // The genuine article works: an operator key's admin token.
+    assert_eq!(
+        call(quotas.clone(), cloud.admin_token()).await.status(),
+        200
+    );
+
+    // An admin token signed with the tenant key: the operator keys do not
+    // know its kid, and the tenants' verifier does not vouch for admins.
+    let forged = (cloud.auth.tenant_key)
+        .sign(&cloud.claims(Role::Admin, None))
+        .unwrap();
+    for g in 0..2 {
+        let url = format!("{}/v1/admin/quotas", cloud.globals[g]);
+        let r = call(url, forged.clone()).await;
+        assert_eq!(code_of(r).await, (403, "forbidden".to_string()));
+    }
+    let r = call(jobs.clone(), forged.clone()).await;
+    assert_eq!(code_of(r).await, (403, "forbidden".to_string()));
+    // The same, with the operator key's kid in the header: its signature
+    // is the tenant key's, so it does not verify.
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some(cloud.auth.operator_key.kid().to_string());
+    let tenant_pem = cloud.auth.tenant_key.private_pem();
+    let relabelled = jsonwebtoken::encode(
+        &header,
+        &cloud.claims(Role::Admin, None),
+        &jsonwebtoken::EncodingKey::from_ec_pem(tenant_pem.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let r = call(quotas.clone(), relabelled).await;
+    assert_eq!(code_of(r).await, (401, "bad_signature".to_string()));
+
+    // A tenant token signed with the operator key is no tenant's.
+    let by_operator_key = (cloud.auth.operator_key)
+        .sign(&cloud.claims(Role::Tenant, Some("acme")))
+        .unwrap();
+    let r = call(jobs, by_operator_key.clone()).await;
+    assert_eq!(code_of(r).await, (403, "forbidden".to_string()));
+    let r = call(quotas, by_operator_key).await;
+    assert_eq!(code_of(r).await, (403, "forbidden".to_string()));
+}
+
+/// A tier configured with one key as both a tenant and an operator key
+/// refuses to start: separation is not left to the operator's care.
+#[test]
+fn one_key_for_tenants_and_operators_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = gangway_auth::DevMaterial::load_or_create(dir.path()).unwrap();
+    let config = |operators: Vec<(String, String)>| {
+        let mut c = gangway_global::config::GlobalConfig::new(
+            std::fs::read_to_string(&auth.server_cert).unwrap(),
+            std::fs::read_to_string(&auth.server_key).unwrap(),
+            vec![],
+            vec![auth.tenant_key.verifier_entry()],
+            auth.service_key.clone(),
+        );
+        c.operator_keys = operators;
+        c
+    };
+    let same_kid = (
+        auth.tenant_key.kid().to_string(),
+        auth.operator_key.public_pem(),
+    );
+    let same_key = ("operators".to_string(), auth.tenant_key.public_pem());
+    for operators in [vec![same_kid], vec![same_key]] {
+        let err = gangway_global::credentials::Credentials::new(&config(operators))
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string().contains("operators need keys of their own"),
+            "{err}"
+        );
+    }
+    assert!(
+        gangway_global::credentials::Credentials::new(&config(vec![auth
+            .operator_key
+            .verifier_entry()]))
+        .is_ok()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_never_sees_or_touches_another_tenants_jobs() {
     let cloud = Cloud::start().await;

@@ -120,6 +120,7 @@ impl Cloud {
             auth.service_key.clone(),
         );
         config.region_ca_pem = Some(auth.ca_pem().unwrap());
+        config.operator_keys = vec![auth.operator_key.verifier_entry()];
         config.health_interval = Duration::from_millis(100);
         config.unhealthy_after = Duration::from_millis(1000);
         config.tenant_rates = BTreeMap::from([(
@@ -190,7 +191,7 @@ impl Cloud {
 
     pub fn admin_token(&self) -> String {
         self.auth
-            .tenant_key
+            .operator_key
             .sign(&self.claims(Role::Admin, None))
             .unwrap()
     }

@@ -8,8 +8,10 @@
 //! tls/ca-key.pem          0600   dev CA key
 //! tls/server.pem                 server chain for localhost, 127.0.0.1, ::1
 //! tls/server-key.pem      0600   server key
-//! keys/tenant-signing.pem 0600   ES256 key, kid "dev-tenant-1": tenant/admin tokens
+//! keys/tenant-signing.pem 0600   ES256 key, kid "dev-tenant-1": tenant tokens
 //! keys/tenant-signing.pub.pem
+//! keys/operator-signing.pem 0600 ES256 key, kid "dev-operator-1": admin tokens
+//! keys/operator-signing.pub.pem
 //! keys/service-signing.pem 0600  ES256 key, kid "dev-service-1": service/agent tokens
 //! keys/service-signing.pub.pem
 //! ```
@@ -34,6 +36,9 @@ use crate::tls::{self, DevCa, TlsError};
 
 /// Key id of the dev tenant-token signing key.
 pub const TENANT_KID: &str = "dev-tenant-1";
+/// Key id of the dev operator-token signing key: another key than the
+/// tenants', so nothing that can mint a tenant token can mint an admin one.
+pub const OPERATOR_KID: &str = "dev-operator-1";
 /// Key id of the dev service-token signing key.
 pub const SERVICE_KID: &str = "dev-service-1";
 
@@ -62,8 +67,10 @@ pub struct DevMaterial {
     pub server_cert: PathBuf,
     /// `tls/server-key.pem`: the server key.
     pub server_key: PathBuf,
-    /// Signs tenant and admin tokens (kid [`TENANT_KID`]).
+    /// Signs tenant tokens (kid [`TENANT_KID`]).
     pub tenant_key: SigningKey,
+    /// Signs admin (operator) tokens (kid [`OPERATOR_KID`]).
+    pub operator_key: SigningKey,
     /// Signs service and agent tokens (kid [`SERVICE_KID`]).
     pub service_key: SigningKey,
 }
@@ -89,6 +96,7 @@ impl DevMaterial {
         ensure_server_cert(&ca, &server_cert, &server_key)?;
 
         let tenant_key = load_or_create_key(&keys_dir, "tenant-signing", TENANT_KID)?;
+        let operator_key = load_or_create_key(&keys_dir, "operator-signing", OPERATOR_KID)?;
         let service_key = load_or_create_key(&keys_dir, "service-signing", SERVICE_KID)?;
 
         drop(lock);
@@ -98,8 +106,19 @@ impl DevMaterial {
             server_cert,
             server_key,
             tenant_key,
+            operator_key,
             service_key,
         })
+    }
+
+    /// The key that signs tokens of `role` on the public API: admin tokens
+    /// the operator key, every other role the tenant key (the global tier
+    /// refuses those for anything but tenants).
+    pub fn public_key_for(&self, role: crate::jwt::Role) -> &SigningKey {
+        match role {
+            crate::jwt::Role::Admin => &self.operator_key,
+            _ => &self.tenant_key,
+        }
     }
 
     /// The CA certificate PEM.

@@ -509,6 +509,16 @@ impl Verifier {
     }
 }
 
+/// Whether two PEM texts of public keys (one each, or several, as a
+/// rotating kid's file holds) have a key in common: the same block, line
+/// breaks and spacing aside. (A configuration check: one key must not
+/// vouch for two kinds of token.)
+pub fn share_a_key(a: &str, b: &str) -> bool {
+    let squeezed = |block: &str| -> String { block.split_whitespace().collect() };
+    let b: Vec<String> = pem_blocks(b).map(squeezed).collect();
+    pem_blocks(a).map(squeezed).any(|k| b.contains(&k))
+}
+
 /// The `-----BEGIN …-----` … `-----END …-----` blocks of a PEM text.
 fn pem_blocks(pem: &str) -> impl Iterator<Item = &str> {
     const END: &str = "-----END ";

@@ -29,7 +29,7 @@ mod fsutil;
 pub mod jwt;
 pub mod tls;
 
-pub use dev::{DevError, DevMaterial, SERVICE_KID, TENANT_KID};
+pub use dev::{DevError, DevMaterial, OPERATOR_KID, SERVICE_KID, TENANT_KID};
 pub use error::AuthError;
 pub use jwt::{claims_for, valid_tenant, Claims, Role, SigningKey, Verifier};
 pub use tls::{client_config, server_config, DevCa, TlsError};
