@@ -852,6 +852,36 @@ pub struct GlobalArgs {
     /// KEY_ID=PATH.
     #[arg(long, value_name = "KID=PATH")]
     pub service_signing_key: String,
+    /// An OpenID Connect issuer whose tokens are tenants' (its URL, as its
+    /// tokens' `iss`): its keys are read from its discovery document and
+    /// JWKS, and fetched again as they rotate.
+    #[arg(long, value_name = "URL", requires = "oidc_audience")]
+    pub oidc_issuer: Option<String>,
+    /// The audience (client id) the tenants' issuer's tokens must name.
+    #[arg(long, value_name = "AUD")]
+    pub oidc_audience: Option<String>,
+    /// The claim of the tenants' issuer's tokens that names the tenant.
+    #[arg(long, value_name = "CLAIM", default_value = "tenant")]
+    pub oidc_tenant_claim: String,
+    /// An OpenID Connect issuer whose tokens are operators' (never the
+    /// tenants' issuer).
+    #[arg(long, value_name = "URL", requires = "operator_oidc_audience")]
+    pub operator_oidc_issuer: Option<String>,
+    /// The audience (client id) the operators' issuer's tokens must name.
+    #[arg(long, value_name = "AUD")]
+    pub operator_oidc_audience: Option<String>,
+    /// A claim value every operator token must carry, as CLAIM=VALUE (a
+    /// string claim equal to it, or an array holding it: `groups=sre`).
+    #[arg(long, value_name = "CLAIM=VALUE")]
+    pub operator_oidc_require: Option<String>,
+    /// The CA (PEM) the issuers' HTTPS servers chain to, for a private
+    /// identity provider; without it, the usual public roots.
+    #[arg(long, value_name = "PATH")]
+    pub oidc_ca: Option<PathBuf>,
+    /// How often the issuers' keys are fetched again, in seconds (and at
+    /// once, at most every 10 s, for a token naming a key not seen yet).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub oidc_refresh_s: u64,
     /// Requests per second each tenant may make (per replica).
     #[arg(long, default_value_t = 200)]
     pub rate_limit: u32,
@@ -907,6 +937,7 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
     );
     config.region_ca_pem = files.region_ca()?;
     config.operator_keys = read_keys(&files.operator_keys)?;
+    config.oidc = oidc_issuers(&args)?;
     config.default_rate = RateLimit {
         per_second: args.rate_limit,
         burst: args.rate_burst,
@@ -956,6 +987,47 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
     let listener = std::net::TcpListener::bind(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     gangway_global::serve_state(listener, state, tls, shutdown_token()).await
+}
+
+/// The OpenID Connect issuers the flags name.
+fn oidc_issuers(args: &GlobalArgs) -> anyhow::Result<Vec<gangway_global::oidc::OidcIssuer>> {
+    use gangway_global::oidc::{OidcIssuer, OidcKind};
+    let ca_pem = (args.oidc_ca.as_deref())
+        .map(|p| read_file(p, "--oidc-ca"))
+        .transpose()?;
+    let refresh = Duration::from_secs(args.oidc_refresh_s.max(1));
+    let mut out = Vec::new();
+    if let (Some(issuer), Some(audience)) = (&args.oidc_issuer, &args.oidc_audience) {
+        out.push(OidcIssuer {
+            issuer: issuer.clone(),
+            audience: audience.clone(),
+            kind: OidcKind::Tenants {
+                tenant_claim: args.oidc_tenant_claim.clone(),
+            },
+            ca_pem: ca_pem.clone(),
+            refresh,
+        });
+    }
+    if let (Some(issuer), Some(audience)) =
+        (&args.operator_oidc_issuer, &args.operator_oidc_audience)
+    {
+        let require = (args.operator_oidc_require.as_deref())
+            .map(|r| {
+                r.split_once('=')
+                    .filter(|(c, v)| !c.is_empty() && !v.is_empty())
+                    .map(|(c, v)| (c.to_string(), v.to_string()))
+                    .with_context(|| format!("--operator-oidc-require {r:?} is not CLAIM=VALUE"))
+            })
+            .transpose()?;
+        out.push(OidcIssuer {
+            issuer: issuer.clone(),
+            audience: audience.clone(),
+            kind: OidcKind::Operators { require },
+            ca_pem,
+            refresh,
+        });
+    }
+    Ok(out)
 }
 
 /// The global tier's key and CA files, read at start and again on every

@@ -12,9 +12,12 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use gangway_auth::jwt::Role;
+use gangway_auth::oidc::VerifiedClaims;
+use gangway_auth::AuthError;
 use gangway_shared::error::codes;
 use gangway_shared::http::ApiError;
 
+use crate::oidc::{Oidc, OidcKind};
 use crate::state::GlobalState;
 
 /// A rejected caller.
@@ -68,7 +71,7 @@ fn bearer(parts: &Parts) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-fn unauthenticated(e: gangway_auth::AuthError) -> Rejection {
+fn unauthenticated(e: AuthError) -> Rejection {
     Rejection::Api(ApiError::new(
         StatusCode::UNAUTHORIZED,
         e.code(),
@@ -76,12 +79,32 @@ fn unauthenticated(e: gangway_auth::AuthError) -> Rejection {
     ))
 }
 
-fn forbidden(message: &'static str) -> Rejection {
+fn forbidden(message: impl Into<String>) -> Rejection {
     Rejection::Api(ApiError::new(
         StatusCode::FORBIDDEN,
         codes::FORBIDDEN,
         message,
     ))
+}
+
+/// The issuer `token` says made it, if that is `oidc`'s.
+fn issued_by<'a>(oidc: &'a Option<Oidc>, token: &str) -> Option<&'a Oidc> {
+    oidc.as_ref().filter(|o| o.claims_to_issue(token))
+}
+
+/// The tenant a verified token of the tenants' issuer is for: the one
+/// value of its tenant claim, a valid tenant name.
+fn oidc_tenant(oidc: &Oidc, claims: &VerifiedClaims) -> Result<String, Rejection> {
+    let OidcKind::Tenants { tenant_claim } = &oidc.config.kind else {
+        unreachable!("the tenants' issuer")
+    };
+    match claims.strings(tenant_claim).as_slice() {
+        [tenant] if gangway_auth::valid_tenant(tenant) => Ok(tenant.to_string()),
+        _ => Err(unauthenticated(AuthError::BadClaims(format!(
+            "the token's `{tenant_claim}` claim must name one tenant (1-63 characters of \
+             a-z, 0-9 and '-'); ask the identity provider's administrator to map it"
+        )))),
+    }
 }
 
 fn limit(state: &GlobalState, key: &str) -> Result<(), Rejection> {
@@ -102,6 +125,22 @@ impl FromRequestParts<GlobalState> for TenantCaller {
     async fn from_request_parts(parts: &mut Parts, state: &GlobalState) -> Result<Self, Rejection> {
         let credentials = state.credentials.current();
         let header = bearer(parts);
+        if let Ok(token) = gangway_auth::jwt::bearer_token(header) {
+            // A token that says an OpenID Connect issuer made it goes to
+            // that issuer's verifier, and only there.
+            if let Some(oidc) = issued_by(&state.oidc_tenants, token) {
+                let claims = oidc.verify(token).await.map_err(unauthenticated)?;
+                let tenant = oidc_tenant(oidc, &claims)?;
+                limit(state, &tenant)?;
+                return Ok(TenantCaller { tenant });
+            }
+            if let Some(oidc) = issued_by(&state.oidc_operators, token) {
+                oidc.verify(token).await.map_err(unauthenticated)?;
+                return Err(forbidden(
+                    "this endpoint is for tenants; use a tenant token",
+                ));
+            }
+        }
         let claims = match credentials.verifier.verify_header(header) {
             Ok(claims) => claims,
             // An operator's token, valid, on a tenant endpoint: say so.
@@ -142,10 +181,36 @@ impl FromRequestParts<GlobalState> for AdminCaller {
     async fn from_request_parts(parts: &mut Parts, state: &GlobalState) -> Result<Self, Rejection> {
         let credentials = state.credentials.current();
         let header = bearer(parts);
+        if let Ok(token) = gangway_auth::jwt::bearer_token(header) {
+            if let Some(oidc) = issued_by(&state.oidc_operators, token) {
+                let claims = oidc.verify(token).await.map_err(unauthenticated)?;
+                if let OidcKind::Operators {
+                    require: Some((claim, value)),
+                } = &oidc.config.kind
+                {
+                    if !claims.strings(claim).contains(&value.as_str()) {
+                        return Err(forbidden(format!(
+                            "this token of the operators' issuer does not carry {claim} = \
+                             {value:?}, which its admin endpoints require"
+                        )));
+                    }
+                }
+                limit(state, &format!("admin:{}", claims.sub))?;
+                return Ok(AdminCaller {
+                    subject: claims.sub,
+                });
+            }
+            if let Some(oidc) = issued_by(&state.oidc_tenants, token) {
+                oidc.verify(token).await.map_err(unauthenticated)?;
+                return Err(forbidden(
+                    "this endpoint is for operators; a tenant token may not use it",
+                ));
+            }
+        }
         let tenants_token = || credentials.verifier.verify_header(header).is_ok();
         let Some(operators) = &credentials.operator_verifier else {
             if header.is_none_or(|h| h.trim().is_empty()) {
-                return Err(unauthenticated(gangway_auth::AuthError::Missing));
+                return Err(unauthenticated(AuthError::Missing));
             }
             return Err(forbidden(
                 "this global tier trusts no operator key (--operator-key): its admin \

@@ -55,6 +55,9 @@ pub struct GlobalConfig {
     /// trust it alone and go over HTTPS only. `None`: plain HTTP to regions
     /// (`--insecure-http`).
     pub region_ca_pem: Option<String>,
+    /// External OpenID Connect issuers (`crate::oidc`): at most one for
+    /// tenants and one for operators.
+    pub oidc: Vec<crate::oidc::OidcIssuer>,
 }
 
 impl GlobalConfig {
@@ -82,6 +85,7 @@ impl GlobalConfig {
             health_interval: Duration::from_millis(1000),
             unhealthy_after: Duration::from_secs(5),
             region_ca_pem: None,
+            oidc: Vec::new(),
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod credentials;
+pub mod oidc;
 pub mod ratelimit;
 pub mod regions;
 pub mod routing;
@@ -77,6 +78,12 @@ pub async fn serve_state(
     let tracker = TaskTracker::new();
     let loops = shutdown.child_token();
     tracker.spawn(regions::poll_health(state.regions.clone(), loops.clone()));
+    for oidc in [&state.oidc_tenants, &state.oidc_operators]
+        .into_iter()
+        .flatten()
+    {
+        tracker.spawn(oidc.clone().keep_keys_fresh(loops.clone()));
+    }
     // Answer only once the regions' health is known.
     state.regions.refresh_all().await;
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::config::GlobalConfig;
 use crate::credentials::Credentials;
+use crate::oidc::{Oidc, OidcKind};
 use crate::ratelimit::RateLimiter;
 use crate::regions::Regions;
 
@@ -20,12 +21,25 @@ pub struct GlobalState {
     pub regions: Arc<Regions>,
     /// Regions each listed tenant may use; tenants not listed may use all.
     pub tenant_regions: Arc<std::collections::BTreeMap<String, Vec<String>>>,
+    /// The OpenID Connect issuer of tenants' tokens, if one is configured.
+    pub oidc_tenants: Option<Oidc>,
+    /// The OpenID Connect issuer of operators' tokens, if one is configured.
+    pub oidc_operators: Option<Oidc>,
 }
 
 impl GlobalState {
     pub fn new(config: GlobalConfig) -> anyhow::Result<Self> {
         let credentials = Credentials::new(&config)?;
+        crate::oidc::check_issuers(&config.oidc)?;
+        let issuer = |operators: bool| -> anyhow::Result<Option<Oidc>> {
+            (config.oidc.iter())
+                .find(|i| matches!(i.kind, OidcKind::Operators { .. }) == operators)
+                .map(|i| Oidc::new(i.clone()))
+                .transpose()
+        };
         Ok(GlobalState {
+            oidc_tenants: issuer(false)?,
+            oidc_operators: issuer(true)?,
             regions: Arc::new(Regions::with_credentials(&config, credentials.clone())?),
             credentials,
             rate_limiter: Arc::new(RateLimiter::new(

@@ -66,6 +66,12 @@ fn fleet() -> Vec<AgentNode> {
 impl Cloud {
     /// Starts the cloud. `limited` names a tenant whose rate limit is tiny.
     pub async fn start() -> Cloud {
+        Cloud::start_with(|_| {}).await
+    }
+
+    /// [`Cloud::start`], with the global tier's configuration changed by
+    /// `configure` first.
+    pub async fn start_with(configure: impl FnOnce(&mut GlobalConfig)) -> Cloud {
         let dir = tempfile::tempdir().unwrap();
         let auth = DevMaterial::load_or_create(dir.path()).unwrap();
         let service_verifier = gangway_auth::jwt::Verifier::new(
@@ -131,6 +137,7 @@ impl Cloud {
             },
         )]);
         config.tenant_regions = BTreeMap::from([("boxed".to_string(), vec!["r2".to_string()])]);
+        configure(&mut config);
         let mut globals = Vec::new();
         for _ in 0..2 {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -14,8 +14,10 @@ pub enum AuthError {
     /// not a `Bearer` credential.
     #[error("malformed token: {0}; send a JWT as `Authorization: Bearer <token>`")]
     Malformed(String),
-    /// The header names an algorithm other than ES256 (`none`, `HS256`, …).
-    #[error("tokens signed with {0:?} are not accepted, only ES256; get a token from the Gangway issuer")]
+    /// The header names an algorithm the key it names is not for (`none`,
+    /// `HS256`, …: Gangway's own keys sign ES256, an OpenID Connect
+    /// issuer's RS256 or ES256, as its key set says).
+    #[error("tokens signed with {0:?} are not accepted here (Gangway's own tokens are ES256; an OpenID Connect issuer's RS256 or ES256); get a token from a trusted issuer")]
     UnsupportedAlgorithm(String),
     /// The header's `kid` is absent (empty string here) or names no trusted key.
     #[error("{}; get a new token (its signing key may have been rotated out)", unknown_key_message(.0))]

@@ -206,6 +206,24 @@ impl SigningKey {
         &self.kid
     }
 
+    /// The public key as a JWK (RFC 7517: `kty` EC, `crv` P-256, with its
+    /// `kid`), as an OpenID Connect issuer publishes its keys.
+    pub fn public_jwk(&self) -> serde_json::Value {
+        // The SPKI of a P-256 key ends with its point: 0x04, x, y.
+        let b64: String = (self.public_pem.lines())
+            .filter(|l| !l.starts_with("-----"))
+            .collect();
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("a key's own PEM is base64");
+        let point = &der[der.len() - 65..];
+        serde_json::json!({
+            "kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": self.kid,
+            "x": URL_SAFE_NO_PAD.encode(&point[1..33]),
+            "y": URL_SAFE_NO_PAD.encode(&point[33..]),
+        })
+    }
+
     /// `(kid, public PEM)`, the shape [`Verifier::new`] takes.
     pub fn verifier_entry(&self) -> (String, String) {
         (self.kid.clone(), self.public_pem.clone())
@@ -239,48 +257,69 @@ struct Inner {
     verified: VerifiedTokens,
 }
 
+/// What a verified token's claims say of when it is valid: `(nbf, exp)`,
+/// Unix seconds (a remembered token answers only inside that window).
+pub(crate) trait ValidWindow {
+    fn window(&self) -> (i64, i64);
+}
+
+impl ValidWindow for Claims {
+    fn window(&self) -> (i64, i64) {
+        (self.nbf, self.exp)
+    }
+}
+
 /// Tokens that passed every check of their verifier, with their claims, by
 /// the token's exact bytes. An entry answers only while
 /// `nbf <= now < exp` — without the verifier's leeway, so outside that
 /// window the full check runs again and decides, leeway and all. Only
 /// successes go in: a flood of bad tokens costs what it did before. At most
 /// [`CACHE_MAX`] entries: when full, expired ones are dropped, then all.
-struct VerifiedTokens {
-    map: Mutex<HashMap<Box<str>, Claims>>,
+pub(crate) struct VerifiedTokens<T = Claims> {
+    map: Mutex<HashMap<Box<str>, T>>,
 }
 
-impl VerifiedTokens {
-    fn new() -> Self {
+impl<T: ValidWindow + Clone> VerifiedTokens<T> {
+    pub(crate) fn new() -> Self {
         VerifiedTokens {
             map: Mutex::new(HashMap::new()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Claims>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, T>> {
         // The map is valid whatever a panicking holder was doing.
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn get(&self, token: &str, now: i64) -> Option<Claims> {
+    pub(crate) fn get(&self, token: &str, now: i64) -> Option<T> {
         self.lock()
             .get(token)
-            .filter(|c| c.nbf <= now && now < c.exp)
+            .filter(|c| {
+                let (nbf, exp) = c.window();
+                nbf <= now && now < exp
+            })
             .cloned()
     }
 
-    fn insert(&self, token: &str, claims: &Claims, now: i64) {
-        if token.len() > CACHE_MAX_TOKEN_LEN || !(claims.nbf <= now && now < claims.exp) {
+    pub(crate) fn insert(&self, token: &str, claims: &T, now: i64) {
+        let (nbf, exp) = claims.window();
+        if token.len() > CACHE_MAX_TOKEN_LEN || !(nbf <= now && now < exp) {
             // Too big to keep, or outside the window a hit could answer in.
             return;
         }
         let mut map = self.lock();
         if map.len() >= CACHE_MAX && !map.contains_key(token) {
-            map.retain(|_, c| now < c.exp);
+            map.retain(|_, c| now < c.window().1);
             if map.len() >= CACHE_MAX {
                 map.clear();
             }
         }
         map.insert(token.into(), claims.clone());
+    }
+
+    /// Forgets every token (the keys they were checked with changed).
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
     }
 
     #[cfg(test)]
@@ -554,7 +593,7 @@ fn public_key(kid: &str, pem: &str) -> Result<DecodingKey, AuthError> {
 
 /// Extracts the token from an `Authorization` header value. The scheme is
 /// case-insensitive (RFC 7235).
-fn bearer_token(authorization: Option<&str>) -> Result<&str, AuthError> {
+pub fn bearer_token(authorization: Option<&str>) -> Result<&str, AuthError> {
     let value = authorization.map(str::trim).unwrap_or_default();
     if value.is_empty() {
         return Err(AuthError::Missing);
@@ -574,7 +613,10 @@ fn bearer_token(authorization: Option<&str>) -> Result<&str, AuthError> {
 
 /// Decodes one base64url JSON part. Syntax errors are `Malformed`; well-formed
 /// JSON of the wrong shape (a missing claim, a string `exp`) is `BadClaims`.
-fn decode_json<T: serde::de::DeserializeOwned>(part_b64: &str, what: &str) -> Result<T, AuthError> {
+pub(crate) fn decode_json<T: serde::de::DeserializeOwned>(
+    part_b64: &str,
+    what: &str,
+) -> Result<T, AuthError> {
     let bytes = URL_SAFE_NO_PAD
         .decode(part_b64)
         .map_err(|_| AuthError::Malformed(format!("the {what} is not base64url")))?;
@@ -586,7 +628,7 @@ fn decode_json<T: serde::de::DeserializeOwned>(part_b64: &str, what: &str) -> Re
     })
 }
 
-fn unix_now() -> i64 {
+pub(crate) fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))

@@ -15,6 +15,8 @@
 //! - [`jwt`]: [`Claims`] and [`Role`], [`SigningKey`] (mint tokens),
 //!   [`Verifier`] (check them: algorithm, key id, signature, time, issuer,
 //!   audience, role-specific claims) and [`claims_for`].
+//! - [`oidc`]: tokens of an external OpenID Connect issuer: its JWKS as a
+//!   [`oidc::KeySet`] (RS256 and ES256 keys), and [`oidc::OidcVerifier`].
 //! - [`tls`]: [`DevCa`] (a throwaway certificate authority that issues server
 //!   certificates) and the rustls [`server_config`]/[`client_config`]
 //!   builders, plus [`TlsError`].
@@ -27,6 +29,7 @@ pub mod dev;
 pub mod error;
 mod fsutil;
 pub mod jwt;
+pub mod oidc;
 pub mod tls;
 
 pub use dev::{DevError, DevMaterial, OPERATOR_KID, SERVICE_KID, TENANT_KID};
