@@ -716,3 +716,132 @@ async fn the_global_tier_trusts_a_regions_ca_rotated_by_sighup() {
         .unwrap();
     assert_eq!(answered.status(), 200, "{}", cloud.logs());
 }
+
+/// `gangway login` stores a profile's credentials privately, checked
+/// first (a token the API refuses is never stored), and commands use them
+/// from any directory: a named profile, or the default one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gangway_login_keeps_private_profiles_that_commands_use() {
+    use gangway_auth::jwt::Role;
+    use std::io::Write as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let auth = DevMaterial::load_or_create(&dir.path().join("cloud")).unwrap();
+    let region_ca = dir.path().join("region-ca.pem");
+    replace_file(&region_ca, &auth.ca_pem().unwrap());
+    let (home, elsewhere) = (dir.path().join("home"), dir.path().join("elsewhere"));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let tenant_key = support::key_arg(&auth, "tenant-signing.pub.pem");
+    let operator_key = support::key_arg(&auth, "operator-signing.pub.pem");
+    let cloud = RotationCloud::start(
+        "e2e_tls_login",
+        dir,
+        &auth,
+        &auth,
+        &region_ca,
+        (&tenant_key, &operator_key),
+    )
+    .await;
+    let tenant = api_token(&auth.tenant_key, Role::Tenant);
+    let admin = api_token(&auth.operator_key, Role::Admin);
+    cloud
+        .until(&tenant, "the cloud up", |s, r| {
+            s == 200 && r.is_some_and(|r| r.healthy)
+        })
+        .await;
+    // The CLI as a person runs it: no GANGWAY_* variables, a directory
+    // without a local cloud, the token on standard input.
+    let gangway = |args: &[&str], stdin: &str| {
+        let mut cmd = Command::new(BIN);
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("GANGWAY_")) {
+            cmd.env_remove(k);
+        }
+        let mut child = cmd
+            .args(args)
+            .env("HOME", &home)
+            .env_remove("XDG_CONFIG_HOME")
+            .current_dir(&elsewhere)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let ca = region_ca.to_str().unwrap().to_string();
+    let base = cloud.base.clone();
+    let login = |profile: &str, extra: &[&str], token: &str| {
+        let mut args = vec![
+            "login",
+            "--profile",
+            profile,
+            "--url",
+            &base,
+            "--ca-cert",
+            &ca,
+        ];
+        args.extend_from_slice(extra);
+        gangway(&args, token)
+    };
+
+    // Nothing stored yet: the command says how to log in.
+    let (ok, out) = gangway(&["regions"], "");
+    assert!(!ok && out.contains("gangway login"), "{out}");
+
+    let (ok, out) = login("prod", &[], &format!("{tenant}\n"));
+    assert!(ok, "{out}");
+    let (ok, out) = login("prod", &["--admin"], &admin);
+    assert!(ok, "{out}");
+    let file = home.join(".config/gangway/credentials.toml");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&file), 0o600);
+    assert_eq!(mode(file.parent().unwrap()), 0o700);
+
+    // Commands use the profile from anywhere, each with its own token.
+    let (ok, out) = gangway(&["regions", "--profile", "prod"], "");
+    assert!(ok && out.contains('r'), "{out}");
+    let (ok, out) = gangway(&["job", "list", "--profile", "prod"], "");
+    assert!(ok, "{out}");
+    let (ok, out) = gangway(&["admin", "quota", "list", "--profile", "prod"], "");
+    assert!(ok, "{out}");
+
+    // Refused tokens are never stored: garbage, a token signed by a key the
+    // tier does not trust, a tenant's token offered as an operator's.
+    let stranger = gangway_auth::jwt::SigningKey::generate(auth.tenant_key.kid());
+    for (profile, extra, token) in [
+        ("bad", &[][..], "not-a-token".to_string()),
+        ("bad", &[][..], api_token(&stranger, Role::Tenant)),
+        ("bad", &["--admin"][..], tenant.clone()),
+    ] {
+        let (ok, out) = login(profile, extra, &token);
+        assert!(!ok && out.contains("nothing was stored"), "{out}");
+    }
+    let stored = std::fs::read_to_string(&file).unwrap();
+    assert!(!stored.contains("[profiles.bad]"), "{stored}");
+
+    // The default profile needs no flag at all.
+    let (ok, out) = login("default", &[], &tenant);
+    assert!(ok, "{out}");
+    let (ok, out) = gangway(&["job", "list"], "");
+    assert!(ok, "{out}");
+
+    // Logged out: gone, the others kept.
+    let (ok, out) = gangway(&["logout", "--profile", "prod"], "");
+    assert!(ok, "{out}");
+    let (ok, out) = gangway(&["regions", "--profile", "prod"], "");
+    assert!(!ok && out.contains("no profile"), "{out}");
+    let (ok, out) = gangway(&["regions"], "");
+    assert!(ok, "{out}");
+}

@@ -1,5 +1,7 @@
-//! How the CLI reaches the API: URL, token and CA certificate from flags,
-//! the environment, or the local cloud's state dir (`.gangway/env`).
+//! How the CLI reaches the API: URL, token and CA certificate from flags
+//! and the environment first; then from the profile `--profile` names
+//! (`gangway login`); else from a local cloud's state dir (`.gangway/env`);
+//! else from the `default` profile.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,10 +39,16 @@ pub struct Conn {
         global = true
     )]
     pub state_dir: PathBuf,
+    /// The stored credentials to use (`gangway login --profile NAME`).
+    #[arg(long, env = "GANGWAY_PROFILE", global = true)]
+    pub profile: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
 }
+
+/// A profile's CA certificate, inline (never an environment variable).
+const CA_PEM: &str = " ca_pem";
 
 fn state_env(dir: &std::path::Path) -> BTreeMap<String, String> {
     std::fs::read_to_string(dir.join("env"))
@@ -53,12 +61,44 @@ fn state_env(dir: &std::path::Path) -> BTreeMap<String, String> {
 }
 
 impl Conn {
-    fn resolve(&self, admin: bool) -> anyhow::Result<Client> {
+    /// Where what the flags and the environment leave out comes from: the
+    /// named profile; else the local cloud's env file when there is one;
+    /// else the default profile.
+    fn fallback(&self) -> anyhow::Result<BTreeMap<String, String>> {
+        let from_profile = |p: crate::login::Profile| {
+            let mut m = BTreeMap::from([("GANGWAY_URL".to_string(), p.url)]);
+            m.extend(p.token.map(|t| ("GANGWAY_TOKEN".to_string(), t)));
+            m.extend(
+                p.admin_token
+                    .map(|t| ("GANGWAY_ADMIN_TOKEN".to_string(), t)),
+            );
+            m.extend(p.ca_pem.map(|c| (CA_PEM.to_string(), c)));
+            m
+        };
+        if let Some(name) = &self.profile {
+            let p = crate::login::profile(name)?.with_context(|| {
+                format!(
+                    "no profile {name:?}: log in first (gangway login --profile {name} --url URL)"
+                )
+            })?;
+            return Ok(from_profile(p));
+        }
         let file = state_env(&self.state_dir);
+        if !file.is_empty() {
+            return Ok(file);
+        }
+        Ok((crate::login::profile(crate::login::DEFAULT_PROFILE)?)
+            .map(from_profile)
+            .unwrap_or_default())
+    }
+
+    fn resolve(&self, admin: bool) -> anyhow::Result<Client> {
+        let file = self.fallback()?;
         let pick =
             |flag: &Option<String>, var: &str| flag.clone().or_else(|| file.get(var).cloned());
         let url = pick(&self.url, "GANGWAY_URL").context(
-            "no API URL: pass --url, set GANGWAY_URL, or run `gangway dev up` and `source .gangway/env`",
+            "no API URL: pass --url, set GANGWAY_URL, log in (gangway login --url URL), \
+             or run `gangway dev up` here",
         )?;
         let (token, var) = if admin {
             (
@@ -68,7 +108,13 @@ impl Conn {
         } else {
             (pick(&self.token, "GANGWAY_TOKEN"), "GANGWAY_TOKEN")
         };
-        let token = token.with_context(|| format!("no token: set {var} or pass --token"))?;
+        let token = token.with_context(|| {
+            format!(
+                "no token: set {var}, pass --{}, or log in (gangway login{})",
+                if admin { "admin-token" } else { "token" },
+                if admin { " --admin" } else { "" }
+            )
+        })?;
         let ca =
             match self
                 .ca_cert
@@ -78,7 +124,7 @@ impl Conn {
                 Some(path) => Some(std::fs::read(&path).with_context(|| {
                     format!("cannot read the CA certificate {}", path.display())
                 })?),
-                None => None,
+                None => file.get(CA_PEM).map(|pem| pem.clone().into_bytes()),
             };
         Client::one_shot(url, token, ca.as_deref()).map_err(|e| anyhow::anyhow!(e))
     }

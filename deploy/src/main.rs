@@ -26,6 +26,7 @@ mod conn;
 mod dev;
 mod jobs_cli;
 mod loadgen;
+mod login;
 mod region_cli;
 mod reservations_cli;
 mod servers;
@@ -128,6 +129,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Store credentials for the CLI as a named profile (in
+    /// ~/.config/gangway/credentials.toml, mode 0600), checked against the
+    /// API first: `gangway login --url URL [--profile prod] [--admin]`,
+    /// the token on standard input.
+    Login(login::LoginArgs),
+    /// Forget a stored profile.
+    Logout(login::LogoutArgs),
     /// Every region's health and capacity.
     Regions {
         #[command(flatten)]
@@ -185,6 +193,8 @@ fn main() -> std::process::ExitCode {
             | Command::Reservation { .. }
             | Command::Cluster { .. }
             | Command::Regions { .. }
+            | Command::Login(_)
+            | Command::Logout(_)
             | Command::Usage(_)
     );
     let mut builder = if one_shot {
@@ -224,6 +234,8 @@ fn main() -> std::process::ExitCode {
             Command::Reservation { command } => reservations_cli::run(command).await,
             Command::Cluster { command } => clusters_cli::run(command).await,
             Command::Regions { conn } => jobs_cli::regions(&conn).await,
+            Command::Login(args) => login::login(args).await.map(|()| 0),
+            Command::Logout(args) => login::logout(args).map(|()| 0),
             Command::Usage(args) => jobs_cli::usage(args).await,
             Command::Sim(args) => sim_cli::run(args),
             Command::Loadgen(args) => loadgen::run(args).await,

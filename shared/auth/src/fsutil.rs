@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// Who may read a file we write.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Mode {
+pub enum Mode {
     /// 0600: private keys.
     Private,
     /// 0644: certificates and public keys.
@@ -16,7 +16,7 @@ pub(crate) enum Mode {
 
 /// Writes `contents` to `path` through a temporary file in the same
 /// directory, fsynced and renamed over the target, then fsyncs the directory.
-pub(crate) fn write_atomic(path: &Path, contents: &[u8], mode: Mode) -> io::Result<()> {
+pub fn write_atomic(path: &Path, contents: &[u8], mode: Mode) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()

@@ -23,11 +23,12 @@
 //! - [`dev`]: [`DevMaterial`], the CA, server certificate and signing keys of
 //!   a local cloud, created once under a state directory and loaded on every
 //!   later start so tokens and the CA stay valid across restarts.
-//! - `fsutil` (private): atomic, permission-aware file writes.
+//! - [`fsutil`]: atomic, permission-aware file writes (keys, and the
+//!   CLI's stored credentials).
 
 pub mod dev;
 pub mod error;
-mod fsutil;
+pub mod fsutil;
 pub mod jwt;
 pub mod oidc;
 pub mod tls;
