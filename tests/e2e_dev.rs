@@ -20,6 +20,10 @@ impl DevUp {
     }
 
     fn start_with(state: &Path, flags: &[&str]) -> DevUp {
+        DevUp::start_env(state, flags, &[])
+    }
+
+    fn start_env(state: &Path, flags: &[&str], env: &[(&str, &str)]) -> DevUp {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -30,6 +34,7 @@ impl DevUp {
                 .args(["dev", "up", "--state-dir"])
                 .arg(state)
                 .args(flags)
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log)
@@ -528,4 +533,215 @@ async fn chaos_drills_run_against_a_running_dev_cloud_and_leave_it_whole() {
         !state.join("control.json").exists(),
         "the control endpoint outlived the cloud"
     );
+}
+
+/// A Prometheus text exposition's samples: name, labels, value.
+fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split("\",")
+                .filter(|p| !p.is_empty())
+                .filter_map(|p| p.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+                .collect();
+            Some((name.to_string(), labels, value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sum of `name`'s samples whose labels include every one of `with`.
+fn metric(text: &str, name: &str, with: &[(&str, &str)]) -> f64 {
+    samples(text)
+        .into_iter()
+        .filter(|(n, labels, _)| {
+            n == name
+                && with
+                    .iter()
+                    .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+async fn scrape(url: &str) -> String {
+    reqwest::get(url).await.unwrap().text().await.unwrap()
+}
+
+/// JSON log lines of `file` whose request span has `request_id`.
+fn lines_of_request(file: &Path, request_id: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["span"]["request_id"] == request_id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_logged_as_json_with_one_id_across_tiers_and_counted_by_route() {
+    let _one = ONE_DEV_UP.lock().await;
+    let root = tempfile::Builder::new()
+        .prefix("gangway-devobs-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = root.path().join("state");
+    let mut dev = DevUp::start_env(
+        &state,
+        &["--regions", "us-east", "--log-format", "json"],
+        &[("GANGWAY_LOG", "info,gangway::access=debug")],
+    );
+    let env = read_env(&mut dev, &state);
+    let ca =
+        reqwest::Certificate::from_pem(&std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap()).unwrap();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let url = &env["GANGWAY_URL"];
+    let token = &env["GANGWAY_TOKEN"];
+    let global_metrics = &env["GANGWAY_GLOBAL_METRICS_URL"];
+    let creates = |text: &str| {
+        metric(
+            text,
+            "gangway_http_request_duration_seconds_count",
+            &[("route", "/v1/jobs"), ("method", "POST")],
+        )
+    };
+    let before = creates(&scrape(global_metrics).await);
+
+    // A create with the caller's own request id: answered with it, and
+    // the region's log lines of the create carry it too.
+    let resp = http
+        .post(format!("{url}/v1/jobs"))
+        .bearer_auth(token)
+        .header("x-request-id", "e2e-obs-create.1")
+        .json(&serde_json::json!({
+            "name": "observed", "gpus": 1, "gpus_per_worker": 1, "gpu_type": "h100",
+            "priority": "normal", "estimated_duration_s": 60, "command": ["true"]
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201, "{:?}", resp.text().await);
+    assert_eq!(resp.headers()["x-request-id"], "e2e-obs-create.1");
+    let job: gangway_shared::api::Job = resp.json().await.unwrap();
+    let resp = http
+        .get(format!("{url}/v1/jobs/{}", job.id))
+        .bearer_auth(token)
+        .header("x-request-id", "e2e-obs-get.1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // An id a caller should not be able to put into log lines is replaced
+    // by one of ours.
+    let resp = http
+        .get(format!("{url}/v1/jobs"))
+        .bearer_auth(token)
+        .header("x-request-id", "evil\" id {injected}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let given = resp.headers()["x-request-id"].to_str().unwrap();
+    assert!(uuid::Uuid::parse_str(given).is_ok(), "replaced: {given}");
+
+    // Logs: every line of the global tier's is a JSON object; the create's
+    // lines name its tenant in both tiers; the read's names the job.
+    let logs = state.join("logs");
+    let global_log = logs.join("global.log");
+    let region_log = logs.join("us-east-region.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let in_global = lines_of_request(&global_log, "e2e-obs-create.1");
+        let in_region = lines_of_request(&region_log, "e2e-obs-create.1");
+        let read = lines_of_request(&global_log, "e2e-obs-get.1");
+        let done = in_global
+            .iter()
+            .any(|l| l["span"]["tenant"] == "acme" && l["target"] == "gangway::access")
+            && in_region
+                .iter()
+                .any(|l| l["span"]["tenant"] == "acme" && l["target"] == "gangway::access")
+            && read
+                .iter()
+                .any(|l| l["span"]["job_id"] == job.id.to_string());
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the create's and the read's log lines: global {in_global:?}, region {in_region:?}, \
+             read {read:?}; files in {}",
+            logs.display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let text = std::fs::read_to_string(&global_log).unwrap();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("a global log line that is not JSON ({e}): {line}"));
+        assert!(
+            v["level"].is_string() && v["timestamp"].is_string(),
+            "{line}"
+        );
+    }
+
+    // Metrics: the create counted by its route (never its ids), and timed;
+    // the read by its route template; the global tier's calls to the
+    // region timed; the agent's syncs timed.
+    let text = scrape(global_metrics).await;
+    assert_eq!(creates(&text) - before, 1.0, "one more create timed");
+    assert!(
+        metric(
+            &text,
+            "gangway_http_requests_total",
+            &[("route", "/v1/jobs"), ("method", "POST"), ("status", "201")]
+        ) >= 1.0
+    );
+    assert!(
+        metric(
+            &text,
+            "gangway_http_requests_total",
+            &[
+                ("route", "/v1/jobs/{id}"),
+                ("method", "GET"),
+                ("status", "200")
+            ]
+        ) >= 1.0
+    );
+    assert!(
+        !text.contains(&job.id.to_string()),
+        "no job id in a label: {text}"
+    );
+    assert!(
+        metric(
+            &text,
+            "gangway_global_region_call_seconds_count",
+            &[("region", "us-east")]
+        ) >= 1.0
+    );
+    let region = scrape(&env["GANGWAY_REGION_US_EAST_METRICS_URL"]).await;
+    assert!(
+        metric(
+            &region,
+            "gangway_http_requests_total",
+            &[("route", "/v1/jobs"), ("method", "POST"), ("status", "201")]
+        ) >= 1.0,
+        "{region}"
+    );
+    let agent = scrape(&env["GANGWAY_REGION_US_EAST_AGENT_METRICS_URL"]).await;
+    assert!(
+        metric(&agent, "gangway_agent_sync_seconds_count", &[]) >= 1.0,
+        "{agent}"
+    );
+    assert!(agent.contains("gangway_agent_workers"), "{agent}");
+    dev.interrupt();
 }

@@ -143,6 +143,10 @@ struct RegionPorts {
     api: u16,
     metrics: u16,
     postgres: u16,
+    /// The region's agent's metrics (a state file from before it had one
+    /// gets one chosen).
+    #[serde(default)]
+    agent_metrics: u16,
 }
 
 /// How long a stopping process has after SIGTERM before SIGKILL.
@@ -219,8 +223,14 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             api: 0,
             metrics: 0,
             postgres: 0,
+            agent_metrics: 0,
         });
-        for p in [&mut ports.api, &mut ports.metrics, &mut ports.postgres] {
+        for p in [
+            &mut ports.api,
+            &mut ports.metrics,
+            &mut ports.postgres,
+            &mut ports.agent_metrics,
+        ] {
             keep_or_choose(p);
         }
     }
@@ -537,6 +547,10 @@ async fn assemble(
             .arg(fleet)
             .args(["--executor", &args.executor])
             .args(["--time-factor", &args.time_factor.to_string()])
+            .args([
+                "--metrics-listen",
+                &format!("127.0.0.1:{}", ports.agent_metrics),
+            ])
             .arg("--work-dir")
             .arg(&agent_dir)
             .args(["--checkpoint-store", &checkpoint_store])
@@ -902,6 +916,10 @@ fn write_env(
         s.push_str(&format!(
             "export GANGWAY_REGION_{var}_METRICS_URL=http://127.0.0.1:{}/metrics\n",
             ports.metrics
+        ));
+        s.push_str(&format!(
+            "export GANGWAY_REGION_{var}_AGENT_METRICS_URL=http://127.0.0.1:{}/metrics\n",
+            ports.agent_metrics
         ));
     }
     let path = dir.join("env");

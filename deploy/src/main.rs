@@ -44,6 +44,23 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How servers write their log lines: `text` for people, `json` (one
+    /// object a line, with a request's id, tenant and job id as fields)
+    /// for a log pipeline. `dev up` passes it on to what it starts.
+    #[arg(
+        long,
+        global = true,
+        env = "GANGWAY_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -143,14 +160,26 @@ enum Command {
     },
 }
 
-fn init_tracing() {
+/// Logs to standard error, filtered by `GANGWAY_LOG` (an `EnvFilter`:
+/// `info,gangway::access=debug` adds a line per request).
+fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("GANGWAY_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,refinery_core=warn"));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => fmt.init(),
+        // The event's fields under `fields`, its request's (request_id,
+        // tenant, job_id, method, path) under `span`.
+        LogFormat::Json => fmt
+            .json()
+            .flatten_event(false)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
 }
 
 /// The command line, with a server role's `--config FILE` expanded
@@ -181,6 +210,12 @@ fn parse_cli() -> Cli {
 
 fn main() -> std::process::ExitCode {
     let cli = parse_cli();
+    let log_format = cli.log_format;
+    if log_format == LogFormat::Json {
+        // What `dev up` starts logs the same way (children inherit it);
+        // no thread runs yet.
+        std::env::set_var("GANGWAY_LOG_FORMAT", "json");
+    }
     // A client command makes a request or a few and exits: one thread is
     // enough, and starting worker threads is a measurable part of a
     // `gangway job submit` (issue 23). Servers, drills and the load
@@ -210,22 +245,22 @@ fn main() -> std::process::ExitCode {
                 ..
             }) => region_cli::run(command).await,
             Command::Region(region_cli::RegionCli { server, .. }) => {
-                init_tracing();
+                init_tracing(log_format);
                 let args = server.ok_or_else(|| {
                     anyhow::anyhow!("gangway region: give --name and --database-url to run one, or a subcommand (evacuate, failback, status)")
                 })?;
                 servers::run_region(args).await.map(|()| 0)
             }
             Command::Global(args) => {
-                init_tracing();
+                init_tracing(log_format);
                 servers::run_global(args).await.map(|()| 0)
             }
             Command::Agent(args) => {
-                init_tracing();
+                init_tracing(log_format);
                 servers::run_agent(args).await.map(|()| 0)
             }
             Command::Dev { command } => {
-                init_tracing();
+                init_tracing(log_format);
                 dev::run(command).await.map(|()| 0)
             }
             Command::Job { command } => jobs_cli::run(command).await,

@@ -430,8 +430,15 @@ impl RegionKeyFiles {
     }
 }
 
+/// A region's metrics on `addr`.
 fn metrics_exporter_prometheus_install(addr: SocketAddr) -> anyhow::Result<()> {
     gangway_regional::telemetry::install_prometheus(addr)
+        .with_context(|| format!("cannot serve metrics on {addr}"))
+}
+
+/// The global tier's or an agent's metrics on `addr`.
+fn serve_metrics(addr: SocketAddr) -> anyhow::Result<()> {
+    gangway_regional::telemetry::serve_prometheus(addr)
         .with_context(|| format!("cannot serve metrics on {addr}"))
 }
 
@@ -551,6 +558,10 @@ pub struct AgentArgs {
     /// directory and a local checkpoint store. Repeatable.
     #[arg(long = "sandbox-hide", value_name = "PATH")]
     pub sandbox_hide: Vec<PathBuf>,
+    /// Serve Prometheus metrics (workers, sync latency, checkpoint
+    /// uploads, health signals) on this address, at /metrics.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The agent's isolation settings from its flags.
@@ -610,6 +621,9 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
         "--region-url",
     )
     .map_err(|e| anyhow::anyhow!(e))?;
+    if let Some(addr) = args.metrics_listen {
+        serve_metrics(addr)?;
+    }
     let reload = Reload::default();
     reload.on_hangup()?;
     let files = AgentKeyFiles::from(&args);
@@ -900,7 +914,7 @@ pub struct GlobalArgs {
 pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
     use gangway_global::config::{GlobalConfig, RateLimit, RegionEndpoint};
     if let Some(addr) = args.metrics_listen {
-        metrics_exporter_prometheus_install(addr)?;
+        serve_metrics(addr)?;
     }
     let regions = args
         .regions

@@ -131,6 +131,7 @@ impl FromRequestParts<GlobalState> for TenantCaller {
             if let Some(oidc) = issued_by(&state.oidc_tenants, token) {
                 let claims = oidc.verify(token).await.map_err(unauthenticated)?;
                 let tenant = oidc_tenant(oidc, &claims)?;
+                gangway_shared::http::record_tenant(&tenant);
                 limit(state, &tenant)?;
                 return Ok(TenantCaller { tenant });
             }
@@ -156,6 +157,7 @@ impl FromRequestParts<GlobalState> for TenantCaller {
         };
         match (claims.role, claims.tenant) {
             (Role::Tenant, Some(tenant)) => {
+                gangway_shared::http::record_tenant(&tenant);
                 limit(state, &tenant)?;
                 Ok(TenantCaller { tenant })
             }

@@ -17,6 +17,17 @@ use tracing::Instrument;
 use crate::config::{GlobalConfig, RegionEndpoint, SERVICE_AUDIENCE, SERVICE_ISSUER};
 use crate::credentials::Credentials;
 
+/// Counts a call to `region` that failed: `unreachable` (no answer),
+/// `timeout` (no answer in time) or `server_error` (a 5xx answer).
+fn call_failed(region: &Region, kind: &'static str) {
+    metrics::counter!(
+        "gangway_global_region_call_errors_total",
+        "region" => region.name.clone(),
+        "kind" => kind
+    )
+    .increment(1);
+}
+
 /// An error and every error under it, `outer: inner: …`.
 fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -238,17 +249,27 @@ impl Regions {
         if call.claim_here {
             req = req.header(CLAIM_HEADER, CLAIM_HERE);
         }
+        // The caller's request id goes on, so the region's log lines of
+        // this call carry the id the caller was given.
+        if let Some(id) = gangway_shared::http::current_request_id() {
+            req = req.header(gangway_shared::http::REQUEST_ID_HEADER, id);
+        }
         if let Some(body) = call.body {
             req = req
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body);
         }
-        let unreachable = |e: reqwest::Error| Unreachable {
-            region: region.name.clone(),
-            // With its causes: "… invalid peer certificate: UnknownIssuer"
-            // tells an operator the CA is wrong, not the network.
-            reason: with_causes(&e),
-            slow: e.is_timeout() && !e.is_connect(),
+        let started = std::time::Instant::now();
+        let unreachable = |e: reqwest::Error| {
+            let slow = e.is_timeout() && !e.is_connect();
+            call_failed(region, if slow { "timeout" } else { "unreachable" });
+            Unreachable {
+                region: region.name.clone(),
+                // With its causes: "… invalid peer certificate: UnknownIssuer"
+                // tells an operator the CA is wrong, not the network.
+                reason: with_causes(&e),
+                slow,
+            }
         };
         let resp = req.send().await.map_err(unreachable)?;
         let status =
@@ -257,6 +278,11 @@ impl Regions {
         let retry_after = resp.headers().get(reqwest::header::RETRY_AFTER).cloned();
         let claim = resp.headers().get(CLAIM_HEADER).cloned();
         let body = resp.bytes().await.map_err(unreachable)?;
+        metrics::histogram!("gangway_global_region_call_seconds", "region" => region.name.clone())
+            .record(started.elapsed().as_secs_f64());
+        if status.is_server_error() {
+            call_failed(region, "server_error");
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE
             && retry_after.is_some()
             && !database_down(&body)

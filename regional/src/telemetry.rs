@@ -10,8 +10,10 @@ use std::net::SocketAddr;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
 
-/// Installs the global recorder and serves `/metrics` on `addr`.
-pub fn install_prometheus(addr: SocketAddr) -> anyhow::Result<()> {
+/// Installs the global recorder and serves `/metrics` on `addr`: what
+/// every role does (the global tier and agents call it alone, a region
+/// through [`install_prometheus`]).
+pub fn serve_prometheus(addr: SocketAddr) -> anyhow::Result<()> {
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets(&[
@@ -19,6 +21,70 @@ pub fn install_prometheus(addr: SocketAddr) -> anyhow::Result<()> {
             300.0, 900.0, 3600.0,
         ])?
         .install()?;
+    describe_common();
+    Ok(())
+}
+
+/// The metrics of more than one role.
+fn describe_common() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "gangway_http_requests_total",
+        "HTTP requests answered, by route (its template), method and status"
+    );
+    describe_histogram!(
+        "gangway_http_request_duration_seconds",
+        Unit::Seconds,
+        "Time to answer an HTTP request, by route and method"
+    );
+    describe_histogram!(
+        "gangway_global_region_call_seconds",
+        Unit::Seconds,
+        "Global tier: a call to a region, sent to answer read, by region"
+    );
+    describe_counter!(
+        "gangway_global_region_call_errors_total",
+        "Global tier: calls to a region that failed, by region and kind \
+         (unreachable, timeout, server_error)"
+    );
+    describe_gauge!(
+        "gangway_agent_workers",
+        "Agent: workers running on its nodes"
+    );
+    describe_histogram!(
+        "gangway_agent_sync_seconds",
+        Unit::Seconds,
+        "Agent: a sync with the region, sent to answered (or failed)"
+    );
+    describe_counter!(
+        "gangway_agent_sync_failures_total",
+        "Agent: syncs that failed, by kind (transient, rejected, reregister)"
+    );
+    describe_counter!(
+        "gangway_agent_checkpoint_upload_bytes_total",
+        Unit::Bytes,
+        "Agent: checkpoint bytes uploaded to the checkpoint store"
+    );
+    describe_histogram!(
+        "gangway_agent_checkpoint_upload_seconds",
+        Unit::Seconds,
+        "Agent: time to upload and commit one checkpoint"
+    );
+    describe_counter!(
+        "gangway_agent_checkpoint_upload_failures_total",
+        "Agent: checkpoint uploads that failed"
+    );
+    describe_counter!(
+        "gangway_agent_health_signals_total",
+        "Agent: GPU and node health signals seen, by kind (xid, ecc, remap, thermal, \
+         nvlink, node_down, rack_thermal)"
+    );
+}
+
+/// Installs the global recorder and serves `/metrics` on `addr`, with the
+/// region's metrics described.
+pub fn install_prometheus(addr: SocketAddr) -> anyhow::Result<()> {
+    serve_prometheus(addr)?;
     describe();
     // Not fenced until the peers' watchdog says so (a region without peers
     // never is).
@@ -28,6 +94,20 @@ pub fn install_prometheus(addr: SocketAddr) -> anyhow::Result<()> {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        "gangway_gpus_stranded",
+        "Schedulable GPUs of a type left free by a pass while work of that type that \
+         could use them waits (its shape or place does not fit), by GPU type"
+    );
+    describe_gauge!(
+        "gangway_tenant_goodput_ratio",
+        "A tenant's allocated GPU time not lost to restarts, as a share (0-1), by tenant; \
+         published once a minute by the leader"
+    );
+    describe_counter!(
+        "gangway_node_state_changes_total",
+        "Nodes whose observed health state changed, by the state entered"
+    );
     describe_gauge!(
         "gangway_gpus_allocated",
         "GPUs allocated to jobs, by GPU type"

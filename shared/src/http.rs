@@ -340,10 +340,114 @@ async fn json_errors(resp: Response) -> Response {
     out
 }
 
+/// The request id header, set on every request (ours or a caller's valid
+/// one), returned with the answer and sent on by the global tier with its
+/// calls to the regions, so one id ties a request's log lines across tiers.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+tokio::task_local! {
+    /// The id of the request this task serves (see [`current_request_id`]).
+    static REQUEST_ID: String;
+}
+
+/// The id of the request being served, where this task serves one: the
+/// global tier passes it on to the regions it calls. A task spawned off a
+/// request does not inherit it.
+pub fn current_request_id() -> Option<String> {
+    REQUEST_ID.try_with(Clone::clone).ok()
+}
+
+/// Notes the tenant a request acts for on its span, so every log line of
+/// the request carries it (the `tenant` field of `--log-format json`).
+/// Called by the extractors once they have checked who the caller is.
+pub fn record_tenant(tenant: &str) {
+    tracing::Span::current().record("tenant", tenant);
+}
+
+/// A caller's request id is kept if it could be ours or a tracing
+/// system's (1-64 characters of letters, digits, `-`, `_`, `.`, `:`);
+/// anything else is replaced, so a caller cannot put arbitrary text into
+/// every log line of its request.
+fn acceptable_request_id(v: &axum::http::HeaderValue) -> bool {
+    let b = v.as_bytes();
+    (1..=64).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b':'))
+}
+
+async fn drop_unacceptable_request_id(mut req: Request) -> Request {
+    if req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .is_some_and(|v| !acceptable_request_id(v))
+    {
+        req.headers_mut().remove(REQUEST_ID_HEADER);
+    }
+    req
+}
+
+/// Counts and times every request by route (the route's template, never
+/// its ids: `/v1/jobs/{id}`), method and status; notes the job id of a
+/// job's route on the request's span; serves the request with its id
+/// known to [`current_request_id`]; and writes an access line at debug
+/// level to target `gangway::access` (`GANGWAY_LOG=info,gangway::access=debug`).
+async fn observe(req: Request, next: axum::middleware::Next) -> Response {
+    use axum::extract::{MatchedPath, RawPathParams};
+    let started = std::time::Instant::now();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = req.method().to_string();
+    let id = req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let req = if route.starts_with("/v1/jobs/{id}") || route.starts_with("/v1/admin/jobs/{id}") {
+        let (mut parts, body) = req.into_parts();
+        if let Ok(params) = RawPathParams::from_request_parts(&mut parts, &()).await {
+            if let Some((_, job)) = params.iter().find(|(k, _)| *k == "id") {
+                tracing::Span::current().record("job_id", job);
+            }
+        }
+        Request::from_parts(parts, body)
+    } else {
+        req
+    };
+    let resp = REQUEST_ID.scope(id, next.run(req)).await;
+    let elapsed = started.elapsed();
+    let status = resp.status().as_u16();
+    metrics::counter!(
+        "gangway_http_requests_total",
+        "route" => route.clone(),
+        "method" => method.clone(),
+        "status" => status.to_string()
+    )
+    .increment(1);
+    metrics::histogram!(
+        "gangway_http_request_duration_seconds",
+        "route" => route,
+        "method" => method
+    )
+    .record(elapsed.as_secs_f64());
+    tracing::debug!(
+        target: "gangway::access",
+        status,
+        elapsed_ms = elapsed.as_secs_f64() * 1e3,
+        "answered"
+    );
+    resp
+}
+
 /// Adds what every Gangway router has: JSON 404 and 405 answers, panics
-/// caught into a JSON 500, a 30 s timeout, JSON bodies on every error, and
-/// a request id (`x-request-id`) set on every request, logged with it and
-/// returned.
+/// caught into a JSON 500, a 30 s timeout, JSON bodies on every error, a
+/// request id (`x-request-id`) set on every request, logged with it and
+/// returned, and each request counted and timed by route
+/// (`gangway_http_requests_total`, `gangway_http_request_duration_seconds`).
+/// Log lines of a request carry its method, path, request id and, once
+/// known, its tenant and job id.
 pub fn finish_router(router: axum::Router) -> axum::Router {
     use axum::http::HeaderName;
     use tower_http::catch_panic::CatchPanicLayer;
@@ -351,7 +455,7 @@ pub fn finish_router(router: axum::Router) -> axum::Router {
     use tower_http::timeout::TimeoutLayer;
     use tower_http::trace::TraceLayer;
 
-    let request_id = HeaderName::from_static("x-request-id");
+    let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
     router
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, codes::NOT_FOUND, "no such endpoint")
@@ -376,23 +480,27 @@ pub fn finish_router(router: axum::Router) -> axum::Router {
             std::time::Duration::from_secs(30),
         ))
         .layer(axum::middleware::map_response(json_errors))
+        .layer(axum::middleware::from_fn(observe))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(
             TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
                 let id = req
                     .headers()
-                    .get("x-request-id")
+                    .get(REQUEST_ID_HEADER)
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("-");
                 tracing::info_span!(
                     "request",
                     method = %req.method(),
                     path = %req.uri().path(),
-                    request_id = %id
+                    request_id = %id,
+                    tenant = tracing::field::Empty,
+                    job_id = tracing::field::Empty,
                 )
             }),
         )
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .layer(axum::middleware::map_request(drop_unacceptable_request_id))
 }
 
 /// `k=v&…` with every value percent-encoded but for RFC 3986's unreserved

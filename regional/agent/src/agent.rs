@@ -251,6 +251,8 @@ impl Agent {
             };
             let region = self.region.clone();
             let agent_id = self.config.agent_id.clone();
+            metrics::gauge!("gangway_agent_workers").set(workers.running() as f64);
+            let sent = Instant::now();
             let call = region.sync(&agent_id, &req);
             tokio::pin!(call);
             let answer = loop {
@@ -260,6 +262,7 @@ impl Agent {
                     _ = shutdown.cancelled() => return,
                 }
             };
+            metrics::histogram!("gangway_agent_sync_seconds").record(sent.elapsed().as_secs_f64());
             match answer {
                 Ok(resp) => {
                     self.lease.renew();
@@ -286,6 +289,8 @@ impl Agent {
                     }
                 }
                 Err(e) if must_reregister(&e) => {
+                    metrics::counter!("gangway_agent_sync_failures_total", "kind" => "reregister")
+                        .increment(1);
                     tracing::warn!(error = %e, "region does not know this agent or boot: registering again");
                     match self.register(workers, shutdown).await {
                         Some(i) => interval = i,
@@ -294,6 +299,13 @@ impl Agent {
                 }
                 Err(e) => {
                     let delay = self.backoff.next_delay();
+                    let kind = if is_transient(&e) {
+                        "transient"
+                    } else {
+                        "rejected"
+                    };
+                    metrics::counter!("gangway_agent_sync_failures_total", "kind" => kind)
+                        .increment(1);
                     if is_transient(&e) {
                         tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "sync failed; workers keep running");
                     } else {

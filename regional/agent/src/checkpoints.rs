@@ -101,11 +101,14 @@ impl Checkpoints {
             owner: who.owner,
         };
         let started = std::time::Instant::now();
-        let manifest = self
-            .store
-            .upload(dir, &up)
-            .await
-            .map_err(|e| e.to_string())?;
+        let manifest = self.store.upload(dir, &up).await.map_err(|e| {
+            metrics::counter!("gangway_agent_checkpoint_upload_failures_total").increment(1);
+            e.to_string()
+        })?;
+        metrics::histogram!("gangway_agent_checkpoint_upload_seconds")
+            .record(started.elapsed().as_secs_f64());
+        metrics::counter!("gangway_agent_checkpoint_upload_bytes_total")
+            .increment(manifest.size_bytes);
         tracing::info!(
             key = %manifest.key,
             name = %manifest.name,

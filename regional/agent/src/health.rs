@@ -42,6 +42,17 @@ const MAX_PENDING: usize = 10_000;
 
 impl Signals {
     pub fn push(&self, s: Signal) {
+        let kind = match &s {
+            Signal::Xid { .. } => "xid",
+            Signal::Ecc { .. } => "ecc",
+            Signal::Remap { .. } => "remap",
+            Signal::Thermal { .. } => "thermal",
+            Signal::Nvlink { .. } => "nvlink",
+            Signal::Heartbeat { .. } => "heartbeat",
+            Signal::NodeDown => "node_down",
+            Signal::RackThermal { .. } => "rack_thermal",
+        };
+        metrics::counter!("gangway_agent_health_signals_total", "kind" => kind).increment(1);
         let mut v = self.0.lock().expect("signals lock");
         if v.len() >= MAX_PENDING {
             v.remove(0);

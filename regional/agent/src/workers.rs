@@ -115,7 +115,6 @@ impl Workers {
     }
 
     /// Workers still running (fenced or not).
-    #[cfg(test)]
     pub fn running(&self) -> usize {
         self.table
             .values()

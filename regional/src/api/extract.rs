@@ -30,6 +30,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
                 "missing or malformed X-Gangway-Tenant header (1–63 characters of a-z, 0-9, '-')",
             ));
         }
+        gangway_shared::http::record_tenant(value);
         Ok(Tenant(value.to_string()))
     }
 }

@@ -13,6 +13,9 @@
 //!   placements completed (`Store::meter_usage`).
 //! - [`maintenance`]: the running maintenance plan, if any, advances
 //!   (`store/maintenance.rs`).
+//!
+//! Besides, once a minute, [`goodput_if_due`] publishes each tenant's
+//! goodput as a gauge, off the tick's path.
 
 use std::time::Instant;
 
@@ -32,6 +35,33 @@ pub async fn tick_if_due(state: &AppState, last: &mut Option<Instant>) {
     tend_clusters(state).await;
     meter_if_due(state).await;
     maintenance(state, &ctx).await;
+    goodput_if_due(state);
+}
+
+/// Sets `gangway_tenant_goodput_ratio{tenant}` (the share of a tenant's
+/// allocated GPU time not lost to restarts) at most once a minute, in a
+/// task of its own: the read adds up every job's allocations.
+fn goodput_if_due(state: &AppState) {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static PUBLISHED_MINUTE: AtomicI64 = AtomicI64::new(0);
+    let minute = chrono::Utc::now().timestamp().div_euclid(60);
+    if PUBLISHED_MINUTE.swap(minute, Ordering::Relaxed) == minute {
+        return;
+    }
+    let store = state.store.clone();
+    tokio::spawn(async move {
+        match store.goodput_by_tenant().await {
+            Ok(list) => {
+                for t in list.tenants {
+                    if let Some(g) = t.goodput {
+                        metrics::gauge!("gangway_tenant_goodput_ratio", "tenant" => t.tenant)
+                            .set(g);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reading goodput for its gauge failed"),
+        }
+    });
 }
 
 /// Lets time pass for nodes.

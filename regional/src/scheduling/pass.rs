@@ -106,7 +106,7 @@ async fn pass(
     .await
     .expect("the planner does not panic");
     let partition = only.unwrap_or("all").to_string();
-    record_fleet_metrics(&snapshot, &data.racks, only);
+    record_fleet_metrics(&snapshot, &planned, &data.racks, only);
     let mut outcome = PassOutcome {
         placements: planned.placements.len(),
         waiting: planned.waiting.len(),
@@ -151,12 +151,17 @@ async fn pass(
                 planned.placements.iter().map(|p| p.job.as_str()),
             ))
             .await;
+            let tenant_of: std::collections::HashMap<&str, &str> = (snapshot.queue.iter())
+                .map(|r| (r.job.as_str(), r.tenant.as_str()))
+                .collect();
             for (p, at) in planned.placements.iter().zip(submitted) {
                 metrics::counter!("gangway_placements_total", "level" => p.level.as_str())
                     .increment(1);
                 if let Some(at) = at {
                     let wait = (now - at).num_milliseconds().max(0) as f64 / 1000.0;
-                    metrics::histogram!("gangway_queue_wait_seconds").record(wait);
+                    let tenant = tenant_of.get(p.job.as_str()).copied().unwrap_or("");
+                    metrics::histogram!("gangway_queue_wait_seconds", "tenant" => tenant.to_string())
+                        .record(wait);
                 }
             }
             metrics::counter!("gangway_schedule_passes_total", "outcome" => "committed", "partition" => partition.clone())
@@ -181,8 +186,14 @@ async fn pass(
 /// `partition`), and each budgeted rack's power budget and headroom. A partition's pass covers only the racks holding its
 /// type's nodes; their figures are whole-rack, so passes of different
 /// partitions agree on a shared rack.
+///
+/// `gangway_gpus_stranded` is a type's schedulable GPUs still free after
+/// the plan while a unit of the type that could use GPUs (not held back by
+/// its quota or a reservation it names) waits: capacity that is idle
+/// though work waits, because of its shape or place.
 fn record_fleet_metrics(
     s: &Snapshot,
+    planned: &gangway_sched::Plan,
     racks: &BTreeMap<String, crate::store::RackPower>,
     partition: Option<&str>,
 ) {
@@ -214,11 +225,44 @@ fn record_fleet_metrics(
         metrics::gauge!("gangway_cluster_queue_depth", "cluster" => id).set(s.queue.len() as f64);
         return;
     }
+    let type_of_node: std::collections::HashMap<&str, &str> = (s.nodes.iter())
+        .map(|n| (n.id.as_str(), n.gpu_type.as_str()))
+        .collect();
+    let mut placed: BTreeMap<&str, u64> = BTreeMap::new();
+    for w in planned.placements.iter().flat_map(|p| &p.workers) {
+        if let Some(t) = type_of_node.get(w.node.as_str()) {
+            *placed.entry(t).or_default() += w.gpus.len() as u64;
+        }
+    }
+    let type_of_job: std::collections::HashMap<&str, &str> = (s.queue.iter())
+        .map(|r| (r.job.as_str(), r.gpu_type.as_str()))
+        .collect();
+    let mut starved: std::collections::HashSet<&str> = Default::default();
+    for w in &planned.waiting {
+        use gangway_sched::WaitReason as W;
+        let wants_gpus = matches!(
+            w.reason,
+            W::NoCapacity { .. }
+                | W::Reserved { .. }
+                | W::BlockedByReservation { .. }
+                | W::Preempting { .. }
+                | W::HeldForReservation { .. }
+        );
+        if let (true, Some(t)) = (wants_gpus, type_of_job.get(w.job.as_str())) {
+            starved.insert(t);
+        }
+    }
     for (t, (allocated, free)) in by_type {
         metrics::gauge!("gangway_gpus_allocated", "gpu_type" => t.to_string())
             .set(allocated as f64);
         metrics::gauge!("gangway_gpus_free", "gpu_type" => t.to_string()).set(free as f64);
         let depth = queued.get(t).copied().unwrap_or(0);
         metrics::gauge!("gangway_queue_depth", "gpu_type" => t.to_string()).set(depth as f64);
+        let stranded = if starved.contains(t) {
+            free.saturating_sub(placed.get(t).copied().unwrap_or(0))
+        } else {
+            0
+        };
+        metrics::gauge!("gangway_gpus_stranded", "gpu_type" => t.to_string()).set(stranded as f64);
     }
 }

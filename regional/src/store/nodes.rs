@@ -416,6 +416,10 @@ pub(super) async fn reconcile_into(
     let code = observed.code();
     let state_changed = code != node.observed;
     if state_changed {
+        // Counted as decided (a transaction retried after a race may count
+        // one twice): a rate per node set, for "nodes flapping" alerts.
+        metrics::counter!("gangway_node_state_changes_total", "to" => code.to_string())
+            .increment(1);
         writes.event(
             &node.node_id,
             "state",
