@@ -745,3 +745,418 @@ async fn requests_are_logged_as_json_with_one_id_across_tiers_and_counted_by_rou
     assert!(agent.contains("gangway_agent_workers"), "{agent}");
     dev.interrupt();
 }
+
+/// One call as a user's HTTP client makes it: status and JSON body.
+async fn call(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    token: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut req = http.request(method, url).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+/// Polls `check` until it holds, for at most `within`; how long it took.
+async fn within<F, Fut>(within: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    started.elapsed()
+}
+
+fn job_body(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": name, "gpus": 1, "gpus_per_worker": 1, "gpu_type": "h100",
+        "priority": "normal", "estimated_duration_s": 3600, "command": ["train"]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_and_suspended_tenants_are_refused_by_every_replica_within_seconds() {
+    use reqwest::Method;
+    let _one = ONE_DEV_UP.lock().await;
+    let root = tempfile::Builder::new()
+        .prefix("gangway-devkeys-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = root.path().join("state");
+    let mut dev = DevUp::start_with(&state, &["--globals", "2", "--executor", "sim"]);
+    let env = read_env(&mut dev, &state);
+    let ca =
+        reqwest::Certificate::from_pem(&std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap()).unwrap();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let replicas: Vec<String> = env["GANGWAY_GLOBAL_REPLICAS"]
+        .split(',')
+        .map(String::from)
+        .collect();
+    assert_eq!(replicas.len(), 2);
+    let (a, b) = (replicas[0].as_str(), replicas[1].as_str());
+    let acme = env["GANGWAY_TOKEN"].as_str();
+    let globex = env["GANGWAY_TOKEN_GLOBEX"].as_str();
+    let admin = env["GANGWAY_ADMIN_TOKEN"].as_str();
+    // The promise: every replica refuses within 5 s; a margin for a slow
+    // machine's polling.
+    let promised = Duration::from_secs(5 + 5);
+
+    // A tenant makes a read key and a submit key on one replica.
+    let (s, read) = call(
+        &http,
+        Method::POST,
+        &format!("{a}/v1/keys"),
+        acme,
+        Some(serde_json::json!({"name": "dash", "scope": "read"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{read}");
+    let (s, ci) = call(
+        &http,
+        Method::POST,
+        &format!("{a}/v1/keys"),
+        acme,
+        Some(serde_json::json!({"name": "ci", "expires_in_s": 7_776_000})),
+    )
+    .await;
+    assert_eq!(s, 201, "{ci}");
+    let read_secret = read["secret"].as_str().unwrap().to_string();
+    let ci_secret = ci["secret"].as_str().unwrap().to_string();
+    let ci_id = ci["key"]["key_id"].as_str().unwrap().to_string();
+    assert!(ci_secret.starts_with("gwk_") && ci_secret.contains(&ci_id));
+    assert_eq!(ci["key"]["scope"], "submit");
+    assert_eq!(ci["key"]["tenant"], "acme");
+    // Bad requests change nothing.
+    for bad in [
+        serde_json::json!({"name": "x", "scope": "admin"}),
+        serde_json::json!({"name": "x", "tenant": "globex"}),
+        serde_json::json!({"name": "has space"}),
+        serde_json::json!({"name": "x", "expires_in_s": 0}),
+    ] {
+        let (s, e) = call(
+            &http,
+            Method::POST,
+            &format!("{a}/v1/keys"),
+            acme,
+            Some(bad),
+        )
+        .await;
+        assert_eq!(
+            (s, e["code"].as_str()),
+            (422, Some("invalid_api_key")),
+            "{e}"
+        );
+    }
+
+    // The other replica serves both keys, each within its scope.
+    let (s, job) = call(
+        &http,
+        Method::POST,
+        &format!("{b}/v1/jobs"),
+        &ci_secret,
+        Some(job_body("by-key")),
+    )
+    .await;
+    assert_eq!(s, 201, "{job}");
+    assert_eq!(job["tenant"], "acme");
+    let (s, _) = call(
+        &http,
+        Method::GET,
+        &format!("{b}/v1/jobs"),
+        &read_secret,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, e) = call(
+        &http,
+        Method::POST,
+        &format!("{b}/v1/jobs"),
+        &read_secret,
+        Some(job_body("by-read-key")),
+    )
+    .await;
+    assert_eq!((s, e["code"].as_str()), (403, Some("key_scope")), "{e}");
+    let (s, e) = call(
+        &http,
+        Method::GET,
+        &format!("{b}/v1/admin/tenants"),
+        &ci_secret,
+        None,
+    )
+    .await;
+    assert_eq!((s, e["code"].as_str()), (403, Some("key_scope")), "{e}");
+    // A forged key (a real id, another secret) and a made-up one are refused.
+    let forged = format!("gwk_{ci_id}_{}", "0".repeat(64));
+    for token in [
+        forged.as_str(),
+        "gwk_0123456789abcdef_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    ] {
+        let (s, e) = call(&http, Method::GET, &format!("{b}/v1/jobs"), token, None).await;
+        assert_eq!(s, 401, "{e}");
+    }
+    // Another tenant sees none of them and cannot revoke them.
+    let (s, theirs) = call(&http, Method::GET, &format!("{b}/v1/keys"), globex, None).await;
+    assert_eq!(
+        (s, theirs["keys"].as_array().unwrap().len()),
+        (200, 0),
+        "{theirs}"
+    );
+    let (s, _) = call(
+        &http,
+        Method::DELETE,
+        &format!("{b}/v1/keys/{ci_id}"),
+        globex,
+        None,
+    )
+    .await;
+    assert_eq!(s, 404);
+    // The tenant's list, from either replica: both keys, no secret or
+    // hash, and the used one's last use once a replica noted it.
+    within(promised, "the key's last use listed", || async {
+        let (s, mine) = call(&http, Method::GET, &format!("{a}/v1/keys"), acme, None).await;
+        assert_eq!(s, 200);
+        let text = mine.to_string();
+        assert!(
+            !text.contains(&ci_secret[20..]) && !text.contains("sha256"),
+            "{text}"
+        );
+        let keys = mine["keys"].as_array().unwrap();
+        assert_eq!(keys.len(), 2);
+        keys.iter()
+            .any(|k| k["key_id"] == ci_id.as_str() && k["last_used_at"].is_string())
+    })
+    .await;
+
+    // Revoked on one replica: refused there at once, on the other (which
+    // let it in a moment ago, so holds it in its cache) within seconds.
+    let (s, _) = call(
+        &http,
+        Method::GET,
+        &format!("{b}/v1/jobs"),
+        &ci_secret,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, revoked) = call(
+        &http,
+        Method::DELETE,
+        &format!("{a}/v1/keys/{ci_id}"),
+        acme,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{revoked}");
+    assert!(revoked["revoked_at"].is_string());
+    let (s, _) = call(
+        &http,
+        Method::GET,
+        &format!("{a}/v1/jobs"),
+        &ci_secret,
+        None,
+    )
+    .await;
+    assert_eq!(s, 401, "the revoking replica refuses it at once");
+    within(
+        promised,
+        "the other replica refuses the revoked key",
+        || async {
+            call(
+                &http,
+                Method::GET,
+                &format!("{b}/v1/jobs"),
+                &ci_secret,
+                None,
+            )
+            .await
+            .0 == 401
+        },
+    )
+    .await;
+    // The read key is untouched.
+    let (s, _) = call(
+        &http,
+        Method::GET,
+        &format!("{a}/v1/jobs"),
+        &read_secret,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+
+    // An operator's key works on admin endpoints only.
+    let (s, op) = call(
+        &http,
+        Method::POST,
+        &format!("{a}/v1/admin/keys"),
+        admin,
+        Some(serde_json::json!({"name": "ops-bot", "scope": "admin"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{op}");
+    let op_secret = op["secret"].as_str().unwrap().to_string();
+    let (s, _) = call(
+        &http,
+        Method::GET,
+        &format!("{b}/v1/admin/tenants"),
+        &op_secret,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, e) = call(
+        &http,
+        Method::GET,
+        &format!("{b}/v1/jobs"),
+        &op_secret,
+        None,
+    )
+    .await;
+    assert_eq!((s, e["code"].as_str()), (403, Some("key_scope")), "{e}");
+    // A tenant's token makes no operator key.
+    let (s, _) = call(
+        &http,
+        Method::POST,
+        &format!("{a}/v1/admin/keys"),
+        acme,
+        Some(serde_json::json!({"name": "sneaky", "scope": "admin"})),
+    )
+    .await;
+    assert_eq!(s, 403);
+
+    // Tenants as records: made once, suspended on one replica and refused
+    // on both (token and key alike), its job stopped; another tenant
+    // untouched; resumed.
+    let (s, t) = call(
+        &http,
+        Method::POST,
+        &format!("{a}/v1/admin/tenants"),
+        admin,
+        Some(serde_json::json!({"tenant": "acme", "display_name": "Acme Corp"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{t}");
+    assert_eq!(t["state"], "active");
+    let (s, e) = call(
+        &http,
+        Method::POST,
+        &format!("{b}/v1/admin/tenants"),
+        admin,
+        Some(serde_json::json!({"tenant": "acme"})),
+    )
+    .await;
+    assert_eq!((s, e["code"].as_str()), (409, Some("tenant_exists")), "{e}");
+    let (s, e) = call(
+        &http,
+        Method::POST,
+        &format!("{b}/v1/admin/tenants"),
+        admin,
+        Some(serde_json::json!({"tenant": "Not A Tenant"})),
+    )
+    .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (422, Some("invalid_tenant")),
+        "{e}"
+    );
+    let (s, changed) = call(
+        &http,
+        Method::POST,
+        &format!("{b}/v1/admin/tenants/acme/suspend"),
+        admin,
+        Some(serde_json::json!({"stop_jobs": true})),
+    )
+    .await;
+    assert_eq!(s, 200, "{changed}");
+    assert_eq!(changed["tenant"]["state"], "suspended");
+    assert!(changed["stopped_jobs"].as_u64().unwrap() >= 1, "{changed}");
+    for replica in [a, b] {
+        for token in [acme, read_secret.as_str()] {
+            within(promised, "a suspended tenant refused", || async {
+                let (s, e) = call(
+                    &http,
+                    Method::GET,
+                    &format!("{replica}/v1/jobs"),
+                    token,
+                    None,
+                )
+                .await;
+                s == 403 && e["code"] == "tenant_suspended"
+            })
+            .await;
+        }
+        let (s, _) = call(
+            &http,
+            Method::GET,
+            &format!("{replica}/v1/jobs"),
+            globex,
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "another tenant is served");
+    }
+    let (s, list) = call(
+        &http,
+        Method::GET,
+        &format!("{a}/v1/admin/tenants"),
+        admin,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(list["tenants"][0]["tenant"], "acme");
+    assert_eq!(list["tenants"][0]["state"], "suspended");
+    let (s, audit) = call(
+        &http,
+        Method::GET,
+        &format!("{a}/v1/admin/audit?action=tenant.suspend"),
+        admin,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert!(audit.to_string().contains("tenant/acme"), "{audit}");
+    let (s, _) = call(
+        &http,
+        Method::POST,
+        &format!("{a}/v1/admin/tenants/acme/resume"),
+        admin,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    for replica in [a, b] {
+        within(promised, "a resumed tenant served", || async {
+            call(
+                &http,
+                Method::GET,
+                &format!("{replica}/v1/jobs"),
+                acme,
+                None,
+            )
+            .await
+            .0 == 200
+        })
+        .await;
+    }
+    dev.interrupt();
+}

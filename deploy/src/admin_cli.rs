@@ -22,6 +22,12 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: LimitsCommand,
     },
+    /// Tenants as records: create, list, suspend (refuse its every
+    /// request; --stop-jobs cancels its unfinished jobs), resume.
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
     /// Act on any tenant's job.
     Job {
         #[command(subcommand)]
@@ -69,6 +75,108 @@ pub enum AdminCommand {
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
+}
+
+#[derive(Subcommand, Debug)]
+#[command(defer = true)]
+pub enum TenantCommand {
+    /// Record a tenant (active).
+    Create {
+        #[command(flatten)]
+        conn: Conn,
+        /// Its id, as its tokens name it.
+        tenant: String,
+        /// A name for people (default: the id).
+        #[arg(long)]
+        display_name: Option<String>,
+    },
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Refuse every request of the tenant's (tokens and keys) from now on
+    /// (every global replica within 5 s).
+    Suspend {
+        #[command(flatten)]
+        conn: Conn,
+        tenant: String,
+        /// Also cancel its unfinished jobs in every region (default: they
+        /// run on).
+        #[arg(long)]
+        stop_jobs: bool,
+    },
+    /// Serve the tenant again.
+    Resume {
+        #[command(flatten)]
+        conn: Conn,
+        tenant: String,
+    },
+}
+
+async fn tenant(command: TenantCommand) -> anyhow::Result<u8> {
+    let (conn, method, path, body) = match command {
+        TenantCommand::Create {
+            conn,
+            tenant,
+            display_name,
+        } => (
+            conn,
+            Method::POST,
+            "/v1/admin/tenants".to_string(),
+            Some(serde_json::json!({"tenant": tenant, "display_name": display_name})),
+        ),
+        TenantCommand::List { conn } => (conn, Method::GET, "/v1/admin/tenants".into(), None),
+        TenantCommand::Suspend {
+            conn,
+            tenant,
+            stop_jobs,
+        } => (
+            conn,
+            Method::POST,
+            format!("/v1/admin/tenants/{tenant}/suspend"),
+            Some(serde_json::json!({ "stop_jobs": stop_jobs })),
+        ),
+        TenantCommand::Resume { conn, tenant } => (
+            conn,
+            Method::POST,
+            format!("/v1/admin/tenants/{tenant}/resume"),
+            None,
+        ),
+    };
+    let doc = conn
+        .admin_client()?
+        .call_json(method, &path, body.as_ref())
+        .await?;
+    if conn.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(0);
+    }
+    let records: Vec<&serde_json::Value> = match doc.get("tenants") {
+        Some(list) => list.as_array().into_iter().flatten().collect(),
+        None => vec![doc.get("tenant").filter(|t| t.is_object()).unwrap_or(&doc)],
+    };
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|t| {
+            vec![
+                s(t, "tenant"),
+                s(t, "display_name"),
+                s(t, "state"),
+                s(t, "updated_at"),
+                s(t, "updated_by"),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(&["TENANT", "DISPLAY NAME", "STATE", "UPDATED", "BY"], &rows)
+    );
+    if let Some(n) = doc.get("stopped_jobs").and_then(|n| n.as_u64()) {
+        if n > 0 {
+            println!("{n} unfinished jobs asked to stop");
+        }
+    }
+    Ok(0)
 }
 
 #[derive(Subcommand, Debug)]
@@ -642,6 +750,7 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
     let command = match cmd {
         AdminCommand::Quota { command } => command,
         AdminCommand::Limits { command } => return limits(command).await,
+        AdminCommand::Tenant { command } => return tenant(command).await,
         AdminCommand::Node { command } => return node(command).await,
         AdminCommand::Agent { command } => return agent(command).await,
         AdminCommand::Maintenance { command } => return maintenance(command).await,

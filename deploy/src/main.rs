@@ -25,6 +25,7 @@ mod config_file;
 mod conn;
 mod dev;
 mod jobs_cli;
+mod keys_cli;
 mod loadgen;
 mod login;
 mod region_cli;
@@ -151,6 +152,12 @@ enum Command {
     /// API first: `gangway login --url URL [--profile prod] [--admin]`,
     /// the token on standard input.
     Login(login::LoginArgs),
+    /// API keys: `gangway key create --name ci [--scope read] [--expires 90d]`
+    /// (the secret printed once), `list` with last use, `revoke`.
+    Key {
+        #[command(subcommand)]
+        command: keys_cli::KeyCommand,
+    },
     /// Forget a stored profile.
     Logout(login::LogoutArgs),
     /// Every region's health and capacity.
@@ -229,6 +236,7 @@ fn main() -> std::process::ExitCode {
             | Command::Cluster { .. }
             | Command::Regions { .. }
             | Command::Login(_)
+            | Command::Key { .. }
             | Command::Logout(_)
             | Command::Usage(_)
     );
@@ -270,6 +278,7 @@ fn main() -> std::process::ExitCode {
             Command::Cluster { command } => clusters_cli::run(command).await,
             Command::Regions { conn } => jobs_cli::regions(&conn).await,
             Command::Login(args) => login::login(args).await.map(|()| 0),
+            Command::Key { command } => keys_cli::run(command).await,
             Command::Logout(args) => login::logout(args).map(|()| 0),
             Command::Usage(args) => jobs_cli::usage(args).await,
             Command::Sim(args) => sim_cli::run(args),

@@ -9,14 +9,16 @@ use std::time::Duration;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use gangway_auth::jwt::Role;
 use gangway_auth::oidc::VerifiedClaims;
 use gangway_auth::AuthError;
+use gangway_shared::api::KeyScope;
 use gangway_shared::error::codes;
 use gangway_shared::http::ApiError;
 
+use crate::identity::{check_tenant, verify_key, KeyRefusal, KEY_PREFIX};
 use crate::oidc::{Oidc, OidcKind};
 use crate::state::GlobalState;
 
@@ -114,61 +116,120 @@ fn limit(state: &GlobalState, key: &str) -> Result<(), Rejection> {
     })
 }
 
-/// A tenant calling about its own jobs.
+/// A tenant calling about its own jobs: by a token (its own key's, or its
+/// OpenID Connect issuer's), or by one of its API keys.
 pub struct TenantCaller {
     pub tenant: String,
+    /// The API key it called with, if it did.
+    pub key_id: Option<String>,
+}
+
+impl TenantCaller {
+    /// Who it is, for `created_by`: `tenant:T` or `key:ID`.
+    pub fn name(&self) -> String {
+        match &self.key_id {
+            Some(k) => format!("key:{k}"),
+            None => format!("tenant:{}", self.tenant),
+        }
+    }
+}
+
+/// A refused API key as the caller sees it.
+fn key_refused(r: KeyRefusal) -> Rejection {
+    match r {
+        KeyRefusal::Unavailable(e) => Rejection::Api(e),
+        KeyRefusal::Invalid(why) => Rejection::Api(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            codes::UNAUTHENTICATED,
+            why,
+        )),
+    }
+}
+
+fn scope_refused(message: &str) -> Rejection {
+    Rejection::Api(ApiError::new(
+        StatusCode::FORBIDDEN,
+        codes::KEY_SCOPE,
+        message,
+    ))
 }
 
 impl FromRequestParts<GlobalState> for TenantCaller {
     type Rejection = Rejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &GlobalState) -> Result<Self, Rejection> {
-        let credentials = state.credentials.current();
-        let header = bearer(parts);
-        if let Ok(token) = gangway_auth::jwt::bearer_token(header) {
-            // A token that says an OpenID Connect issuer made it goes to
-            // that issuer's verifier, and only there.
-            if let Some(oidc) = issued_by(&state.oidc_tenants, token) {
-                let claims = oidc.verify(token).await.map_err(unauthenticated)?;
-                let tenant = oidc_tenant(oidc, &claims)?;
-                gangway_shared::http::record_tenant(&tenant);
-                limit(state, &tenant)?;
-                return Ok(TenantCaller { tenant });
-            }
-            if let Some(oidc) = issued_by(&state.oidc_operators, token) {
-                oidc.verify(token).await.map_err(unauthenticated)?;
-                return Err(forbidden(
-                    "this endpoint is for tenants; use a tenant token",
-                ));
-            }
+        let caller = tenant_of(parts, state).await?;
+        gangway_shared::http::record_tenant(&caller.tenant);
+        limit(state, &caller.tenant)?;
+        check_tenant(&state.identity, &state.regions, &caller.tenant)
+            .await
+            .map_err(Rejection::Api)?;
+        Ok(caller)
+    }
+}
+
+/// The tenant the credential is for, verified (not yet rate-limited).
+async fn tenant_of(parts: &Parts, state: &GlobalState) -> Result<TenantCaller, Rejection> {
+    let credentials = state.credentials.current();
+    let header = bearer(parts);
+    let by_token = |tenant: String| TenantCaller {
+        tenant,
+        key_id: None,
+    };
+    if let Ok(token) = gangway_auth::jwt::bearer_token(header) {
+        if token.starts_with(KEY_PREFIX) {
+            let key = verify_key(&state.identity, &state.regions, token)
+                .await
+                .map_err(key_refused)?;
+            let reads_only = matches!(parts.method, Method::GET | Method::HEAD);
+            return match (key.scope, key.tenant) {
+                (KeyScope::Admin, _) | (_, None) => Err(scope_refused(
+                    "this endpoint is for tenants; an operator's API key may not use it",
+                )),
+                (KeyScope::Read, Some(_)) if !reads_only => Err(scope_refused(
+                    "this API key may only read (scope `read`): make one with scope `submit`                      to change anything",
+                )),
+                (_, Some(tenant)) => Ok(TenantCaller {
+                    tenant,
+                    key_id: Some(key.key_id),
+                }),
+            };
         }
-        let claims = match credentials.verifier.verify_header(header) {
-            Ok(claims) => claims,
-            // An operator's token, valid, on a tenant endpoint: say so.
-            Err(_)
-                if (credentials.operator_verifier.as_ref())
-                    .is_some_and(|v| v.verify_header(header).is_ok()) =>
-            {
-                return Err(forbidden(
-                    "this endpoint is for tenants; use a tenant token",
-                ))
-            }
-            Err(e) => return Err(unauthenticated(e)),
-        };
-        match (claims.role, claims.tenant) {
-            (Role::Tenant, Some(tenant)) => {
-                gangway_shared::http::record_tenant(&tenant);
-                limit(state, &tenant)?;
-                Ok(TenantCaller { tenant })
-            }
-            (Role::Admin, _) => Err(forbidden(
-                "a tenant key does not vouch for admin tokens: operators' tokens are \
-                 signed by an operator key (--operator-key)",
-            )),
-            _ => Err(forbidden(
+        // A token that says an OpenID Connect issuer made it goes to
+        // that issuer's verifier, and only there.
+        if let Some(oidc) = issued_by(&state.oidc_tenants, token) {
+            let claims = oidc.verify(token).await.map_err(unauthenticated)?;
+            return Ok(by_token(oidc_tenant(oidc, &claims)?));
+        }
+        if let Some(oidc) = issued_by(&state.oidc_operators, token) {
+            oidc.verify(token).await.map_err(unauthenticated)?;
+            return Err(forbidden(
                 "this endpoint is for tenants; use a tenant token",
-            )),
+            ));
         }
+    }
+    let claims = match credentials.verifier.verify_header(header) {
+        Ok(claims) => claims,
+        // An operator's token, valid, on a tenant endpoint: say so.
+        Err(_)
+            if (credentials.operator_verifier.as_ref())
+                .is_some_and(|v| v.verify_header(header).is_ok()) =>
+        {
+            return Err(forbidden(
+                "this endpoint is for tenants; use a tenant token",
+            ))
+        }
+        Err(e) => return Err(unauthenticated(e)),
+    };
+    match (claims.role, claims.tenant) {
+        (Role::Tenant, Some(tenant)) => Ok(by_token(tenant)),
+        (Role::Admin, _) => Err(forbidden(
+            "a tenant key does not vouch for admin tokens: operators' tokens are \
+             signed by an operator key (--operator-key)",
+        )),
+        _ => Err(forbidden(
+            "this endpoint is for tenants; use a tenant token",
+        )),
     }
 }
 
@@ -184,6 +245,19 @@ impl FromRequestParts<GlobalState> for AdminCaller {
         let credentials = state.credentials.current();
         let header = bearer(parts);
         if let Ok(token) = gangway_auth::jwt::bearer_token(header) {
+            if token.starts_with(KEY_PREFIX) {
+                let key = verify_key(&state.identity, &state.regions, token)
+                    .await
+                    .map_err(key_refused)?;
+                if key.scope != KeyScope::Admin {
+                    return Err(scope_refused(
+                        "this endpoint is for operators; a tenant's API key may not use it",
+                    ));
+                }
+                let subject = format!("key:{}", key.key_id);
+                limit(state, &format!("admin:{subject}"))?;
+                return Ok(AdminCaller { subject });
+            }
             if let Some(oidc) = issued_by(&state.oidc_operators, token) {
                 let claims = oidc.verify(token).await.map_err(unauthenticated)?;
                 if let OidcKind::Operators {

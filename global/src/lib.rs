@@ -10,6 +10,8 @@
 //! - [`credentials`]: the keys and the regions' CA, reloadable (SIGHUP).
 //! - [`auth`]: the `Caller` extractors (JWT, role, per-tenant rate limit).
 //! - [`ratelimit`]: per-tenant token buckets (governor).
+//! - [`identity`]: tenants' records and API keys, kept by a majority of
+//!   regions, cached for seconds.
 //! - [`regions`]: the region set: service tokens, forwarding, health.
 //! - [`routing`]: rendezvous order and the choice of a region for a job.
 //! - [`state`]: [`GlobalState`], what every handler shares.
@@ -23,6 +25,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod credentials;
+pub mod identity;
 pub mod oidc;
 pub mod ratelimit;
 pub mod regions;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::config::GlobalConfig;
 use crate::credentials::Credentials;
+use crate::identity::Identity;
 use crate::oidc::{Oidc, OidcKind};
 use crate::ratelimit::RateLimiter;
 use crate::regions::Regions;
@@ -25,6 +26,8 @@ pub struct GlobalState {
     pub oidc_tenants: Option<Oidc>,
     /// The OpenID Connect issuer of operators' tokens, if one is configured.
     pub oidc_operators: Option<Oidc>,
+    /// Tenants' records and API keys, as a majority of regions holds them.
+    pub identity: Arc<Identity>,
 }
 
 impl GlobalState {
@@ -47,6 +50,7 @@ impl GlobalState {
                 config.tenant_rates.clone(),
             )),
             tenant_regions: Arc::new(config.tenant_regions.clone()),
+            identity: Arc::new(Identity::default()),
         })
     }
 

@@ -172,6 +172,20 @@ pub mod codes {
     /// (409).
     pub const EVACUATION_CONFLICT: &str = "evacuation_conflict";
 
+    /// The tenant is suspended by an operator: none of its credentials
+    /// is served (403).
+    pub const TENANT_SUSPENDED: &str = "tenant_suspended";
+    /// The API key does not allow this: a `read` key on a change, a
+    /// tenant's key on an admin endpoint (403).
+    pub const KEY_SCOPE: &str = "key_scope";
+    /// A key's name, scope, expiry or tenant is not acceptable (422).
+    pub const INVALID_API_KEY: &str = "invalid_api_key";
+    /// A tenant by that id exists already (409).
+    pub const TENANT_EXISTS: &str = "tenant_exists";
+    /// Too few regions answered to read or write tenants and keys (their
+    /// records are kept by a majority of regions): retry (503).
+    pub const IDENTITY_UNAVAILABLE: &str = "identity_unavailable";
+
     /// Every code above, so documents and tests can list them. A new code
     /// goes here too.
     pub const ALL: &[&str] = &[
@@ -227,5 +241,10 @@ pub mod codes {
         INVALID_CLUSTER,
         CLUSTER_CONFLICT,
         EVACUATION_CONFLICT,
+        TENANT_SUSPENDED,
+        KEY_SCOPE,
+        INVALID_API_KEY,
+        TENANT_EXISTS,
+        IDENTITY_UNAVAILABLE,
     ];
 }

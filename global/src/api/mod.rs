@@ -13,6 +13,8 @@
 //! - `admin/`: operator endpoints, a file per concern (quotas and limits,
 //!   jobs, nodes and the inventory, audit, maintenance, usage).
 //! - `evacuation.rs`: operators' evacuation and fail back of a region.
+//! - `keys.rs`: API keys, a tenant's own and operators' (`admin/tenants.rs`
+//!   has the tenants' records).
 //! - `relay.rs`: calling the regions for a caller — answers relayed as
 //!   they are, the region that has a job or resource found, keyed creates'
 //!   regions claimed.
@@ -24,6 +26,7 @@ mod admin;
 mod clusters;
 mod evacuation;
 mod jobs;
+mod keys;
 pub mod openapi;
 mod relay;
 mod reservations;
@@ -50,6 +53,28 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/explain", get(jobs::explain))
         .route("/v1/regions", get(jobs::regions))
+        .route("/v1/keys", post(keys::create).get(keys::list))
+        .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))
+        .route(
+            "/v1/admin/keys",
+            post(keys::admin_create).get(keys::admin_list),
+        )
+        .route(
+            "/v1/admin/keys/{id}",
+            axum::routing::delete(keys::admin_revoke),
+        )
+        .route(
+            "/v1/admin/tenants",
+            post(admin::create_tenant).get(admin::list_tenants),
+        )
+        .route(
+            "/v1/admin/tenants/{tenant}/suspend",
+            post(admin::suspend_tenant),
+        )
+        .route(
+            "/v1/admin/tenants/{tenant}/resume",
+            post(admin::resume_tenant),
+        )
         .route(
             "/v1/reservations",
             post(reservations::create).get(reservations::list),

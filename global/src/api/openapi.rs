@@ -30,7 +30,7 @@ use utoipa::openapi::RefOr;
 use utoipa::{Modify, OpenApi};
 
 use super::responses::*;
-use super::{admin, clusters, evacuation, jobs, reservations};
+use super::{admin, clusters, evacuation, jobs, keys, reservations};
 
 pub use super::responses::auth_codes;
 
@@ -62,6 +62,16 @@ pub const BEARER: &str = "bearer";
         jobs::events,
         jobs::explain,
         jobs::regions,
+        keys::create,
+        keys::list,
+        keys::revoke,
+        keys::admin_create,
+        keys::admin_list,
+        keys::admin_revoke,
+        admin::create_tenant,
+        admin::list_tenants,
+        admin::suspend_tenant,
+        admin::resume_tenant,
         reservations::create,
         reservations::list,
         reservations::get,
@@ -175,6 +185,17 @@ pub const BEARER: &str = "bearer";
             Evacuation,
             EvacuationJob,
             EvacuationState,
+            gangway_shared::api::ApiKey,
+            gangway_shared::api::ApiKeyCreate,
+            gangway_shared::api::ApiKeyCreated,
+            gangway_shared::api::ApiKeyList,
+            gangway_shared::api::KeyScope,
+            gangway_shared::api::TenantRecord,
+            gangway_shared::api::TenantCreate,
+            gangway_shared::api::TenantSuspend,
+            gangway_shared::api::TenantChanged,
+            gangway_shared::api::TenantList,
+            gangway_shared::api::TenantState,
             ErrorBody,
         ),
         responses(
@@ -188,6 +209,7 @@ pub const BEARER: &str = "bearer";
             ClusterNotFound,
             ClusterRefused,
             RegionUnavailable,
+            IdentityUnavailable,
             PayloadTooLarge,
             UnsupportedMediaType,
         )
@@ -200,6 +222,8 @@ pub const BEARER: &str = "bearer";
             a region, and its jobs run in."),
         (name = "clusters", description = "Dedicated clusters: whole nodes of a region bound \
             to one tenant, inside one topology domain, that only its jobs naming them run on."),
+        (name = "keys", description = "A tenant's API keys: made, listed and revoked by the \
+            tenant itself."),
         (name = "admin", description = "Operator endpoints; they take an admin token."),
         (name = "meta", description = "Health and this document; no token needed."),
     )

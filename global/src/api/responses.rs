@@ -115,8 +115,11 @@ impl<'r> ToResponse<'r> for Forbidden {
     fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
         let text = errors(
             "The token is valid but its role may not call this endpoint: jobs and \
-             regions take tenant tokens, admin endpoints admin tokens.",
-            &[codes::FORBIDDEN],
+             regions take tenant tokens, admin endpoints admin tokens (`forbidden`); an API \
+             key's scope does not allow it (`key_scope`: a `read` key changes nothing, a \
+             tenant's key calls no admin endpoint); or the tenant is suspended by an \
+             operator (`tenant_suspended`).",
+            &[codes::FORBIDDEN, codes::KEY_SCOPE, codes::TENANT_SUSPENDED],
         );
         ("Forbidden", error_response(text).build().into())
     }
@@ -278,6 +281,30 @@ impl<'r> ToResponse<'r> for RegionUnavailable {
                 .header(
                     "Retry-After",
                     integer_header("Seconds to wait before retrying (`overloaded` only)."),
+                )
+                .build()
+                .into(),
+        )
+    }
+}
+
+/// 503 when too few regions answer to read or write tenants and keys.
+pub struct IdentityUnavailable;
+
+impl<'r> ToResponse<'r> for IdentityUnavailable {
+    fn response() -> (&'r str, RefOr<utoipa::openapi::Response>) {
+        let text = errors(
+            "Tenants' records and API keys are kept by a majority of regions, and too few \
+             answered; retry after the `Retry-After` seconds. An API key is refused the same \
+             way while no majority answers.",
+            &[codes::IDENTITY_UNAVAILABLE],
+        );
+        (
+            "IdentityUnavailable",
+            error_response(text)
+                .header(
+                    "Retry-After",
+                    integer_header("Seconds to wait before retrying."),
                 )
                 .build()
                 .into(),

@@ -33,6 +33,7 @@ mod copies;
 pub mod error;
 mod evacuation;
 mod extract;
+mod identity;
 mod jobs;
 mod maintenance;
 mod nodes;
@@ -100,6 +101,15 @@ pub fn app(state: AppState) -> Router {
                 .delete(clusters::delete_any),
         )
         .route("/internal/v1/claims", post(jobs::claim))
+        .route("/internal/v1/identity/{kind}", get(identity::list))
+        .route(
+            "/internal/v1/identity/{kind}/{id}",
+            get(identity::get).put(identity::put),
+        )
+        .route(
+            "/internal/v1/identity/{kind}/{id}/used",
+            post(identity::used),
+        )
         .route("/internal/v1/peers/heartbeat", post(peers::heartbeat))
         .route("/internal/v1/replicas/intents", post(peers::hold_intent))
         .route(

@@ -224,6 +224,7 @@ pub mod closings;
 mod clusters;
 pub mod commitment_copies;
 pub mod handovers;
+mod identity;
 mod inventory;
 mod jobs;
 mod keyed;

@@ -18,6 +18,7 @@
 //!   `crate::cluster`.
 
 mod audit;
+mod identity;
 mod jobs;
 mod maintenance;
 mod nodes;
@@ -26,6 +27,7 @@ mod regions;
 mod usage;
 
 pub use audit::*;
+pub use identity::*;
 pub use jobs::*;
 pub use maintenance::*;
 pub use nodes::*;

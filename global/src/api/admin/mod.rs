@@ -20,6 +20,7 @@ mod jobs;
 mod maintenance;
 mod nodes;
 mod quotas;
+mod tenants;
 mod usage;
 
 pub use audit::*;
@@ -27,6 +28,7 @@ pub use jobs::*;
 pub use maintenance::*;
 pub use nodes::*;
 pub use quotas::*;
+pub use tenants::*;
 pub use usage::*;
 
 use std::collections::BTreeMap;
