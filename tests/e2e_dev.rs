@@ -746,29 +746,58 @@ async fn requests_are_logged_as_json_with_one_id_across_tiers_and_counted_by_rou
     dev.interrupt();
 }
 
-/// One call as a user's HTTP client makes it: status and JSON body.
-async fn call(
-    http: &reqwest::Client,
-    method: reqwest::Method,
-    url: &str,
-    token: &str,
-    body: Option<serde_json::Value>,
-) -> (u16, serde_json::Value) {
-    let mut req = http.request(method, url).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(&b);
+/// The public API as a user's HTTP client calls it: status and JSON body.
+struct Api(reqwest::Client);
+
+impl Api {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        token: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut req = self.0.request(method, url).bearer_auth(token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+        (status, json)
     }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
-    )
+
+    async fn get(&self, url: &str, token: &str) -> (u16, serde_json::Value) {
+        self.call(reqwest::Method::GET, url, token, None).await
+    }
+
+    async fn post(
+        &self,
+        url: &str,
+        token: &str,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        self.call(reqwest::Method::POST, url, token, Some(body))
+            .await
+    }
+
+    async fn delete(&self, url: &str, token: &str) -> (u16, serde_json::Value) {
+        self.call(reqwest::Method::DELETE, url, token, None).await
+    }
 }
 
-/// Polls `check` until it holds, for at most `within`; how long it took.
-async fn within<F, Fut>(within: Duration, what: &str, mut check: F) -> Duration
+/// An answer that is `status` with `code`.
+fn refused((status, body): (u16, serde_json::Value), want: u16, code: &str) {
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (want, Some(code)),
+        "{body}"
+    );
+}
+
+/// Polls `check` until it holds, for at most `within`.
+async fn within<F, Fut>(within: Duration, what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -778,7 +807,6 @@ where
         assert!(started.elapsed() < within, "{what}: not within {within:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    started.elapsed()
 }
 
 fn job_body(name: &str) -> serde_json::Value {
@@ -790,7 +818,7 @@ fn job_body(name: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_keys_and_suspended_tenants_are_refused_by_every_replica_within_seconds() {
-    use reqwest::Method;
+    use serde_json::json;
     let _one = ONE_DEV_UP.lock().await;
     let root = tempfile::Builder::new()
         .prefix("gangway-devkeys-")
@@ -802,16 +830,14 @@ async fn api_keys_and_suspended_tenants_are_refused_by_every_replica_within_seco
     let env = read_env(&mut dev, &state);
     let ca =
         reqwest::Certificate::from_pem(&std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap()).unwrap();
-    let http = reqwest::Client::builder()
+    let api = Api(reqwest::Client::builder()
         .add_root_certificate(ca)
         .build()
-        .unwrap();
-    let replicas: Vec<String> = env["GANGWAY_GLOBAL_REPLICAS"]
-        .split(',')
-        .map(String::from)
-        .collect();
-    assert_eq!(replicas.len(), 2);
-    let (a, b) = (replicas[0].as_str(), replicas[1].as_str());
+        .unwrap());
+    let replicas: Vec<&str> = env["GANGWAY_GLOBAL_REPLICAS"].split(',').collect();
+    let [a, b] = replicas[..] else {
+        panic!("two replicas: {replicas:?}")
+    };
     let acme = env["GANGWAY_TOKEN"].as_str();
     let globex = env["GANGWAY_TOKEN_GLOBEX"].as_str();
     let admin = env["GANGWAY_ADMIN_TOKEN"].as_str();
@@ -820,123 +846,76 @@ async fn api_keys_and_suspended_tenants_are_refused_by_every_replica_within_seco
     let promised = Duration::from_secs(5 + 5);
 
     // A tenant makes a read key and a submit key on one replica.
-    let (s, read) = call(
-        &http,
-        Method::POST,
-        &format!("{a}/v1/keys"),
-        acme,
-        Some(serde_json::json!({"name": "dash", "scope": "read"})),
-    )
-    .await;
+    let keys_a = format!("{a}/v1/keys");
+    let (s, read) = api
+        .post(&keys_a, acme, json!({"name": "dash", "scope": "read"}))
+        .await;
     assert_eq!(s, 201, "{read}");
-    let (s, ci) = call(
-        &http,
-        Method::POST,
-        &format!("{a}/v1/keys"),
-        acme,
-        Some(serde_json::json!({"name": "ci", "expires_in_s": 7_776_000})),
-    )
-    .await;
+    let (s, ci) = api
+        .post(
+            &keys_a,
+            acme,
+            json!({"name": "ci", "expires_in_s": 7_776_000}),
+        )
+        .await;
     assert_eq!(s, 201, "{ci}");
     let read_secret = read["secret"].as_str().unwrap().to_string();
     let ci_secret = ci["secret"].as_str().unwrap().to_string();
     let ci_id = ci["key"]["key_id"].as_str().unwrap().to_string();
     assert!(ci_secret.starts_with("gwk_") && ci_secret.contains(&ci_id));
-    assert_eq!(ci["key"]["scope"], "submit");
-    assert_eq!(ci["key"]["tenant"], "acme");
+    assert_eq!(
+        (ci["key"]["scope"].as_str(), ci["key"]["tenant"].as_str()),
+        (Some("submit"), Some("acme"))
+    );
     // Bad requests change nothing.
     for bad in [
-        serde_json::json!({"name": "x", "scope": "admin"}),
-        serde_json::json!({"name": "x", "tenant": "globex"}),
-        serde_json::json!({"name": "has space"}),
-        serde_json::json!({"name": "x", "expires_in_s": 0}),
+        json!({"name": "x", "scope": "admin"}),
+        json!({"name": "x", "tenant": "globex"}),
+        json!({"name": "has space"}),
+        json!({"name": "x", "expires_in_s": 0}),
     ] {
-        let (s, e) = call(
-            &http,
-            Method::POST,
-            &format!("{a}/v1/keys"),
-            acme,
-            Some(bad),
-        )
-        .await;
-        assert_eq!(
-            (s, e["code"].as_str()),
-            (422, Some("invalid_api_key")),
-            "{e}"
-        );
+        refused(api.post(&keys_a, acme, bad).await, 422, "invalid_api_key");
     }
 
     // The other replica serves both keys, each within its scope.
-    let (s, job) = call(
-        &http,
-        Method::POST,
-        &format!("{b}/v1/jobs"),
-        &ci_secret,
-        Some(job_body("by-key")),
-    )
-    .await;
-    assert_eq!(s, 201, "{job}");
-    assert_eq!(job["tenant"], "acme");
-    let (s, _) = call(
-        &http,
-        Method::GET,
-        &format!("{b}/v1/jobs"),
-        &read_secret,
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
-    let (s, e) = call(
-        &http,
-        Method::POST,
-        &format!("{b}/v1/jobs"),
-        &read_secret,
-        Some(job_body("by-read-key")),
-    )
-    .await;
-    assert_eq!((s, e["code"].as_str()), (403, Some("key_scope")), "{e}");
-    let (s, e) = call(
-        &http,
-        Method::GET,
-        &format!("{b}/v1/admin/tenants"),
-        &ci_secret,
-        None,
-    )
-    .await;
-    assert_eq!((s, e["code"].as_str()), (403, Some("key_scope")), "{e}");
+    let (s, job) = api
+        .post(&format!("{b}/v1/jobs"), &ci_secret, job_body("by-key"))
+        .await;
+    assert_eq!((s, job["tenant"].as_str()), (201, Some("acme")), "{job}");
+    assert_eq!(api.get(&format!("{b}/v1/jobs"), &read_secret).await.0, 200);
+    let by_read_key = api
+        .post(&format!("{b}/v1/jobs"), &read_secret, job_body("no"))
+        .await;
+    refused(by_read_key, 403, "key_scope");
+    refused(
+        api.get(&format!("{b}/v1/admin/tenants"), &ci_secret).await,
+        403,
+        "key_scope",
+    );
     // A forged key (a real id, another secret) and a made-up one are refused.
     let forged = format!("gwk_{ci_id}_{}", "0".repeat(64));
-    for token in [
-        forged.as_str(),
-        "gwk_0123456789abcdef_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-    ] {
-        let (s, e) = call(&http, Method::GET, &format!("{b}/v1/jobs"), token, None).await;
-        assert_eq!(s, 401, "{e}");
+    let made_up = format!("gwk_0123456789abcdef_{}", "ab".repeat(32));
+    for token in [&forged, &made_up] {
+        assert_eq!(api.get(&format!("{b}/v1/jobs"), token).await.0, 401);
     }
     // Another tenant sees none of them and cannot revoke them.
-    let (s, theirs) = call(&http, Method::GET, &format!("{b}/v1/keys"), globex, None).await;
+    let (s, theirs) = api.get(&format!("{b}/v1/keys"), globex).await;
     assert_eq!(
         (s, theirs["keys"].as_array().unwrap().len()),
         (200, 0),
         "{theirs}"
     );
-    let (s, _) = call(
-        &http,
-        Method::DELETE,
-        &format!("{b}/v1/keys/{ci_id}"),
-        globex,
-        None,
-    )
-    .await;
-    assert_eq!(s, 404);
+    assert_eq!(
+        api.delete(&format!("{b}/v1/keys/{ci_id}"), globex).await.0,
+        404
+    );
     // The tenant's list, from either replica: both keys, no secret or
     // hash, and the used one's last use once a replica noted it.
     within(promised, "the key's last use listed", || async {
-        let (s, mine) = call(&http, Method::GET, &format!("{a}/v1/keys"), acme, None).await;
-        assert_eq!(s, 200);
+        let (s, mine) = api.get(&keys_a, acme).await;
         let text = mine.to_string();
         assert!(
-            !text.contains(&ci_secret[20..]) && !text.contains("sha256"),
+            s == 200 && !text.contains(&ci_secret[21..]) && !text.contains("sha256"),
             "{text}"
         );
         let keys = mine["keys"].as_array().unwrap();
@@ -948,213 +927,105 @@ async fn api_keys_and_suspended_tenants_are_refused_by_every_replica_within_seco
 
     // Revoked on one replica: refused there at once, on the other (which
     // let it in a moment ago, so holds it in its cache) within seconds.
-    let (s, _) = call(
-        &http,
-        Method::GET,
-        &format!("{b}/v1/jobs"),
-        &ci_secret,
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
-    let (s, revoked) = call(
-        &http,
-        Method::DELETE,
-        &format!("{a}/v1/keys/{ci_id}"),
-        acme,
-        None,
-    )
-    .await;
-    assert_eq!(s, 200, "{revoked}");
-    assert!(revoked["revoked_at"].is_string());
-    let (s, _) = call(
-        &http,
-        Method::GET,
-        &format!("{a}/v1/jobs"),
-        &ci_secret,
-        None,
-    )
-    .await;
-    assert_eq!(s, 401, "the revoking replica refuses it at once");
+    assert_eq!(api.get(&format!("{b}/v1/jobs"), &ci_secret).await.0, 200);
+    let (s, revoked) = api.delete(&format!("{a}/v1/keys/{ci_id}"), acme).await;
+    assert!(s == 200 && revoked["revoked_at"].is_string(), "{revoked}");
+    let at_once = api.get(&format!("{a}/v1/jobs"), &ci_secret).await.0;
+    assert_eq!(at_once, 401, "the revoking replica refuses it at once");
     within(
         promised,
         "the other replica refuses the revoked key",
-        || async {
-            call(
-                &http,
-                Method::GET,
-                &format!("{b}/v1/jobs"),
-                &ci_secret,
-                None,
-            )
-            .await
-            .0 == 401
-        },
+        || async { api.get(&format!("{b}/v1/jobs"), &ci_secret).await.0 == 401 },
     )
     .await;
     // The read key is untouched.
-    let (s, _) = call(
-        &http,
-        Method::GET,
-        &format!("{a}/v1/jobs"),
-        &read_secret,
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
+    assert_eq!(api.get(&format!("{a}/v1/jobs"), &read_secret).await.0, 200);
 
-    // An operator's key works on admin endpoints only.
-    let (s, op) = call(
-        &http,
-        Method::POST,
-        &format!("{a}/v1/admin/keys"),
-        admin,
-        Some(serde_json::json!({"name": "ops-bot", "scope": "admin"})),
-    )
-    .await;
+    // An operator's key works on admin endpoints only; a tenant's token
+    // makes no operator key.
+    let ops = json!({"name": "ops-bot", "scope": "admin"});
+    let (s, op) = api
+        .post(&format!("{a}/v1/admin/keys"), admin, ops.clone())
+        .await;
     assert_eq!(s, 201, "{op}");
-    let op_secret = op["secret"].as_str().unwrap().to_string();
-    let (s, _) = call(
-        &http,
-        Method::GET,
-        &format!("{b}/v1/admin/tenants"),
-        &op_secret,
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
-    let (s, e) = call(
-        &http,
-        Method::GET,
-        &format!("{b}/v1/jobs"),
-        &op_secret,
-        None,
-    )
-    .await;
-    assert_eq!((s, e["code"].as_str()), (403, Some("key_scope")), "{e}");
-    // A tenant's token makes no operator key.
-    let (s, _) = call(
-        &http,
-        Method::POST,
-        &format!("{a}/v1/admin/keys"),
-        acme,
-        Some(serde_json::json!({"name": "sneaky", "scope": "admin"})),
-    )
-    .await;
-    assert_eq!(s, 403);
+    let op_secret = op["secret"].as_str().unwrap();
+    assert_eq!(
+        api.get(&format!("{b}/v1/admin/tenants"), op_secret).await.0,
+        200
+    );
+    refused(
+        api.get(&format!("{b}/v1/jobs"), op_secret).await,
+        403,
+        "key_scope",
+    );
+    assert_eq!(
+        api.post(&format!("{a}/v1/admin/keys"), acme, ops).await.0,
+        403
+    );
 
     // Tenants as records: made once, suspended on one replica and refused
     // on both (token and key alike), its job stopped; another tenant
     // untouched; resumed.
-    let (s, t) = call(
-        &http,
-        Method::POST,
-        &format!("{a}/v1/admin/tenants"),
-        admin,
-        Some(serde_json::json!({"tenant": "acme", "display_name": "Acme Corp"})),
-    )
-    .await;
-    assert_eq!(s, 201, "{t}");
-    assert_eq!(t["state"], "active");
-    let (s, e) = call(
-        &http,
-        Method::POST,
-        &format!("{b}/v1/admin/tenants"),
-        admin,
-        Some(serde_json::json!({"tenant": "acme"})),
-    )
-    .await;
-    assert_eq!((s, e["code"].as_str()), (409, Some("tenant_exists")), "{e}");
-    let (s, e) = call(
-        &http,
-        Method::POST,
-        &format!("{b}/v1/admin/tenants"),
-        admin,
-        Some(serde_json::json!({"tenant": "Not A Tenant"})),
-    )
-    .await;
-    assert_eq!(
-        (s, e["code"].as_str()),
-        (422, Some("invalid_tenant")),
-        "{e}"
+    let tenants = |r: &str| format!("{r}/v1/admin/tenants");
+    let (s, t) = api
+        .post(
+            &tenants(a),
+            admin,
+            json!({"tenant": "acme", "display_name": "Acme Corp"}),
+        )
+        .await;
+    assert_eq!((s, t["state"].as_str()), (201, Some("active")), "{t}");
+    refused(
+        api.post(&tenants(b), admin, json!({"tenant": "acme"}))
+            .await,
+        409,
+        "tenant_exists",
     );
-    let (s, changed) = call(
-        &http,
-        Method::POST,
-        &format!("{b}/v1/admin/tenants/acme/suspend"),
-        admin,
-        Some(serde_json::json!({"stop_jobs": true})),
-    )
-    .await;
-    assert_eq!(s, 200, "{changed}");
-    assert_eq!(changed["tenant"]["state"], "suspended");
+    refused(
+        api.post(&tenants(b), admin, json!({"tenant": "Not Ok"}))
+            .await,
+        422,
+        "invalid_tenant",
+    );
+    let suspend = json!({"stop_jobs": true});
+    let (s, changed) = api
+        .post(&format!("{}/acme/suspend", tenants(b)), admin, suspend)
+        .await;
+    assert_eq!(
+        (s, changed["tenant"]["state"].as_str()),
+        (200, Some("suspended")),
+        "{changed}"
+    );
     assert!(changed["stopped_jobs"].as_u64().unwrap() >= 1, "{changed}");
     for replica in [a, b] {
         for token in [acme, read_secret.as_str()] {
             within(promised, "a suspended tenant refused", || async {
-                let (s, e) = call(
-                    &http,
-                    Method::GET,
-                    &format!("{replica}/v1/jobs"),
-                    token,
-                    None,
-                )
-                .await;
+                let (s, e) = api.get(&format!("{replica}/v1/jobs"), token).await;
                 s == 403 && e["code"] == "tenant_suspended"
             })
             .await;
         }
-        let (s, _) = call(
-            &http,
-            Method::GET,
-            &format!("{replica}/v1/jobs"),
-            globex,
-            None,
-        )
-        .await;
-        assert_eq!(s, 200, "another tenant is served");
+        let other = api.get(&format!("{replica}/v1/jobs"), globex).await.0;
+        assert_eq!(other, 200, "another tenant is served");
     }
-    let (s, list) = call(
-        &http,
-        Method::GET,
-        &format!("{a}/v1/admin/tenants"),
-        admin,
-        None,
-    )
-    .await;
+    let (s, list) = api.get(&tenants(a), admin).await;
     assert_eq!(s, 200);
     assert_eq!(list["tenants"][0]["tenant"], "acme");
     assert_eq!(list["tenants"][0]["state"], "suspended");
-    let (s, audit) = call(
-        &http,
-        Method::GET,
-        &format!("{a}/v1/admin/audit?action=tenant.suspend"),
-        admin,
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
-    assert!(audit.to_string().contains("tenant/acme"), "{audit}");
-    let (s, _) = call(
-        &http,
-        Method::POST,
-        &format!("{a}/v1/admin/tenants/acme/resume"),
-        admin,
-        None,
-    )
-    .await;
+    let (s, audit) = api
+        .get(&format!("{a}/v1/admin/audit?action=tenant.suspend"), admin)
+        .await;
+    assert!(
+        s == 200 && audit.to_string().contains("tenant/acme"),
+        "{audit}"
+    );
+    let (s, _) = api
+        .post(&format!("{}/acme/resume", tenants(a)), admin, json!({}))
+        .await;
     assert_eq!(s, 200);
     for replica in [a, b] {
         within(promised, "a resumed tenant served", || async {
-            call(
-                &http,
-                Method::GET,
-                &format!("{replica}/v1/jobs"),
-                acme,
-                None,
-            )
-            .await
-            .0 == 200
+            api.get(&format!("{replica}/v1/jobs"), acme).await.0 == 200
         })
         .await;
     }
