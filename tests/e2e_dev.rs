@@ -1,7 +1,7 @@
 //! `gangway dev up` as a user runs it: three regions come up, the env file
 //! works, Ctrl-C stops everything, and a second start keeps the data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -1029,5 +1029,175 @@ async fn api_keys_and_suspended_tenants_are_refused_by_every_replica_within_seco
         })
         .await;
     }
+    dev.interrupt();
+}
+
+/// The text of a job's output read so far: `(rank, stream) → text`.
+fn output_of(chunks: &[serde_json::Value]) -> BTreeMap<(u64, String), String> {
+    let mut out: BTreeMap<(u64, String), String> = BTreeMap::new();
+    for c in chunks {
+        let key = (
+            c["rank"].as_u64().unwrap(),
+            c["stream"].as_str().unwrap().to_string(),
+        );
+        out.entry(key)
+            .or_default()
+            .push_str(c["text"].as_str().unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is_lost() {
+    use serde_json::json;
+    let _one = ONE_DEV_UP.lock().await;
+    let root = tempfile::Builder::new()
+        .prefix("gangway-devlogs-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = root.path().join("state");
+    let mut dev = DevUp::start_with(&state, &["--regions", "us-east"]);
+    let env = read_env(&mut dev, &state);
+    let ca =
+        reqwest::Certificate::from_pem(&std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap()).unwrap();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let api = Api(http.clone());
+    let url = env["GANGWAY_URL"].clone();
+    let acme = env["GANGWAY_TOKEN"].clone();
+    let globex = env["GANGWAY_TOKEN_GLOBEX"].as_str();
+    let submit = |script: &str| {
+        json!({
+            "name": "talker", "gpus": 2, "gpus_per_worker": 1, "gpu_type": "h100",
+            "priority": "normal", "estimated_duration_s": 60,
+            "command": ["sh", "-c", script]
+        })
+    };
+
+    // Two ranks, each writing a line every 0.2 s for 5 s, then one to stderr.
+    let script =
+        "for i in $(seq 1 25); do echo \"out $RANK $i\"; sleep 0.2; done; echo \"err $RANK\" >&2";
+    let (s, job) = api
+        .post(&format!("{url}/v1/jobs"), &acme, submit(script))
+        .await;
+    assert_eq!(s, 201, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let logs = format!("{url}/v1/jobs/{id}/logs");
+
+    // Followed from the start, as a stream of chunks.
+    let follow = {
+        let (http, logs, acme) = (http.clone(), logs.clone(), acme.clone());
+        tokio::spawn(async move {
+            let resp = http
+                .get(format!("{logs}?follow=true"))
+                .bearer_auth(&acme)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+            let body = resp.text().await.unwrap();
+            body.lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    // Readable while it runs.
+    within(
+        Duration::from_secs(60),
+        "output while the job runs",
+        || async {
+            let (s, l) = api.get(&logs, &acme).await;
+            assert_eq!(s, 200, "{l}");
+            let out = output_of(l["chunks"].as_array().unwrap());
+            let running = !l["finished"].as_bool().unwrap();
+            running
+                && out
+                    .get(&(0, "stdout".into()))
+                    .is_some_and(|t| t.contains("out 0 3\n"))
+        },
+    )
+    .await;
+    // Another tenant gets nothing, not even that it exists.
+    assert_eq!(api.get(&logs, globex).await.0, 404);
+
+    // The stream ends with the job, every line of both ranks in it, in order.
+    let followed = tokio::time::timeout(Duration::from_secs(120), follow)
+        .await
+        .expect("the follow ends once the job has")
+        .unwrap();
+    let out = output_of(&followed);
+    for rank in [0u64, 1] {
+        let want: String = (1..=25).map(|i| format!("out {rank} {i}\n")).collect();
+        assert_eq!(out[&(rank, "stdout".to_string())], want);
+        assert_eq!(out[&(rank, "stderr".to_string())], format!("err {rank}\n"));
+    }
+    // After it ended: one rank's, read whole again.
+    let (s, l) = api.get(&format!("{logs}?rank=1"), &acme).await;
+    assert!(s == 200 && l["finished"] == true, "{l}");
+    let out = output_of(l["chunks"].as_array().unwrap());
+    assert_eq!(
+        out.keys().map(|k| k.0).collect::<BTreeSet<_>>(),
+        BTreeSet::from([1])
+    );
+    refused(
+        api.get(&format!("{logs}?rank=x"), &acme).await,
+        400,
+        "invalid_query",
+    );
+    // The CLI prints one rank's, stdout and stderr apart.
+    let out = Command::new(BIN)
+        .args(["job", "logs", &id, "--rank", "0"])
+        .env("GANGWAY_STATE_DIR", &state)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with("out 0 1\n") && stdout.ends_with("out 0 25\n"),
+        "{stdout}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err 0"));
+
+    // A job whose machine dies (its agent and workers killed, its disk
+    // wiped): what it wrote is read from the region, not from the node.
+    let (s, job) = api
+        .post(
+            &format!("{url}/v1/jobs"),
+            &acme,
+            submit("i=0; while true; do i=$((i+1)); echo \"tick $i\"; sleep 0.2; done"),
+        )
+        .await;
+    assert_eq!(s, 201, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let logs = format!("{url}/v1/jobs/{id}/logs");
+    within(
+        Duration::from_secs(60),
+        "the second job's output",
+        || async {
+            let (_, l) = api.get(&logs, &acme).await;
+            l.to_string().contains("tick 5\\n")
+        },
+    )
+    .await;
+    let agent_dir = state.join("regions/us-east/agent");
+    let killed = Command::new("pkill")
+        .args(["-KILL", "-f"])
+        .arg(agent_dir.to_str().unwrap())
+        .status()
+        .unwrap();
+    assert!(killed.success(), "the agent was running");
+    std::fs::remove_dir_all(agent_dir.join("jobs").join(&id)).unwrap();
+    let (s, l) = api.get(&format!("{logs}?rank=0"), &acme).await;
+    assert_eq!(s, 200);
+    let out = output_of(l["chunks"].as_array().unwrap());
+    assert!(out[&(0, "stdout".to_string())].starts_with("tick 1\ntick 2\ntick 3\ntick 4\ntick 5\n"));
     dev.interrupt();
 }

@@ -63,6 +63,88 @@ pub enum JobCommand {
         conn: Conn,
         id: Uuid,
     },
+    /// A job's output: its workers' stdout and stderr, every attempt (kept
+    /// off the node as they are written; 16 MiB a job at most).
+    Logs {
+        #[command(flatten)]
+        conn: Conn,
+        id: Uuid,
+        /// Only this rank's (default: every rank's, each line prefixed
+        /// with its rank).
+        #[arg(long)]
+        rank: Option<u32>,
+        /// Only this attempt's.
+        #[arg(long)]
+        attempt: Option<i32>,
+        /// Keep printing new output until the job has ended.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+}
+
+/// Prints a job's output (and follows it): stdout chunks to standard
+/// output, stderr chunks to standard error, prefixed `[rank N] ` per line
+/// unless one rank was asked for. Exits 0.
+async fn print_logs(
+    conn: &Conn,
+    id: Uuid,
+    rank: Option<u32>,
+    attempt: Option<i32>,
+    follow: bool,
+) -> anyhow::Result<u8> {
+    use std::io::Write;
+    let client = conn.client()?;
+    let (mut after, mut quiet) = (0, 0);
+    loop {
+        let logs = client.logs(id, rank, attempt, after).await?;
+        after = logs.next_after;
+        if conn.json {
+            for c in &logs.chunks {
+                println!("{}", serde_json::to_string(c)?);
+            }
+        } else {
+            for c in &logs.chunks {
+                let text = match rank {
+                    Some(_) => c.text.clone(),
+                    None => prefixed(&c.text, c.rank),
+                };
+                if c.stream == "stderr" {
+                    eprint!("{text}");
+                } else {
+                    print!("{text}");
+                }
+            }
+            std::io::stdout().flush()?;
+        }
+        if logs.more {
+            continue;
+        }
+        if !follow
+            || (logs.finished && logs.chunks.is_empty() && {
+                quiet += 1;
+                quiet >= 3
+            })
+        {
+            if logs.dropped_bytes > 0 {
+                eprintln!(
+                    "({} bytes of output not kept: a job keeps {} bytes at most)",
+                    logs.dropped_bytes, logs.limit_bytes
+                );
+            }
+            return Ok(0);
+        }
+        if !logs.chunks.is_empty() {
+            quiet = 0;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// `text` with `[rank N] ` before each line.
+fn prefixed(text: &str, rank: u32) -> String {
+    text.split_inclusive('\n')
+        .map(|l| format!("[rank {rank}] {l}"))
+        .collect()
 }
 
 #[derive(Args, Debug)]
@@ -330,6 +412,13 @@ pub async fn run(cmd: JobCommand) -> anyhow::Result<u8> {
             print_jobs(&conn, &[job], true)?;
             Ok(0)
         }
+        JobCommand::Logs {
+            conn,
+            id,
+            rank,
+            attempt,
+            follow,
+        } => print_logs(&conn, id, rank, attempt, follow).await,
         JobCommand::Events { conn, id } => {
             let events = conn.client()?.events(id).await?;
             if conn.json {

@@ -30,6 +30,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/jobs/{id}/cancel"),
     ("get", "/v1/jobs/{id}/events"),
     ("get", "/v1/jobs/{id}/explain"),
+    ("get", "/v1/jobs/{id}/logs"),
     ("get", "/v1/regions"),
     ("post", "/v1/keys"),
     ("get", "/v1/keys"),

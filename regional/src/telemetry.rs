@@ -105,6 +105,10 @@ fn describe() {
          published once a minute by the leader"
     );
     describe_counter!(
+        "gangway_log_chunks_refused_total",
+        "Pieces of workers' output an agent sent for a worker not on its nodes (not kept)"
+    );
+    describe_counter!(
         "gangway_node_state_changes_total",
         "Nodes whose observed health state changed, by the state entered"
     );

@@ -48,6 +48,7 @@ async fn sync(
         .sync_agent(
             "agent-0",
             &SyncRequest {
+                logs: Vec::new(),
                 boot_id: boot,
                 workers: running
                     .iter()
@@ -174,6 +175,7 @@ async fn checkpoints_are_recorded_once_the_newest_is_the_highest_epoch_and_seq_a
         .sync_agent(
             "agent-0",
             &SyncRequest {
+                logs: Vec::new(),
                 boot_id: boot,
                 workers: vec![WorkerReport {
                     job_id: id,
@@ -256,6 +258,7 @@ async fn with_a_checkpoint_store_the_region_records_only_what_is_committed_there
             let r = http
                 .post(format!("{base}/internal/v1/agents/agent-0/sync"))
                 .json(&SyncRequest {
+                    logs: Vec::new(),
                     boot_id: boot,
                     workers: vec![],
                     nodes: vec![],

@@ -153,6 +153,7 @@ async fn a_node_is_served_by_the_agent_the_inventory_names_and_reports_only_for_
         .unwrap()
         .get(0);
     let report = SyncRequest {
+        logs: Vec::new(),
         boot_id: a.boot_id,
         workers: vec![],
         checkpoints: None,
@@ -229,6 +230,7 @@ async fn a_second_claimant_is_refused_while_the_first_is_alive_and_takes_over_af
         codes::NODE_CLAIMED
     );
     let sync = SyncRequest {
+        logs: Vec::new(),
         boot_id: restart.boot_id,
         workers: vec![],
         checkpoints: None,

@@ -490,6 +490,7 @@ async fn an_overloaded_region_sheds_submissions_and_listings_but_hears_its_agent
     let sync = http
         .post(format!("{base}/internal/v1/agents/agent-n0/sync"))
         .json(&gangway_shared::agent::SyncRequest {
+            logs: Vec::new(),
             boot_id: fleet.boots[0],
             workers: vec![],
             nodes: vec![],
@@ -533,6 +534,7 @@ async fn submissions_are_shed_while_the_agents_syncs_queue_for_the_database() {
     .await
     .unwrap();
     let started = gangway_shared::agent::SyncRequest {
+        logs: Vec::new(),
         boot_id: fleet.boots[0],
         workers: vec![gangway_shared::agent::WorkerReport {
             status: gangway_shared::agent::WorkerStatus::Running,

@@ -268,6 +268,7 @@ async fn act(store: &Store, boot: Uuid, signals: Vec<(String, Signal)>) -> Vec<D
         })
         .collect();
     let sync = |workers, nodes| SyncRequest {
+        logs: Vec::new(),
         boot_id: boot,
         workers,
         nodes,

@@ -127,6 +127,7 @@ fn job_at(tenant: &str, gpus: i32, per: i32, priority: Priority, estimate_s: i64
 /// and exit. Returns the assignments it was given.
 async fn agent(store: &Store, boot: Uuid, finish: &[Uuid]) -> Vec<Assignment> {
     let sync = |workers| SyncRequest {
+        logs: Vec::new(),
         boot_id: boot,
         workers,
         nodes: Vec::new(),

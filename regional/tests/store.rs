@@ -547,6 +547,7 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
         .sync_agent(
             "agent-0",
             &SyncRequest {
+                logs: Vec::new(),
                 boot_id: boot,
                 workers: Vec::new(),
                 nodes: Vec::new(),
@@ -583,6 +584,7 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
         .sync_agent(
             "agent-0",
             &SyncRequest {
+                logs: Vec::new(),
                 boot_id: boot,
                 workers: reports,
                 nodes: Vec::new(),
@@ -1233,6 +1235,7 @@ async fn a_checkpoint_reported_by_a_running_worker_is_where_the_work_at_risk_sta
     let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
     assert_eq!(snap.running[0].checkpointed, None);
     let report = |checkpoint: &str| SyncRequest {
+        logs: Vec::new(),
         boot_id: boot,
         workers: vec![WorkerReport {
             job_id: id,

@@ -174,6 +174,44 @@ pub struct SyncRequest {
     /// before health reporting).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeReport>,
+    /// Output its workers wrote since the last sync the region took logs
+    /// from (the real executor's; bounded per sync): shipped off the node
+    /// as it is written, so it outlives the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<LogChunk>,
+}
+
+/// A piece of one worker's standard output or error, at its byte offset in
+/// that stream: the region keeps each (job, attempt, rank, stream, offset)
+/// once, so a chunk sent again changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogChunk {
+    pub job_id: Uuid,
+    pub rank: u32,
+    pub attempt: i32,
+    pub stream: LogStream,
+    pub offset: u64,
+    /// The bytes as UTF-8 (invalid sequences replaced); whole characters.
+    pub text: String,
+    /// How many bytes of the stream this chunk covers (the text's length
+    /// before replacement).
+    pub len: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogStream {
+    Stdout,
+    Stderr,
+}
+
+impl LogStream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogStream::Stdout => "stdout",
+            LogStream::Stderr => "stderr",
+        }
+    }
 }
 
 /// A checkpoint committed to the region's checkpoint store: the summary of
@@ -296,4 +334,8 @@ pub struct SyncResponse {
     /// until then the job's GPUs stay allocated to it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub report_again: bool,
+    /// The region kept the sync's log chunks (or had none to keep): the
+    /// agent moves past them. Otherwise it sends them again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logs_kept: bool,
 }

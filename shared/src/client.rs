@@ -251,6 +251,26 @@ impl Client {
             .await
     }
 
+    /// A job's output after `after` (a chunk's `seq`), of one rank or
+    /// attempt if given.
+    pub async fn logs(
+        &self,
+        id: Uuid,
+        rank: Option<u32>,
+        attempt: Option<i32>,
+        after: i64,
+    ) -> Result<crate::api::JobLogs, ClientError> {
+        let mut q = vec![("after", after.to_string())];
+        if let Some(r) = rank {
+            q.push(("rank", r.to_string()));
+        }
+        if let Some(a) = attempt {
+            q.push(("attempt", a.to_string()));
+        }
+        let path = format!("/v1/jobs/{id}/logs?{}", crate::http::query_string(&q));
+        self.send(self.request(Method::GET, &path)).await
+    }
+
     pub async fn explain(&self, id: Uuid) -> Result<Explanation, ClientError> {
         self.send(self.request(Method::GET, &format!("/v1/jobs/{id}/explain")))
             .await

@@ -463,6 +463,151 @@ pub async fn events(
     forward_to_owner(&state, &caller.tenant, id, Method::GET, "events").await
 }
 
+#[derive(Clone, Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct LogsParams {
+    /// Only this worker rank's output.
+    rank: Option<u32>,
+    /// Only this attempt's (a job restarted after a preemption or a lost
+    /// node runs again as a new attempt).
+    attempt: Option<i32>,
+    /// Only chunks after this one (`seq`; the `next_after` of a read).
+    after: Option<i64>,
+    /// Stream the output as it comes (`application/x-ndjson`, one
+    /// `JobLogChunk` a line) until the job has ended and its output is
+    /// whole.
+    #[serde(default)]
+    follow: bool,
+}
+
+impl LogsParams {
+    fn region_query(&self, after: i64) -> String {
+        let mut q = vec![("after", after.to_string())];
+        if let Some(r) = self.rank {
+            q.push(("rank", r.to_string()));
+        }
+        if let Some(a) = self.attempt {
+            q.push(("attempt", a.to_string()));
+        }
+        gangway_shared::http::query_string(&q)
+    }
+}
+
+/// A job's output
+///
+/// Its workers' standard output and error, every attempt, in the order
+/// they reached the region (agents ship them as they are written, so they
+/// outlive the node). At most `limit_bytes` (16 MiB) a job are kept;
+/// `dropped_bytes` says how much was not. Read on with `after`, or
+/// `follow=true` to stream until the job has ended. Output of attempts
+/// run in a region the job has since left stays in that region.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/logs",
+    operation_id = "job_logs",
+    tag = "jobs",
+    security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "The job's id."), LogsParams),
+    responses(
+        (status = 200, description = "The output after `after` (with `follow`, a stream of \
+            `JobLogChunk` lines).", body = gangway_shared::api::JobLogs),
+        (status = 400, description = responses::errors(
+            "A query parameter is unknown or malformed.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::JobNotFound),
+        (status = 429, response = responses::RateLimited),
+        (status = 503, response = responses::RegionUnavailable),
+    )
+)]
+pub async fn logs(
+    State(state): State<GlobalState>,
+    caller: TenantCaller,
+    JobId(id): JobId,
+    Query(p): Query<LogsParams>,
+) -> Result<Response, ApiError> {
+    let region = find_owner(&state, &caller.tenant, id).await?.0.name.clone();
+    let path = format!("/v1/jobs/{id}/logs");
+    let (tenant, follow, after) = (caller.tenant, p.follow, p.after);
+    let read = move |after: i64| {
+        let query = p.region_query(after);
+        let (state, region, tenant, path) =
+            (state.clone(), region.clone(), tenant.clone(), path.clone());
+        async move {
+            let region = state.regions.get(&region).expect("a configured region");
+            let call = Call {
+                query: Some(&query),
+                ..Who::Tenant(&tenant).call()
+            };
+            state.regions.call(region, Method::GET, &path, call).await
+        }
+    };
+    let first = read(after.unwrap_or(0))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    if !follow || first.status != StatusCode::OK {
+        return Ok(relay(first));
+    }
+    let Ok(first) = serde_json::from_slice::<gangway_shared::api::JobLogs>(&first.body) else {
+        return Ok(relay(first));
+    };
+    // Polls the region: at once while it has more, every second while
+    // the job runs; ends once the job has ended and three reads in a row
+    // found nothing (its agent's last sync may still carry a piece).
+    struct Follow {
+        pending: Option<gangway_shared::api::JobLogs>,
+        after: i64,
+        more: bool,
+        quiet: u32,
+    }
+    let start = Follow {
+        after: first.next_after,
+        more: first.more,
+        pending: Some(first),
+        quiet: 0,
+    };
+    let stream = futures_util::stream::unfold(start, move |mut f| {
+        let read = read.clone();
+        async move {
+            loop {
+                let logs = match f.pending.take() {
+                    Some(l) => l,
+                    None => {
+                        if !f.more {
+                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        }
+                        let answer = read(f.after).await.ok()?;
+                        serde_json::from_slice::<gangway_shared::api::JobLogs>(&answer.body).ok()?
+                    }
+                };
+                f.after = logs.next_after;
+                f.more = logs.more;
+                if logs.chunks.is_empty() {
+                    f.quiet = if logs.finished { f.quiet + 1 } else { 0 };
+                    if f.quiet >= 3 {
+                        return None;
+                    }
+                    continue;
+                }
+                f.quiet = 0;
+                let mut lines = Vec::new();
+                for c in &logs.chunks {
+                    serde_json::to_writer(&mut lines, c).expect("a chunk serializes");
+                    lines.push(b'\n');
+                }
+                return Some((Ok::<_, std::convert::Infallible>(lines), f));
+            }
+        }
+    });
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response())
+}
+
 /// Why a job is where it is
 ///
 /// For a queued job: over quota, no capacity, or placed by the next pass.

@@ -52,6 +52,7 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/explain", get(jobs::explain))
+        .route("/v1/jobs/{id}/logs", get(jobs::logs))
         .route("/v1/regions", get(jobs::regions))
         .route("/v1/keys", post(keys::create).get(keys::list))
         .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))

@@ -16,6 +16,7 @@ use crate::config::{AgentConfig, ExecutorKind};
 use crate::executor::isolation::Isolation;
 use crate::executor::Executor;
 use crate::health::{machine_boot_id, nvml_gpu_power_w, spawn_nvml, Signals};
+use crate::logs::LogShipper;
 use crate::region::{is_transient, must_reregister, Backoff, RegionClient, RegionLink};
 use crate::workers::Workers;
 
@@ -75,6 +76,8 @@ struct Agent {
     checkpoints: Option<Arc<Checkpoints>>,
     /// What real workers run as and may touch.
     isolation: Arc<Isolation>,
+    /// Real executor: workers' output, shipped with the syncs.
+    logs: Option<LogShipper>,
 }
 
 /// The agent's lease on its workers: renewed by every successful sync (and
@@ -155,6 +158,9 @@ impl Agent {
             ExecutorKind::Sim => (None, Isolation::off()),
         };
         Ok(Agent {
+            logs: checkpoints
+                .is_some()
+                .then(|| LogShipper::new(&config.work_dir)),
             checkpoints,
             isolation: Arc::new(isolation),
             host_id: crate::identity::host_id(&config.work_dir),
@@ -230,9 +236,12 @@ impl Agent {
             workers.collect_exits().await;
             let signals = self.signals.pending();
             let uploaded = self.checkpoints.as_ref().map(|c| c.pending());
+            let reports = workers.reports();
+            let logs = (self.logs.as_mut()).map_or_else(Vec::new, |l| l.pending(&reports));
             let req = SyncRequest {
+                logs,
                 boot_id: self.boot_id,
-                workers: workers.reports(),
+                workers: reports,
                 checkpoints: uploaded.clone(),
                 nodes: self
                     .config
@@ -270,6 +279,9 @@ impl Agent {
                     self.signals.accepted(signals.len());
                     if let (Some(store), Some(sent)) = (&self.checkpoints, &uploaded) {
                         store.accepted(sent);
+                    }
+                    if let (Some(logs), true) = (self.logs.as_mut(), resp.logs_kept) {
+                        logs.kept(&req.logs);
                     }
                     workers.reconcile(&resp.assignments);
                     // Sync early when a worker exits, so the region hears

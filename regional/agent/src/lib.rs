@@ -45,6 +45,7 @@ mod executor;
 pub mod fleet;
 mod health;
 pub mod identity;
+mod logs;
 mod region;
 mod workers;
 

@@ -94,6 +94,16 @@ pub async fn sync(
     let work = {
         let agent_id = agent_id.clone();
         tokio::spawn(async move {
+            // Output first: a job seen ended has the output its last sync
+            // carried (a follower stops reading once it is).
+            let logs_kept = req.logs.is_empty()
+                || match store.append_logs(&agent_id, &req.logs).await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, %agent_id, "workers' output not kept; the agent sends it again");
+                        false
+                    }
+                };
             let outcome = retry_races(|| store.sync_agent(&agent_id, &req, timing)).await;
             let kind = match &outcome {
                 Ok(o) if o.quiet => "quiet",
@@ -102,10 +112,10 @@ pub async fn sync(
             };
             metrics::histogram!("gangway_sync_seconds", "kind" => kind)
                 .record(started.elapsed().as_secs_f64());
-            outcome.map(|o| (o, req))
+            outcome.map(|o| (o, req, logs_kept))
         })
     };
-    let (mut outcome, req) = work.await.map_err(|e| {
+    let (mut outcome, req, logs_kept) = work.await.map_err(|e| {
         ApiError::new(
             axum::http::StatusCode::INTERNAL_SERVER_ERROR,
             gangway_shared::error::codes::INTERNAL,
@@ -121,6 +131,7 @@ pub async fn sync(
     Ok(axum::Json(SyncResponse {
         assignments: outcome.assignments,
         report_again: outcome.deferred,
+        logs_kept,
     }))
 }
 

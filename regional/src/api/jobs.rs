@@ -318,6 +318,28 @@ pub async fn events(
     Ok(axum::Json(JobEvents { job_id: id, events }))
 }
 
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsQuery {
+    rank: Option<u32>,
+    attempt: Option<i32>,
+    #[serde(default)]
+    after: i64,
+}
+
+/// `GET /v1/jobs/{id}/logs`: the job's output after `after`.
+pub async fn logs(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    JobId(id): JobId,
+    Query(q): Query<LogsQuery>,
+) -> Result<axum::Json<gangway_shared::api::JobLogs>, ApiError> {
+    let logs = (state.store)
+        .job_logs(&tenant, id, q.rank, q.attempt, q.after)
+        .await?;
+    Ok(axum::Json(logs))
+}
+
 pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionStatus>, ApiError> {
     // One read at a time, and one per STATUS_TTL (on 10,000 GPUs the read
     // covers every node). A stale answer is given at once while a read

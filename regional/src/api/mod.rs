@@ -65,6 +65,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/explain", get(jobs::explain))
+        .route("/v1/jobs/{id}/logs", get(jobs::logs))
         .route(
             "/v1/reservations",
             post(reservations::create).get(reservations::list),

@@ -229,6 +229,7 @@ mod inventory;
 mod jobs;
 mod keyed;
 mod limits;
+mod logs;
 mod maintenance;
 mod nodes;
 mod pg_tls;

@@ -209,6 +209,7 @@ impl Fleet {
             .sync_agent(
                 &format!("agent-n{n}"),
                 &SyncRequest {
+                    logs: Vec::new(),
                     boot_id: self.boots[n],
                     workers,
                     nodes: vec![NodeReport {

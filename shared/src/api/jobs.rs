@@ -617,3 +617,45 @@ pub struct DryRunNode {
     pub node: String,
     pub gpus: Vec<u32>,
 }
+
+/// Most bytes of output a job keeps (every attempt, rank and stream
+/// together); what its workers write after that is counted in
+/// [`JobLogs::dropped_bytes`], not kept.
+pub const JOB_LOG_LIMIT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// A piece of a worker's output, as `GET /v1/jobs/{id}/logs` gives it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobLogChunk {
+    /// Its place in the order the region received the job's output: the
+    /// `after` cursor of the next read.
+    pub seq: i64,
+    pub attempt: i32,
+    pub rank: u32,
+    /// `stdout` or `stderr`.
+    pub stream: String,
+    /// Where the text starts in that stream, in bytes.
+    pub offset: u64,
+    pub text: String,
+    /// When the region received it.
+    pub at: DateTime<Utc>,
+}
+
+/// A job's output: its workers' standard output and error, for every
+/// attempt, in the order it reached the region.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobLogs {
+    pub job_id: Uuid,
+    pub chunks: Vec<JobLogChunk>,
+    /// Pass as `after` to read on from here (also when there was nothing).
+    pub next_after: i64,
+    /// More chunks are there now than one answer holds: read on at once.
+    pub more: bool,
+    /// The job has ended: once a read is empty after it, its output is
+    /// whole (but for a last piece its agent may still be sending).
+    pub finished: bool,
+    /// Bytes of output kept, and bytes not kept because the job reached
+    /// [`JOB_LOG_LIMIT_BYTES`] (`limit_bytes`).
+    pub kept_bytes: u64,
+    pub dropped_bytes: u64,
+    pub limit_bytes: u64,
+}

@@ -107,6 +107,7 @@ async fn sync(
     Json(SyncResponse {
         assignments: fake.assignments.clone(),
         report_again,
+        logs_kept: true,
     })
     .into_response()
 }

@@ -71,13 +71,7 @@ pub(crate) const CANNOT_START_EXIT_CODE: i32 = 127;
 
 /// The directory a worker runs in and logs to.
 pub(crate) fn worker_dir(work_dir: &Path, spec: &WorkerSpec) -> PathBuf {
-    work_dir
-        .join("jobs")
-        .join(spec.key.job_id.to_string())
-        .join(format!(
-            "rank-{}-attempt-{}",
-            spec.key.rank, spec.key.attempt
-        ))
+    crate::logs::worker_dir(work_dir, &spec.key)
 }
 
 /// Where a job's checkpoints live on this agent: one directory per job,
