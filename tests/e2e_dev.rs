@@ -1201,3 +1201,164 @@ async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is
     assert!(out[&(0, "stdout".to_string())].starts_with("tick 1\ntick 2\ntick 3\ntick 4\ntick 5\n"));
     dev.interrupt();
 }
+
+/// A span as an OTLP receiver got it: service, name, ids, attributes.
+#[derive(Clone, Debug)]
+struct Received {
+    service: String,
+    name: String,
+    trace_id: Vec<u8>,
+    span_id: Vec<u8>,
+    parent_span_id: Vec<u8>,
+    attributes: BTreeMap<String, String>,
+}
+
+/// An OTLP/HTTP receiver (`POST /v1/traces`, protobuf) on loopback that
+/// keeps every span it is sent; its address.
+async fn otlp_receiver() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
+) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use prost::Message;
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = got.clone();
+    let text = |v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>| match v
+        .as_ref()
+        .and_then(|v| v.value.as_ref())
+    {
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    };
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let keep = keep.clone();
+            async move {
+                let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+                let mut spans = keep.lock().unwrap();
+                for rs in req.resource_spans {
+                    let service = (rs.resource.iter())
+                        .flat_map(|r| &r.attributes)
+                        .find(|a| a.key == "service.name")
+                        .map(|a| text(&a.value))
+                        .unwrap_or_default();
+                    for s in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+                        spans.push(Received {
+                            service: service.clone(),
+                            name: s.name,
+                            trace_id: s.trace_id,
+                            span_id: s.span_id,
+                            parent_span_id: s.parent_span_id,
+                            attributes: (s.attributes.iter())
+                                .map(|a| (a.key.clone(), text(&a.value)))
+                                .collect(),
+                        });
+                    }
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_follows_a_request_from_the_global_tier_to_the_regions_database() {
+    let _one = ONE_DEV_UP.lock().await;
+    let (addr, spans) = otlp_receiver().await;
+    let root = tempfile::Builder::new()
+        .prefix("gangway-devtrace-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = root.path().join("state");
+    let endpoint = format!("http://{addr}");
+    let mut dev = DevUp::start_env(
+        &state,
+        &["--regions", "us-east", "--executor", "sim"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ],
+    );
+    let env = read_env(&mut dev, &state);
+    let ca =
+        reqwest::Certificate::from_pem(&std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap()).unwrap();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let (url, token) = (&env["GANGWAY_URL"], &env["GANGWAY_TOKEN"]);
+    let job: serde_json::Value = http
+        .post(format!("{url}/v1/jobs"))
+        .bearer_auth(token)
+        .json(&job_body("traced"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let resp = http
+        .get(format!("{url}/v1/jobs/{}", job["id"].as_str().unwrap()))
+        .bearer_auth(token)
+        .header("x-request-id", "trace-me-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    // The read's request span in the global tier, the region's request
+    // span under it, and the region's database work under that: one trace.
+    let mut last = Vec::new();
+    within(
+        Duration::from_secs(60),
+        "the read's spans, one trace across tiers",
+        || {
+            let got = spans.lock().unwrap().clone();
+            let of_request = |service: &str| -> Vec<Received> {
+                got.iter()
+                    .filter(|s| {
+                        s.service == service
+                            && s.name == "request"
+                            && s.attributes.get("request_id").map(String::as_str)
+                                == Some("trace-me-1")
+                    })
+                    .cloned()
+                    .collect()
+            };
+            let (global, region) = (of_request("gangway-global"), of_request("gangway-region"));
+            let linked = global.iter().any(|g| {
+                region.iter().any(|r| {
+                    let in_trace = |s: &Received| s.trace_id == g.trace_id;
+                    r.trace_id == g.trace_id
+                        && got.iter().any(|p| {
+                            in_trace(p)
+                                && p.service == "gangway-global"
+                                && p.span_id == r.parent_span_id
+                        })
+                        && got.iter().any(|d| {
+                            in_trace(d)
+                                && d.name == "db"
+                                && d.parent_span_id == r.span_id
+                                && d.attributes.get("db.operation").map(String::as_str)
+                                    == Some("get_job")
+                                && d.attributes.get("db.system").map(String::as_str)
+                                    == Some("postgresql")
+                        })
+                })
+            });
+            last = got;
+            async move { linked }
+        },
+    )
+    .await;
+    assert!(!last.is_empty());
+    dev.interrupt();
+}

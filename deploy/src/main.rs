@@ -168,25 +168,95 @@ enum Command {
 }
 
 /// Logs to standard error, filtered by `GANGWAY_LOG` (an `EnvFilter`:
-/// `info,gangway::access=debug` adds a line per request).
-fn init_tracing(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("GANGWAY_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,refinery_core=warn"));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => fmt.init(),
-        // The event's fields under `fields`, its request's (request_id,
-        // tenant, job_id, method, path) under `span`.
-        LogFormat::Json => fmt
+/// `info,gangway::access=debug` adds a line per request); and, where
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` (or `…_TRACES_ENDPOINT`) is set, exports
+/// spans by OTLP over HTTP as service `gangway-ROLE` (or
+/// `OTEL_SERVICE_NAME`): requests, the global tier's calls to regions (one
+/// trace across tiers) and a region's database work (`gangway::db`). The
+/// provider is flushed when the process ends.
+fn init_tracing(
+    format: LogFormat,
+    role: &str,
+) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
+    let filter = || {
+        EnvFilter::try_from_env("GANGWAY_LOG")
+            .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,refinery_core=warn"))
+    };
+    let text = (format == LogFormat::Text).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+    });
+    // The event's fields under `fields`, its request's (request_id,
+    // tenant, job_id, method, path) under `span`.
+    let json = (format == LogFormat::Json).then(|| {
+        tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(false)
             .with_current_span(true)
             .with_span_list(false)
-            .init(),
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+    });
+    let provider = otlp_provider(role);
+    let traces = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider;
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("gangway"))
+            .with_filter(EnvFilter::new(
+                "info,gangway::db=debug,tower_http=warn,refinery_core=warn",
+            ))
+    });
+    tracing_subscriber::registry()
+        .with(text)
+        .with(json)
+        .with(traces)
+        .init();
+    provider
+}
+
+/// The OTLP exporter and tracer provider, if one is configured.
+fn otlp_provider(role: &str) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    let configured = [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
+    if !configured {
+        return None;
     }
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = match opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .build()
+    {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("warning: OTLP traces are off: {e}");
+            return None;
+        }
+    };
+    let name = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| format!("gangway-{role}"));
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(name)
+                .build(),
+        )
+        .build();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    Some(provider)
 }
 
 /// The command line, with a server role's `--config FILE` expanded
@@ -245,6 +315,16 @@ fn main() -> std::process::ExitCode {
     } else {
         tokio::runtime::Builder::new_multi_thread()
     };
+    // Servers log (and export traces); before the runtime, which the OTLP
+    // exporter's own thread does not use.
+    let role = match &cli.command {
+        Command::Region(region_cli::RegionCli { command: None, .. }) => Some("region"),
+        Command::Global(_) => Some("global"),
+        Command::Agent(_) => Some("agent"),
+        Command::Dev { .. } => Some("dev"),
+        _ => None,
+    };
+    let traces = role.and_then(|role| init_tracing(log_format, role));
     let runtime = builder.enable_all().build().expect("a tokio runtime");
     let result = runtime.block_on(async move {
         match cli.command {
@@ -253,22 +333,18 @@ fn main() -> std::process::ExitCode {
                 ..
             }) => region_cli::run(command).await,
             Command::Region(region_cli::RegionCli { server, .. }) => {
-                init_tracing(log_format);
                 let args = server.ok_or_else(|| {
                     anyhow::anyhow!("gangway region: give --name and --database-url to run one, or a subcommand (evacuate, failback, status)")
                 })?;
                 servers::run_region(args).await.map(|()| 0)
             }
             Command::Global(args) => {
-                init_tracing(log_format);
                 servers::run_global(args).await.map(|()| 0)
             }
             Command::Agent(args) => {
-                init_tracing(log_format);
                 servers::run_agent(args).await.map(|()| 0)
             }
             Command::Dev { command } => {
-                init_tracing(log_format);
                 dev::run(command).await.map(|()| 0)
             }
             Command::Job { command } => jobs_cli::run(command).await,
@@ -326,6 +402,10 @@ fn main() -> std::process::ExitCode {
             }
         }
     });
+    if let Some(provider) = traces {
+        // What the batch still holds goes out before the process ends.
+        let _ = provider.shutdown();
+    }
     match result {
         Ok(code) => std::process::ExitCode::from(code),
         Err(e) => {

@@ -254,6 +254,8 @@ impl Regions {
         if let Some(id) = gangway_shared::http::current_request_id() {
             req = req.header(gangway_shared::http::REQUEST_ID_HEADER, id);
         }
+        // And the trace it is part of, where traces are exported.
+        req = req.headers(gangway_shared::otel::context_headers());
         if let Some(body) = call.body {
             req = req
                 .header(reqwest::header::CONTENT_TYPE, "application/json")

@@ -489,14 +489,18 @@ pub fn finish_router(router: axum::Router) -> axum::Router {
                     .get(REQUEST_ID_HEADER)
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("-");
-                tracing::info_span!(
+                let span = tracing::info_span!(
                     "request",
                     method = %req.method(),
                     path = %req.uri().path(),
                     request_id = %id,
                     tenant = tracing::field::Empty,
                     job_id = tracing::field::Empty,
-                )
+                );
+                // A caller's trace (the global tier's, calling a region)
+                // goes on in this request's span.
+                crate::otel::adopt_parent(&span, req.headers());
+                span
             }),
         )
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))

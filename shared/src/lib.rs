@@ -33,6 +33,7 @@ pub mod error;
 pub mod fleet;
 pub mod http;
 pub mod ids;
+pub mod otel;
 pub mod reload;
 pub mod reservation;
 pub mod tokens;

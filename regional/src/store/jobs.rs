@@ -96,6 +96,7 @@ impl Store {
     /// checked against it first ([`Store::check_job_reservation`],
     /// [`Store::check_job_cluster`]; [`StoreError::Invalid`] when it cannot
     /// run there); a job naming neither takes the one-statement path alone.
+    #[tracing::instrument(level = "debug", target = "gangway::db", name = "db", skip_all, fields(db.system = "postgresql", db.operation = "submit"))]
     pub async fn submit(&self, job: &NewJob) -> Result<SubmitOutcome> {
         Ok(self.submit_checked(job, true, false).await?.0)
     }
@@ -409,6 +410,7 @@ impl Store {
     }
 
     /// A tenant's job. Another tenant's job is [`StoreError::NotFound`].
+    #[tracing::instrument(level = "debug", target = "gangway::db", name = "db", skip_all, fields(db.system = "postgresql", db.operation = "get_job"))]
     pub async fn get_job(&self, tenant: &str, id: Uuid) -> Result<Job> {
         let conn = self.conn().await?;
         let row = conn
@@ -450,6 +452,7 @@ impl Store {
 
     /// A page of a tenant's jobs, newest first (creation time, then id), and
     /// the cursor of the next page when there may be more.
+    #[tracing::instrument(level = "debug", target = "gangway::db", name = "db", skip_all, fields(db.system = "postgresql", db.operation = "list_jobs"))]
     pub async fn list_jobs(
         &self,
         tenant: &str,
@@ -496,6 +499,7 @@ impl Store {
         Ok((jobs, next))
     }
 
+    #[tracing::instrument(level = "debug", target = "gangway::db", name = "db", skip_all, fields(db.system = "postgresql", db.operation = "job_events"))]
     pub async fn job_events(&self, tenant: &str, id: Uuid) -> Result<Vec<JobEvent>> {
         let conn = self.conn().await?;
         let rows = conn

@@ -85,6 +85,7 @@ impl Store {
 
     /// The tenant's job's output after `after` (its `seq`), of one rank
     /// or attempt if asked.
+    #[tracing::instrument(level = "debug", target = "gangway::db", name = "db", skip_all, fields(db.system = "postgresql", db.operation = "job_logs"))]
     pub async fn job_logs(
         &self,
         tenant: &str,
