@@ -92,6 +92,26 @@ fn read_env(dev: &mut DevUp, state: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A state directory for one `dev up` under /tmp, open to PostgreSQL
+/// (it runs as user postgres when we are root).
+fn state_root(prefix: &str) -> tempfile::TempDir {
+    let root = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    root
+}
+
+/// An HTTPS client trusting the cloud's CA (its env file names it).
+fn https(env: &BTreeMap<String, String>) -> reqwest::Client {
+    let pem = std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap();
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .build()
+        .unwrap()
+}
+
 /// One `gangway dev up` at a time: two choose their ports each on its own,
 /// and could choose the same.
 static ONE_DEV_UP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -99,12 +119,7 @@ static ONE_DEV_UP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
     let _one = ONE_DEV_UP.lock().await;
-    let root = tempfile::Builder::new()
-        .prefix("gangway-devup-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    // PostgreSQL runs as user postgres when we are root: let it in.
-    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = state_root("gangway-devup-");
     let state = root.path().join("state");
 
     let mut dev = DevUp::start(&state);
@@ -438,11 +453,7 @@ async fn dev_up_runs_three_regions_stops_on_ctrl_c_and_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_drills_run_against_a_running_dev_cloud_and_leave_it_whole() {
     let _one = ONE_DEV_UP.lock().await;
-    let root = tempfile::Builder::new()
-        .prefix("gangway-devchaos-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = state_root("gangway-devchaos-");
     let state = root.path().join("state");
     let mut dev = DevUp::start_with(&state, &["--short-timers"]);
     let env = read_env(&mut dev, &state);
@@ -587,11 +598,7 @@ fn lines_of_request(file: &Path, request_id: &str) -> Vec<serde_json::Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_are_logged_as_json_with_one_id_across_tiers_and_counted_by_route() {
     let _one = ONE_DEV_UP.lock().await;
-    let root = tempfile::Builder::new()
-        .prefix("gangway-devobs-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = state_root("gangway-devobs-");
     let state = root.path().join("state");
     let mut dev = DevUp::start_env(
         &state,
@@ -599,12 +606,7 @@ async fn requests_are_logged_as_json_with_one_id_across_tiers_and_counted_by_rou
         &[("GANGWAY_LOG", "info,gangway::access=debug")],
     );
     let env = read_env(&mut dev, &state);
-    let ca =
-        reqwest::Certificate::from_pem(&std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap()).unwrap();
-    let http = reqwest::Client::builder()
-        .add_root_certificate(ca)
-        .build()
-        .unwrap();
+    let http = https(&env);
     let url = &env["GANGWAY_URL"];
     let token = &env["GANGWAY_TOKEN"];
     let global_metrics = &env["GANGWAY_GLOBAL_METRICS_URL"];
@@ -820,20 +822,11 @@ fn job_body(name: &str) -> serde_json::Value {
 async fn api_keys_and_suspended_tenants_are_refused_by_every_replica_within_seconds() {
     use serde_json::json;
     let _one = ONE_DEV_UP.lock().await;
-    let root = tempfile::Builder::new()
-        .prefix("gangway-devkeys-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = state_root("gangway-devkeys-");
     let state = root.path().join("state");
     let mut dev = DevUp::start_with(&state, &["--globals", "2", "--executor", "sim"]);
     let env = read_env(&mut dev, &state);
-    let ca =
-        reqwest::Certificate::from_pem(&std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap()).unwrap();
-    let api = Api(reqwest::Client::builder()
-        .add_root_certificate(ca)
-        .build()
-        .unwrap());
+    let api = Api(https(&env));
     let replicas: Vec<&str> = env["GANGWAY_GLOBAL_REPLICAS"].split(',').collect();
     let [a, b] = replicas[..] else {
         panic!("two replicas: {replicas:?}")
@@ -1051,20 +1044,11 @@ fn output_of(chunks: &[serde_json::Value]) -> BTreeMap<(u64, String), String> {
 async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is_lost() {
     use serde_json::json;
     let _one = ONE_DEV_UP.lock().await;
-    let root = tempfile::Builder::new()
-        .prefix("gangway-devlogs-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = state_root("gangway-devlogs-");
     let state = root.path().join("state");
     let mut dev = DevUp::start_with(&state, &["--regions", "us-east"]);
     let env = read_env(&mut dev, &state);
-    let ca =
-        reqwest::Certificate::from_pem(&std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap()).unwrap();
-    let http = reqwest::Client::builder()
-        .add_root_certificate(ca)
-        .build()
-        .unwrap();
+    let http = https(&env);
     let api = Api(http.clone());
     let url = env["GANGWAY_URL"].clone();
     let acme = env["GANGWAY_TOKEN"].clone();
@@ -1272,11 +1256,7 @@ async fn otlp_receiver() -> (
 async fn one_trace_follows_a_request_from_the_global_tier_to_the_regions_database() {
     let _one = ONE_DEV_UP.lock().await;
     let (addr, spans) = otlp_receiver().await;
-    let root = tempfile::Builder::new()
-        .prefix("gangway-devtrace-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = state_root("gangway-devtrace-");
     let state = root.path().join("state");
     let endpoint = format!("http://{addr}");
     let mut dev = DevUp::start_env(
@@ -1288,12 +1268,7 @@ async fn one_trace_follows_a_request_from_the_global_tier_to_the_regions_databas
         ],
     );
     let env = read_env(&mut dev, &state);
-    let ca =
-        reqwest::Certificate::from_pem(&std::fs::read(&env["GANGWAY_CA_CERT"]).unwrap()).unwrap();
-    let http = reqwest::Client::builder()
-        .add_root_certificate(ca)
-        .build()
-        .unwrap();
+    let http = https(&env);
     let (url, token) = (&env["GANGWAY_URL"], &env["GANGWAY_TOKEN"]);
     let job: serde_json::Value = http
         .post(format!("{url}/v1/jobs"))
