@@ -40,6 +40,9 @@ pub const CACHE_TTL: Duration = Duration::from_secs(5);
 const NOTE_USE_EVERY: Duration = Duration::from_secs(60);
 /// How long a read waits for a majority of regions.
 const ASK_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long readers of a record are told "no majority" after a read of it
+/// found none, without asking again.
+const FAILED_READ_BACKOFF: Duration = Duration::from_secs(1);
 /// How long a write waits for a majority of regions to hold it.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// An API key's prefix.
@@ -74,6 +77,15 @@ type Cached = (Instant, Option<IdentityRecord>);
 #[derive(Default)]
 pub struct Identity {
     cache: Mutex<HashMap<(Kind, String), Cached>>,
+    /// One read of a record at a time per replica: when its cache entry
+    /// runs out, the requests that find it so wait for the first one's
+    /// read instead of each asking every region (under load, a herd of
+    /// reads every few seconds that made regions shed).
+    reading: Mutex<HashMap<(Kind, String), Arc<tokio::sync::Mutex<()>>>>,
+    /// When a read of a record last found no majority: for a second after,
+    /// its readers are told so at once rather than asking again (with a
+    /// partitioned region, each ask waits out its timeout).
+    failed: Mutex<HashMap<(Kind, String), Instant>>,
     noted_use: Mutex<HashMap<String, Instant>>,
     last_version: AtomicI64,
 }
@@ -146,9 +158,38 @@ impl Identity {
         if let Some((_, r)) = self.cached(kind, id, Some(CACHE_TTL)) {
             return Ok(r);
         }
-        let r = self.read_fresh(regions, kind, id).await?;
-        self.remember(kind, id, r.clone());
-        Ok(r)
+        let turn = {
+            let mut reading = self.reading.lock().expect("identity reads lock");
+            if reading.len() > 100_000 {
+                reading.retain(|_, t| Arc::strong_count(t) > 1);
+            }
+            reading.entry((kind, id.to_string())).or_default().clone()
+        };
+        let _turn = turn.lock().await;
+        // Read by the caller this one waited for.
+        if let Some((_, r)) = self.cached(kind, id, Some(CACHE_TTL)) {
+            return Ok(r);
+        }
+        let key = (kind, id.to_string());
+        let failed_lately = |f: &HashMap<_, Instant>| {
+            f.get(&key)
+                .is_some_and(|at| at.elapsed() < FAILED_READ_BACKOFF)
+        };
+        if failed_lately(&self.failed.lock().expect("identity failures lock")) {
+            return Err(unavailable("read it"));
+        }
+        match self.read_fresh(regions, kind, id).await {
+            Ok(r) => {
+                self.remember(kind, id, r.clone());
+                Ok(r)
+            }
+            Err(e) => {
+                let mut failed = self.failed.lock().expect("identity failures lock");
+                failed.retain(|_, at| at.elapsed() < FAILED_READ_BACKOFF);
+                failed.insert(key, Instant::now());
+                Err(e)
+            }
+        }
     }
 
     /// [`Identity::read`] without the cache (what a change reads first).
