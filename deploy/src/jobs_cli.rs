@@ -119,12 +119,14 @@ async fn print_logs(
         if logs.more {
             continue;
         }
-        if !follow
-            || (logs.finished && logs.chunks.is_empty() && {
-                quiet += 1;
-                quiet >= 3
-            })
-        {
+        // Followed: done once the job has ended and three reads in a row
+        // found nothing more (its agent's last sync may still carry some).
+        quiet = if logs.finished && logs.chunks.is_empty() {
+            quiet + 1
+        } else {
+            0
+        };
+        if !follow || quiet >= 3 {
             if logs.dropped_bytes > 0 {
                 eprintln!(
                     "({} bytes of output not kept: a job keeps {} bytes at most)",
@@ -132,9 +134,6 @@ async fn print_logs(
                 );
             }
             return Ok(0);
-        }
-        if !logs.chunks.is_empty() {
-            quiet = 0;
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }

@@ -455,12 +455,20 @@ pub fn sha256_hex(s: &str) -> String {
         .collect()
 }
 
+fn hex_of_len(s: &str, n: usize) -> bool {
+    s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether `id` is shaped as a key's id (16 hex digits).
+pub fn valid_key_id(id: &str) -> bool {
+    hex_of_len(id, 16)
+}
+
 /// The key id of a token shaped as an API key.
 pub fn key_id_of(token: &str) -> Option<&str> {
     let rest = token.strip_prefix(KEY_PREFIX)?;
     let (id, secret) = rest.split_once('_')?;
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (hex(id, 16) && hex(secret, 64)).then_some(id)
+    (valid_key_id(id) && hex_of_len(secret, 64)).then_some(id)
 }
 
 /// Equal without telling how much of it was equal by how long it took.

@@ -114,7 +114,7 @@ async fn revoke_key(
     actor: &str,
 ) -> Result<axum::Json<ApiKey>, ApiError> {
     let not_found = || ApiError::not_found("API key");
-    if crate::identity::key_id_of(&format!("gwk_{key_id}_{}", "0".repeat(64))).is_none() {
+    if !crate::identity::valid_key_id(key_id) {
         return Err(not_found());
     }
     let record = (state.identity)

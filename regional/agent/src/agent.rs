@@ -158,8 +158,7 @@ impl Agent {
             ExecutorKind::Sim => (None, Isolation::off()),
         };
         Ok(Agent {
-            logs: checkpoints
-                .is_some()
+            logs: (config.executor == ExecutorKind::Real)
                 .then(|| LogShipper::new(&config.work_dir)),
             checkpoints,
             isolation: Arc::new(isolation),

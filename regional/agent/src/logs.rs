@@ -133,7 +133,6 @@ impl LogShipper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gangway_shared::agent::WorkerStatus;
 
     fn report(job: uuid::Uuid) -> WorkerReport {
         serde_json::from_value(serde_json::json!({
@@ -173,7 +172,6 @@ mod tests {
         s.kept(&last);
         assert!(s.pending(&[]).is_empty());
         assert!(s.kept.is_empty());
-        let _ = WorkerStatus::Running;
     }
 
     #[test]

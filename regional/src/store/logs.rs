@@ -24,17 +24,30 @@ impl Store {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
         let mut refused = 0;
+        // Whether each worker is the agent's, asked once a sync (its
+        // stdout and stderr come together).
+        let mut its_own: std::collections::HashMap<(Uuid, i32, i32), bool> = Default::default();
         for c in chunks {
             let (rank, offset, len) = (c.rank as i32, c.offset as i64, c.len as i64);
-            let theirs = tx
-                .query_opt(
-                    "SELECT 1 FROM allocations a JOIN nodes n ON n.node_id = a.node_id
-                     WHERE a.job_id = $1 AND a.rank = $2 AND a.attempt = $3 AND n.agent_id = $4
-                     LIMIT 1",
-                    &[&c.job_id, &rank, &c.attempt, &agent_id],
-                )
-                .await?;
-            if theirs.is_none() {
+            let worker = (c.job_id, rank, c.attempt);
+            let theirs = match its_own.get(&worker) {
+                Some(&known) => known,
+                None => {
+                    let found = tx
+                        .query_opt(
+                            "SELECT 1 FROM allocations a JOIN nodes n ON n.node_id = a.node_id
+                             WHERE a.job_id = $1 AND a.rank = $2 AND a.attempt = $3
+                               AND n.agent_id = $4
+                             LIMIT 1",
+                            &[&c.job_id, &rank, &c.attempt, &agent_id],
+                        )
+                        .await?
+                        .is_some();
+                    its_own.insert(worker, found);
+                    found
+                }
+            };
+            if !theirs {
                 refused += 1;
                 continue;
             }
