@@ -1041,12 +1041,13 @@ fn output_of(chunks: &[serde_json::Value]) -> BTreeMap<(u64, String), String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is_lost() {
+async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is_lost_or_it_moves()
+{
     use serde_json::json;
     let _one = ONE_DEV_UP.lock().await;
     let root = state_root("gangway-devlogs-");
     let state = root.path().join("state");
-    let mut dev = DevUp::start_with(&state, &["--regions", "us-east"]);
+    let mut dev = DevUp::start_with(&state, &["--regions", "us-east,us-west"]);
     let env = read_env(&mut dev, &state);
     let http = https(&env);
     let api = Api(http.clone());
@@ -1150,6 +1151,132 @@ async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("err 0"));
 
+    // A job that moves to the other region and back (an evacuation of its
+    // region, then the fail back): one cursor reads its output whole, each
+    // part from the region that ran it, in the order it was written.
+    let gangway = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("GANGWAY_STATE_DIR", &state)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        (text(&out.stdout), text(&out.stderr))
+    };
+    let mover = "step=0; [ -n \"$GANGWAY_RESTORE_FROM\" ] && step=$(cat \"$GANGWAY_RESTORE_FROM/step\"); \
+        echo \"from $step\"; d=$GANGWAY_CHECKPOINT_DIR; \
+        trap 'mkdir -p \"$d/.t\" && echo $step > \"$d/.t/step\" && mv \"$d/.t\" \"$d/s$step\"' USR1; \
+        trap 'exit 143' TERM; \
+        while [ $step -lt 150 ]; do step=$((step+1)); echo \"step $step\"; sleep 0.1 & wait $!; done; \
+        echo done";
+    let mut body = submit(mover);
+    body["gpus"] = json!(1);
+    let (s, job) = api.post(&format!("{url}/v1/jobs"), &acme, body).await;
+    assert_eq!(s, 201, "{job}");
+    let id = job["id"].as_str().unwrap();
+    let (home, away) = match job["region"].as_str().unwrap() {
+        "us-east" => ("us-east", "us-west"),
+        _ => ("us-west", "us-east"),
+    };
+    let logs = format!("{url}/v1/jobs/{id}/logs");
+    let follow = {
+        let (http, logs, acme) = (http.clone(), logs.clone(), acme.clone());
+        tokio::spawn(async move {
+            let resp = http
+                .get(format!("{logs}?follow=true"))
+                .bearer_auth(&acme)
+                .send()
+                .await
+                .unwrap();
+            let body = resp.text().await.unwrap();
+            body.lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    let has = |region: &'static str, text: &'static str| {
+        let (api, logs, acme) = (&api, &logs, &acme);
+        move || async move {
+            let (_, l) = api.get(logs, acme).await;
+            (l["chunks"].as_array().into_iter().flatten())
+                .any(|c| c["region"] == region && c["text"].as_str().unwrap().contains(text))
+        }
+    };
+    within(
+        Duration::from_secs(60),
+        "output at home",
+        has(home, "step 5\n"),
+    )
+    .await;
+    gangway(&[
+        "region", "evacuate", home, "--reason", "e2e", "--wait-s", "120",
+    ]);
+    within(Duration::from_secs(60), "output away", has(away, "step")).await;
+    gangway(&["region", "failback", home, "--wait-s", "120"]);
+    within(
+        Duration::from_secs(120),
+        "the mover succeeded at home",
+        || async {
+            let (_, j) = api.get(&format!("{url}/v1/jobs/{id}"), &acme).await;
+            j["state"] == "succeeded" && j["region"] == home
+        },
+    )
+    .await;
+    // Read page by page, as a client would, to the end.
+    let (mut read, mut after) = (Vec::new(), String::new());
+    loop {
+        let (s, l) = api.get(&format!("{logs}?after={after}"), &acme).await;
+        assert_eq!(s, 200, "{l}");
+        read.extend(l["chunks"].as_array().unwrap().iter().cloned());
+        after = l["next_after"].as_str().unwrap().to_string();
+        if !l["more"].as_bool().unwrap() {
+            assert!(l["finished"].as_bool().unwrap(), "{l}");
+            break;
+        }
+    }
+    let mut regions: Vec<&str> = read.iter().map(|c| c["region"].as_str().unwrap()).collect();
+    regions.dedup();
+    assert_eq!(
+        regions,
+        [home, away, home],
+        "ran at home, away, then home again"
+    );
+    let text: String = (read.iter())
+        .filter(|c| c["stream"] == "stdout")
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert!(text.starts_with("from 0\nstep 1\n"), "{text}");
+    assert!(text.ends_with("step 150\ndone\n"), "{text}");
+    assert_eq!(text.matches("from ").count(), 3, "{text}");
+    // Nothing after the last cursor; a cursor not made by a read is refused.
+    let (s, l) = api.get(&format!("{logs}?after={after}"), &acme).await;
+    assert!(s == 200 && l["chunks"] == json!([]), "{l}");
+    refused(
+        api.get(&format!("{logs}?after=42"), &acme).await,
+        400,
+        "invalid_query",
+    );
+    // The stream that followed it from the start saw the same chunks, each
+    // once (in the same order but where a region was slow to answer).
+    let followed = tokio::time::timeout(Duration::from_secs(60), follow)
+        .await
+        .expect("the follow ends once the job has")
+        .unwrap();
+    let by_region = |mut chunks: Vec<serde_json::Value>| {
+        chunks.sort_by_key(|c| (c["region"].to_string(), c["seq"].as_i64()));
+        chunks
+    };
+    assert_eq!(by_region(followed), by_region(read.clone()));
+    // The CLI says where each part ran.
+    let (stdout, stderr) = gangway(&["job", "logs", id, "--rank", "0"]);
+    assert_eq!(stdout, text);
+    assert!(
+        stderr.contains(&format!("output of the attempt in region {away}"))
+            && stderr.contains(&format!("output of the attempt in region {home}")),
+        "{stderr}"
+    );
+
     // A job whose machine dies (its agent and workers killed, its disk
     // wiped): what it wrote is read from the region, not from the node.
     let (s, job) = api
@@ -1161,6 +1288,7 @@ async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is
         .await;
     assert_eq!(s, 201, "{job}");
     let id = job["id"].as_str().unwrap().to_string();
+    let region = job["region"].as_str().unwrap().to_string();
     let logs = format!("{url}/v1/jobs/{id}/logs");
     within(
         Duration::from_secs(60),
@@ -1171,7 +1299,7 @@ async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is
         },
     )
     .await;
-    let agent_dir = state.join("regions/us-east/agent");
+    let agent_dir = state.join("regions").join(&region).join("agent");
     let killed = Command::new("pkill")
         .args(["-KILL", "-f"])
         .arg(agent_dir.to_str().unwrap())

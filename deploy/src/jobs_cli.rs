@@ -94,16 +94,35 @@ async fn print_logs(
 ) -> anyhow::Result<u8> {
     use std::io::Write;
     let client = conn.client()?;
-    let (mut after, mut quiet) = (0, 0);
+    let (mut after, mut quiet) = (String::new(), 0);
+    let mut region: Option<String> = None;
+    let mut missing = std::collections::BTreeSet::new();
     loop {
-        let logs = client.logs(id, rank, attempt, after).await?;
+        let logs = client.logs(id, rank, attempt, &after).await?;
         after = logs.next_after;
         if conn.json {
             for c in &logs.chunks {
                 println!("{}", serde_json::to_string(c)?);
             }
         } else {
+            for r in &logs.regions_unavailable {
+                if missing.insert(r.clone()) {
+                    eprintln!(
+                        "(region {r} did not answer: output of attempts that ran there may be \
+                         missing; run this again later)"
+                    );
+                }
+            }
             for c in &logs.chunks {
+                // A job that moved between regions: say where each part ran.
+                if region.as_ref().is_some_and(|r| *r != c.region) {
+                    std::io::stdout().flush()?;
+                    eprintln!(
+                        "(from here on, output of the attempt in region {})",
+                        c.region
+                    );
+                }
+                region = Some(c.region.clone());
                 let text = match rank {
                     Some(_) => c.text.clone(),
                     None => prefixed(&c.text, c.rank),
@@ -129,7 +148,7 @@ async fn print_logs(
         if !follow || quiet >= 3 {
             if logs.dropped_bytes > 0 {
                 eprintln!(
-                    "({} bytes of output not kept: a job keeps {} bytes at most)",
+                    "({} bytes of output not kept: a job keeps {} bytes at most in a region)",
                     logs.dropped_bytes, logs.limit_bytes
                 );
             }

@@ -47,9 +47,9 @@ async fn output_is_kept_once_from_its_own_agent_and_read_by_its_tenant_alone() {
         ("agent-n0", "agent-n1")
     };
     let hello = chunk(id, 0, "hello\n");
-    assert_eq!(store.append_logs(mine, &[hello.clone()]).await.unwrap(), 0);
+    assert_eq!(store.append_logs(mine, std::slice::from_ref(&hello)).await.unwrap(), 0);
     // Sent again (a sync whose answer was lost): kept once.
-    assert_eq!(store.append_logs(mine, &[hello.clone()]).await.unwrap(), 0);
+    assert_eq!(store.append_logs(mine, std::slice::from_ref(&hello)).await.unwrap(), 0);
     // The other machine's agent cannot write into this job, nor can one
     // name a job that does not exist.
     let forged = chunk(id, 6, "rm -rf your-model\n");
@@ -64,6 +64,11 @@ async fn output_is_kept_once_from_its_own_agent_and_read_by_its_tenant_alone() {
     let logs = store.job_logs("acme", id, None, None, 0).await.unwrap();
     let text: String = logs.chunks.iter().map(|c| c.text.as_str()).collect();
     assert_eq!(text, "hello\nworld\n");
+    // Each chunk names the region that keeps it; the cursor is this
+    // region's place.
+    assert!(logs.chunks.iter().all(|c| c.region == store.region()));
+    let last = logs.chunks.last().unwrap().seq;
+    assert_eq!(logs.next_after, format!("{}:{last}", store.region()));
     assert_eq!((logs.kept_bytes, logs.dropped_bytes), (12, 0));
     assert!(!logs.finished);
     // Read on from a cursor: only what came after.

@@ -251,14 +251,14 @@ impl Client {
             .await
     }
 
-    /// A job's output after `after` (a chunk's `seq`), of one rank or
-    /// attempt if given.
+    /// A job's output after `after` (the `next_after` of a read; empty:
+    /// from the start), of one rank or attempt if given.
     pub async fn logs(
         &self,
         id: Uuid,
         rank: Option<u32>,
         attempt: Option<i32>,
-        after: i64,
+        after: &str,
     ) -> Result<crate::api::JobLogs, ClientError> {
         let mut q = vec![("after", after.to_string())];
         if let Some(r) = rank {

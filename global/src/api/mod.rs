@@ -13,6 +13,8 @@
 //! - `admin/`: operator endpoints, a file per concern (quotas and limits,
 //!   jobs, nodes and the inventory, audit, maintenance, usage).
 //! - `evacuation.rs`: operators' evacuation and fail back of a region.
+//! - `logs.rs`: a job's output, read from every region that ran an
+//!   attempt and merged under one cursor (and followed).
 //! - `keys.rs`: API keys, a tenant's own and operators' (`admin/tenants.rs`
 //!   has the tenants' records).
 //! - `relay.rs`: calling the regions for a caller — answers relayed as
@@ -27,6 +29,7 @@ mod clusters;
 mod evacuation;
 mod jobs;
 mod keys;
+mod logs;
 pub mod openapi;
 mod relay;
 mod reservations;
@@ -52,7 +55,7 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/explain", get(jobs::explain))
-        .route("/v1/jobs/{id}/logs", get(jobs::logs))
+        .route("/v1/jobs/{id}/logs", get(logs::logs))
         .route("/v1/regions", get(jobs::regions))
         .route("/v1/keys", post(keys::create).get(keys::list))
         .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))

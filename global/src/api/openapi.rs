@@ -30,7 +30,7 @@ use utoipa::openapi::RefOr;
 use utoipa::{Modify, OpenApi};
 
 use super::responses::*;
-use super::{admin, clusters, evacuation, jobs, keys, reservations};
+use super::{admin, clusters, evacuation, jobs, keys, logs, reservations};
 
 pub use super::responses::auth_codes;
 
@@ -61,7 +61,7 @@ pub const BEARER: &str = "bearer";
         jobs::cancel,
         jobs::events,
         jobs::explain,
-        jobs::logs,
+        logs::logs,
         jobs::regions,
         keys::create,
         keys::list,

@@ -102,7 +102,7 @@ impl LogShipper {
                     });
                 }
                 // Read to its end and no longer reported: done.
-                None if !reported(key) => done.push((key.clone(), *stream)),
+                None if !reported(key) => done.push((*key, *stream)),
                 None => {}
             }
             if budget == 0 {

@@ -323,8 +323,9 @@ pub async fn events(
 pub struct LogsQuery {
     rank: Option<u32>,
     attempt: Option<i32>,
+    /// A `LogCursor`: this region's entry is where to read on from.
     #[serde(default)]
-    after: i64,
+    after: String,
 }
 
 /// `GET /v1/jobs/{id}/logs`: the job's output after `after`.
@@ -334,8 +335,16 @@ pub async fn logs(
     JobId(id): JobId,
     Query(q): Query<LogsQuery>,
 ) -> Result<axum::Json<gangway_shared::api::JobLogs>, ApiError> {
+    let after: gangway_shared::api::LogCursor = q.after.parse().map_err(|e: String| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_QUERY,
+            format!("after: {e}"),
+        )
+    })?;
+    let after = after.get(state.store.region());
     let logs = (state.store)
-        .job_logs(&tenant, id, q.rank, q.attempt, q.after)
+        .job_logs(&tenant, id, q.rank, q.attempt, after)
         .await?;
     Ok(axum::Json(logs))
 }

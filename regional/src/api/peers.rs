@@ -70,7 +70,8 @@ pub async fn hold_intent(
 
 /// A region being evacuated holds no new job's intent (it could have to
 /// adopt it), only again one it holds already: the home gives the others
-/// to their next buddy.
+/// to their next buddy, and only when every buddy refused comes back to
+/// it as a last resort (a batch's `last_resort`), which it takes.
 async fn refuses_new_intent(state: &AppState, i: &Intent) -> Result<bool, ApiError> {
     Ok(state.is_evacuating() && state.store.replica_epoch(i.job_id).await?.is_none())
 }
@@ -98,7 +99,7 @@ pub async fn hold_intents(
     let mut answer = BatchAnswer::default();
     let mut take = Vec::with_capacity(batch.intents.len());
     for i in batch.intents {
-        if refuses_new_intent(&state, &i).await? {
+        if !batch.last_resort && refuses_new_intent(&state, &i).await? {
             answer.refused.push(i.job_id);
         } else {
             take.push(i);

@@ -12,6 +12,11 @@
 //! holds up only the creates that would have waited for it anyway. Intents
 //! that buddy refuses or never takes go, still batched, to each one's next
 //! buddy in order, as `replicate_intent` would take them one at a time.
+//! Intents every buddy that answered refused (each was being evacuated:
+//! in a cloud of two regions, the other one) go round once more as a last
+//! resort, which an evacuating region takes: it still holds the intent (it
+//! is alive, it only runs no work), so a job runs with its intent in two
+//! regions rather than not at all while the other region is evacuated.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -31,6 +36,10 @@ pub const MAX_BATCH: usize = 256;
 #[derive(Debug, Serialize, Deserialize)]
 pub struct IntentBatch {
     pub intents: Vec<Intent>,
+    /// Every buddy of these intents refused them: a region being
+    /// evacuated holds them anyway.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last_resort: bool,
 }
 
 /// Its answer: which jobs' intents the buddy now holds, and which it
@@ -56,9 +65,30 @@ pub enum Taken {
 
 struct Waiting {
     intent: Intent,
-    /// Its buddies, in the job's rendezvous order.
+    /// Its buddies, in the job's rendezvous order (on the last resort
+    /// round: those that refused it).
     order: Vec<String>,
+    /// The next buddy of `order` to ask.
+    next: usize,
+    /// Buddies that answered and refused it.
+    refused_by: Vec<String>,
+    last_resort: bool,
     done: oneshot::Sender<Taken>,
+}
+
+impl Waiting {
+    /// The buddy to ask next, or `None` once none is left: then, if some
+    /// refused it (rather than not answering), they are asked again as a
+    /// last resort, once.
+    fn next_buddy(&mut self) -> Option<String> {
+        if self.next >= self.order.len() && !self.last_resort && !self.refused_by.is_empty() {
+            self.order = std::mem::take(&mut self.refused_by);
+            (self.next, self.last_resort) = (0, true);
+        }
+        let b = self.order.get(self.next).cloned();
+        self.next += 1;
+        b
+    }
 }
 
 #[derive(Default)]
@@ -98,6 +128,9 @@ impl IntentBatcher {
             q.waiting.push(Waiting {
                 intent,
                 order,
+                next: 0,
+                refused_by: Vec::new(),
+                last_resort: false,
                 done,
             });
             !std::mem::replace(&mut q.flushing, true)
@@ -139,23 +172,21 @@ async fn hand_over(store: &Store, peers: &Peers, batch: Vec<Waiting>) {
     let patience = peers.config.lease / 2;
     let mut left = batch;
     let mut taken: Vec<(Waiting, String)> = Vec::new();
-    for attempt in 0.. {
-        if left.is_empty() {
-            break;
-        }
-        let mut by_buddy: BTreeMap<String, Vec<Waiting>> = BTreeMap::new();
-        for w in left.drain(..) {
-            match w.order.get(attempt) {
-                Some(b) => by_buddy.entry(b.clone()).or_default().push(w),
+    while !left.is_empty() {
+        let mut by_buddy: BTreeMap<(String, bool), Vec<Waiting>> = BTreeMap::new();
+        for mut w in left.drain(..) {
+            match w.next_buddy() {
+                Some(b) => by_buddy.entry((b, w.last_resort)).or_default().push(w),
                 None => {
                     let _ = w.done.send(Taken::Nobody);
                 }
             }
         }
-        for (buddy, items) in by_buddy {
+        for ((buddy, last_resort), items) in by_buddy {
             let intents: Vec<&Intent> = items.iter().map(|w| &w.intent).collect();
             let sent = std::time::Instant::now();
-            let held = match tokio::time::timeout(patience, send(peers, &buddy, &intents)).await {
+            let send = send(peers, &buddy, &intents, last_resort);
+            let held = match tokio::time::timeout(patience, send).await {
                 Ok(r) => r,
                 Err(_) => Err(PeerError::Timeout {
                     peer: buddy.clone(),
@@ -166,10 +197,11 @@ async fn hand_over(store: &Store, peers: &Peers, batch: Vec<Waiting>) {
                 .record(sent.elapsed().as_secs_f64());
             match held {
                 Ok(held) => {
-                    for w in items {
+                    for mut w in items {
                         if held.contains(&w.intent.job_id) {
                             taken.push((w, buddy.clone()));
                         } else {
+                            w.refused_by.push(buddy.clone());
                             left.push(w);
                         }
                     }
@@ -209,8 +241,12 @@ async fn send(
     peers: &Peers,
     buddy: &str,
     intents: &[&Intent],
+    last_resort: bool,
 ) -> Result<BTreeSet<Uuid>, PeerError> {
-    let body = BatchBody { intents };
+    let body = BatchBody {
+        intents,
+        last_resort,
+    };
     let path = "/internal/v1/replicas/intents/batch";
     match peers.post::<_, BatchAnswer>(buddy, path, &body).await {
         Ok(a) => Ok(a.held.into_iter().collect()),
@@ -233,4 +269,6 @@ async fn send(
 #[derive(Serialize)]
 struct BatchBody<'a> {
     intents: &'a [&'a Intent],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    last_resort: bool,
 }

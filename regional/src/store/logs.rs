@@ -9,7 +9,7 @@
 //! [`JOB_LOG_LIMIT_BYTES`]; after that its output is counted, not kept.
 
 use gangway_shared::agent::LogChunk;
-use gangway_shared::api::{JobLogChunk, JobLogs, JOB_LOG_LIMIT_BYTES};
+use gangway_shared::api::{JobLogChunk, JobLogs, LogCursor, JOB_LOG_LIMIT_BYTES};
 use uuid::Uuid;
 
 use super::{Result, Store, StoreError};
@@ -133,6 +133,7 @@ impl Store {
             .iter()
             .take(READ_LIMIT as usize)
             .map(|r| JobLogChunk {
+                region: self.region.clone(),
                 seq: r.get("seq"),
                 attempt: r.get("attempt"),
                 rank: r.get::<_, i32>("rank") as u32,
@@ -142,15 +143,18 @@ impl Store {
                 at: r.get("at"),
             })
             .collect();
+        let mut cursor = LogCursor::default();
+        cursor.set(&self.region, chunks.last().map_or(after, |c| c.seq));
         Ok(JobLogs {
             job_id: id,
-            next_after: chunks.last().map_or(after, |c| c.seq),
+            next_after: cursor.to_string(),
             chunks,
             more,
             finished: job.get("finished"),
             kept_bytes: job.get::<_, i64>("kept") as u64,
             dropped_bytes: job.get::<_, i64>("dropped") as u64,
             limit_bytes: JOB_LOG_LIMIT_BYTES,
+            regions_unavailable: Vec::new(),
         })
     }
 }

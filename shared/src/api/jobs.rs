@@ -618,17 +618,20 @@ pub struct DryRunNode {
     pub gpus: Vec<u32>,
 }
 
-/// Most bytes of output a job keeps (every attempt, rank and stream
-/// together); what its workers write after that is counted in
-/// [`JobLogs::dropped_bytes`], not kept.
+/// Most bytes of output a job keeps in each region that ran it (every
+/// attempt, rank and stream there together); what its workers write after
+/// that is counted in [`JobLogs::dropped_bytes`], not kept.
 pub const JOB_LOG_LIMIT_BYTES: u64 = 16 * 1024 * 1024;
 
 /// A piece of a worker's output, as `GET /v1/jobs/{id}/logs` gives it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct JobLogChunk {
-    /// Its place in the order the region received the job's output: the
-    /// `after` cursor of the next read.
+    /// The region that ran the attempt and keeps its output.
+    pub region: String,
+    /// Its place in the order that region received the job's output.
     pub seq: i64,
+    /// The attempt in that region (a job that moved to another region
+    /// counts its attempts there from 1 again).
     pub attempt: i32,
     pub rank: u32,
     /// `stdout` or `stderr`.
@@ -641,21 +644,76 @@ pub struct JobLogChunk {
 }
 
 /// A job's output: its workers' standard output and error, for every
-/// attempt, in the order it reached the region.
+/// attempt in every region that ran one, in the order it was received.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct JobLogs {
     pub job_id: Uuid,
     pub chunks: Vec<JobLogChunk>,
-    /// Pass as `after` to read on from here (also when there was nothing).
-    pub next_after: i64,
+    /// Pass as `after` to read on from here (also when there was nothing):
+    /// a [`LogCursor`], opaque to readers.
+    pub next_after: String,
     /// More chunks are there now than one answer holds: read on at once.
     pub more: bool,
     /// The job has ended: once a read is empty after it, its output is
     /// whole (but for a last piece its agent may still be sending).
     pub finished: bool,
     /// Bytes of output kept, and bytes not kept because the job reached
-    /// [`JOB_LOG_LIMIT_BYTES`] (`limit_bytes`).
+    /// [`JOB_LOG_LIMIT_BYTES`] (`limit_bytes`) in a region.
     pub kept_bytes: u64,
     pub dropped_bytes: u64,
     pub limit_bytes: u64,
+    /// Regions that did not answer and may hold part of the output (an
+    /// earlier attempt's, from before a failover): read again later.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions_unavailable: Vec<String>,
+}
+
+/// Where a reader of a job's output has got to: the last chunk read from
+/// each region (`seq`), written `us-east:120,us-west:7` (empty: from the
+/// start). A region reads its own entry; the global tier keeps every
+/// region's, so one cursor follows a job across the regions it ran in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogCursor(pub BTreeMap<String, i64>);
+
+impl LogCursor {
+    /// The last chunk read from `region` (0: none yet).
+    pub fn get(&self, region: &str) -> i64 {
+        self.0.get(region).copied().unwrap_or(0)
+    }
+
+    pub fn set(&mut self, region: &str, seq: i64) {
+        self.0.insert(region.to_string(), seq);
+    }
+}
+
+impl fmt::Display for LogCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (region, seq)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{region}:{seq}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for LogCursor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut out = BTreeMap::new();
+        for part in s.split(',').filter(|p| !p.is_empty()) {
+            let bad = || format!("{part:?} is not REGION:SEQ (pass a next_after as it was given)");
+            let (region, seq) = part.rsplit_once(':').ok_or_else(bad)?;
+            let seq: i64 = seq.parse().map_err(|_| bad())?;
+            let named = !region.is_empty()
+                && region.len() <= 64
+                && (region.chars()).all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            if !named || seq < 0 || out.insert(region.to_string(), seq).is_some() {
+                return Err(bad());
+            }
+        }
+        Ok(LogCursor(out))
+    }
 }
