@@ -47,9 +47,21 @@ async fn output_is_kept_once_from_its_own_agent_and_read_by_its_tenant_alone() {
         ("agent-n0", "agent-n1")
     };
     let hello = chunk(id, 0, "hello\n");
-    assert_eq!(store.append_logs(mine, std::slice::from_ref(&hello)).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .append_logs(mine, std::slice::from_ref(&hello))
+            .await
+            .unwrap(),
+        0
+    );
     // Sent again (a sync whose answer was lost): kept once.
-    assert_eq!(store.append_logs(mine, std::slice::from_ref(&hello)).await.unwrap(), 0);
+    assert_eq!(
+        store
+            .append_logs(mine, std::slice::from_ref(&hello))
+            .await
+            .unwrap(),
+        0
+    );
     // The other machine's agent cannot write into this job, nor can one
     // name a job that does not exist.
     let forged = chunk(id, 6, "rm -rf your-model\n");
