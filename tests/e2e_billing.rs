@@ -21,6 +21,7 @@ use gangway_chaos::cloud::{Cloud, REGIONS};
 use gangway_shared::api::{
     Granularity, Job, JobSpec, JobState, ReservationSpec, TopologyLevel, UsageGroup, UsageQuery,
 };
+use gangway_shared::billing::{cents, Decimal};
 use gangway_shared::client::Client;
 use support::BIN;
 use uuid::Uuid;
@@ -31,7 +32,7 @@ currency = "USD"
 [[price]]
 gpu_type = "h100"
 effective = "2020-01-01T00:00:00Z"
-per_gpu_hour = 2.75
+per_gpu_hour = 2.49
 [[price]]
 gpu_type = "h100"
 priority = "low"
@@ -55,27 +56,34 @@ effective = "2020-01-01T00:00:00Z"
 per_gpu_hour = 2.20
 "#;
 
-const NORMAL: f64 = 2.75;
-const LOW: f64 = 1.10;
-const GUARANTEE: f64 = 1.60;
-const GUARANTEE_COVERED: f64 = 0.40;
-const RESERVATION: f64 = 2.20;
+/// The book's prices, as decimals (none of them, but 2.49's cents, is
+/// exact in binary).
+fn d(s: &str) -> Decimal {
+    s.parse().unwrap()
+}
+const NORMAL: &str = "2.49";
+const LOW: &str = "1.10";
+const GUARANTEE: &str = "1.60";
+const GUARANTEE_COVERED: &str = "0.40";
+const RESERVATION: &str = "2.20";
 
-/// Seconds since the epoch, to the microsecond.
-fn secs(t: DateTime<Utc>) -> f64 {
-    t.timestamp_micros() as f64 / 1e6
+/// Seconds since the epoch, to the microsecond, exactly.
+fn secs(t: DateTime<Utc>) -> Decimal {
+    Decimal::new(t.timestamp_micros(), 6)
 }
 
 /// Adds `gpus` × [s, e) to `hourly`, cut at clock hours (keyed by the
 /// hour's start, in seconds).
-fn spread(hourly: &mut BTreeMap<i64, f64>, s: f64, e: f64, gpus: f64) {
-    let mut h = (s / 3600.0).floor() as i64 * 3600;
-    while (h as f64) < e {
-        let part = e.min((h + 3600) as f64) - s.max(h as f64);
-        if part > 0.0 {
-            *hourly.entry(h).or_default() += gpus * part;
+fn spread(hourly: &mut BTreeMap<i64, Decimal>, s: Decimal, e: Decimal, gpus: i64) {
+    let hour = Decimal::from(3600);
+    let mut h = (s / hour).floor() * hour;
+    while h < e {
+        let part = e.min(h + hour) - s.max(h);
+        if part > Decimal::ZERO {
+            let key = i64::try_from(h).unwrap();
+            *hourly.entry(key).or_default() += Decimal::from(gpus) * part;
         }
-        h += 3600;
+        h += hour;
     }
 }
 
@@ -88,12 +96,12 @@ fn spread(hourly: &mut BTreeMap<i64, f64>, s: f64, e: f64, gpus: f64) {
 /// the reservation's (from its own row: created to deleted) cover its
 /// job's, free; each committed GPU-hour is paid at its price; the lost
 /// time is credited at what its hour billed.
-async fn by_hand(url: &str) -> (f64, f64, f64, f64) {
+async fn by_hand(url: &str) -> (Decimal, Decimal, Decimal, Decimal) {
     let db = connect(url).await;
     // (hour, priority) → (held, lost); the reservation's job by hour.
-    let mut ordinary: BTreeMap<(i64, i16), (f64, f64)> = BTreeMap::new();
-    let mut reserved_use: BTreeMap<i64, f64> = BTreeMap::new();
-    let (mut held_s, mut lost_s) = (0.0, 0.0);
+    let mut ordinary: BTreeMap<(i64, i16), (Decimal, Decimal)> = BTreeMap::new();
+    let mut reserved_use: BTreeMap<i64, Decimal> = BTreeMap::new();
+    let (mut held_s, mut lost_s) = (Decimal::ZERO, Decimal::ZERO);
     for r in db
         .query(
             "SELECT j.priority, j.reservation_id IS NOT NULL, a.allocated_at, a.released_at,
@@ -111,11 +119,11 @@ async fn by_hand(url: &str) -> (f64, f64, f64, f64) {
             lost_s += secs(e) - secs(s);
         }
         if reserved {
-            spread(&mut reserved_use, secs(s), secs(e), 1.0);
+            spread(&mut reserved_use, secs(s), secs(e), 1);
             continue;
         }
         let mut h = BTreeMap::new();
-        spread(&mut h, secs(s), secs(e), 1.0);
+        spread(&mut h, secs(s), secs(e), 1);
         for (hour, x) in h {
             let slot = ordinary.entry((hour, priority)).or_default();
             slot.0 += x;
@@ -125,7 +133,7 @@ async fn by_hand(url: &str) -> (f64, f64, f64, f64) {
         }
     }
     // The guarantee: acme's guaranteed h100 GPUs between quota changes.
-    let mut guaranteed: BTreeMap<i64, f64> = BTreeMap::new();
+    let mut guaranteed: BTreeMap<i64, Decimal> = BTreeMap::new();
     let changes: Vec<(DateTime<Utc>, i64)> = db
         .query(
             "SELECT at, (detail->>'guaranteed_gpus')::bigint FROM audit_log
@@ -139,11 +147,11 @@ async fn by_hand(url: &str) -> (f64, f64, f64, f64) {
         .collect();
     assert!(changes.len() >= 2, "{changes:?}");
     for w in changes.windows(2) {
-        spread(&mut guaranteed, secs(w[0].0), secs(w[1].0), w[0].1 as f64);
+        spread(&mut guaranteed, secs(w[0].0), secs(w[1].0), w[0].1);
     }
     assert_eq!(changes.last().unwrap().1, 0, "the guarantee was taken back");
     // The reservation, from its creation (or start) to its deletion.
-    let mut reserved: BTreeMap<i64, f64> = BTreeMap::new();
+    let mut reserved: BTreeMap<i64, Decimal> = BTreeMap::new();
     for r in db
         .query(
             "SELECT gpus, greatest(created_at, start_at), updated_at FROM capacity_reservations
@@ -154,37 +162,38 @@ async fn by_hand(url: &str) -> (f64, f64, f64, f64) {
         .unwrap()
     {
         let (gpus, s, e): (i32, DateTime<Utc>, DateTime<Utc>) = (r.get(0), r.get(1), r.get(2));
-        spread(&mut reserved, secs(s), secs(e), gpus as f64);
+        spread(&mut reserved, secs(s), secs(e), gpus.into());
     }
-    let (mut cost, mut credit) = (0.0, 0.0);
+    let (mut cost, mut credit) = (Decimal::ZERO, Decimal::ZERO);
+    let hour = Decimal::from(3600);
     let hours: std::collections::BTreeSet<i64> = (ordinary.keys().map(|k| k.0))
         .chain(guaranteed.keys().copied())
         .chain(reserved.keys().copied())
         .chain(reserved_use.keys().copied())
         .collect();
-    let cover = |committed: f64, used: f64| {
-        if committed > 0.0 && used > 0.0 {
-            (committed / used).min(1.0)
+    let cover = |committed: Decimal, used: Decimal| {
+        if committed > Decimal::ZERO && used > Decimal::ZERO {
+            (committed / used).min(Decimal::ONE)
         } else {
-            0.0
+            Decimal::ZERO
         }
     };
     for h in hours {
-        let g = guaranteed.get(&h).copied().unwrap_or(0.0);
-        let used: f64 = (ordinary.range((h, i16::MIN)..=(h, i16::MAX)))
+        let g = guaranteed.get(&h).copied().unwrap_or_default();
+        let used: Decimal = (ordinary.range((h, i16::MIN)..=(h, i16::MAX)))
             .map(|(_, v)| v.0)
             .sum();
         let f = cover(g, used);
         for (&(_, priority), &(s, l)) in ordinary.range((h, i16::MIN)..=(h, i16::MAX)) {
-            let price = if priority == 0 { LOW } else { NORMAL };
-            let unit = (1.0 - f) * price + f * GUARANTEE_COVERED;
-            cost += (s - l) / 3600.0 * unit;
-            credit += l / 3600.0 * unit;
+            let price = d(if priority == 0 { LOW } else { NORMAL });
+            let unit = (Decimal::ONE - f) * price + f * d(GUARANTEE_COVERED);
+            cost += (s - l) / hour * unit;
+            credit += l / hour * unit;
         }
-        cost += g / 3600.0 * GUARANTEE;
-        let r = reserved.get(&h).copied().unwrap_or(0.0);
-        let ru = reserved_use.get(&h).copied().unwrap_or(0.0);
-        cost += ru / 3600.0 * (1.0 - cover(r, ru)) * NORMAL + r / 3600.0 * RESERVATION;
+        cost += g / hour * d(GUARANTEE);
+        let r = reserved.get(&h).copied().unwrap_or_default();
+        let ru = reserved_use.get(&h).copied().unwrap_or_default();
+        cost += ru / hour * (Decimal::ONE - cover(r, ru)) * d(NORMAL) + r / hour * d(RESERVATION);
     }
     (cost, held_s, lost_s, credit)
 }
@@ -212,21 +221,63 @@ async fn wait_job(tenant: &Client, id: Uuid, what: &str, cond: impl Fn(&Job) -> 
 }
 
 /// One CSV line's fields (RFC 4180 quoting).
-fn csv_fields(line: &str) -> Vec<String> {
-    let mut fields = vec![String::new()];
-    let (mut quoted, mut chars) = (false, line.chars().peekable());
-    while let Some(c) = chars.next() {
-        match (c, quoted) {
-            ('"', true) if chars.peek() == Some(&'"') => {
-                chars.next();
-                fields.last_mut().unwrap().push('"');
-            }
-            ('"', _) => quoted = !quoted,
-            (',', false) => fields.push(String::new()),
-            (c, _) => fields.last_mut().unwrap().push(c),
-        }
-    }
-    fields
+/// A CSV export's header and rows (the `csv` crate's reading).
+fn csv_rows(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut r = csv::Reader::from_reader(text.as_bytes());
+    let header = r.headers().unwrap().iter().map(String::from).collect();
+    let rows = (r.records())
+        .map(|rec| rec.unwrap().iter().map(String::from).collect())
+        .collect();
+    (header, rows)
+}
+
+/// The rules of FOCUS 1.0 that the FinOps Foundation's validator
+/// (`focus-validator` 1.0.0; `.ci/run` installs it, and
+/// `GANGWAY_FOCUS_VALIDATOR` names it) finds broken in the CSV `file`.
+fn focus_validator_failures(file: &std::path::Path) -> Vec<String> {
+    let bin = std::env::var("GANGWAY_FOCUS_VALIDATOR")
+        .unwrap_or_else(|_| "/opt/gangway-focus-validator/bin/focus-validator".into());
+    let python = std::path::Path::new(&bin).with_file_name("python3");
+    // It reads its list of currency codes from a path relative to the
+    // working directory: run it where its package is installed.
+    let site = Command::new(&python)
+        .args([
+            "-c",
+            "import focus_validator, os; print(os.path.dirname(os.path.dirname(focus_validator.__file__)))",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .unwrap_or_else(|| {
+            panic!(
+                "no FOCUS validator at {bin}: run `bash .ci/run`, or `python3 -m venv \
+                 /opt/gangway-focus-validator && /opt/gangway-focus-validator/bin/pip install \
+                 focus-validator==1.0.0 'multimethod<1.10'`, or set GANGWAY_FOCUS_VALIDATOR"
+            )
+        });
+    let site = String::from_utf8(site.stdout).unwrap();
+    let out = Command::new(&bin)
+        .args(["--validate-version", "1.0", "--data-file"])
+        .arg(file)
+        .current_dir(site.trim())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let errors = String::from_utf8_lossy(&out.stderr).into_owned();
+    // It exits 0 either way: what failed is in its report.
+    assert!(
+        out.status.success() && !text.contains("Traceback") && !errors.contains("Traceback"),
+        "the validator did not run: {text}\n{errors}"
+    );
+    let failed: Vec<String> = (text.lines())
+        .filter_map(|l| l.trim().strip_suffix(" failed:"))
+        .map(String::from)
+        .collect();
+    assert!(
+        !failed.is_empty() || !text.contains("Validation failed"),
+        "{text}"
+    );
+    failed
 }
 
 fn spec(key: &str, priority: &str, estimated_s: u32) -> JobSpec {
@@ -374,8 +425,8 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
     // By hand: every region's allocations, priced, less the time lost with
     // the node (the job had no checkpoint: all of that placement), with
     // the commitments.
-    let mut expect = 0.0;
-    let (mut gpu_s, mut lost_s, mut lost_cost) = (0.0, 0.0, 0.0);
+    let mut expect = Decimal::ZERO;
+    let (mut gpu_s, mut lost_s, mut lost_cost) = (Decimal::ZERO, Decimal::ZERO, Decimal::ZERO);
     for r in REGIONS {
         let (cost, s, l, credit) = by_hand(cloud.database(r)).await;
         expect += cost;
@@ -393,10 +444,16 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         assert!(ckpt.is_none(), "the lost job checkpointed in {r}");
     }
     assert!(
-        gpu_s > 5.0 * 8.0 * 9.0 + 8.0 * 19.0,
+        gpu_s > Decimal::from(5 * 8 * 9 + 8 * 19),
         "five 8-GPU jobs of about 10 s and one of 20 s: {gpu_s}"
     );
-    assert!(lost_s > 8.0 * 2.0, "about 3 s of 8 GPUs lost: {lost_s}");
+    assert!(
+        lost_s > Decimal::from(8 * 2),
+        "about 3 s of 8 GPUs lost: {lost_s}"
+    );
+    // GPU-seconds, as the usage API gives them (a float).
+    let f = |x: Decimal| -> f64 { x.to_string().parse().unwrap() };
+    let (gpu_s, lost_s) = (f(gpu_s), f(lost_s));
 
     let now = Utc::now();
     let month = format!("{}-{:02}", now.year(), now.month());
@@ -432,8 +489,12 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         (out, stderr)
     };
     let (csv, stderr) = export("csv");
-    let mut lines = csv.lines();
-    let header = csv_fields(lines.next().unwrap());
+    // The FinOps Foundation's validator for FOCUS 1.0 finds nothing wrong.
+    let file = cloud.dir.path().join("export.csv");
+    std::fs::write(&file, &csv).unwrap();
+    let failed = focus_validator_failures(&file);
+    assert!(failed.is_empty(), "FOCUS rules failed: {failed:?}\n{csv}");
+    let (header, rows) = csv_rows(&csv);
     for col in [
         "BilledCost",
         "EffectiveCost",
@@ -442,34 +503,41 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         "ChargePeriodEnd",
         "ResourceId",
         "SkuId",
-        "UsageQuantity",
-        "UsageUnit",
+        "SkuPriceId",
+        "ConsumedQuantity",
+        "ConsumedUnit",
         "RegionId",
+        "ProviderName",
+        "InvoiceIssuerName",
+        "ServiceCategory",
+        "PricingCategory",
+        "ContractedCost",
+        "Tags",
         "x_Cause",
         "x_CreditedUsageId",
         "CommitmentDiscountId",
         "CommitmentDiscountType",
         "CommitmentDiscountStatus",
-        "CapacityReservationId",
+        "x_CapacityReservationId",
         "ChargeFrequency",
     ] {
         assert!(header.iter().any(|h| h == col), "no {col} in {header:?}");
     }
     let at = |c: &str| header.iter().position(|h| h == c).unwrap();
-    let mut total = 0.0;
-    let mut credited = 0.0;
-    let (mut effective, mut committed) = (0.0, 0.0);
+    let mut total = Decimal::ZERO;
+    let mut credited = Decimal::ZERO;
+    let (mut effective, mut committed) = (Decimal::ZERO, Decimal::ZERO);
     let mut seen = std::collections::BTreeSet::new();
     let mut jobs = std::collections::BTreeSet::new();
     let mut statuses = std::collections::BTreeSet::new();
     // Ledger rows and credits (not commitments' lines).
     let mut ledger = std::collections::BTreeSet::new();
-    for line in lines {
-        let f = csv_fields(line);
+    for f in &rows {
+        let line = f.join(",");
         assert_eq!(f.len(), header.len(), "{line}");
-        let cost: f64 = f[at("BilledCost")].parse().unwrap();
+        let cost: Decimal = f[at("BilledCost")].parse().unwrap();
         total += cost;
-        effective += f[at("EffectiveCost")].parse::<f64>().unwrap();
+        effective += f[at("EffectiveCost")].parse::<Decimal>().unwrap();
         // A usage row partly covered by a commitment is two lines (the
         // covered part, `Used`, and the rest): one per id and status.
         let status = f[at("CommitmentDiscountStatus")].clone();
@@ -487,13 +555,13 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
             // A commitment's hour: its tenant's, in force whether used or
             // not.
             assert!(
-                cost > 0.0 && f[at("ChargeFrequency")] == "Recurring",
+                cost > Decimal::ZERO && f[at("ChargeFrequency")] == "Recurring",
                 "{line}"
             );
             assert_eq!(f[at("BillingAccountId")], "acme");
             if kind == "reservation" {
                 assert_eq!(f[at("ResourceId")], reservation.id.to_string(), "{line}");
-                assert_eq!(f[at("CapacityReservationId")], reservation.id.to_string());
+                assert_eq!(f[at("x_CapacityReservationId")], reservation.id.to_string());
                 assert_eq!(f[at("RegionId")], other);
             } else {
                 assert_eq!(kind, "guarantee", "{line}");
@@ -502,13 +570,14 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
             continue;
         }
         if status == "Unused" {
-            assert_eq!(cost, 0.0, "{line}");
+            assert_eq!(cost, Decimal::ZERO, "{line}");
+            assert_eq!(f[at("PricingCategory")], "Committed", "{line}");
             continue;
         }
         if status == "Used" && kind == "reservation" {
             // The job in the reservation: covered, free.
             assert_eq!(f[at("ResourceId")], in_reservation.to_string(), "{line}");
-            assert_eq!(cost, 0.0, "{line}");
+            assert_eq!(cost, Decimal::ZERO, "{line}");
         }
         jobs.insert(f[at("ResourceId")].clone());
         ledger.insert(f[at("x_UsageId")].clone());
@@ -517,19 +586,26 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
             // its cause.
             assert_eq!(f[at("ResourceId")], lost.to_string(), "{line}");
             assert_eq!(f[at("x_Cause")], "node_lost", "{line}");
-            assert!(cost < 0.0, "{line}");
+            assert!(cost < Decimal::ZERO, "{line}");
             assert_eq!(f[at("SkuId")], "gpu-h100-normal");
             assert!(!f[at("x_CreditedUsageId")].is_empty());
             credited -= cost;
         } else {
             assert_eq!(f[at("ChargeCategory")], "Usage", "{line}");
-            assert!(cost >= 0.0, "{line}");
+            assert!(cost >= Decimal::ZERO, "{line}");
         }
     }
     // Each job's rows, once — though its buddy holds them too (the
     // regions together read more rows than the export has) — and the
     // whole to the cent, the credit and the commitments included.
     assert_eq!(jobs.len(), 6, "{csv}");
+    // Money is written as the export computed it, exactly: to nine places.
+    assert!(
+        (rows.iter()).all(|f| f[at("BilledCost")]
+            .split_once('.')
+            .is_some_and(|(_, p)| p.len() == 9)),
+        "{csv}"
+    );
     for want in [
         ("reservation", "Purchase", ""),
         ("reservation", "Usage", "Used"),
@@ -540,10 +616,10 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         let want = (want.0.to_string(), want.1.to_string(), want.2.to_string());
         assert!(statuses.contains(&want), "no {want:?} line: {statuses:?}");
     }
-    assert!(committed > 0.0);
+    assert!(committed > Decimal::ZERO);
     assert_eq!(
-        (effective * 100.0).round(),
-        (total * 100.0).round(),
+        cents(effective),
+        cents(total),
         "effective cost sums to the billed cost"
     );
     let read = |what: &str| -> usize {
@@ -561,15 +637,20 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         "the credit is held by two regions\n{stderr}"
     );
     assert_eq!(
-        (credited * 100.0).round(),
-        (lost_cost * 100.0).round(),
+        cents(credited),
+        cents(lost_cost),
         "credit {credited}\n{stderr}"
     );
-    assert!(credited > 0.0);
+    assert!(credited > Decimal::ZERO);
     assert_eq!(
-        (total * 100.0).round(),
-        (expect * 100.0).round(),
+        cents(total),
+        cents(expect),
         "export {total} vs by hand {expect}\n{stderr}"
+    );
+    // What the export says on standard error, per tenant, is that total.
+    assert!(
+        stderr.contains(&format!(", {} USD (after credits", cents(total))),
+        "{stderr}"
     );
     // JSON Lines says the same.
     let (jsonl, _) = export("jsonl");
@@ -578,9 +659,17 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(rows.len(), seen.len());
-    let sum: f64 = rows.iter().map(|r| r["BilledCost"].as_f64().unwrap()).sum();
-    assert_eq!((sum * 100.0).round(), (expect * 100.0).round());
-    assert!(rows.iter().all(|r| r["UsageUnit"] == "GPU-Hours"));
+    let sum: Decimal = (rows.iter())
+        .map(|r| {
+            r["BilledCost"]
+                .as_str()
+                .unwrap()
+                .parse::<Decimal>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(sum, total, "the same lines as the CSV's");
+    assert!(rows.iter().all(|r| r["PricingUnit"] == "GPU-Hours"));
     assert!(rows.iter().any(|r| r["ChargeCategory"] == "Credit"));
 
     // The tenant's own view, from the ledger: every row once (though
@@ -917,20 +1006,20 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
     );
     // Everything the dead region billed while it answered is billed the
     // same from its copies — usage, credits, its guarantee's hours.
-    let header = csv_fields(before.lines().next().unwrap());
+    let (header, _) = csv_rows(&before);
     let at = |c: &str| header.iter().position(|h| h == c).unwrap();
-    let lines_in = |csv: &str| -> std::collections::BTreeSet<String> {
-        (csv.lines().skip(1))
-            .filter(|l| csv_fields(l)[at("RegionId")] == dead)
-            .map(String::from)
+    let lines_in = |csv: &str| -> std::collections::BTreeSet<Vec<String>> {
+        (csv_rows(csv).1.into_iter())
+            .filter(|f| f[at("RegionId")] == dead)
             .collect()
     };
     let (was, is) = (lines_in(&before), lines_in(&after));
     assert!(
-        was.iter().any(|l| l.contains("guarantee")),
+        was.iter()
+            .any(|f| f.iter().any(|v| v.contains("guarantee"))),
         "{dead}'s guarantee was billed"
     );
-    let missing: Vec<&String> = was.difference(&is).collect();
+    let missing: Vec<&Vec<String>> = was.difference(&is).collect();
     assert!(
         missing.is_empty(),
         "not billed from the copies: {missing:#?}"
@@ -938,8 +1027,8 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
     // And the job it ran when it died, to within a few seconds of its
     // death: the hours its adopter closed, credited after its checkpoint.
     let closed: Vec<Vec<String>> = (is.difference(&was))
-        .map(|l| csv_fields(l))
         .filter(|f| f[at("ResourceId")] == dead_job.to_string())
+        .cloned()
         .collect();
     let usage: Vec<&Vec<String>> = (closed.iter())
         .filter(|f| f[at("ChargeCategory")] == "Usage")
@@ -957,7 +1046,7 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
         end <= killed + chrono::Duration::seconds(1) && end > killed - chrono::Duration::seconds(5),
         "billed to {end}, killed at {killed}"
     );
-    let quantity = |f: &Vec<String>| f[at("UsageQuantity")].parse::<f64>().unwrap();
+    let quantity = |f: &Vec<String>| f[at("ConsumedQuantity")].parse::<f64>().unwrap();
     let held: f64 = usage.iter().map(|f| quantity(f)).sum();
     // From its placement (after its creation, before it ran) to the end.
     let hours_from = |t: DateTime<Utc>| (end - t).num_milliseconds() as f64 / 3.6e6 * 8.0;

@@ -18,11 +18,12 @@ use anyhow::{anyhow, bail, Context};
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use clap::{Subcommand, ValueEnum};
 use gangway_shared::billing::{
-    bill, Closings, CommitmentRecord, CommitmentRecords, CreditRecord, CreditRecords, FocusRow,
-    PriceBook, UsageRecord, UsageRecords,
+    bill, cents, Closings, CommitmentRecord, CommitmentRecords, CreditRecord, CreditRecords,
+    FocusRow, PriceBook, UsageRecord, UsageRecords,
 };
 use gangway_shared::client::Client;
 use reqwest::Method;
+use rust_decimal::Decimal;
 use uuid::Uuid;
 
 use crate::admin_cli::with_query;
@@ -563,6 +564,7 @@ async fn export(
     let book = PriceBook::parse(&text).map_err(anyhow::Error::msg)?;
     let client = conn.admin_client()?;
     let mut sink = Sink::open(out.as_deref(), format)?;
+    sink.names = tenant_names(&client).await;
     let period = [("from", start.to_rfc3339()), ("to", end.to_rfc3339())];
     // The month's credits and corrections first: they are priced as the
     // rows they offset were billed, which can lie in an earlier month.
@@ -743,7 +745,10 @@ async fn copied_commitments(
 struct Sink {
     w: Box<dyn Write>,
     format: Format,
-    header: bool,
+    /// The CSV writer (over `w`, taken), from the first write on.
+    csv: Option<csv::Writer<Box<dyn Write>>>,
+    /// Tenants' display names (`BillingAccountName`), where known.
+    names: BTreeMap<String, String>,
     /// The temporary file, and where it goes once whole.
     file: Option<(PathBuf, PathBuf)>,
 }
@@ -753,7 +758,8 @@ impl Sink {
         let stream = |w: Box<dyn Write>| Sink {
             w,
             format,
-            header: false,
+            csv: None,
+            names: BTreeMap::new(),
             file: None,
         };
         let Some(path) = out else {
@@ -783,16 +789,26 @@ impl Sink {
     }
 
     fn write(&mut self, lines: &[FocusRow]) -> anyhow::Result<()> {
-        if !self.header {
-            self.header = true;
-            if self.format == Format::Csv {
-                writeln!(self.w, "{}", FocusRow::CSV_HEADER)?;
-            }
+        if self.format == Format::Csv && self.csv.is_none() {
+            let w = std::mem::replace(&mut self.w, Box::new(std::io::sink()));
+            self.csv = Some(FocusRow::csv_writer(w)?);
         }
         for row in lines {
-            match self.format {
-                Format::Csv => writeln!(self.w, "{}", row.csv())?,
-                Format::Jsonl => writeln!(self.w, "{}", serde_json::to_string(row)?)?,
+            let named;
+            let row = match self.names.get(&row.BillingAccountId) {
+                Some(name) => {
+                    named = FocusRow {
+                        BillingAccountName: name.clone(),
+                        SubAccountName: name.clone(),
+                        ..row.clone()
+                    };
+                    &named
+                }
+                None => row,
+            };
+            match &mut self.csv {
+                Some(csv) => csv.serialize(row)?,
+                None => writeln!(self.w, "{}", serde_json::to_string(row)?)?,
             }
         }
         Ok(())
@@ -801,6 +817,9 @@ impl Sink {
     /// The export is whole: flushed, and the file where `--out` says.
     fn commit(mut self) -> anyhow::Result<()> {
         self.write(&[])?;
+        if let Some(csv) = self.csv.take() {
+            self.w = csv.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
+        }
         self.w.flush()?;
         self.w = Box::new(std::io::sink());
         if let Some((tmp, path)) = self.file.take() {
@@ -835,12 +854,12 @@ struct Totals {
 
 #[derive(Default)]
 struct Total {
-    hours: f64,
-    cost: f64,
-    credit_hours: f64,
-    credit: f64,
-    committed_hours: f64,
-    committed: f64,
+    hours: Decimal,
+    cost: Decimal,
+    credit_hours: Decimal,
+    credit: Decimal,
+    committed_hours: Decimal,
+    committed: Decimal,
 }
 
 impl Totals {
@@ -850,10 +869,11 @@ impl Totals {
                 (self.tenants).insert(row.BillingAccountId.clone(), Total::default());
             }
             let t = (self.tenants.get_mut(&row.BillingAccountId)).expect("inserted");
-            t.hours += row.UsageQuantity;
+            let consumed = row.ConsumedQuantity.unwrap_or_default();
+            t.hours += consumed;
             t.cost += row.BilledCost;
             if row.ChargeCategory == "Credit" {
-                t.credit_hours -= row.UsageQuantity;
+                t.credit_hours -= consumed;
                 t.credit -= row.BilledCost;
                 self.credits += 1;
             }
@@ -869,13 +889,43 @@ impl Totals {
         }
     }
 
+    /// Each tenant's sums of its lines as written; money to the cent
+    /// (half away from zero), GPU-hours to three places.
     fn print(&self, cur: &str) {
+        let h = |x: Decimal| x.round_dp(3);
         for (tenant, t) in &self.tenants {
             eprintln!(
-                "{tenant}: {:.3} GPU-hours, {:.2} {cur} (after credits of {:.3} GPU-hours, \
-                 {:.2} {cur}; committed capacity {:.3} GPU-hours, {:.2} {cur})",
-                t.hours, t.cost, t.credit_hours, t.credit, t.committed_hours, t.committed,
+                "{tenant}: {:.3} GPU-hours, {} {cur} (after credits of {:.3} GPU-hours, \
+                 {} {cur}; committed capacity {:.3} GPU-hours, {} {cur})",
+                h(t.hours),
+                cents(t.cost),
+                h(t.credit_hours),
+                cents(t.credit),
+                h(t.committed_hours),
+                cents(t.committed),
             );
+        }
+    }
+}
+
+/// Tenants' display names, from the identity records; none (the
+/// export names tenants by id) when they cannot be read.
+async fn tenant_names(client: &Client) -> BTreeMap<String, String> {
+    let list = client
+        .call_json(reqwest::Method::GET, "/v1/admin/tenants", None)
+        .await
+        .ok()
+        .and_then(|v| serde_json::from_value::<gangway_shared::api::TenantList>(v).ok());
+    match list {
+        Some(l) => (l.tenants.into_iter())
+            .map(|t| (t.tenant, t.display_name))
+            .collect(),
+        None => {
+            eprintln!(
+                "(tenants' display names could not be read: BillingAccountName is each \
+                 tenant's id)"
+            );
+            BTreeMap::new()
         }
     }
 }
@@ -947,7 +997,7 @@ mod tests {
         assert_eq!(files(), ["nov.csv"]);
         assert_eq!(
             std::fs::read_to_string(&out).unwrap(),
-            format!("{}\n", FocusRow::CSV_HEADER)
+            format!("{}\n", FocusRow::COLUMNS.join(","))
         );
     }
 }

@@ -14,7 +14,7 @@ use gangway_regional::Store;
 use gangway_shared::api::{
     ClusterSpec, QuotaTerms, ReservationResize, ReservationSpec, TopologyLevel,
 };
-use gangway_shared::billing::{bill, CommitmentKind, CommitmentRecord, PriceBook};
+use gangway_shared::billing::{bill, CommitmentKind, CommitmentRecord, Decimal, PriceBook};
 use uuid::Uuid;
 
 mod common;
@@ -250,11 +250,11 @@ per_gpu_hour = 2.0
     .unwrap();
     let period = bill::month_of(base);
     let lines = bill::price(period, [], [], all.iter(), &book).unwrap();
-    let billed: f64 = lines.iter().map(|l| l.BilledCost).sum();
-    let effective: f64 = lines.iter().map(|l| l.EffectiveCost).sum();
-    let hours = (8.0 * 1800.0 + 16.0 * 1200.0 + 16.0 * 2400.0) / 3600.0;
-    assert!((billed - hours * 2.0).abs() < 1e-9, "{billed}");
-    assert!((effective - billed).abs() < 1e-9, "all of it unused");
+    let billed: Decimal = lines.iter().map(|l| l.BilledCost).sum();
+    let effective: Decimal = lines.iter().map(|l| l.EffectiveCost).sum();
+    // (8 × 1800 + 16 × 1200 + 16 × 2400) s = 20 GPU-hours, at 2.00.
+    assert_eq!(billed, Decimal::from(40), "{billed}");
+    assert_eq!(effective, billed, "all of it unused");
 }
 
 #[tokio::test]

@@ -5,6 +5,10 @@
 //! [`reconcile`] compares the ledger with the allocations).
 
 use chrono::{DateTime, Utc};
+use rust_decimal::prelude::FromPrimitive;
+/// Money and quantities of the export: exact decimals.
+pub use rust_decimal::Decimal;
+use rust_decimal::RoundingStrategy;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -319,6 +323,7 @@ pub fn priority_name(rank: i16) -> &'static str {
 ///
 /// ```toml
 /// currency = "USD"
+/// provider = "Example GPU Cloud"  # FOCUS ProviderName etc. (default "Gangway")
 /// [[price]]
 /// gpu_type = "h100"
 /// priority = "normal"   # low, normal, high, or "*" (the default)
@@ -337,6 +342,10 @@ pub fn priority_name(rank: i16) -> &'static str {
 #[serde(deny_unknown_fields)]
 pub struct PriceBook {
     pub currency: String,
+    /// Who sells the GPU-hours and issues the invoice: the export's
+    /// `ProviderName`, `PublisherName` and `InvoiceIssuerName`.
+    #[serde(default = "default_provider")]
+    pub provider: String,
     #[serde(rename = "price", default)]
     pub prices: Vec<Price>,
     /// Committed capacity (optional: a book without it is valid until
@@ -356,9 +365,23 @@ pub struct CommitmentPrice {
     #[serde(default = "any")]
     pub region: String,
     pub effective: DateTime<Utc>,
-    pub per_gpu_hour: f64,
+    pub per_gpu_hour: Decimal,
     #[serde(default)]
-    pub covered_usage_per_gpu_hour: f64,
+    pub covered_usage_per_gpu_hour: Decimal,
+}
+
+impl CommitmentPrice {
+    /// Its FOCUS `SkuPriceId`: the SKU, the region it applies to (`*`:
+    /// any) and the day it took effect.
+    pub fn sku_price_id(&self) -> String {
+        format!(
+            "commit-{}-{}:{}:{}",
+            self.kind.as_str(),
+            self.gpu_type,
+            self.region,
+            self.effective.format("%Y-%m-%d")
+        )
+    }
 }
 
 /// One price of a [`PriceBook`].
@@ -371,11 +394,29 @@ pub struct Price {
     #[serde(default = "any")]
     pub region: String,
     pub effective: DateTime<Utc>,
-    pub per_gpu_hour: f64,
+    pub per_gpu_hour: Decimal,
+}
+
+impl Price {
+    /// Its FOCUS `SkuPriceId`: the SKU (`gpu-TYPE-PRIORITY`, the priority
+    /// it was billed at), the region and priority it applies to (`*`:
+    /// any) and the day it took effect.
+    pub fn sku_price_id(&self, sku: &str) -> String {
+        format!(
+            "{sku}:{}:{}:{}",
+            self.region,
+            self.priority,
+            self.effective.format("%Y-%m-%d")
+        )
+    }
 }
 
 fn any() -> String {
     "*".into()
+}
+
+fn default_provider() -> String {
+    "Gangway".into()
 }
 
 impl PriceBook {
@@ -392,7 +433,7 @@ impl PriceBook {
                     p.priority, p.gpu_type
                 ));
             }
-            if !(p.per_gpu_hour.is_finite() && p.per_gpu_hour >= 0.0) {
+            if p.per_gpu_hour.is_sign_negative() {
                 return Err(format!(
                     "price book: per_gpu_hour {} of {} is not a price",
                     p.per_gpu_hour, p.gpu_type
@@ -404,7 +445,7 @@ impl PriceBook {
                 ("per_gpu_hour", c.per_gpu_hour),
                 ("covered_usage_per_gpu_hour", c.covered_usage_per_gpu_hour),
             ] {
-                if !(v.is_finite() && v >= 0.0) {
+                if v.is_sign_negative() {
                     return Err(format!(
                         "price book: {name} {v} of the {} commitment of {} is not a price",
                         c.kind.as_str(),
@@ -451,42 +492,120 @@ impl PriceBook {
     }
 }
 
-/// One line of a billing export, with the FinOps FOCUS columns (and
-/// Gangway's own, `x_`-prefixed): one ledger record, priced.
+/// GPU-seconds as the ledger metered them (to the microsecond), exactly,
+/// in decimal.
+pub fn decimal_seconds(gpu_seconds: f64) -> Decimal {
+    Decimal::from_f64(gpu_seconds)
+        .unwrap_or_default()
+        .round_dp(6)
+}
+
+/// GPU-seconds in GPU-hours (28 significant digits).
+pub fn hours_of(seconds: Decimal) -> Decimal {
+    seconds / Decimal::from(3600)
+}
+
+/// How the export writes a quantity or an amount: to 9 decimal places,
+/// half away from zero (docs/billing.md, "Rounding").
+pub fn rounded(x: Decimal) -> Decimal {
+    let mut d = x.round_dp_with_strategy(9, RoundingStrategy::MidpointAwayFromZero);
+    d.rescale(9);
+    d
+}
+
+/// An amount to the cent, half away from zero: what an invoice shows of
+/// a sum of lines.
+pub fn cents(x: Decimal) -> Decimal {
+    let mut d = x.round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
+    d.rescale(2);
+    d
+}
+
+/// FOCUS's date-time form: ISO 8601 in UTC, here to the microsecond.
+mod focus_time {
+    use chrono::{DateTime, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One line of a billing export: the columns of FinOps FOCUS 1.0 (every
+/// one the specification defines, in its names) and Gangway's own,
+/// `x_`-prefixed (among them the commitment and capacity-reservation
+/// columns FOCUS added only in 1.1): one ledger record, priced. Money and
+/// quantities are exact decimals ([`rounded`] to 9 places), written as
+/// decimal strings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[allow(non_snake_case)]
 pub struct FocusRow {
     pub BillingAccountId: String,
+    /// The tenant's display name where the export knows it, else its id.
+    pub BillingAccountName: String,
     pub SubAccountId: String,
+    pub SubAccountName: String,
+    /// [`PriceBook::provider`], as are `PublisherName` and
+    /// `InvoiceIssuerName`.
+    pub ProviderName: String,
+    pub PublisherName: String,
+    pub InvoiceIssuerName: String,
+    #[serde(with = "focus_time")]
     pub BillingPeriodStart: DateTime<Utc>,
+    #[serde(with = "focus_time")]
     pub BillingPeriodEnd: DateTime<Utc>,
+    #[serde(with = "focus_time")]
     pub ChargePeriodStart: DateTime<Utc>,
+    #[serde(with = "focus_time")]
     pub ChargePeriodEnd: DateTime<Utc>,
+    /// `Usage`, `Purchase` (a commitment's hour) or `Credit`.
     pub ChargeCategory: String,
-    pub ChargeDescription: String,
-    pub ResourceId: String,
-    pub ResourceType: String,
-    pub RegionId: String,
-    pub ServiceName: String,
-    pub SkuId: String,
-    pub UsageQuantity: f64,
-    pub UsageUnit: String,
-    pub PricingQuantity: f64,
-    pub PricingUnit: String,
-    pub ListUnitPrice: f64,
-    pub ListCost: f64,
-    pub BilledCost: f64,
-    pub EffectiveCost: f64,
-    pub BillingCurrency: String,
     /// `Correction` on a line correcting an earlier (closed) month; null
     /// otherwise.
     pub ChargeClass: Option<String>,
+    pub ChargeDescription: String,
     /// `Usage-Based` (usage, its credits and corrections, a commitment's
     /// unused part) or `Recurring` (a commitment's hourly charge).
     pub ChargeFrequency: String,
+    pub ResourceId: String,
+    /// A job's id (the ledger does not keep its name), a commitment's.
+    pub ResourceName: String,
+    pub ResourceType: String,
+    pub RegionId: String,
+    pub RegionName: String,
+    /// `AI and Machine Learning`.
+    pub ServiceCategory: String,
+    pub ServiceName: String,
+    pub SkuId: String,
+    /// The price book entry that priced the line ([`Price::sku_price_id`]).
+    pub SkuPriceId: Option<String>,
+    /// `Committed` on the part of usage a commitment covered and on a
+    /// commitment's unused part, `Standard` otherwise.
+    pub PricingCategory: Option<String>,
+    /// GPU-hours used (negative on a credit or correction); null on a
+    /// commitment's purchase.
+    pub ConsumedQuantity: Option<Decimal>,
+    pub ConsumedUnit: Option<String>,
+    pub PricingQuantity: Decimal,
+    pub PricingUnit: String,
+    pub ListUnitPrice: Decimal,
+    pub ListCost: Decimal,
+    /// The price book's price: Gangway negotiates nothing beside it (a
+    /// commitment is its own SKU), so contracted is list.
+    pub ContractedUnitPrice: Decimal,
+    pub ContractedCost: Decimal,
+    pub BilledCost: Decimal,
+    pub EffectiveCost: Decimal,
+    pub BillingCurrency: String,
     /// The commitment (docs/billing.md) a line covers, is covered by, or
     /// is the unused part of.
     pub CommitmentDiscountId: Option<String>,
+    pub CommitmentDiscountName: Option<String>,
     /// `guarantee`, `reservation` or `cluster`.
     pub CommitmentDiscountType: Option<String>,
     /// `Usage` (commitments are of GPU-hours).
@@ -494,12 +613,33 @@ pub struct FocusRow {
     /// `Used` (usage the commitment covered) or `Unused` (what it left
     /// idle); null on its purchase.
     pub CommitmentDiscountStatus: Option<String>,
-    /// GPU-hours of the commitment the line bought, used or left unused.
-    pub CommitmentDiscountQuantity: Option<f64>,
-    pub CommitmentDiscountUnit: Option<String>,
-    /// A reservation's or cluster's id: the capacity it holds.
-    pub CapacityReservationId: Option<String>,
-    pub CapacityReservationStatus: Option<String>,
+    /// A JSON object: the GPU type, and the priority class or the
+    /// commitment's kind.
+    pub Tags: String,
+    /// The FinOps Foundation's validator for 1.0 (`focus-validator`
+    /// 1.0.0, its only release) checks these five columns under their
+    /// 1.0-preview names: the same values as `ProviderName`,
+    /// `PublisherName`, `InvoiceIssuerName`, `ResourceId` and
+    /// `ChargeCategory` ([`FocusRow::as_written`] copies them), so that the
+    /// export passes it.
+    #[serde(rename = "Provider")]
+    pub PreviewProvider: String,
+    #[serde(rename = "Publisher")]
+    pub PreviewPublisher: String,
+    #[serde(rename = "InvoiceIssuer")]
+    pub PreviewInvoiceIssuer: String,
+    #[serde(rename = "ResourceID")]
+    pub PreviewResourceId: String,
+    #[serde(rename = "ChargeType")]
+    pub PreviewChargeType: String,
+    /// GPU-hours of the commitment the line bought, used or left unused
+    /// (FOCUS 1.1's `CommitmentDiscountQuantity`).
+    pub x_CommitmentDiscountQuantity: Option<Decimal>,
+    pub x_CommitmentDiscountUnit: Option<String>,
+    /// A reservation's or cluster's id: the capacity it holds (FOCUS
+    /// 1.1's `CapacityReservationId`).
+    pub x_CapacityReservationId: Option<String>,
+    pub x_CapacityReservationStatus: Option<String>,
     pub x_UsageId: Uuid,
     pub x_Epoch: i32,
     pub x_Attempt: i32,
@@ -510,6 +650,84 @@ pub struct FocusRow {
     /// On a credit, the usage row it offsets (`x_UsageId` is the
     /// credit's own id); empty on usage.
     pub x_CreditedUsageId: String,
+}
+
+/// The columns every line has whatever it prices.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn focus_base(
+    tenant: &str,
+    book: &PriceBook,
+    period: (DateTime<Utc>, DateTime<Utc>),
+    charge: (DateTime<Utc>, DateTime<Utc>),
+    category: &str,
+    description: String,
+    resource: (String, &str),
+    region: &str,
+    sku: String,
+    tags: serde_json::Value,
+) -> FocusRow {
+    let (resource_id, resource_type) = resource;
+    FocusRow {
+        BillingAccountId: tenant.to_string(),
+        BillingAccountName: tenant.to_string(),
+        SubAccountId: tenant.to_string(),
+        SubAccountName: tenant.to_string(),
+        ProviderName: book.provider.clone(),
+        PublisherName: book.provider.clone(),
+        InvoiceIssuerName: book.provider.clone(),
+        BillingPeriodStart: period.0,
+        BillingPeriodEnd: period.1,
+        ChargePeriodStart: charge.0,
+        ChargePeriodEnd: charge.1,
+        ChargeCategory: category.into(),
+        ChargeClass: None,
+        ChargeDescription: description,
+        ChargeFrequency: "Usage-Based".into(),
+        ResourceName: resource_id.clone(),
+        PreviewResourceId: String::new(),
+        ResourceId: resource_id,
+        ResourceType: resource_type.into(),
+        RegionId: region.to_string(),
+        RegionName: region.to_string(),
+        ServiceCategory: "AI and Machine Learning".into(),
+        ServiceName: "Gangway GPU".into(),
+        SkuId: sku,
+        SkuPriceId: None,
+        PricingCategory: Some("Standard".into()),
+        ConsumedQuantity: None,
+        ConsumedUnit: None,
+        PricingQuantity: Decimal::ZERO,
+        PricingUnit: "GPU-Hours".into(),
+        ListUnitPrice: Decimal::ZERO,
+        ListCost: Decimal::ZERO,
+        ContractedUnitPrice: Decimal::ZERO,
+        ContractedCost: Decimal::ZERO,
+        BilledCost: Decimal::ZERO,
+        EffectiveCost: Decimal::ZERO,
+        BillingCurrency: book.currency.clone(),
+        CommitmentDiscountId: None,
+        CommitmentDiscountName: None,
+        CommitmentDiscountType: None,
+        CommitmentDiscountCategory: None,
+        CommitmentDiscountStatus: None,
+        Tags: tags.to_string(),
+        PreviewProvider: String::new(),
+        PreviewPublisher: String::new(),
+        PreviewInvoiceIssuer: String::new(),
+        PreviewChargeType: String::new(),
+        x_CommitmentDiscountQuantity: None,
+        x_CommitmentDiscountUnit: None,
+        x_CapacityReservationId: None,
+        x_CapacityReservationStatus: None,
+        x_UsageId: Uuid::nil(),
+        x_Epoch: 0,
+        x_Attempt: 0,
+        x_Rank: 0,
+        x_Gpus: 0,
+        x_EndedBy: String::new(),
+        x_Cause: String::new(),
+        x_CreditedUsageId: String::new(),
+    }
 }
 
 impl FocusRow {
@@ -523,53 +741,75 @@ impl FocusRow {
     ) -> Option<FocusRow> {
         let priority = priority_name(r.priority);
         let price = book.price(&r.gpu_type, priority, &r.region, r.started_at)?;
-        let hours = r.gpu_seconds / 3600.0;
-        let cost = hours * price.per_gpu_hour;
-        Some(FocusRow {
-            BillingAccountId: r.tenant.clone(),
-            SubAccountId: r.tenant.clone(),
-            BillingPeriodStart: period.0,
-            BillingPeriodEnd: period.1,
-            ChargePeriodStart: r.started_at,
-            ChargePeriodEnd: r.ended_at,
-            ChargeCategory: "Usage".into(),
-            ChargeDescription: format!(
+        let sku = format!("gpu-{}-{priority}", r.gpu_type);
+        let mut row = focus_base(
+            &r.tenant,
+            book,
+            period,
+            (r.started_at, r.ended_at),
+            "Usage",
+            format!(
                 "{} × {} GPU ({priority} priority), job {} rank {}",
                 r.gpus, r.gpu_type, r.job_id, r.rank
             ),
-            ResourceId: r.job_id.to_string(),
-            ResourceType: "TrainingJob".into(),
-            RegionId: r.region.clone(),
-            ServiceName: "Gangway GPU".into(),
-            SkuId: format!("gpu-{}-{priority}", r.gpu_type),
-            UsageQuantity: hours,
-            UsageUnit: "GPU-Hours".into(),
-            PricingQuantity: hours,
-            PricingUnit: "GPU-Hours".into(),
-            ListUnitPrice: price.per_gpu_hour,
-            ListCost: cost,
-            BilledCost: cost,
-            EffectiveCost: cost,
-            BillingCurrency: book.currency.clone(),
-            ChargeClass: None,
-            ChargeFrequency: "Usage-Based".into(),
-            CommitmentDiscountId: None,
-            CommitmentDiscountType: None,
-            CommitmentDiscountCategory: None,
-            CommitmentDiscountStatus: None,
-            CommitmentDiscountQuantity: None,
-            CommitmentDiscountUnit: None,
-            CapacityReservationId: None,
-            CapacityReservationStatus: None,
-            x_UsageId: r.usage_id,
-            x_Epoch: r.epoch,
-            x_Attempt: r.attempt,
-            x_Rank: r.rank,
-            x_Gpus: r.gpus,
-            x_EndedBy: r.ended_by.clone(),
-            x_Cause: r.cause.clone().unwrap_or_default(),
-            x_CreditedUsageId: String::new(),
-        })
+            (r.job_id.to_string(), "TrainingJob"),
+            &r.region,
+            sku.clone(),
+            serde_json::json!({"gangway/gpu-type": r.gpu_type, "gangway/priority": priority}),
+        );
+        row.SkuPriceId = Some(price.sku_price_id(&sku));
+        row.set_usage(hours_of(decimal_seconds(r.gpu_seconds)), price.per_gpu_hour);
+        row.x_UsageId = r.usage_id;
+        row.x_Epoch = r.epoch;
+        row.x_Attempt = r.attempt;
+        row.x_Rank = r.rank;
+        row.x_Gpus = r.gpus;
+        row.x_EndedBy = r.ended_by.clone();
+        row.x_Cause = r.cause.clone().unwrap_or_default();
+        Some(row)
+    }
+
+    /// `q` GPU-hours (negative: taken off) at `unit` a GPU-hour, nothing
+    /// of it committed: list, contracted, billed and effective alike.
+    pub(crate) fn set_usage(&mut self, q: Decimal, unit: Decimal) {
+        self.ConsumedQuantity = Some(q);
+        self.ConsumedUnit = Some("GPU-Hours".into());
+        self.PricingQuantity = q;
+        self.ListUnitPrice = unit;
+        self.ContractedUnitPrice = unit;
+        self.ListCost = q * unit;
+        self.ContractedCost = q * unit;
+        self.BilledCost = q * unit;
+        self.EffectiveCost = q * unit;
+    }
+
+    /// The line as the export writes it: every quantity and amount
+    /// [`rounded`], the 1.0-preview duplicates filled in.
+    pub fn as_written(mut self) -> FocusRow {
+        self.PreviewProvider = self.ProviderName.clone();
+        self.PreviewPublisher = self.PublisherName.clone();
+        self.PreviewInvoiceIssuer = self.InvoiceIssuerName.clone();
+        self.PreviewResourceId = self.ResourceId.clone();
+        self.PreviewChargeType = self.ChargeCategory.clone();
+        for x in [
+            &mut self.PricingQuantity,
+            &mut self.ListCost,
+            &mut self.ContractedCost,
+            &mut self.BilledCost,
+            &mut self.EffectiveCost,
+        ] {
+            *x = rounded(*x);
+        }
+        for x in [
+            &mut self.ConsumedQuantity,
+            &mut self.x_CommitmentDiscountQuantity,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *x = rounded(*x);
+        }
+        self
     }
 
     /// Credit `c` priced by `book` for the billing period [start, end) it
@@ -583,8 +823,6 @@ impl FocusRow {
     ) -> Option<FocusRow> {
         let priority = priority_name(c.priority);
         let price = book.price(&c.gpu_type, priority, &c.region, c.usage_started_at)?;
-        let hours = c.gpu_seconds / 3600.0;
-        let cost = hours * price.per_gpu_hour;
         let since = match c.checkpointed_at {
             Some(t) => format!(
                 "work since checkpoint at {}",
@@ -592,126 +830,130 @@ impl FocusRow {
             ),
             None => "no checkpoint".to_string(),
         };
-        Some(FocusRow {
-            BillingAccountId: c.tenant.clone(),
-            SubAccountId: c.tenant.clone(),
-            BillingPeriodStart: period.0,
-            BillingPeriodEnd: period.1,
-            ChargePeriodStart: c.started_at,
-            ChargePeriodEnd: c.ended_at,
-            ChargeCategory: "Credit".into(),
-            ChargeDescription: format!(
+        let sku = format!("gpu-{}-{priority}", c.gpu_type);
+        let mut row = focus_base(
+            &c.tenant,
+            book,
+            period,
+            (c.started_at, c.ended_at),
+            "Credit",
+            format!(
                 "credit: {} × {} GPU ({priority} priority) lost to {}, job {} rank {} ({since})",
                 c.gpus, c.gpu_type, c.cause, c.job_id, c.rank
             ),
-            ResourceId: c.job_id.to_string(),
-            ResourceType: "TrainingJob".into(),
-            RegionId: c.region.clone(),
-            ServiceName: "Gangway GPU".into(),
-            SkuId: format!("gpu-{}-{priority}", c.gpu_type),
-            UsageQuantity: -hours,
-            UsageUnit: "GPU-Hours".into(),
-            PricingQuantity: -hours,
-            PricingUnit: "GPU-Hours".into(),
-            ListUnitPrice: price.per_gpu_hour,
-            ListCost: -cost,
-            BilledCost: -cost,
-            EffectiveCost: -cost,
-            BillingCurrency: book.currency.clone(),
-            ChargeClass: None,
-            ChargeFrequency: "Usage-Based".into(),
-            CommitmentDiscountId: None,
-            CommitmentDiscountType: None,
-            CommitmentDiscountCategory: None,
-            CommitmentDiscountStatus: None,
-            CommitmentDiscountQuantity: None,
-            CommitmentDiscountUnit: None,
-            CapacityReservationId: None,
-            CapacityReservationStatus: None,
-            x_UsageId: c.credit_id,
-            x_Epoch: c.epoch,
-            x_Attempt: c.attempt,
-            x_Rank: c.rank,
-            x_Gpus: c.gpus,
-            x_EndedBy: c.ended_by.clone(),
-            x_Cause: c.cause.clone(),
-            x_CreditedUsageId: c.usage_id.to_string(),
-        })
+            (c.job_id.to_string(), "TrainingJob"),
+            &c.region,
+            sku.clone(),
+            serde_json::json!({"gangway/gpu-type": c.gpu_type, "gangway/priority": priority}),
+        );
+        row.SkuPriceId = Some(price.sku_price_id(&sku));
+        row.set_usage(
+            -hours_of(decimal_seconds(c.gpu_seconds)),
+            price.per_gpu_hour,
+        );
+        row.x_UsageId = c.credit_id;
+        row.x_Epoch = c.epoch;
+        row.x_Attempt = c.attempt;
+        row.x_Rank = c.rank;
+        row.x_Gpus = c.gpus;
+        row.x_EndedBy = c.ended_by.clone();
+        row.x_Cause = c.cause.clone();
+        row.x_CreditedUsageId = c.usage_id.to_string();
+        Some(row)
     }
 
-    /// The CSV header, in the field order of [`FocusRow::csv`].
-    pub const CSV_HEADER: &'static str = "BillingAccountId,SubAccountId,BillingPeriodStart,\
-        BillingPeriodEnd,ChargePeriodStart,ChargePeriodEnd,ChargeCategory,ChargeDescription,\
-        ResourceId,ResourceType,RegionId,ServiceName,SkuId,UsageQuantity,UsageUnit,\
-        PricingQuantity,PricingUnit,ListUnitPrice,ListCost,BilledCost,EffectiveCost,\
-        BillingCurrency,ChargeClass,ChargeFrequency,CommitmentDiscountId,\
-        CommitmentDiscountType,CommitmentDiscountCategory,CommitmentDiscountStatus,\
-        CommitmentDiscountQuantity,CommitmentDiscountUnit,CapacityReservationId,\
-        CapacityReservationStatus,x_UsageId,x_Epoch,x_Attempt,x_Rank,x_Gpus,x_EndedBy,x_Cause,\
-        x_CreditedUsageId";
+    /// The CSV header: the field names, in order (a test checks them
+    /// against what serde writes).
+    pub const COLUMNS: &'static [&'static str] = &[
+        "BillingAccountId",
+        "BillingAccountName",
+        "SubAccountId",
+        "SubAccountName",
+        "ProviderName",
+        "PublisherName",
+        "InvoiceIssuerName",
+        "BillingPeriodStart",
+        "BillingPeriodEnd",
+        "ChargePeriodStart",
+        "ChargePeriodEnd",
+        "ChargeCategory",
+        "ChargeClass",
+        "ChargeDescription",
+        "ChargeFrequency",
+        "ResourceId",
+        "ResourceName",
+        "ResourceType",
+        "RegionId",
+        "RegionName",
+        "ServiceCategory",
+        "ServiceName",
+        "SkuId",
+        "SkuPriceId",
+        "PricingCategory",
+        "ConsumedQuantity",
+        "ConsumedUnit",
+        "PricingQuantity",
+        "PricingUnit",
+        "ListUnitPrice",
+        "ListCost",
+        "ContractedUnitPrice",
+        "ContractedCost",
+        "BilledCost",
+        "EffectiveCost",
+        "BillingCurrency",
+        "CommitmentDiscountId",
+        "CommitmentDiscountName",
+        "CommitmentDiscountType",
+        "CommitmentDiscountCategory",
+        "CommitmentDiscountStatus",
+        "Tags",
+        "Provider",
+        "Publisher",
+        "InvoiceIssuer",
+        "ResourceID",
+        "ChargeType",
+        "x_CommitmentDiscountQuantity",
+        "x_CommitmentDiscountUnit",
+        "x_CapacityReservationId",
+        "x_CapacityReservationStatus",
+        "x_UsageId",
+        "x_Epoch",
+        "x_Attempt",
+        "x_Rank",
+        "x_Gpus",
+        "x_EndedBy",
+        "x_Cause",
+        "x_CreditedUsageId",
+    ];
 
-    /// The row as one CSV line (RFC 4180 quoting where needed).
+    /// A CSV writer of lines to `w`: the header now (so an export with
+    /// no line still has it), then [`csv::Writer::serialize`] each line.
+    pub fn csv_writer<W: std::io::Write>(w: W) -> csv::Result<csv::Writer<W>> {
+        let mut out = csv::WriterBuilder::new().has_headers(false).from_writer(w);
+        out.write_record(FocusRow::COLUMNS)?;
+        Ok(out)
+    }
+
+    /// The row as one CSV line (no line end; RFC 4180 quoting where
+    /// needed).
     pub fn csv(&self) -> String {
-        fn q(s: &str) -> String {
-            if s.contains([',', '"', '\n', '\r']) {
-                format!("\"{}\"", s.replace('"', "\"\""))
-            } else {
-                s.to_string()
-            }
-        }
-        let t = |d: &DateTime<Utc>| d.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        let o = |s: &Option<String>| s.as_deref().map(q).unwrap_or_default();
-        [
-            q(&self.BillingAccountId),
-            q(&self.SubAccountId),
-            t(&self.BillingPeriodStart),
-            t(&self.BillingPeriodEnd),
-            t(&self.ChargePeriodStart),
-            t(&self.ChargePeriodEnd),
-            q(&self.ChargeCategory),
-            q(&self.ChargeDescription),
-            q(&self.ResourceId),
-            q(&self.ResourceType),
-            q(&self.RegionId),
-            q(&self.ServiceName),
-            q(&self.SkuId),
-            format!("{:.9}", self.UsageQuantity),
-            q(&self.UsageUnit),
-            format!("{:.9}", self.PricingQuantity),
-            q(&self.PricingUnit),
-            format!("{:.6}", self.ListUnitPrice),
-            format!("{:.9}", self.ListCost),
-            format!("{:.9}", self.BilledCost),
-            format!("{:.9}", self.EffectiveCost),
-            q(&self.BillingCurrency),
-            o(&self.ChargeClass),
-            q(&self.ChargeFrequency),
-            o(&self.CommitmentDiscountId),
-            o(&self.CommitmentDiscountType),
-            o(&self.CommitmentDiscountCategory),
-            o(&self.CommitmentDiscountStatus),
-            (self.CommitmentDiscountQuantity)
-                .map(|x| format!("{x:.9}"))
-                .unwrap_or_default(),
-            o(&self.CommitmentDiscountUnit),
-            o(&self.CapacityReservationId),
-            o(&self.CapacityReservationStatus),
-            self.x_UsageId.to_string(),
-            self.x_Epoch.to_string(),
-            self.x_Attempt.to_string(),
-            self.x_Rank.to_string(),
-            self.x_Gpus.to_string(),
-            q(&self.x_EndedBy),
-            q(&self.x_Cause),
-            q(&self.x_CreditedUsageId),
-        ]
-        .join(",")
+        let mut out = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_writer(Vec::new());
+        out.serialize(self).expect("a row serializes");
+        let mut text = String::from_utf8(out.into_inner().expect("a buffer")).expect("UTF-8");
+        text.truncate(text.trim_end_matches(['\r', '\n']).len());
+        text
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn d(s: &str) -> Decimal {
+        s.parse().unwrap()
+    }
 
     const BOOK: &str = r#"
 currency = "USD"
@@ -743,12 +985,18 @@ per_gpu_hour = 4.0
     fn the_most_specific_price_in_force_applies() {
         let b = PriceBook::parse(BOOK).unwrap();
         let p = |prio, region, t| b.price("h100", prio, region, at(t)).map(|p| p.per_gpu_hour);
-        assert_eq!(p("normal", "us-east", "2026-11-01T00:00:00Z"), Some(3.0));
+        assert_eq!(p("normal", "us-east", "2026-11-01T00:00:00Z"), Some(d("3")));
         // A later effective date takes over from then on.
-        assert_eq!(p("normal", "us-east", "2026-11-15T00:00:00Z"), Some(2.5));
+        assert_eq!(
+            p("normal", "us-east", "2026-11-15T00:00:00Z"),
+            Some(d("2.5"))
+        );
         // A named priority, or region, beats any.
-        assert_eq!(p("low", "us-east", "2026-11-20T00:00:00Z"), Some(1.0));
-        assert_eq!(p("normal", "eu-central", "2026-11-20T00:00:00Z"), Some(4.0));
+        assert_eq!(p("low", "us-east", "2026-11-20T00:00:00Z"), Some(d("1")));
+        assert_eq!(
+            p("normal", "eu-central", "2026-11-20T00:00:00Z"),
+            Some(d("4"))
+        );
         // Nothing in force yet, or no such GPU type: no price.
         assert_eq!(p("normal", "us-east", "2025-12-31T00:00:00Z"), None);
         assert!(b
@@ -790,12 +1038,18 @@ per_gpu_hour = 4.0
         let period = (at("2026-11-01T00:00:00Z"), at("2026-12-01T00:00:00Z"));
         let row = FocusRow::of(&r, &b, period).unwrap();
         // 8 GPUs × 0.75 h × 2.50 = 15.00
-        assert_eq!(row.UsageQuantity, 6.0);
-        assert!((row.BilledCost - 15.0).abs() < 1e-9);
+        assert_eq!(row.ConsumedQuantity, Some(d("6")));
+        assert_eq!(row.BilledCost, d("15"));
         assert_eq!(row.SkuId, "gpu-h100-normal");
-        let line = row.csv();
+        assert_eq!(
+            row.SkuPriceId.as_deref(),
+            Some("gpu-h100-normal:*:*:2026-11-15")
+        );
+        let line = row.as_written().csv();
         assert!(
-            line.starts_with("acme,acme,2026-11-01T00:00:00.000000Z,"),
+            line.starts_with(
+                "acme,acme,acme,acme,Gangway,Gangway,Gangway,2026-11-01T00:00:00.000000Z,"
+            ),
             "{line}"
         );
         // A field with a comma is quoted.
@@ -836,25 +1090,70 @@ per_gpu_hour = 4.0
         let row = FocusRow::credit(&c, &b, period).unwrap();
         // 8 GPUs × 0.5 h × 3.00, credited.
         assert_eq!(row.ChargeCategory, "Credit");
-        assert_eq!(row.UsageQuantity, -4.0);
-        assert!((row.BilledCost + 12.0).abs() < 1e-9);
+        assert_eq!(row.ConsumedQuantity, Some(d("-4")));
+        assert_eq!(row.BilledCost, d("-12"));
         assert_eq!(row.EffectiveCost, row.BilledCost);
-        assert_eq!(row.ListUnitPrice, 3.0);
+        assert_eq!(row.ListUnitPrice, d("3"));
         assert_eq!(row.SkuId, "gpu-h100-normal");
         assert_eq!(row.x_Cause, "node_lost");
         assert_eq!(row.x_UsageId, c.credit_id);
         assert_eq!(row.x_CreditedUsageId, c.usage_id.to_string());
         assert!(row.ChargeDescription.contains("lost to node_lost"));
-        let line = row.csv();
+        let line = row.clone().as_written().csv();
         assert_eq!(
             line.matches(',').count(),
-            FocusRow::CSV_HEADER.matches(',').count() + 1,
-            "one comma inside the quoted description: {line}"
+            FocusRow::COLUMNS.len() - 1 + 2,
+            "one comma inside the quoted description, one in the tags: {line}"
         );
         assert!(line.contains(",-12.000000000,"), "{line}");
         // No price for its SKU: none.
         let mut other = c.clone();
         other.gpu_type = "a100".into();
         assert!(FocusRow::credit(&other, &b, period).is_none());
+    }
+
+    /// The header is serde's names, in order; a line has as many fields;
+    /// money with a binary-awkward price stays exact.
+    #[test]
+    fn the_csv_header_is_the_rows_fields_and_money_is_exact() {
+        let b =
+            PriceBook::parse(&BOOK.replace("per_gpu_hour = 2.5", "per_gpu_hour = 0.07")).unwrap();
+        let r = UsageRecord {
+            usage_id: Uuid::nil(),
+            job_id: Uuid::nil(),
+            epoch: 1,
+            attempt: 1,
+            rank: 0,
+            tenant: "acme".into(),
+            region: "us-east".into(),
+            gpu_type: "h100".into(),
+            priority: 1,
+            gpus: 3,
+            started_at: at("2026-11-20T10:00:00Z"),
+            ended_at: at("2026-11-20T10:06:00Z"),
+            gpu_seconds: 3.0 * 360.0,
+            ended_by: "succeeded".into(),
+            cause: None,
+            checkpointed_at: None,
+            reservation_id: None,
+            cluster_id: None,
+        };
+        let period = (at("2026-11-01T00:00:00Z"), at("2026-12-01T00:00:00Z"));
+        let row = FocusRow::of(&r, &b, period).unwrap().as_written();
+        // 0.3 GPU-hours × 0.07 = 0.021 exactly (in binary: 0.021000000000000001).
+        assert_eq!(row.BilledCost.to_string(), "0.021000000");
+        assert_eq!(row.ConsumedQuantity.unwrap().to_string(), "0.300000000");
+        let mut w = csv::Writer::from_writer(Vec::new());
+        w.serialize(&row).unwrap();
+        let text = String::from_utf8(w.into_inner().unwrap()).unwrap();
+        let mut rd = csv::Reader::from_reader(text.as_bytes());
+        let header: Vec<String> = rd.headers().unwrap().iter().map(String::from).collect();
+        assert_eq!(header, FocusRow::COLUMNS);
+        let back: FocusRow = rd.deserialize().next().unwrap().unwrap();
+        assert_eq!(back, row);
+        assert!(
+            text.contains(r#","{""gangway/gpu-type"":""h100"",""gangway/priority"":""normal""}","#),
+            "{text}"
+        );
     }
 }

@@ -32,10 +32,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
+use rust_decimal::Decimal;
 use uuid::Uuid;
 
 use super::{
-    priority_name, CommitmentKind, CommitmentRecord, CreditRecord, FocusRow, PriceBook, UsageRecord,
+    decimal_seconds, focus_base, hours_of, priority_name, CommitmentKind, CommitmentPrice,
+    CommitmentRecord, CreditRecord, FocusRow, PriceBook, UsageRecord,
 };
 
 /// [start, end).
@@ -104,8 +106,9 @@ fn key_of(r: &UsageRecord) -> Key {
 /// commitment covered.
 #[derive(Clone, Debug)]
 struct Rate {
-    list: f64,
-    covered: f64,
+    list: Decimal,
+    /// The fraction of the row its commitment covered (0 to 1).
+    covered: Decimal,
     commitment: Option<Covering>,
 }
 
@@ -114,15 +117,15 @@ struct Covering {
     kind: CommitmentKind,
     discount_id: String,
     capacity_id: Option<String>,
-    covered_price: f64,
-    commit_price: f64,
+    covered_price: Decimal,
+    commit_price: Decimal,
 }
 
 impl Rate {
     /// What a GPU-hour of the row was billed, on average.
-    fn billed_unit(&self) -> f64 {
+    fn billed_unit(&self) -> Decimal {
         match &self.commitment {
-            Some(c) => (1.0 - self.covered) * self.list + self.covered * c.covered_price,
+            Some(c) => (Decimal::ONE - self.covered) * self.list + self.covered * c.covered_price,
             None => self.list,
         }
     }
@@ -131,31 +134,24 @@ impl Rate {
 /// `base` (its ids, times and description) for `q` GPU-hours (negative:
 /// taken off), split into the part its commitment covered (`Used`) and
 /// the rest at the usage price.
-fn priced(base: FocusRow, q: f64, rate: &Rate) -> Vec<FocusRow> {
-    let plain = |mut row: FocusRow, q: f64| {
-        row.UsageQuantity = q;
-        row.PricingQuantity = q;
-        row.ListUnitPrice = rate.list;
-        row.ListCost = q * rate.list;
-        row.BilledCost = q * rate.list;
-        row.EffectiveCost = q * rate.list;
+fn priced(base: FocusRow, q: Decimal, rate: &Rate) -> Vec<FocusRow> {
+    let plain = |mut row: FocusRow, q: Decimal| {
+        row.set_usage(q, rate.list);
         row
     };
-    let Some(c) = rate.commitment.as_ref().filter(|_| rate.covered > 0.0) else {
+    let Some(c) = (rate.commitment.as_ref()).filter(|_| rate.covered > Decimal::ZERO) else {
         return vec![plain(base, q)];
     };
     let mut used = base.clone();
-    let qc = if rate.covered >= 1.0 {
+    let qc = if rate.covered >= Decimal::ONE {
         q
     } else {
         q * rate.covered
     };
-    used.UsageQuantity = qc;
-    used.PricingQuantity = qc;
-    used.ListUnitPrice = rate.list;
-    used.ListCost = qc * rate.list;
+    used.set_usage(qc, rate.list);
     used.BilledCost = qc * c.covered_price;
     used.EffectiveCost = qc * (c.covered_price + c.commit_price);
+    used.PricingCategory = Some("Committed".into());
     used.ChargeDescription = format!(
         "{} (covered by {} {})",
         used.ChargeDescription,
@@ -164,12 +160,12 @@ fn priced(base: FocusRow, q: f64, rate: &Rate) -> Vec<FocusRow> {
     );
     commitment_columns(&mut used, c.kind, &c.discount_id, c.capacity_id.as_deref());
     used.CommitmentDiscountStatus = Some("Used".into());
-    used.CommitmentDiscountQuantity = Some(qc);
-    if used.CapacityReservationId.is_some() {
-        used.CapacityReservationStatus = Some("Used".into());
+    used.x_CommitmentDiscountQuantity = Some(qc);
+    if used.x_CapacityReservationId.is_some() {
+        used.x_CapacityReservationStatus = Some("Used".into());
     }
     let mut out = vec![used];
-    if rate.covered < 1.0 {
+    if rate.covered < Decimal::ONE {
         out.push(plain(base, q - qc));
     }
     out
@@ -182,23 +178,30 @@ fn commitment_columns(
     capacity: Option<&str>,
 ) {
     row.CommitmentDiscountId = Some(discount_id.to_string());
+    row.CommitmentDiscountName = Some(match capacity {
+        Some(id) => format!("{} {id}", kind.as_str()),
+        None => format!(
+            "guaranteed quota {}",
+            discount_id.trim_start_matches("guarantee/")
+        ),
+    });
     row.CommitmentDiscountType = Some(kind.as_str().to_string());
     row.CommitmentDiscountCategory = Some("Usage".into());
-    row.CommitmentDiscountUnit = Some("GPU-Hours".into());
-    row.CapacityReservationId = capacity.map(String::from);
+    row.x_CommitmentDiscountUnit = Some("GPU-Hours".into());
+    row.x_CapacityReservationId = capacity.map(String::from);
 }
 
 /// A commitment's line for its clock hour (`record`): its purchase, or
-/// (`unused` GPU-hours) the part it left idle.
+/// (`unused` GPU-seconds) the part it left idle.
 fn commitment_line(
     record: &CommitmentRecord,
-    committed_gpu_s: f64,
-    unused: Option<f64>,
-    price: f64,
-    currency: &str,
+    committed_gpu_s: Decimal,
+    unused: Option<Decimal>,
+    price: &CommitmentPrice,
+    book: &PriceBook,
     period: Period,
 ) -> FocusRow {
-    let hours = committed_gpu_s / 3600.0;
+    let hours = hours_of(committed_gpu_s);
     let capacity = (record.kind != CommitmentKind::Guarantee).then(|| record.commitment_id.clone());
     let (resource_type, what) = match record.kind {
         CommitmentKind::Guarantee => ("GuaranteedQuota", "guaranteed"),
@@ -206,72 +209,65 @@ fn commitment_line(
         CommitmentKind::Cluster => ("DedicatedCluster", "in a dedicated cluster"),
     };
     let discount = record.discount_id();
-    let mut row = FocusRow {
-        BillingAccountId: record.tenant.clone(),
-        SubAccountId: record.tenant.clone(),
-        BillingPeriodStart: period.0,
-        BillingPeriodEnd: period.1,
-        ChargePeriodStart: record.started_at,
-        ChargePeriodEnd: record.ended_at,
-        ChargeCategory: "Purchase".into(),
-        ChargeDescription: format!(
-            "{} × {} GPU {what} ({} {}): {hours:.6} GPU-hours committed",
+    let mut row = focus_base(
+        &record.tenant,
+        book,
+        period,
+        (record.started_at, record.ended_at),
+        "Purchase",
+        format!(
+            "{} × {} GPU {what} ({} {}): {:.6} GPU-hours committed",
             record.gpus,
             record.gpu_type,
             record.kind.as_str(),
-            record.commitment_id
+            record.commitment_id,
+            hours
         ),
-        ResourceId: capacity.clone().unwrap_or_else(|| discount.clone()),
-        ResourceType: resource_type.into(),
-        RegionId: record.region.clone(),
-        ServiceName: "Gangway GPU".into(),
-        SkuId: format!("commit-{}-{}", record.kind.as_str(), record.gpu_type),
-        UsageQuantity: 0.0,
-        UsageUnit: "GPU-Hours".into(),
-        PricingQuantity: hours,
-        PricingUnit: "GPU-Hours".into(),
-        ListUnitPrice: price,
-        ListCost: hours * price,
-        BilledCost: hours * price,
-        EffectiveCost: 0.0,
-        BillingCurrency: currency.to_string(),
-        ChargeClass: None,
-        ChargeFrequency: "Recurring".into(),
-        CommitmentDiscountId: None,
-        CommitmentDiscountType: None,
-        CommitmentDiscountCategory: None,
-        CommitmentDiscountStatus: None,
-        CommitmentDiscountQuantity: Some(hours),
-        CommitmentDiscountUnit: None,
-        CapacityReservationId: None,
-        CapacityReservationStatus: None,
-        x_UsageId: record.record_id,
-        x_Epoch: 0,
-        x_Attempt: 0,
-        x_Rank: 0,
-        x_Gpus: record.gpus,
-        x_EndedBy: String::new(),
-        x_Cause: String::new(),
-        x_CreditedUsageId: String::new(),
-    };
+        (
+            capacity.clone().unwrap_or_else(|| discount.clone()),
+            resource_type,
+        ),
+        &record.region,
+        format!("commit-{}-{}", record.kind.as_str(), record.gpu_type),
+        serde_json::json!({
+            "gangway/gpu-type": record.gpu_type,
+            "gangway/commitment": record.kind.as_str(),
+        }),
+    );
+    let unit = price.per_gpu_hour;
+    row.SkuPriceId = Some(price.sku_price_id());
+    row.ChargeFrequency = "Recurring".into();
+    row.PricingQuantity = hours;
+    row.ListUnitPrice = unit;
+    row.ContractedUnitPrice = unit;
+    row.ListCost = hours * unit;
+    row.ContractedCost = hours * unit;
+    row.BilledCost = hours * unit;
+    row.x_CommitmentDiscountQuantity = Some(hours);
+    row.x_UsageId = record.record_id;
+    row.x_Gpus = record.gpus;
     commitment_columns(&mut row, record.kind, &discount, capacity.as_deref());
     if let Some(unused) = unused {
-        let h = unused / 3600.0;
+        let h = hours_of(unused);
         row.ChargeCategory = "Usage".into();
         row.ChargeFrequency = "Usage-Based".into();
+        row.PricingCategory = Some("Committed".into());
         row.ChargeDescription = format!(
             "unused: {h:.6} of {hours:.6} GPU-hours committed ({} {}) ran nothing",
             record.kind.as_str(),
             record.commitment_id
         );
+        row.ConsumedQuantity = Some(Decimal::ZERO);
+        row.ConsumedUnit = Some("GPU-Hours".into());
         row.PricingQuantity = h;
-        row.ListCost = 0.0;
-        row.BilledCost = 0.0;
-        row.EffectiveCost = h * price;
+        row.ListCost = Decimal::ZERO;
+        row.ContractedCost = Decimal::ZERO;
+        row.BilledCost = Decimal::ZERO;
+        row.EffectiveCost = h * unit;
         row.CommitmentDiscountStatus = Some("Unused".into());
-        row.CommitmentDiscountQuantity = Some(h);
-        if row.CapacityReservationId.is_some() {
-            row.CapacityReservationStatus = Some("Unused".into());
+        row.x_CommitmentDiscountQuantity = Some(h);
+        if row.x_CapacityReservationId.is_some() {
+            row.x_CapacityReservationStatus = Some("Unused".into());
         }
         row.x_UsageId = Uuid::new_v5(&record.record_id, b"unused");
     }
@@ -302,7 +298,7 @@ pub fn line_order(a: &FocusRow, b: &FocusRow) -> std::cmp::Ordering {
 
 /// One hour's commitments: GPU-seconds committed per key, with a record
 /// of it (for its line).
-type HourCommitments = BTreeMap<Key, (f64, CommitmentRecord)>;
+type HourCommitments = BTreeMap<Key, (Decimal, CommitmentRecord)>;
 
 /// A billing period priced as a stream (docs/billing.md, "The export"),
 /// one clock hour at a time, so that what is held is one hour's rows, not
@@ -332,7 +328,7 @@ pub struct Pricer<'b> {
     book: &'b PriceBook,
     credits: Vec<CreditRecord>,
     /// Corrections each row's month knew of when it ended, per usage row.
-    corrected: BTreeMap<Uuid, f64>,
+    corrected: BTreeMap<Uuid, Decimal>,
     /// Commitments of the hours not priced yet, per hour.
     committed: BTreeMap<DateTime<Utc>, HourCommitments>,
     /// The usage rows the period's credits and corrections offset.
@@ -356,10 +352,10 @@ impl<'b> Pricer<'b> {
     ) -> Pricer<'b> {
         let within = |t: DateTime<Utc>| t >= period.0 && t < period.1;
         let credits: Vec<CreditRecord> = credits.into_iter().collect();
-        let mut corrected: BTreeMap<Uuid, f64> = BTreeMap::new();
+        let mut corrected: BTreeMap<Uuid, Decimal> = BTreeMap::new();
         for c in credits.iter().filter(|c| c.is_correction()) {
             if c.issued_at < month_of(c.usage_started_at).1 {
-                *corrected.entry(c.usage_id).or_default() += c.gpu_seconds;
+                *corrected.entry(c.usage_id).or_default() += decimal_seconds(c.gpu_seconds);
             }
         }
         let offset = (credits.iter())
@@ -369,12 +365,12 @@ impl<'b> Pricer<'b> {
         let mut committed: BTreeMap<DateTime<Utc>, HourCommitments> = BTreeMap::new();
         for c in commitments {
             let key = (c.region.clone(), c.kind, c.commitment_id.clone(), c.hour);
-            let g = c.gpu_seconds;
+            let g = decimal_seconds(c.gpu_seconds);
             committed
                 .entry(c.hour)
                 .or_default()
                 .entry(key)
-                .or_insert((0.0, c))
+                .or_insert((Decimal::ZERO, c))
                 .0 += g;
         }
         // Every commitment hour of the period is a line: a price the book
@@ -443,10 +439,11 @@ impl<'b> Pricer<'b> {
         let within = |t: DateTime<Utc>| t >= start && t < end;
 
         // Eligible usage per commitment this hour.
-        let mut used: BTreeMap<Key, f64> = BTreeMap::new();
+        let mut used: BTreeMap<Key, Decimal> = BTreeMap::new();
         for r in &rows {
-            let net = r.gpu_seconds - self.corrected.get(&r.usage_id).copied().unwrap_or(0.0);
-            *used.entry(key_of(r)).or_default() += net.max(0.0);
+            let corrected = self.corrected.get(&r.usage_id).copied().unwrap_or_default();
+            let net = decimal_seconds(r.gpu_seconds) - corrected;
+            *used.entry(key_of(r)).or_default() += net.max(Decimal::ZERO);
         }
         let mut lines = Vec::new();
         for r in &rows {
@@ -464,12 +461,16 @@ impl<'b> Pricer<'b> {
             let (Some(rate), Some(base)) = (rate, FocusRow::of(r, self.book, self.period)) else {
                 continue; // no price: named
             };
-            lines.extend(priced(base, r.gpu_seconds / 3600.0, &rate));
+            lines.extend(priced(
+                base,
+                hours_of(decimal_seconds(r.gpu_seconds)),
+                &rate,
+            ));
         }
         lines.extend(self.commitment_lines(hour, &committed, &used));
         lines.sort_by(line_order);
         out.extend(lines);
-        out
+        out.into_iter().map(FocusRow::as_written).collect()
     }
 
     /// The lines of the hours before `hour` that had commitments but no
@@ -494,7 +495,7 @@ impl<'b> Pricer<'b> {
         &self,
         hour: DateTime<Utc>,
         committed: &HourCommitments,
-        used: &BTreeMap<Key, f64>,
+        used: &BTreeMap<Key, Decimal>,
     ) -> Vec<FocusRow> {
         let (start, end) = self.period;
         let mut lines = Vec::new();
@@ -506,23 +507,15 @@ impl<'b> Pricer<'b> {
             let Some(cp) = book.commitment_price(key.1, &record.gpu_type, &key.0, key.3) else {
                 continue; // no price: named by `new`
             };
-            let price = cp.per_gpu_hour;
-            lines.push(commitment_line(
-                record,
-                g,
-                None,
-                price,
-                &book.currency,
-                self.period,
-            ));
-            let unused = g - g.min(used.get(key).copied().unwrap_or(0.0));
-            if unused > 0.0 {
+            lines.push(commitment_line(record, g, None, cp, book, self.period));
+            let unused = g - g.min(used.get(key).copied().unwrap_or_default());
+            if unused > Decimal::ZERO {
                 lines.push(commitment_line(
                     record,
                     g,
                     Some(unused),
-                    price,
-                    &book.currency,
+                    cp,
+                    book,
                     self.period,
                 ));
             }
@@ -554,11 +547,11 @@ impl<'b> Pricer<'b> {
                 Some(None) => continue, // no price: named
                 None => Rate {
                     list: base.ListUnitPrice,
-                    covered: 0.0,
+                    covered: Decimal::ZERO,
                     commitment: None,
                 },
             };
-            let hours = c.gpu_seconds / 3600.0;
+            let hours = hours_of(decimal_seconds(c.gpu_seconds));
             if c.is_correction() {
                 base.ChargeCategory = "Usage".into();
                 base.ChargeDescription = format!(
@@ -577,6 +570,11 @@ impl<'b> Pricer<'b> {
             } else {
                 base.BilledCost = -hours * rate.billed_unit();
                 base.EffectiveCost = base.BilledCost;
+                if rate.commitment.is_some() && rate.covered > Decimal::ZERO {
+                    // Priced as a row partly or wholly covered was billed:
+                    // not at the standard price alone.
+                    base.PricingCategory = Some("Other".into());
+                }
                 credited.push(base);
             }
         }
@@ -585,7 +583,7 @@ impl<'b> Pricer<'b> {
         }
         credited.sort_by(line_order);
         lines.extend(credited);
-        Ok(lines)
+        Ok(lines.into_iter().map(FocusRow::as_written).collect())
     }
 }
 
@@ -595,7 +593,7 @@ impl<'b> Pricer<'b> {
 fn rate_of(
     r: &UsageRecord,
     committed: &HourCommitments,
-    used: &BTreeMap<Key, f64>,
+    used: &BTreeMap<Key, Decimal>,
     book: &PriceBook,
     unpriced: &mut BTreeMap<String, usize>,
 ) -> Option<Rate> {
@@ -607,10 +605,12 @@ fn rate_of(
     };
     let key = key_of(r);
     let share = match (committed.get(&key), used.get(&key)) {
-        (Some(&(g, _)), Some(&u)) if g > 0.0 && u > 0.0 => (g / u).min(1.0),
-        _ => 0.0,
+        (Some(&(g, _)), Some(&u)) if g > Decimal::ZERO && u > Decimal::ZERO => {
+            (g / u).min(Decimal::ONE)
+        }
+        _ => Decimal::ZERO,
     };
-    let commitment = if share > 0.0 {
+    let commitment = if share > Decimal::ZERO {
         match book.commitment_price(key.1, &r.gpu_type, &r.region, key.3) {
             Some(cp) => Some(Covering {
                 kind: key.1,
@@ -799,12 +799,19 @@ per_gpu_hour = 9.0
         }
     }
 
-    fn sum(lines: &[FocusRow], f: impl Fn(&FocusRow) -> f64) -> f64 {
+    fn sum(lines: &[FocusRow], f: impl Fn(&FocusRow) -> Decimal) -> Decimal {
         lines.iter().map(f).sum()
     }
 
-    fn close(a: f64, b: f64) -> bool {
-        (a - b).abs() < 1e-9
+    /// Within the export's rounding (9 places) of `b`.
+    fn close(a: Decimal, b: f64) -> bool {
+        use rust_decimal::prelude::ToPrimitive;
+        (a.to_f64().unwrap() - b).abs() < 1e-8
+    }
+
+    /// A line's consumed GPU-hours (0 on a purchase).
+    fn consumed(l: &FocusRow) -> Decimal {
+        l.ConsumedQuantity.unwrap_or_default()
     }
 
     #[test]
@@ -829,7 +836,7 @@ per_gpu_hour = 9.0
             .find(|l| l.ChargeCategory == "Purchase")
             .unwrap();
         assert!(close(purchase.BilledCost, 16.0 * 2.0));
-        assert_eq!(purchase.EffectiveCost, 0.0);
+        assert_eq!(purchase.EffectiveCost, Decimal::ZERO);
         assert_eq!(purchase.ChargeFrequency, "Recurring");
         assert_eq!(purchase.SkuId, "commit-reservation-h100");
         assert_eq!(purchase.ResourceId, res.to_string());
@@ -838,7 +845,7 @@ per_gpu_hour = 9.0
             Some(&*format!("reservation/{res}"))
         );
         assert_eq!(
-            purchase.CapacityReservationId.as_deref(),
+            purchase.x_CapacityReservationId.as_deref(),
             Some(&*res.to_string())
         );
         assert_eq!(purchase.CommitmentDiscountStatus, None);
@@ -849,30 +856,30 @@ per_gpu_hour = 9.0
         // Covered: 4 GPU-hours, billed at the covered price (0), its share
         // of the commitment in its effective cost.
         assert_eq!(used.ChargeCategory, "Usage");
-        assert!(close(used.UsageQuantity, 4.0));
-        assert_eq!(used.BilledCost, 0.0);
+        assert!(close(consumed(&used), 4.0));
+        assert_eq!(used.BilledCost, Decimal::ZERO);
         assert!(close(used.ListCost, 4.0 * 3.0));
         assert!(close(used.EffectiveCost, 4.0 * 2.0));
-        assert_eq!(used.CapacityReservationStatus.as_deref(), Some("Used"));
+        assert_eq!(used.x_CapacityReservationStatus.as_deref(), Some("Used"));
         assert_eq!(used.x_UsageId, r.usage_id);
         let unused = lines
             .iter()
             .find(|l| l.CommitmentDiscountStatus.as_deref() == Some("Unused"))
             .unwrap();
-        assert_eq!(unused.BilledCost, 0.0);
-        assert_eq!(unused.UsageQuantity, 0.0);
+        assert_eq!(unused.BilledCost, Decimal::ZERO);
+        assert_eq!(consumed(&unused), Decimal::ZERO);
         assert!(close(unused.PricingQuantity, 12.0));
         assert!(close(unused.EffectiveCost, 12.0 * 2.0));
         // Paid: the commitment only; effective cost sums to the same, and
         // the commitment's usage lines to its purchase (FOCUS).
         assert!(close(sum(&lines, |l| l.BilledCost), 32.0));
         assert!(close(sum(&lines, |l| l.EffectiveCost), 32.0));
-        assert!(close(sum(&lines, |l| l.UsageQuantity), 4.0));
+        assert!(close(sum(&lines, consumed), 4.0));
         let line = used.csv();
         assert_eq!(
             line.matches(',').count(),
-            FocusRow::CSV_HEADER.matches(',').count() + 1,
-            "one comma inside the quoted description: {line}"
+            FocusRow::COLUMNS.len() - 1 + 2,
+            "one comma inside the quoted description, one in the tags: {line}"
         );
         assert!(line.contains(",Used,"), "{line}");
     }
@@ -911,7 +918,7 @@ per_gpu_hour = 9.0
             2.0 * 0.5 + 2.0 * 3.0
         ));
         assert!(close(
-            lb.iter().map(|l| l.BilledCost).sum::<f64>(),
+            lb.iter().map(|l| l.BilledCost).sum::<Decimal>(),
             2.0 * 0.5 + 2.0 * 1.0
         ));
         let used: Vec<&&FocusRow> = la
@@ -923,7 +930,7 @@ per_gpu_hour = 9.0
             used[0].CommitmentDiscountId.as_deref(),
             Some("guarantee/us-east/acme/h100")
         );
-        assert_eq!(used[0].CapacityReservationId, None);
+        assert_eq!(used[0].x_CapacityReservationId, None);
         assert!(close(used[0].EffectiveCost, 2.0 * (0.5 + 1.5)));
         // c (no reservation commitment) and d (no guarantee that hour) are
         // plain usage.
@@ -963,19 +970,19 @@ per_gpu_hour = 9.0
             .iter()
             .all(|l| l.ChargeCategory == "Usage" && l.ChargeClass.is_none()));
         assert!(close(
-            corrections.iter().map(|l| l.UsageQuantity).sum::<f64>(),
+            corrections.iter().map(|l| consumed(l)).sum::<Decimal>(),
             -6.0
         ));
         assert!(corrections
             .iter()
             .all(|l| l.x_CreditedUsageId == r.usage_id.to_string()));
         // Net: 2 GPU-hours, covered (0.5 each), and the guarantee (2 × 1.5).
-        assert!(close(sum(&lines, |l| l.UsageQuantity), 2.0));
+        assert!(close(sum(&lines, consumed), 2.0));
         assert!(close(sum(&lines, |l| l.BilledCost), 2.0 * 0.5 + 3.0));
         assert!(close(sum(&lines, |l| l.EffectiveCost), 2.0 * 0.5 + 3.0));
-        let used: f64 = (lines.iter())
+        let used: Decimal = (lines.iter())
             .filter(|l| l.CommitmentDiscountStatus.as_deref() == Some("Used"))
-            .map(|l| l.CommitmentDiscountQuantity.unwrap())
+            .map(|l| l.x_CommitmentDiscountQuantity.unwrap())
             .sum();
         assert!(
             close(used, 2.0),
@@ -988,8 +995,8 @@ per_gpu_hour = 9.0
         // marked as correcting a closed month.
         let late = offset(&r, 51, "correction", 45, "2026-12-01T08:00:00Z");
         let before = price(nov(), [&r], [&late], [&g], &book()).unwrap();
-        assert!(close(sum(&before, |l| l.UsageQuantity), 8.0));
-        let nov_billed = sum(&before, |l| l.BilledCost) - 3.0;
+        assert!(close(sum(&before, consumed), 8.0));
+        let nov_billed = sum(&before, |l| l.BilledCost) - Decimal::from(3);
         let dec = month_of(at("2026-12-05T00:00:00Z"));
         assert_eq!(reads_from(dec, [&late]), at("2026-11-10T10:00:00Z"));
         let lines = price(dec, [&r], [&late], [&g], &book()).unwrap();
@@ -997,10 +1004,10 @@ per_gpu_hour = 9.0
         assert!(lines
             .iter()
             .all(|l| l.ChargeClass.as_deref() == Some("Correction")));
-        assert!(close(
-            sum(&lines, |l| l.BilledCost),
-            -nov_billed * 6.0 / 8.0
-        ));
+        // To the export's 9 places: the rounded lines of November, three
+        // quarters of them taken off.
+        let off = -nov_billed * Decimal::from(6) / Decimal::from(8);
+        assert!((sum(&lines, |l| l.BilledCost) - off).abs() < "0.00000001".parse().unwrap());
     }
 
     #[test]
@@ -1036,12 +1043,12 @@ per_gpu_hour = 9.0
                 .unwrap()
         };
         assert_eq!(credit(60).ChargeCategory, "Credit");
-        assert_eq!(credit(60).BilledCost, 0.0);
+        assert_eq!(credit(60).BilledCost, Decimal::ZERO);
         assert!(close(credit(61).BilledCost, -4.0 * 3.0));
         assert!(close(credit(61).ListCost, -4.0 * 3.0));
         assert!(close(
             sum(&lines, |l| l.BilledCost),
-            sum(&lines, |l| l.EffectiveCost)
+            rust_decimal::prelude::ToPrimitive::to_f64(&sum(&lines, |l| l.EffectiveCost)).unwrap()
         ));
     }
 
@@ -1093,8 +1100,12 @@ per_gpu_hour = 9.0
             b.commitment_price(CommitmentKind::Guarantee, "h100", region, at(t))
                 .map(|p| p.per_gpu_hour)
         };
-        assert_eq!(p("us-east", NOV), Some(1.5));
-        assert_eq!(p("eu-central", NOV), Some(9.0), "a named region beats any");
+        assert_eq!(p("us-east", NOV), Some("1.5".parse().unwrap()));
+        assert_eq!(
+            p("eu-central", NOV),
+            Some(Decimal::from(9)),
+            "a named region beats any"
+        );
         assert_eq!(
             p("us-east", "2025-01-01T00:00:00Z"),
             None,
