@@ -691,6 +691,49 @@ async fn the_export_counts_every_regions_usage_once_and_prices_it_to_the_cent() 
     let ca = std::fs::read(&auth.ca_cert).unwrap();
     let url = cloud.tenant.base().to_string();
     let globex = Client::public(url.clone(), sign("globex"), Some(&ca)).unwrap();
+
+    // The tenant's own costs (`GET /v1/costs`, priced by the global tier
+    // with the same book): its lines of the operator's export, summed, to
+    // the digit; another tenant's are its own (none).
+    let acme_billed: Decimal = (rows.iter())
+        .filter(|r| r["BillingAccountId"] == "acme")
+        .map(|r| {
+            r["BilledCost"]
+                .as_str()
+                .unwrap()
+                .parse::<Decimal>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(acme_billed, total, "only acme ran jobs");
+    let costs = cloud.tenant.costs(Some(&month)).await.unwrap();
+    assert_eq!(costs.tenant, "acme");
+    assert_eq!(costs.billed, acme_billed, "{costs:?}");
+    assert_eq!(costs.credits, -credited, "{costs:?}");
+    assert_eq!(costs.commitments, committed, "{costs:?}");
+    assert!(costs.regions_unavailable.is_empty(), "{costs:?}");
+    let by_day: Decimal = costs.days.iter().map(|d| d.billed).sum();
+    let by_sku: Decimal = costs.skus.iter().map(|s| s.billed).sum();
+    assert_eq!((by_day, by_sku), (costs.billed, costs.billed), "{costs:?}");
+    assert!(
+        costs
+            .skus
+            .iter()
+            .any(|s| s.sku == "commit-reservation-h100"),
+        "{costs:?}"
+    );
+    let theirs = globex.costs(Some(&month)).await.unwrap();
+    assert_eq!(
+        (theirs.tenant.as_str(), theirs.billed),
+        ("globex", Decimal::ZERO)
+    );
+    assert!(
+        theirs.days.is_empty() && theirs.skus.is_empty(),
+        "{theirs:?}"
+    );
+    // A month that is no month is refused.
+    let bad = cloud.tenant.costs(Some("2026-13")).await.unwrap_err();
+    assert!(bad.to_string().contains("invalid_query"), "{bad}");
     let window = UsageQuery {
         from: Some(now - chrono::Duration::hours(2)),
         to: Some(Utc::now() + chrono::Duration::minutes(1)),

@@ -129,6 +129,10 @@ pub fn global_launch(
             "--service-signing-key",
             &key_arg(auth, "service-signing.pem"),
         ])
+        // Tenants' costs are priced by the book a test writes there
+        // (read at each request: none yet, costs answer 503).
+        .arg("--price-book")
+        .arg(dir.join("prices.toml"))
         .env("GANGWAY_LOG", "info");
     for (name, url) in regions {
         l = l.arg("--region").arg(format!("{name}={url}"));

@@ -19,7 +19,7 @@ use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use clap::{Subcommand, ValueEnum};
 use gangway_shared::billing::{
     bill, cents, Closings, CommitmentRecord, CommitmentRecords, CreditRecord, CreditRecords,
-    FocusRow, PriceBook, UsageRecord, UsageRecords,
+    FocusRow, LineTotals, PriceBook, UsageRecord, UsageRecords,
 };
 use gangway_shared::client::Client;
 use reqwest::Method;
@@ -845,43 +845,23 @@ impl Drop for Sink {
 /// how many lines of each kind.
 #[derive(Default)]
 struct Totals {
-    tenants: BTreeMap<String, Total>,
+    tenants: BTreeMap<String, LineTotals>,
     lines: usize,
     credits: usize,
     corrections: usize,
     commitments: usize,
 }
 
-#[derive(Default)]
-struct Total {
-    hours: Decimal,
-    cost: Decimal,
-    credit_hours: Decimal,
-    credit: Decimal,
-    committed_hours: Decimal,
-    committed: Decimal,
-}
-
 impl Totals {
     fn add(&mut self, lines: &[FocusRow]) {
         for row in lines {
             if !self.tenants.contains_key(&row.BillingAccountId) {
-                (self.tenants).insert(row.BillingAccountId.clone(), Total::default());
+                (self.tenants).insert(row.BillingAccountId.clone(), LineTotals::default());
             }
             let t = (self.tenants.get_mut(&row.BillingAccountId)).expect("inserted");
-            let consumed = row.ConsumedQuantity.unwrap_or_default();
-            t.hours += consumed;
-            t.cost += row.BilledCost;
-            if row.ChargeCategory == "Credit" {
-                t.credit_hours -= consumed;
-                t.credit -= row.BilledCost;
-                self.credits += 1;
-            }
-            if row.ChargeCategory == "Purchase" {
-                t.committed_hours += row.PricingQuantity;
-                t.committed += row.BilledCost;
-                self.commitments += 1;
-            }
+            t.add(row);
+            self.credits += usize::from(row.ChargeCategory == "Credit");
+            self.commitments += usize::from(row.ChargeCategory == "Purchase");
             if row.x_Cause == gangway_shared::billing::CORRECTION {
                 self.corrections += 1;
             }

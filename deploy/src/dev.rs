@@ -212,6 +212,12 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
             path
         }
     };
+    // The price book tenants' costs are priced by (`gangway costs`), and
+    // the billing export can use: written once, kept as the operator edits it.
+    let prices = dir.join("prices.toml");
+    if !prices.exists() {
+        std::fs::write(&prices, DEV_PRICES)?;
+    }
     let state_file = dir.join("dev.json");
     let mut state: DevState = match std::fs::read(&state_file) {
         Ok(bytes) => serde_json::from_slice(&bytes)
@@ -615,7 +621,9 @@ async fn assemble(
             ))
             .args(["--service-signing-key", &signing_key])
             .arg("--region-ca")
-            .arg(&auth.ca_cert);
+            .arg(&auth.ca_cert)
+            .arg("--price-book")
+            .arg(dir.join("prices.toml"));
         l.die_with_parent = true;
         for r in &args.regions {
             l = l.arg("--region").arg(format!("{r}={}", via("global", r)));
@@ -839,6 +847,65 @@ async fn wait_global(
 }
 
 /// Serves the drills' control API on loopback and writes its endpoint
+/// The local cloud's price book (docs/billing.md): every GPU type of the
+/// dev fleets, by priority, and their commitments.
+const DEV_PRICES: &str = r#"# Written by `gangway dev up`: prices of the local cloud (docs/billing.md).
+currency = "USD"
+provider = "Gangway (dev)"
+
+[[price]]
+gpu_type = "h100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 2.49
+[[price]]
+gpu_type = "h100"
+priority = "low"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 1.10
+[[price]]
+gpu_type = "a100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 1.29
+[[price]]
+gpu_type = "a100"
+priority = "low"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 0.59
+
+[[commitment]]
+kind = "guarantee"
+gpu_type = "h100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 1.60
+covered_usage_per_gpu_hour = 0.40
+[[commitment]]
+kind = "reservation"
+gpu_type = "h100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 2.20
+[[commitment]]
+kind = "cluster"
+gpu_type = "h100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 2.00
+[[commitment]]
+kind = "guarantee"
+gpu_type = "a100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 0.90
+covered_usage_per_gpu_hour = 0.20
+[[commitment]]
+kind = "reservation"
+gpu_type = "a100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 1.10
+[[commitment]]
+kind = "cluster"
+gpu_type = "a100"
+effective = "2020-01-01T00:00:00Z"
+per_gpu_hour = 1.00
+"#;
+
 /// file (returned) into the state dir.
 async fn start_control(
     sup: &Arc<Supervisor>,
@@ -952,4 +1019,34 @@ fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
     } else {
         std::env::current_dir()?.join(p)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The local cloud's price book prices every GPU type of its fleet,
+    /// usage and every kind of commitment.
+    #[test]
+    fn the_dev_price_book_prices_the_dev_fleet() {
+        use gangway_shared::billing::{CommitmentKind, PriceBook};
+        let book = PriceBook::parse(DEV_PRICES).unwrap();
+        let at = "2026-12-01T00:00:00Z".parse().unwrap();
+        let fleet: gangway_shared::fleet::FleetFile = toml::from_str(DEV_FLEET).unwrap();
+        let types: std::collections::BTreeSet<String> = (fleet.spine.iter())
+            .flat_map(|s| s.leaf.iter().map(|l| l.gpu_type.clone()))
+            .collect();
+        assert!(!types.is_empty());
+        for ty in &types {
+            for prio in ["low", "normal", "high"] {
+                assert!(book.price(ty, prio, "us-east", at).is_some(), "{ty} {prio}");
+            }
+            for kind in CommitmentKind::ALL {
+                assert!(
+                    book.commitment_price(kind, ty, "us-east", at).is_some(),
+                    "{ty}"
+                );
+            }
+        }
+    }
 }

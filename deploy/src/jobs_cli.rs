@@ -807,3 +807,68 @@ mod tests {
         assert!(text.contains(&format!("  {a}\n")), "{text}");
     }
 }
+
+#[derive(Args, Debug)]
+pub struct CostsArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    /// The month, YYYY-MM (default: this month, UTC).
+    #[arg(long)]
+    pub month: Option<String>,
+}
+
+/// `gangway costs`: the tenant's costs of a month so far, per day and SKU,
+/// as the billing export will bill them; money to the cent (the answer's
+/// exact sums with `--json`).
+pub async fn costs(args: CostsArgs) -> anyhow::Result<u8> {
+    use gangway_shared::billing::cents;
+    let c = args.conn.client()?.costs(args.month.as_deref()).await?;
+    if args.conn.json {
+        println!("{}", serde_json::to_string_pretty(&c)?);
+        return Ok(0);
+    }
+    let h = |x: gangway_shared::billing::Decimal| format!("{:.2}", x.round_dp(2));
+    let cur = &c.currency;
+    let days: Vec<Vec<String>> = (c.days.iter())
+        .map(|d| {
+            vec![
+                d.day.to_string(),
+                h(d.gpu_hours),
+                cents(d.billed).to_string(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(&["DAY", "GPU-HOURS", &format!("BILLED ({cur})")], &days)
+    );
+    println!();
+    let skus: Vec<Vec<String>> = (c.skus.iter())
+        .map(|s| vec![s.sku.clone(), h(s.quantity), cents(s.billed).to_string()])
+        .collect();
+    print!(
+        "{}",
+        table(&["SKU", "GPU-HOURS", &format!("BILLED ({cur})")], &skus)
+    );
+    println!(
+        "{} for {}: {} {cur} so far ({} GPU-hours), of which credits {} {cur} ({} GPU-hours lost \
+         to provider-caused events, not charged) and committed capacity {} {cur} ({} GPU-hours); \
+         as of {} (jobs still running are added as each clock hour of theirs closes)",
+        c.tenant,
+        c.month,
+        cents(c.billed),
+        h(c.gpu_hours),
+        cents(c.credits),
+        h(c.credited_gpu_hours),
+        cents(c.commitments),
+        h(c.committed_gpu_hours),
+        c.as_of.format("%Y-%m-%d %H:%M UTC"),
+    );
+    if !c.regions_unavailable.is_empty() {
+        eprintln!(
+            "warning: regions not answering: {}: their part is missing; run this again later",
+            c.regions_unavailable.join(", ")
+        );
+    }
+    Ok(0)
+}

@@ -112,6 +112,8 @@ enum Command {
     Sim(sim_cli::SimArgs),
     /// Your allocated GPU time, per period, by GPU type, job or region.
     Usage(jobs_cli::UsageArgs),
+    /// Your costs of a month so far, per day and SKU, as you will be billed.
+    Costs(jobs_cli::CostsArgs),
     /// Failure drills: run trainer jobs on a local cloud of three regions
     /// (one of its own, or with --dev the running `gangway dev up`), break
     /// it, check the invariants, report recovery and lost work
@@ -309,6 +311,7 @@ fn main() -> std::process::ExitCode {
             | Command::Key { .. }
             | Command::Logout(_)
             | Command::Usage(_)
+            | Command::Costs(_)
     );
     let mut builder = if one_shot {
         tokio::runtime::Builder::new_current_thread()
@@ -357,6 +360,7 @@ fn main() -> std::process::ExitCode {
             Command::Key { command } => keys_cli::run(command).await,
             Command::Logout(args) => login::logout(args).map(|()| 0),
             Command::Usage(args) => jobs_cli::usage(args).await,
+            Command::Costs(args) => jobs_cli::costs(args).await,
             Command::Sim(args) => sim_cli::run(args),
             Command::Loadgen(args) => loadgen::run(args).await,
             Command::Chaos {

@@ -909,6 +909,11 @@ pub struct GlobalArgs {
     /// Tenants not named may use every region.
     #[arg(long = "tenant-regions", value_name = "TENANT=REGIONS")]
     pub tenant_regions: Vec<String>,
+    /// The price book (docs/billing.md) that prices tenants' own costs
+    /// (`GET /v1/costs`), read at each request; without it, costs answer
+    /// 503.
+    #[arg(long, value_name = "FILE")]
+    pub price_book: Option<PathBuf>,
 }
 
 pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
@@ -952,6 +957,7 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
     config.region_ca_pem = files.region_ca()?;
     config.operator_keys = read_keys(&files.operator_keys)?;
     config.oidc = oidc_issuers(&args)?;
+    config.price_book = args.price_book.clone();
     config.default_rate = RateLimit {
         per_second: args.rate_limit,
         burst: args.rate_burst,

@@ -58,6 +58,9 @@ pub struct GlobalConfig {
     /// External OpenID Connect issuers (`crate::oidc`): at most one for
     /// tenants and one for operators.
     pub oidc: Vec<crate::oidc::OidcIssuer>,
+    /// The price book of tenants' costs (`GET /v1/costs`), read at each
+    /// request; `None`: costs are not offered.
+    pub price_book: Option<std::path::PathBuf>,
 }
 
 impl GlobalConfig {
@@ -86,6 +89,7 @@ impl GlobalConfig {
             unhealthy_after: Duration::from_secs(5),
             region_ca_pem: None,
             oidc: Vec::new(),
+            price_book: None,
         }
     }
 }

@@ -28,6 +28,8 @@ pub struct GlobalState {
     pub oidc_operators: Option<Oidc>,
     /// Tenants' records and API keys, as a majority of regions holds them.
     pub identity: Arc<Identity>,
+    /// The price book of tenants' costs (`GET /v1/costs`), if configured.
+    pub price_book: Option<Arc<std::path::PathBuf>>,
 }
 
 impl GlobalState {
@@ -51,6 +53,7 @@ impl GlobalState {
             )),
             tenant_regions: Arc::new(config.tenant_regions.clone()),
             identity: Arc::new(Identity::default()),
+            price_book: config.price_book.clone().map(Arc::new),
         })
     }
 

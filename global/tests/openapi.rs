@@ -24,6 +24,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/jobs"),
     ("post", "/v1/jobs/dry-run"),
     ("get", "/v1/usage"),
+    ("get", "/v1/costs"),
     ("post", "/v1/admin/jobs/{id}/preempt"),
     ("get", "/v1/jobs"),
     ("get", "/v1/jobs/{id}"),

@@ -521,6 +521,36 @@ pub fn cents(x: Decimal) -> Decimal {
     d
 }
 
+/// What finance checks first of a tenant's lines: GPU-hours and cost net
+/// of credits and corrections, the credits, and what commitments cost —
+/// the sums of the lines as written (`gangway billing export`'s summary
+/// per tenant, and `GET /v1/costs`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LineTotals {
+    pub hours: Decimal,
+    pub cost: Decimal,
+    pub credit_hours: Decimal,
+    pub credit: Decimal,
+    pub committed_hours: Decimal,
+    pub committed: Decimal,
+}
+
+impl LineTotals {
+    pub fn add(&mut self, row: &FocusRow) {
+        let consumed = row.ConsumedQuantity.unwrap_or_default();
+        self.hours += consumed;
+        self.cost += row.BilledCost;
+        if row.ChargeCategory == "Credit" {
+            self.credit_hours -= consumed;
+            self.credit -= row.BilledCost;
+        }
+        if row.ChargeCategory == "Purchase" {
+            self.committed_hours += row.PricingQuantity;
+            self.committed += row.BilledCost;
+        }
+    }
+}
+
 /// FOCUS's date-time form: ISO 8601 in UTC, here to the microsecond.
 mod focus_time {
     use chrono::{DateTime, Utc};

@@ -416,6 +416,16 @@ impl Client {
             .await
     }
 
+    /// The tenant's costs of `month` (`YYYY-MM`; default this month) so
+    /// far, priced as the billing export prices them.
+    pub async fn costs(&self, month: Option<&str>) -> Result<crate::api::Costs, ClientError> {
+        let mut req = self.request(Method::GET, "/v1/costs");
+        if let Some(m) = month {
+            req = req.query(&[("month", m)]);
+        }
+        self.send(req).await
+    }
+
     /// Every region's health and capacity (global tier).
     pub async fn regions(&self) -> Result<RegionList, ClientError> {
         self.send(self.request(Method::GET, "/v1/regions")).await

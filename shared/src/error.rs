@@ -185,6 +185,9 @@ pub mod codes {
     /// Too few regions answered to read or write tenants and keys (their
     /// records are kept by a majority of regions): retry (503).
     pub const IDENTITY_UNAVAILABLE: &str = "identity_unavailable";
+    /// Costs cannot be priced: the operator configured no price book, or
+    /// it lacks a price the month needs (503).
+    pub const COSTS_UNAVAILABLE: &str = "costs_unavailable";
 
     /// Every code above, so documents and tests can list them. A new code
     /// goes here too.
@@ -246,5 +249,6 @@ pub mod codes {
         INVALID_API_KEY,
         TENANT_EXISTS,
         IDENTITY_UNAVAILABLE,
+        COSTS_UNAVAILABLE,
     ];
 }

@@ -15,6 +15,8 @@
 //! - `evacuation.rs`: operators' evacuation and fail back of a region.
 //! - `logs.rs`: a job's output, read from every region that ran an
 //!   attempt and merged under one cursor (and followed).
+//! - `costs.rs`: a tenant's costs of a month, priced as the billing
+//!   export prices them.
 //! - `keys.rs`: API keys, a tenant's own and operators' (`admin/tenants.rs`
 //!   has the tenants' records).
 //! - `relay.rs`: calling the regions for a caller — answers relayed as
@@ -26,6 +28,7 @@
 
 mod admin;
 mod clusters;
+mod costs;
 mod evacuation;
 mod jobs;
 mod keys;
@@ -115,6 +118,7 @@ pub fn app(state: GlobalState) -> Router {
                 .delete(clusters::delete_any),
         )
         .route("/v1/usage", get(usage::usage))
+        .route("/v1/costs", get(costs::costs))
         .route("/v1/admin/quotas", get(admin::list_quotas))
         .route("/v1/admin/limits", get(admin::list_limits))
         .route(

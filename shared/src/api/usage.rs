@@ -195,3 +195,62 @@ impl UsageQuery {
         Ok((from, to, granularity, self.group_by.unwrap_or_default()))
     }
 }
+
+/// A tenant's costs of one calendar month so far (`GET /v1/costs`): its
+/// lines of the billing export (docs/billing.md), priced by the operator's
+/// price book with its credits and commitments, summed. Amounts are exact
+/// decimals (strings): the sums of the export's lines to the digit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Costs {
+    pub tenant: String,
+    /// `YYYY-MM`.
+    pub month: String,
+    pub currency: String,
+    /// Everything billed: usage (net of corrections), credits, commitments.
+    #[schema(value_type = String)]
+    pub billed: crate::billing::Decimal,
+    /// Of it, credits (negative): time lost to provider-caused events.
+    #[schema(value_type = String)]
+    pub credits: crate::billing::Decimal,
+    /// Of it, committed capacity (guarantees, reservations, clusters),
+    /// whether used or not.
+    #[schema(value_type = String)]
+    pub commitments: crate::billing::Decimal,
+    /// GPU-hours used, net of credits and corrections.
+    #[schema(value_type = String)]
+    pub gpu_hours: crate::billing::Decimal,
+    #[schema(value_type = String)]
+    pub credited_gpu_hours: crate::billing::Decimal,
+    #[schema(value_type = String)]
+    pub committed_gpu_hours: crate::billing::Decimal,
+    /// Billed per day (UTC), the days with lines.
+    pub days: Vec<CostDay>,
+    /// Billed per SKU (`SkuId`).
+    pub skus: Vec<CostSku>,
+    /// Regions that did not answer: their part is missing (read again
+    /// later).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions_unavailable: Vec<String>,
+    /// When it was read: usage is metered by clock hour, so the current
+    /// hour is not in it yet.
+    pub as_of: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CostDay {
+    pub day: chrono::NaiveDate,
+    #[schema(value_type = String)]
+    pub billed: crate::billing::Decimal,
+    #[schema(value_type = String)]
+    pub gpu_hours: crate::billing::Decimal,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CostSku {
+    pub sku: String,
+    #[schema(value_type = String)]
+    pub billed: crate::billing::Decimal,
+    /// Its pricing quantity (GPU-hours).
+    #[schema(value_type = String)]
+    pub quantity: crate::billing::Decimal,
+}
