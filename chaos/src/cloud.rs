@@ -60,6 +60,7 @@ pub enum Executor {
 /// What breaks and mends the cloud's parts: a supervisor of its own, a
 /// running `gangway dev up`'s, through its control API, or a lab of
 /// machines.
+#[allow(clippy::large_enum_variant)] // one per cloud: boxing would buy nothing
 enum Parts {
     Own(Supervisor),
     Dev(Remote),
@@ -128,6 +129,7 @@ pub struct Cloud {
 }
 
 /// A region's database as a drill cloud starts it.
+#[allow(clippy::large_enum_variant)] // one per region of a drill
 enum Database {
     Single(PgCluster),
     Patroni(Arc<PatroniCluster>),
@@ -656,8 +658,7 @@ impl Cloud {
         &self,
         name: &str,
     ) -> anyhow::Result<std::collections::BTreeMap<Uuid, chrono::DateTime<chrono::Utc>>> {
-        self.ask(name, LAB_READ, |client| Self::corrections_of(client))
-            .await
+        self.ask(name, LAB_READ, Self::corrections_of).await
     }
 
     /// [`Cloud::corrections_in`] of the region `client` calls.

@@ -1039,6 +1039,7 @@ async fn global_kill(cloud: Arc<Cloud>, tag: &str) -> anyhow::Result<Report> {
     // Eight creates at a time at the first replica; what it does not
     // answer is retried at the second with the same key, as a client
     // behind a load balancer would.
+    #[allow(clippy::type_complexity)] // spelled out once, here
     let outcomes: Vec<(Work, Result<(Job, bool, Option<f64>), String>)> =
         futures_util::stream::iter(works.into_iter().map(|(mut w, spec)| {
             let (first, second, answered, killed) = (

@@ -15,6 +15,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::{ArgAction, Command};
 
+/// The command line as [`expand`] leaves it, and the file with the keys
+/// it set.
+pub type Expanded = (Vec<OsString>, Option<(PathBuf, Vec<String>)>);
+
 /// The roles that take `--config`.
 pub const ROLES: [&str; 3] = ["region", "global", "agent"];
 
@@ -25,10 +29,7 @@ pub const ROLES: [&str; 3] = ["region", "global", "agent"];
 /// settings go right after the role's name, each only when neither the
 /// command line nor its environment variable sets it. Also returns the
 /// file and the keys it set, to name them if the parser refuses one.
-pub fn expand(
-    cli: impl FnOnce() -> Command,
-    args: Vec<OsString>,
-) -> anyhow::Result<(Vec<OsString>, Option<(PathBuf, Vec<String>)>)> {
+pub fn expand(cli: impl FnOnce() -> Command, args: Vec<OsString>) -> anyhow::Result<Expanded> {
     let Some(role) = args.get(1).and_then(|a| a.to_str()) else {
         return Ok((args, None));
     };

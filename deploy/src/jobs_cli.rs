@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 #[derive(Subcommand, Debug)]
 #[command(defer = true)]
+#[allow(clippy::large_enum_variant)] // parsed once a process
 pub enum JobCommand {
     /// Submit a job: `gangway job submit --gpus 8 --gpu-type h100 -- python train.py`.
     Submit {

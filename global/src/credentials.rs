@@ -25,6 +25,9 @@ use gangway_shared::reload::Reloadable;
 
 use crate::config::{GlobalConfig, TENANT_AUDIENCE, TENANT_ISSUER};
 
+/// Tenant keys and operator keys: (key id, public PEM) each.
+pub type KeyLists<'a> = (&'a [(String, String)], &'a [(String, String)]);
+
 /// One generation of the tier's keys and its client to the regions.
 pub struct Material {
     /// Verifies tenant tokens.
@@ -98,7 +101,7 @@ impl Credentials {
     /// [`Credentials::install`].
     pub fn prepare(
         &self,
-        (tenant_keys, operator_keys): (&[(String, String)], &[(String, String)]),
+        (tenant_keys, operator_keys): KeyLists<'_>,
         service_key: SigningKey,
         region_ca_pem: Option<&str>,
     ) -> anyhow::Result<Material> {
@@ -121,7 +124,7 @@ impl Credentials {
 }
 
 fn build(
-    (tenant_keys, operator_keys): (&[(String, String)], &[(String, String)]),
+    (tenant_keys, operator_keys): KeyLists<'_>,
     service_key: SigningKey,
     region_ca_pem: Option<&str>,
     region_timeout: Duration,

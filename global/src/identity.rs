@@ -74,6 +74,9 @@ pub struct StoredKey {
 
 type Cached = (Instant, Option<IdentityRecord>);
 
+/// The turn to read one record: whoever holds it reads, the rest wait.
+type ReadTurn = Arc<tokio::sync::Mutex<()>>;
+
 #[derive(Default)]
 pub struct Identity {
     cache: Mutex<HashMap<(Kind, String), Cached>>,
@@ -81,7 +84,7 @@ pub struct Identity {
     /// runs out, the requests that find it so wait for the first one's
     /// read instead of each asking every region (under load, a herd of
     /// reads every few seconds that made regions shed).
-    reading: Mutex<HashMap<(Kind, String), Arc<tokio::sync::Mutex<()>>>>,
+    reading: Mutex<HashMap<(Kind, String), ReadTurn>>,
     /// When a read of a record last found no majority: for a second after,
     /// its readers are told so at once rather than asking again (with a
     /// partitioned region, each ask waits out its timeout).
@@ -238,6 +241,7 @@ impl Identity {
     /// Writes `doc` as the newest version of `kind`/`id` (newer than
     /// `after`, the version it replaces) to every region; done once a
     /// majority holds it, the rest carry on in the background.
+    #[allow(clippy::too_many_arguments)] // the record, and who asked why
     pub async fn write(
         &self,
         regions: &Arc<Regions>,

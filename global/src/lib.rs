@@ -6,7 +6,7 @@
 //! state of its own: any replica answers any request the same way.
 //!
 //! # Layout
-//! - [`config`]: [`GlobalConfig`].
+//! - [`config`]: the settings, [`GlobalConfig`].
 //! - [`credentials`]: the keys and the regions' CA, reloadable (SIGHUP).
 //! - [`auth`]: the `Caller` extractors (JWT, role, per-tenant rate limit).
 //! - [`ratelimit`]: per-tenant token buckets (governor).

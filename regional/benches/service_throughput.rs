@@ -35,6 +35,7 @@ mod bench_util;
 use bench_util::{env_or, philly_gpus};
 
 /// The region's database: one server, or a Patroni cluster.
+#[allow(clippy::large_enum_variant)] // one per run
 enum Db {
     Single(PgCluster),
     Ha(PatroniCluster),
@@ -44,8 +45,10 @@ impl Db {
     fn start(dir: &std::path::Path, extra: Vec<(String, String)>) -> anyhow::Result<Db> {
         match std::env::var("DB").as_deref().unwrap_or("single") {
             "single" => {
-                let mut options = PgOptions::default();
-                options.extra_settings = extra;
+                let options = PgOptions {
+                    extra_settings: extra,
+                    ..PgOptions::default()
+                };
                 let mut pg = PgCluster::init_or_open(&dir.join("pg"), options)?;
                 pg.start()?;
                 Ok(Db::Single(pg))

@@ -339,7 +339,7 @@ impl Default for PeerConfig {
 impl PeerConfig {
     /// How many regions make a majority (this one included).
     pub fn majority(&self) -> usize {
-        (self.peers.len() + 1) / 2 + 1
+        self.peers.len().div_ceil(2) + 1
     }
 }
 

@@ -15,6 +15,9 @@ use crate::credentials::Credentials;
 use crate::replication::peers::Peers;
 use crate::store::{FleetShape, Store, StoreError};
 
+/// The fleet's shape by GPU type, with the fleet version it was read at.
+type VersionedFleet = (i64, Arc<FleetByType>);
+
 #[derive(Clone)]
 pub struct AppState {
     pub store: Store,
@@ -43,7 +46,7 @@ pub struct AppState {
     pub metered_hour: Arc<std::sync::atomic::AtomicI64>,
     /// The fleet's shape by GPU type, for validating submissions, with the
     /// fleet version it was read at.
-    fleet: Arc<Mutex<Option<(i64, Arc<FleetByType>)>>>,
+    fleet: Arc<Mutex<Option<VersionedFleet>>>,
     /// Turns for sheddable requests (`api/shed.rs`).
     pub sheddable: Arc<tokio::sync::Semaphore>,
     /// The region's capacity and job counts as last read, and when

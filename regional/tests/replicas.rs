@@ -434,7 +434,7 @@ async fn a_batch_holds_each_job_once_at_its_highest_epoch() {
     assert_eq!(epoch_of(&store, a1.job_id).await, Some(3));
     assert_eq!(epoch_of(&store, b.job_id).await, Some(1));
     // An older epoch later changes nothing; the claims answer for the home.
-    store.hold_intents(&[a1.clone()]).await.unwrap();
+    store.hold_intents(std::slice::from_ref(&a1)).await.unwrap();
     assert_eq!(epoch_of(&store, a1.job_id).await, Some(3));
     let claims: i64 = (client.query_one(
         "SELECT count(*) FROM idempotency_claims WHERE job_id = ANY($1) AND region = 'ra'",

@@ -1250,7 +1250,7 @@ impl PatroniCluster {
     ) -> Result<T> {
         let mut config = tokio_postgres::Config::new();
         config
-            .host(&m.host.addr.to_string())
+            .host(m.host.addr.to_string())
             .port(m.pg_port)
             .user(SUPERUSER)
             .password(&self.password)

@@ -102,7 +102,7 @@ async fn listed(state: &GlobalState, tenant: Option<&str>) -> Result<ApiKeyList,
             Some(k)
         })
         .collect();
-    keys.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    keys.sort_by_key(|k| std::cmp::Reverse(k.created_at));
     Ok(ApiKeyList { keys })
 }
 

@@ -178,7 +178,7 @@ mod tests {
     fn a_split_character_waits_for_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.log");
-        std::fs::write(&path, "ab\u{e9}".as_bytes()[..3].to_vec()).unwrap();
+        std::fs::write(&path, &"ab\u{e9}".as_bytes()[..3]).unwrap();
         assert_eq!(read_from(&path, 0, 100), Some(("ab".to_string(), 2)));
         std::fs::write(&path, "ab\u{e9}").unwrap();
         assert_eq!(read_from(&path, 2, 100), Some(("\u{e9}".to_string(), 2)));

@@ -59,7 +59,7 @@ fn reserved_on<'p>(p: &'p Plan, job: &str) -> Vec<&'p str> {
     leaves
 }
 
-fn code_of<'p>(p: &'p Plan, job: &str) -> &'static str {
+fn code_of(p: &Plan, job: &str) -> &'static str {
     p.waiting
         .iter()
         .find(|w| w.job == job)

@@ -2,7 +2,7 @@
 //! and stopped by its shutdown token; each works through the layers below
 //! (`store/`, `scheduling/`, `replication/`) and never through HTTP.
 //!
-//! - [`scheduler`]: leadership ([`leader`], a PostgreSQL advisory lock)
+//! - [`scheduler`]: leadership — [`leader`], a PostgreSQL advisory lock —
 //!   and, while leading, one pass loop per pool; the leader's [`tick`]
 //!   runs on the same loop.
 //! - [`tick`]: the leader's tick — node health, dedicated clusters,

@@ -128,12 +128,12 @@ fn usable(raw: Value) -> Result<(Algorithm, DecodingKey), String> {
         _ => return Err("neither RSA nor P-256".into()),
     };
     let named = jwk.common.key_algorithm;
-    let agrees = match (named, alg) {
-        (None, _) => true,
-        (Some(KeyAlgorithm::RS256), Algorithm::RS256) => true,
-        (Some(KeyAlgorithm::ES256), Algorithm::ES256) => true,
-        _ => false,
-    };
+    let agrees = matches!(
+        (named, alg),
+        (None, _)
+            | (Some(KeyAlgorithm::RS256), Algorithm::RS256)
+            | (Some(KeyAlgorithm::ES256), Algorithm::ES256)
+    );
     if !agrees {
         return Err(format!("its `alg` is {named:?}, not {alg:?}"));
     }

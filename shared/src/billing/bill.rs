@@ -856,7 +856,7 @@ per_gpu_hour = 9.0
         // Covered: 4 GPU-hours, billed at the covered price (0), its share
         // of the commitment in its effective cost.
         assert_eq!(used.ChargeCategory, "Usage");
-        assert!(close(consumed(&used), 4.0));
+        assert!(close(consumed(used), 4.0));
         assert_eq!(used.BilledCost, Decimal::ZERO);
         assert!(close(used.ListCost, 4.0 * 3.0));
         assert!(close(used.EffectiveCost, 4.0 * 2.0));
@@ -867,7 +867,7 @@ per_gpu_hour = 9.0
             .find(|l| l.CommitmentDiscountStatus.as_deref() == Some("Unused"))
             .unwrap();
         assert_eq!(unused.BilledCost, Decimal::ZERO);
-        assert_eq!(consumed(&unused), Decimal::ZERO);
+        assert_eq!(consumed(unused), Decimal::ZERO);
         assert!(close(unused.PricingQuantity, 12.0));
         assert!(close(unused.EffectiveCost, 12.0 * 2.0));
         // Paid: the commitment only; effective cost sums to the same, and

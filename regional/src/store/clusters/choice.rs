@@ -132,11 +132,6 @@ pub(crate) fn to_release(members: &[(Candidate, u32)], k: usize) -> Vec<String> 
         .collect()
 }
 
-/// Advisory lock key of membership changes ("gangclus"): creates,
-/// resizes, deletes and the tend are one at a time. Creates and grows also
-/// take the reservations' lock first, since the nodes they take leave the
-/// capacity reservations are admitted on.
-
 /// The tightest level holding all of `nodes`.
 pub(super) fn placement_of(nodes: &[&Candidate]) -> Level {
     Level::holding(
@@ -207,7 +202,7 @@ mod tests {
 
     #[test]
     fn a_grow_takes_nodes_next_to_the_members() {
-        let free = vec![
+        let free = [
             node("x0", "s0", "l9"),
             node("x1", "s0", "l9"),
             node("y0", "s0", "l1"),

@@ -137,6 +137,10 @@ impl TendOutcome {
     }
 }
 
+/// Advisory lock key of membership changes ("gangclus"): creates,
+/// resizes, deletes and the tend are one at a time. Creates and grows also
+/// take the reservations' lock first, since the nodes they take leave the
+/// capacity reservations are admitted on.
 const CLUSTER_LOCK_KEY: i64 = 0x6761_6e67_636c_7573;
 
 async fn lock_membership(tx: &Transaction<'_>, with_capacity: bool) -> Result<()> {
