@@ -1,42 +1,48 @@
-//! A minimal CSV reader: one record per line, comma-separated, fields may be
-//! double-quoted with `""` as an escaped quote. Newlines inside quotes are not
-//! supported (no trace we read has them); such a line is reported malformed.
+//! Reading the simulator's CSV inputs (traces, tenants' weights, locality
+//! calibrations) with the `csv` crate: RFC 4180, so a quoted field may
+//! hold commas, `""` and line breaks; rows may have any number of fields
+//! (the callers check what they need); blank lines are skipped.
 
-/// The fields of one line, or `None` when a quote is left open.
-pub(crate) fn split_line(line: &str) -> Option<Vec<String>> {
-    let line = line.strip_suffix('\r').unwrap_or(line);
-    let mut fields = Vec::new();
-    let mut field = String::new();
-    let mut chars = line.chars().peekable();
-    let mut quoted = false;
-    while let Some(c) = chars.next() {
-        match (quoted, c) {
-            (false, ',') => fields.push(std::mem::take(&mut field)),
-            (false, '"') if field.is_empty() => quoted = true,
-            (true, '"') => {
-                if chars.peek() == Some(&'"') {
-                    chars.next();
-                    field.push('"');
-                } else {
-                    quoted = false;
-                }
-            }
-            (_, c) => field.push(c),
+/// Each record with the line it starts on (1-based), the header first:
+/// its fields, or why it could not be read (invalid UTF-8). (The line is
+/// counted here from the record's byte offset: the crate's own line count
+/// is off after blank lines and CRLF endings.) Hand-written no more: the
+/// crate reads what the old line-by-line reader refused (line breaks in
+/// quotes); a stray quote now runs to the next one, as RFC 4180 says, and
+/// the record it makes is refused by its field count.
+pub(crate) fn records(
+    text: &str,
+) -> impl Iterator<Item = (usize, Result<Vec<String>, String>)> + '_ {
+    let reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let (mut counted_to, mut line) = (0usize, 1usize);
+    let mut line_at = move |byte: Option<u64>| {
+        // The offset may point at the line break before the record (and
+        // blank lines after it): the record starts after them.
+        let bytes = text.as_bytes();
+        let mut byte = (byte.unwrap_or(0) as usize).clamp(counted_to, text.len());
+        while bytes.get(byte).is_some_and(|b| *b == b'\r' || *b == b'\n') {
+            byte += 1;
         }
-    }
-    if quoted {
-        return None;
-    }
-    fields.push(field);
-    Some(fields)
-}
-
-/// Non-empty lines with their 1-based line numbers, the header first.
-pub(crate) fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    text.lines()
-        .enumerate()
-        .map(|(i, l)| (i + 1, l))
-        .filter(|(_, l)| !l.trim().is_empty())
+        line += bytes[counted_to..byte]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        counted_to = byte;
+        line
+    };
+    reader.into_records().map(move |r| match r {
+        Ok(rec) => {
+            let line = line_at(rec.position().map(|p| p.byte()));
+            (line, Ok(rec.iter().map(String::from).collect()))
+        }
+        Err(e) => {
+            let line = line_at(e.position().map(|p| p.byte()));
+            (line, Err(e.to_string()))
+        }
+    })
 }
 
 /// The position of each wanted column in a header row (names compared
@@ -54,16 +60,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splits_plain_and_quoted_fields() {
-        assert_eq!(split_line("a,b,,c\r").unwrap(), vec!["a", "b", "", "c"]);
+    fn reads_plain_and_quoted_fields_with_their_lines() {
+        let text = "\u{feff}Timestamp, duration\r\na,b,,c\r\n\n\"x, y\",\"say \"\"hi\"\"\",z\n\"two\nlines\",w\n";
+        let rows: Vec<(usize, Vec<String>)> = records(text).map(|(l, r)| (l, r.unwrap())).collect();
         assert_eq!(
-            split_line(r#""x, y","say ""hi""",z"#).unwrap(),
-            vec!["x, y", r#"say "hi""#, "z"]
+            rows[1],
+            (2, vec!["a".into(), "b".into(), "".into(), "c".into()])
         );
-        assert_eq!(split_line(r#""open,b"#), None);
-        let header = split_line("\u{feff}Timestamp, duration").unwrap();
-        assert_eq!(column(&header, "timestamp"), Some(0));
-        assert_eq!(column(&header, "duration"), Some(1));
-        assert_eq!(column(&header, "cluster"), None);
+        assert_eq!(
+            rows[2],
+            (4, vec!["x, y".into(), r#"say "hi""#.into(), "z".into()])
+        );
+        assert_eq!(rows[3], (5, vec!["two\nlines".into(), "w".into()]));
+        assert_eq!(rows.len(), 4, "the blank line is skipped");
+        assert_eq!(column(&rows[0].1, "timestamp"), Some(0));
+        assert_eq!(column(&rows[0].1, "duration"), Some(1));
+        assert_eq!(column(&rows[0].1, "cluster"), None);
     }
 }

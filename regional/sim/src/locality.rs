@@ -22,7 +22,7 @@ use std::fmt;
 use gangway_sched::Level;
 use serde::Serialize;
 
-use crate::csv::{column, lines, split_line};
+use crate::csv::{column, records};
 
 /// Gavel's V100 median of `tput_unconsolidated / tput_consolidated`.
 pub const V100_SPREAD_RATIO: f64 = 0.4246;
@@ -79,18 +79,15 @@ impl LocalityModel {
     /// median `ratio` of the rows of `gpu_type` (case-insensitive) becomes the
     /// spread ratio.
     pub fn from_gavel_csv(text: &str, gpu_type: &str) -> Result<LocalityModel, LocalityError> {
-        let mut rows = lines(text);
+        let mut rows = records(text);
         let no_rows = || LocalityError::NoRows(gpu_type.to_string());
-        let header = rows
-            .next()
-            .and_then(|(_, h)| split_line(h))
-            .ok_or_else(no_rows)?;
+        let header = rows.next().and_then(|(_, h)| h.ok()).ok_or_else(no_rows)?;
         let (c_type, c_ratio) = (
             column(&header, "gpu_type").ok_or_else(no_rows)?,
             column(&header, "ratio").ok_or_else(no_rows)?,
         );
         let mut ratios: Vec<f64> = rows
-            .filter_map(|(_, l)| split_line(l))
+            .filter_map(|(_, r)| r.ok())
             .filter(|f| {
                 f.get(c_type)
                     .is_some_and(|t| t.trim().eq_ignore_ascii_case(gpu_type))

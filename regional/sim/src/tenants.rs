@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::csv::{lines, split_line};
+use crate::csv::records;
 
 /// Each named tenant's share of the fleet, summing to 1.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -47,9 +47,9 @@ impl Entitlements {
     /// Parses `tenant,weight` rows after a header row.
     pub fn parse(text: &str) -> Result<Entitlements, EntitlementsError> {
         let mut weights: BTreeMap<String, f64> = BTreeMap::new();
-        for (line, row) in lines(text).skip(1) {
+        for (line, row) in records(text).skip(1) {
             let bad = |message: String| EntitlementsError::Bad { line, message };
-            let fields = split_line(row).ok_or_else(|| bad("unterminated quote".into()))?;
+            let fields = row.map_err(bad)?;
             let [tenant, weight, ..] = fields.as_slice() else {
                 return Err(bad("expected two columns: tenant, weight".into()));
             };

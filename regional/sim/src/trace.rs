@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::csv::{column, lines, split_line};
+use crate::csv::{column, records};
 
 /// One job of the trace.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -82,9 +82,9 @@ impl Trace {
 
     /// Parses Philly-format CSV text.
     pub fn parse(text: &str) -> Result<Trace, TraceError> {
-        let mut rows = lines(text);
+        let mut rows = records(text);
         let (_, header) = rows.next().ok_or(TraceError::Empty)?;
-        let header = split_line(header).ok_or(TraceError::Empty)?;
+        let header = header.map_err(|_| TraceError::Empty)?;
         let col = |name: &'static str| column(&header, name).ok_or(TraceError::MissingColumn(name));
         let (c_ts, c_dur, c_gpus, c_tenant) = (
             col("timestamp")?,
@@ -94,16 +94,19 @@ impl Trace {
         );
         let width = 1 + c_ts.max(c_dur).max(c_gpus).max(c_tenant);
         let mut trace = Trace::default();
-        for (line, text) in rows {
+        for (line, fields) in rows {
             let bad = |trace: &mut Trace, why: String| {
                 trace.skipped.malformed += 1;
                 if trace.skipped.examples.len() < MAX_EXAMPLES {
                     trace.skipped.examples.push(format!("line {line}: {why}"));
                 }
             };
-            let Some(fields) = split_line(text) else {
-                bad(&mut trace, "unterminated quote".into());
-                continue;
+            let fields = match fields {
+                Ok(f) => f,
+                Err(why) => {
+                    bad(&mut trace, why);
+                    continue;
+                }
             };
             if fields.len() < width {
                 bad(
