@@ -50,14 +50,15 @@ pub struct Conn {
 /// A profile's CA certificate, inline (never an environment variable).
 const CA_PEM: &str = " ca_pem";
 
-fn state_env(dir: &std::path::Path) -> BTreeMap<String, String> {
-    std::fs::read_to_string(dir.join("env"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("export "))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// A local cloud's `env` file (`gangway dev up` writes it: `export
+/// NAME=value` lines, for a shell to source), as `NAME → value`; empty when
+/// there is none. Read as a dotenv file, without touching this process's
+/// environment.
+pub(crate) fn state_env(dir: &std::path::Path) -> BTreeMap<String, String> {
+    match dotenvy::from_path_iter(dir.join("env")) {
+        Ok(items) => items.filter_map(Result::ok).collect(),
+        Err(_) => BTreeMap::new(),
+    }
 }
 
 impl Conn {
@@ -137,5 +138,34 @@ impl Conn {
     /// A client acting with the operator token.
     pub fn admin_client(&self) -> anyhow::Result<Client> {
         self.resolve(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The file `gangway dev up` writes reads back as it was written;
+    /// none is no settings.
+    #[test]
+    fn a_dev_env_file_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(state_env(dir.path()).is_empty());
+        std::fs::write(
+            dir.path().join("env"),
+            "# Written by `gangway dev up`; source it in a shell.\n\
+             export GANGWAY_URL=https://127.0.0.1:20915\n\
+             export GANGWAY_GLOBAL_REPLICAS=https://127.0.0.1:1,https://127.0.0.1:2\n\
+             export GANGWAY_TOKEN=eyJ0eXAi.eyJzdWIi.c2ln-_\n",
+        )
+        .unwrap();
+        let env = state_env(dir.path());
+        assert_eq!(env["GANGWAY_URL"], "https://127.0.0.1:20915");
+        assert_eq!(
+            env["GANGWAY_GLOBAL_REPLICAS"],
+            "https://127.0.0.1:1,https://127.0.0.1:2"
+        );
+        assert_eq!(env["GANGWAY_TOKEN"], "eyJ0eXAi.eyJzdWIi.c2ln-_");
+        assert_eq!(env.len(), 3);
     }
 }

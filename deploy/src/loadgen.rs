@@ -157,17 +157,6 @@ fn bodies(args: &LoadgenArgs) -> Vec<&'static [u8]> {
         .collect()
 }
 
-/// The state dir's `env` file, as `NAME → value`.
-fn state_env(dir: &std::path::Path) -> BTreeMap<String, String> {
-    std::fs::read_to_string(dir.join("env"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("export "))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 /// Where and as whom to send.
 struct Target {
     urls: Vec<String>,
@@ -183,7 +172,7 @@ struct Target {
 
 fn resolve(args: &LoadgenArgs, pool: usize) -> anyhow::Result<Target> {
     let conn = &args.conn;
-    let file = state_env(&conn.state_dir);
+    let file = crate::conn::state_env(&conn.state_dir);
     let url = conn
         .url
         .clone()
