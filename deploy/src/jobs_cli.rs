@@ -569,32 +569,24 @@ fn gpus_cell(j: &Job) -> String {
     }
 }
 
-/// Left-aligned columns separated by two spaces.
+/// Left-aligned columns separated by two spaces, no borders (what a
+/// terminal shows and `awk` reads), however wide the terminal: the header,
+/// then a line per row.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            widths[i] = widths[i].max(cell.chars().count());
-        }
+    use comfy_table::{CellAlignment, ContentArrangement, Table};
+    let mut t = Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(headers.iter().copied())
+        .add_rows(rows.iter().map(|r| r.iter().map(String::as_str)));
+    let last = headers.len().saturating_sub(1);
+    for (i, column) in t.column_iter_mut().enumerate() {
+        column.set_padding((0, if i == last { 0 } else { 2 }));
+        column.set_cell_alignment(CellAlignment::Left);
     }
-    let mut out = String::new();
-    let mut line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{:<w$}  ", c, w = widths[i]));
-            }
-        }
-        out.push_str(s.trim_end());
-        out.push('\n');
-    };
-    line(headers.to_vec());
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
-    }
-    out
+    (t.lines())
+        .map(|l| l.trim_end().to_string() + "\n")
+        .collect()
 }
 
 /// `gangway regions`: health and capacity per region.
@@ -763,6 +755,21 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Columns as wide as their widest cell, two spaces apart, nothing
+    /// after a line's last cell; a table of no rows is its header.
+    #[test]
+    fn a_table_is_left_aligned_columns_two_spaces_apart() {
+        let rows = vec![
+            vec!["a1".to_string(), "train".into(), "8×h100".into()],
+            vec!["b".into(), "x".into(), "".into()],
+        ];
+        assert_eq!(
+            table(&["JOB", "NAME", "GPUS"], &rows),
+            "JOB  NAME   GPUS\na1   train  8×h100\nb    x\n"
+        );
+        assert_eq!(table(&["JOB", "NAME"], &[]), "JOB  NAME\n");
+    }
     use clap::Parser;
 
     #[derive(Parser, Debug)]
