@@ -120,41 +120,42 @@ pub(crate) fn is_transient(e: &ClientError) -> bool {
     }
 }
 
-/// Capped exponential backoff with jitter: each delay is drawn from
-/// [d/2, d), where d doubles from `MIN` to `MAX`. The jitter keeps a fleet of
-/// agents from retrying in lockstep after a region restart; it comes from a
-/// seed (the boot id), so a run can be replayed.
+/// Capped exponential backoff with jitter (`backon`): a base delay that
+/// doubles from `MIN` to `MAX`, each delay the base plus a random part of
+/// it, so within [base, 2 × base). The jitter keeps a fleet of agents from
+/// retrying in lockstep after a region restart; it comes from a seed (the
+/// boot id), so a run can be replayed.
 #[derive(Debug)]
 pub(crate) struct Backoff {
-    current: Duration,
-    rng: u64,
+    builder: backon::ExponentialBuilder,
+    delays: backon::ExponentialBackoff,
 }
 
 impl Backoff {
-    pub const MIN: Duration = Duration::from_millis(100);
-    pub const MAX: Duration = Duration::from_secs(5);
+    pub const MIN: Duration = Duration::from_millis(50);
+    pub const MAX: Duration = Duration::from_millis(2500);
 
     pub fn new(seed: u64) -> Self {
+        use backon::BackoffBuilder;
+        let builder = backon::ExponentialBuilder::new()
+            .with_min_delay(Self::MIN)
+            .with_max_delay(Self::MAX)
+            .without_max_times()
+            .with_jitter()
+            .with_jitter_seed(seed);
         Backoff {
-            current: Self::MIN,
-            // xorshift must not start at zero.
-            rng: seed | 1,
+            builder,
+            delays: builder.build(),
         }
     }
 
     pub fn reset(&mut self) {
-        self.current = Self::MIN;
+        use backon::BackoffBuilder;
+        self.delays = self.builder.build();
     }
 
     pub fn next_delay(&mut self) -> Duration {
-        let d = self.current;
-        self.current = (self.current * 2).min(Self::MAX);
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        let half = d / 2;
-        let fraction = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
-        half + half.mul_f64(fraction)
+        self.delays.next().unwrap_or(Self::MAX)
     }
 }
 
@@ -163,19 +164,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_to_the_cap_and_resets() {
+    fn backoff_doubles_to_the_cap_with_jitter_and_resets() {
         let mut b = Backoff::new(42);
-        let mut caps = Vec::new();
-        for _ in 0..10 {
-            let before = b.current;
+        let mut base = Backoff::MIN;
+        let mut delays = Vec::new();
+        for _ in 0..12 {
             let d = b.next_delay();
-            assert!(d >= before / 2 && d < before, "{d:?} for {before:?}");
-            caps.push(before);
+            assert!(d >= base && d < base * 2, "{d:?} for a base of {base:?}");
+            delays.push(d);
+            base = (base * 2).min(Backoff::MAX);
         }
-        assert_eq!(caps[0], Backoff::MIN);
-        assert_eq!(caps[1], Backoff::MIN * 2);
-        assert_eq!(*caps.last().unwrap(), Backoff::MAX);
+        assert!(delays[11] >= Backoff::MAX, "{delays:?}");
+        // Jittered: not each exactly the base.
+        assert!(
+            delays.iter().any(|d| d.subsec_micros() % 1000 != 0),
+            "{delays:?}"
+        );
+        // The same seed, the same delays (a run replays).
+        let mut again = Backoff::new(42);
+        assert!(delays.iter().all(|d| again.next_delay() == *d));
         b.reset();
-        assert!(b.next_delay() < Backoff::MIN);
+        assert!(b.next_delay() < Backoff::MIN * 2);
     }
 }
