@@ -1290,7 +1290,11 @@ const STEPS: [&str; 7] = [
 
 /// `[#########-----------] 12/64 done`, or with nodes skipped (out of
 /// service when their turn came) `[#########x----------] 12/64 done, 1
-/// skipped`: `#` done, `x` skipped, `-` still to do.
+/// skipped`: `#` done, `x` skipped, `-` still to do. Written by hand, not
+/// with `indicatif`: this is text in a table cell or a printed report
+/// (also when the output is a file or a pipe), with a third state
+/// (skipped); indicatif draws live bars on a terminal and renders none
+/// elsewhere.
 fn progress_bar(done: u64, skipped: u64, total: u64, width: usize) -> String {
     let upto = |n: u64| {
         if total == 0 {

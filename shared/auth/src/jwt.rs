@@ -14,9 +14,9 @@
 //! 250 µs of CPU and callers present the same token again and again: the
 //! global tier's tenants, and the global tier and agents calling regions.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -270,35 +270,28 @@ impl ValidWindow for Claims {
 }
 
 /// Tokens that passed every check of their verifier, with their claims, by
-/// the token's exact bytes. An entry answers only while
-/// `nbf <= now < exp` — without the verifier's leeway, so outside that
-/// window the full check runs again and decides, leeway and all. Only
-/// successes go in: a flood of bad tokens costs what it did before. At most
-/// [`CACHE_MAX`] entries: when full, expired ones are dropped, then all.
+/// the token's exact bytes (`quick_cache`: bounded, concurrent, evicting
+/// what is not used). An entry answers only while `nbf <= now < exp` —
+/// without the verifier's leeway, so outside that window the full check
+/// runs again and decides, leeway and all; an expired one is never hit
+/// again, so it is what the cache evicts. Only successes go in: a flood of
+/// bad tokens costs what it did before. At most [`CACHE_MAX`] entries.
 pub(crate) struct VerifiedTokens<T = Claims> {
-    map: Mutex<HashMap<Box<str>, T>>,
+    cache: quick_cache::sync::Cache<Box<str>, T>,
 }
 
 impl<T: ValidWindow + Clone> VerifiedTokens<T> {
     pub(crate) fn new() -> Self {
         VerifiedTokens {
-            map: Mutex::new(HashMap::new()),
+            cache: quick_cache::sync::Cache::new(CACHE_MAX),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, T>> {
-        // The map is valid whatever a panicking holder was doing.
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub(crate) fn get(&self, token: &str, now: i64) -> Option<T> {
-        self.lock()
-            .get(token)
-            .filter(|c| {
-                let (nbf, exp) = c.window();
-                nbf <= now && now < exp
-            })
-            .cloned()
+        self.cache.get(token).filter(|c| {
+            let (nbf, exp) = c.window();
+            nbf <= now && now < exp
+        })
     }
 
     pub(crate) fn insert(&self, token: &str, claims: &T, now: i64) {
@@ -307,24 +300,17 @@ impl<T: ValidWindow + Clone> VerifiedTokens<T> {
             // Too big to keep, or outside the window a hit could answer in.
             return;
         }
-        let mut map = self.lock();
-        if map.len() >= CACHE_MAX && !map.contains_key(token) {
-            map.retain(|_, c| now < c.window().1);
-            if map.len() >= CACHE_MAX {
-                map.clear();
-            }
-        }
-        map.insert(token.into(), claims.clone());
+        self.cache.insert(token.into(), claims.clone());
     }
 
     /// Forgets every token (the keys they were checked with changed).
     pub(crate) fn clear(&self) {
-        self.lock().clear();
+        self.cache.clear();
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lock().len()
+        self.cache.len()
     }
 }
 
@@ -806,23 +792,19 @@ mod tests {
     }
 
     #[test]
-    fn a_full_cache_drops_expired_tokens_first_and_stays_bounded() {
+    fn a_full_cache_stays_bounded_and_answers_only_inside_a_tokens_window() {
         let cache = VerifiedTokens::new();
-        for i in 0..CACHE_MAX {
-            // Half of them expired by t = 20.
-            let exp = if i % 2 == 0 { 10 } else { 1000 };
-            cache.insert(&format!("t{i}"), &claims_between(0, exp), 0);
-        }
-        cache.insert("new", &claims_between(0, 1000), 20);
-        assert_eq!(cache.get("t1", 20), Some(claims_between(0, 1000)));
-        assert_eq!(cache.get("new", 20), Some(claims_between(0, 1000)));
-        assert_eq!(cache.len(), CACHE_MAX / 2 + 1, "expired went, live stayed");
-        // Full of live tokens: it starts over rather than grow.
-        let cache = VerifiedTokens::new();
-        for i in 0..=CACHE_MAX {
+        for i in 0..2 * CACHE_MAX {
             cache.insert(&format!("t{i}"), &claims_between(0, 1000), 0);
         }
-        assert!(cache.len() <= CACHE_MAX);
+        assert!(cache.len() <= CACHE_MAX, "{}", cache.len());
+        cache.insert("new", &claims_between(0, 1000), 20);
+        assert_eq!(cache.get("new", 20), Some(claims_between(0, 1000)));
+        // Past its expiry a remembered token is not an answer.
+        assert_eq!(cache.get("new", 1000), None);
+        // Nor before it is valid, and one outside its window is not kept.
+        cache.insert("later", &claims_between(100, 1000), 20);
+        assert_eq!(cache.get("later", 150), None);
         // Oversized tokens are never kept.
         let cache = VerifiedTokens::new();
         cache.insert(
