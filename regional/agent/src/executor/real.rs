@@ -211,14 +211,12 @@ fn records_dir(work_dir: &Path) -> PathBuf {
     work_dir.join("workers")
 }
 
-/// When process `pid` started (clock ticks since boot, `/proc/PID/stat`
-/// field 22): with the pid, it names one process, whatever pids are
+/// When process `pid` started (clock ticks since boot, `/proc/PID/stat`'s
+/// `starttime`): with the pid, it names one process, whatever pids are
 /// reused later.
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // pid (comm) state ppid ...: comm may hold spaces and parentheses.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let process = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+    Some(process.stat().ok()?.starttime)
 }
 
 /// Records a worker (the leader of its process group, and its sandbox's
@@ -305,19 +303,12 @@ pub(crate) fn reap_orphans(work_dir: &Path) -> usize {
 
 /// Whether a process of group `pgid` still runs (zombies aside).
 fn group_running(pgid: u32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(processes) = procfs::process::all_processes() else {
         return false;
     };
-    entries.flatten().any(|entry| {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            return false;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            return false;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string()
-    })
+    (processes.flatten())
+        .filter_map(|p| p.stat().ok())
+        .any(|s| s.state != 'Z' && u32::try_from(s.pgrp) == Ok(pgid))
 }
 
 fn not_started() -> Exit {
