@@ -985,6 +985,32 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// A normal-priority h100 row of acme's in us-east, `gpus` GPUs held
+    /// from `start` to `end`.
+    fn usage(gpus: i32, start: &str, end: &str) -> UsageRecord {
+        let (started_at, ended_at) = (at(start), at(end));
+        UsageRecord {
+            usage_id: Uuid::nil(),
+            job_id: Uuid::nil(),
+            epoch: 1,
+            attempt: 1,
+            rank: 0,
+            tenant: "acme".into(),
+            region: "us-east".into(),
+            gpu_type: "h100".into(),
+            priority: 1,
+            gpus,
+            started_at,
+            ended_at,
+            gpu_seconds: f64::from(gpus) * (ended_at - started_at).num_seconds() as f64,
+            ended_by: "succeeded".into(),
+            cause: None,
+            checkpointed_at: None,
+            reservation_id: None,
+            cluster_id: None,
+        }
+    }
+
     const BOOK: &str = r#"
 currency = "USD"
 [[price]]
@@ -1045,26 +1071,7 @@ per_gpu_hour = 4.0
     #[test]
     fn a_record_priced_is_its_gpu_hours_times_the_price() {
         let b = PriceBook::parse(BOOK).unwrap();
-        let r = UsageRecord {
-            usage_id: Uuid::nil(),
-            job_id: Uuid::nil(),
-            epoch: 1,
-            attempt: 1,
-            rank: 0,
-            tenant: "acme".into(),
-            region: "us-east".into(),
-            gpu_type: "h100".into(),
-            priority: 1,
-            gpus: 8,
-            started_at: at("2026-11-20T10:00:00Z"),
-            ended_at: at("2026-11-20T10:45:00Z"),
-            gpu_seconds: 8.0 * 2700.0,
-            ended_by: "succeeded".into(),
-            cause: None,
-            checkpointed_at: None,
-            reservation_id: None,
-            cluster_id: None,
-        };
+        let r = usage(8, "2026-11-20T10:00:00Z", "2026-11-20T10:45:00Z");
         let period = (at("2026-11-01T00:00:00Z"), at("2026-12-01T00:00:00Z"));
         let row = FocusRow::of(&r, &b, period).unwrap();
         // 8 GPUs × 0.75 h × 2.50 = 15.00
@@ -1148,26 +1155,7 @@ per_gpu_hour = 4.0
     fn the_csv_header_is_the_rows_fields_and_money_is_exact() {
         let b =
             PriceBook::parse(&BOOK.replace("per_gpu_hour = 2.5", "per_gpu_hour = 0.07")).unwrap();
-        let r = UsageRecord {
-            usage_id: Uuid::nil(),
-            job_id: Uuid::nil(),
-            epoch: 1,
-            attempt: 1,
-            rank: 0,
-            tenant: "acme".into(),
-            region: "us-east".into(),
-            gpu_type: "h100".into(),
-            priority: 1,
-            gpus: 3,
-            started_at: at("2026-11-20T10:00:00Z"),
-            ended_at: at("2026-11-20T10:06:00Z"),
-            gpu_seconds: 3.0 * 360.0,
-            ended_by: "succeeded".into(),
-            cause: None,
-            checkpointed_at: None,
-            reservation_id: None,
-            cluster_id: None,
-        };
+        let r = usage(3, "2026-11-20T10:00:00Z", "2026-11-20T10:06:00Z");
         let period = (at("2026-11-01T00:00:00Z"), at("2026-12-01T00:00:00Z"));
         let row = FocusRow::of(&r, &b, period).unwrap().as_written();
         // 0.3 GPU-hours × 0.07 = 0.021 exactly (in binary: 0.021000000000000001).
