@@ -1040,6 +1040,30 @@ fn output_of(chunks: &[serde_json::Value]) -> BTreeMap<(u64, String), String> {
     out
 }
 
+/// `GET {logs}?follow=true` as `token`, in the background: the chunks
+/// the stream gave once it ended.
+fn follow_logs(
+    http: &reqwest::Client,
+    logs: &str,
+    token: &str,
+) -> tokio::task::JoinHandle<Vec<serde_json::Value>> {
+    let (http, logs, token) = (http.clone(), logs.to_string(), token.to_string());
+    tokio::spawn(async move {
+        let resp = http
+            .get(format!("{logs}?follow=true"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+        let body = resp.text().await.unwrap();
+        body.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .collect()
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is_lost_or_it_moves()
 {
@@ -1073,23 +1097,7 @@ async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is
     let logs = format!("{url}/v1/jobs/{id}/logs");
 
     // Followed from the start, as a stream of chunks.
-    let follow = {
-        let (http, logs, acme) = (http.clone(), logs.clone(), acme.clone());
-        tokio::spawn(async move {
-            let resp = http
-                .get(format!("{logs}?follow=true"))
-                .bearer_auth(&acme)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 200);
-            assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
-            let body = resp.text().await.unwrap();
-            body.lines()
-                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-                .collect::<Vec<_>>()
-        })
-    };
+    let follow = follow_logs(&http, &logs, &acme);
     // Readable while it runs.
     within(
         Duration::from_secs(60),
@@ -1180,21 +1188,7 @@ async fn a_jobs_output_is_read_while_it_runs_followed_and_kept_after_its_node_is
         _ => ("us-west", "us-east"),
     };
     let logs = format!("{url}/v1/jobs/{id}/logs");
-    let follow = {
-        let (http, logs, acme) = (http.clone(), logs.clone(), acme.clone());
-        tokio::spawn(async move {
-            let resp = http
-                .get(format!("{logs}?follow=true"))
-                .bearer_auth(&acme)
-                .send()
-                .await
-                .unwrap();
-            let body = resp.text().await.unwrap();
-            body.lines()
-                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-                .collect::<Vec<_>>()
-        })
-    };
+    let follow = follow_logs(&http, &logs, &acme);
     let has = |region: &'static str, text: &'static str| {
         let (api, logs, acme) = (&api, &logs, &acme);
         move || async move {
