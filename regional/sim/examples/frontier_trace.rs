@@ -6,14 +6,14 @@
 //! cargo run --release -p gangway-sim --example frontier_trace > deploy/traces/frontier-16k.csv
 //! ```
 //!
-//! Deterministic (SplitMix64, seed 7). Four tenants, arrivals over 30 days
+//! Deterministic (SplitMix64 by `SimRng`, seed 7). Four tenants, arrivals over 30 days
 //! from 2026-11-01, offered load about 93 % of 16,384 GPUs over the 30 days:
 //! - `pretrain`: one 8,192-GPU run of 20 days, submitted first;
 //! - `midtrain`: six 1,024-GPU runs of 2–4 days, one every 5 days;
 //! - `research`: gangs of 64–512 GPUs (powers of two), 2–24 h, Poisson;
 //! - `eval`: one-node jobs of 1–8 GPUs, 10 min–4 h, Poisson.
 
-use gangway_sim::SplitMix64;
+use gangway_sim::SimRng;
 
 const DAY: f64 = 86_400.0;
 const SPAN_DAYS: f64 = 30.0;
@@ -26,7 +26,7 @@ struct Row {
 }
 
 fn main() {
-    let mut rng = SplitMix64::new(7);
+    let mut rng = SimRng::new(7);
     let mut rows = vec![Row {
         at_s: 0.0,
         duration_s: 20.0 * DAY,
@@ -76,10 +76,10 @@ fn main() {
 
 /// `n` jobs from `make` at exponential inter-arrival times over the span.
 fn poisson(
-    rng: &mut SplitMix64,
+    rng: &mut SimRng,
     rows: &mut Vec<Row>,
     n: u32,
-    mut make: impl FnMut(&mut SplitMix64) -> Row,
+    mut make: impl FnMut(&mut SimRng) -> Row,
 ) {
     let rate = f64::from(n) / (SPAN_DAYS * DAY);
     let mut at = 0.0;

@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::config::SpareMode;
 use crate::metrics::{pct, GangStats, Metrics, ReservedStats, Summary, TenantAcc};
 use crate::queue::{QKey, Queue};
-use crate::rng::SplitMix64;
+use crate::rng::SimRng;
 use crate::workload::{JobSpec, Simulation, STREAM_FAILURES};
 
 /// Where a run is, for progress reports.
@@ -277,7 +277,7 @@ struct Run<'a, 'p> {
     waiting_units: u64,
     running_units: u64,
     done: u64,
-    fail_rng: SplitMix64,
+    fail_rng: SimRng,
     fail_clock: f64,
     /// When the last pass ran, and what the next one owes (with a pass
     /// interval, passes that come due too soon are deferred).
@@ -482,7 +482,7 @@ impl<'a, 'p> Run<'a, 'p> {
             waiting_units: 0,
             running_units: 0,
             done: 0,
-            fail_rng: SplitMix64::derive(sim.config.seed, STREAM_FAILURES, 0),
+            fail_rng: SimRng::derive(sim.config.seed, STREAM_FAILURES, 0),
             fail_clock: 0.0,
             last_pass: None,
             deferred_must_pass: false,

@@ -36,7 +36,7 @@
 //!   (the first units overall plus each tenant's first).
 //! - `metrics.rs`: [`Metrics`] and the time-weighted accumulators.
 //! - `report.rs`: [`render_table`], policies side by side.
-//! - `rng.rs`: [`SplitMix64`], the seeded PRNG.
+//! - `rng.rs`: [`SimRng`], the seeded PRNG.
 //! - `csv.rs`: a minimal CSV line splitter.
 
 mod config;
@@ -56,7 +56,7 @@ pub use engine::{JobOutcome, PlacementEnd, PlacementRecord, Planner, Progress, S
 pub use locality::{LocalityError, LocalityModel, V100_SPREAD_RATIO};
 pub use metrics::{GangStats, Metrics, ReservedStats, Summary, TenantShare};
 pub use report::{human_duration, policy_label, render_table};
-pub use rng::SplitMix64;
+pub use rng::SimRng;
 pub use tenants::{Entitlements, EntitlementsError};
 pub use trace::{parse_timestamp, SkippedRows, Trace, TraceError, TraceJob};
 pub use workload::{SimError, SimReservation, Simulation, WorkloadSummary};

@@ -10,7 +10,7 @@ use gangway_shared::fleet::FleetNode;
 use serde::Serialize;
 
 use crate::config::{SimConfig, SpareMode};
-use crate::rng::SplitMix64;
+use crate::rng::SimRng;
 use crate::trace::Trace;
 
 /// Streams of the seeded PRNG, one per purpose.
@@ -304,7 +304,7 @@ impl Simulation {
             }
             let submit = ((j.submit_unix_s - first) as f64 / config.load).floor() as u64;
             let est_work = if config.estimate_noise > 0.0 {
-                let mut g = SplitMix64::derive(config.seed, STREAM_ESTIMATES, i as u64);
+                let mut g = SimRng::derive(config.seed, STREAM_ESTIMATES, i as u64);
                 j.duration_s * (config.estimate_noise * g.normal()).exp()
             } else {
                 j.duration_s
