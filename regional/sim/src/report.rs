@@ -268,30 +268,29 @@ pub fn render_table(
             .collect();
         let _ = writeln!(out, "capacity reservations: {}", list.join(", "));
     }
-    let label_w = rows
-        .iter()
-        .map(|(l, _)| l.chars().count())
-        .max()
-        .unwrap_or(0);
-    let col_w: Vec<usize> = (0..results.len())
-        .map(|c| {
-            rows.iter()
-                .map(|(_, v)| v[c].chars().count())
-                .chain(std::iter::once(policy_label(results[c].policy).len()))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let _ = write!(out, "{:label_w$}", "");
-    for (c, m) in results.iter().enumerate() {
-        let _ = write!(out, "  {:>w$}", policy_label(m.policy), w = col_w[c]);
-    }
-    out.push('\n');
+    // The metrics down, the policies across: labels left-aligned, values
+    // right-aligned, two spaces apart, no borders.
+    use comfy_table::{CellAlignment, ContentArrangement, Table};
+    let mut t = Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(
+            std::iter::once(String::new())
+                .chain(results.iter().map(|m| policy_label(m.policy).to_string())),
+        );
     for (label, values) in &rows {
-        let _ = write!(out, "{label:label_w$}");
-        for (c, v) in values.iter().enumerate() {
-            let _ = write!(out, "  {v:>w$}", w = col_w[c]);
-        }
+        t.add_row(std::iter::once(label.clone()).chain(values.iter().cloned()));
+    }
+    for (i, column) in t.column_iter_mut().enumerate() {
+        column.set_padding((if i == 0 { 0 } else { 2 }, 0));
+        column.set_cell_alignment(if i == 0 {
+            CellAlignment::Left
+        } else {
+            CellAlignment::Right
+        });
+    }
+    for line in t.lines() {
+        out.push_str(&line);
         out.push('\n');
     }
     out
