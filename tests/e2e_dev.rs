@@ -1392,16 +1392,9 @@ async fn one_trace_follows_a_request_from_the_global_tier_to_the_regions_databas
     let env = read_env(&mut dev, &state);
     let http = https(&env);
     let (url, token) = (&env["GANGWAY_URL"], &env["GANGWAY_TOKEN"]);
-    let job: serde_json::Value = http
-        .post(format!("{url}/v1/jobs"))
-        .bearer_auth(token)
-        .json(&job_body("traced"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, job) = Api(http.clone())
+        .post(&format!("{url}/v1/jobs"), token, job_body("traced"))
+        .await;
     let resp = http
         .get(format!("{url}/v1/jobs/{}", job["id"].as_str().unwrap()))
         .bearer_auth(token)

@@ -15,11 +15,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
-use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use clap::{Subcommand, ValueEnum};
 use gangway_shared::billing::{
-    bill, cents, Closings, CommitmentRecord, CommitmentRecords, CreditRecord, CreditRecords,
-    FocusRow, LineTotals, PriceBook, UsageRecord, UsageRecords,
+    self as billing, bill, cents, Closings, CommitmentRecord, CommitmentRecords, CreditRecord,
+    CreditRecords, FocusRow, LineTotals, PriceBook, UsageRecord, UsageRecords,
 };
 use gangway_shared::client::Client;
 use reqwest::Method;
@@ -100,16 +100,7 @@ pub enum Format {
 
 /// [start, end) of month `YYYY-MM`.
 pub(crate) fn month_bounds(month: &str) -> anyhow::Result<(DateTime<Utc>, DateTime<Utc>)> {
-    let first = NaiveDate::parse_from_str(&format!("{month}-01"), "%Y-%m-%d")
-        .with_context(|| format!("--month {month:?} is not YYYY-MM"))?;
-    let next = if first.month() == 12 {
-        NaiveDate::from_ymd_opt(first.year() + 1, 1, 1)
-    } else {
-        NaiveDate::from_ymd_opt(first.year(), first.month() + 1, 1)
-    }
-    .context("no month after that")?;
-    let at = |d: NaiveDate| Utc.from_utc_datetime(&d.and_hms_opt(0, 0, 0).expect("midnight"));
-    Ok((at(first), at(next)))
+    bill::month_named(month).with_context(|| format!("--month {month:?} is not YYYY-MM"))
 }
 
 /// A query of the ledger endpoints: (name, value) pairs.
@@ -146,7 +137,7 @@ impl LedgerPage for UsageRecords {
         (self.records, next)
     }
     fn id(r: &UsageRecord) -> Uuid {
-        r.usage_id
+        <UsageRecords as billing::LedgerPage>::id(r)
     }
 }
 
@@ -163,7 +154,7 @@ impl LedgerPage for ByTime {
         self.0.split()
     }
     fn id(r: &UsageRecord) -> Uuid {
-        r.usage_id
+        <UsageRecords as billing::LedgerPage>::id(r)
     }
     fn check(&self) -> Result<(), String> {
         if self.0.next.is_some() && self.0.next_start.is_none() {
@@ -177,17 +168,20 @@ impl LedgerPage for ByTime {
     }
 }
 
+/// A page in id order: the next is asked `after` its last id.
+fn by_id<P: billing::LedgerPage>(page: P) -> (Vec<P::Item>, Option<Query>) {
+    let (items, next) = page.into_items();
+    (items, next.map(|id| vec![("after", id.to_string())]))
+}
+
 impl LedgerPage for CommitmentRecords {
     type Item = CommitmentRecord;
     const WHAT: &'static str = "commitment hours";
     fn split(self) -> (Vec<CommitmentRecord>, Option<Query>) {
-        (
-            self.commitments,
-            self.next.map(|id| vec![("after", id.to_string())]),
-        )
+        by_id(self)
     }
     fn id(c: &CommitmentRecord) -> Uuid {
-        c.record_id
+        <Self as billing::LedgerPage>::id(c)
     }
 }
 
@@ -195,13 +189,10 @@ impl LedgerPage for CreditRecords {
     type Item = CreditRecord;
     const WHAT: &'static str = "credits";
     fn split(self) -> (Vec<CreditRecord>, Option<Query>) {
-        (
-            self.credits,
-            self.next.map(|id| vec![("after", id.to_string())]),
-        )
+        by_id(self)
     }
     fn id(c: &CreditRecord) -> Uuid {
-        c.credit_id
+        <Self as billing::LedgerPage>::id(c)
     }
 }
 
@@ -628,7 +619,7 @@ async fn export(
         totals.add(&lines);
         // A price the book lacks: the bill will fail; no more lines.
         if !pricer.lacks_prices() {
-            sink.write(&lines)?;
+            sink.write(lines)?;
         }
     }
     drop(hours);
@@ -636,7 +627,7 @@ async fn export(
     // last row), or every SKU the book lacks.
     let rest = pricer.finish().map_err(|unpriced| anyhow!("{unpriced}"))?;
     totals.add(&rest);
-    sink.write(&rest)?;
+    sink.write(rest)?;
     sink.commit()?;
     totals.print(&book.currency);
     eprintln!(
@@ -788,27 +779,19 @@ impl Sink {
         Ok(sink)
     }
 
-    fn write(&mut self, lines: &[FocusRow]) -> anyhow::Result<()> {
+    fn write(&mut self, lines: Vec<FocusRow>) -> anyhow::Result<()> {
         if self.format == Format::Csv && self.csv.is_none() {
             let w = std::mem::replace(&mut self.w, Box::new(std::io::sink()));
             self.csv = Some(FocusRow::csv_writer(w)?);
         }
-        for row in lines {
-            let named;
-            let row = match self.names.get(&row.BillingAccountId) {
-                Some(name) => {
-                    named = FocusRow {
-                        BillingAccountName: name.clone(),
-                        SubAccountName: name.clone(),
-                        ..row.clone()
-                    };
-                    &named
-                }
-                None => row,
-            };
+        for mut row in lines {
+            if let Some(name) = self.names.get(&row.BillingAccountId) {
+                row.BillingAccountName.clone_from(name);
+                row.SubAccountName.clone_from(name);
+            }
             match &mut self.csv {
-                Some(csv) => csv.serialize(row)?,
-                None => writeln!(self.w, "{}", serde_json::to_string(row)?)?,
+                Some(csv) => csv.serialize(&row)?,
+                None => writeln!(self.w, "{}", serde_json::to_string(&row)?)?,
             }
         }
         Ok(())
@@ -816,7 +799,7 @@ impl Sink {
 
     /// The export is whole: flushed, and the file where `--out` says.
     fn commit(mut self) -> anyhow::Result<()> {
-        self.write(&[])?;
+        self.write(Vec::new())?;
         if let Some(csv) = self.csv.take() {
             self.w = csv.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
         }
@@ -966,7 +949,7 @@ mod tests {
         };
         // Stopped midway: the temporary file goes, the old file stays.
         let mut sink = Sink::open(Some(&out), Format::Csv).unwrap();
-        sink.write(&[]).unwrap();
+        sink.write(Vec::new()).unwrap();
         assert_eq!(files().len(), 2, "{:?}", files());
         drop(sink);
         assert_eq!(files(), ["nov.csv"]);

@@ -16,6 +16,46 @@ use uuid::Uuid;
 pub mod bill;
 pub mod reconcile;
 
+/// A page of a region's ledger (`GET /v1/admin/usage/records`,
+/// `…/credits`, `…/commitments`): its items, and the id the next page
+/// comes `after` (none on the last).
+pub trait LedgerPage: serde::de::DeserializeOwned {
+    type Item;
+    fn into_items(self) -> (Vec<Self::Item>, Option<Uuid>);
+    /// The item's id: one item wherever it is held.
+    fn id(item: &Self::Item) -> Uuid;
+}
+
+impl LedgerPage for UsageRecords {
+    type Item = UsageRecord;
+    fn into_items(self) -> (Vec<UsageRecord>, Option<Uuid>) {
+        (self.records, self.next)
+    }
+    fn id(r: &UsageRecord) -> Uuid {
+        r.usage_id
+    }
+}
+
+impl LedgerPage for CreditRecords {
+    type Item = CreditRecord;
+    fn into_items(self) -> (Vec<CreditRecord>, Option<Uuid>) {
+        (self.credits, self.next)
+    }
+    fn id(c: &CreditRecord) -> Uuid {
+        c.credit_id
+    }
+}
+
+impl LedgerPage for CommitmentRecords {
+    type Item = CommitmentRecord;
+    fn into_items(self) -> (Vec<CommitmentRecord>, Option<Uuid>) {
+        (self.commitments, self.next)
+    }
+    fn id(c: &CommitmentRecord) -> Uuid {
+        c.record_id
+    }
+}
+
 /// One ended placement of one worker: `gpus` GPUs of `gpu_type` held from
 /// `started_at` to `ended_at`. `usage_id` is derived from (job, epoch,
 /// attempt, rank, start), so the same placement is the same record

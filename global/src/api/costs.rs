@@ -15,12 +15,10 @@ use futures_util::future::join_all;
 use gangway_shared::api::{CostDay, CostSku, Costs};
 use gangway_shared::billing::bill::{self, Period};
 use gangway_shared::billing::{
-    CommitmentRecord, CommitmentRecords, CreditRecord, CreditRecords, Decimal, LineTotals,
-    PriceBook, UsageRecord, UsageRecords,
+    CommitmentRecords, CreditRecords, Decimal, LedgerPage, LineTotals, PriceBook, UsageRecords,
 };
 use gangway_shared::error::{codes, ErrorBody};
 use gangway_shared::http::{ApiError, Query};
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use utoipa::IntoParams;
 use uuid::Uuid;
@@ -74,7 +72,7 @@ pub async fn costs(
 ) -> Result<axum::Json<Costs>, ApiError> {
     let now = Utc::now();
     let month = p.month.unwrap_or_else(|| now.format("%Y-%m").to_string());
-    let period = month_period(&month).ok_or_else(|| {
+    let period = bill::month_named(&month).ok_or_else(|| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             codes::INVALID_QUERY,
@@ -102,14 +100,11 @@ pub async fn costs(
         (credits, Vec::new())
     };
     down.extend(more_down);
-    let (commitments, more_down) = ledgers
-        .read::<CommitmentRecords>("/v1/admin/usage/commitments", wider)
-        .await;
-    down.extend(more_down);
-    let (rows, more_down) = ledgers
-        .read::<UsageRecords>("/v1/admin/usage/records", wider)
-        .await;
-    down.extend(more_down);
+    let ((commitments, commitments_down), (rows, rows_down)) = tokio::join!(
+        ledgers.read::<CommitmentRecords>("/v1/admin/usage/commitments", wider),
+        ledgers.read::<UsageRecords>("/v1/admin/usage/records", wider),
+    );
+    down.extend(commitments_down.into_iter().chain(rows_down));
     down.sort();
     down.dedup();
     if down.len() == state.regions.list.len() {
@@ -175,17 +170,6 @@ pub async fn costs(
     }))
 }
 
-/// [start, end) of `YYYY-MM`.
-fn month_period(month: &str) -> Option<Period> {
-    let (y, m) = month.split_once('-')?;
-    if y.len() != 4 || m.len() != 2 {
-        return None;
-    }
-    let first = chrono::NaiveDate::from_ymd_opt(y.parse().ok()?, m.parse().ok()?, 1)?;
-    let at = first.and_hms_opt(0, 0, 0)?.and_utc();
-    Some(bill::month_of(at))
-}
-
 /// The operator's price book, read now (a new one applies at once).
 async fn read_book(state: &GlobalState) -> Result<PriceBook, ApiError> {
     let unavailable = |why: String| {
@@ -210,43 +194,6 @@ async fn read_book(state: &GlobalState) -> Result<PriceBook, ApiError> {
     })
 }
 
-/// One page of a region's ledger, and how to ask for the next.
-trait Page: DeserializeOwned {
-    type Item;
-    fn split(self) -> (Vec<Self::Item>, Option<Uuid>);
-    fn id(item: &Self::Item) -> Uuid;
-}
-
-impl Page for UsageRecords {
-    type Item = UsageRecord;
-    fn split(self) -> (Vec<UsageRecord>, Option<Uuid>) {
-        (self.records, self.next)
-    }
-    fn id(r: &UsageRecord) -> Uuid {
-        r.usage_id
-    }
-}
-
-impl Page for CreditRecords {
-    type Item = CreditRecord;
-    fn split(self) -> (Vec<CreditRecord>, Option<Uuid>) {
-        (self.credits, self.next)
-    }
-    fn id(c: &CreditRecord) -> Uuid {
-        c.credit_id
-    }
-}
-
-impl Page for CommitmentRecords {
-    type Item = CommitmentRecord;
-    fn split(self) -> (Vec<CommitmentRecord>, Option<Uuid>) {
-        (self.commitments, self.next)
-    }
-    fn id(c: &CommitmentRecord) -> Uuid {
-        c.record_id
-    }
-}
-
 /// One tenant's ledgers in every region.
 struct Ledgers<'a> {
     state: &'a GlobalState,
@@ -257,7 +204,7 @@ impl Ledgers<'_> {
     /// Every region's items of `path` over `period` (each region's own
     /// and those it holds for its peers), each id once; and the regions
     /// that did not give theirs.
-    async fn read<P: Page>(
+    async fn read<P: LedgerPage>(
         &self,
         path: &str,
         period: Period,
@@ -279,7 +226,7 @@ impl Ledgers<'_> {
     }
 
     /// One region's, page by page; `None` if it did not give them all.
-    async fn region<P: Page>(
+    async fn region<P: LedgerPage>(
         &self,
         region: &Region,
         path: &str,
@@ -307,35 +254,12 @@ impl Ledgers<'_> {
                 .await
                 .ok()
                 .filter(|a| a.status == StatusCode::OK)?;
-            let (items, next) = serde_json::from_slice::<P>(&answer.body).ok()?.split();
+            let (items, next) = serde_json::from_slice::<P>(&answer.body).ok()?.into_items();
             out.extend(items);
             match next {
                 Some(n) => after = Some(n),
                 None => return Some(out),
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_month_is_yyyy_mm() {
-        let (s, e) = month_period("2026-12").unwrap();
-        assert_eq!(s.to_rfc3339(), "2026-12-01T00:00:00+00:00");
-        assert_eq!(e.to_rfc3339(), "2027-01-01T00:00:00+00:00");
-        for bad in [
-            "2026-13",
-            "2026-1",
-            "26-12",
-            "2026/12",
-            "",
-            "2026-12-01",
-            "x-y",
-        ] {
-            assert!(month_period(bad).is_none(), "{bad}");
         }
     }
 }

@@ -107,8 +107,8 @@ pub async fn logs(
         id,
         params: p,
     };
-    let first = match reader.read(&after).await {
-        Ok(logs) => logs,
+    let (first, next) = match reader.read(&after).await {
+        Ok(read) => read,
         Err(Refused::Region(answer)) => return Ok(relay(answer)),
         Err(Refused::Global(e)) => return Err(e),
     };
@@ -121,7 +121,7 @@ pub async fn logs(
     // after ten failed reads in a row.
     struct Follow {
         reader: Reader,
-        pending: Option<JobLogs>,
+        pending: Option<(JobLogs, LogCursor)>,
         after: LogCursor,
         more: bool,
         quiet: u32,
@@ -131,13 +131,13 @@ pub async fn logs(
         reader,
         after: after.clone(),
         more: false,
-        pending: Some(first),
+        pending: Some((first, next)),
         quiet: 0,
         failed: 0,
     };
     let stream = futures_util::stream::unfold(start, |mut f| async move {
         loop {
-            let logs = match f.pending.take() {
+            let (logs, next) = match f.pending.take() {
                 Some(l) => l,
                 None => {
                     if !f.more {
@@ -155,7 +155,7 @@ pub async fn logs(
                 }
             };
             f.failed = 0;
-            f.after = logs.next_after.parse().unwrap_or_default();
+            f.after = next;
             f.more = logs.more;
             if logs.chunks.is_empty() {
                 f.quiet = if logs.finished { f.quiet + 1 } else { 0 };
@@ -197,8 +197,9 @@ struct Reader {
 }
 
 impl Reader {
-    /// One read from every region at once, from `after`, merged.
-    async fn read(&self, after: &LogCursor) -> Result<JobLogs, Refused> {
+    /// One read from every region at once, from `after`, merged; and the
+    /// cursor to read on from.
+    async fn read(&self, after: &LogCursor) -> Result<(JobLogs, LogCursor), Refused> {
         let path = format!("/v1/jobs/{}/logs", self.id);
         let query = self.params.region_query(after);
         let asks = self.state.regions.list.iter().map(|r| {
@@ -249,13 +250,14 @@ impl Reader {
 /// (what it has not sent yet may come before the others' next chunks), so
 /// each region's chunks given are a prefix of its own, and the cursor
 /// moves past exactly those. The job has ended once every region that has
-/// it says so (a region it moved away from has ended its copy).
+/// it says so (a region it moved away from has ended its copy). Also
+/// returns the cursor (`next_after`) as a value.
 pub(crate) fn merge(
     job_id: Uuid,
     parts: Vec<JobLogs>,
     after: &LogCursor,
     regions_unavailable: Vec<String>,
-) -> JobLogs {
+) -> (JobLogs, LogCursor) {
     let finished = parts.iter().all(|p| p.finished);
     let (kept_bytes, dropped_bytes) =
         (parts.iter()).fold((0, 0), |(k, d), p| (k + p.kept_bytes, d + p.dropped_bytes));
@@ -278,7 +280,7 @@ pub(crate) fn merge(
         cursor.set(&c.region, c.seq);
         chunks.push(c);
     }
-    JobLogs {
+    let logs = JobLogs {
         job_id,
         chunks,
         next_after: cursor.to_string(),
@@ -288,7 +290,8 @@ pub(crate) fn merge(
         dropped_bytes,
         limit_bytes: JOB_LOG_LIMIT_BYTES,
         regions_unavailable,
-    }
+    };
+    (logs, cursor)
 }
 
 #[cfg(test)]
@@ -364,7 +367,7 @@ mod tests {
             false,
             true,
         );
-        let merged = merge(Uuid::nil(), vec![r2, r1], &LogCursor::default(), vec![]);
+        let (merged, _) = merge(Uuid::nil(), vec![r2, r1], &LogCursor::default(), vec![]);
         assert_eq!(texts(&merged), "abcde");
         assert_eq!(merged.next_after, "r1:30,r2:3");
         assert!(!merged.more && !merged.finished, "r1's copy still runs");
@@ -387,7 +390,7 @@ mod tests {
             false,
             true,
         );
-        let merged = merge(Uuid::nil(), vec![r1, r2], &after, vec!["r3".into()]);
+        let (merged, _) = merge(Uuid::nil(), vec![r1, r2], &after, vec!["r3".into()]);
         assert_eq!(texts(&merged), "axb");
         assert_eq!(merged.next_after, "r1:2,r2:2");
         assert!(merged.more && merged.finished);
@@ -398,11 +401,11 @@ mod tests {
             false,
             true,
         );
-        let merged = merge(Uuid::nil(), vec![r1], &LogCursor::default(), vec![]);
+        let (merged, _) = merge(Uuid::nil(), vec![r1], &LogCursor::default(), vec![]);
         assert_eq!(texts(&merged), "lateearly");
         assert_eq!(merged.next_after, "r1:8");
         // Nothing new: the cursor stays where it was.
-        let merged = merge(Uuid::nil(), vec![part(vec![], false, true)], &after, vec![]);
+        let (merged, _) = merge(Uuid::nil(), vec![part(vec![], false, true)], &after, vec![]);
         assert_eq!((merged.next_after.as_str(), merged.more), ("r2:1", false));
     }
 }

@@ -63,6 +63,19 @@ pub fn month_of(t: DateTime<Utc>) -> Period {
     (at(first), at(next))
 }
 
+/// The calendar month named `YYYY-MM`, [its first midnight, the next
+/// month's) in UTC; `None` when it is not one.
+pub fn month_named(month: &str) -> Option<Period> {
+    let (y, m) = month.split_once('-')?;
+    if y.len() != 4 || m.len() != 2 {
+        return None;
+    }
+    let first = NaiveDate::from_ymd_opt(y.parse().ok()?, m.parse().ok()?, 1)?;
+    Some(month_of(
+        Utc.from_utc_datetime(&first.and_hms_opt(0, 0, 0)?),
+    ))
+}
+
 /// Where the rows needed to price `period` begin: its start, or the hour
 /// of the oldest usage row a credit or correction issued in it offsets (a
 /// credit is priced like its row, which may lie in an earlier month).
@@ -682,6 +695,24 @@ pub fn price<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_month_is_yyyy_mm() {
+        let (s, e) = month_named("2026-12").unwrap();
+        assert_eq!(s.to_rfc3339(), "2026-12-01T00:00:00+00:00");
+        assert_eq!(e.to_rfc3339(), "2027-01-01T00:00:00+00:00");
+        for bad in [
+            "2026-13",
+            "2026-1",
+            "26-12",
+            "2026/12",
+            "",
+            "2026-12-01",
+            "x-y",
+        ] {
+            assert!(month_named(bad).is_none(), "{bad}");
+        }
+    }
 
     const BOOK: &str = r#"
 currency = "USD"
