@@ -1226,6 +1226,63 @@ async fn a_tenant_under_its_guarantee_takes_back_gpus_lent_to_another() {
 }
 
 #[tokio::test]
+async fn what_a_reclaim_frees_goes_to_the_job_that_reclaimed_it_not_to_a_higher_class() {
+    let (store, client) = raw("reclaimclaim").await;
+    let boot = register_fleet(&store, 1, 1).await; // 8 GPUs
+    store
+        .set_quota("acme", "h100", &terms(8, None, None))
+        .await
+        .unwrap();
+    let planning = planning();
+    let borrowed = submit(&store, &job_at("globex", 8, 8, Priority::Normal)).await;
+    assert_eq!(
+        run_pass_with(&store, &planning).await.unwrap().placements,
+        1
+    );
+    agent_sync(&store, boot, None).await;
+    // acme's low job takes its guarantee back, and with it the first claim
+    // on what the victim frees (twice the checkpoint deadline).
+    let mine = submit(&store, &job_at("acme", 8, 8, Priority::Low)).await;
+    let pass = run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!(pass.preempted, 1, "{pass:?}");
+    let claim_s: f64 = client
+        .query_one(
+            "SELECT extract(epoch FROM claim_until - now())::float8 FROM jobs WHERE job_id = $1",
+            &[&mine],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let deadline = planning.policy.preemption.checkpoint_deadline_s as f64;
+    assert!(
+        (2.0 * deadline - 30.0..=2.0 * deadline).contains(&claim_s),
+        "{claim_s}"
+    );
+    // The victim checkpoints, stops and queues again: a normal job, a class
+    // above acme's low one, and first in line but for the claim.
+    agent_sync(&store, boot, Some("/ckpt/g")).await;
+    assert_eq!(
+        store.get_job("globex", borrowed).await.unwrap().state,
+        JobState::Queued
+    );
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    assert!(
+        snap.claims.contains_key(&mine.to_string()),
+        "{:?}",
+        snap.claims
+    );
+    run_pass_with(&store, &planning).await.unwrap();
+    assert_eq!(
+        store.get_job("acme", mine).await.unwrap().state,
+        JobState::Starting
+    );
+    assert_eq!(
+        store.get_job("globex", borrowed).await.unwrap().state,
+        JobState::Queued
+    );
+}
+
+#[tokio::test]
 async fn a_checkpoint_reported_by_a_running_worker_is_where_the_work_at_risk_starts() {
     let store = store("runningckpt").await;
     let boot = register_fleet(&store, 1, 1).await;

@@ -1,6 +1,12 @@
 //! Gangway's queue order: priority classes, then fair sharing between
 //! tenants, re-evaluated after every decision of the pass.
 //!
+//! Units with victims in flight (they preempted, and wait for the victims
+//! to stop) come before every class: the GPUs their victims free are
+//! theirs, not the next class's. Without that, a unit that reclaimed for
+//! its tenant's guarantee watched a higher class (often the victims
+//! themselves, requeued) take what it freed, and reclaimed again.
+//!
 //! Within a priority class the next unit comes from the tenant fair sharing
 //! favours now: first tenants holding less than their guarantee of the
 //! unit's GPU type, then the lowest weighted dominant share, then the oldest
@@ -63,16 +69,26 @@ pub(crate) struct Drawn<'r> {
 
 impl<'r> FairOrder<'r> {
     /// `units` in queue order (priority, then age); `size_aging_s` as
-    /// [`crate::Policy::size_aging_s`].
-    pub fn new(snapshot: &'r Snapshot, units: &[&'r Request], size_aging_s: u64) -> FairOrder<'r> {
+    /// [`crate::Policy::size_aging_s`]; `owed`: the jobs with victims in
+    /// flight, drawn before every class.
+    pub fn new(
+        snapshot: &'r Snapshot,
+        units: &[&'r Request],
+        size_aging_s: u64,
+        owed: &BTreeSet<&str>,
+    ) -> FairOrder<'r> {
         let capacity = snapshot.gpus_by_type();
         let mut classes: VecDeque<Vec<TenantQueue<'r>>> = VecDeque::new();
-        let mut current: Option<i32> = None;
+        // (owed, priority) of the class being filled.
+        let mut current: Option<(bool, i32)> = None;
         // The current class's queue of each tenant.
         let mut queue_of: HashMap<&str, usize> = HashMap::new();
-        for &u in units {
-            if current != Some(u.priority) {
-                current = Some(u.priority);
+        let is_owed = |u: &Request| !owed.is_empty() && owed.contains(u.job.as_str());
+        let first = units.iter().filter(|u| is_owed(u));
+        for &u in first.chain(units.iter().filter(|u| !is_owed(u))) {
+            let class_of = (is_owed(u), u.priority);
+            if current != Some(class_of) {
+                current = Some(class_of);
                 classes.push_back(Vec::new());
                 queue_of.clear();
             }

@@ -111,14 +111,18 @@
 //!
 //! - after the rounds, waiting units may preempt (`preempt.rs`,
 //!   [`Plan::preemptions`], [`WaitReason::Preempting`]): `normal` and
-//!   `high` units preempt `low` ones ([`PreemptCause::Priority`]); a tenant
+//!   `high` units preempt `low` ones of their own tenant or of one beyond
+//!   its guarantee ([`PreemptCause::Priority`]); a tenant
 //!   under its guarantee takes lent GPUs back from tenants above theirs
 //!   ([`PreemptCause::Reclaim`]); a reserved gang moves small units of its
 //!   class or lower, low or borrowed, that fragment the nodes it needs,
 //!   when they fit elsewhere at once ([`PreemptCause::Defrag`]). Victims have run
-//!   [`PreemptionPolicy::min_run_s`], priority victims have been preempted
-//!   fewer than [`PreemptionPolicy::max_preemptions`] times; a unit with
-//!   victims in flight takes no more, and one whose reservation starts
+//!   [`PreemptionPolicy::min_run_s`] since they last started, doubled per
+//!   earlier preemption ([`PreemptionPolicy::min_run_for`]), priority and
+//!   defragmentation victims have been preempted fewer than
+//!   [`PreemptionPolicy::max_preemptions`] times; a unit with victims in
+//!   flight takes no more, comes before every class in the next passes (the
+//!   GPUs its victims free are its own), and one whose reservation starts
 //!   within the checkpoint deadline takes none. Victims are chosen per
 //!   domain, tightest level first: topology-tight before anything, then the
 //!   least GPU-seconds since checkpoint, then the fewest victims; the freed

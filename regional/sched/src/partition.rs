@@ -80,6 +80,7 @@ impl Snapshot {
                 .filter(|r| r.gpu_type == gpu_type)
                 .cloned()
                 .collect(),
+            claims: self.claims.clone(),
         }
     }
 }
@@ -113,6 +114,7 @@ pub fn plan_partitioned(snapshot: &Snapshot, policy: &Policy) -> Plan {
         out.waiting.extend(p.waiting);
         out.reservations.extend(p.reservations);
         out.preemptions.extend(p.preemptions);
+        out.claims.extend(p.claims);
     }
     out
 }

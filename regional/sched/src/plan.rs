@@ -171,9 +171,16 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
             )
         })
         .collect();
+    // Units with victims in flight (they hold a reservation whatever the
+    // limit) or whose victims just left: they come first in Gangway's order.
+    let mut owed: BTreeSet<&str> = (snapshot.claims.iter())
+        .filter(|&(_, &until)| until >= snapshot.now)
+        .map(|(job, _)| job.as_str())
+        .collect();
     for r in &snapshot.running {
         if let (Some(for_job), Some(ts)) = (&r.preempted_for, types.get_mut(r.gpu_type.as_str())) {
             ts.victims_in_flight.insert(for_job.as_str());
+            owed.insert(for_job.as_str());
         }
     }
     let id_sorted = keep.is_none();
@@ -254,7 +261,7 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
         let mut cut = false;
         let mut order = match kind {
             PolicyKind::Gangway => {
-                Order::Fair(FairOrder::new(snapshot, &queue, policy.size_aging_s))
+                Order::Fair(FairOrder::new(snapshot, &queue, policy.size_aging_s, &owed))
             }
             _ => Order::Static(queue.clone().into_iter()),
         };

@@ -8,11 +8,14 @@
 //! - **Priority**: a `normal` or `high` unit may preempt running units of
 //!   the preemptible class (priority ≤ [`PREEMPTIBLE_PRIORITY`]) with a
 //!   lower priority, that have been preempted fewer than
-//!   [`PreemptionPolicy::max_preemptions`] times.
+//!   [`PreemptionPolicy::max_preemptions`] times, of its own tenant or of
+//!   one holding more than its guarantee of the type: a guarantee protects
+//!   a tenant's low units as much as its normal ones.
 //! - **Reclaim**: a unit whose tenant, once it runs, still holds no more
 //!   than its guarantee of the type may preempt units of other tenants that
 //!   hold more than their own guarantee (borrowers), whatever their
-//!   priority and however often they were preempted before.
+//!   priority, and whatever class waits besides: what its victims free is
+//!   its own ([`crate::Plan::claims`]).
 //!
 //! - **Defragmentation** ([`PreemptionPolicy::defrag`]): a gang (two or
 //!   more workers) that holds a reservation starting after the checkpoint
@@ -27,8 +30,11 @@
 //!   is moved, not made to wait. The placer's fill-partly-used-nodes-first
 //!   rule puts it back on those GPUs, not on the whole nodes it left.
 //!
-//! Either way a victim must have run [`PreemptionPolicy::min_run_s`], and a
-//! unit already being preempted is never chosen again. A unit that has
+//! Either way a victim must have run [`PreemptionPolicy::min_run_s`] since
+//! it last started, doubled for every time it was preempted before
+//! ([`PreemptionPolicy::min_run_for`]: a backoff for every cause, so no
+//! victim is preempted over and over), and a unit already being preempted
+//! is never chosen again. A unit that has
 //! victims in flight chooses no more; it waits as
 //! [`WaitReason::Preempting`]. A unit that starts soon anyway (a
 //! reservation starting within the checkpoint deadline) chooses none.
@@ -191,8 +197,9 @@ pub(crate) fn choose(
     let guaranteed = |tenant: &str, ty: &str| guarantees.get(&(tenant, ty)).copied().unwrap_or(0);
 
     // Per type, the highest priority among units waiting for capacity: a
-    // unit of a lower class does not reclaim, since what it frees would go
-    // to that class first and it would only ask again.
+    // unit of a lower class does not defragment, since what it moves would
+    // make room for that class first. (It does reclaim: what its victims
+    // free is its own by its claim, `fair.rs`.)
     let mut top_waiting: BTreeMap<&str, i32> = BTreeMap::new();
     for (w, req) in out.waiting.iter().zip(decided.waited_by) {
         if matches!(
@@ -251,9 +258,7 @@ pub(crate) fn choose(
         };
         let by_priority = within.is_none() && req.priority > PREEMPTIBLE_PRIORITY;
         let held = usage.get(&(req.tenant.as_str(), ty)).copied().unwrap_or(0);
-        let reclaim = within.is_none()
-            && held + need <= guaranteed(&req.tenant, ty)
-            && top_waiting.get(ty).is_none_or(|&top| req.priority >= top);
+        let reclaim = within.is_none() && held + need <= guaranteed(&req.tenant, ty);
         let defrag = within.is_none()
             && policy.defrag
             && reserved_late
@@ -284,7 +289,8 @@ pub(crate) fn choose(
         for c in tv.cands.iter() {
             let r = c.run;
             let free_to_go = !taken.contains(&c.at) && r.job != req.job && r.reservation.is_none();
-            let eligible = free_to_go && now.saturating_sub(r.started) >= policy.min_run_s;
+            let eligible =
+                free_to_go && now.saturating_sub(r.started) >= policy.min_run_for(r.preemptions);
             let why = if let Some(res) = within {
                 // Borrowers of the reservation's GPUs, whatever their age.
                 let inside =
@@ -297,6 +303,10 @@ pub(crate) fn choose(
                 && r.priority <= PREEMPTIBLE_PRIORITY
                 && r.priority < req.priority
                 && r.preemptions < policy.max_preemptions
+                // Another tenant's guarantee protects its low units too.
+                && (r.tenant == req.tenant
+                    || usage.get(&(r.tenant.as_str(), ty)).copied().unwrap_or(0)
+                        > guaranteed(&r.tenant, ty))
             {
                 Some(PreemptCause::Priority)
             } else if reclaim
@@ -398,6 +408,7 @@ pub(crate) fn choose(
         }
         *usage.entry((req.tenant.as_str(), ty)).or_insert(0) += need;
         budget = budget.saturating_sub(victims.len());
+        out.claims.insert(req.job.clone(), policy.claim_until(now));
         w.reason = WaitReason::Preempting { victims, until };
     }
 
@@ -417,7 +428,7 @@ pub(crate) fn choose(
             || e.gpus_per_worker == 0
             || r.preempted_for.is_some()
             || taken.contains(&at)
-            || now.saturating_sub(r.started) < policy.min_run_s
+            || now.saturating_sub(r.started) < policy.min_run_for(r.preemptions)
             || wanted(r.gpu_type.as_str())
         {
             continue;

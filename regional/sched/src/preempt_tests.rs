@@ -362,10 +362,10 @@ fn a_tenant_under_its_guarantee_reclaims_lent_capacity() {
 }
 
 #[test]
-fn a_lower_class_does_not_reclaim_while_a_higher_one_waits() {
+fn a_lower_class_reclaims_its_guarantee_even_while_a_higher_one_waits() {
     // acme (guaranteed 8) queues a low unit; globex borrows the fleet with a
-    // normal unit; initech's normal unit waits too. Reclaiming for the low
-    // unit would only hand the GPUs to initech: no reclaim.
+    // normal unit; initech's normal unit waits too. The low unit reclaims:
+    // its claim keeps what it frees from initech (next test).
     let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
     let x = s.nodes[0].id.clone();
     guarantee(&mut s, "acme", 8);
@@ -378,11 +378,117 @@ fn a_lower_class_does_not_reclaim_while_a_higher_one_waits() {
         unit("i", "initech", 1, 1, 8, 2),
     ];
     let p = plan(&s, &Policy::default());
-    assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
-    // Alone, the low unit reclaims its guarantee.
-    s.queue.truncate(1);
-    let p = plan(&s, &Policy::default());
     assert_eq!(victims(&p), vec![("g", "a-low", PreemptCause::Reclaim)]);
+}
+
+#[test]
+fn a_guarantee_protects_low_units_from_other_tenants_priority() {
+    // acme (guaranteed 8) runs a low unit within its guarantee; a normal
+    // unit of globex waits. It may not take acme's low unit...
+    let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
+    let x = s.nodes[0].id.clone();
+    guarantee(&mut s, "acme", 8);
+    occupy(
+        &mut s,
+        vec![holder("a-low", "acme", 0, &x, full(""), 0, None)],
+    );
+    s.queue = vec![unit("g", "globex", 1, 1, 8, 1)];
+    assert!(plan(&s, &Policy::default()).preemptions.is_empty());
+    // ...but acme's own normal unit may,
+    s.queue = vec![unit("a", "acme", 1, 1, 8, 1)];
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("a-low", "a", PreemptCause::Priority)]);
+    // and so may globex's once acme borrows beyond its guarantee.
+    guarantee(&mut s, "acme", 4);
+    s.queue = vec![unit("g", "globex", 1, 1, 8, 1)];
+    let p = plan(&s, &Policy::default());
+    assert_eq!(victims(&p), vec![("a-low", "g", PreemptCause::Priority)]);
+}
+
+#[test]
+fn what_a_reclaim_frees_goes_to_the_unit_that_reclaimed_it() {
+    // acme (guaranteed 8) queues a low unit; globex borrows the one node
+    // with a normal unit. The low unit reclaims the node and claims it.
+    let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
+    let x = s.nodes[0].id.clone();
+    guarantee(&mut s, "acme", 8);
+    occupy(
+        &mut s,
+        vec![holder("g", "globex", 1, &x, full(""), 0, None)],
+    );
+    s.queue = vec![unit("a-low", "acme", 0, 1, 8, 1)];
+    let policy = Policy::default();
+    let p = plan(&s, &policy);
+    assert_eq!(victims(&p), vec![("g", "a-low", PreemptCause::Reclaim)]);
+    assert_eq!(p.claims, BTreeMap::from([("a-low".to_string(), NOW + 240)]));
+
+    // Its victim checkpointed and left, and is queued again: a normal unit,
+    // a class above the low one. The node is free.
+    let mut gone = s.clone();
+    gone.now = NOW + 130;
+    gone.running.clear();
+    gone.usage.clear();
+    gone.nodes[0].free = (0..8).collect();
+    let mut back = unit("g", "globex", 1, 1, 8, 0);
+    back.submitted = 0;
+    gone.queue.push(back);
+    // Without the claim the class order hands the node back to the victim,
+    // and the low unit would reclaim again once it has run its minimum:
+    // the storm of issue 26.
+    let p = plan(&gone, &policy);
+    assert_eq!(p.placements.len(), 1);
+    assert_eq!(p.placements[0].job, "g");
+    // With it, the unit that reclaimed starts; the victim waits.
+    gone.claims = plan(&s, &policy).claims;
+    let p = plan(&gone, &policy);
+    assert_eq!(p.placements.len(), 1);
+    assert_eq!(p.placements[0].job, "a-low");
+    assert!(p.preemptions.is_empty(), "{:?}", p.preemptions);
+    // A claim past its time counts for nothing.
+    gone.now = NOW + 241;
+    let p = plan(&gone, &policy);
+    assert_eq!(p.placements[0].job, "g");
+}
+
+#[test]
+fn each_preemption_doubles_the_run_a_victim_is_owed_before_the_next() {
+    // acme (guaranteed 8) reclaims from globex's borrower, which was
+    // preempted twice before: it must have run 4 × 600 s since it last
+    // started, for any cause.
+    let policy = Policy::default();
+    assert_eq!(policy.preemption.min_run_for(0), 600);
+    assert_eq!(policy.preemption.min_run_for(2), 2_400);
+    assert_eq!(
+        policy.preemption.min_run_for(60),
+        600 << MAX_BACKOFF_DOUBLINGS
+    );
+    let reclaimed = |started: u64, preemptions: u32| {
+        let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
+        let x = s.nodes[0].id.clone();
+        guarantee(&mut s, "acme", 8);
+        let mut g = holder("g", "globex", 1, &x, full(""), started, None);
+        g.preemptions = preemptions;
+        occupy(&mut s, vec![g]);
+        s.queue = vec![unit("a", "acme", 1, 1, 8, 1)];
+        !plan(&s, &policy).preemptions.is_empty()
+    };
+    assert!(reclaimed(NOW - 600, 0));
+    assert!(!reclaimed(NOW - 2_399, 2));
+    assert!(reclaimed(NOW - 2_400, 2));
+    // Priority preemption backs off the same way, within its cap.
+    let prioritized = |started: u64, preemptions: u32| {
+        let mut s = at_now(
+            fleet("h100", 1, 1, 1, 8, false),
+            vec![unit("n", "acme", 1, 1, 8, 1)],
+        );
+        let x = s.nodes[0].id.clone();
+        let mut low = holder("low", "globex", 0, &x, full(""), started, None);
+        low.preemptions = preemptions;
+        occupy(&mut s, vec![low]);
+        !plan(&s, &policy).preemptions.is_empty()
+    };
+    assert!(!prioritized(NOW - 1_199, 1));
+    assert!(prioritized(NOW - 1_200, 1));
 }
 
 #[test]

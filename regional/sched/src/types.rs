@@ -235,6 +235,15 @@ pub struct Snapshot {
     /// that may be preempted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reserved: Vec<ReservedCapacity>,
+    /// Queued jobs that preempted running units to start, each with the
+    /// time (this clock) until which it comes before every priority class
+    /// in Gangway's order, so that what its victims free is its own
+    /// (`fair.rs`): callers record [`PreemptionPolicy::claim_until`] when
+    /// they carry out a plan's preemptions. A unit whose victims are still
+    /// leaving comes first anyway; this covers the pass that finds them
+    /// gone. Entries before `now` count for nothing.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<String, u64>,
 }
 
 /// Capacity promised to a tenant: `gpus` GPUs of `gpu_type` inside one
@@ -490,7 +499,9 @@ impl Default for Policy {
 pub struct PreemptionPolicy {
     /// Off: nothing is ever preempted by the scheduler.
     pub enabled: bool,
-    /// A run younger than this (seconds since `started`) is never a victim.
+    /// A run younger than this (seconds since `started`) is never a victim;
+    /// doubled for each time the unit was preempted before
+    /// ([`Self::min_run_for`]).
     pub min_run_s: u64,
     /// A job preempted this many times is no longer a victim of priority
     /// preemption (a tenant reclaiming its guarantee still may take it back).
@@ -503,6 +514,31 @@ pub struct PreemptionPolicy {
     /// A reserved gang may move small units of its class or lower, low
     /// priority or borrowed, out of the way ([`PreemptCause::Defrag`]).
     pub defrag: bool,
+}
+
+/// The most times [`PreemptionPolicy::min_run_s`] is doubled for a unit
+/// preempted before: 64 × 600 s is nearly 11 hours.
+pub const MAX_BACKOFF_DOUBLINGS: u32 = 6;
+
+impl PreemptionPolicy {
+    /// Until when a unit that chose victims at `now` has the first claim
+    /// on what they free ([`Snapshot::claims`]): their checkpoint deadline,
+    /// and as long again for the pass that finds them gone.
+    pub fn claim_until(&self, now: u64) -> u64 {
+        now.saturating_add(self.checkpoint_deadline_s.saturating_mul(2))
+    }
+
+    /// How long a unit preempted `times` times before must have run since it
+    /// last started before it may be preempted again, for any cause but a
+    /// capacity reservation taking back its own GPUs: `min_run_s`, doubled
+    /// per earlier preemption (up to [`MAX_BACKOFF_DOUBLINGS`] times). So a
+    /// borrower that keeps being reclaimed runs longer each time, and a run
+    /// of `d` seconds is preempted at most about log2(d / min_run_s) + 1
+    /// times, whatever the cause.
+    pub fn min_run_for(&self, times: u32) -> u64 {
+        self.min_run_s
+            .saturating_mul(1u64 << times.min(MAX_BACKOFF_DOUBLINGS))
+    }
 }
 
 impl Default for PreemptionPolicy {
@@ -537,6 +573,12 @@ pub struct Plan {
     /// waiting ones, in the order they were chosen.
     #[serde(default)]
     pub preemptions: Vec<Preemption>,
+    /// The units those preemptions are for, each with until when it has
+    /// the first claim on what its victims free
+    /// ([`PreemptionPolicy::claim_until`]): the caller carries them into
+    /// the next snapshots' [`Snapshot::claims`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<String, u64>,
 }
 
 /// Why a running unit is preempted.

@@ -1111,13 +1111,27 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
     let running: BTreeMap<&str, &Running> = s.running.iter().map(|r| (r.job.as_str(), r)).collect();
     let units: BTreeMap<&str, &Request> = s.queue.iter().map(|r| (r.job.as_str(), r)).collect();
     prop_assert!(p.preemptions.len() <= rules.max_victims_per_pass);
+    // Every unit that chose victims, and only those, claims what they free.
+    let claimants: BTreeSet<&str> = (p.preemptions.iter())
+        .filter(|v| v.cause != gangway_sched::PreemptCause::Grow)
+        .map(|v| v.for_job.as_str())
+        .collect();
+    prop_assert_eq!(
+        p.claims.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        claimants
+    );
+    prop_assert!(p.claims.values().all(|&t| t == rules.claim_until(s.now)));
     let mut seen = BTreeSet::new();
     for v in &p.preemptions {
         prop_assert!(seen.insert(v.job.as_str()), "{} chosen twice", v.job);
         let r = running[v.job.as_str()];
         if v.cause == gangway_sched::PreemptCause::Grow {
             prop_assert!(r.preempted_for.is_none());
-            prop_assert!(s.now - r.started >= rules.min_run_s, "{} too young", r.job);
+            prop_assert!(
+                s.now - r.started >= rules.min_run_for(r.preemptions),
+                "{} too young",
+                r.job
+            );
             prop_assert_eq!(&v.for_job, &v.job);
             let e = r.elastic.expect("only elastic units grow");
             prop_assert!(e.workers < e.max_workers);
@@ -1139,7 +1153,11 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
         let u = units[v.for_job.as_str()];
         prop_assert!(r.preempted_for.is_none(), "{} was already leaving", r.job);
         prop_assert_eq!(&r.gpu_type, &u.gpu_type);
-        prop_assert!(s.now - r.started >= rules.min_run_s, "{} too young", r.job);
+        prop_assert!(
+            s.now - r.started >= rules.min_run_for(r.preemptions),
+            "{} too young",
+            r.job
+        );
         prop_assert_eq!(v.at_risk_gpu_s, r.at_risk_gpu_s(s.now));
         let g = |t: &str| {
             s.shares
@@ -1181,6 +1199,11 @@ fn check_preemptions(s: &Snapshot, p: &Plan, policy: &Policy) -> Result<(), Test
                 prop_assert!(r.priority <= gangway_sched::PREEMPTIBLE_PRIORITY);
                 prop_assert!(r.priority < u.priority);
                 prop_assert!(r.preemptions < rules.max_preemptions);
+                prop_assert!(
+                    r.tenant == u.tenant || held(&r.tenant) > g(&r.tenant),
+                    "{} was within its guarantee",
+                    r.tenant
+                );
             }
             gangway_sched::PreemptCause::Grow => unreachable!("handled above"),
             gangway_sched::PreemptCause::Reservation => {
@@ -1353,6 +1376,10 @@ fn of_type(s: &Snapshot, p: &Plan, ty: &str) -> Plan {
             .iter()
             .filter(|x| is(&x.job))
             .cloned()
+            .collect(),
+        claims: (p.claims.iter())
+            .filter(|(j, _)| is(j))
+            .map(|(j, &t)| (j.clone(), t))
             .collect(),
     }
 }

@@ -814,6 +814,8 @@ impl<'a, 'p> Run<'a, 'p> {
                 }
             }
             self.snap.now = self.now;
+            let now = self.now;
+            self.snap.claims.retain(|_, until| *until >= now);
             self.snap.generation += 1;
             self.acc.passes += 1;
             self.last_pass = Some(self.now);
@@ -833,6 +835,8 @@ impl<'a, 'p> Run<'a, 'p> {
             for p in &plan.preemptions {
                 self.preempt(p);
             }
+            // The units they are for have the first claim on what they free.
+            (self.snap.claims).extend(plan.claims.iter().map(|(j, &until)| (j.clone(), until)));
             new_units.clear();
             self.queue.remove(&placed, &mut new_units);
             // The reservations' GPUs that are free now are held for them.
@@ -1196,7 +1200,8 @@ impl<'a, 'p> Run<'a, 'p> {
     fn schedule_run(&mut self, job: u32, attempt: u32, end: u64) {
         self.events.push(Reverse((end, EV_COMPLETE, job, attempt)));
         if self.preempting {
-            let eligible = self.now.saturating_add(self.policy.preemption.min_run_s);
+            let times = self.jobs[job as usize].preemptions;
+            let eligible = (self.now).saturating_add(self.policy.preemption.min_run_for(times));
             self.events
                 .push(Reverse((eligible, EV_ELIGIBLE, job, attempt)));
         }
@@ -1671,6 +1676,8 @@ impl<'a, 'p> Run<'a, 'p> {
             preemptions_priority: acc.preempt_priority,
             preemptions_reclaim: acc.preempt_reclaim,
             preemptions_defrag: acc.preempt_defrag,
+            jobs_preempted: self.jobs.iter().filter(|r| r.preemptions > 0).count() as u64,
+            max_preemptions_of_a_job: self.jobs.iter().map(|r| r.preemptions).max().unwrap_or(0),
             preemption_victims_finished: acc.victims_finished,
             preemption_checkpoint_timeouts: acc.checkpoint_timeouts,
             gpu_hours_at_risk_in_preemption: acc.at_risk_gpu_s / 3600.0,

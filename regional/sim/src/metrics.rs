@@ -143,6 +143,9 @@ pub struct Metrics {
     pub preemptions_reclaim: u64,
     /// Small low-priority units moved out of a reserved gang's way.
     pub preemptions_defrag: u64,
+    /// Jobs preempted at least once, and the most times one job was.
+    pub jobs_preempted: u64,
+    pub max_preemptions_of_a_job: u32,
     /// Victims whose run ended by itself before their checkpoint was written
     /// (they finish instead of stopping; counted in `preemptions`).
     pub preemption_victims_finished: u64,

@@ -118,6 +118,13 @@ pub fn render_table(
             thousands(m.preemptions_defrag)
         )
     });
+    row("  jobs preempted / most times one job", &|m| {
+        format!(
+            "{} / {}",
+            thousands(m.jobs_preempted),
+            m.max_preemptions_of_a_job
+        )
+    });
     row("node failures / gang restarts", &|m| {
         format!("{} / {}", m.node_failures, m.restarts)
     });

@@ -72,7 +72,15 @@ impl Store {
             .iter()
             .map(|p| parse_job(&p.job))
             .collect::<Result<_>>()?;
-        let locked: BTreeSet<Uuid> = placed.iter().chain(&victims).copied().collect();
+        // The jobs the victims make room for get the first claim on what
+        // they free (V32): locked with the rest.
+        let claims: Vec<(Uuid, i64)> = (plan.claims.iter())
+            .map(|(job, &until)| Ok((parse_job(job)?, i64::try_from(until).unwrap_or(i64::MAX))))
+            .collect::<Result<_>>()?;
+        let locked: BTreeSet<Uuid> = (placed.iter().chain(&victims))
+            .chain(claims.iter().map(|(j, _)| j))
+            .copied()
+            .collect();
         let locked: Vec<Uuid> = locked.into_iter().collect();
         lock_jobs(&tx, &locked).await?;
         bump_partitions(&tx, plan, &locked).await?;
@@ -98,6 +106,16 @@ impl Store {
                 }
                 Err(e) => return Err(e),
             }
+        }
+        if !preempted.is_empty() && !claims.is_empty() {
+            let (ids, until): (Vec<Uuid>, Vec<i64>) = claims.into_iter().unzip();
+            tx.execute(
+                "UPDATE jobs j SET claim_until = to_timestamp(c.until)
+                 FROM unnest($1::uuid[], $2::bigint[]) AS c(id, until)
+                 WHERE j.job_id = c.id",
+                &[&ids, &until],
+            )
+            .await?;
         }
         let placed_workers = if plan.placements.is_empty() {
             0

@@ -512,6 +512,22 @@ impl Store {
             racks.retain(|leaf, _| covered.contains(leaf.as_str()));
         }
 
+        // Jobs with the first claim on what their victims free (V32).
+        let claims: BTreeMap<String, u64> = (tx.query(
+            "SELECT job_id, extract(epoch FROM claim_until)::bigint AS until FROM jobs
+             WHERE claim_until > now() AND ($1::text IS NULL OR gpu_type = $1)
+               AND cluster_id IS NOT DISTINCT FROM $2",
+            &[&only, &cluster],
+        ))
+        .await?
+        .iter()
+        .map(|r| {
+            let job: Uuid = r.get("job_id");
+            (job.to_string(), r.get::<_, i64>("until").max(0) as u64)
+        })
+        .collect();
+        laps.lap("claims");
+
         // Every covered type's partition version (no row yet: 0).
         let mut partitions: BTreeMap<String, i64> = match key {
             Some(k) => [(k.to_string(), 0)].into(),
@@ -547,6 +563,7 @@ impl Store {
                 gpu_power_w,
                 power_headroom_w,
                 reserved,
+                claims,
             },
             queue_key: only_key.to_string(),
             racks,
