@@ -281,6 +281,9 @@ pub(crate) fn choose(
             continue;
         }
         let Some(ts) = types.get(ty) else { continue };
+        // Whether `tenant` holds more than its guarantee of the type now.
+        let borrowing =
+            |tenant: &str| usage.get(&(tenant, ty)).copied().unwrap_or(0) > guaranteed(tenant, ty);
         let tv = per_type
             .entry(ty.to_string())
             .or_insert_with(|| TypeVictims::new(snapshot, ty, &ts.index, until));
@@ -304,21 +307,13 @@ pub(crate) fn choose(
                 && r.priority < req.priority
                 && r.preemptions < policy.max_preemptions
                 // Another tenant's guarantee protects its low units too.
-                && (r.tenant == req.tenant
-                    || usage.get(&(r.tenant.as_str(), ty)).copied().unwrap_or(0)
-                        > guaranteed(&r.tenant, ty))
+                && (r.tenant == req.tenant || borrowing(&r.tenant))
             {
                 Some(PreemptCause::Priority)
-            } else if reclaim
-                && r.tenant != req.tenant
-                && usage.get(&(r.tenant.as_str(), ty)).copied().unwrap_or(0)
-                    > guaranteed(&r.tenant, ty)
-            {
+            } else if reclaim && r.tenant != req.tenant && borrowing(&r.tenant) {
                 Some(PreemptCause::Reclaim)
             } else if defrag
-                && (r.priority <= PREEMPTIBLE_PRIORITY
-                    || usage.get(&(r.tenant.as_str(), ty)).copied().unwrap_or(0)
-                        > guaranteed(&r.tenant, ty))
+                && (r.priority <= PREEMPTIBLE_PRIORITY || borrowing(&r.tenant))
                 && r.priority <= req.priority
                 && r.preemptions < policy.max_preemptions
                 && r.elastic.is_none()

@@ -361,18 +361,30 @@ fn a_tenant_under_its_guarantee_reclaims_lent_capacity() {
     assert!(plan(&s3, &Policy::default()).preemptions.is_empty());
 }
 
+/// One 8-GPU node, all of it held by `job` of `tenant` at `priority`,
+/// started at `started` after `preemptions` earlier preemptions.
+fn one_node_held_by(
+    job: &str,
+    tenant: &str,
+    priority: i32,
+    started: u64,
+    preemptions: u32,
+) -> Snapshot {
+    let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
+    let x = s.nodes[0].id.clone();
+    let mut r = holder(job, tenant, priority, &x, full(""), started, None);
+    r.preemptions = preemptions;
+    occupy(&mut s, vec![r]);
+    s
+}
+
 #[test]
 fn a_lower_class_reclaims_its_guarantee_even_while_a_higher_one_waits() {
     // acme (guaranteed 8) queues a low unit; globex borrows the fleet with a
     // normal unit; initech's normal unit waits too. The low unit reclaims:
     // its claim keeps what it frees from initech (next test).
-    let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
-    let x = s.nodes[0].id.clone();
+    let mut s = one_node_held_by("g", "globex", 1, 0, 0);
     guarantee(&mut s, "acme", 8);
-    occupy(
-        &mut s,
-        vec![holder("g", "globex", 1, &x, full(""), 0, None)],
-    );
     s.queue = vec![
         unit("a-low", "acme", 0, 1, 8, 1),
         unit("i", "initech", 1, 1, 8, 2),
@@ -385,13 +397,8 @@ fn a_lower_class_reclaims_its_guarantee_even_while_a_higher_one_waits() {
 fn a_guarantee_protects_low_units_from_other_tenants_priority() {
     // acme (guaranteed 8) runs a low unit within its guarantee; a normal
     // unit of globex waits. It may not take acme's low unit...
-    let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
-    let x = s.nodes[0].id.clone();
+    let mut s = one_node_held_by("a-low", "acme", 0, 0, 0);
     guarantee(&mut s, "acme", 8);
-    occupy(
-        &mut s,
-        vec![holder("a-low", "acme", 0, &x, full(""), 0, None)],
-    );
     s.queue = vec![unit("g", "globex", 1, 1, 8, 1)];
     assert!(plan(&s, &Policy::default()).preemptions.is_empty());
     // ...but acme's own normal unit may,
@@ -409,13 +416,8 @@ fn a_guarantee_protects_low_units_from_other_tenants_priority() {
 fn what_a_reclaim_frees_goes_to_the_unit_that_reclaimed_it() {
     // acme (guaranteed 8) queues a low unit; globex borrows the one node
     // with a normal unit. The low unit reclaims the node and claims it.
-    let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
-    let x = s.nodes[0].id.clone();
+    let mut s = one_node_held_by("g", "globex", 1, 0, 0);
     guarantee(&mut s, "acme", 8);
-    occupy(
-        &mut s,
-        vec![holder("g", "globex", 1, &x, full(""), 0, None)],
-    );
     s.queue = vec![unit("a-low", "acme", 0, 1, 8, 1)];
     let policy = Policy::default();
     let p = plan(&s, &policy);
@@ -463,12 +465,8 @@ fn each_preemption_doubles_the_run_a_victim_is_owed_before_the_next() {
         600 << MAX_BACKOFF_DOUBLINGS
     );
     let reclaimed = |started: u64, preemptions: u32| {
-        let mut s = at_now(fleet("h100", 1, 1, 1, 8, false), vec![]);
-        let x = s.nodes[0].id.clone();
+        let mut s = one_node_held_by("g", "globex", 1, started, preemptions);
         guarantee(&mut s, "acme", 8);
-        let mut g = holder("g", "globex", 1, &x, full(""), started, None);
-        g.preemptions = preemptions;
-        occupy(&mut s, vec![g]);
         s.queue = vec![unit("a", "acme", 1, 1, 8, 1)];
         !plan(&s, &policy).preemptions.is_empty()
     };
@@ -477,14 +475,8 @@ fn each_preemption_doubles_the_run_a_victim_is_owed_before_the_next() {
     assert!(reclaimed(NOW - 2_400, 2));
     // Priority preemption backs off the same way, within its cap.
     let prioritized = |started: u64, preemptions: u32| {
-        let mut s = at_now(
-            fleet("h100", 1, 1, 1, 8, false),
-            vec![unit("n", "acme", 1, 1, 8, 1)],
-        );
-        let x = s.nodes[0].id.clone();
-        let mut low = holder("low", "globex", 0, &x, full(""), started, None);
-        low.preemptions = preemptions;
-        occupy(&mut s, vec![low]);
+        let mut s = one_node_held_by("low", "globex", 0, started, preemptions);
+        s.queue = vec![unit("n", "acme", 1, 1, 8, 1)];
         !plan(&s, &policy).preemptions.is_empty()
     };
     assert!(!prioritized(NOW - 1_199, 1));

@@ -814,6 +814,8 @@ impl<'a, 'p> Run<'a, 'p> {
                 }
             }
             self.snap.now = self.now;
+            // (The core ignores claims past their time; this only keeps the
+            // map small.)
             let now = self.now;
             self.snap.claims.retain(|_, until| *until >= now);
             self.snap.generation += 1;
