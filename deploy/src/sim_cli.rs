@@ -115,6 +115,10 @@ pub struct SimArgs {
     /// any level (0 = never waits for locality).
     #[arg(long, default_value_t = gangway_sched::Policy::default().locality_patience_pct)]
     locality_patience_pct: u32,
+    /// Gangway's policy: place one-worker units by best fit alone, not by
+    /// when they end (`Policy::pack_by_end` off).
+    #[arg(long)]
+    no_pack_by_end: bool,
     /// Seconds a victim takes to write its checkpoint on demand (GPU time
     /// lost); longer than the deadline = it stops without one.
     #[arg(long, default_value_t = 30)]
@@ -242,6 +246,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<u8> {
         },
         size_aging_s: args.size_aging_s,
         locality_patience_pct: args.locality_patience_pct,
+        pack_by_end: !args.no_pack_by_end,
         checkpoint_write_s: args.checkpoint_write_s,
         locality,
         estimate_noise: args.estimate_noise,

@@ -1286,6 +1286,58 @@ async fn what_a_reclaim_frees_goes_to_the_job_that_reclaimed_it_not_to_a_higher_
 }
 
 #[tokio::test]
+async fn a_unit_whose_planned_victims_all_stopped_before_the_commit_claims_nothing() {
+    let (store, client, _boot, borrowed, _planning) = lent_to_globex("claimskip", 1).await;
+    let first = submit(&store, &job_at("acme", 8, 8, Priority::Normal)).await;
+    let second = submit(&store, &job_at("acme", 8, 8, Priority::Normal)).await;
+    let queued = submit(&store, &job_at("globex", 8, 8, Priority::Normal)).await;
+    // Made by hand: `first` reclaims the running job, `second` a job that
+    // is no longer running by the commit (queued, as after its own
+    // preemption); both were given claims.
+    let read = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    let reclaim = |victim: Uuid, for_job: Uuid| Preemption {
+        job: victim.to_string(),
+        for_job: for_job.to_string(),
+        cause: PreemptCause::Reclaim,
+        at_risk_gpu_s: 0,
+        gpus: 8,
+    };
+    let until = read.now + 240;
+    let planned = Plan {
+        generation: read.generation,
+        partitions: read.partitions.clone(),
+        preemptions: vec![reclaim(borrowed, first), reclaim(queued, second)],
+        claims: [(first.to_string(), until), (second.to_string(), until)].into(),
+        ..Plan::default()
+    };
+    let applied = store.apply_plan(&planned).await.unwrap();
+    assert_eq!(applied.preempted, vec![(borrowed, PreemptCause::Reclaim)]);
+    let claimed = |id: Uuid| {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT claim_until IS NOT NULL FROM jobs WHERE job_id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(claimed(first).await, "the unit whose victim stops claims");
+    assert!(
+        !claimed(second).await,
+        "no victim of its own stops: no claim"
+    );
+    let snap = store.snapshot(AGENT_TIMEOUT).await.unwrap().snapshot;
+    assert_eq!(
+        snap.claims.keys().collect::<Vec<_>>(),
+        vec![&first.to_string()]
+    );
+}
+
+#[tokio::test]
 async fn a_checkpoint_reported_by_a_running_worker_is_where_the_work_at_risk_starts() {
     let store = store("runningckpt").await;
     let boot = register_fleet(&store, 1, 1).await;

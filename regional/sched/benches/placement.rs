@@ -377,23 +377,31 @@ fn reservations(c: &mut Criterion<Clock>) {
 
 fn full_pass(c: &mut Criterion<Clock>) {
     let base = fleet("h100-40k.toml");
-    for kind in [
-        PolicyKind::Gangway,
-        PolicyKind::SlurmBackfill,
-        PolicyKind::FifoFirstFit,
+    // Gangway's discipline also with `pack_by_end` off, to see what placing
+    // one-worker units by their ends costs a pass.
+    for (kind, pack_by_end) in [
+        (PolicyKind::Gangway, true),
+        (PolicyKind::Gangway, false),
+        (PolicyKind::SlurmBackfill, false),
+        (PolicyKind::FifoFirstFit, false),
     ] {
         let policy = Policy {
             kind,
+            pack_by_end,
             ..Default::default()
         };
-        let mut group = c.benchmark_group(format!("pass/h100-40k/{}", kind_name(kind)));
+        let name = match (kind, pack_by_end) {
+            (PolicyKind::Gangway, false) => "gangway-best-fit".to_string(),
+            _ => kind_name(kind).to_string(),
+        };
+        let mut group = c.benchmark_group(format!("pass/h100-40k/{name}"));
         group.sample_size(20);
         for percent in [0, 50, 90] {
             let mut nodes = base.clone();
             let running = allocate(&mut nodes, percent, 42);
             let snap = snapshot(nodes, running, philly_queue(5_000, 7));
             describe(
-                &format!("pass/h100-40k/{}/{percent}%", kind_name(kind)),
+                &format!("pass/h100-40k/{name}/{percent}%"),
                 &plan(&snap, &policy),
             );
             group.bench_with_input(

@@ -76,6 +76,9 @@ pub(crate) struct TypeState<'a> {
     /// GPUs that go back to capacity reservations when what holds them now
     /// ends: the timeline never frees them for waiting units' reservations.
     fenced: Vec<(u32, u32)>,
+    /// Gangway's discipline: place one-worker units by when they end
+    /// ([`TypeIndex::fit_by_end`]).
+    pack_by_end: bool,
 }
 
 /// How one unit's decision came out.
@@ -92,7 +95,12 @@ struct ViewFit {
 }
 
 impl<'a> TypeState<'a> {
-    pub fn new(ty: &'a str, index: TypeIndex<'a>, patience_pct: u32) -> TypeState<'a> {
+    pub fn new(
+        ty: &'a str,
+        index: TypeIndex<'a>,
+        patience_pct: u32,
+        pack_by_end: bool,
+    ) -> TypeState<'a> {
         TypeState {
             ty,
             index,
@@ -105,6 +113,7 @@ impl<'a> TypeState<'a> {
             patience_pct,
             victims_in_flight: Default::default(),
             fenced: Vec::new(),
+            pack_by_end,
         }
     }
 
@@ -292,13 +301,22 @@ impl<'a> TypeState<'a> {
     /// time for.
     fn try_start(&mut self, known: &Known<'a>, req: &Request) -> Option<Placement> {
         let end = timeline::end_of(known.now, req.estimated_duration_s);
+        let mut pack = None;
         if end.is_some() {
             self.timeline(known);
+            if self.pack_by_end && req.ranks.len() == 1 {
+                if !self.index.tracks_ends() {
+                    let tl = self.timeline.as_ref().expect("just built");
+                    let horizon = tl.horizons(known, self.ty, self.index.slots.len());
+                    self.index.track_ends(horizon);
+                }
+                pack = Some(known.now);
+            }
         }
         let allowed = self.allowed(req, end);
-        let mut fit = self.in_view(req, 0, Some(end));
+        let mut fit = self.in_view(req, 0, Some((end, pack)));
         if fit.is_none() && allowed != 0 {
-            fit = self.in_view(req, allowed, Some(end));
+            fit = self.in_view(req, allowed, Some((end, pack)));
         }
         let placement = fit?.placement?;
         self.backfilled |= !self.holds.is_empty();
@@ -377,10 +395,17 @@ impl<'a> TypeState<'a> {
     }
 
     /// Best fit for `req` on the free GPUs plus the held GPUs of the holds in
-    /// `mask`. `start`: carry it out, recording its end (`Some(None)`: none
-    /// known) in the timeline, which must exist when the end is known;
-    /// `None`: only say which GPUs it would take.
-    fn in_view(&mut self, req: &Request, mask: u64, start: Option<Option<u64>>) -> Option<ViewFit> {
+    /// `mask`. `start = Some((end, pack))`: carry it out, recording its end
+    /// (`None`: none known) in the timeline, which must exist when the end
+    /// is known, and with `pack = Some(now)` choosing its node by
+    /// [`TypeIndex::fit_by_end`] (horizons tracked); `None`: only say which
+    /// GPUs it would take.
+    fn in_view(
+        &mut self,
+        req: &Request,
+        mask: u64,
+        start: Option<(Option<u64>, Option<u64>)>,
+    ) -> Option<ViewFit> {
         let workers = req.ranks.len() as u64;
         let gpw = req.gpus_per_worker;
         let failed = self.memo.entry((gpw, mask)).or_insert(NEVER_FAILED);
@@ -406,16 +431,26 @@ impl<'a> TypeState<'a> {
         let timeline = &mut self.timeline;
         let fit = place::best_fit(index, workers, gpw, req.required, Some(failed)).and_then(
             |(level, dom)| {
-                let picks = place::picks(index, level, dom, workers, gpw)?;
+                let packed = match start {
+                    Some((Some(end), Some(now))) => index.fit_by_end(gpw, now, end),
+                    _ => None,
+                };
+                let picks = match packed {
+                    Some(slot) => vec![(slot, 1)],
+                    None => place::picks(index, level, dom, workers, gpw)?,
+                };
                 // Which GPUs it takes matters only around holds.
                 let gpus = if mask != 0 || start.is_none() {
                     place::gpus_of(index, &picks, gpw)
                 } else {
                     Vec::new()
                 };
-                let placement = start.map(|end| {
+                let placement = start.map(|(end, _)| {
                     if let (Some(end), Some(tl)) = (end, timeline.as_mut()) {
                         tl.record_placed(end, index, &picks, gpw);
+                    }
+                    for &(slot, _) in &picks {
+                        index.extend_end(slot, end.unwrap_or(NO_END));
                     }
                     place::commit(index, req, level, &picks)
                 });

@@ -156,8 +156,33 @@ impl Domains<'_> {
     }
 }
 
-/// The search sets of the four levels, while detached.
-pub(crate) type SearchSets = [Option<BTreeSet<(u32, u32, u32)>>; 4];
+/// The search sets of the four levels and the slots' [`ByEnd`], while
+/// detached.
+pub(crate) struct SearchSets {
+    levels: [Option<BTreeSet<(u32, u32, u32)>>; 4],
+    by_end: Option<ByEnd>,
+}
+
+/// What placing by end ([`crate::Policy::pack_by_end`]) searches: per slot,
+/// when the last unit on it is expected to end (its horizon: running units
+/// and this pass's placements at their expected ends, `NO_END` when one has
+/// none, 0 when nothing is on it), and the busy slots (horizon > 0) by
+/// their free GPUs.
+pub(crate) struct ByEnd {
+    horizon: Vec<u64>,
+    /// `by_free[f]`: (horizon, slot) of the busy slots with `f` free GPUs.
+    by_free: Vec<BTreeSet<(u64, u32)>>,
+}
+
+impl ByEnd {
+    fn moved(&mut self, slot: u32, old: u32, new: u32) {
+        let h = self.horizon[slot as usize];
+        if h > 0 && old != new {
+            self.by_free[old as usize].remove(&(h, slot));
+            self.by_free[new as usize].insert((h, slot));
+        }
+    }
+}
 
 /// The topology tree of one GPU type.
 pub(crate) struct TypeIndex<'a> {
@@ -166,6 +191,8 @@ pub(crate) struct TypeIndex<'a> {
     pub slots: Vec<Slot<'a>>,
     /// Indexed by [`Level::index`].
     pub levels: [Domains<'a>; 4],
+    /// Built on first use by [`TypeIndex::track_ends`].
+    by_end: Option<ByEnd>,
 }
 
 /// Removes repeats and out-of-range indices from a free list, borrowing it
@@ -336,6 +363,7 @@ impl<'a> TypeIndex<'a> {
             stride,
             slots,
             levels,
+            by_end: None,
         })
     }
 
@@ -461,6 +489,9 @@ impl<'a> TypeIndex<'a> {
             let gpus = (workers * u64::from(gpw)) as u32;
             s.taken += gpus;
             let new = old - gpus;
+            if let Some(b) = &mut self.by_end {
+                b.moved(slot, old, new);
+            }
             let mut dom = s.parent;
             for (l, d) in self.levels.iter_mut().enumerate() {
                 let base = dom as usize * stride;
@@ -544,6 +575,9 @@ impl<'a> TypeIndex<'a> {
         if old == new {
             return;
         }
+        if let Some(b) = &mut self.by_end {
+            b.moved(slot, old, new);
+        }
         let stride = self.stride;
         let mut dom = self.slots[slot as usize].parent;
         for (l, d) in self.levels.iter_mut().enumerate() {
@@ -619,15 +653,89 @@ impl<'a> TypeIndex<'a> {
     /// maintain them; [`TypeIndex::attach_search`] puts them back. No
     /// [`TypeIndex::best_fit`] in between.
     pub fn detach_search(&mut self) -> SearchSets {
-        self.levels.each_mut().map(|d| d.by_free.take())
+        SearchSets {
+            levels: self.levels.each_mut().map(|d| d.by_free.take()),
+            by_end: self.by_end.take(),
+        }
     }
 
     /// Puts back what [`TypeIndex::detach_search`] took, once every count is
     /// as it was then.
     pub fn attach_search(&mut self, sets: SearchSets) {
-        for (d, set) in self.levels.iter_mut().zip(sets) {
+        for (d, set) in self.levels.iter_mut().zip(sets.levels) {
             d.by_free = set;
         }
+        self.by_end = sets.by_end;
+    }
+
+    /// Whether [`TypeIndex::track_ends`] has run.
+    pub fn tracks_ends(&self) -> bool {
+        self.by_end.is_some()
+    }
+
+    /// Starts keeping the slots' horizons (`horizon`, per slot) for
+    /// [`TypeIndex::fit_by_end`].
+    pub fn track_ends(&mut self, horizon: Vec<u64>) {
+        debug_assert_eq!(horizon.len(), self.slots.len());
+        let mut by_free = vec![BTreeSet::new(); self.stride];
+        for (slot, (s, &h)) in self.slots.iter().zip(&horizon).enumerate() {
+            if h > 0 {
+                by_free[s.free_count() as usize].insert((h, slot as u32));
+            }
+        }
+        self.by_end = Some(ByEnd { horizon, by_free });
+    }
+
+    /// Whether every busy slot sits in the set of its free count (and only
+    /// busy slots do).
+    fn by_end_agrees(&self, b: &ByEnd) -> bool {
+        let listed: usize = b.by_free.iter().map(BTreeSet::len).sum();
+        let busy = (self.slots.iter().zip(&b.horizon).enumerate())
+            .filter(|(_, (_, &h))| h > 0)
+            .map(|(slot, (s, &h))| b.by_free[s.free_count() as usize].contains(&(h, slot as u32)))
+            .try_fold(0usize, |n, listed| listed.then_some(n + 1));
+        busy == Some(listed)
+    }
+
+    /// Records that something on `slot` is expected to end at `end`, if the
+    /// index keeps horizons.
+    pub fn extend_end(&mut self, slot: u32, end: u64) {
+        let Some(b) = &mut self.by_end else { return };
+        let h = b.horizon[slot as usize];
+        if end > h {
+            let free = self.slots[slot as usize].free_count() as usize;
+            b.by_free[free].remove(&(h, slot));
+            b.by_free[free].insert((end, slot));
+            b.horizon[slot as usize] = end;
+        }
+    }
+
+    /// The busy slot for one worker of `gpw` GPUs of a unit expected to end
+    /// at `end` whose horizon it extends least (ends after `max(horizon,
+    /// now)` by the least), then with the fewest free GPUs, then the
+    /// earliest horizon, then the lowest slot; `None` when no busy slot has
+    /// room (or horizons are not kept). `O(stride · log n)`.
+    pub fn fit_by_end(&self, gpw: u32, now: u64, end: u64) -> Option<u32> {
+        let b = self.by_end.as_ref()?;
+        // (Checked where it is cheap: the core's tests' small fleets.)
+        debug_assert!(
+            self.slots.len() > 256 || self.by_end_agrees(b),
+            "by_end's sets follow the free counts"
+        );
+        let sets = b.by_free.get(gpw as usize..)?;
+        // Slots it does not extend at all: the fewest free GPUs first.
+        if let Some(&(_, slot)) = sets.iter().find_map(|set| set.range((end, 0)..).next()) {
+            return Some(slot);
+        }
+        // Else the latest horizon before its end (horizons before `now` all
+        // count as `now`), then the fewest free GPUs.
+        (sets.iter().enumerate())
+            .filter_map(|(f, set)| {
+                let &(h, slot) = set.range(..(end, 0)).next_back()?;
+                Some((end.saturating_sub(h.max(now)), f, slot))
+            })
+            .min()
+            .map(|(_, _, slot)| slot)
     }
 
     /// Domain `dom` of `level` above slot `slot`.

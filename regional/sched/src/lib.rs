@@ -33,7 +33,8 @@
 //!   domain) and first fit in node-id order.
 //! - `index.rs`: the per-pass indexes: per GPU type a spine → leaf → NVLink
 //!   domain → node tree whose free counts and free-count histograms update
-//!   incrementally, in both directions.
+//!   incrementally, in both directions; and, for placing by end, the busy
+//!   nodes by free count and horizon.
 //! - `apply.rs`: [`apply`], the snapshot a plan leaves behind (simulator, tests).
 //!
 //! # Placement rules
@@ -108,6 +109,17 @@
 //!   first start at any level it allows; beyond, it reserves that first
 //!   start. Slurm-like reserves at the earliest time at any level up to
 //!   `required`.
+//!
+//! - a unit of one worker with a known end is placed by its end
+//!   ([`Policy::pack_by_end`]): each node has a horizon, when the last unit
+//!   on it (running, or started this pass) is expected to end; among the
+//!   nodes with something on them and room for the worker, one whose
+//!   horizon is at or after the unit's end (the fewest free GPUs, then the
+//!   earliest such horizon), else the latest horizon (the node whose
+//!   finish it delays least); an idle node only when no busy one has room.
+//!   So units that end together share nodes and nodes come free whole for
+//!   whole-node work, instead of the last GPUs of a node about to empty
+//!   going to a long unit. Gangs, and units with no estimate, keep best fit.
 //!
 //! - after the rounds, waiting units may preempt (`preempt.rs`,
 //!   [`Plan::preemptions`], [`WaitReason::Preempting`]): `normal` and

@@ -167,7 +167,12 @@ pub(crate) fn plan_in(snapshot: &Snapshot, policy: &Policy, only: Option<&str>) 
         .map(|(t, nodes)| {
             (
                 t,
-                TypeState::new(t, TypeIndex::build(nodes), policy.locality_patience_pct),
+                TypeState::new(
+                    t,
+                    TypeIndex::build(nodes),
+                    policy.locality_patience_pct,
+                    kind == PolicyKind::Gangway && policy.pack_by_end,
+                ),
             )
         })
         .collect();

@@ -127,6 +127,78 @@ fn best_fit_picks_the_partly_used_node() {
     );
 }
 
+/// Three 8-GPU nodes: n00 has 2 GPUs free, the rest busy until t=100;
+/// n01 has 4 free, the rest busy until t=10,000; n02 is idle.
+fn two_partly_used_nodes() -> Snapshot {
+    let mut s = snap(fleet("h100", 1, 1, 3, 8, false), Vec::new());
+    busy(
+        &mut s,
+        &[
+            ("h100-s0-l0-n00", &[0, 1, 2, 3, 4, 5], 100),
+            ("h100-s0-l0-n01", &[0, 1, 2, 3], 10_000),
+        ],
+    );
+    s
+}
+
+#[test]
+fn a_unit_goes_where_it_delays_no_node_coming_free_whole() {
+    // A 2-GPU unit of 5,000 s: best fit alone would take n00's last two
+    // GPUs and keep n00 busy until 5,000 instead of 100; placed by its end
+    // it goes to n01, busy until 10,000 anyway, and n00 comes free whole
+    // for whole-node work at 100.
+    let mut s = two_partly_used_nodes();
+    s.queue = vec![with("j", 1, 2, Level::Nvlink, 0, 5_000)];
+    let p = plan(&s, &Policy::default());
+    assert_eq!(
+        placed_on(&p, "j"),
+        vec![("h100-s0-l0-n01".into(), vec![4, 5])]
+    );
+    let best_fit_alone = Policy {
+        pack_by_end: false,
+        ..Policy::default()
+    };
+    let p = plan(&s, &best_fit_alone);
+    assert_eq!(
+        placed_on(&p, "j"),
+        vec![("h100-s0-l0-n00".into(), vec![6, 7])]
+    );
+}
+
+#[test]
+fn units_placed_by_end_fill_the_node_that_ends_first_after_them_and_never_an_idle_one() {
+    let mut s = two_partly_used_nodes();
+    s.queue = vec![
+        // Ends at 50, before both horizons: the fewest free GPUs, n00.
+        with("short", 1, 2, Level::Nvlink, 0, 50),
+        // Ends at 20,000, after every horizon: the latest, n01, whose
+        // finish it delays least (by 10,000; n02's, by 19,950).
+        with("long", 1, 1, Level::Nvlink, 1, 20_000),
+        // No known end: best fit alone (n01's three left).
+        with("unknown", 1, 3, Level::Nvlink, 2, 0),
+        // No busy node has room for five: the idle one (placed before
+        // "long", being smaller work).
+        with("big", 1, 5, Level::Nvlink, 3, 50),
+    ];
+    let p = plan(&s, &Policy::default());
+    assert_eq!(
+        placed_on(&p, "short"),
+        vec![("h100-s0-l0-n00".into(), vec![6, 7])]
+    );
+    assert_eq!(
+        placed_on(&p, "long"),
+        vec![("h100-s0-l0-n01".into(), vec![4])]
+    );
+    assert_eq!(
+        placed_on(&p, "unknown"),
+        vec![("h100-s0-l0-n01".into(), vec![5, 6, 7])]
+    );
+    assert_eq!(
+        placed_on(&p, "big"),
+        vec![("h100-s0-l0-n02".into(), vec![0, 1, 2, 3, 4])]
+    );
+}
+
 #[test]
 fn best_fit_leaf_keeps_the_emptier_leaf_whole() {
     let mut nodes = fleet("h100", 1, 2, 4, 8, false);

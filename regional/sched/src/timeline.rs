@@ -182,6 +182,24 @@ impl<'a> Timeline<'a> {
         }
     }
 
+    /// Per slot of the type's `slots`, when the last running unit on it is
+    /// expected to end (`NO_END` when one has no known end; 0 when nothing
+    /// runs on it).
+    pub fn horizons(&self, known: &Known<'a>, ty: &str, slots: usize) -> Vec<u64> {
+        let mut at = vec![0; slots];
+        for r in known.running.iter().filter(|r| r.gpu_type == ty) {
+            for (node, _) in &r.gpus {
+                let slot = known
+                    .pos_of(node)
+                    .map_or(u32::MAX, |p| self.slot_at[p as usize]);
+                if let Some(h) = at.get_mut(slot as usize) {
+                    *h = (*h).max(r.expected_end);
+                }
+            }
+        }
+        at
+    }
+
     /// Records a placement about to be carried out (`picks` on `index`, each
     /// slot's lowest free GPUs) as freeing its GPUs at `end`.
     pub fn record_placed(&mut self, end: u64, index: &TypeIndex, picks: &[(u32, u64)], gpw: u32) {

@@ -464,6 +464,13 @@ pub struct Policy {
     /// still use them either way (they are free again when it starts).
     #[serde(default = "Policy::default_lend_reserved")]
     pub lend_reserved: bool,
+    /// Gangway's discipline: a unit of one worker with a known end goes to
+    /// the node whose busy horizon (when the last unit on it is expected to
+    /// end) it extends least, then the best fit — so units that end
+    /// together share nodes and nodes come free whole for whole-node work.
+    /// Off: the best fit alone (fewest free GPUs, then topology order).
+    #[serde(default = "Policy::default_pack_by_end")]
+    pub pack_by_end: bool,
 }
 
 impl Policy {
@@ -478,6 +485,10 @@ impl Policy {
     fn default_lend_reserved() -> bool {
         true
     }
+
+    fn default_pack_by_end() -> bool {
+        true
+    }
 }
 
 impl Default for Policy {
@@ -489,6 +500,7 @@ impl Default for Policy {
             size_aging_s: Policy::default_size_aging_s(),
             locality_patience_pct: Policy::default_locality_patience_pct(),
             lend_reserved: Policy::default_lend_reserved(),
+            pack_by_end: Policy::default_pack_by_end(),
         }
     }
 }

@@ -53,6 +53,9 @@ pub struct SimConfig {
     /// for its preferred level before it reserves wider
     /// (`Policy::locality_patience_pct`).
     pub locality_patience_pct: u32,
+    /// Gangway's discipline: one-worker units go where they extend a node's
+    /// busy horizon least (`Policy::pack_by_end`).
+    pub pack_by_end: bool,
     /// Seconds a victim takes to write its checkpoint on demand (GPU time
     /// lost); a write longer than the policy's deadline does not finish, and
     /// the victim is stopped at the deadline keeping only its last periodic
@@ -116,6 +119,7 @@ impl Default for SimConfig {
             preemption: PreemptionPolicy::default(),
             size_aging_s: gangway_sched::Policy::default().size_aging_s,
             locality_patience_pct: gangway_sched::Policy::default().locality_patience_pct,
+            pack_by_end: gangway_sched::Policy::default().pack_by_end,
             checkpoint_write_s: 30,
             locality: LocalityModel::default(),
             estimate_noise: 0.0,

@@ -409,6 +409,7 @@ impl<'a, 'p> Run<'a, 'p> {
             size_aging_s: sim.config.size_aging_s,
             locality_patience_pct: sim.config.locality_patience_pct,
             lend_reserved: sim.config.lend_reserved,
+            pack_by_end: sim.config.pack_by_end,
             ..Policy::default()
         };
         // Only Gangway's discipline preempts; the others never look at it.

@@ -89,6 +89,7 @@ impl Store {
         // longer running (it ended, was cancelled or is already being
         // preempted) is skipped: the next pass decides again.
         let mut preempted = Vec::new();
+        let mut for_jobs: BTreeSet<Uuid> = BTreeSet::new();
         for (p, &victim) in plan.preemptions.iter().zip(&victims) {
             if placed.contains(&victim) || preempted.iter().any(|(v, _)| *v == victim) {
                 continue;
@@ -100,14 +101,24 @@ impl Store {
                 gpus: p.gpus,
             };
             match preempt_in_tx(&tx, victim, &by).await {
-                Ok(true) => preempted.push((victim, p.cause)),
+                Ok(true) => {
+                    preempted.push((victim, p.cause));
+                    if let Ok(for_job) = p.for_job.parse() {
+                        for_jobs.insert(for_job);
+                    }
+                }
                 Ok(false) | Err(StoreError::NotFound) => {
                     tracing::debug!(job_id = %victim, "planned victim no longer running; skipped");
                 }
                 Err(e) => return Err(e),
             }
         }
-        if !preempted.is_empty() && !claims.is_empty() {
+        // Only units some of whose victims were asked to stop claim: one
+        // whose victims were all skipped is owed nothing.
+        let claims: Vec<(Uuid, i64)> = (claims.into_iter())
+            .filter(|(job, _)| for_jobs.contains(job))
+            .collect();
+        if !claims.is_empty() {
             let (ids, until): (Vec<Uuid>, Vec<i64>) = claims.into_iter().unzip();
             tx.execute(
                 "UPDATE jobs j SET claim_until = to_timestamp(c.until)
