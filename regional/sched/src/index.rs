@@ -182,6 +182,16 @@ impl ByEnd {
             self.by_free[new as usize].insert((h, slot));
         }
     }
+
+    /// Moves `slot` (with `free` free GPUs) to horizon `end` if that is later.
+    fn extend(&mut self, slot: u32, free: u32, end: u64) {
+        let h = &mut self.horizon[slot as usize];
+        if end > *h {
+            self.by_free[free as usize].remove(&(*h, slot));
+            self.by_free[free as usize].insert((end, slot));
+            *h = end;
+        }
+    }
 }
 
 /// The topology tree of one GPU type.
@@ -700,13 +710,8 @@ impl<'a> TypeIndex<'a> {
     /// Records that something on `slot` is expected to end at `end`, if the
     /// index keeps horizons.
     pub fn extend_end(&mut self, slot: u32, end: u64) {
-        let Some(b) = &mut self.by_end else { return };
-        let h = b.horizon[slot as usize];
-        if end > h {
-            let free = self.slots[slot as usize].free_count() as usize;
-            b.by_free[free].remove(&(h, slot));
-            b.by_free[free].insert((end, slot));
-            b.horizon[slot as usize] = end;
+        if let Some(b) = &mut self.by_end {
+            b.extend(slot, self.slots[slot as usize].free_count(), end);
         }
     }
 
