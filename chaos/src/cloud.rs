@@ -873,6 +873,24 @@ impl Cloud {
         (client, flags)
     }
 
+    /// A tenant's token for the global tier, and the command-line flags
+    /// that give the CLI the same (as [`Cloud::operator`] does an
+    /// operator's).
+    pub fn tenant_cli(&self, tenant: &str) -> (String, Vec<String>) {
+        let (_, token) = self.public_client(Role::Tenant, &format!("{tenant}-e2e"), Some(tenant));
+        let flags = vec![
+            "--url".into(),
+            self.tenant.base().to_string(),
+            "--token".into(),
+            token.clone(),
+            "--ca-cert".into(),
+            self.auth.ca_cert.display().to_string(),
+            "--state-dir".into(),
+            self.dir.path().join("no-dev-state").display().to_string(),
+        ];
+        (token, flags)
+    }
+
     /// Kills global replica `i` with SIGKILL.
     pub async fn kill_global(&self, i: usize) -> anyhow::Result<()> {
         self.apply(Target::Global { index: i }, true).await

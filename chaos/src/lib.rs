@@ -40,6 +40,8 @@
 //!   primary's whole member, under load; nothing may fence, move, restart
 //!   or be lost, and refusals meanwhile are 503s with Retry-After.
 //!
+//! [`browser`] drives a headless Chromium for the web console's tests.
+//!
 //! `region-kill` and `partition` also run on a lab of machines ([`lab`],
 //! [`On::Lab`]), where the faults come from the network and the hosts
 //! rather than from a proxy inside Gangway: the region's every host (its
@@ -48,6 +50,7 @@
 //! and boots again on its data; or its router leaves the WAN (`ip link set
 //! wan0 down`) and comes back. The same checks judge both.
 
+pub mod browser;
 pub mod cloud;
 pub mod control;
 pub mod db_failover;

@@ -58,6 +58,14 @@ pub enum AdminCommand {
         #[arg(long)]
         region: Option<String>,
     },
+    /// The queue by tenant and GPU type, per region: jobs and GPUs
+    /// waiting, jobs and GPUs placed, and the longest wait.
+    Queue {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(long)]
+        region: Option<String>,
+    },
     /// The audit log: every operator action, newest first.
     Audit {
         #[command(flatten)]
@@ -791,6 +799,67 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<u8> {
                         "ALLOCATED GPU-H",
                         "LOST GPU-H",
                         "GOODPUT"
+                    ],
+                    &rows
+                )
+            );
+            return Ok(0);
+        }
+        AdminCommand::Queue { conn, region } => {
+            let doc = conn
+                .admin_client()?
+                .call_json(
+                    Method::GET,
+                    &with_query("/v1/admin/queue", &region_query(region)),
+                    None,
+                )
+                .await?;
+            if conn.json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+                return Ok(0);
+            }
+            let now = chrono::Utc::now();
+            let mut rows = Vec::new();
+            for (region, v) in doc["regions"].as_object().into_iter().flatten() {
+                if let Some(e) = v["message"].as_str() {
+                    eprintln!("{region}: {e}");
+                }
+                for r in v["rows"].as_array().into_iter().flatten() {
+                    let n = |k: &str| r[k].as_u64().unwrap_or(0).to_string();
+                    let waited = (r["oldest_queued_at"].as_str())
+                        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                        .map_or("-".into(), |t| {
+                            let m = (now - t.with_timezone(&chrono::Utc)).num_minutes();
+                            if m < 120 {
+                                format!("{m} min")
+                            } else {
+                                format!("{:.1} h", m as f64 / 60.0)
+                            }
+                        });
+                    rows.push(vec![
+                        region.clone(),
+                        s(r, "tenant"),
+                        s(r, "gpu_type"),
+                        n("queued_jobs"),
+                        n("queued_gpus"),
+                        n("active_jobs"),
+                        n("active_gpus"),
+                        waited,
+                    ]);
+                }
+            }
+            print!(
+                "{}",
+                table(
+                    &[
+                        "REGION",
+                        "TENANT",
+                        "GPU TYPE",
+                        "QUEUED JOBS",
+                        "QUEUED GPUS",
+                        "PLACED JOBS",
+                        "PLACED GPUS",
+                        "LONGEST WAIT"
                     ],
                     &rows
                 )

@@ -313,6 +313,14 @@ async fn up(args: UpArgs) -> anyhow::Result<()> {
         replicas.join(", "),
         state.global.metrics
     );
+    if let Some(first) = replicas.first() {
+        println!(
+            "Console: {first}/ (sign in with $GANGWAY_TOKEN, tenant acme, or $GANGWAY_ADMIN_TOKEN \
+             from {}; the browser must trust the dev CA {} or be told to go on)",
+            env_file.display(),
+            auth.ca_cert.display()
+        );
+    }
     println!("\nReady. In another shell:\n  source {}\n  gangway job submit --wait --gpus 8 --gpu-type h100 -- sh -c 'echo rank $RANK of $WORLD_SIZE'\nFailure drills against this cloud: gangway chaos region-kill --dev --state-dir {}\nLogs: {}/logs. Ctrl-C stops everything.", env_file.display(), dir.display(), dir.display());
 
     // Run until Ctrl-C; a process that exits on its own (not broken by a

@@ -888,6 +888,15 @@ pub struct GlobalArgs {
     /// string claim equal to it, or an array holding it: `groups=sre`).
     #[arg(long, value_name = "CLAIM=VALUE")]
     pub operator_oidc_require: Option<String>,
+    /// The console's client secret at the tenants' issuer (a file holding
+    /// it), for single sign-on in a browser; without it the console signs
+    /// in as a public client (PKCE). Register
+    /// `https://<this tier>/sign-in/sso/callback` as its redirect URI.
+    #[arg(long, value_name = "PATH", requires = "oidc_issuer")]
+    pub oidc_client_secret_file: Option<PathBuf>,
+    /// The same at the operators' issuer.
+    #[arg(long, value_name = "PATH", requires = "operator_oidc_issuer")]
+    pub operator_oidc_client_secret_file: Option<PathBuf>,
     /// The CA (PEM) the issuers' HTTPS servers chain to, for a private
     /// identity provider; without it, the usual public roots.
     #[arg(long, value_name = "PATH")]
@@ -1009,6 +1018,17 @@ pub async fn run_global(args: GlobalArgs) -> anyhow::Result<()> {
     gangway_global::serve_state(listener, state, tls, shutdown_token()).await
 }
 
+/// A client secret from its file (one line, surrounding blanks ignored).
+fn secret_file(path: &Option<PathBuf>, flag: &str) -> anyhow::Result<Option<String>> {
+    path.as_deref()
+        .map(|p| {
+            let s = read_file(p, flag)?.trim().to_string();
+            anyhow::ensure!(!s.is_empty(), "{flag} {}: the file is empty", p.display());
+            Ok(s)
+        })
+        .transpose()
+}
+
 /// The OpenID Connect issuers the flags name.
 fn oidc_issuers(args: &GlobalArgs) -> anyhow::Result<Vec<gangway_global::oidc::OidcIssuer>> {
     use gangway_global::oidc::{OidcIssuer, OidcKind};
@@ -1026,6 +1046,7 @@ fn oidc_issuers(args: &GlobalArgs) -> anyhow::Result<Vec<gangway_global::oidc::O
             },
             ca_pem: ca_pem.clone(),
             refresh,
+            client_secret: secret_file(&args.oidc_client_secret_file, "--oidc-client-secret-file")?,
         });
     }
     if let (Some(issuer), Some(audience)) =
@@ -1045,6 +1066,10 @@ fn oidc_issuers(args: &GlobalArgs) -> anyhow::Result<Vec<gangway_global::oidc::O
             kind: OidcKind::Operators { require },
             ca_pem,
             refresh,
+            client_secret: secret_file(
+                &args.operator_oidc_client_secret_file,
+                "--operator-oidc-client-secret-file",
+            )?,
         });
     }
     Ok(out)

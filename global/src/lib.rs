@@ -16,6 +16,8 @@
 //! - [`routing`]: rendezvous order and the choice of a region for a job.
 //! - [`state`]: [`GlobalState`], what every handler shares.
 //! - [`api`]: the router and handlers.
+//! - [`console`]: the web console at `/`, pages built from the API's own
+//!   answers (called in process with the signed-in person's credential).
 //!
 //! Imports point down this list, from `api` to `config`: `api` uses
 //! `auth`, `state`, `regions` and `routing`; `auth` uses `state`; none of
@@ -24,6 +26,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod console;
 pub mod credentials;
 pub mod identity;
 pub mod oidc;

@@ -52,6 +52,10 @@ pub struct OidcIssuer {
     pub ca_pem: Option<String>,
     /// How often its keys are fetched again.
     pub refresh: Duration,
+    /// The console's client secret at this issuer, for single sign-on in
+    /// a browser (the authorization code flow, with PKCE either way);
+    /// `None`: a public client.
+    pub client_secret: Option<String>,
 }
 
 /// A configured issuer at work: its verifier and what fetches its keys.
@@ -62,12 +66,35 @@ pub struct Oidc {
     http: reqwest::Client,
     /// When its keys were last fetched (or tried), serialising fetches.
     fetched: Arc<tokio::sync::Mutex<Option<Instant>>>,
+    /// Where a browser signs in, and where its code is exchanged, as the
+    /// last discovery document said (`None`: it names none, or it was not
+    /// read yet).
+    endpoints: Arc<std::sync::RwLock<Option<Endpoints>>>,
+}
+
+/// An issuer's endpoints for a browser's sign-in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoints {
+    pub authorization: String,
+    pub token: String,
 }
 
 #[derive(Deserialize)]
 struct Discovery {
     issuer: String,
     jwks_uri: String,
+    #[serde(default)]
+    authorization_endpoint: Option<String>,
+    #[serde(default)]
+    token_endpoint: Option<String>,
+}
+
+/// What a token endpoint answers (the fields used).
+#[derive(Deserialize)]
+struct TokenAnswer {
+    id_token: Option<String>,
+    error: Option<String>,
+    error_description: Option<String>,
 }
 
 impl Oidc {
@@ -91,7 +118,61 @@ impl Oidc {
             verifier,
             http,
             fetched: Arc::new(tokio::sync::Mutex::new(None)),
+            endpoints: Arc::new(std::sync::RwLock::new(None)),
         })
+    }
+
+    /// The issuer's endpoints for a browser's sign-in, if its discovery
+    /// document names both (https only).
+    pub fn endpoints(&self) -> Option<Endpoints> {
+        self.endpoints.read().expect("endpoints lock").clone()
+    }
+
+    /// Exchanges an authorization `code` for the ID token it stands for
+    /// (the authorization code flow; `verifier` is the PKCE code verifier).
+    /// The token is not verified here: [`Oidc::verify`] does that.
+    pub async fn exchange(
+        &self,
+        code: &str,
+        redirect_uri: &str,
+        verifier: &str,
+    ) -> Result<String, String> {
+        let endpoints = self
+            .endpoints()
+            .ok_or("the identity provider names no token endpoint")?;
+        let mut form = vec![
+            ("grant_type", "authorization_code"),
+            ("code", code),
+            ("redirect_uri", redirect_uri),
+            ("client_id", self.config.audience.as_str()),
+            ("code_verifier", verifier),
+        ];
+        if let Some(secret) = &self.config.client_secret {
+            form.push(("client_secret", secret));
+        }
+        let resp = (self.http.post(&endpoints.token).form(&form).send().await)
+            .map_err(|e| format!("{}: {e}", endpoints.token))?;
+        let status = resp.status();
+        let answer: TokenAnswer = resp
+            .json()
+            .await
+            .map_err(|e| format!("{}: {e}", endpoints.token))?;
+        match answer {
+            TokenAnswer {
+                id_token: Some(t), ..
+            } if status.is_success() => Ok(t),
+            TokenAnswer {
+                error,
+                error_description,
+                ..
+            } => Err(format!(
+                "the identity provider refused the sign-in ({status}): {}{}",
+                error.unwrap_or_else(|| "no ID token".into()),
+                error_description
+                    .map(|d| format!(": {d}"))
+                    .unwrap_or_default()
+            )),
+        }
     }
 
     /// Whether `token` says it comes from this issuer (unverified: which
@@ -138,6 +219,16 @@ impl Oidc {
                 discovery.issuer, self.config.issuer
             ));
         }
+        let endpoints = match (discovery.authorization_endpoint, discovery.token_endpoint) {
+            (Some(a), Some(t)) if a.starts_with("https://") && t.starts_with("https://") => {
+                Some(Endpoints {
+                    authorization: a,
+                    token: t,
+                })
+            }
+            _ => None,
+        };
+        *self.endpoints.write().expect("endpoints lock") = endpoints;
         let body = (self.http.get(&discovery.jwks_uri).send().await)
             .and_then(|r| r.error_for_status())
             .map_err(|e| format!("{}: {e}", discovery.jwks_uri))?

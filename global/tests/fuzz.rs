@@ -176,6 +176,85 @@ proptest! {
     }
 }
 
+/// A value a person (or an attacker) might put into a console URL.
+fn hostile() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ".{0,40}",
+        Just("<script>alert(1)</script>".to_string()),
+        Just("\"><img src=x onerror=alert(1)>".to_string()),
+        Just("queued".to_string()),
+        Just("r1".to_string()),
+        "[a-z]{300,400}",
+    ]
+}
+
+fn console_path() -> impl Strategy<Value = String> {
+    let enc = |s: &str| {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect::<String>()
+    };
+    (0..14usize, segment(), hostile(), hostile()).prop_map(move |(t, a, q, r)| {
+        let (q, r) = (enc(&q), enc(&r));
+        match t {
+            0 => "/".to_string(),
+            1 => format!("/jobs?name={q}&state={r}"),
+            2 => format!("/jobs?region={q}&cursor={r}"),
+            3 => format!("/jobs/{a}"),
+            4 => format!("/jobs/{a}?after={q}"),
+            5 => "/usage".to_string(),
+            6 => "/fleet".to_string(),
+            7 => format!("/fleet/{a}?leaf={q}"),
+            8 => format!("/fleet/r1?leaf={q}"),
+            9 => "/queue".to_string(),
+            10 => format!("/audit?action={q}"),
+            11 => format!("/sign-in?expired={q}"),
+            12 => format!("/sign-in/sso/{a}"),
+            _ => format!("/sign-in/sso/callback?code={q}&state={r}"),
+        }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The console with any session (none, a tenant's, an operator's, a
+    /// made-up one) and any path and query: never a 5xx, and nothing of
+    /// the URL comes back as markup.
+    #[test]
+    fn the_console_never_answers_5xx_nor_reflects_markup(
+        path in console_path(),
+        session in prop::sample::select(vec![0usize, 1, 2, 3]),
+    ) {
+        let env = env();
+        env.rt.block_on(async {
+            let mut req = Request::builder().method(Method::GET).uri(path.as_str());
+            match session {
+                1 => req = req.header("cookie", format!("gangway_console=t~{}", env.tenant)),
+                2 => req = req.header("cookie", format!("gangway_console=o~{}", env.admin)),
+                3 => req = req.header("cookie", "gangway_console=t~not.a.token; gangway_sso=t~a~b~c"),
+                _ => {}
+            }
+            let Ok(req) = req.body(Body::empty()) else { return };
+            let resp = gangway_global::app(env.state.clone()).oneshot(req).await.unwrap();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            let body = String::from_utf8_lossy(&bytes);
+            assert!(!status.is_server_error(), "GET {path} (session {session}) → {status}: {body}");
+            assert!(
+                !body.contains("<script>alert") && !body.contains("<img src=x"),
+                "GET {path} reflected markup: {body}"
+            );
+        });
+    }
+}
+
 struct Env {
     rt: tokio::runtime::Runtime,
     state: gangway_global::GlobalState,

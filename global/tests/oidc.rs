@@ -3,6 +3,10 @@
 //! `aud` as an array, a claim naming the tenant, a separate issuer for
 //! operators, keys rotated with no restart — and every forgery refused.
 //! Nothing bypasses verification: the global tier fetches the keys itself.
+//! And the console's single sign-on through the provider's authorization
+//! code flow (PKCE), played by a browser's redirects and cookies, with the
+//! attacks on it: a callback the browser did not start, another state, a
+//! token for another nonce, a code used twice, a user the API refuses.
 
 mod support;
 
@@ -24,13 +28,29 @@ const RSA_PEM: &[u8] = include_bytes!("fixtures/oidc-rsa.pem");
 const RSA_JWK: &str = include_str!("fixtures/oidc-rsa.jwk.json");
 
 /// An identity provider with a realm per issuer: each realm's discovery
-/// document and key set, the key sets changeable while it runs.
+/// document and key set, the key sets changeable while it runs; and a
+/// browser sign-in (authorization code flow with PKCE) that signs in the
+/// user of `user` at once, with the realm's signing key.
 struct Idp {
     base: String,
     ca_pem: String,
     keys: Arc<Mutex<BTreeMap<String, Vec<Value>>>>,
     fetches: Arc<AtomicUsize>,
+    /// The claims of whoever signs in next (beside iss, aud, nonce, times).
+    user: Arc<Mutex<Value>>,
+    /// A nonce to put in ID tokens instead of the one asked (an attack).
+    wrong_nonce: Arc<Mutex<Option<String>>>,
     _dir: tempfile::TempDir,
+}
+
+/// A code the provider handed out and not yet exchanged.
+#[derive(Clone, Debug)]
+struct Grant {
+    realm: String,
+    client_id: String,
+    redirect_uri: String,
+    nonce: String,
+    challenge: String,
 }
 
 #[derive(Clone)]
@@ -38,13 +58,93 @@ struct IdpState {
     base: String,
     keys: Arc<Mutex<BTreeMap<String, Vec<Value>>>>,
     fetches: Arc<AtomicUsize>,
+    user: Arc<Mutex<Value>>,
+    wrong_nonce: Arc<Mutex<Option<String>>>,
+    grants: Arc<Mutex<BTreeMap<String, Grant>>>,
 }
 
 async fn discovery(State(s): State<IdpState>, Path(realm): Path<String>) -> Json<Value> {
     let issuer = format!("{}/{realm}", s.base);
     Json(
         json!({"issuer": issuer, "jwks_uri": format!("{issuer}/jwks"),
+                "authorization_endpoint": format!("{issuer}/authorize"),
+                "token_endpoint": format!("{issuer}/token"),
                 "id_token_signing_alg_values_supported": ["RS256", "ES256"]}),
+    )
+}
+
+/// Signs the user in at once: a code for the client, sent back to its
+/// redirect URI with the state.
+async fn authorize(
+    State(s): State<IdpState>,
+    Path(realm): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let get = |k: &str| q.get(k).cloned().unwrap_or_default();
+    if get("response_type") != "code" || get("code_challenge_method") != "S256" {
+        return (
+            axum::http::StatusCode::BAD_REQUEST,
+            "code flow with S256 only",
+        )
+            .into_response();
+    }
+    let code = uuid::Uuid::new_v4().simple().to_string();
+    s.grants.lock().unwrap().insert(
+        code.clone(),
+        Grant {
+            realm,
+            client_id: get("client_id"),
+            redirect_uri: get("redirect_uri"),
+            nonce: get("nonce"),
+            challenge: get("code_challenge"),
+        },
+    );
+    let to = format!("{}?code={code}&state={}", get("redirect_uri"), get("state"));
+    axum::response::Redirect::to(&to).into_response()
+}
+
+/// Exchanges a code once, for the client and redirect URI it was given
+/// to, with the PKCE verifier of its challenge.
+async fn token_endpoint(
+    State(s): State<IdpState>,
+    Path(realm): Path<String>,
+    axum::Form(f): axum::Form<BTreeMap<String, String>>,
+) -> (axum::http::StatusCode, Json<Value>) {
+    use base64::Engine;
+    use sha2::Digest;
+    let bad = |why: &str| {
+        (
+            axum::http::StatusCode::BAD_REQUEST,
+            Json(json!({"error": "invalid_grant", "error_description": why})),
+        )
+    };
+    let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+    let Some(grant) = s.grants.lock().unwrap().remove(&get("code")) else {
+        return bad("unknown or used code");
+    };
+    let challenge = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(sha2::Sha256::digest(get("code_verifier").as_bytes()));
+    // The tenants' realm has the console registered as a confidential
+    // client (the secret the test configures); the operators' as public.
+    let secret_ok = realm != "tenants" || get("client_secret") == "s3cret";
+    if grant.realm != realm
+        || !secret_ok
+        || grant.client_id != get("client_id")
+        || grant.redirect_uri != get("redirect_uri")
+        || grant.challenge != challenge
+    {
+        return bad("the code was not issued for this");
+    }
+    let mut claims = s.user.lock().unwrap().clone();
+    claims["iss"] = json!(format!("{}/{realm}", s.base));
+    claims["aud"] = json!(grant.client_id);
+    claims["nonce"] = json!(s.wrong_nonce.lock().unwrap().clone().unwrap_or(grant.nonce));
+    claims["iat"] = json!(now());
+    claims["exp"] = json!(now() + 600);
+    (
+        axum::http::StatusCode::OK,
+        Json(json!({"id_token": rs256("rsa-1", &claims), "token_type": "Bearer"})),
     )
 }
 
@@ -73,10 +173,15 @@ impl Idp {
             base: base.clone(),
             keys: Arc::new(Mutex::new(realms)),
             fetches: Arc::new(AtomicUsize::new(0)),
+            user: Arc::new(Mutex::new(json!({}))),
+            wrong_nonce: Arc::new(Mutex::new(None)),
+            grants: Arc::new(Mutex::new(BTreeMap::new())),
         };
         let app = Router::new()
             .route("/{realm}/.well-known/openid-configuration", get(discovery))
             .route("/{realm}/jwks", get(jwks))
+            .route("/{realm}/authorize", get(authorize))
+            .route("/{realm}/token", axum::routing::post(token_endpoint))
             .with_state(state.clone());
         let tls = axum_server::tls_rustls::RustlsConfig::from_config(pki.server_config().unwrap());
         listener.set_nonblocking(true).unwrap();
@@ -87,6 +192,8 @@ impl Idp {
             ca_pem: pki.ca_pem().unwrap(),
             keys: state.keys,
             fetches: state.fetches,
+            user: state.user,
+            wrong_nonce: state.wrong_nonce,
             _dir: dir,
         }
     }
@@ -157,6 +264,7 @@ async fn tokens_of_the_configured_issuers_work_and_forgeries_do_not() {
                 },
                 ca_pem: Some(ca.clone()),
                 refresh: Duration::from_secs(300),
+                client_secret: None,
             },
             OidcIssuer {
                 issuer: operators.clone(),
@@ -166,6 +274,7 @@ async fn tokens_of_the_configured_issuers_work_and_forgeries_do_not() {
                 },
                 ca_pem: Some(ca.clone()),
                 refresh: Duration::from_secs(300),
+                client_secret: None,
             },
         ];
     })
@@ -333,6 +442,245 @@ async fn tokens_of_the_configured_issuers_work_and_forgeries_do_not() {
     assert_eq!(code_of(r).await, (401, "unknown_key".into()));
 }
 
+/// A browser's cookie jar, by name, as the test plays one.
+fn set_cookies(resp: &reqwest::Response, jar: &mut BTreeMap<String, String>) {
+    for c in resp.headers().get_all(reqwest::header::SET_COOKIE) {
+        let pair = c.to_str().unwrap().split(';').next().unwrap();
+        let (name, value) = pair.split_once('=').unwrap();
+        if value.is_empty() {
+            jar.remove(name);
+        } else {
+            jar.insert(name.to_string(), value.to_string());
+        }
+    }
+}
+
+fn cookie_header(jar: &BTreeMap<String, String>) -> String {
+    jar.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_signs_in_through_the_providers_code_flow_and_refuses_what_it_did_not_start() {
+    let rsa: Value = serde_json::from_str(RSA_JWK).unwrap();
+    let idp = Idp::start(BTreeMap::from([
+        ("tenants".to_string(), vec![rsa.clone()]),
+        ("operators".to_string(), vec![rsa.clone()]),
+    ]))
+    .await;
+    let (tenants, operators) = (idp.issuer("tenants"), idp.issuer("operators"));
+    let ca = idp.ca_pem.clone();
+    let cloud = Cloud::start_with(|c| {
+        c.oidc = vec![
+            OidcIssuer {
+                issuer: tenants.clone(),
+                audience: "gangway-console".into(),
+                kind: OidcKind::Tenants {
+                    tenant_claim: "org".into(),
+                },
+                ca_pem: Some(ca.clone()),
+                refresh: Duration::from_secs(300),
+                client_secret: Some("s3cret".into()),
+            },
+            OidcIssuer {
+                issuer: operators.clone(),
+                audience: "gangway-ops".into(),
+                kind: OidcKind::Operators {
+                    require: Some(("groups".into(), "sre".into())),
+                },
+                ca_pem: Some(ca.clone()),
+                refresh: Duration::from_secs(300),
+                client_secret: None,
+            },
+        ];
+    })
+    .await;
+    let g = cloud.globals[0].trim_end_matches('/').to_string();
+    // The browser: both CAs trusted, redirects shown, cookies by hand.
+    let browser = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&cloud.ca).unwrap())
+        .add_root_certificate(reqwest::Certificate::from_pem(idp.ca_pem.as_bytes()).unwrap())
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let acme_job = cloud
+        .client(0, "acme")
+        .submit(&serde_json::from_value(spec(1)).unwrap(), None)
+        .await
+        .unwrap();
+    *idp.user.lock().unwrap() = json!({"sub": "alice", "org": "acme"});
+
+    // Start: the sign-in page offers it; it sends the browser to the
+    // provider with a flow cookie of its own.
+    let page = browser.get(format!("{g}/sign-in")).send().await.unwrap();
+    let body = page.text().await.unwrap();
+    assert!(body.contains("id=\"sso-tenants\"") && body.contains("id=\"sso-operators\""));
+    let start = |kind: &'static str| {
+        let (browser, g) = (&browser, &g);
+        async move {
+            let mut jar = BTreeMap::new();
+            let r = browser
+                .get(format!("{g}/sign-in/sso/{kind}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 303, "{kind}");
+            set_cookies(&r, &mut jar);
+            let to = r.headers()["location"].to_str().unwrap().to_string();
+            // The provider signs the user in and sends the browser back.
+            let back = browser.get(&to).send().await.unwrap();
+            assert_eq!(back.status(), 303, "{}", back.text().await.unwrap());
+            let callback = back.headers()["location"].to_str().unwrap().to_string();
+            (jar, to, callback)
+        }
+    };
+    let (mut jar, to, callback) = start("tenants").await;
+    assert!(to.starts_with(&format!("{tenants}/authorize?")), "{to}");
+    for part in [
+        "client_id=gangway-console",
+        "code_challenge_method=S256",
+        "scope=openid",
+        "redirect_uri=https%3A%2F%2F127.0.0.1",
+    ] {
+        assert!(to.contains(part), "{to} lacks {part}");
+    }
+    assert!(jar.contains_key("gangway_sso"));
+    assert!(
+        callback.starts_with(&format!("{g}/sign-in/sso/callback?code=")),
+        "{callback}"
+    );
+
+    // The attacker's login CSRF: the callback without the browser's flow
+    // cookie (a link sent to someone else) signs nobody in.
+    let r = browser.get(&callback).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(!r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .contains("gangway_console"));
+    // Another state than the one this browser started: refused.
+    let forged_state = {
+        let (code, _) = callback.split_once("&state=").unwrap();
+        format!("{code}&state=not-mine")
+    };
+    let r = browser
+        .get(&forged_state)
+        .header("cookie", cookie_header(&jar))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // The real one: a session, and a page that continues (not a redirect:
+    // the session cookie is SameSite=Strict).
+    let r = browser
+        .get(&callback)
+        .header("cookie", cookie_header(&jar))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    set_cookies(&r, &mut jar);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("http-equiv=\"refresh\"") && body.contains("url=/jobs"),
+        "{body}"
+    );
+    assert!(jar
+        .get("gangway_console")
+        .is_some_and(|c| c.starts_with("t~")));
+    assert!(
+        !jar.contains_key("gangway_sso"),
+        "the flow cookie is cleared"
+    );
+    let jobs = browser
+        .get(format!("{g}/jobs"))
+        .header(
+            "cookie",
+            format!("gangway_console={}", jar["gangway_console"]),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(jobs.status(), 200);
+    assert!(jobs
+        .text()
+        .await
+        .unwrap()
+        .contains(&acme_job.id.to_string()));
+    // The same code again: the provider refuses it, nothing is set.
+    let mut again = BTreeMap::new();
+    let r = browser
+        .get(format!("{g}/sign-in/sso/tenants"))
+        .send()
+        .await
+        .unwrap();
+    set_cookies(&r, &mut again);
+    let replay = format!(
+        "{}&state={}",
+        callback.split_once("&state=").unwrap().0,
+        again["gangway_sso"].split('~').nth(1).unwrap()
+    );
+    let r = browser
+        .get(&replay)
+        .header("cookie", cookie_header(&again))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(!r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .contains("gangway_console="));
+
+    // A token for another sign-in's nonce: refused.
+    *idp.wrong_nonce.lock().unwrap() = Some("someone-elses".into());
+    let (jar, _, callback) = start("tenants").await;
+    let r = browser
+        .get(&callback)
+        .header("cookie", cookie_header(&jar))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.unwrap().contains("nonce"));
+    *idp.wrong_nonce.lock().unwrap() = None;
+
+    // Operators: only members of the required group.
+    *idp.user.lock().unwrap() = json!({"sub": "bob", "groups": ["dev"]});
+    let (jar, to, callback) = start("operators").await;
+    assert!(to.contains("client_id=gangway-ops"), "{to}");
+    let r = browser
+        .get(&callback)
+        .header("cookie", cookie_header(&jar))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "not in the operators' group");
+    *idp.user.lock().unwrap() = json!({"sub": "carol", "groups": ["sre"]});
+    let (mut jar, _, callback) = start("operators").await;
+    let r = browser
+        .get(&callback)
+        .header("cookie", cookie_header(&jar))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    set_cookies(&r, &mut jar);
+    let fleet = browser
+        .get(format!("{g}/fleet"))
+        .header(
+            "cookie",
+            format!("gangway_console={}", jar["gangway_console"]),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fleet.status(), 200);
+    assert!(fleet.text().await.unwrap().contains("data-region=\"r1\""));
+}
+
 #[test]
 fn one_issuer_for_tenants_and_operators_is_refused() {
     let issuer = |kind| OidcIssuer {
@@ -341,6 +689,7 @@ fn one_issuer_for_tenants_and_operators_is_refused() {
         kind,
         ca_pem: None,
         refresh: Duration::from_secs(300),
+        client_secret: None,
     };
     let err = gangway_global::oidc::check_issuers(&[
         issuer(OidcKind::Tenants {

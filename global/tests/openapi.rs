@@ -63,6 +63,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("patch", "/v1/admin/clusters/{id}"),
     ("delete", "/v1/admin/clusters/{id}"),
     ("get", "/v1/admin/quotas"),
+    ("get", "/v1/admin/queue"),
+    ("get", "/v1/admin/regions"),
     ("put", "/v1/admin/quotas/{tenant}/{gpu_type}"),
     ("delete", "/v1/admin/quotas/{tenant}/{gpu_type}"),
     ("get", "/v1/admin/limits"),

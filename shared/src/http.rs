@@ -314,7 +314,7 @@ async fn json_errors(resp: Response) -> Response {
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/html"));
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return resp;
     }

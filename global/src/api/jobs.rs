@@ -506,6 +506,8 @@ pub struct ListParams {
     limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     cursor: Option<String>,
+    /// Only jobs in this region (the one that has them now).
+    region: Option<String>,
 }
 
 const DEFAULT_PAGE: u32 = 50;
@@ -513,7 +515,7 @@ const MAX_PAGE: u32 = 500;
 
 /// List jobs
 ///
-/// Lists the tenant's jobs across every region, newest first, with a cursor
+/// Lists the tenant's jobs across every region (or the one named), newest first, with a cursor
 /// that works across regions (creation time, then id). Regions that do not
 /// answer are named in `unavailable_regions` rather than failing the call.
 #[utoipa::path(
@@ -530,6 +532,9 @@ const MAX_PAGE: u32 = 500;
             &[codes::INVALID_QUERY]), body = ErrorBody),
         (status = 401, response = responses::Unauthenticated),
         (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
         (status = 429, response = responses::RateLimited),
     )
 )]
@@ -556,28 +561,45 @@ pub async fn list(
             ));
         }
     }
-    let tenant = caller.tenant;
-    let query = raw.unwrap_or_default();
-    let state = &state;
-    let asks = state.regions.list.iter().map(|r| {
-        let (tenant, query) = (&tenant, &query);
-        async move {
-            let a = state
-                .regions
-                .call(
-                    r,
-                    Method::GET,
-                    "/v1/jobs",
-                    Call {
-                        tenant: Some(tenant),
-                        query: Some(query),
-                        ..Default::default()
-                    },
-                )
-                .await;
-            (r, a)
+    if let Some(name) = &params.region {
+        if state.regions.get(name).is_none() {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::WRONG_REGION,
+                format!("no region named {name:?}; `gangway regions` lists them"),
+            ));
         }
-    });
+    }
+    let tenant = caller.tenant;
+    // The regions take the rest of the query as it is; which region is
+    // this tier's choice.
+    let query = (raw.unwrap_or_default().split('&'))
+        .filter(|p| !p.starts_with("region="))
+        .collect::<Vec<_>>()
+        .join("&");
+    let state = &state;
+    let only = params.region.as_deref();
+    let asks = (state.regions.list.iter())
+        .filter(|r| only.is_none_or(|n| n == r.name))
+        .map(|r| {
+            let (tenant, query) = (&tenant, &query);
+            async move {
+                let a = state
+                    .regions
+                    .call(
+                        r,
+                        Method::GET,
+                        "/v1/jobs",
+                        Call {
+                            tenant: Some(tenant),
+                            query: Some(query),
+                            ..Default::default()
+                        },
+                    )
+                    .await;
+                (r, a)
+            }
+        });
     let mut jobs: Vec<Job> = Vec::new();
     let mut more = false;
     let mut unavailable_regions = BTreeSet::new();
@@ -650,9 +672,14 @@ pub async fn regions(
     State(state): State<GlobalState>,
     _caller: TenantCaller,
 ) -> axum::Json<RegionList> {
-    axum::Json(RegionList {
-        regions: state.regions.infos(),
-    })
+    // Leases and replication lag are the operators' (`/v1/admin/regions`).
+    let mut regions = state.regions.infos();
+    for status in regions.iter_mut().filter_map(|r| r.status.as_mut()) {
+        status.peers.clear();
+        status.lease_s = None;
+        status.replication_lag_s = None;
+    }
+    axum::Json(RegionList { regions })
 }
 
 /// What a create would do now, without creating anything: the region it

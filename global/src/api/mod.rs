@@ -120,6 +120,8 @@ pub fn app(state: GlobalState) -> Router {
         .route("/v1/usage", get(usage::usage))
         .route("/v1/costs", get(costs::costs))
         .route("/v1/admin/quotas", get(admin::list_quotas))
+        .route("/v1/admin/queue", get(admin::queue))
+        .route("/v1/admin/regions", get(admin::regions))
         .route("/v1/admin/limits", get(admin::list_limits))
         .route(
             "/v1/admin/limits/{tenant}",
@@ -171,8 +173,11 @@ pub fn app(state: GlobalState) -> Router {
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .route("/healthz", get(healthz))
         .route("/v1/openapi.json", get(openapi::serve))
-        .with_state(state);
-    gangway_shared::http::finish_router(router)
+        .with_state(state.clone());
+    // The console's pages call the API above in process, as the signed-in
+    // person (crate::console).
+    let console = crate::console::router(router.clone(), &state);
+    gangway_shared::http::finish_router(router.merge(console))
 }
 
 /// Liveness: the process answers. Needs no token and is never rate-limited.

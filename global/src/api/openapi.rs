@@ -19,9 +19,10 @@ use gangway_shared::api::{
 };
 use gangway_shared::api::{
     Explanation, GpuTypeCapacity, Job, JobEvent, JobEvents, JobList, JobMode, JobSpec, JobState,
-    LimitsUpdate, Priority, Quota, QuotaList, QuotaUpdate, RegionInfo, RegionList, RegionStatus,
-    Reservation, ReservationList, ReservationResize, ReservationSpec, ReservationState,
-    TenantLimits, TenantLimitsList, TopologyLevel, TopologySpec, Worker, WorkerState,
+    LimitsUpdate, PeerLease, Priority, QueueRow, QueueSummary, Quota, QuotaList, QuotaUpdate,
+    RegionInfo, RegionList, RegionStatus, Reservation, ReservationList, ReservationResize,
+    ReservationSpec, ReservationState, TenantLimits, TenantLimitsList, TopologyLevel, TopologySpec,
+    Worker, WorkerState,
 };
 use gangway_shared::error::{codes, ErrorBody};
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
@@ -95,6 +96,8 @@ pub const BEARER: &str = "bearer";
         super::usage::usage,
         super::costs::costs,
         admin::list_quotas,
+        admin::queue,
+        admin::regions,
         admin::put_quota,
         admin::delete_quota,
         admin::list_limits,
@@ -151,6 +154,9 @@ pub const BEARER: &str = "bearer";
             RegionInfo,
             RegionList,
             RegionStatus,
+            PeerLease,
+            QueueSummary,
+            QueueRow,
             GpuTypeCapacity,
             Quota,
             QuotaUpdate,

@@ -25,6 +25,15 @@ pub async fn list_quotas(State(state): State<AppState>) -> Result<axum::Json<Quo
     }))
 }
 
+/// The region's unfinished work by tenant and GPU type (operators).
+pub async fn queue(
+    State(state): State<AppState>,
+) -> Result<axum::Json<gangway_shared::api::QueueSummary>, ApiError> {
+    Ok(axum::Json(gangway_shared::api::QueueSummary {
+        rows: state.store.queue_summary().await?,
+    }))
+}
+
 fn check_names(tenant: &str, gpu_type: &str) -> Result<(), ApiError> {
     let type_ok = !gpu_type.is_empty()
         && gpu_type.len() <= 64

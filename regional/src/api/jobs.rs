@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use gangway_shared::api::{Cursor, JobEvents, JobList, JobSpec, JobState, RegionStatus};
+use gangway_shared::api::{Cursor, JobEvents, JobList, JobSpec, JobState, PeerLease, RegionStatus};
 use gangway_shared::client::{CLAIM_ELSEWHERE, CLAIM_HEADER, CLAIM_HELD, CLAIM_HERE};
 use gangway_shared::error::codes;
 use gangway_shared::http::{idempotency_key, job_spec};
@@ -373,6 +373,7 @@ pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionSt
         }
         None => cache.refresh(&state).await?,
     };
+    let (leases, replication_lag_s) = state.peers.lease_view();
     Ok(axum::Json(RegionStatus {
         region: state.store.region().to_string(),
         leader: state.is_leader(),
@@ -382,6 +383,16 @@ pub async fn region(State(state): State<AppState>) -> Result<axum::Json<RegionSt
         capacity,
         fenced: state.peers.is_fenced(),
         evacuating: state.is_evacuating(),
+        peers: leases
+            .into_iter()
+            .map(|(region, age)| PeerLease {
+                region,
+                round_trip_age_s: age,
+            })
+            .collect(),
+        lease_s: (!state.peers.config.peers.is_empty())
+            .then(|| state.peers.config.lease.as_secs_f64()),
+        replication_lag_s,
     }))
 }
 

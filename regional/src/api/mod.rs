@@ -133,6 +133,7 @@ pub fn app(state: AppState) -> Router {
         .route("/internal/v1/regions/status", post(jobs::region))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/admin/quotas", get(admin::list_quotas))
+        .route("/v1/admin/queue", get(admin::queue))
         .route("/v1/admin/jobs/{id}/preempt", post(admin::preempt_job))
         .route(
             "/v1/admin/quotas/{tenant}/{gpu_type}",

@@ -68,6 +68,7 @@ pub async fn run_loop(state: AppState, shutdown: CancellationToken) {
                     crate::replication::outbox::flush_all(s.link()).await;
                 }
                 if let Ok(lag) = s.store.replication_lag().await {
+                    s.peers.saw_replication_lag(lag);
                     metrics::gauge!("gangway_replication_lag_seconds").set(lag);
                 }
                 if let Ok(lag) = s.store.usage_replication_lag().await {
@@ -172,6 +173,7 @@ async fn beat(state: &AppState) {
             return;
         }
     };
+    peers.saw_round_trips(&leases.round_trip_s);
     let left = majority_left(
         &leases.round_trip_s,
         peers.config.lease,

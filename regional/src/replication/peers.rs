@@ -68,6 +68,19 @@ pub struct Peers {
     majority_until: Mutex<Option<Instant>>,
     /// Replicas in this process made no round trip before this.
     pub started: Instant,
+    /// What the last beat found of each peer, and the replication lag the
+    /// last replication round measured, for the region's status.
+    seen: Mutex<Seen>,
+}
+
+/// The peers as the region's status reports them.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    /// Each peer: seconds since the last round trip to it (`None`: none
+    /// yet), and when the beat read that.
+    leases: Vec<(String, Option<f64>)>,
+    read_at: Option<Instant>,
+    replication_lag_s: Option<f64>,
 }
 
 const TOKEN_TTL: Duration = Duration::from_secs(600);
@@ -97,6 +110,7 @@ impl Peers {
             fenced: AtomicBool::new(fenced),
             majority_until: Mutex::new(None),
             started: Instant::now(),
+            seen: Mutex::new(Seen::default()),
         }
     }
 
@@ -111,6 +125,34 @@ impl Peers {
     pub(crate) fn set_majority_left(&self, left: Option<Duration>) {
         *self.majority_until.lock().expect("majority lock") =
             left.map(|l| Instant::now().checked_add(l).unwrap_or_else(far_future));
+    }
+
+    /// Records the round trips the last beat read (in the peers' order).
+    pub(crate) fn saw_round_trips(&self, round_trip_s: &[Option<f64>]) {
+        let mut seen = self.seen.lock().expect("seen lock");
+        seen.leases = (self.config.peers.iter())
+            .zip(round_trip_s)
+            .map(|(p, s)| (p.name.clone(), *s))
+            .collect();
+        seen.read_at = Some(Instant::now());
+    }
+
+    /// Records the replication lag the last round measured.
+    pub(crate) fn saw_replication_lag(&self, lag_s: f64) {
+        self.seen.lock().expect("seen lock").replication_lag_s = Some(lag_s);
+    }
+
+    /// Each peer with the seconds since the last round trip to it, aged to
+    /// now (`None`: none yet), and the replication lag last measured.
+    pub fn lease_view(&self) -> (Vec<(String, Option<f64>)>, Option<f64>) {
+        let seen = self.seen.lock().expect("seen lock");
+        let aged = seen.read_at.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        (
+            (seen.leases.iter())
+                .map(|(n, s)| (n.clone(), s.map(|s| s + aged)))
+                .collect(),
+            seen.replication_lag_s,
+        )
     }
 
     pub fn is_fenced(&self) -> bool {

@@ -85,6 +85,38 @@ fn mode_str(mode: JobMode) -> &'static str {
 }
 
 impl Store {
+    /// The region's unfinished work by tenant and GPU type: jobs and GPUs
+    /// queued and placed, and the oldest queued job's submission (the
+    /// `jobs_active` index: finished jobs are not read).
+    pub async fn queue_summary(&self) -> Result<Vec<gangway_shared::api::QueueRow>> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT tenant, gpu_type,
+                        count(*) FILTER (WHERE state = 'queued'),
+                        coalesce(sum(gpus) FILTER (WHERE state = 'queued'), 0)::bigint,
+                        count(*) FILTER (WHERE state <> 'queued'),
+                        coalesce(sum(gpus) FILTER (WHERE state <> 'queued'), 0)::bigint,
+                        min(created_at) FILTER (WHERE state = 'queued')
+                 FROM jobs WHERE state NOT IN ('succeeded', 'failed', 'cancelled')
+                 GROUP BY tenant, gpu_type ORDER BY tenant, gpu_type",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| gangway_shared::api::QueueRow {
+                tenant: r.get(0),
+                gpu_type: r.get(1),
+                queued_jobs: r.get::<_, i64>(2) as u64,
+                queued_gpus: r.get::<_, i64>(3) as u64,
+                active_jobs: r.get::<_, i64>(4) as u64,
+                active_gpus: r.get::<_, i64>(5) as u64,
+                oldest_queued_at: r.get(6),
+            })
+            .collect())
+    }
+
     /// Stores a new job with its workers and its first event, or returns the
     /// job an earlier create with the same idempotency key made. A tenant
     /// with admission limits (`limits.rs`) is refused with

@@ -29,7 +29,7 @@ pub struct GpuTypeCapacity {
     pub queued: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RegionStatus {
     pub region: String,
     /// Whether this replica currently holds the scheduling leadership.
@@ -48,6 +48,29 @@ pub struct RegionStatus {
     /// tier routes creates around it.
     #[serde(default)]
     pub evacuating: bool,
+    /// The region's lease: seconds since its last round trip to each peer
+    /// (its heartbeats), as its last beat found them. A region fences when
+    /// fewer than a majority are within `lease_s`. Operators' listing only
+    /// (`GET /v1/admin/regions`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<PeerLease>,
+    /// The lease's length, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_s: Option<f64>,
+    /// How long the oldest job intent or update not yet held by its buddy
+    /// region has waited, seconds (0: none waits). Operators' listing only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication_lag_s: Option<f64>,
+}
+
+/// One peer as a region's heartbeats see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PeerLease {
+    pub region: String,
+    /// Seconds since the last round trip to it; absent: none since this
+    /// replica started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round_trip_age_s: Option<f64>,
 }
 
 /// Where a region's planned evacuation stands (docs/failover.md).
@@ -153,7 +176,7 @@ pub struct EvacuationJob {
 }
 
 /// A region as the global tier sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RegionInfo {
     pub name: String,
     pub healthy: bool,
@@ -166,7 +189,31 @@ pub struct RegionInfo {
     pub status: Option<RegionStatus>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RegionList {
     pub regions: Vec<RegionInfo>,
+}
+
+/// Work of one tenant on one GPU type in a region: what waits and what
+/// runs (`GET /v1/admin/queue`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct QueueRow {
+    pub tenant: String,
+    pub gpu_type: String,
+    /// Jobs waiting to be placed, and the GPUs they ask.
+    pub queued_jobs: u64,
+    pub queued_gpus: u64,
+    /// Jobs placed and not ended (starting, running, being preempted or
+    /// cancelled), and the GPUs they asked.
+    pub active_jobs: u64,
+    pub active_gpus: u64,
+    /// When the longest-waiting of its queued jobs was submitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_queued_at: Option<DateTime<Utc>>,
+}
+
+/// A region's queue by tenant and GPU type.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct QueueSummary {
+    pub rows: Vec<QueueRow>,
 }

@@ -1,4 +1,6 @@
-//! An operator's preemption of a job, passed to the region that has it.
+//! An operator's preemption of a job, passed to the region that has it;
+//! the queue by tenant and GPU type of every region; the regions as
+//! operators see them (leases and replication lag).
 
 use axum::extract::State;
 use axum::http::Method;
@@ -9,7 +11,84 @@ use crate::auth::AdminCaller;
 use crate::regions::Region;
 use crate::state::GlobalState;
 
-use super::ask_regions;
+use super::{ask_regions, fan_out, PerRegion, RegionParam};
+use crate::api::responses;
+use gangway_shared::api::RegionList;
+use gangway_shared::error::ErrorBody;
+
+/// The queue by tenant
+///
+/// Each region's unfinished work by tenant and GPU type (or the one
+/// region named): jobs and GPUs waiting, jobs and GPUs placed, and when
+/// the longest-waiting job was submitted.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/queue",
+    operation_id = "queue_by_tenant",
+    tag = "admin",
+    security(("bearer" = [])),
+    params(RegionParam),
+    responses(
+        (status = 200, description = "Each region's `QueueSummary` (or the error it gave), \
+            by region name.", body = PerRegion),
+        (status = 400, description = responses::errors(
+            "A query parameter is unknown or malformed.",
+            &[codes::INVALID_QUERY]), body = ErrorBody),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, description = responses::errors(
+            "No region has the name given in `region`.",
+            &[codes::WRONG_REGION]), body = ErrorBody),
+        (status = 429, response = responses::RateLimited),
+    )
+)]
+pub async fn queue(
+    State(state): State<GlobalState>,
+    admin: AdminCaller,
+    gangway_shared::http::Query(p): gangway_shared::http::Query<RegionParam>,
+) -> Result<axum::Json<PerRegion>, ApiError> {
+    Ok(axum::Json(
+        fan_out(
+            &state,
+            p.region.as_deref(),
+            Method::GET,
+            "/v1/admin/queue",
+            None,
+            Some(&admin.subject),
+            None,
+        )
+        .await?,
+    ))
+}
+
+/// List regions (operators)
+///
+/// Each region's health and capacity as this replica last saw them, with
+/// what only operators see: each region's lease (seconds since its last
+/// round trip to each peer, and the lease's length) and its replication
+/// lag (how long the oldest job intent or update not yet held by its buddy
+/// has waited).
+#[utoipa::path(
+    get,
+    path = "/v1/admin/regions",
+    operation_id = "admin_list_regions",
+    tag = "admin",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The regions.", body = RegionList),
+        (status = 401, response = responses::Unauthenticated),
+        (status = 403, response = responses::Forbidden),
+        (status = 429, response = responses::RateLimited),
+    )
+)]
+pub async fn regions(
+    State(state): State<GlobalState>,
+    _admin: AdminCaller,
+) -> axum::Json<RegionList> {
+    axum::Json(RegionList {
+        regions: state.regions.infos(),
+    })
+}
 
 /// Asks a job, in whichever region holds it, to checkpoint, stop and
 /// requeue; it resumes from its newest checkpoint.
