@@ -259,6 +259,9 @@ pub enum NodeCommand {
         /// Only this region.
         #[arg(long)]
         region: Option<String>,
+        /// Only this leaf's nodes.
+        #[arg(long)]
+        leaf: Option<String>,
     },
     /// One node in detail, with its newest events.
     Get {
@@ -1027,14 +1030,12 @@ fn node_row(n: &serde_json::Value) -> Vec<String> {
 async fn node(cmd: NodeCommand) -> anyhow::Result<u8> {
     use serde_json::json;
     let (conn, method, path, query, body) = match cmd {
-        NodeCommand::List { conn, region } => {
+        NodeCommand::List { conn, region, leaf } => {
+            let mut query = region_query(region);
+            query.extend(leaf.map(|l| ("leaf", l)));
             let doc = conn
                 .admin_client()?
-                .call_json(
-                    Method::GET,
-                    &with_query("/v1/admin/nodes", &region_query(region)),
-                    None,
-                )
+                .call_json(Method::GET, &with_query("/v1/admin/nodes", &query), None)
                 .await?;
             if conn.json {
                 println!("{}", serde_json::to_string_pretty(&doc)?);

@@ -112,8 +112,20 @@ async fn a_tenant_signs_in_and_sees_its_jobs_and_nobody_elses() {
         "{list}"
     );
     // Filters: by state, by region (one that exists, one that does not).
+    // The job is placed (it stays `starting`: these regions have no
+    // agents) by the time the filter asks.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while acme.get(job.id).await.unwrap().state != gangway_shared::api::JobState::Starting {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job was never placed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (_, starting) = page(&cloud, &acme_session, "/jobs?state=starting").await;
+    assert!(starting.contains(&job.id.to_string()));
     let (_, queued) = page(&cloud, &acme_session, "/jobs?state=queued").await;
-    assert!(queued.contains(&job.id.to_string()));
+    assert!(!queued.contains(&job.id.to_string()));
     let (_, succeeded) = page(&cloud, &acme_session, "/jobs?state=succeeded").await;
     assert!(!succeeded.contains(&job.id.to_string()));
     let other_region = if job.region == "r1" { "r2" } else { "r1" };
@@ -275,6 +287,29 @@ async fn an_operator_sees_regions_the_fleet_map_the_queue_and_a_cordoned_node() 
         "{map}"
     );
     assert!(map.contains("class=\"node s-cordoned\""), "{map}");
+
+    // Zoomed into a leaf: its nodes only, read with the API's leaf filter.
+    let (status, zoomed) = page(&cloud, &ops, "/fleet/r1?leaf=l0").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(zoomed.contains("data-node=\"n0\"") && zoomed.contains("data-node=\"n1\""));
+    let (_, elsewhere) = page(&cloud, &ops, "/fleet/r1?leaf=l9").await;
+    assert!(!elsewhere.contains("data-node="), "{elsewhere}");
+    let api = |q: &'static str| {
+        let (http, g, token) = (cloud.http(), g.clone(), cloud.admin_token());
+        async move {
+            http.get(format!("{g}/v1/admin/nodes?{q}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let leaf: serde_json::Value = api("region=r1&leaf=l0").await.json().await.unwrap();
+    assert_eq!(leaf["regions"]["r1"]["nodes"].as_array().unwrap().len(), 2);
+    let none: serde_json::Value = api("region=r1&leaf=l9").await.json().await.unwrap();
+    assert_eq!(none["regions"]["r1"]["nodes"].as_array().unwrap().len(), 0);
+    let bad = api("region=r1&leaf=a%20b%26c").await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
 
     // The queue by tenant and GPU type, and the audit log with the cordon.
     let (status, queue) = page(&cloud, &ops, "/queue").await;

@@ -244,14 +244,6 @@ impl Chrome {
         self.active == key
     }
 
-    pub fn is_operator(&self) -> bool {
-        self.role == Some(Role::Operator)
-    }
-
-    pub fn is_tenant(&self) -> bool {
-        self.role == Some(Role::Tenant)
-    }
-
     /// The navigation entries of the role: (path, label, key).
     pub fn nav(&self) -> &'static [(&'static str, &'static str, &'static str)] {
         match self.role {
@@ -319,6 +311,28 @@ pub fn failed(session: &Session, failure: Failure) -> Response {
             hint,
         },
     )
+}
+
+/// A tenant's page opened by an operator (or the other way round) says
+/// which credential it needs rather than showing an API error.
+fn require(session: &Session, needs: Role) -> Option<Response> {
+    (session.role != needs).then(|| {
+        html(
+            StatusCode::FORBIDDEN,
+            &ErrorPage {
+                chrome: Chrome::new(session, "Not for this sign-in", ""),
+                message: match needs {
+                    Role::Tenant => "This page shows a tenant's jobs: sign in with a tenant's \
+                                     token or API key."
+                        .into(),
+                    Role::Operator => "This page is for operators: sign in with an operator's \
+                                       token or API key."
+                        .into(),
+                },
+                hint: "",
+            },
+        )
+    })
 }
 
 async fn home(session: Option<Session>) -> Redirect {

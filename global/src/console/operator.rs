@@ -17,8 +17,7 @@ use serde::Deserialize;
 
 use super::api::encode;
 use super::fleet::{self, FleetMap, Segment, BAR_WIDTH};
-use super::tenant::require;
-use super::{duration, failed, html, when, Chrome, ErrorPage, Role, Session};
+use super::{duration, failed, html, require, when, Chrome, ErrorPage, Role, Session};
 
 /// An operator endpoint's answer: each region's document, or its error.
 #[derive(Deserialize)]
@@ -197,10 +196,12 @@ pub async fn fleet(
     if let Some(r) = require(&session, Role::Operator) {
         return r;
     }
-    let answer = match (session.api)
-        .get::<PerRegion>(&format!("/v1/admin/nodes?region={}", encode(&region)))
-        .await
-    {
+    // Zoomed into a leaf, only its nodes are read.
+    let mut q = format!("/v1/admin/nodes?region={}", encode(&region));
+    if !z.leaf.is_empty() {
+        q.push_str(&format!("&leaf={}", encode(&z.leaf)));
+    }
+    let answer = match session.api.get::<PerRegion>(&q).await {
         Ok(a) => a,
         Err(e) => return failed(&session, e),
     };

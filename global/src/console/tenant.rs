@@ -15,29 +15,7 @@ use uuid::Uuid;
 
 use super::api::encode;
 use super::chart::{bars, BarChart};
-use super::{duration, failed, html, when, Chrome, ErrorPage, Role, Session};
-
-/// A tenant's page opened by an operator (or the other way round) says
-/// which credential it needs rather than showing an API error.
-pub(super) fn require(session: &Session, needs: Role) -> Option<Response> {
-    (session.role != needs).then(|| {
-        html(
-            StatusCode::FORBIDDEN,
-            &ErrorPage {
-                chrome: Chrome::new(session, "Not for this sign-in", ""),
-                message: match needs {
-                    Role::Tenant => "This page shows a tenant's jobs: sign in with a tenant's \
-                                     token or API key."
-                        .into(),
-                    Role::Operator => "This page is for operators: sign in with an operator's \
-                                       token or API key."
-                        .into(),
-                },
-                hint: "",
-            },
-        )
-    })
-}
+use super::{duration, failed, html, require, when, Chrome, ErrorPage, Role, Session};
 
 #[derive(Deserialize, Default)]
 pub struct JobsFilter {

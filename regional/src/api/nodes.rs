@@ -133,10 +133,24 @@ fn after(state: &AppState, o: &NodesOutcome) {
     }
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<axum::Json<NodeList>, ApiError> {
+/// `GET /v1/admin/nodes`'s query.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListNodes {
+    /// Only this leaf's nodes (the console's zoom into one).
+    leaf: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    gangway_shared::http::Query(q): gangway_shared::http::Query<ListNodes>,
+) -> Result<axum::Json<NodeList>, ApiError> {
+    if let Some(leaf) = &q.leaf {
+        check_node_id(leaf)?;
+    }
     let policy = state.store.health_policy().clone();
     Ok(axum::Json(NodeList {
-        nodes: state.store.list_nodes(&policy).await?,
+        nodes: state.store.list_nodes(&policy, q.leaf.as_deref()).await?,
         unknown: state.store.unknown_nodes().await?,
     }))
 }

@@ -1372,13 +1372,18 @@ impl Store {
 
     /// Every node of the region as operators see it, decided at the
     /// database's now.
-    pub async fn list_nodes(&self, policy: &HealthPolicy) -> Result<Vec<NodeView>> {
-        self.node_views(policy, None).await
+    /// Every node, or a leaf's.
+    pub async fn list_nodes(
+        &self,
+        policy: &HealthPolicy,
+        leaf: Option<&str>,
+    ) -> Result<Vec<NodeView>> {
+        self.node_views(policy, None, leaf).await
     }
 
     /// One node with its newest events, or `None`.
     pub async fn get_node(&self, policy: &HealthPolicy, node_id: &str) -> Result<Option<NodeView>> {
-        let Some(mut view) = self.node_views(policy, Some(node_id)).await?.pop() else {
+        let Some(mut view) = self.node_views(policy, Some(node_id), None).await?.pop() else {
             return Ok(None);
         };
         let conn = self.conn().await?;
@@ -1403,7 +1408,12 @@ impl Store {
         Ok(Some(view))
     }
 
-    async fn node_views(&self, policy: &HealthPolicy, only: Option<&str>) -> Result<Vec<NodeView>> {
+    async fn node_views(
+        &self,
+        policy: &HealthPolicy,
+        only: Option<&str>,
+        leaf: Option<&str>,
+    ) -> Result<Vec<NodeView>> {
         let mut conn = self.conn().await?;
         let tx = conn
             .build_transaction()
@@ -1416,9 +1426,11 @@ impl Store {
             .query(
                 &format!(
                     "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
-                     WHERE $1::text IS NULL OR n.node_id = $1 ORDER BY n.node_id"
+                     WHERE ($1::text IS NULL OR n.node_id = $1)
+                       AND ($2::text IS NULL OR n.leaf = $2)
+                     ORDER BY n.node_id"
                 ),
-                &[&only],
+                &[&only, &leaf],
             )
             .await?;
         // Racks (leaves) with a node reporting thermal throttling.
@@ -1434,8 +1446,10 @@ impl Store {
                         array_agg(DISTINCT job_id) AS jobs
                  FROM allocations
                  WHERE released_at IS NULL AND ($1::text IS NULL OR node_id = $1)
+                   AND ($2::text IS NULL
+                        OR node_id IN (SELECT node_id FROM nodes WHERE leaf = $2))
                  GROUP BY node_id",
-                &[&only],
+                &[&only, &leaf],
             )
             .await?;
         tx.commit().await?;

@@ -65,9 +65,20 @@ fn check_node_id(id: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Which nodes a listing covers.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct NodesParam {
+    /// Only this region (default: every region).
+    region: Option<String>,
+    /// Only this leaf's nodes.
+    leaf: Option<String>,
+}
+
 /// List nodes
 ///
-/// Every node of every region (or the one named), with both axes of its
+/// Every node of every region (or the one named; or one leaf's), with both axes of its
 /// state — what operators asked (`admin_state`: active, cordoned, draining,
 /// maintenance, repair) and what its agent observes (`observed`: healthy,
 /// degraded, suspect, lost, failed, damped, needs_repair) — and what they
@@ -78,7 +89,7 @@ fn check_node_id(id: &str) -> Result<(), ApiError> {
     operation_id = "list_nodes",
     tag = "admin",
     security(("bearer" = [])),
-    params(RegionParam),
+    params(NodesParam),
     responses(
         (status = 200, description = "Each region's `NodeList`, by region name.", body = PerRegion),
         (status = 400, description = responses::errors(
@@ -95,8 +106,21 @@ fn check_node_id(id: &str) -> Result<(), ApiError> {
 pub async fn list_nodes(
     State(state): State<GlobalState>,
     admin: AdminCaller,
-    Query(p): Query<RegionParam>,
+    Query(p): Query<NodesParam>,
 ) -> Result<axum::Json<PerRegion>, ApiError> {
+    let query = match &p.leaf {
+        Some(leaf) => {
+            if check_node_id(leaf).is_err() {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    codes::INVALID_QUERY,
+                    "leaf has characters no leaf name has (a-z, 0-9, '-', '_', '.')",
+                ));
+            }
+            Some(format!("leaf={leaf}"))
+        }
+        None => None,
+    };
     Ok(axum::Json(
         fan_out(
             &state,
@@ -105,7 +129,7 @@ pub async fn list_nodes(
             "/v1/admin/nodes",
             None,
             Some(&admin.subject),
-            None,
+            query.as_deref(),
         )
         .await?,
     ))
