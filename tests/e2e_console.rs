@@ -55,6 +55,13 @@ const WAIT: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_from_the_cli_is_watched_to_its_end_and_an_operator_sees_the_fleet() {
     let cloud = Cloud::start_with(std::path::Path::new(BIN), true, Executor::Sim).await;
+    // The operator's price book (the global tier reads it at each request).
+    std::fs::write(
+        cloud.dir.path().join("prices.toml"),
+        "currency = \"USD\"\nprovider = \"Gangway (test)\"\n[[price]]\ngpu_type = \"h100\"\n\
+         effective = \"2020-01-01T00:00:00Z\"\nper_gpu_hour = 2.49\n",
+    )
+    .unwrap();
     let shots = screenshots();
     let shot = |name: &str| shots.join(format!("{name}.png"));
     let browser = Browser::start(cloud.dir.path(), 1280, 900)
@@ -175,6 +182,11 @@ async fn a_job_from_the_cli_is_watched_to_its_end_and_an_operator_sees_the_fleet
 
     browser.goto(&format!("{base}/usage")).await.unwrap();
     browser.wait_for("#gpu-hours", WAIT).await.unwrap();
+    let billed = browser
+        .wait_for("#billed", WAIT)
+        .await
+        .expect("the month's costs, priced by the book");
+    assert!(browser.text(&billed).await.unwrap().ends_with("USD"));
     browser.screenshot(&shot("usage")).await.unwrap();
     let csp: Vec<String> = (browser.severe_logs().await.unwrap().into_iter())
         .filter(|m| m.contains("Content Security Policy") || m.contains("Refused"))

@@ -54,14 +54,18 @@ fn nice_top(max: f64) -> f64 {
         .unwrap_or(10.0 * p)
 }
 
+/// A value for a label: whole above 100, else up to three decimals
+/// without trailing zeros (0.025, not 0.03).
 fn number(v: f64) -> String {
     if v >= 100.0 || v == v.round() {
-        format!("{v:.0}")
-    } else if v >= 1.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
+        return format!("{v:.0}");
     }
+    let s = if v >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    };
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// Bars for `(label, value)` in order, scaled to the largest; `unit`
@@ -136,6 +140,15 @@ mod tests {
         for b in &c.bars {
             assert!((b.y + b.height - c.base).abs() < 1e-9);
         }
+    }
+
+    #[test]
+    fn labels_keep_the_digits_a_scale_needs() {
+        assert_eq!(number(0.025), "0.025");
+        assert_eq!(number(0.075), "0.075");
+        assert_eq!(number(2.5), "2.5");
+        assert_eq!(number(20.0), "20");
+        assert_eq!(number(1234.4), "1234");
     }
 
     #[test]

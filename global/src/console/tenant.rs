@@ -357,6 +357,42 @@ pub async fn job(session: Session, Path(id): Path<String>, Query(at): Query<Logs
     html(StatusCode::OK, &page)
 }
 
+/// An exact amount (the export's) as a number for charts.
+fn money(d: &impl std::fmt::Display) -> f64 {
+    d.to_string().parse().unwrap_or(0.0)
+}
+
+/// A month's costs for people: amounts to the cent (the export and `GET
+/// /v1/costs` keep every digit), GPU-hours to two decimals.
+pub struct CostView {
+    pub currency: String,
+    pub billed: String,
+    pub billed_exact: String,
+    pub credits: String,
+    pub commitments: String,
+    pub gpu_hours: String,
+    pub skus: Vec<(String, String, String)>,
+    pub as_of: String,
+}
+
+impl CostView {
+    fn of(c: Costs) -> CostView {
+        let cents = |d: &dyn std::fmt::Display| format!("{:.2}", money(&d.to_string()));
+        CostView {
+            billed: cents(&c.billed),
+            billed_exact: c.billed.to_string(),
+            credits: cents(&c.credits),
+            commitments: cents(&c.commitments),
+            gpu_hours: cents(&c.gpu_hours),
+            skus: (c.skus.iter())
+                .map(|s| (s.sku.clone(), cents(&s.quantity), cents(&s.billed)))
+                .collect(),
+            as_of: when(&c.as_of),
+            currency: c.currency,
+        }
+    }
+}
+
 #[derive(Template)]
 #[template(path = "usage.html")]
 struct UsagePage {
@@ -365,7 +401,7 @@ struct UsagePage {
     gpu_hours: String,
     by_type: Vec<(String, String)>,
     chart: BarChart,
-    costs: Option<Costs>,
+    costs: Option<CostView>,
     cost_chart: Option<BarChart>,
     costs_note: String,
     unavailable: Vec<String>,
@@ -422,18 +458,19 @@ pub async fn usage(session: Session) -> Response {
         .unwrap_or_default();
     let (costs, cost_chart, costs_note) = match costs {
         Ok(c) => {
-            let pts: Vec<(String, f64)> = c
-                .days
-                .iter()
+            // Every day of the month so far, as the usage chart draws them.
+            let pts: Vec<(String, f64)> = (0..days)
                 .map(|d| {
-                    (
-                        d.day.format("%d").to_string(),
-                        d.billed.to_string().parse().unwrap_or(0.0),
-                    )
+                    let day = (start + chrono::Duration::days(d)).date_naive();
+                    let billed: f64 = (c.days.iter())
+                        .filter(|x| x.day == day)
+                        .map(|x| money(&x.billed))
+                        .sum();
+                    (day.format("%d").to_string(), billed)
                 })
                 .collect();
             let chart = bars(&pts, &c.currency);
-            (Some(c), Some(chart), String::new())
+            (Some(CostView::of(c)), Some(chart), String::new())
         }
         Err(e) => (None, None, e.message()),
     };
