@@ -505,6 +505,11 @@ async fn the_console_signs_in_through_the_providers_code_flow_and_refuses_what_i
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();
+    // A GET with the jar's cookies.
+    let visit = |url: String, jar: &BTreeMap<String, String>| {
+        let r = browser.get(url).header("cookie", cookie_header(jar));
+        async move { r.send().await.unwrap() }
+    };
     let acme_job = cloud
         .client(0, "acme")
         .submit(&serde_json::from_value(spec(1)).unwrap(), None)
@@ -565,21 +570,11 @@ async fn the_console_signs_in_through_the_providers_code_flow_and_refuses_what_i
         let (code, _) = callback.split_once("&state=").unwrap();
         format!("{code}&state=not-mine")
     };
-    let r = browser
-        .get(&forged_state)
-        .header("cookie", cookie_header(&jar))
-        .send()
-        .await
-        .unwrap();
+    let r = visit(forged_state.clone(), &jar).await;
     assert_eq!(r.status(), 400);
     // The real one: a session, and a page that continues (not a redirect:
     // the session cookie is SameSite=Strict).
-    let r = browser
-        .get(&callback)
-        .header("cookie", cookie_header(&jar))
-        .send()
-        .await
-        .unwrap();
+    let r = visit(callback.clone(), &jar).await;
     assert_eq!(r.status(), 200);
     set_cookies(&r, &mut jar);
     let body = r.text().await.unwrap();
@@ -622,12 +617,7 @@ async fn the_console_signs_in_through_the_providers_code_flow_and_refuses_what_i
         callback.split_once("&state=").unwrap().0,
         again["gangway_sso"].split('~').nth(1).unwrap()
     );
-    let r = browser
-        .get(&replay)
-        .header("cookie", cookie_header(&again))
-        .send()
-        .await
-        .unwrap();
+    let r = visit(replay.clone(), &again).await;
     assert_eq!(r.status(), 401);
     assert!(!r.headers()["set-cookie"]
         .to_str()
@@ -637,12 +627,7 @@ async fn the_console_signs_in_through_the_providers_code_flow_and_refuses_what_i
     // A token for another sign-in's nonce: refused.
     *idp.wrong_nonce.lock().unwrap() = Some("someone-elses".into());
     let (jar, _, callback) = start("tenants").await;
-    let r = browser
-        .get(&callback)
-        .header("cookie", cookie_header(&jar))
-        .send()
-        .await
-        .unwrap();
+    let r = visit(callback.clone(), &jar).await;
     assert_eq!(r.status(), 401);
     assert!(r.text().await.unwrap().contains("nonce"));
     *idp.wrong_nonce.lock().unwrap() = None;
@@ -651,21 +636,11 @@ async fn the_console_signs_in_through_the_providers_code_flow_and_refuses_what_i
     *idp.user.lock().unwrap() = json!({"sub": "bob", "groups": ["dev"]});
     let (jar, to, callback) = start("operators").await;
     assert!(to.contains("client_id=gangway-ops"), "{to}");
-    let r = browser
-        .get(&callback)
-        .header("cookie", cookie_header(&jar))
-        .send()
-        .await
-        .unwrap();
+    let r = visit(callback.clone(), &jar).await;
     assert_eq!(r.status(), 401, "not in the operators' group");
     *idp.user.lock().unwrap() = json!({"sub": "carol", "groups": ["sre"]});
     let (mut jar, _, callback) = start("operators").await;
-    let r = browser
-        .get(&callback)
-        .header("cookie", cookie_header(&jar))
-        .send()
-        .await
-        .unwrap();
+    let r = visit(callback.clone(), &jar).await;
     assert_eq!(r.status(), 200);
     set_cookies(&r, &mut jar);
     let fleet = browser

@@ -235,6 +235,17 @@ impl Chrome {
         }
     }
 
+    /// The frame of a page for nobody signed in yet (sign-in).
+    pub fn anonymous(title: &str) -> Chrome {
+        Chrome {
+            title: title.into(),
+            role: None,
+            who: String::new(),
+            active: "",
+            refresh_s: 0,
+        }
+    }
+
     pub fn live(mut self, every_s: u32) -> Chrome {
         self.refresh_s = every_s;
         self
@@ -363,13 +374,7 @@ fn sign_in_with(status: StatusCode, message: impl Into<String>, sso: Option<&Sso
     html(
         status,
         &SignInPage {
-            chrome: Chrome {
-                title: "Sign in".into(),
-                role: None,
-                who: String::new(),
-                active: "",
-                refresh_s: 0,
-            },
+            chrome: Chrome::anonymous("Sign in"),
             message: message.into(),
             sso_tenants: sso.is_some_and(|s| s.tenants.is_some()),
             sso_operators: sso.is_some_and(|s| s.operators.is_some()),

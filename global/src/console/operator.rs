@@ -50,16 +50,6 @@ pub struct PeerCell {
     pub fresh: bool,
 }
 
-pub struct CapacityRow {
-    pub gpu_type: String,
-    pub nodes: u32,
-    pub schedulable: u32,
-    pub allocated: u32,
-    pub free: u32,
-    pub spare: u32,
-    pub queued: u32,
-}
-
 pub struct RegionCard {
     pub name: String,
     pub state: &'static str,
@@ -67,7 +57,7 @@ pub struct RegionCard {
     pub error: String,
     pub queued: u64,
     pub running: u64,
-    pub capacity: Vec<CapacityRow>,
+    pub capacity: Vec<gangway_shared::api::GpuTypeCapacity>,
     pub peers: Vec<PeerCell>,
     pub lease: String,
     pub lag: String,
@@ -95,22 +85,7 @@ impl RegionCard {
             error: r.last_error.clone().unwrap_or_default(),
             queued: status.map_or(0, |s| s.queued_jobs),
             running: status.map_or(0, |s| s.running_jobs),
-            capacity: status
-                .map(|s| {
-                    s.capacity
-                        .iter()
-                        .map(|c| CapacityRow {
-                            gpu_type: c.gpu_type.clone(),
-                            nodes: c.nodes,
-                            schedulable: c.schedulable,
-                            allocated: c.allocated,
-                            free: c.free,
-                            spare: c.spare,
-                            queued: c.queued,
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
+            capacity: status.map(|s| s.capacity.clone()).unwrap_or_default(),
             peers: status
                 .map(|s| {
                     s.peers

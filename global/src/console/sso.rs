@@ -239,13 +239,7 @@ pub async fn callback(
     let mut resp = html(
         StatusCode::OK,
         &Continue {
-            chrome: Chrome {
-                title: "Signed in".into(),
-                role: None,
-                who: String::new(),
-                active: "",
-                refresh_s: 0,
-            },
+            chrome: Chrome::anonymous("Signed in"),
             to,
         },
     );
