@@ -103,7 +103,6 @@ pub fn shade(n: &NodeView) -> Shade {
 /// by health or by an operator).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuCell {
-    pub index: u32,
     pub class: &'static str,
 }
 
@@ -129,6 +128,29 @@ pub struct Segment {
 /// Width of a leaf tile's bar, in SVG units.
 pub const BAR_WIDTH: f64 = 160.0;
 
+/// A bar `width` wide split by `parts` — (count, CSS class, tooltip) — in
+/// proportion to their counts out of `total`.
+pub fn stacked(
+    parts: impl Iterator<Item = (usize, &'static str, String)>,
+    total: usize,
+    width: f64,
+) -> Vec<Segment> {
+    let mut x = 0.0;
+    parts
+        .map(|(n, class, title)| {
+            let w = width * n as f64 / total.max(1) as f64;
+            let seg = Segment {
+                x,
+                width: w,
+                class,
+                title,
+            };
+            x += w;
+            seg
+        })
+        .collect()
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct LeafView {
     pub name: String,
@@ -140,8 +162,6 @@ pub struct LeafView {
     pub bar: Vec<Segment>,
     /// Its nodes one by one (empty when the map sums leaves).
     pub cells: Vec<NodeCell>,
-    /// The most urgent state among its nodes.
-    pub worst: Shade,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -166,7 +186,6 @@ fn cell(n: &NodeView) -> NodeCell {
     let s = shade(n);
     let gpus = (0..n.gpus)
         .map(|i| GpuCell {
-            index: i,
             class: if n.allocated_gpus.contains(&i) {
                 "g-alloc"
             } else if n.usable_gpus.contains(&i) {
@@ -238,28 +257,19 @@ pub fn map(nodes: &[NodeView], only_leaf: Option<&str>) -> FleetMap {
                     total_nodes += members.len();
                     gpus += g;
                     allocated += a;
-                    let mut x = 0.0;
-                    let bar = Shade::ALL
-                        .iter()
-                        .filter_map(|s| {
+                    let bar = stacked(
+                        Shade::ALL.iter().filter_map(|s| {
                             let c = *counts.get(s)?;
-                            let width = BAR_WIDTH * c as f64 / members.len() as f64;
-                            let seg = Segment {
-                                x,
-                                width,
-                                class: s.class(),
-                                title: format!("{c} {}", s.label()),
-                            };
-                            x += width;
-                            Some(seg)
-                        })
-                        .collect();
+                            Some((c, s.class(), format!("{c} {}", s.label())))
+                        }),
+                        members.len(),
+                        BAR_WIDTH,
+                    );
                     LeafView {
                         name: leaf.to_string(),
                         nodes: members.len(),
                         gpus: g,
                         allocated: a,
-                        worst: counts.keys().next().copied().unwrap_or(Shade::Free),
                         counts: counts.into_iter().collect(),
                         bar,
                         cells: if aggregated {

@@ -107,6 +107,32 @@ pub enum Role {
     Operator,
 }
 
+impl Role {
+    /// Its letter in the console's cookies.
+    fn letter(self) -> char {
+        match self {
+            Role::Tenant => 't',
+            Role::Operator => 'o',
+        }
+    }
+
+    fn from_letter(s: &str) -> Option<Role> {
+        match s {
+            "t" => Some(Role::Tenant),
+            "o" => Some(Role::Operator),
+            _ => None,
+        }
+    }
+
+    /// The page someone of this role lands on.
+    fn home(self) -> &'static str {
+        match self {
+            Role::Tenant => "/jobs",
+            Role::Operator => "/fleet",
+        }
+    }
+}
+
 /// A signed-in person: their role and the API as their credential sees it.
 pub struct Session {
     pub role: Role,
@@ -116,38 +142,27 @@ pub struct Session {
     pub who: String,
 }
 
-/// The cookie's value: the role's letter, `~`, the credential.
-fn cookie_value(role: Role, credential: &str) -> String {
-    let r = match role {
-        Role::Tenant => 't',
-        Role::Operator => 'o',
-    };
-    format!("{r}~{credential}")
+/// The value of the cookie `name` the request carries, if any.
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    (headers.get_all(header::COOKIE).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find_map(|(n, v)| (n == name).then_some(v))
 }
 
+/// The session cookie: the role's letter, `~`, the credential.
 fn session_cookie(headers: &HeaderMap) -> Option<(Role, String)> {
-    for value in headers.get_all(header::COOKIE) {
-        let Ok(value) = value.to_str() else { continue };
-        for pair in value.split(';') {
-            let Some((name, v)) = pair.trim().split_once('=') else {
-                continue;
-            };
-            if name != COOKIE {
-                continue;
-            }
-            let (role, credential) = v.split_once('~')?;
-            let role = match role {
-                "t" => Role::Tenant,
-                "o" => Role::Operator,
-                _ => return None,
-            };
-            if credential.is_empty() {
-                return None;
-            }
-            return Some((role, credential.to_string()));
-        }
-    }
-    None
+    let (role, credential) = cookie(headers, COOKIE)?.split_once('~')?;
+    let role = Role::from_letter(role)?;
+    (!credential.is_empty()).then(|| (role, credential.to_string()))
+}
+
+/// The host the request was sent to: HTTP/2 names it in the request's
+/// authority, HTTP/1.1 in `Host`.
+fn request_host<'r>(headers: &'r HeaderMap, uri: &'r axum::http::Uri) -> Option<&'r str> {
+    (uri.authority().map(|a| a.as_str()))
+        .or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()))
 }
 
 /// Who a credential names, for display only (the API verified it).
@@ -347,11 +362,7 @@ fn require(session: &Session, needs: Role) -> Option<Response> {
 }
 
 async fn home(session: Option<Session>) -> Redirect {
-    match session.map(|s| s.role) {
-        Some(Role::Tenant) => Redirect::to("/jobs"),
-        Some(Role::Operator) => Redirect::to("/fleet"),
-        None => Redirect::to("/sign-in"),
-    }
+    Redirect::to(session.map_or("/sign-in", |s| s.role.home()))
 }
 
 #[derive(Template)]
@@ -401,24 +412,25 @@ async fn sign_in_page(
 
 /// What `credential` is, as the API answers it: an operator's (the
 /// operators' endpoints answer it), a tenant's (the tenants' do), or
-/// nothing this cloud accepts.
-async fn classify(console: &Console, credential: &str) -> Option<Role> {
+/// nothing this cloud accepts — then the tenants' refusal says why
+/// (expired, revoked, malformed …).
+async fn classify(console: &Console, credential: &str) -> Result<Role, String> {
     let api = Api::new(console.api.clone(), credential.to_string());
-    match api.status_of("/v1/admin/quotas").await {
-        Ok(s) if s.is_success() => Some(Role::Operator),
-        Ok(_) => match api.status_of("/v1/jobs?limit=1").await {
-            Ok(s) if s.is_success() => Some(Role::Tenant),
-            _ => None,
-        },
-        Err(_) => None,
+    if matches!(api.status_of("/v1/admin/quotas").await, Ok(s) if s.is_success()) {
+        return Ok(Role::Operator);
+    }
+    match api.get::<serde_json::Value>("/v1/jobs?limit=1").await {
+        Ok(_) => Ok(Role::Tenant),
+        Err(f) => Err(f.message()),
     }
 }
 
 /// The session cookie for `credential`.
 fn session_cookie_header(role: Role, credential: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(&format!(
-        "{COOKIE}={}; Path=/; Max-Age={SESSION_S}; HttpOnly; Secure; SameSite=Strict",
-        cookie_value(role, credential)
+        "{COOKIE}={}~{credential}; Path=/; Max-Age={SESSION_S}; HttpOnly; Secure; \
+         SameSite=Strict",
+        role.letter()
     ))
     .ok()
 }
@@ -454,23 +466,16 @@ async fn sign_in(
             "Paste a token or an API key: one line, no spaces (`gangway login` prints one).",
         );
     }
-    let Some(role) = classify(&console, &credential).await else {
-        // The tenants' answer says why (expired, revoked, malformed …).
-        let api = Api::new(console.api, credential);
-        let why = match api.get::<serde_json::Value>("/v1/jobs?limit=1").await {
-            Err(f) => f.message(),
-            Ok(_) => "refused".into(),
-        };
-        return sign_in_form(
-            StatusCode::UNAUTHORIZED,
-            format!("That credential was refused: {why}"),
-        );
+    let role = match classify(&console, &credential).await {
+        Ok(role) => role,
+        Err(why) => {
+            return sign_in_form(
+                StatusCode::UNAUTHORIZED,
+                format!("That credential was refused: {why}"),
+            )
+        }
     };
-    let to = match role {
-        Role::Tenant => "/jobs",
-        Role::Operator => "/fleet",
-    };
-    let mut resp = Redirect::to(to).into_response();
+    let mut resp = Redirect::to(role.home()).into_response();
     if let Some(v) = session_cookie_header(role, &credential) {
         resp.headers_mut().insert(header::SET_COOKIE, v);
     }
@@ -504,9 +509,7 @@ fn same_origin(headers: &HeaderMap, uri: &axum::http::Uri) -> bool {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return true;
     };
-    // HTTP/2 names the host in the request's authority, HTTP/1.1 in `Host`.
-    let host = (uri.authority().map(|a| a.as_str()))
-        .or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()));
+    let host = request_host(headers, uri);
     let origin = origin.to_str().unwrap_or_default();
     let origin_host = origin
         .strip_prefix("https://")

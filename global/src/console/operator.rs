@@ -11,7 +11,6 @@ use axum::response::Response;
 use gangway_shared::api::{
     AuditList, MaintenancePlanList, NodeList, QueueSummary, RegionInfo, RegionList,
 };
-use gangway_shared::error::ErrorBody;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
@@ -30,14 +29,18 @@ struct PerRegion {
 fn split<T: DeserializeOwned>(answer: PerRegion) -> (Vec<(String, T)>, Vec<String>) {
     let (mut ok, mut failed) = (Vec::new(), Vec::new());
     for (region, v) in answer.regions {
-        match serde_json::from_value::<T>(v.clone()) {
+        // An error is `{code, message}` (read without copying the answer:
+        // a large region's node list is most of a megabyte).
+        if v.get("code").is_some() {
+            let why = v["message"]
+                .as_str()
+                .unwrap_or("an error without a message");
+            failed.push(format!("{region}: {why}"));
+            continue;
+        }
+        match serde_json::from_value::<T>(v) {
             Ok(t) => ok.push((region, t)),
-            Err(_) => {
-                let why = serde_json::from_value::<ErrorBody>(v)
-                    .map(|e| e.message)
-                    .unwrap_or_else(|_| "an answer the console cannot read".into());
-                failed.push(format!("{region}: {why}"));
-            }
+            Err(_) => failed.push(format!("{region}: an answer the console cannot read")),
         }
     }
     (ok, failed)
@@ -289,6 +292,9 @@ pub struct PlanCard {
     pub region_percent: u32,
 }
 
+/// Width of a plan's bar, in SVG units.
+const PLAN_BAR_WIDTH: f64 = 2.0 * BAR_WIDTH;
+
 /// The colour of a node's step in a plan's bar.
 fn step_class(step: &str) -> &'static str {
     match step {
@@ -318,57 +324,42 @@ pub async fn maintenance(session: Session) -> Response {
         Err(e) => return failed(&session, e),
     };
     let (lists, errors) = split::<MaintenancePlanList>(answer);
-    let mut plans: Vec<PlanCard> = Vec::new();
-    for (region, list) in lists {
-        for p in list.plans {
-            let total = p.total.max(1);
-            let mut x = 0.0;
-            let bar = p
-                .steps
-                .iter()
-                .map(|(step, n)| {
-                    let width = BAR_WIDTH * 2.0 * *n as f64 / total as f64;
-                    let seg = Segment {
-                        x,
-                        width,
-                        class: step_class(step),
-                        title: format!("{n} {step}"),
-                    };
-                    x += width;
-                    seg
-                })
-                .collect();
-            plans.push(PlanCard {
-                region: region.clone(),
-                id: p.plan_id.to_string(),
-                state: p.state.clone(),
-                created_by: p.created_by.clone(),
-                created_at: when(&p.created_at),
-                total: p.total,
-                done: p.steps.get("done").copied().unwrap_or(0),
-                steps: p.steps.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-                bar,
-                skipped: p
-                    .skipped
-                    .iter()
-                    .map(|s| (s.node_id.clone(), s.reason.clone()))
-                    .collect(),
-                held: p.held.as_ref().map(|h| h.to_string()).unwrap_or_default(),
-                per_leaf: p.per_leaf,
-                region_percent: p.region_percent,
-            });
-        }
-    }
+    let mut all: Vec<(String, gangway_shared::api::MaintenancePlan)> = (lists.into_iter())
+        .flat_map(|(r, l)| l.plans.into_iter().map(move |p| (r.clone(), p)))
+        .collect();
     // Running plans first, then newest first.
-    plans.sort_by(|a, b| {
-        (a.state != "running", &b.created_at).cmp(&(b.state != "running", &a.created_at))
-    });
+    all.sort_by_key(|(_, p)| (p.state != "running", std::cmp::Reverse(p.created_at)));
+    let plans: Vec<PlanCard> = (all.into_iter())
+        .map(|(region, p)| PlanCard {
+            bar: fleet::stacked(
+                p.steps
+                    .iter()
+                    .map(|(step, n)| (*n as usize, step_class(step), format!("{n} {step}"))),
+                p.total.max(1) as usize,
+                PLAN_BAR_WIDTH,
+            ),
+            region,
+            id: p.plan_id.to_string(),
+            state: p.state.clone(),
+            created_by: p.created_by.clone(),
+            created_at: when(&p.created_at),
+            total: p.total,
+            done: p.steps.get("done").copied().unwrap_or(0),
+            steps: p.steps.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            skipped: (p.skipped.iter())
+                .map(|s| (s.node_id.clone(), s.reason.clone()))
+                .collect(),
+            held: p.held.as_ref().map(|h| h.to_string()).unwrap_or_default(),
+            per_leaf: p.per_leaf,
+            region_percent: p.region_percent,
+        })
+        .collect();
     html(
         StatusCode::OK,
         &MaintenancePage {
             chrome: Chrome::new(&session, "Maintenance", "maintenance").live(5),
             plans,
-            bar_width: BAR_WIDTH * 2.0,
+            bar_width: PLAN_BAR_WIDTH,
             errors,
         },
     )

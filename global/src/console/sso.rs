@@ -23,7 +23,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::api::encode;
-use super::{classify, html, session_cookie_header, sign_in_form, Chrome, Console, Role};
+use super::{
+    classify, cookie, html, request_host, session_cookie_header, sign_in_form, Chrome, Console,
+    Role,
+};
 use crate::oidc::Oidc;
 
 /// The flow's cookie: kind, state, nonce and verifier.
@@ -43,8 +46,7 @@ fn challenge(verifier: &str) -> String {
 /// This tier's callback URL, as the browser reached it (the issuer must
 /// have it registered as a redirect URI).
 fn callback_url(headers: &HeaderMap, uri: &axum::http::Uri) -> Option<String> {
-    let host = (uri.authority().map(|a| a.as_str()))
-        .or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()))?;
+    let host = request_host(headers, uri)?;
     let plain = host
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'));
@@ -101,7 +103,7 @@ pub async fn start(
         );
     };
     let (state, nonce, verifier) = (random(), random(), format!("{}{}", random(), random()));
-    let letter = if role == Role::Tenant { 't' } else { 'o' };
+    let letter = role.letter();
     let sep = if endpoints.authorization.contains('?') {
         '&'
     } else {
@@ -128,25 +130,10 @@ pub async fn start(
 
 /// The flow's cookie: (role, state, nonce, verifier).
 fn flow(headers: &HeaderMap) -> Option<(Role, String, String, String)> {
-    for value in headers.get_all(header::COOKIE) {
-        for pair in value.to_str().ok()?.split(';') {
-            let Some((name, v)) = pair.trim().split_once('=') else {
-                continue;
-            };
-            if name != FLOW_COOKIE {
-                continue;
-            }
-            let mut parts = v.split('~');
-            let role = match parts.next()? {
-                "t" => Role::Tenant,
-                "o" => Role::Operator,
-                _ => return None,
-            };
-            let (state, nonce, verifier) = (parts.next()?, parts.next()?, parts.next()?);
-            return Some((role, state.into(), nonce.into(), verifier.into()));
-        }
-    }
-    None
+    let mut parts = cookie(headers, FLOW_COOKIE)?.split('~');
+    let role = Role::from_letter(parts.next()?)?;
+    let (state, nonce, verifier) = (parts.next()?, parts.next()?, parts.next()?);
+    Some((role, state.into(), nonce.into(), verifier.into()))
 }
 
 #[derive(Deserialize)]
@@ -222,17 +209,14 @@ pub async fn callback(
         );
     }
     // The API has the last word on what the token is.
-    if classify(&console, &token).await != Some(role) {
+    if classify(&console, &token).await != Ok(role) {
         return refused(
             StatusCode::UNAUTHORIZED,
             "The identity provider signed you in, but this cloud does not accept its token for \
              that role (no tenant named, or not in the operators' group).",
         );
     }
-    let to = match role {
-        Role::Tenant => "/jobs",
-        Role::Operator => "/fleet",
-    };
+    let to = role.home();
     // A page, not a redirect: the session cookie is `SameSite=Strict`, and
     // a redirect chain that began at the issuer is a cross-site navigation
     // that would not carry it; the page's own refresh is same-site.

@@ -417,58 +417,51 @@ pub async fn usage(session: Session) -> Response {
         .single()
         .unwrap_or(now);
     let from = start.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let daily_q = format!(
-        "/v1/usage?from={}&granularity=day&group_by=region",
+    // One read: GPU time per day and GPU type, summed per day for the
+    // chart and per type for the line above it.
+    let usage_q = format!(
+        "/v1/usage?from={}&granularity=day&group_by=gpu_type",
         encode(&from)
     );
-    let typed_q = format!(
-        "/v1/usage?from={}&granularity=month&group_by=gpu_type",
-        encode(&from)
-    );
-    let (daily, typed, costs) = tokio::join!(
-        session.api.get::<Usage>(&daily_q),
-        session.api.get::<Usage>(&typed_q),
+    let (daily, costs) = tokio::join!(
+        session.api.get::<Usage>(&usage_q),
         session.api.get::<Costs>("/v1/costs"),
     );
     let daily = match daily {
         Ok(u) => u,
         Err(e) => return failed(&session, e),
     };
-    // GPU-hours per day of the month so far, every day drawn.
+    // Every day of the month so far is drawn, with nothing as 0.
     let days = (now - start).num_days() + 1;
-    let points: Vec<(String, f64)> = (0..days)
-        .map(|d| {
-            let day = start + chrono::Duration::days(d);
-            let s: f64 = daily
-                .rows
-                .iter()
-                .filter(|r| r.period_start.date_naive() == day.date_naive())
-                .map(|r| r.gpu_seconds)
-                .sum();
-            (day.format("%d").to_string(), s / 3600.0)
-        })
+    let per_day = |value: &dyn Fn(chrono::NaiveDate) -> f64| -> Vec<(String, f64)> {
+        (0..days)
+            .map(|d| {
+                let day = (start + chrono::Duration::days(d)).date_naive();
+                (day.format("%d").to_string(), value(day))
+            })
+            .collect()
+    };
+    let points = per_day(&|day| {
+        (daily.rows.iter())
+            .filter(|r| r.period_start.date_naive() == day)
+            .map(|r| r.gpu_seconds / 3600.0)
+            .sum()
+    });
+    let mut types: std::collections::BTreeMap<&str, f64> = Default::default();
+    for r in &daily.rows {
+        *types.entry(r.key.as_str()).or_default() += r.gpu_seconds;
+    }
+    let by_type = (types.into_iter())
+        .map(|(t, s)| (t.to_string(), format!("{:.2}", s / 3600.0)))
         .collect();
-    let by_type = typed
-        .map(|u| {
-            u.rows
-                .iter()
-                .map(|r| (r.key.clone(), format!("{:.2}", r.gpu_seconds / 3600.0)))
-                .collect()
-        })
-        .unwrap_or_default();
     let (costs, cost_chart, costs_note) = match costs {
         Ok(c) => {
-            // Every day of the month so far, as the usage chart draws them.
-            let pts: Vec<(String, f64)> = (0..days)
-                .map(|d| {
-                    let day = (start + chrono::Duration::days(d)).date_naive();
-                    let billed: f64 = (c.days.iter())
-                        .filter(|x| x.day == day)
-                        .map(|x| money(&x.billed))
-                        .sum();
-                    (day.format("%d").to_string(), billed)
-                })
-                .collect();
+            let pts = per_day(&|day| {
+                (c.days.iter())
+                    .filter(|x| x.day == day)
+                    .map(|x| money(&x.billed))
+                    .sum()
+            });
             let chart = bars(&pts, &c.currency);
             (Some(CostView::of(c)), Some(chart), String::new())
         }

@@ -81,6 +81,17 @@ pub(crate) struct TypeState<'a> {
     pack_by_end: bool,
 }
 
+/// How [`TypeState::in_view`] carries a placement out.
+#[derive(Clone, Copy)]
+struct Start {
+    /// The unit's expected end, recorded in the timeline (which must exist
+    /// when it is known) and in the index's horizons; `None`: none known.
+    end: Option<u64>,
+    /// `Some(now)`: its node is chosen by [`TypeIndex::fit_by_end`]
+    /// (horizons tracked).
+    pack_at: Option<u64>,
+}
+
 /// How one unit's decision came out.
 pub(crate) enum Outcome {
     Start(Placement),
@@ -301,7 +312,7 @@ impl<'a> TypeState<'a> {
     /// time for.
     fn try_start(&mut self, known: &Known<'a>, req: &Request) -> Option<Placement> {
         let end = timeline::end_of(known.now, req.estimated_duration_s);
-        let mut pack = None;
+        let mut pack_at = None;
         if end.is_some() {
             self.timeline(known);
             if self.pack_by_end && req.ranks.len() == 1 {
@@ -310,13 +321,14 @@ impl<'a> TypeState<'a> {
                     let horizon = tl.horizons(known, self.ty, self.index.slots.len());
                     self.index.track_ends(horizon);
                 }
-                pack = Some(known.now);
+                pack_at = Some(known.now);
             }
         }
         let allowed = self.allowed(req, end);
-        let mut fit = self.in_view(req, 0, Some((end, pack)));
+        let start = Start { end, pack_at };
+        let mut fit = self.in_view(req, 0, Some(start));
         if fit.is_none() && allowed != 0 {
-            fit = self.in_view(req, allowed, Some((end, pack)));
+            fit = self.in_view(req, allowed, Some(start));
         }
         let placement = fit?.placement?;
         self.backfilled |= !self.holds.is_empty();
@@ -395,17 +407,9 @@ impl<'a> TypeState<'a> {
     }
 
     /// Best fit for `req` on the free GPUs plus the held GPUs of the holds in
-    /// `mask`. `start = Some((end, pack))`: carry it out, recording its end
-    /// (`None`: none known) in the timeline, which must exist when the end
-    /// is known, and with `pack = Some(now)` choosing its node by
-    /// [`TypeIndex::fit_by_end`] (horizons tracked); `None`: only say which
-    /// GPUs it would take.
-    fn in_view(
-        &mut self,
-        req: &Request,
-        mask: u64,
-        start: Option<(Option<u64>, Option<u64>)>,
-    ) -> Option<ViewFit> {
+    /// `mask`. `start`: carry it out as [`Start`] says; `None`: only say
+    /// which GPUs it would take.
+    fn in_view(&mut self, req: &Request, mask: u64, start: Option<Start>) -> Option<ViewFit> {
         let workers = req.ranks.len() as u64;
         let gpw = req.gpus_per_worker;
         let failed = self.memo.entry((gpw, mask)).or_insert(NEVER_FAILED);
@@ -432,7 +436,10 @@ impl<'a> TypeState<'a> {
         let fit = place::best_fit(index, workers, gpw, req.required, Some(failed)).and_then(
             |(level, dom)| {
                 let packed = match start {
-                    Some((Some(end), Some(now))) => index.fit_by_end(gpw, now, end),
+                    Some(Start {
+                        end: Some(end),
+                        pack_at: Some(now),
+                    }) => index.fit_by_end(gpw, now, end),
                     _ => None,
                 };
                 let picks = match packed {
@@ -445,7 +452,7 @@ impl<'a> TypeState<'a> {
                 } else {
                     Vec::new()
                 };
-                let placement = start.map(|(end, _)| {
+                let placement = start.map(|Start { end, .. }| {
                     if let (Some(end), Some(tl)) = (end, timeline.as_mut()) {
                         tl.record_placed(end, index, &picks, gpw);
                     }
