@@ -157,10 +157,10 @@ pub struct SimArgs {
     #[arg(long, value_delimiter = ',')]
     low_priority_tenants: Vec<String>,
     /// Queued units shown to each planning pass (oldest first).
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = gangway_sched::QueueWindow::default().cap)]
     queue_window: usize,
     /// Beyond those, each tenant's oldest this many queued units are shown too.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = gangway_sched::QueueWindow::default().per_tenant)]
     queue_window_per_tenant: usize,
     /// At least this many seconds of virtual time between planning passes
     /// (a scheduler loop's period; 0 = a pass at every event).

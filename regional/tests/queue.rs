@@ -353,3 +353,114 @@ async fn a_pass_knows_when_each_waiting_job_was_submitted() {
     let elsewhere = store.submitted_at("a100", [b.as_str()].into_iter()).await;
     assert_eq!(elsewhere, vec![None]);
 }
+
+#[tokio::test]
+async fn a_pass_sees_the_queues_window_and_later_jobs_move_in_as_earlier_ones_leave() {
+    // A window of the first 3 units and each tenant's first 1: acme's
+    // backlog of five fills the first part, and zeta's first job is shown
+    // all the same (a backlog hides no tenant from fair sharing).
+    let (store, _client, _url) = fresh().await;
+    store.set_queue_window(gangway_sched::QueueWindow {
+        cap: 3,
+        per_tenant: 1,
+    });
+    Fleet::register_nodes(&store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
+    let mut acme = Vec::new();
+    for _ in 0..5 {
+        acme.push(submit(&store, &common::job("acme", "h100", 8, 8)).await);
+    }
+    let zeta = [
+        submit(&store, &common::job("zeta", "h100", 8, 8)).await,
+        submit(&store, &common::job("zeta", "h100", 8, 8)).await,
+    ];
+    let data = store
+        .snapshot_partition("h100", AGENT_TIMEOUT, planning().history)
+        .await
+        .unwrap();
+    let mut shown: Vec<String> = data.snapshot.queue.iter().map(|r| r.job.clone()).collect();
+    shown.sort();
+    let mut expected: Vec<String> = [acme[0], acme[1], acme[2], zeta[0]]
+        .iter()
+        .map(Uuid::to_string)
+        .collect();
+    expected.sort();
+    assert_eq!(
+        shown, expected,
+        "the window: acme's first three and zeta's first"
+    );
+    // The queue's depth still counts every unit.
+    assert_eq!(data.queued_units.get("h100"), Some(&7));
+
+    // A job beyond the window says so, and how many are ahead of it.
+    let why = gangway_regional::scheduling::explain(&store, "acme", acme[4], &planning())
+        .await
+        .unwrap();
+    assert_eq!(why.code, "beyond_window", "{why:?}");
+    assert!(
+        why.message
+            .contains("4 queued unit(s) are ahead of it, 4 of them its tenant's"),
+        "{}",
+        why.message
+    );
+    let why = gangway_regional::scheduling::explain(&store, "zeta", zeta[1], &planning())
+        .await
+        .unwrap();
+    assert_eq!(why.code, "beyond_window");
+    assert!(
+        why.message
+            .contains("6 queued unit(s) are ahead of it, 1 of them"),
+        "{}",
+        why.message
+    );
+    // One shown waits as the planner decides.
+    let why = gangway_regional::scheduling::explain(&store, "acme", acme[1], &planning())
+        .await
+        .unwrap();
+    assert_ne!(why.code, "beyond_window");
+    // A dry run: another of acme's would be beyond it; a new tenant's
+    // first job is in it.
+    let spec = common::job("acme", "h100", 8, 8).spec;
+    let dry = gangway_regional::scheduling::dry_run(&store, "acme", &spec, &planning())
+        .await
+        .unwrap();
+    assert_eq!(dry.code, "beyond_window", "{dry:?}");
+    let dry = gangway_regional::scheduling::dry_run(&store, "newco", &spec, &planning())
+        .await
+        .unwrap();
+    assert_ne!(dry.code, "beyond_window", "{dry:?}");
+
+    // A pass places from the window only: acme's first or zeta's first.
+    let o = run_partition_pass(&store, &planning(), "h100")
+        .await
+        .unwrap();
+    assert_eq!(o.placements, 1);
+    let (q, _) = queue(&store).await;
+    let left: Vec<&str> = jobs_of(&q);
+    let placed: Vec<Uuid> = [acme[0], zeta[0]]
+        .into_iter()
+        .filter(|j| !left.contains(&j.to_string().as_str()))
+        .collect();
+    assert_eq!(
+        placed.len(),
+        1,
+        "the pass placed acme's or zeta's first job"
+    );
+
+    // As jobs ahead leave, later ones move in: with acme's next two
+    // cancelled, its fifth is shown, and zeta's second once its first is
+    // placed.
+    store.cancel_job("acme", acme[1]).await.unwrap();
+    store.cancel_job("acme", acme[2]).await.unwrap();
+    let (q, _) = queue(&store).await;
+    let shown = jobs_of(&q);
+    assert!(shown.contains(&acme[4].to_string().as_str()), "{shown:?}");
+    let why = gangway_regional::scheduling::explain(&store, "acme", acme[4], &planning())
+        .await
+        .unwrap();
+    assert_ne!(why.code, "beyond_window", "{why:?}");
+    assert_eq!(
+        shown.contains(&zeta[1].to_string().as_str()),
+        placed == [zeta[0]],
+        "zeta's second is shown once its first left the queue: {shown:?}"
+    );
+}

@@ -182,6 +182,6 @@ pub use partition::plan_partitioned;
 pub use plan::plan;
 pub use types::{
     Elastic, Level, Node, ParseLevelError, Placement, Plan, Policy, PolicyKind, PreemptCause,
-    Preemption, PreemptionPolicy, Request, Reservation, ReservedCapacity, Running, Share, Snapshot,
-    WaitReason, Waiting, WorkerPlacement, PREEMPTIBLE_PRIORITY,
+    Preemption, PreemptionPolicy, QueueWindow, Request, Reservation, ReservedCapacity, Running,
+    Share, Snapshot, WaitReason, Waiting, WorkerPlacement, PREEMPTIBLE_PRIORITY,
 };

@@ -321,6 +321,41 @@ impl Default for Share {
     }
 }
 
+/// The window of the queue a planning pass is shown, as the simulator and
+/// the region both apply it (the core plans whatever it is given): the
+/// first [`QueueWindow::cap`] units in queue order (priority, then `seq`)
+/// and, beyond those, each tenant's first [`QueueWindow::per_tenant`]. The
+/// rest wait their turn and move in as units ahead of them leave. A pass
+/// then costs the same at 2,000 queued units as at 50,000 (issue 23), and
+/// the tenant part keeps fair sharing honest: with a plain window, a
+/// tenant whose work arrived behind another's large backlog would be
+/// invisible to the pass, however far below its guarantee it is. Slurm's
+/// `default_queue_depth` and `bf_max_job_test` bound its passes the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueWindow {
+    /// Units shown in queue order (at least 1).
+    pub cap: usize,
+    /// Beyond those, each tenant's first this many units (0: none).
+    pub per_tenant: usize,
+}
+
+impl QueueWindow {
+    /// Whether a unit with `ahead` units before it in the whole queue and
+    /// `tenant_ahead` before it in its tenant's is in the window.
+    pub fn shows(&self, ahead: usize, tenant_ahead: usize) -> bool {
+        ahead < self.cap || tenant_ahead < self.per_tenant
+    }
+}
+
+impl Default for QueueWindow {
+    fn default() -> QueueWindow {
+        QueueWindow {
+            cap: 2_000,
+            per_tenant: 32,
+        }
+    }
+}
+
 /// The priority at and below which running units may be preempted for
 /// higher-priority work (the API's `low` is 0, `normal` 1, `high` 2).
 pub const PREEMPTIBLE_PRIORITY: i32 = 0;

@@ -68,7 +68,8 @@ pub struct SimConfig {
     /// Tenants whose jobs run at low priority (all others: normal).
     pub low_priority_tenants: BTreeSet<String>,
     /// At most this many queued units (the oldest by priority then arrival)
-    /// are passed to each planning pass; the rest wait their turn.
+    /// are passed to each planning pass; the rest wait their turn (the
+    /// region applies the same window, [`gangway_sched::QueueWindow`]).
     pub queue_window: usize,
     /// Beyond those, each tenant's first this many queued units are passed
     /// too, so that no tenant's work is invisible to fair sharing behind
@@ -124,8 +125,8 @@ impl Default for SimConfig {
             locality: LocalityModel::default(),
             estimate_noise: 0.0,
             low_priority_tenants: BTreeSet::new(),
-            queue_window: 2000,
-            queue_window_per_tenant: 32,
+            queue_window: gangway_sched::QueueWindow::default().cap,
+            queue_window_per_tenant: gangway_sched::QueueWindow::default().per_tenant,
             pass_interval_s: 0,
             spares: SpareMode::Swap,
             scheduled_failures: Vec::new(),

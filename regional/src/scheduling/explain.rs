@@ -24,6 +24,24 @@ fn expected_start(reason: &gangway_sched::WaitReason) -> Option<chrono::DateTime
     }
 }
 
+/// The code and message of a unit beyond the queue's window, with `all`
+/// units ahead of it (`own` of them its tenant's).
+fn beyond_window(
+    window: gangway_sched::QueueWindow,
+    all: usize,
+    own: usize,
+) -> (&'static str, String) {
+    (
+        "beyond_window",
+        format!(
+            "{all} queued unit(s) are ahead of it, {own} of them its tenant's; each scheduling \
+             pass considers the first {} in priority and submission order and each tenant's \
+             first {}, and it moves into that window as those ahead of it start or leave",
+            window.cap, window.per_tenant
+        ),
+    )
+}
+
 /// Why a job is where it is. For work still waiting, this runs the planner
 /// on a fresh snapshot (no commit) and reports what it decided for the job.
 pub async fn explain(
@@ -123,6 +141,16 @@ pub async fn explain(
         )
         .await?;
     let job_key = id.to_string();
+    // A job beyond the window of the queue the passes are shown waits its
+    // turn there, whatever the planner would do with it.
+    if !data.snapshot.queue.iter().any(|r| r.job == job_key) {
+        let priority = job.spec.priority.rank();
+        let ahead = store.queue_ahead(&data.queue_key, &job.tenant, priority, Some(id));
+        if let Some((all, own)) = ahead.await {
+            let (code, why) = beyond_window(store.queue_window(), all, own);
+            return done(code, format!("{pending} worker(s) waiting: {why}"), None);
+        }
+    }
     let policy = planning.policy.clone();
     let planned = tokio::task::spawn_blocking(move || plan(&data.snapshot, &policy))
         .await
@@ -168,6 +196,20 @@ pub async fn dry_run(
             planning.history,
         )
         .await?;
+    let window = store.queue_window();
+    let ahead = store.queue_ahead(&data.queue_key, tenant, spec.priority.rank(), None);
+    if let Some((all, own)) = ahead.await.filter(|&(a, o)| !window.shows(a, o)) {
+        let (code, why) = beyond_window(window, all, own);
+        return Ok(DryRun {
+            region: store.region().to_string(),
+            code: code.to_string(),
+            message: format!("would wait: {why}"),
+            level: None,
+            nodes: Vec::new(),
+            estimated_start: None,
+            would_preempt: Vec::new(),
+        });
+    }
     let per = spec.gpus_per_worker() as u32;
     let workers = spec.workers() as u32;
     let level = crate::store::level_of;

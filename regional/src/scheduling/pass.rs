@@ -106,7 +106,7 @@ async fn pass(
     .await
     .expect("the planner does not panic");
     let partition = only.unwrap_or("all").to_string();
-    record_fleet_metrics(&snapshot, &planned, &data.racks, only);
+    record_fleet_metrics(&snapshot, &planned, &data.racks, &data.queued_units, only);
     let mut outcome = PassOutcome {
         placements: planned.placements.len(),
         waiting: planned.waiting.len(),
@@ -183,7 +183,8 @@ async fn pass(
 }
 
 /// GPU and queue gauges per type (per dedicated cluster, for a cluster's
-/// `partition`), and each budgeted rack's power budget and headroom. A partition's pass covers only the racks holding its
+/// `partition`; the queue's depth is every unit `queued`, in the pass's
+/// window or beyond it), and each budgeted rack's power budget and headroom. A partition's pass covers only the racks holding its
 /// type's nodes; their figures are whole-rack, so passes of different
 /// partitions agree on a shared rack.
 ///
@@ -195,6 +196,7 @@ fn record_fleet_metrics(
     s: &Snapshot,
     planned: &gangway_sched::Plan,
     racks: &BTreeMap<String, crate::store::RackPower>,
+    queued: &BTreeMap<String, u64>,
     partition: Option<&str>,
 ) {
     for (rack, p) in racks {
@@ -211,10 +213,6 @@ fn record_fleet_metrics(
             e.1 += n.free.len() as u64;
         }
     }
-    let mut queued: BTreeMap<&str, u64> = BTreeMap::new();
-    for r in &s.queue {
-        *queued.entry(r.gpu_type.as_str()).or_default() += 1;
-    }
     if let Some(cluster) = partition.and_then(crate::store::cluster_of_key) {
         // A dedicated cluster's GPUs are not its type's shared pool's.
         let (allocated, free) = by_type.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
@@ -222,7 +220,8 @@ fn record_fleet_metrics(
         metrics::gauge!("gangway_cluster_gpus_allocated", "cluster" => id.clone())
             .set(allocated as f64);
         metrics::gauge!("gangway_cluster_gpus_free", "cluster" => id.clone()).set(free as f64);
-        metrics::gauge!("gangway_cluster_queue_depth", "cluster" => id).set(s.queue.len() as f64);
+        metrics::gauge!("gangway_cluster_queue_depth", "cluster" => id)
+            .set(queued.values().sum::<u64>() as f64);
         return;
     }
     let type_of_node: std::collections::HashMap<&str, &str> = (s.nodes.iter())

@@ -32,6 +32,9 @@ pub struct SnapshotData {
     /// How the queue was read: whole, or only what changed since the
     /// previous snapshot of the same pool (`queue.rs`).
     pub queue_read: QueueRead,
+    /// Units waiting per GPU type, in the window (`snapshot.queue`) and
+    /// beyond it ([`Store::set_queue_window`]).
+    pub queued_units: BTreeMap<String, u64>,
     /// How long each of the snapshot's reads took, in order (as
     /// `gangway_snapshot_read_seconds{read}` records them; for benches).
     pub reads: Vec<(&'static str, Duration)>,
@@ -287,7 +290,9 @@ impl Store {
         )
         .await?;
         laps.lap("queue");
-        let queue = super::queue::requests(held_queue.as_ref().expect("brought up to date"));
+        let held = held_queue.as_ref().expect("brought up to date");
+        let queue = super::queue::requests(held, self.queues.window());
+        let queued_units = held.units.clone();
         drop(held_queue);
         laps.lap("queue_copy");
         let read = match how {
@@ -366,7 +371,13 @@ impl Store {
                              THEN j.run_workers END AS elastic_workers,
                         j.workers, j.gpus_per_worker, j.required_level::text AS required,
                         j.reservation_id
-                 FROM a JOIN jobs j ON j.job_id = a.job_id
+                 FROM a
+                 -- Each job looked up by key (`OFFSET 0` keeps it a
+                 -- lookup): `IS NOT DISTINCT FROM` is estimated at one
+                 -- row, and as a join the planner scanned every job for
+                 -- each allocated one (seconds at 50,000 queued).
+                 CROSS JOIN LATERAL (SELECT * FROM jobs j
+                                     WHERE j.job_id = a.job_id OFFSET 0) j
                  WHERE j.cluster_id IS NOT DISTINCT FROM $2
                  ORDER BY a.job_id",
                 &[&only, &cluster],
@@ -452,12 +463,16 @@ impl Store {
             .query(
                 // Counted per job first (grouped by id alone: sorting the
                 // GPUs by tenant and type text took half the read), each
-                // job looked up once for its tenant and type (what its
-                // allocations copy), not once per allocated GPU.
+                // job looked up once by key for its tenant and type (what
+                // its allocations copy), not once per allocated GPU. As a
+                // join, with `IS NOT DISTINCT FROM` estimated at one row,
+                // the planner re-counted the allocations for every job:
+                // 60 s a pass at 50,000 queued (`queue_depth` bench).
                 "SELECT j.tenant, j.gpu_type, sum(a.n)::bigint
                  FROM (SELECT job_id, count(*) AS n FROM allocations
                        WHERE released_at IS NULL GROUP BY job_id) a
-                 JOIN jobs j USING (job_id)
+                 CROSS JOIN LATERAL (SELECT j.tenant, j.gpu_type, j.cluster_id FROM jobs j
+                                     WHERE j.job_id = a.job_id OFFSET 0) j
                  WHERE j.cluster_id IS NOT DISTINCT FROM $1
                  GROUP BY j.tenant, j.gpu_type",
                 &[&cluster],
@@ -568,6 +583,7 @@ impl Store {
             queue_key: only_key.to_string(),
             racks,
             queue_read: how,
+            queued_units,
             reads: laps.1,
         })
     }
@@ -583,6 +599,31 @@ impl Store {
     /// the pool's held queue (`SnapshotData::queue_key`) still holds: a
     /// pass's placements, for the queue-wait metric, without copying every
     /// queued job's time into each snapshot.
+    /// What of a pool's queue each pass is shown
+    /// ([`gangway_sched::QueueWindow`]; its default unless set).
+    pub fn set_queue_window(&self, window: gangway_sched::QueueWindow) {
+        self.queues.set_window(window);
+    }
+
+    pub fn queue_window(&self) -> gangway_sched::QueueWindow {
+        self.queues.window()
+    }
+
+    /// Units ahead of a waiting job in its pool's held queue (`queue_key`,
+    /// as the last snapshot of that pool brought it up to date): in the
+    /// whole queue and in its tenant's. `job` `None`: ahead of a new job of
+    /// `tenant` at the back of `priority`. `None` when the queue held does
+    /// not hold the job as waiting. O(queue).
+    pub async fn queue_ahead(
+        &self,
+        queue_key: &str,
+        tenant: &str,
+        priority: i32,
+        job: Option<Uuid>,
+    ) -> Option<(usize, usize)> {
+        self.queues.ahead(queue_key, tenant, priority, job).await
+    }
+
     pub async fn submitted_at<'j>(
         &self,
         queue_key: &str,

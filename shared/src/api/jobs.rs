@@ -577,8 +577,10 @@ pub struct Explanation {
     /// for it from `estimated_start`), `reserved_for_other` (the free GPUs
     /// are held for an earlier job), `waiting_for_preemption` (running jobs
     /// were asked to checkpoint and stop to make room for it; their GPUs are
-    /// expected free by `estimated_start`), `schedulable` (it would be
-    /// placed by the next pass).
+    /// expected free by `estimated_start`), `beyond_window` (so many jobs
+    /// queued ahead of it that scheduling passes do not consider it yet:
+    /// each sees the first 2,000 queued units and every tenant's first 32),
+    /// `schedulable` (it would be placed by the next pass).
     pub code: String,
     pub message: String,
     /// When the job is expected to start, where that can be computed (from
