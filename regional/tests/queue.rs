@@ -464,3 +464,38 @@ async fn a_pass_sees_the_queues_window_and_later_jobs_move_in_as_earlier_ones_le
         "zeta's second is shown once its first left the queue: {shown:?}"
     );
 }
+
+#[tokio::test]
+async fn a_job_owed_what_its_victims_free_is_shown_whatever_the_window() {
+    // A window of one unit: the second job waits beyond it, until it holds
+    // a claim on what its victims freed (recorded as a pass that preempted
+    // for it records it), which must not go to another for want of it.
+    let (store, client, _url) = fresh().await;
+    store.set_queue_window(gangway_sched::QueueWindow {
+        cap: 1,
+        per_tenant: 0,
+    });
+    Fleet::register_nodes(&store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
+    let first = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    let owed = submit(&store, &common::job("zeta", "h100", 8, 8)).await;
+    let (q, _) = queue(&store).await;
+    assert_eq!(jobs_of(&q), vec![first.to_string().as_str()]);
+    client
+        .execute(
+            "UPDATE jobs SET claim_until = now() + interval '5 minutes' WHERE job_id = $1",
+            &[&owed],
+        )
+        .await
+        .unwrap();
+    let (q, _) = queue(&store).await;
+    let mut expected = vec![first.to_string(), owed.to_string()];
+    expected.sort();
+    assert_eq!(jobs_of(&q), expected);
+    // And the pass places it first: it comes before every class.
+    let o = run_partition_pass(&store, &planning(), "h100")
+        .await
+        .unwrap();
+    assert_eq!(o.placements, 1);
+    let (q, _) = queue(&store).await;
+    assert_eq!(jobs_of(&q), vec![first.to_string().as_str()]);
+}

@@ -291,7 +291,7 @@ impl Store {
         .await?;
         laps.lap("queue");
         let held = held_queue.as_ref().expect("brought up to date");
-        let queue = super::queue::requests(held, self.queues.window());
+        let mut queue = super::queue::requests(held, self.queues.window());
         let queued_units = held.units.clone();
         drop(held_queue);
         laps.lap("queue_copy");
@@ -410,7 +410,7 @@ impl Store {
         .collect();
         laps.lap("reserved");
         let live: BTreeSet<&str> = reserved.iter().map(|r| r.id.as_str()).collect();
-        let running = running_rows
+        let running: Vec<Running> = running_rows
             .iter()
             .map(|row| {
                 let nodes: Vec<String> = row.get("nodes");
@@ -542,6 +542,24 @@ impl Store {
         })
         .collect();
         laps.lap("claims");
+        // Jobs owed what their victims free (a claim, or victims still
+        // leaving) come first in the core's order: shown whatever the
+        // window, so that no claim goes to another for want of its owner.
+        let shown = queue.len() as u64;
+        if shown < queued_units.values().sum::<u64>() {
+            let listed: BTreeSet<&str> = queue.iter().map(|r| r.job.as_str()).collect();
+            let owed: Vec<Uuid> = (claims.keys().map(String::as_str))
+                .chain(running.iter().filter_map(|r| r.preempted_for.as_deref()))
+                .filter(|j| !listed.contains(j))
+                .filter_map(|j| Uuid::parse_str(j).ok())
+                .collect();
+            if !owed.is_empty() {
+                let held = self.queues.lock(only_key).await;
+                if let Some(state) = held.as_ref() {
+                    queue.extend(state.requests_of(&owed));
+                }
+            }
+        }
 
         // Every covered type's partition version (no row yet: 0).
         let mut partitions: BTreeMap<String, i64> = match key {

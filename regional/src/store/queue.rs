@@ -212,6 +212,17 @@ impl QueueState {
         }
     }
 
+    /// The units of those of `jobs` held as waiting.
+    pub(super) fn requests_of(&self, jobs: &[Uuid]) -> Vec<Request> {
+        let mut out = Vec::new();
+        for id in jobs {
+            if let Some(q) = self.key_of.get(id).and_then(|k| self.jobs.get(k)) {
+                out.extend(q.requests.iter().cloned());
+            }
+        }
+        out
+    }
+
     /// How many units are ahead of a unit at `key` of `tenant`: in the
     /// whole queue, and in its tenant's. O(queue): for explanations, not
     /// passes.
