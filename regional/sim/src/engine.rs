@@ -824,7 +824,26 @@ impl<'a, 'p> Run<'a, 'p> {
             self.last_pass = Some(self.now);
             self.refresh_for_pass();
             self.snap.queue = std::mem::take(&mut self.queue.requests);
+            // Jobs owed what their victims free come first in the core's
+            // order: shown whatever the window, as the region shows them.
+            let windowed = self.snap.queue.len();
+            let owed = (self.snap.claims.keys())
+                .chain(
+                    self.snap
+                        .running
+                        .iter()
+                        .filter_map(|r| r.preempted_for.as_ref()),
+                )
+                .map(|j| job_index(j))
+                .collect::<BTreeSet<u32>>()
+                .into_iter()
+                .filter(|&j| self.jobs[j as usize].phase == Phase::Queued)
+                .filter_map(|j| self.queue.beyond_request(&self.jobs[j as usize].qkey))
+                .cloned()
+                .collect::<Vec<_>>();
+            self.snap.queue.extend(owed);
             let plan = (self.planner)(&self.snap, &self.policy);
+            self.snap.queue.truncate(windowed);
             self.queue.requests = std::mem::take(&mut self.snap.queue);
             let mut placed: BTreeMap<u32, QKey> = BTreeMap::new();
             for p in &plan.placements {

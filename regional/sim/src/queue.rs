@@ -153,15 +153,23 @@ impl Queue {
         in_all || in_tenant
     }
 
-    /// Removes the windowed units of `placed` jobs (with their keys); units
-    /// that move into the window in their place go to `entered`.
+    /// The request of a unit beyond the window (`None` for one in it, or
+    /// not queued): the region shows a job owed what its victims free
+    /// whatever its place, and so does the simulator.
+    pub fn beyond_request(&self, key: &QKey) -> Option<&Request> {
+        self.beyond.get(key).map(|(req, _)| req)
+    }
+
+    /// Removes the units of `placed` jobs (with their keys), in the window
+    /// or shown beyond it; units that move into the window in their place
+    /// go to `entered`.
     pub fn remove(&mut self, placed: &BTreeMap<u32, QKey>, entered: &mut Vec<u32>) {
         for (&job, key) in placed {
-            debug_assert!(
-                self.pos[job as usize] != u32::MAX,
-                "a placed unit was windowed"
-            );
-            self.take(job);
+            if self.pos[job as usize] == u32::MAX {
+                self.beyond.remove(key);
+            } else {
+                self.take(job);
+            }
             let t = self.tenant_of[job as usize] as usize;
             let promoted = [self.all.remove(key), self.tenants[t].remove(key)];
             for p in promoted.into_iter().flatten() {
@@ -266,6 +274,30 @@ mod tests {
         r.seq = 0;
         assert!(q2.push(k, r, 1));
         assert_eq!(window(&q2), vec![1, 2, 5, 7]);
+    }
+
+    #[test]
+    fn a_unit_beyond_the_window_can_be_shown_and_placed() {
+        // (A job owed what its victims free is shown whatever the window.)
+        let mut q = Queue::new(1, 0, vec![0; 3]);
+        for j in 0..3 {
+            q.push(key(j), req(j), 1);
+        }
+        assert_eq!(window(&q), vec![0]);
+        assert!(q.beyond_request(&key(0)).is_none(), "in the window");
+        assert_eq!(
+            q.beyond_request(&key(2)).map(|r| r.job.as_str()),
+            Some("j2")
+        );
+        // Placed from beyond: it leaves the queue, the window stays.
+        let mut entered = Vec::new();
+        q.remove(&[(2, key(2))].into_iter().collect(), &mut entered);
+        assert!(entered.is_empty());
+        assert_eq!((q.len(), window(&q)), (2, vec![0]));
+        assert!(q.beyond_request(&key(2)).is_none());
+        // And the next in line still moves in when the window's unit goes.
+        q.remove(&[(0, key(0))].into_iter().collect(), &mut entered);
+        assert_eq!((entered, window(&q)), (vec![1], vec![1]));
     }
 
     #[test]
