@@ -354,17 +354,28 @@ async fn a_pass_knows_when_each_waiting_job_was_submitted() {
     assert_eq!(elsewhere, vec![None]);
 }
 
+/// A store whose passes are shown the first `cap` units and each
+/// tenant's first `per_tenant`, with one 8-GPU node.
+async fn windowed(cap: usize, per_tenant: usize) -> (Store, tokio_postgres::Client) {
+    let (store, client, _url) = fresh().await;
+    store.set_queue_window(gangway_sched::QueueWindow { cap, per_tenant });
+    Fleet::register_nodes(&store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
+    (store, client)
+}
+
+/// Why `job` of `tenant` waits, as `GET /v1/jobs/{id}/explain` says.
+async fn why(store: &Store, tenant: &str, job: Uuid) -> gangway_shared::api::Explanation {
+    gangway_regional::scheduling::explain(store, tenant, job, &planning())
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_pass_sees_the_queues_window_and_later_jobs_move_in_as_earlier_ones_leave() {
     // A window of the first 3 units and each tenant's first 1: acme's
     // backlog of five fills the first part, and zeta's first job is shown
     // all the same (a backlog hides no tenant from fair sharing).
-    let (store, _client, _url) = fresh().await;
-    store.set_queue_window(gangway_sched::QueueWindow {
-        cap: 3,
-        per_tenant: 1,
-    });
-    Fleet::register_nodes(&store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
+    let (store, _client) = windowed(3, 1).await;
     let mut acme = Vec::new();
     for _ in 0..5 {
         acme.push(submit(&store, &common::job("acme", "h100", 8, 8)).await);
@@ -392,31 +403,25 @@ async fn a_pass_sees_the_queues_window_and_later_jobs_move_in_as_earlier_ones_le
     assert_eq!(data.queued_units.get("h100"), Some(&7));
 
     // A job beyond the window says so, and how many are ahead of it.
-    let why = gangway_regional::scheduling::explain(&store, "acme", acme[4], &planning())
-        .await
-        .unwrap();
-    assert_eq!(why.code, "beyond_window", "{why:?}");
+    let said = why(&store, "acme", acme[4]).await;
+    assert_eq!(said.code, "beyond_window", "{said:?}");
     assert!(
-        why.message
+        said.message
             .contains("4 queued unit(s) are ahead of it, 4 of them its tenant's"),
         "{}",
-        why.message
+        said.message
     );
-    let why = gangway_regional::scheduling::explain(&store, "zeta", zeta[1], &planning())
-        .await
-        .unwrap();
-    assert_eq!(why.code, "beyond_window");
+    let said = why(&store, "zeta", zeta[1]).await;
+    assert_eq!(said.code, "beyond_window");
     assert!(
-        why.message
+        said.message
             .contains("6 queued unit(s) are ahead of it, 1 of them"),
         "{}",
-        why.message
+        said.message
     );
     // One shown waits as the planner decides.
-    let why = gangway_regional::scheduling::explain(&store, "acme", acme[1], &planning())
-        .await
-        .unwrap();
-    assert_ne!(why.code, "beyond_window");
+    let said = why(&store, "acme", acme[1]).await;
+    assert_ne!(said.code, "beyond_window");
     // A dry run: another of acme's would be beyond it; a new tenant's
     // first job is in it.
     let spec = common::job("acme", "h100", 8, 8).spec;
@@ -454,10 +459,8 @@ async fn a_pass_sees_the_queues_window_and_later_jobs_move_in_as_earlier_ones_le
     let (q, _) = queue(&store).await;
     let shown = jobs_of(&q);
     assert!(shown.contains(&acme[4].to_string().as_str()), "{shown:?}");
-    let why = gangway_regional::scheduling::explain(&store, "acme", acme[4], &planning())
-        .await
-        .unwrap();
-    assert_ne!(why.code, "beyond_window", "{why:?}");
+    let said = why(&store, "acme", acme[4]).await;
+    assert_ne!(said.code, "beyond_window", "{said:?}");
     assert_eq!(
         shown.contains(&zeta[1].to_string().as_str()),
         placed == [zeta[0]],
@@ -470,12 +473,7 @@ async fn a_job_owed_what_its_victims_free_is_shown_whatever_the_window() {
     // A window of one unit: the second job waits beyond it, until it holds
     // a claim on what its victims freed (recorded as a pass that preempted
     // for it records it), which must not go to another for want of it.
-    let (store, client, _url) = fresh().await;
-    store.set_queue_window(gangway_sched::QueueWindow {
-        cap: 1,
-        per_tenant: 0,
-    });
-    Fleet::register_nodes(&store, vec![node("n0", "s0", "s0-l0", "h100")]).await;
+    let (store, client) = windowed(1, 0).await;
     let first = submit(&store, &common::job("acme", "h100", 8, 8)).await;
     let owed = submit(&store, &common::job("zeta", "h100", 8, 8)).await;
     let (q, _) = queue(&store).await;

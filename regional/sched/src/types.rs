@@ -1,6 +1,6 @@
 //! The data the core takes in (a [`Snapshot`]) and gives back (a [`Plan`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -244,6 +244,30 @@ pub struct Snapshot {
     /// gone. Entries before `now` count for nothing.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub claims: BTreeMap<String, u64>,
+}
+
+impl Snapshot {
+    /// The jobs owed what their victims free: a claim not past `now`, or
+    /// victims still leaving. They come first in Gangway's order, so
+    /// callers that show a pass a window of the queue
+    /// ([`QueueWindow`]) show them whatever their place. (The planner
+    /// itself counts victims in flight only where it plans their type.)
+    pub fn owed(&self) -> BTreeSet<&str> {
+        owed(&self.claims, &self.running, self.now)
+    }
+}
+
+/// [`Snapshot::owed`] of the parts, for a caller still assembling them.
+pub fn owed<'s>(
+    claims: &'s BTreeMap<String, u64>,
+    running: &'s [Running],
+    now: u64,
+) -> BTreeSet<&'s str> {
+    (claims.iter())
+        .filter(|&(_, &until)| until >= now)
+        .map(|(job, _)| job.as_str())
+        .chain(running.iter().filter_map(|r| r.preempted_for.as_deref()))
+        .collect()
 }
 
 /// Capacity promised to a tenant: `gpus` GPUs of `gpu_type` inside one

@@ -827,16 +827,8 @@ impl<'a, 'p> Run<'a, 'p> {
             // Jobs owed what their victims free come first in the core's
             // order: shown whatever the window, as the region shows them.
             let windowed = self.snap.queue.len();
-            let owed = (self.snap.claims.keys())
-                .chain(
-                    self.snap
-                        .running
-                        .iter()
-                        .filter_map(|r| r.preempted_for.as_ref()),
-                )
-                .map(|j| job_index(j))
-                .collect::<BTreeSet<u32>>()
-                .into_iter()
+            let owed = (self.snap.owed().into_iter())
+                .map(job_index)
                 .filter(|&j| self.jobs[j as usize].phase == Phase::Queued)
                 .filter_map(|j| self.queue.beyond_request(&self.jobs[j as usize].qkey))
                 .cloned()

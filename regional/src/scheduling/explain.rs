@@ -6,7 +6,7 @@ use chrono::Utc;
 use gangway_sched::plan;
 
 use crate::config::Planning;
-use crate::store::{Store, StoreError};
+use crate::store::{QueuePlace, Store, StoreError};
 
 /// The wall-clock time of a snapshot-clock instant (seconds since the epoch
 /// on the database's clock).
@@ -144,8 +144,7 @@ pub async fn explain(
     // A job beyond the window of the queue the passes are shown waits its
     // turn there, whatever the planner would do with it.
     if !data.snapshot.queue.iter().any(|r| r.job == job_key) {
-        let priority = job.spec.priority.rank();
-        let ahead = store.queue_ahead(&data.queue_key, &job.tenant, priority, Some(id));
+        let ahead = store.queue_ahead(&data.queue_key, &job.tenant, QueuePlace::Job(id));
         if let Some((all, own)) = ahead.await {
             let (code, why) = beyond_window(store.queue_window(), all, own);
             return done(code, format!("{pending} worker(s) waiting: {why}"), None);
@@ -197,7 +196,8 @@ pub async fn dry_run(
         )
         .await?;
     let window = store.queue_window();
-    let ahead = store.queue_ahead(&data.queue_key, tenant, spec.priority.rank(), None);
+    let at = QueuePlace::BackOf(spec.priority.rank());
+    let ahead = store.queue_ahead(&data.queue_key, tenant, at);
     if let Some((all, own)) = ahead.await.filter(|&(a, o)| !window.shows(a, o)) {
         let (code, why) = beyond_window(window, all, own);
         return Ok(DryRun {

@@ -13,7 +13,7 @@ use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
 use super::power::{gpus_fed, rack_power, rack_power_rows, RackPower};
-pub use super::queue::QueueRead;
+pub use super::queue::{QueuePlace, QueueRead};
 use super::{Result, Store, StoreError};
 use crate::config::HistoryOptions;
 
@@ -166,7 +166,7 @@ impl Store {
     ) -> Result<SnapshotData> {
         let mut laps = Laps(Instant::now(), Vec::new());
         // The pool's queue, held between passes (`queue.rs`): locked before
-        // the snapshot is taken.
+        // the snapshot is taken, until the jobs it must show are known.
         let only_key = only.unwrap_or("*");
         let mut held_queue = self.queues.lock(only_key).await;
         let mut conn = self.conn().await?;
@@ -293,7 +293,6 @@ impl Store {
         let held = held_queue.as_ref().expect("brought up to date");
         let mut queue = super::queue::requests(held, self.queues.window());
         let queued_units = held.units.clone();
-        drop(held_queue);
         laps.lap("queue_copy");
         let read = match how {
             QueueRead::Whole => "whole",
@@ -542,24 +541,18 @@ impl Store {
         })
         .collect();
         laps.lap("claims");
-        // Jobs owed what their victims free (a claim, or victims still
-        // leaving) come first in the core's order: shown whatever the
-        // window, so that no claim goes to another for want of its owner.
-        let shown = queue.len() as u64;
-        if shown < queued_units.values().sum::<u64>() {
+        // Jobs owed what their victims free come first in the core's
+        // order: shown whatever the window, so that no claim goes to
+        // another for want of its owner.
+        if (queue.len() as u64) < queued_units.values().sum::<u64>() {
             let listed: BTreeSet<&str> = queue.iter().map(|r| r.job.as_str()).collect();
-            let owed: Vec<Uuid> = (claims.keys().map(String::as_str))
-                .chain(running.iter().filter_map(|r| r.preempted_for.as_deref()))
+            let owed: Vec<Uuid> = (gangway_sched::types::owed(&claims, &running, now).into_iter())
                 .filter(|j| !listed.contains(j))
                 .filter_map(|j| Uuid::parse_str(j).ok())
                 .collect();
-            if !owed.is_empty() {
-                let held = self.queues.lock(only_key).await;
-                if let Some(state) = held.as_ref() {
-                    queue.extend(state.requests_of(&owed));
-                }
-            }
+            queue.extend(held.requests_of(&owed));
         }
+        drop(held_queue);
 
         // Every covered type's partition version (no row yet: 0).
         let mut partitions: BTreeMap<String, i64> = match key {
@@ -627,19 +620,18 @@ impl Store {
         self.queues.window()
     }
 
-    /// Units ahead of a waiting job in its pool's held queue (`queue_key`,
-    /// as the last snapshot of that pool brought it up to date): in the
-    /// whole queue and in its tenant's. `job` `None`: ahead of a new job of
-    /// `tenant` at the back of `priority`. `None` when the queue held does
-    /// not hold the job as waiting. O(queue).
+    /// Units ahead of `at` (a waiting job of `tenant`, or a new one's
+    /// place) in its pool's held queue (`queue_key`, as the last snapshot
+    /// of that pool brought it up to date): in the whole queue and in its
+    /// tenant's. `None` when the queue held does not hold the job as
+    /// waiting. O(queue).
     pub async fn queue_ahead(
         &self,
         queue_key: &str,
         tenant: &str,
-        priority: i32,
-        job: Option<Uuid>,
+        at: QueuePlace,
     ) -> Option<(usize, usize)> {
-        self.queues.ahead(queue_key, tenant, priority, job).await
+        self.queues.ahead(queue_key, tenant, at).await
     }
 
     pub async fn submitted_at<'j>(

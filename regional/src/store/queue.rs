@@ -237,6 +237,15 @@ impl QueueState {
     }
 }
 
+/// A place in a pool's queue ([`super::Store::queue_ahead`]).
+#[derive(Clone, Copy, Debug)]
+pub enum QueuePlace {
+    /// A waiting job's.
+    Job(Uuid),
+    /// A new job's at the back of this priority.
+    BackOf(i32),
+}
+
 /// The held queues, by pool key (`"*"`: every shared pool at once).
 #[derive(Default)]
 pub(super) struct Queues {
@@ -254,21 +263,20 @@ impl Queues {
         *self.window.lock().expect("window lock") = window;
     }
 
-    /// Units ahead of job `job` in the queue held for `key` (the whole
-    /// queue's, its tenant's), if it holds the job as waiting; with `job`
-    /// `None`, ahead of a new unit of `tenant` at the back of `priority`.
+    /// Units ahead of `at` in the queue held for `key` (the whole
+    /// queue's, its tenant's); `None` when it holds no queue, or not the
+    /// job named.
     pub(super) async fn ahead(
         &self,
         key: &str,
         tenant: &str,
-        priority: i32,
-        job: Option<Uuid>,
+        at: QueuePlace,
     ) -> Option<(usize, usize)> {
         let held = self.lock(key).await;
         let state = held.as_ref()?;
-        let at = match job {
-            Some(id) => *state.key_of.get(&id)?,
-            None => (std::cmp::Reverse(priority), u64::MAX, Uuid::max()),
+        let at = match at {
+            QueuePlace::Job(id) => *state.key_of.get(&id)?,
+            QueuePlace::BackOf(priority) => (std::cmp::Reverse(priority), u64::MAX, Uuid::max()),
         };
         Some(state.ahead(&at, tenant))
     }
