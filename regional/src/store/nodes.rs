@@ -1370,9 +1370,8 @@ impl Store {
         Ok(Ok(out))
     }
 
-    /// Every node of the region as operators see it, decided at the
-    /// database's now.
-    /// Every node, or a leaf's.
+    /// Every node of the region (or of one leaf) as operators see it,
+    /// decided at the database's now.
     pub async fn list_nodes(
         &self,
         policy: &HealthPolicy,
