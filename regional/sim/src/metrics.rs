@@ -78,6 +78,13 @@ pub struct TenantShare {
     /// `min(demand, E)`: how often the goal "no tenant below 90 % of its
     /// entitled share while it has demand" was missed for it.
     pub time_below_90_pct: Option<f64>,
+    /// Its shortfalls: stretches of that time (held below 90 % of
+    /// `min(demand, E)`) from their start until it held enough again or had
+    /// nothing waiting. How long a tenant short of its entitlement waits to
+    /// be made whole; the count says how often it happened.
+    pub shortfalls: u64,
+    pub shortfall_s: Summary,
+    pub longest_shortfall_s: f64,
     /// Its units preempted (asked to checkpoint and stop), by any cause.
     pub preempted: u64,
     /// Mean completion time of its jobs that completed, seconds.
@@ -240,6 +247,9 @@ pub(crate) struct TenantAcc {
     pub got_of_entitlement: f64,
     pub could_use_of_entitlement: f64,
     pub below_90_s: f64,
+    /// The shortfall under way (seconds so far), and those that ended.
+    pub short_s: f64,
+    pub shortfalls: Vec<f64>,
     pub preempted: u64,
     pub completed: u64,
     pub jct_sum_s: f64,
@@ -261,12 +271,20 @@ impl TenantAcc {
             self.could_use_of_entitlement += demand.min(entitled) * dt;
             if held < 0.9 * demand.min(entitled) {
                 self.below_90_s += dt;
+                self.short_s += dt;
+                return;
             }
+        }
+        if self.short_s > 0.0 {
+            self.shortfalls.push(std::mem::take(&mut self.short_s));
         }
     }
 
     pub fn report(&self, tenant: &str, share: f64) -> TenantShare {
         let mean_share = pct(self.held_while_demand, self.sched_while_demand);
+        // (A shortfall still under way when the run ends counts as it is.)
+        let mut shortfalls = self.shortfalls.clone();
+        shortfalls.extend((self.short_s > 0.0).then_some(self.short_s));
         TenantShare {
             tenant: tenant.to_string(),
             entitlement_pct: 100.0 * share,
@@ -279,6 +297,9 @@ impl TenantAcc {
                 .map(|s| s / (100.0 * share)),
             entitlement_fulfilment_pct: pct(self.got_of_entitlement, self.could_use_of_entitlement),
             time_below_90_pct: pct(self.below_90_s, self.demand_s).filter(|_| share > 0.0),
+            shortfalls: shortfalls.len() as u64,
+            longest_shortfall_s: shortfalls.iter().copied().fold(0.0, f64::max),
+            shortfall_s: Summary::of(shortfalls),
             preempted: self.preempted,
             jct_mean_s: (self.completed > 0).then(|| self.jct_sum_s / self.completed as f64),
             gpu_hours_lost_to_failures: self.lost_failures_gpu_s / 3600.0,
@@ -320,5 +341,36 @@ mod tests {
         assert_eq!(r.hours_with_demand, 20.0 / 3600.0);
         // Below 90 % of min(40, 25) during the first interval only.
         assert_eq!(r.time_below_90_pct, Some(50.0));
+        assert_eq!((r.shortfalls, r.longest_shortfall_s), (1, 10.0));
+    }
+
+    #[test]
+    fn a_shortfall_lasts_until_the_tenant_holds_enough_or_waits_for_nothing() {
+        // Entitled to 20 of 100 GPUs.
+        let mut t = TenantAcc {
+            held: 0,
+            waiting_gpus: 8,
+            waiting_units: 1,
+            ..Default::default()
+        };
+        // Short for 30 s over two intervals (one shortfall), then served.
+        t.integrate(20.0, 100, 0.2);
+        t.integrate(10.0, 100, 0.2);
+        (t.held, t.waiting_gpus, t.waiting_units) = (8, 0, 0);
+        t.integrate(100.0, 100, 0.2);
+        // Short again for 5 s; its unit then leaves the queue unplaced
+        // (cancelled): nothing waits, so the shortfall ends.
+        (t.waiting_gpus, t.waiting_units) = (12, 1);
+        t.integrate(5.0, 100, 0.2);
+        (t.waiting_gpus, t.waiting_units) = (0, 0);
+        t.integrate(50.0, 100, 0.2);
+        // A third one still under way when the run ends.
+        (t.waiting_gpus, t.waiting_units) = (16, 1);
+        t.integrate(7.0, 100, 0.2);
+        let r = t.report("a", 0.2);
+        assert_eq!(r.shortfalls, 3);
+        assert_eq!(r.longest_shortfall_s, 30.0);
+        assert_eq!((r.shortfall_s.median, r.shortfall_s.p99), (7.0, 30.0));
+        assert_eq!(r.time_below_90_pct, Some(100.0));
     }
 }

@@ -227,17 +227,20 @@ pub fn render_table(
             }
             row(
                 &format!(
-                    "tenant {} ({:.1} %): fulfilment, share/ent., <90 %",
+                    "tenant {} ({:.1} %): fulfilment, share/ent., <90 %, shortfalls p50/p99",
                     t.tenant, t.entitlement_pct
                 ),
                 &|m| {
                     let t = &m.tenants[i];
                     format!(
-                        "{}, {}, {}",
+                        "{}, {}, {}, {} × {}/{}",
                         opt_pct(t.entitlement_fulfilment_pct, 1),
                         t.share_vs_entitlement
                             .map_or("-".into(), |r| format!("{r:.2}")),
-                        opt_pct(t.time_below_90_pct, 0)
+                        opt_pct(t.time_below_90_pct, 0),
+                        thousands(t.shortfalls),
+                        human_duration(t.shortfall_s.median),
+                        human_duration(t.shortfall_s.p99),
                     )
                 },
             );

@@ -415,6 +415,17 @@ fn core_reclaims_lent_capacity_for_a_tenant_under_its_guarantee() {
     let b = m.tenants.iter().find(|t| t.tenant == "b").unwrap();
     assert_eq!(b.hours_with_demand, 30.0 / 3600.0);
     assert_eq!(b.time_below_90_pct, Some(100.0));
+    // One shortfall, as long as the victim's write: what "100 % of its
+    // demand time" amounts to here.
+    assert_eq!((b.shortfalls, b.longest_shortfall_s), (1, 30.0));
+    // Without preemption b is short until one of a's jobs ends by itself.
+    let mut patient = sim.config().clone();
+    patient.preemption.enabled = false;
+    let o = Simulation::new(&t, &fleet(1, 2), patient)
+        .unwrap()
+        .run(PolicyKind::Gangway);
+    let b = o.metrics.tenants.iter().find(|t| t.tenant == "b").unwrap();
+    assert_eq!((b.shortfalls, b.longest_shortfall_s), (1, 9_000.0));
     // With the guarantees as hard caps nobody borrows, so nothing is
     // reclaimed: a's second job waits for its first.
     let capped = SimConfig {
