@@ -34,12 +34,21 @@ struct Cloud {
     db: String,
     port: u16,
     region: Option<Proc>,
+    /// The agents' sync interval the region hands out.
+    sync_ms: u64,
     _agent: Proc,
     client: Client,
 }
 
 impl Cloud {
     async fn start(executor: &str) -> Cloud {
+        Cloud::start_syncing_every(executor, 200).await
+    }
+
+    /// With the agents told to sync every `sync_ms`; at 10 s or more the
+    /// region's health policy waits for silent nodes long enough
+    /// (`DIR/health.toml`).
+    async fn start_syncing_every(executor: &str, sync_ms: u64) -> Cloud {
         let db = gangway_devkit::fresh_database("e2e").await;
         let dir = tempfile::tempdir().unwrap();
         let fleet = dir.path().join("fleet.toml");
@@ -49,7 +58,7 @@ impl Cloud {
         // (role service) and their agents' (role agent, naming the region).
         let key = SigningKey::generate("e2e-service");
         std::fs::write(dir.path().join("service.pub.pem"), key.public_pem()).unwrap();
-        let region = spawn_region(dir.path(), &db, port);
+        let region = spawn_region(dir.path(), &db, port, sync_ms);
         let agent = Proc(
             Command::new(BIN)
                 .env(
@@ -86,6 +95,7 @@ impl Cloud {
             db,
             port,
             region: Some(region),
+            sync_ms,
             _agent: agent,
             client,
         };
@@ -124,7 +134,12 @@ impl Cloud {
         let mut old = self.region.take().unwrap();
         old.0.kill().unwrap();
         old.0.wait().unwrap();
-        self.region = Some(spawn_region(self.dir.path(), &self.db, self.port));
+        self.region = Some(spawn_region(
+            self.dir.path(),
+            &self.db,
+            self.port,
+            self.sync_ms,
+        ));
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.client.region_status().await.is_err() {
             assert!(Instant::now() < deadline, "region did not come back");
@@ -159,10 +174,27 @@ impl Cloud {
 /// The region of a test cloud, with the checkpoint store its agents share
 /// (`DIR/store`) and its inventory `DIR/fleet.toml` (the simulated nodes
 /// served by agent `test-agent`, machines by name by their own).
-fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
+fn spawn_region(dir: &Path, db: &str, port: u16, sync_ms: u64) -> Proc {
+    let mut region = Command::new(BIN);
+    region.args(["region", "--name", "test", "--database-url", db]);
+    if sync_ms >= 10_000 {
+        // Nodes heard every sync_ms are neither suspect nor lost between
+        // two syncs, and the agents' lease is three intervals.
+        let policy = dir.join("health.toml");
+        let s = sync_ms / 1000;
+        std::fs::write(
+            &policy,
+            format!("suspect_after_s = {}\nlost_after_s = {}\n", 3 * s, 10 * s),
+        )
+        .unwrap();
+        region
+            .arg("--health-policy")
+            .arg(&policy)
+            .args(["--fence-after-s", &(3 * s).to_string()])
+            .args(["--agent-timeout-s", &(3 * s).to_string()]);
+    }
     Proc(
-        Command::new(BIN)
-            .args(["region", "--name", "test", "--database-url", db])
+        region
             .arg("--inventory")
             .arg(dir.join("fleet.toml"))
             .arg("--checkpoint-store")
@@ -175,12 +207,8 @@ fn spawn_region(dir: &Path, db: &str, port: u16) -> Proc {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             // Plain HTTP on loopback: this test is about the region, not its links.
             .arg("--insecure-http")
-            .args([
-                "--schedule-interval-ms",
-                "100",
-                "--agent-sync-interval-ms",
-                "200",
-            ])
+            .args(["--schedule-interval-ms", "100"])
+            .args(["--agent-sync-interval-ms", &sync_ms.to_string()])
             .args(["--grace-period-s", "2", "--checkpoint-deadline-s", "10"])
             // Jobs here run for seconds: let the scheduler preempt at once.
             .args(["--preemption-min-run-s", "0"])
@@ -213,7 +241,11 @@ fn spec(gpus: i64, estimated_s: i64, command: &[&str]) -> JobSpec {
 }
 
 async fn wait_state(client: &Client, id: Uuid, want: JobState) -> Job {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    wait_state_within(client, id, want, Duration::from_secs(60)).await
+}
+
+async fn wait_state_within(client: &Client, id: Uuid, want: JobState, within: Duration) -> Job {
+    let deadline = Instant::now() + within;
     loop {
         let job = client.get(id).await.unwrap();
         if job.state == want {
@@ -256,6 +288,35 @@ async fn a_job_goes_queued_running_succeeded_on_the_agents() {
     assert_eq!(kinds, ["queued", "placed", "started", "finished"]);
     assert_eq!(events[1].detail["level"], "nvlink");
     cloud.expect_allocated(0).await;
+}
+
+#[tokio::test]
+async fn a_placed_job_starts_when_placed_not_at_the_agents_next_sync() {
+    // The agent syncs once a minute. The region tells it as soon as a plan
+    // places work on its nodes (its long poll of `changes`), it syncs then
+    // and, having launched the workers, at once again to say they run.
+    let cloud = Cloud::start_syncing_every("sim", 60_000).await;
+    // The agent has registered and synced (its GPUs are schedulable): its
+    // next sync on the interval is about a minute away, each time.
+    for _ in 0..2 {
+        let job = cloud
+            .client
+            .submit(&spec(8, 600, &["train"]), None)
+            .await
+            .unwrap();
+        let running = wait_state_within(
+            &cloud.client,
+            job.id,
+            JobState::Running,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert!(running
+            .workers
+            .iter()
+            .all(|w| w.state == WorkerState::Running));
+    }
+    cloud.expect_allocated(16).await;
 }
 
 #[tokio::test]
@@ -803,6 +864,26 @@ async fn a_region_refuses_callers_without_a_service_or_agent_token() {
         .await
         .unwrap();
     assert_eq!(code(r).await, (403, "forbidden".to_string()));
+    // Nor may another agent, or an agent of another region, wait on this
+    // agent's assignment changes; its own token may.
+    let changes = format!("{base}/internal/v1/agents/test-agent/changes");
+    let wait = serde_json::json!({"wait_ms": 10});
+    for (who, want) in [
+        (agent_token(&cloud.key, "intruder", "test"), "wrong_agent"),
+        (other.clone(), "forbidden"),
+    ] {
+        let r = (http.post(&changes).bearer_auth(&who).json(&wait).send())
+            .await
+            .unwrap();
+        assert_eq!(code(r).await, (403, want.to_string()));
+    }
+    let own = agent_token(&cloud.key, "test-agent", "test");
+    let r = (http.post(&changes).bearer_auth(&own).json(&wait).send())
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["changed"], false, "nothing was placed");
     // Health needs nothing.
     let r = http.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
@@ -1431,7 +1512,7 @@ async fn a_drained_trainer_resumes_on_another_machine_from_the_checkpoint_store(
     std::fs::write(dir.path().join("service.pub.pem"), key.public_pem()).unwrap();
     std::fs::write(dir.path().join("fleet.toml"), MACHINES).unwrap();
     let port = gangway_devkit::free_port();
-    let _region = spawn_region(dir.path(), &db, port);
+    let _region = spawn_region(dir.path(), &db, port, 200);
     let _a = spawn_agent(dir.path(), &key, port, "machine-a");
     let client = Client::new(format!("http://127.0.0.1:{port}"), "acme").with_token(token(
         &key,

@@ -3,7 +3,9 @@
 //! Agents pull: each `sync` reports what runs on the agent's nodes and gets
 //! back what should run there. Both sides are idempotent: a lost or repeated
 //! sync changes nothing, and an agent keeps reporting an exit until the
-//! region stops listing that worker.
+//! region stops listing that worker. Between syncs an agent may wait on
+//! `changes` (a long poll) to hear that its assignments changed and sync at
+//! once, rather than at its next interval.
 
 use std::collections::BTreeMap;
 
@@ -323,6 +325,20 @@ pub struct Assignment {
 /// The epoch every job starts in.
 fn first_epoch() -> i32 {
     1
+}
+
+/// `POST /internal/v1/agents/{agent_id}/changes`: a long poll, answered
+/// when a plan the region committed placed or preempted work on one of the
+/// agent's nodes, or after `wait_ms` (the region caps it) with nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangesRequest {
+    pub wait_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangesResponse {
+    /// Sync now: what should run on the agent's nodes changed.
+    pub changed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

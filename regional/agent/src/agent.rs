@@ -231,6 +231,15 @@ impl Agent {
         let Some(mut interval) = self.register(workers, shutdown).await else {
             return;
         };
+        // Word that our assignments changed wakes the loop as an exit does.
+        let watching = shutdown.child_token();
+        tokio::spawn(watch_changes(
+            self.region.clone(),
+            self.config.agent_id.clone(),
+            self.exited.clone(),
+            watching.clone(),
+        ));
+        let _watching = watching.drop_guard();
         loop {
             workers.collect_exits().await;
             let signals = self.signals.pending();
@@ -282,13 +291,17 @@ impl Agent {
                     if let (Some(logs), true) = (self.logs.as_mut(), resp.logs_kept) {
                         logs.kept(&req.logs);
                     }
-                    workers.reconcile(&resp.assignments);
-                    // Sync early when a worker exits, so the region hears
-                    // of it within one round trip rather than one interval;
-                    // and soon when the region left some of our reports
-                    // for later (their job was busy), as its GPUs stay
-                    // allocated until they are heard.
-                    let wait = if resp.report_again {
+                    let news = workers.reconcile(&resp.assignments);
+                    // Sync early when a worker exits or the region says our
+                    // assignments changed (`watch_changes`), so each is
+                    // heard within a round trip rather than an interval; at
+                    // once when we launched workers, so the region hears
+                    // they run; and soon when the region left some of our
+                    // reports for later (their job was busy), as its GPUs
+                    // stay allocated until they are heard.
+                    let wait = if news {
+                        Duration::ZERO
+                    } else if resp.report_again {
                         soon(interval)
                     } else {
                         jittered(interval)
@@ -427,6 +440,42 @@ impl Agent {
 
 #[cfg(test)]
 mod tests;
+
+/// Long-polls the region for changes to this agent's assignments
+/// (`RegionClient::changes`) until `stop`, waking `sync_now` on each. A
+/// region without the endpoint is left alone (the agent syncs on its
+/// interval, as before); any other failure is retried after a second, the
+/// sync loop being the one that re-registers or backs off.
+async fn watch_changes(
+    region: RegionClient,
+    agent_id: String,
+    sync_now: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    loop {
+        let answer = tokio::select! {
+            a = region.changes(&agent_id, crate::region::CHANGES_WAIT) => a,
+            _ = stop.cancelled() => return,
+        };
+        match answer {
+            Ok(true) => sync_now.notify_one(),
+            Ok(false) => {}
+            Err(gangway_shared::client::ClientError::Unexpected { status, .. })
+                if matches!(status.as_u16(), 404 | 405) =>
+            {
+                tracing::info!("the region pushes no assignment changes: syncing on the interval");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "waiting for assignment changes failed; again in a second");
+                tokio::select! {
+                    _ = sleep(Duration::from_secs(1)) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        }
+    }
+}
 
 /// `interval`, give or take a tenth at random: agents started together
 /// (a rack powered on, a region restarted) do not keep syncing in step,

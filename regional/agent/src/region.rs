@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use gangway_shared::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncResponse};
+use gangway_shared::agent::{
+    ChangesRequest, ChangesResponse, RegisterRequest, RegisterResponse, SyncRequest, SyncResponse,
+};
 use gangway_shared::client::{post_json, ClientError};
 use gangway_shared::error::codes;
 use gangway_shared::reload::Reloadable;
@@ -103,6 +105,22 @@ impl RegionClient {
         post_json(&self.link.http.current(), &url, req).await
     }
 }
+
+impl RegionClient {
+    /// Waits up to `wait` (under the request timeout) for the region to say
+    /// this agent's assignments changed.
+    pub async fn changes(&self, agent_id: &str, wait: Duration) -> Result<bool, ClientError> {
+        let url = format!("{}/internal/v1/agents/{agent_id}/changes", self.base);
+        let req = ChangesRequest {
+            wait_ms: wait.as_millis() as u64,
+        };
+        let answer: ChangesResponse = post_json(&self.link.http.current(), &url, &req).await?;
+        Ok(answer.changed)
+    }
+}
+
+/// How long one `changes` poll may be held: under [`REQUEST_TIMEOUT`].
+pub(crate) const CHANGES_WAIT: Duration = Duration::from_secs(8);
 
 /// The region has forgotten this agent or this boot: register again.
 pub(crate) fn must_reregister(e: &ClientError) -> bool {

@@ -164,7 +164,11 @@ impl Workers {
 
     /// Acts on the difference between the region's full list of wanted
     /// workers and ours. Idempotent: the same list twice changes nothing.
-    pub fn reconcile(&mut self, assignments: &[Assignment]) {
+    /// Returns whether it has news for the region at once: workers it
+    /// launched (running now) or recorded as never started.
+    #[must_use = "news is worth a sync now rather than at the next interval"]
+    pub fn reconcile(&mut self, assignments: &[Assignment]) -> bool {
+        let mut news = false;
         // A key listed twice is stopped if either listing says so.
         let mut wanted: BTreeMap<WorkerKey, &Assignment> = BTreeMap::new();
         for a in assignments {
@@ -186,6 +190,7 @@ impl Workers {
                         continue;
                     }
                     let handle = self.executor.launch(self.executor.spec(a));
+                    news = true;
                     self.table.insert(
                         *key,
                         State::Running {
@@ -237,6 +242,7 @@ impl Workers {
                     // changed its mind before we started it, or we restarted):
                     // report it ended, so the region can free its GPUs.
                     if self.nodes.contains(&a.node_id) {
+                        news = true;
                         self.table.insert(
                             *key,
                             State::Exited {
@@ -274,6 +280,7 @@ impl Workers {
                 State::Exited { retired, .. } => *retired = true,
             }
         }
+        news
     }
 
     /// Stops every running worker: SIGTERM, SIGKILL after its grace period,
@@ -395,8 +402,8 @@ mod tests {
         let job = Uuid::new_v4();
         let run = vec![assignment(job, Desired::Run, 10)];
 
-        w.reconcile(&run);
-        w.reconcile(&run);
+        assert!(w.reconcile(&run), "a launch is news for the region");
+        assert!(!w.reconcile(&run), "the same list again is not");
         assert_eq!(statuses(&w), vec![(job, WorkerStatus::Running)]);
 
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -405,16 +412,16 @@ mod tests {
         assert_eq!(statuses(&w), vec![(job, finished())]);
 
         // Still listed: the exit is reported again, and nothing relaunches.
-        w.reconcile(&run);
+        let _ = w.reconcile(&run);
         w.collect_exits().await;
         assert_eq!(statuses(&w), vec![(job, finished())]);
 
         // Unlisted: forgotten.
-        w.reconcile(&[]);
+        let _ = w.reconcile(&[]);
         assert_eq!(statuses(&w), vec![]);
 
         // Listed again by mistake: the same exit, not a second run.
-        w.reconcile(&run);
+        let _ = w.reconcile(&run);
         assert_eq!(statuses(&w), vec![(job, finished())]);
     }
 
@@ -422,11 +429,11 @@ mod tests {
     async fn stops_workers_the_region_stops_or_no_longer_lists() {
         let mut w = sim_workers();
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-        w.reconcile(&[
+        let _ = w.reconcile(&[
             assignment(a, Desired::Run, 1000),
             assignment(b, Desired::Run, 1000),
         ]);
-        w.reconcile(&[assignment(a, Desired::Stop, 1000)]);
+        let _ = w.reconcile(&[assignment(a, Desired::Stop, 1000)]);
         settle().await;
         w.collect_exits().await;
         let stopped = WorkerStatus::Exited {
@@ -447,7 +454,7 @@ mod tests {
         let mut foreign = assignment(Uuid::new_v4(), Desired::Run, 10);
         foreign.node_id = "node-z".into();
         let never_started = Uuid::new_v4();
-        w.reconcile(&[assignment(never_started, Desired::Stop, 10), foreign]);
+        let _ = w.reconcile(&[assignment(never_started, Desired::Stop, 10), foreign]);
         let got = statuses(&w);
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!(got[0].0, never_started);
@@ -464,7 +471,7 @@ mod tests {
     async fn a_fence_checkpoints_and_stops_every_running_worker_and_reports_it_fenced() {
         let mut w = sim_workers();
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-        w.reconcile(&[
+        let _ = w.reconcile(&[
             assignment(a, Desired::Run, 1000),
             assignment(b, Desired::Run, 1000),
         ]);
@@ -485,7 +492,7 @@ mod tests {
     async fn a_worker_that_ended_before_the_fence_is_not_reported_fenced() {
         let mut w = sim_workers();
         let (done, going) = (Uuid::new_v4(), Uuid::new_v4());
-        w.reconcile(&[
+        let _ = w.reconcile(&[
             assignment(done, Desired::Run, 1),
             assignment(going, Desired::Run, 1000),
         ]);
@@ -513,7 +520,7 @@ mod tests {
     async fn a_worker_that_ended_before_a_checkpoint_request_is_reported_unasked() {
         let mut w = sim_workers();
         let (done, going) = (Uuid::new_v4(), Uuid::new_v4());
-        w.reconcile(&[
+        let _ = w.reconcile(&[
             assignment(done, Desired::Run, 1),
             assignment(going, Desired::Run, 1000),
         ]);
@@ -521,7 +528,7 @@ mod tests {
         settle().await;
         // The region asks both to checkpoint (a fence, a preemption) while
         // `done`'s exit is not yet collected: the request crossed its exit.
-        w.reconcile(&[
+        let _ = w.reconcile(&[
             assignment(done, Desired::Checkpoint, 1),
             assignment(going, Desired::Checkpoint, 1000),
         ]);
@@ -538,7 +545,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn shutdown_ends_sim_workers() {
         let mut w = sim_workers();
-        w.reconcile(&[assignment(Uuid::new_v4(), Desired::Run, 1000)]);
+        let _ = w.reconcile(&[assignment(Uuid::new_v4(), Desired::Run, 1000)]);
         let started = Instant::now();
         w.shutdown(Duration::from_secs(10)).await;
         assert!(started.elapsed() < Duration::from_secs(1));

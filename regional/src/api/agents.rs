@@ -3,7 +3,9 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Extension;
-use gangway_shared::agent::{RegisterRequest, RegisterResponse, SyncRequest, SyncResponse};
+use gangway_shared::agent::{
+    ChangesRequest, ChangesResponse, RegisterRequest, RegisterResponse, SyncRequest, SyncResponse,
+};
 use gangway_shared::error::codes;
 use tracing::instrument;
 
@@ -133,6 +135,30 @@ pub async fn sync(
         report_again: outcome.deferred,
         logs_kept,
     }))
+}
+
+/// The longest an agent's `changes` poll is held. Under its request
+/// timeout (the agent's is 10 s), so an answer comes back rather than a
+/// timeout.
+const MAX_CHANGES_WAIT: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// `POST /internal/v1/agents/{agent_id}/changes`: answers `changed` as soon
+/// as a plan committed by this process places or preempts work on one of
+/// the agent's nodes (`store/wakes.rs`), or after the wait asked for (at
+/// most [`MAX_CHANGES_WAIT`]) with nothing. Costs one indexed read of the
+/// agent's nodes and no connection while it waits.
+pub async fn changes(
+    State(state): State<AppState>,
+    caller: Option<Extension<AgentCaller>>,
+    Path(agent_id): Path<String>,
+    Json(req): Json<ChangesRequest>,
+) -> Result<axum::Json<ChangesResponse>, ApiError> {
+    AgentCaller::check(caller.as_deref(), &agent_id)?;
+    let nodes = state.store.agent_nodes(&agent_id).await?;
+    let wait = std::time::Duration::from_millis(req.wait_ms).min(MAX_CHANGES_WAIT);
+    let watch = state.store.agent_wakes().watch(nodes);
+    let changed = tokio::time::timeout(wait, watch.changed()).await.is_ok();
+    Ok(axum::Json(ChangesResponse { changed }))
 }
 
 /// A fenced region starts no worker: its jobs may have moved to another

@@ -183,6 +183,10 @@ pub fn app(state: AppState) -> Router {
     let internal = Router::new()
         .route("/internal/v1/agents/register", post(agents::register))
         .route("/internal/v1/agents/{agent_id}/sync", post(agents::sync))
+        .route(
+            "/internal/v1/agents/{agent_id}/changes",
+            post(agents::changes),
+        )
         // Chunks of checkpoint files copied in by a home region.
         .route(
             "/internal/v1/replicas/checkpoints/file",

@@ -140,6 +140,19 @@ async fn pass(
         Ok(applied) => {
             outcome.placed_workers = applied.placed_workers;
             outcome.preempted = applied.preempted.len();
+            // The agents of the nodes it placed or preempted on hear of it
+            // now, not at their next sync.
+            let victims: std::collections::HashSet<String> = (applied.preempted.iter())
+                .map(|(job, _)| job.to_string())
+                .collect();
+            let placed = (planned.placements.iter())
+                .flat_map(|p| &p.workers)
+                .map(|w| w.node.as_str());
+            let stopping = (snapshot.running.iter())
+                .filter(|r| victims.contains(&r.job))
+                .flat_map(|r| &r.gpus)
+                .map(|(node, _)| node.as_str());
+            store.agent_wakes().wake(placed.chain(stopping));
             for (job, cause) in &applied.preempted {
                 tracing::info!(job_id = %job, cause = cause.as_str(), "asked to checkpoint and stop to make room");
                 metrics::counter!("gangway_preemptions_total", "cause" => cause.as_str())

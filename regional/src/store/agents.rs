@@ -41,6 +41,24 @@ pub fn master_port(job_id: Uuid) -> u16 {
 }
 
 impl Store {
+    /// The nodes a registered agent serves ([`StoreError::UnknownAgent`]
+    /// when it serves none: it must register first). On the syncs' pool.
+    pub async fn agent_nodes(&self, agent_id: &str) -> Result<Vec<String>> {
+        let conn = self.sync_conn().await?;
+        let rows = conn
+            .query(
+                &conn
+                    .prepare_cached("SELECT node_id FROM nodes WHERE agent_id = $1")
+                    .await?,
+                &[&agent_id],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Err(StoreError::UnknownAgent);
+        }
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// Records an agent and its nodes, each where the region's inventory
     /// says it sits. Refused, with nothing written but the refusal's
     /// record: a node the inventory does not have (`unknown_node`, listed

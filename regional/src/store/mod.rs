@@ -241,6 +241,7 @@ mod reservations;
 mod rows;
 mod spares;
 mod usage;
+pub mod wakes;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -470,6 +471,8 @@ pub struct Store {
     /// Agents heard by quiet syncs, their liveness written together
     /// (`agents.rs`).
     liveness: Arc<agents::Liveness>,
+    /// Agents' long polls for changes to their assignments (`wakes.rs`).
+    wakes: Arc<wakes::AgentWakes>,
 }
 
 /// A connection of `pool`, the wait recorded under its `name`
@@ -528,6 +531,7 @@ impl Store {
             history: Arc::new(Mutex::new(None)),
             fleet_gpus: Arc::new(Mutex::new(None)),
             queues: Arc::default(),
+            wakes: Arc::default(),
             mass_silence: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             health: Arc::new(gangway_health::HealthPolicy::default()),
             checkpoint_deadline_s: 120,
@@ -592,6 +596,11 @@ impl Store {
     /// A connection of the agents' syncs' own pool ([`Store::syncs`]).
     pub(crate) async fn sync_conn(&self) -> Result<deadpool_postgres::Object> {
         timed_get(&self.syncs, "syncs").await
+    }
+
+    /// The agents' long polls for changes to their assignments.
+    pub fn agent_wakes(&self) -> &wakes::AgentWakes {
+        &self.wakes
     }
 
     /// A connection of the peers' leases' own pool ([`Store::leases`]).
