@@ -180,6 +180,11 @@ fn describe() {
          (nothing reported changed anything: read only), changed, or failed"
     );
     describe_counter!(
+        "gangway_agent_pushes_total",
+        "Committed plans whose agents were woken at once (sent), or left to sync at their \
+         interval because syncs were queueing for database connections (skipped_busy)"
+    );
+    describe_counter!(
         "gangway_sync_reports_deferred_total",
         "Workers' reports a sync left for the agent's next one because another transaction held \
          their job (the agent reports a worker until the region stops listing it)"

@@ -279,7 +279,8 @@ impl Agent {
                     _ = shutdown.cancelled() => return,
                 }
             };
-            metrics::histogram!("gangway_agent_sync_seconds").record(sent.elapsed().as_secs_f64());
+            let took = sent.elapsed();
+            metrics::histogram!("gangway_agent_sync_seconds").record(took.as_secs_f64());
             match answer {
                 Ok(resp) => {
                     self.lease.renew();
@@ -296,10 +297,13 @@ impl Agent {
                     // assignments changed (`watch_changes`), so each is
                     // heard within a round trip rather than an interval; at
                     // once when we launched workers, so the region hears
-                    // they run; and soon when the region left some of our
-                    // reports for later (their job was busy), as its GPUs
-                    // stay allocated until they are heard.
-                    let wait = if news {
+                    // they run — if it answered this sync quickly (a tenth
+                    // of the interval): a slow answer means a busy region,
+                    // which hears of them at the interval; and soon when
+                    // the region left some of our reports for later (their
+                    // job was busy), as its GPUs stay allocated until they
+                    // are heard.
+                    let wait = if news && took < interval / 10 {
                         Duration::ZERO
                     } else if resp.report_again {
                         soon(interval)

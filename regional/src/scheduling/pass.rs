@@ -141,7 +141,9 @@ async fn pass(
             outcome.placed_workers = applied.placed_workers;
             outcome.preempted = applied.preempted.len();
             // The agents of the nodes it placed or preempted on hear of it
-            // now, not at their next sync.
+            // now, not at their next sync — unless syncs already queue for
+            // connections: then the region is behind on the syncs it has,
+            // and the agents come at their interval as they would anyway.
             let victims: std::collections::HashSet<String> = (applied.preempted.iter())
                 .map(|(job, _)| job.to_string())
                 .collect();
@@ -152,7 +154,13 @@ async fn pass(
                 .filter(|r| victims.contains(&r.job))
                 .flat_map(|r| &r.gpus)
                 .map(|(node, _)| node.as_str());
-            store.agent_wakes().wake(placed.chain(stopping));
+            if store.sync_pool_status().waiting == 0 {
+                store.agent_wakes().wake(placed.chain(stopping));
+                metrics::counter!("gangway_agent_pushes_total", "outcome" => "sent").increment(1);
+            } else {
+                metrics::counter!("gangway_agent_pushes_total", "outcome" => "skipped_busy")
+                    .increment(1);
+            }
             for (job, cause) in &applied.preempted {
                 tracing::info!(job_id = %job, cause = cause.as_str(), "asked to checkpoint and stop to make room");
                 metrics::counter!("gangway_preemptions_total", "cause" => cause.as_str())
