@@ -298,25 +298,27 @@ async fn a_placed_job_starts_when_placed_not_at_the_agents_next_sync() {
     let cloud = Cloud::start_syncing_every("sim", 60_000).await;
     // The agent has registered and synced (its GPUs are schedulable): its
     // next sync on the interval is about a minute away, each time.
+    // (Each job would run for 5 minutes: 6,000 s at the time factor 0.05.)
+    let within = Duration::from_secs(30);
+    let mut jobs = Vec::new();
     for _ in 0..2 {
         let job = cloud
             .client
-            .submit(&spec(8, 600, &["train"]), None)
+            .submit(&spec(8, 6000, &["train"]), None)
             .await
             .unwrap();
-        let running = wait_state_within(
-            &cloud.client,
-            job.id,
-            JobState::Running,
-            Duration::from_secs(30),
-        )
-        .await;
+        let running = wait_state_within(&cloud.client, job.id, JobState::Running, within).await;
         assert!(running
             .workers
             .iter()
             .all(|w| w.state == WorkerState::Running));
+        jobs.push(job.id);
     }
     cloud.expect_allocated(16).await;
+    // A cancel reaches the agent the same way: its workers stop, and the
+    // job is cancelled, long before the agent's next sync.
+    cloud.client.cancel(jobs[0]).await.unwrap();
+    wait_state_within(&cloud.client, jobs[0], JobState::Cancelled, within).await;
 }
 
 #[tokio::test]

@@ -305,6 +305,8 @@ pub async fn cancel(
             }
             e => e.into(),
         })?;
+    // Its agents stop its workers now, not at their next sync.
+    (state.store.agent_wakes()).wake(job.workers.iter().filter_map(|w| w.node.as_deref()));
     state.wake_scheduler();
     Ok(axum::Json(job))
 }
