@@ -50,23 +50,18 @@ impl AgentWakes {
     }
 
     /// Wakes the watches of these nodes (each once, however many of its
-    /// nodes are named).
+    /// nodes are named: a [`Notify`] keeps at most one permit, and a poll
+    /// answers once).
     pub fn wake<'n>(&self, nodes: impl IntoIterator<Item = &'n str>) {
         let by_node = self.by_node.lock().expect("agent wakes lock");
-        let mut woken: Vec<*const Notify> = Vec::new();
-        for n in nodes {
-            if let Some(notify) = by_node.get(n) {
-                let at = Arc::as_ptr(notify);
-                if !woken.contains(&at) {
-                    woken.push(at);
-                    notify.notify_one();
-                }
-            }
+        for notify in nodes.into_iter().filter_map(|n| by_node.get(n)) {
+            notify.notify_one();
         }
     }
 
     /// Nodes with a watch registered.
-    pub fn watched(&self) -> usize {
+    #[cfg(test)]
+    fn watched(&self) -> usize {
         self.by_node.lock().expect("agent wakes lock").len()
     }
 }
