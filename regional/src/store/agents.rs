@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::inventory::InventoryNode;
 use super::jobs::{insert_event, lock_jobs};
+use super::scale::TableScale;
 use super::{Result, Store, StoreError};
 
 /// What a sync did.
@@ -264,7 +265,7 @@ impl Store {
         let (ctx, boot) = (self.health_context(), req.boot_id.to_string());
         let look =
             super::nodes::look_at_nodes(&tx, &ctx, &req.agent_id, &boot, &[], &[], true).await?;
-        super::nodes::observe_sync(&tx, &ctx, &boot, &[], true, look).await?;
+        super::nodes::observe_sync(&tx, &self.scale, &ctx, &boot, &[], true, look).await?;
         tx.execute(
             "UPDATE sched_state
              SET generation = generation + 1, fleet_version = fleet_version + 1 WHERE id = 1",
@@ -324,7 +325,7 @@ impl Store {
         let mut changed = look_at_reports(&tx, agent_id, &req.workers, uploads).await?;
         let checkpoints_reported = req.checkpoints.as_ref().is_some_and(|c| !c.is_empty());
         if nodes.due.is_empty() && changed.is_empty() && !checkpoints_reported {
-            let assignments = load_assignments(&tx, agent_id, timing).await?;
+            let assignments = load_assignments(&tx, &self.scale, agent_id, timing).await?;
             tx.commit().await?;
             self.liveness.heard(self, agent_id);
             return Ok(SyncOutcome {
@@ -338,14 +339,18 @@ impl Store {
         // The sync before this one: a worker the agent stopped on its own
         // (it fenced, having lost us) ran until about then, as far as we
         // know (within a flush of `Liveness` if that one was quiet).
-        let row = tx
-            .query_opt(
+        let heard = (self.scale)
+            .prepare(
+                &tx,
                 "UPDATE agents a SET last_sync_at = now()
-                 FROM (SELECT agent_id, last_sync_at FROM agents WHERE agent_id = $1 FOR UPDATE) p
+                 FROM (SELECT agent_id, last_sync_at FROM agents WHERE agent_id = $1::text
+                       FOR UPDATE) p
                  WHERE a.agent_id = p.agent_id
                  RETURNING a.boot_id, p.last_sync_at",
-                &[&agent_id],
             )
+            .await?;
+        let row = tx
+            .query_opt(&heard, &[&agent_id])
             .await?
             .ok_or(StoreError::UnknownAgent)?;
         let (boot_now, last_heard): (Uuid, Option<DateTime<Utc>>) = (row.get(0), row.get(1));
@@ -354,7 +359,9 @@ impl Store {
         }
         // The nodes' health (a heartbeat, the signals reported, and what
         // they decide), then the workers' reports.
-        let nodes = super::nodes::observe_sync(&tx, &ctx, &boot, &req.nodes, false, nodes).await?;
+        let nodes =
+            super::nodes::observe_sync(&tx, &self.scale, &ctx, &boot, &req.nodes, false, nodes)
+                .await?;
         // Lock order, everywhere: jobs (by id), then their workers. The
         // jobs of the checkpoints reported are locked here, waiting if
         // need be (the agent sends a checkpoint once). The jobs the
@@ -389,7 +396,7 @@ impl Store {
             super::checkpoints::record(&tx, agent_id, req.checkpoints.as_deref().unwrap_or(&[]))
                 .await?;
         let freed_gpus = apply_reports(&tx, agent_id, &changed, uploads, last_heard).await?;
-        let assignments = load_assignments(&tx, agent_id, timing).await?;
+        let assignments = load_assignments(&tx, &self.scale, agent_id, timing).await?;
         tx.commit().await?;
         Ok(SyncOutcome {
             assignments,
@@ -513,8 +520,10 @@ async fn look_at_reports(
     }
     let job_ids: Vec<Uuid> = reports.iter().map(|r| r.job_id).collect();
     let ranks: Vec<i32> = reports.iter().map(|r| r.rank as i32).collect();
-    // Planned at each call, as `load_assignments` is (a plan cached while
-    // the tables were small scanned them whole once they were not).
+    // Planned at each call (a plan cached while the tables were small
+    // scanned them whole once they were not; `scale.rs`), and a prepared
+    // statement would be planned at each call anyway: PostgreSQL keeps
+    // custom plans for `unnest` of array parameters.
     let rows = tx
         .query_typed(
             "SELECT w.job_id, w.rank, w.attempt, w.state::text, j.restore_from
@@ -1002,16 +1011,20 @@ pub struct StopTiming {
 
 async fn load_assignments(
     tx: &deadpool_postgres::Transaction<'_>,
+    scale: &TableScale,
     agent_id: &str,
     timing: StopTiming,
 ) -> Result<Vec<Assignment>> {
-    // Planned at each call (an unnamed statement, one round trip): a plan
-    // cached on a connection while the tables were small (a fresh region's
-    // first seconds) was kept as they grew — nested loops over sequential
-    // scans of `jobs` and `workers`, 24 ms a sync at 3,500 jobs and growing
-    // with them, against well under a millisecond planned on their size.
-    let rows = tx
-        .query_typed(
+    // Prepared per connection and table scale (`scale.rs`): planned again
+    // only when `workers`, `jobs`, `nodes` or `agents` passed a power of two
+    // of their pages. (Prepared once and kept, a plan made while the tables were
+    // small — a fresh region's first seconds — scanned `jobs` and `workers`
+    // whole once they were not: 24 ms a sync at 3,500 jobs. Planned at
+    // every call, about a millisecond of planning for 0.04 ms of execution
+    // at a quiet sync.)
+    let read = scale
+        .prepare(
+            tx,
             "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
                     w.local_rank, coalesce(j.run_workers, j.workers) AS world_size,
                     j.mode::text AS mode, j.spec, j.restore_from, j.epoch, j.tenant,
@@ -1024,12 +1037,12 @@ async fn load_assignments(
              JOIN jobs j ON j.job_id = w.job_id
              LEFT JOIN workers w0 ON w0.job_id = w.job_id AND w0.rank = 0
              LEFT JOIN nodes m ON m.node_id = w0.node_id
-             WHERE n.agent_id = $1
+             WHERE n.agent_id = $1::text
                AND w.state IN ('assigned', 'running', 'checkpointing', 'stopping')
              ORDER BY w.job_id, w.rank",
-            &[(&agent_id, Type::TEXT)],
         )
         .await?;
+    let rows = tx.query(&read, &[&agent_id]).await?;
     let mut specs: BTreeMap<Uuid, Option<JobSpec>> = BTreeMap::new();
     let mut out = Vec::with_capacity(rows.len());
     for row in &rows {

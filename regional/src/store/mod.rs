@@ -239,6 +239,7 @@ mod queue;
 pub mod replicas;
 mod reservations;
 mod rows;
+mod scale;
 mod spares;
 mod usage;
 pub mod wakes;
@@ -473,6 +474,9 @@ pub struct Store {
     liveness: Arc<agents::Liveness>,
     /// Agents' long polls for changes to their assignments (`wakes.rs`).
     wakes: Arc<wakes::AgentWakes>,
+    /// The scale of the tables the agents' reads join, for their plans
+    /// (`scale.rs`).
+    scale: Arc<scale::TableScale>,
 }
 
 /// A connection of `pool`, the wait recorded under its `name`
@@ -532,6 +536,7 @@ impl Store {
             fleet_gpus: Arc::new(Mutex::new(None)),
             queues: Arc::default(),
             wakes: Arc::default(),
+            scale: Arc::default(),
             mass_silence: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             health: Arc::new(gangway_health::HealthPolicy::default()),
             checkpoint_deadline_s: 120,

@@ -843,7 +843,8 @@ fn heard_boot(
 /// whatever their number ([`NodeWrites`]); only actions (evacuating,
 /// losing jobs) go node by node.
 pub(super) async fn observe_sync(
-    tx: &Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
+    scale: &super::scale::TableScale,
     ctx: &HealthContext,
     default_boot: &str,
     reports: &[NodeReport],
@@ -858,15 +859,16 @@ pub(super) async fn observe_sync(
     if due.is_empty() {
         return Ok(NodesOutcome::default());
     }
-    let rows = tx
-        .query(
+    let lock = scale
+        .prepare(
+            tx,
             &format!(
                 "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
-                 WHERE n.node_id = ANY($1) ORDER BY n.node_id FOR UPDATE OF n"
+                 WHERE n.node_id = ANY($1::text[]) ORDER BY n.node_id FOR UPDATE OF n"
             ),
-            &[&due],
         )
         .await?;
+    let rows = tx.query(&lock, &[&due]).await?;
     let mut out = NodesOutcome::default();
     // Every node heard: its heartbeat (id, reported boot), in one statement;
     // what it changes, gathered into `writes`.
