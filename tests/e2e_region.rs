@@ -120,6 +120,18 @@ impl Cloud {
         }
     }
 
+    /// `POST /v1/admin/{path}` with `body` as an operator; it must succeed.
+    async fn admin_post(&self, path: &str, body: serde_json::Value) {
+        let r = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/v1/admin/{path}", self.port))
+            .bearer_auth(token(&self.key, Role::Service, None))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    }
+
     fn tenant(&self, tenant: &str) -> Client {
         Client::new(format!("http://127.0.0.1:{}", self.port), tenant).with_token(token(
             &self.key,
@@ -245,16 +257,28 @@ async fn wait_state(client: &Client, id: Uuid, want: JobState) -> Job {
 }
 
 async fn wait_state_within(client: &Client, id: Uuid, want: JobState, within: Duration) -> Job {
+    let what = format!("to be {want}");
+    wait_job_within(client, id, within, &what, |job| job.state == want).await
+}
+
+/// Job `id` once `done` holds of it; fails after `within`, saying it
+/// waited for `what`.
+async fn wait_job_within(
+    client: &Client,
+    id: Uuid,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&Job) -> bool,
+) -> Job {
     let deadline = Instant::now() + within;
     loop {
         let job = client.get(id).await.unwrap();
-        if job.state == want {
+        if done(&job) {
             return job;
         }
         assert!(
             Instant::now() < deadline,
-            "job {id} stuck in {} waiting for {want}: {job:?}",
-            job.state
+            "job {id} did not come {what} within {within:?}: {job:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -291,7 +315,7 @@ async fn a_job_goes_queued_running_succeeded_on_the_agents() {
 }
 
 #[tokio::test]
-async fn a_placed_job_starts_when_placed_not_at_the_agents_next_sync() {
+async fn placements_cancels_drains_and_preemptions_reach_the_agent_at_once_not_at_its_next_sync() {
     // The agent syncs once a minute. The region tells it as soon as a plan
     // places work on its nodes (its long poll of `changes`), it syncs then
     // and, having launched the workers, at once again to say they run.
@@ -319,6 +343,31 @@ async fn a_placed_job_starts_when_placed_not_at_the_agents_next_sync() {
     // job is cancelled, long before the agent's next sync.
     cloud.client.cancel(jobs[0]).await.unwrap();
     wait_state_within(&cloud.client, jobs[0], JobState::Cancelled, within).await;
+    // So does an operator's drain: the job on the drained node writes its
+    // checkpoint now and moves to the node the cancel freed.
+    let on = |j: &Job| j.workers[0].node.clone().unwrap();
+    let drained = on(&cloud.client.get(jobs[1]).await.unwrap());
+    cloud
+        .admin_post(
+            &format!("nodes/{drained}/drain"),
+            serde_json::json!({"mode": "checkpoint", "reason": "e2e"}),
+        )
+        .await;
+    let all_running = |j: &Job| {
+        j.state == JobState::Running && j.workers.iter().all(|w| w.state == WorkerState::Running)
+    };
+    let moved = wait_job_within(&cloud.client, jobs[1], within, "to run elsewhere", |j| {
+        all_running(j) && on(j) != drained
+    })
+    .await;
+    assert_eq!((moved.preemptions, moved.node_moves), (1, 1), "{moved:?}");
+    // And an operator's preemption of the job: it checkpoints now and runs
+    // again (on the one node in service).
+    (cloud.admin_post(&format!("jobs/{}/preempt", jobs[1]), serde_json::json!({}))).await;
+    wait_job_within(&cloud.client, jobs[1], within, "to run again", |j| {
+        all_running(j) && j.preemptions == 2
+    })
+    .await;
 }
 
 #[tokio::test]

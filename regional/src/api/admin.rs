@@ -176,6 +176,10 @@ pub async fn preempt_job(
         ));
     }
     metrics::counter!("gangway_preemptions_total", "cause" => "operator").increment(1);
+    // Its agents ask its workers to checkpoint now, not at their next sync.
+    if let Err(e) = state.store.wake_agents_of(&[], &[id]).await {
+        tracing::warn!(job_id = %id, error = %e, "waking a preempted job's agents failed: they hear at their next sync");
+    }
     Ok(axum::Json(Preempted {
         job_id: id,
         preempted: true,

@@ -127,8 +127,15 @@ async fn view(state: &AppState, id: &str) -> Result<axum::Json<NodeView>, ApiErr
     }
 }
 
-fn after(state: &AppState, o: &NodesOutcome) {
-    if o.fleet_changed || o.freed_gpus || !o.evacuated.is_empty() || !o.lost.is_empty() {
+/// After a change to node `id`: its agent, and the agents of the jobs it
+/// moved, hear of it now (a drain's deadline, a checkpoint to write), not
+/// at their next sync; the scheduler if anything may now be placed.
+async fn after(state: &AppState, id: &str, o: &NodesOutcome) {
+    let moved: Vec<uuid::Uuid> = o.evacuated.iter().chain(&o.lost).copied().collect();
+    if let Err(e) = state.store.wake_agents_of(&[id], &moved).await {
+        tracing::warn!(node_id = %id, error = %e, "waking the agents of a node's jobs failed: they hear at their next sync");
+    }
+    if o.fleet_changed || o.freed_gpus || !moved.is_empty() {
         state.wake_scheduler();
     }
 }
@@ -180,7 +187,7 @@ async fn change(
     .await?
     .map_err(refused)?;
     tracing::info!(node_id = %id, %actor, ?change, "node admin state changed");
-    after(state, &out);
+    after(state, id, &out).await;
     view(state, id).await
 }
 
@@ -292,7 +299,7 @@ pub async fn inject_fault(
         .await?
         .map_err(refused)?;
     tracing::info!(node_id = %id, %actor, fault = fault.kind(), "fault injected");
-    after(&state, &out);
+    after(&state, &id, &out).await;
     view(&state, &id).await
 }
 

@@ -77,6 +77,13 @@ async fn node_health(state: &AppState, ctx: &HealthContext) {
             for job in &o.lost {
                 tracing::warn!(job_id = %job, "workers lost with a node: requeued at the front");
             }
+            // The agents of the jobs it moved hear of it now.
+            let moved: Vec<uuid::Uuid> = o.evacuated.iter().chain(&o.lost).copied().collect();
+            if !moved.is_empty() {
+                if let Err(e) = state.store.wake_agents_of(&[], &moved).await {
+                    tracing::warn!(error = %e, "waking the agents of moved jobs failed: they hear at their next sync");
+                }
+            }
             if o.fleet_changed || o.freed_gpus {
                 state.wake_scheduler();
             }

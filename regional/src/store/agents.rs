@@ -60,6 +60,32 @@ impl Store {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    /// Wakes the agents of `nodes` and of the nodes the workers of `jobs`
+    /// are on (their polls of `changes`, `wakes.rs`): their assignments
+    /// changed outside a plan — an operator's drain, an evacuation off a
+    /// failing node — so they sync now, not at their next interval. Reads
+    /// the jobs' nodes only while some agent is waiting.
+    pub async fn wake_agents_of(&self, nodes: &[&str], jobs: &[Uuid]) -> Result<()> {
+        let mut all: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+        if !jobs.is_empty() && self.wakes.any_waiting() {
+            let conn = self.conn().await?;
+            let rows = conn
+                .query(
+                    &conn
+                        .prepare_cached(
+                            "SELECT DISTINCT node_id FROM workers
+                             WHERE job_id = ANY($1::uuid[]) AND node_id IS NOT NULL",
+                        )
+                        .await?,
+                    &[&jobs],
+                )
+                .await?;
+            all.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+        }
+        self.wakes.wake(all.iter().map(String::as_str));
+        Ok(())
+    }
+
     /// Records an agent and its nodes, each where the region's inventory
     /// says it sits. Refused, with nothing written but the refusal's
     /// record: a node the inventory does not have (`unknown_node`, listed

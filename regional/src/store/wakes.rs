@@ -59,6 +59,11 @@ impl AgentWakes {
         }
     }
 
+    /// Whether any agent is waiting (a wake would reach someone).
+    pub fn any_waiting(&self) -> bool {
+        !self.by_node.lock().expect("agent wakes lock").is_empty()
+    }
+
     /// Nodes with a watch registered.
     #[cfg(test)]
     fn watched(&self) -> usize {
@@ -125,8 +130,10 @@ mod tests {
         assert_eq!(wakes.watched(), 1);
         wakes.wake(["n1"]);
         assert!(woken(&new).await);
+        assert!(wakes.any_waiting());
         drop(new);
         assert_eq!(wakes.watched(), 0);
+        assert!(!wakes.any_waiting(), "nobody to wake: nothing to read for");
         // Nobody watches: a wake is dropped, not kept for a later poll.
         wakes.wake(["n1"]);
         let later = wakes.watch(nodes(&["n1"]));
