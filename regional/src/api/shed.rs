@@ -65,13 +65,19 @@ pub fn sheddable(method: &Method, path: &str) -> bool {
     }
 }
 
+/// A pool whose connections are all taken and as many callers wait.
+/// (deadpool counts a caller opening a new connection as waiting, so a pool
+/// not yet at its size has fewer waiting than it says: only the callers
+/// beyond a full pool count.)
+fn queued(s: deadpool_postgres::Status) -> bool {
+    s.available == 0 && (s.size + s.waiting).saturating_sub(s.max_size) >= s.max_size
+}
+
 /// The middleware: sheds a sheddable request when the region is overloaded.
 pub async fn admit(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if !sheddable(req.method(), req.uri().path()) {
         return next.run(req).await;
     }
-    // A pool whose connections are all taken and as many callers wait.
-    let queued = |s: deadpool_postgres::Status| s.available == 0 && s.waiting >= s.max_size;
     if queued(state.store.pool_status()) {
         return overloaded(
             &req,
@@ -126,6 +132,30 @@ fn overloaded(req: &Request, why: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As deadpool reports a pool of `max_size` with `size` connections open
+    /// and `users` callers holding or waiting for one.
+    fn status(max_size: usize, size: usize, users: usize) -> deadpool_postgres::Status {
+        deadpool_postgres::Status {
+            max_size,
+            size,
+            available: size.saturating_sub(users),
+            waiting: users.saturating_sub(size),
+        }
+    }
+
+    #[test]
+    fn a_pool_queues_only_when_callers_beyond_its_full_size_fill_it_again() {
+        // Two connections, three callers: one waits — a moment's queue.
+        assert!(!queued(status(2, 2, 3)));
+        // Four callers on a full pool of two: two wait, as many as it holds.
+        assert!(queued(status(2, 2, 4)));
+        // Still opening its second connection: deadpool says two wait, but
+        // one of them is opening the connection it will use.
+        assert!(!queued(status(2, 1, 3)));
+        // Idle connections: nothing queues.
+        assert!(!queued(status(2, 2, 1)));
+    }
 
     #[test]
     fn only_work_a_client_can_send_again_is_sheddable() {
