@@ -120,18 +120,6 @@ impl Cloud {
         }
     }
 
-    /// `POST /v1/admin/{path}` with `body` as an operator; it must succeed.
-    async fn admin_post(&self, path: &str, body: serde_json::Value) {
-        let r = reqwest::Client::new()
-            .post(format!("http://127.0.0.1:{}/v1/admin/{path}", self.port))
-            .bearer_auth(token(&self.key, Role::Service, None))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
-    }
-
     fn tenant(&self, tenant: &str) -> Client {
         Client::new(format!("http://127.0.0.1:{}", self.port), tenant).with_token(token(
             &self.key,
@@ -347,12 +335,15 @@ async fn placements_cancels_drains_and_preemptions_reach_the_agent_at_once_not_a
     // checkpoint now and moves to the node the cancel freed.
     let on = |j: &Job| j.workers[0].node.clone().unwrap();
     let drained = on(&cloud.client.get(jobs[1]).await.unwrap());
-    cloud
-        .admin_post(
-            &format!("nodes/{drained}/drain"),
-            serde_json::json!({"mode": "checkpoint", "reason": "e2e"}),
+    let drain = serde_json::json!({"mode": "checkpoint", "reason": "e2e"});
+    (cloud.client)
+        .call_json(
+            reqwest::Method::POST,
+            &format!("/v1/admin/nodes/{drained}/drain"),
+            Some(&drain),
         )
-        .await;
+        .await
+        .unwrap();
     let all_running = |j: &Job| {
         j.state == JobState::Running && j.workers.iter().all(|w| w.state == WorkerState::Running)
     };
@@ -363,7 +354,14 @@ async fn placements_cancels_drains_and_preemptions_reach_the_agent_at_once_not_a
     assert_eq!((moved.preemptions, moved.node_moves), (1, 1), "{moved:?}");
     // And an operator's preemption of the job: it checkpoints now and runs
     // again (on the one node in service).
-    (cloud.admin_post(&format!("jobs/{}/preempt", jobs[1]), serde_json::json!({}))).await;
+    (cloud.client)
+        .call_json(
+            reqwest::Method::POST,
+            &format!("/v1/admin/jobs/{}/preempt", jobs[1]),
+            None,
+        )
+        .await
+        .unwrap();
     wait_job_within(&cloud.client, jobs[1], within, "to run again", |j| {
         all_running(j) && j.preemptions == 2
     })

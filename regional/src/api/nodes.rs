@@ -131,7 +131,7 @@ async fn view(state: &AppState, id: &str) -> Result<axum::Json<NodeView>, ApiErr
 /// moved, hear of it now (a drain's deadline, a checkpoint to write), not
 /// at their next sync; the scheduler if anything may now be placed.
 async fn after(state: &AppState, id: &str, o: &NodesOutcome) {
-    let moved: Vec<uuid::Uuid> = o.evacuated.iter().chain(&o.lost).copied().collect();
+    let moved = o.moved();
     if let Err(e) = state.store.wake_agents_of(&[id], &moved).await {
         tracing::warn!(node_id = %id, error = %e, "waking the agents of a node's jobs failed: they hear at their next sync");
     }

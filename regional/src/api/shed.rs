@@ -65,12 +65,10 @@ pub fn sheddable(method: &Method, path: &str) -> bool {
     }
 }
 
-/// A pool whose connections are all taken and as many callers wait.
-/// (deadpool counts a caller opening a new connection as waiting, so a pool
-/// not yet at its size has fewer waiting than it says: only the callers
-/// beyond a full pool count.)
+/// A pool whose connections are all taken and as many callers wait
+/// (`store::queued_callers`: beyond a full pool).
 fn queued(s: deadpool_postgres::Status) -> bool {
-    s.available == 0 && (s.size + s.waiting).saturating_sub(s.max_size) >= s.max_size
+    crate::store::queued_callers(&s) >= s.max_size
 }
 
 /// The middleware: sheds a sheddable request when the region is overloaded.

@@ -78,7 +78,7 @@ async fn node_health(state: &AppState, ctx: &HealthContext) {
                 tracing::warn!(job_id = %job, "workers lost with a node: requeued at the front");
             }
             // The agents of the jobs it moved hear of it now.
-            let moved: Vec<uuid::Uuid> = o.evacuated.iter().chain(&o.lost).copied().collect();
+            let moved = o.moved();
             if !moved.is_empty() {
                 if let Err(e) = state.store.wake_agents_of(&[], &moved).await {
                     tracing::warn!(error = %e, "waking the agents of moved jobs failed: they hear at their next sync");

@@ -154,7 +154,7 @@ async fn pass(
                 .filter(|r| victims.contains(&r.job))
                 .flat_map(|r| &r.gpus)
                 .map(|(node, _)| node.as_str());
-            if store.sync_pool_status().waiting == 0 {
+            if crate::store::queued_callers(&store.sync_pool_status()) == 0 {
                 store.agent_wakes().wake(placed.chain(stopping));
                 metrics::counter!("gangway_agent_pushes_total", "outcome" => "sent").increment(1);
             } else {

@@ -479,6 +479,13 @@ pub struct Store {
     scale: Arc<scale::TableScale>,
 }
 
+/// Callers waiting for a connection of a pool beyond what its full size
+/// holds. (deadpool counts a caller that is opening one of the pool's
+/// connections as waiting: that one is not queueing.)
+pub fn queued_callers(s: &deadpool_postgres::Status) -> usize {
+    (s.size + s.waiting).saturating_sub(s.max_size)
+}
+
 /// A connection of `pool`, the wait recorded under its `name`
 /// (`gangway_db_pool_wait_seconds`).
 async fn timed_get(pool: &Pool, name: &'static str) -> Result<deadpool_postgres::Object> {

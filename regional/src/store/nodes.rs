@@ -57,6 +57,11 @@ pub struct NodesOutcome {
 }
 
 impl NodesOutcome {
+    /// The jobs it moved off their nodes: evacuated or lost with one.
+    pub fn moved(&self) -> Vec<Uuid> {
+        self.evacuated.iter().chain(&self.lost).copied().collect()
+    }
+
     pub(super) fn absorb(&mut self, o: NodesOutcome) {
         self.fleet_changed |= o.fleet_changed;
         self.freed_gpus |= o.freed_gpus;
