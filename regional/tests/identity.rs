@@ -177,6 +177,27 @@ async fn a_node_is_served_by_the_agent_the_inventory_names_and_reports_only_for_
         .unwrap()
         .get(0);
     assert_eq!(before, after, "a refused sync records nothing");
+    // The sync's looks are sent together, but what it is told follows
+    // their order: an unknown agent, or one from a stale boot, is told
+    // that (it registers again), whatever its node reports would say.
+    assert!(matches!(
+        store
+            .sync_agent("node-z", &report, TIMING)
+            .await
+            .unwrap_err(),
+        StoreError::UnknownAgent
+    ));
+    let stale = SyncRequest {
+        boot_id: Uuid::new_v4(),
+        ..report.clone()
+    };
+    assert!(matches!(
+        store
+            .sync_agent("node-a", &stale, TIMING)
+            .await
+            .unwrap_err(),
+        StoreError::StaleBoot
+    ));
     let boot_b: Option<String> = db
         .query_one("SELECT boot_id FROM nodes WHERE node_id = 'node-b'", &[])
         .await

@@ -323,17 +323,6 @@ impl Store {
         let mut conn = self.sync_conn().await?;
         let tx = conn.transaction().await?;
         let ctx = self.health_context();
-        let agent = tx
-            .query_opt(
-                &super::cached(&tx, "SELECT boot_id FROM agents WHERE agent_id = $1").await?,
-                &[&agent_id],
-            )
-            .await?
-            .ok_or(StoreError::UnknownAgent)?;
-        let boot: Uuid = agent.get(0);
-        if boot != req.boot_id {
-            return Err(StoreError::StaleBoot);
-        }
         // An agent reports for its own nodes only: a report or checkpoint
         // naming another agent's node refuses the whole sync, before
         // anything of it is recorded (`look_at_nodes` checks, from the one
@@ -343,12 +332,35 @@ impl Store {
             .collect();
         named.sort_unstable();
         named.dedup();
-        let boot = boot.to_string();
-        let nodes =
-            super::nodes::look_at_nodes(&tx, &ctx, agent_id, &boot, &req.nodes, &named, false)
-                .await?;
+        let boot = req.boot_id.to_string();
         let uploads = req.checkpoints.is_some();
-        let mut changed = look_at_reports(&tx, agent_id, &req.workers, uploads).await?;
+        // The three looks, sent at once and answered in order on the one
+        // connection (tokio-postgres pipelines concurrent calls): one round
+        // trip where one after the other took three, each a wait for both
+        // processes to be scheduled again on a busy machine, holding a
+        // connection the other syncs queue for. The nodes are looked at
+        // with the boot the agent claims; a sync from another boot is
+        // refused below, before anything is written. The answers are taken
+        // in the order sent, so an unknown agent or a stale boot is told so
+        // whatever the other reads found. (Reading the assignments with
+        // them too saved a quiet sync another round trip, but read them
+        // twice for each sync that changes something — a fifth of the syncs
+        // under a burst, and the assignment read is the region's most
+        // frequent statement: not done.)
+        let (agent, nodes, changed) = tokio::join!(
+            async {
+                let read =
+                    super::cached(&tx, "SELECT boot_id FROM agents WHERE agent_id = $1").await?;
+                Ok::<_, StoreError>(tx.query_opt(&read, &[&agent_id]).await?)
+            },
+            super::nodes::look_at_nodes(&tx, &ctx, agent_id, &boot, &req.nodes, &named, false),
+            look_at_reports(&tx, agent_id, &req.workers, uploads),
+        );
+        let agent = agent?.ok_or(StoreError::UnknownAgent)?;
+        if agent.get::<_, Uuid>(0) != req.boot_id {
+            return Err(StoreError::StaleBoot);
+        }
+        let (nodes, mut changed) = (nodes?, changed?);
         let checkpoints_reported = req.checkpoints.as_ref().is_some_and(|c| !c.is_empty());
         if nodes.due.is_empty() && changed.is_empty() && !checkpoints_reported {
             let assignments = load_assignments(&tx, &self.scale, agent_id, timing).await?;
@@ -368,6 +380,7 @@ impl Store {
         let heard = (self.scale)
             .prepare(
                 &tx,
+                super::scale::Reads::Agents,
                 "UPDATE agents a SET last_sync_at = now()
                  FROM (SELECT agent_id, last_sync_at FROM agents WHERE agent_id = $1::text
                        FOR UPDATE) p
@@ -784,14 +797,18 @@ async fn apply_reports(
     // plan commits take the same order, so they never deadlock with a sync.
     // Current state of every reported worker that sits on this agent's nodes.
     let rows = tx
-        .query(
+        .query_typed(
             "SELECT w.job_id, w.rank, w.attempt, w.state::text, w.node_id
              FROM unnest($1::uuid[], $2::int[]) AS r(job_id, rank)
              JOIN workers w ON w.job_id = r.job_id AND w.rank = r.rank
              JOIN nodes n ON n.node_id = w.node_id
              WHERE n.agent_id = $3
              FOR UPDATE OF w",
-            &[&job_ids, &ranks, &agent_id],
+            &[
+                (&job_ids, Type::UUID_ARRAY),
+                (&ranks, Type::INT4_ARRAY),
+                (&agent_id, Type::TEXT),
+            ],
         )
         .await?;
     let mut current: BTreeMap<(Uuid, i32), (i32, String, String)> = BTreeMap::new();
@@ -900,10 +917,10 @@ async fn apply_reports(
     flush(tx, &mut checkpoints, &mut started, &mut ended).await?;
     if !fenced.is_empty() {
         let fenced: Vec<Uuid> = fenced.into_iter().collect();
-        tx.execute(
+        tx.execute_typed(
             "UPDATE jobs SET requeue_front = true
              WHERE job_id = ANY($1) AND state IN ('preempting', 'queued')",
-            &[&fenced],
+            &[(&fenced, Type::UUID_ARRAY)],
         )
         .await?;
     }
@@ -914,7 +931,9 @@ async fn apply_reports(
 
 /// Writes what [`apply_reports`] gathered so far, a statement each: new
 /// checkpoints (job → newest reported; a repeated report changes
-/// nothing), workers seen running, workers that ended.
+/// nothing), workers seen running, workers that ended. Every statement of
+/// a sync's writes is sent with its parameters' types (`execute_typed`):
+/// one round trip each, not two (`apply.rs`, `apply_plan`, says why).
 async fn flush(
     tx: &Transaction<'_>,
     checkpoints: &mut BTreeMap<Uuid, &str>,
@@ -923,21 +942,21 @@ async fn flush(
 ) -> Result<()> {
     if !checkpoints.is_empty() {
         let (jobs, keys): (Vec<Uuid>, Vec<&str>) = std::mem::take(checkpoints).into_iter().unzip();
-        tx.execute(
+        tx.execute_typed(
             "UPDATE jobs j SET restore_from = x.ckpt, checkpointed_at = now()
              FROM unnest($1::uuid[], $2::text[]) AS x(job_id, ckpt)
              WHERE j.job_id = x.job_id AND j.restore_from IS DISTINCT FROM x.ckpt",
-            &[&jobs, &keys],
+            &[(&jobs, Type::UUID_ARRAY), (&keys, Type::TEXT_ARRAY)],
         )
         .await?;
     }
     if !started.is_empty() {
         let (jobs, ranks): (Vec<Uuid>, Vec<i32>) = std::mem::take(started).into_iter().unzip();
-        tx.execute(
+        tx.execute_typed(
             "UPDATE workers w SET state = 'running', started_at = coalesce(w.started_at, now())
              FROM unnest($1::uuid[], $2::int[]) AS x(job_id, rank)
              WHERE w.job_id = x.job_id AND w.rank = x.rank",
-            &[&jobs, &ranks],
+            &[(&jobs, Type::UUID_ARRAY), (&ranks, Type::INT4_ARRAY)],
         )
         .await?;
     }
@@ -985,43 +1004,56 @@ impl Ended {
             return Ok(());
         }
         // `preempted`: a worker that checkpointed and stopped goes back to
-        // pending, off its node; the others end.
-        tx.execute(
-            "UPDATE workers w SET
-                    state = CASE WHEN x.state = 'preempted' THEN 'pending'
-                                 ELSE x.state END::worker_state,
-                    exit_code = CASE WHEN x.state = 'preempted' THEN w.exit_code ELSE x.code END,
-                    signal = CASE WHEN x.state = 'preempted' THEN w.signal ELSE x.sig END,
-                    message = x.msg,
-                    finished_at = CASE WHEN x.state = 'preempted' THEN w.finished_at ELSE now() END,
-                    started_at = CASE WHEN x.code IS NOT NULL THEN coalesce(w.started_at, now())
-                                      ELSE w.started_at END,
-                    node_id = CASE WHEN x.state = 'preempted' THEN NULL ELSE w.node_id END,
-                    gpus = CASE WHEN x.state = 'preempted' THEN '{}' ELSE w.gpus END,
-                    local_rank = CASE WHEN x.state = 'preempted' THEN NULL ELSE w.local_rank END
-             FROM unnest($1::uuid[], $2::int[], $3::text[], $4::int[], $5::int[], $6::text[])
-                  AS x(job_id, rank, state, code, sig, msg)
-             WHERE w.job_id = x.job_id AND w.rank = x.rank",
-            &[
-                &self.jobs,
-                &self.ranks,
-                &self.states,
-                &self.codes,
-                &self.signals,
-                &self.messages,
-            ],
-        )
-        .await?;
-        tx.execute(
-            "UPDATE allocations a
-             SET released_at = greatest(a.allocated_at, least(now(), coalesce(x.until, now()))),
-                 release_reason = x.state
-             FROM unnest($1::uuid[], $2::int[], $3::text[], $4::timestamptz[])
-                  AS x(job_id, rank, state, until)
-             WHERE a.job_id = x.job_id AND a.rank = x.rank AND a.released_at IS NULL",
-            &[&self.jobs, &self.ranks, &self.states, &self.until],
-        )
-        .await?;
+        // pending, off its node; the others end. Its GPUs are released in
+        // the statement sent with it (the answers taken in order).
+        let ending = async {
+            tx.execute_typed(
+                "UPDATE workers w SET
+                        state = CASE WHEN x.state = 'preempted' THEN 'pending'
+                                     ELSE x.state END::worker_state,
+                        exit_code = CASE WHEN x.state = 'preempted' THEN w.exit_code ELSE x.code END,
+                        signal = CASE WHEN x.state = 'preempted' THEN w.signal ELSE x.sig END,
+                        message = x.msg,
+                        finished_at = CASE WHEN x.state = 'preempted' THEN w.finished_at ELSE now() END,
+                        started_at = CASE WHEN x.code IS NOT NULL THEN coalesce(w.started_at, now())
+                                          ELSE w.started_at END,
+                        node_id = CASE WHEN x.state = 'preempted' THEN NULL ELSE w.node_id END,
+                        gpus = CASE WHEN x.state = 'preempted' THEN '{}' ELSE w.gpus END,
+                        local_rank = CASE WHEN x.state = 'preempted' THEN NULL ELSE w.local_rank END
+                 FROM unnest($1::uuid[], $2::int[], $3::text[], $4::int[], $5::int[], $6::text[])
+                      AS x(job_id, rank, state, code, sig, msg)
+                 WHERE w.job_id = x.job_id AND w.rank = x.rank",
+                &[
+                    (&self.jobs, Type::UUID_ARRAY),
+                    (&self.ranks, Type::INT4_ARRAY),
+                    (&self.states, Type::TEXT_ARRAY),
+                    (&self.codes, Type::INT4_ARRAY),
+                    (&self.signals, Type::INT4_ARRAY),
+                    (&self.messages, Type::TEXT_ARRAY),
+                ],
+            )
+            .await
+        };
+        let releasing = async {
+            tx.execute_typed(
+                "UPDATE allocations a
+                 SET released_at = greatest(a.allocated_at, least(now(), coalesce(x.until, now()))),
+                     release_reason = x.state
+                 FROM unnest($1::uuid[], $2::int[], $3::text[], $4::timestamptz[])
+                      AS x(job_id, rank, state, until)
+                 WHERE a.job_id = x.job_id AND a.rank = x.rank AND a.released_at IS NULL",
+                &[
+                    (&self.jobs, Type::UUID_ARRAY),
+                    (&self.ranks, Type::INT4_ARRAY),
+                    (&self.states, Type::TEXT_ARRAY),
+                    (&self.until, Type::TIMESTAMPTZ_ARRAY),
+                ],
+            )
+            .await
+        };
+        let (ended, released) = tokio::join!(ending, releasing);
+        ended?;
+        released?;
         Ok(())
     }
 }
@@ -1051,6 +1083,7 @@ async fn load_assignments(
     let read = scale
         .prepare(
             tx,
+            super::scale::Reads::Agents,
             "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
                     w.local_rank, coalesce(j.run_workers, j.workers) AS world_size,
                     j.mode::text AS mode, j.spec, j.restore_from, j.epoch, j.tenant,

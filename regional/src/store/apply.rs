@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gangway_sched::{Plan, PreemptCause};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use super::jobs::{lock_jobs, preempt_in_tx, PreemptBy};
@@ -37,10 +38,18 @@ impl Store {
     /// exclusively, waits or makes the plan stale), then the jobs in id
     /// order, then the partitions in type order.
     pub async fn apply_plan(&self, plan: &Plan) -> Result<ApplyOutcome> {
+        // Each statement is sent with its parameters' types
+        // (`query_typed`): parsed, bound and run in one round trip, where
+        // a statement sent as text alone takes two (its parameters' types
+        // asked first). On a busy machine each round trip waits for both
+        // processes to be scheduled again; a commit of a dozen statements
+        // took 0.45 s a pass on a 10,240-GPU region under a burst
+        // (docs/benchmarks-history.md, "Session 31"), holding its jobs'
+        // locks, which the agents' syncs then skip.
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await?;
         let head = tx
-            .query_one(
+            .query_typed_one(
                 "SELECT generation FROM sched_state WHERE id = 1 FOR SHARE",
                 &[],
             )
@@ -120,11 +129,11 @@ impl Store {
             .collect();
         if !claims.is_empty() {
             let (ids, until): (Vec<Uuid>, Vec<i64>) = claims.into_iter().unzip();
-            tx.execute(
+            tx.execute_typed(
                 "UPDATE jobs j SET claim_until = to_timestamp(c.until)
                  FROM unnest($1::uuid[], $2::bigint[]) AS c(id, until)
                  WHERE j.job_id = c.id",
-                &[&ids, &until],
+                &[(&ids, Type::UUID_ARRAY), (&until, Type::INT8_ARRAY)],
             )
             .await?;
         }
@@ -151,10 +160,10 @@ async fn bump_partitions(
     jobs: &[Uuid],
 ) -> Result<()> {
     let rows = tx
-        .query(
+        .query_typed(
             "SELECT DISTINCT pool_of(gpu_type, cluster_id) AS pool
              FROM jobs WHERE job_id = ANY($1) ORDER BY pool",
-            &[&jobs],
+            &[(&jobs, Type::UUID_ARRAY)],
         )
         .await?;
     for row in rows {
@@ -165,12 +174,12 @@ async fn bump_partitions(
             )));
         };
         let bumped = tx
-            .query_opt(
+            .query_typed_opt(
                 "INSERT INTO sched_partitions AS p (pool, version) VALUES ($1, 1)
                  ON CONFLICT (pool) DO UPDATE SET version = p.version + 1
                  WHERE p.version = $2
                  RETURNING version",
-                &[&ty, &seen],
+                &[(&ty, Type::TEXT), (&seen, Type::INT8)],
             )
             .await?;
         // A first commit for the type expects no row (version 0): the
@@ -199,7 +208,7 @@ pub(super) async fn apply_placements(
         // This commit's number: higher than every earlier placement's, so
         // a job's newest run is the one with the highest.
         let placement_seq: i64 = tx
-            .query_one("SELECT nextval('placement_seq')", &[])
+            .query_typed_one("SELECT nextval('placement_seq')", &[])
             .await?
             .get(0);
         // Workers: pending → assigned, with their node, GPUs and local rank.
@@ -230,8 +239,17 @@ pub(super) async fn apply_placements(
                 *local += 1;
             }
         }
-        let updated = tx
-            .query(
+        // The workers moved and the placed jobs read (once: their tenant
+        // and type for the allocations, their gang shape for
+        // `run_workers`), sent together; the answers are taken in order.
+        let distinct: Vec<Uuid> = job_ids
+            .iter()
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let updating = async {
+            tx.query_typed(
                 "UPDATE workers w
                  SET state = 'assigned', attempt = w.attempt + 1, node_id = x.node,
                      gpus = x.gpus::int[], local_rank = x.local_rank
@@ -239,9 +257,27 @@ pub(super) async fn apply_placements(
                       AS x(job_id, rank, node, gpus, local_rank)
                  WHERE w.job_id = x.job_id AND w.rank = x.rank AND w.state = 'pending'
                  RETURNING w.job_id, w.rank, w.attempt",
-                &[&w_job, &w_rank, &w_node, &w_gpus, &w_local],
+                &[
+                    (&w_job, Type::UUID_ARRAY),
+                    (&w_rank, Type::INT4_ARRAY),
+                    (&w_node, Type::TEXT_ARRAY),
+                    (&w_gpus, Type::TEXT_ARRAY),
+                    (&w_local, Type::INT4_ARRAY),
+                ],
             )
-            .await?;
+            .await
+        };
+        let reading = async {
+            tx.query_typed(
+                "SELECT job_id, tenant, gpu_type, mode = 'gang', workers, min_workers,
+                        coalesce(handover_to, moved_to)
+                 FROM jobs WHERE job_id = ANY($1)",
+                &[(&distinct, Type::UUID_ARRAY)],
+            )
+            .await
+        };
+        let (updated, meta_rows) = tokio::join!(updating, reading);
+        let updated = updated?;
         if updated.len() != w_job.len() {
             return Err(StoreError::StalePlan(format!(
                 "{} of {} placed workers are no longer pending",
@@ -254,22 +290,7 @@ pub(super) async fn apply_placements(
             .map(|r| ((r.get(0), r.get(1)), r.get(2)))
             .collect();
 
-        // The placed jobs, read once: their tenant and type for the
-        // allocations, their gang shape for `run_workers`.
-        let distinct: Vec<Uuid> = job_ids
-            .iter()
-            .copied()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let meta_rows = tx
-            .query(
-                "SELECT job_id, tenant, gpu_type, mode = 'gang', workers, min_workers,
-                        coalesce(handover_to, moved_to)
-                 FROM jobs WHERE job_id = ANY($1)",
-                &[&distinct],
-            )
-            .await?;
+        let meta_rows = meta_rows?;
         // A job marked for a handover (evacuation, fail back, balancing)
         // after the plan read it is not placed here: once its move is
         // recorded it may run in the other region at any moment.
@@ -314,52 +335,9 @@ pub(super) async fn apply_placements(
                 }
             }
         }
-        let insert = tx
-            .execute(
-                "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant,
-                                          gpu_type, placement_seq)
-                 SELECT j, r, a, n, g, t, ty, $8
-                 FROM unnest($1::uuid[], $2::int[], $3::int[], $4::text[], $5::int[],
-                             $6::text[], $7::text[]) AS x(j, r, a, n, g, t, ty)",
-                &[
-                    &a_job,
-                    &a_rank,
-                    &a_attempt,
-                    &a_node,
-                    &a_gpu,
-                    &a_tenant,
-                    &a_type,
-                    &placement_seq,
-                ],
-            )
-            .await;
-        if let Err(e) = insert {
-            if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
-                return Err(StoreError::StalePlan(
-                    "a planned GPU is already allocated".to_string(),
-                ));
-            }
-            return Err(e.into());
-        }
-
-        // Each placed job in one row update: a queued one is starting, a
-        // gang runs with the workers placed, and it is no longer at the
-        // front of the queue. (One new version of each row, not three: the
-        // update of `state` is not HOT, so each version means an entry in
-        // every index of `jobs`.)
-        let run_n: Vec<Option<i32>> = (distinct.iter())
-            .map(|j| runs.get(j).map(|&(n, _)| n))
-            .collect();
-        tx.execute(
-            "UPDATE jobs j
-             SET state = CASE WHEN j.state = 'queued' THEN 'starting' ELSE j.state END,
-                 run_workers = coalesce(x.n, j.run_workers),
-                 requeue_front = false
-             FROM unnest($1::uuid[], $2::int[]) AS x(job_id, n)
-             WHERE j.job_id = x.job_id",
-            &[&distinct, &run_n],
-        )
-        .await?;
+        // The allocations, the jobs' rows and their events, sent together;
+        // the answers are taken in order (the allocations' first: a GPU
+        // already held makes the plan stale, and the rest fail with it).
         // One `placed` event per placement, in one statement.
         let mut e_job = Vec::with_capacity(plan.placements.len());
         let mut e_msg = Vec::with_capacity(plan.placements.len());
@@ -394,12 +372,68 @@ pub(super) async fn apply_placements(
             }
             e_detail.push(detail);
         }
-        tx.execute(
+        // Each placed job in one row update: a queued one is starting, a
+        // gang runs with the workers placed, and it is no longer at the
+        // front of the queue. (One new version of each row, not three: the
+        // update of `state` is not HOT, so each version means an entry in
+        // every index of `jobs`.)
+        let run_n: Vec<Option<i32>> = (distinct.iter())
+            .map(|j| runs.get(j).map(|&(n, _)| n))
+            .collect();
+        let marking = async {
+            tx.execute_typed(
+                "UPDATE jobs j
+             SET state = CASE WHEN j.state = 'queued' THEN 'starting' ELSE j.state END,
+                 run_workers = coalesce(x.n, j.run_workers),
+                 requeue_front = false
+             FROM unnest($1::uuid[], $2::int[]) AS x(job_id, n)
+             WHERE j.job_id = x.job_id",
+                &[(&distinct, Type::UUID_ARRAY), (&run_n, Type::INT4_ARRAY)],
+            )
+            .await
+        };
+        let inserting = async {
+            tx.execute_typed(
+                "INSERT INTO allocations (job_id, rank, attempt, node_id, gpu_index, tenant,
+                                          gpu_type, placement_seq)
+                 SELECT j, r, a, n, g, t, ty, $8
+                 FROM unnest($1::uuid[], $2::int[], $3::int[], $4::text[], $5::int[],
+                             $6::text[], $7::text[]) AS x(j, r, a, n, g, t, ty)",
+                &[
+                    (&a_job, Type::UUID_ARRAY),
+                    (&a_rank, Type::INT4_ARRAY),
+                    (&a_attempt, Type::INT4_ARRAY),
+                    (&a_node, Type::TEXT_ARRAY),
+                    (&a_gpu, Type::INT4_ARRAY),
+                    (&a_tenant, Type::TEXT_ARRAY),
+                    (&a_type, Type::TEXT_ARRAY),
+                    (&placement_seq, Type::INT8),
+                ],
+            )
+            .await
+        };
+        let recording = async {
+            tx.execute_typed(
             "INSERT INTO job_events (job_id, kind, message, detail)
              SELECT j, 'placed', m, d FROM unnest($1::uuid[], $2::text[], $3::jsonb[]) AS x(j, m, d)",
-            &[&e_job, &e_msg, &e_detail],
-        )
-        .await?;
+            &[
+                (&e_job, Type::UUID_ARRAY),
+                (&e_msg, Type::TEXT_ARRAY),
+                (&e_detail, Type::JSONB_ARRAY),
+            ],
+        ).await
+        };
+        let (insert, marked, recorded) = tokio::join!(inserting, marking, recording);
+        if let Err(e) = insert {
+            if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
+                return Err(StoreError::StalePlan(
+                    "a planned GPU is already allocated".to_string(),
+                ));
+            }
+            return Err(e.into());
+        }
+        marked?;
+        recorded?;
         Ok(w_job.len())
     }
 }

@@ -28,6 +28,7 @@ use gangway_health::{decide, Admin, Decision, Effect, HealthPolicy, NodeHealth, 
 use gangway_shared::agent::NodeReport;
 use gangway_shared::api::{DrainMode, Fault, NodeEvent, NodeView};
 use serde_json::json;
+use tokio_postgres::types::Type;
 use tokio_postgres::{Row, Transaction};
 use uuid::Uuid;
 
@@ -867,6 +868,7 @@ pub(super) async fn observe_sync(
     let lock = scale
         .prepare(
             tx,
+            super::scale::Reads::Agents,
             &format!(
                 "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
                  WHERE n.node_id = ANY($1::text[]) ORDER BY n.node_id FOR UPDATE OF n"
@@ -920,12 +922,18 @@ pub(super) async fn observe_sync(
         out.absorb(reconcile_into(tx, ctx, now, &mut node, &effects, &mut writes).await?);
     }
     if !heard_ids.is_empty() {
-        tx.execute(
+        // With its parameters' types: one round trip, not two.
+        let at = now as f64;
+        tx.execute_typed(
             "UPDATE nodes n SET boot_id = x.boot, last_heartbeat_at = to_timestamp($3),
                     silent_until = NULL
              FROM unnest($1::text[], $2::text[]) AS x(node_id, boot)
              WHERE n.node_id = x.node_id",
-            &[&heard_ids, &heard_boots, &(now as f64)],
+            &[
+                (&heard_ids, Type::TEXT_ARRAY),
+                (&heard_boots, Type::TEXT_ARRAY),
+                (&at, Type::FLOAT8),
+            ],
         )
         .await?;
     }
@@ -954,8 +962,10 @@ impl Store {
         // A heartbeat is recorded at least every third of the suspect
         // limit: one older than half of it means the node went quiet.
         let quiet_s = ctx.policy.suspect_after_s as f64 / 2.0;
-        let rows = conn
-            .query(
+        // The nodes to look at and the fleet's size, sent together, each
+        // with its parameters' types (one round trip for both).
+        let reading = async {
+            conn.query_typed(
                 &format!(
                     "SELECT {NODE_COLUMNS},
                             floor(extract(epoch FROM now()))::bigint AS now_s,
@@ -969,13 +979,13 @@ impl Store {
                         OR n.last_heartbeat_at < now() - make_interval(secs => $1)
                      ORDER BY n.node_id"
                 ),
-                &[&quiet_s],
+                &[(&quiet_s, Type::FLOAT8)],
             )
-            .await?;
-        let fleet: i64 = conn
-            .query_one("SELECT count(*) FROM nodes", &[])
-            .await?
-            .get(0);
+            .await
+        };
+        let counting = conn.query_typed_one("SELECT count(*) FROM nodes", &[]);
+        let (rows, fleet) = tokio::join!(reading, counting);
+        let (rows, fleet): (_, i64) = (rows?, fleet?.get(0));
         let now = match rows.first() {
             Some(r) => r.get::<_, i64>("now_s").max(0) as u64,
             None => {

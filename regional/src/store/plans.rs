@@ -12,7 +12,9 @@ use gangway_shared::api::GpuTypeCapacity;
 use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
-use super::power::{gpus_fed, rack_power, rack_power_rows, RackPower};
+use super::power::{
+    gpus_fed, rack_power, rack_power_of, rack_power_rows, RackPower, RACK_POWER_SQL,
+};
 pub use super::queue::{QueuePlace, QueueRead};
 use super::{Result, Store, StoreError};
 use crate::config::HistoryOptions;
@@ -35,8 +37,11 @@ pub struct SnapshotData {
     /// Units waiting per GPU type, in the window (`snapshot.queue`) and
     /// beyond it ([`Store::set_queue_window`]).
     pub queued_units: BTreeMap<String, u64>,
-    /// How long each of the snapshot's reads took, in order (as
-    /// `gangway_snapshot_read_seconds{read}` records them; for benches).
+    /// How long the snapshot's phases took (`conn`, `head`, `reads`,
+    /// `queue_copy`, `decode`, one after the other) and each of the reads
+    /// sent together (`fleet`, `live`, `queue`, … timed from the batch's
+    /// start, so they overlap), as `gangway_snapshot_read_seconds{read}`
+    /// records them; for benches.
     pub reads: Vec<(&'static str, Duration)>,
 }
 
@@ -98,19 +103,163 @@ pub struct FleetShape {
     pub rack_power_gpus: Option<u64>,
 }
 
-/// Times a snapshot's reads one after the other
-/// (`gangway_snapshot_read_seconds`, by read), and keeps the times for
-/// [`SnapshotData::reads`].
+/// The snapshot's first read: the scheduling generation, the database's
+/// clock, the fleet's version and the transaction's snapshot bounds (for
+/// the queue's changes, `queue.rs`).
+const HEAD_SQL: &str = "
+    SELECT generation, extract(epoch FROM now())::bigint, fleet_version,
+           pg_snapshot_xmin(pg_current_snapshot())::text::bigint, queue_epoch,
+           pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+    FROM sched_state WHERE id = 1";
+
+/// The pool's nodes and whether each takes new work. A rack reporting
+/// thermal throttling: none of its nodes takes new work (running work
+/// stays).
+const NODES_SQL: &str = "
+    SELECT n.node_id, n.spine, n.leaf, n.nvlink_domain, n.gpu_type,
+           (NOT n.spare
+            AND a.last_sync_at > now() - make_interval(secs => $1)
+            AND NOT EXISTS (SELECT 1 FROM nodes r
+                            WHERE r.leaf = n.leaf AND r.rack_throttled)
+            -- A cluster's node being given back, or of a
+            -- cluster being deleted, takes no new work.
+            AND NOT n.cluster_release
+            AND (n.cluster_id IS NULL OR c.state = 'active'))
+               AS schedulable,
+           n.operator_state, n.admin_reason, n.drain_wait,
+           extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s,
+           n.health
+    FROM nodes n
+    JOIN agents a ON a.agent_id = n.agent_id
+    LEFT JOIN clusters c ON c.cluster_id = n.cluster_id
+    WHERE ($2::text IS NULL OR n.gpu_type = $2)
+      AND n.cluster_id IS NOT DISTINCT FROM $3
+    ORDER BY n.node_id";
+
+/// Live allocations, and GPUs held for a gang moving onto a spare
+/// (`spares.rs`) while it is being preempted. (`UNION ALL`: a GPU both
+/// allocated and held is taken either way; nothing to deduplicate.)
+const LIVE_SQL: &str = "
+    SELECT node_id, array_agg(gpu_index) FROM (
+        SELECT node_id, gpu_index FROM allocations
+        WHERE released_at IS NULL AND ($1::text IS NULL OR gpu_type = $1)
+        UNION ALL
+        SELECT h.node_id, h.gpu_index FROM gpu_holds h
+        JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'
+    ) x GROUP BY node_id";
+
+/// Quotas: the cap is the core's hard limit; guarantee and weight feed
+/// fair sharing together with the decayed history.
+const TERMS_SQL: &str = "SELECT tenant, gpu_type, guaranteed_gpus, max_gpus, weight FROM quotas";
+
+/// What holds GPUs now, and when each is expected to let go (start plus
+/// estimate), for reservations; when it started and last checkpointed,
+/// how often it was preempted and whether a preemption is in flight, for
+/// preemption.
+///
+/// The allocations grouped by job first, each job then looked up once:
+/// joined row by row, at 10,240 allocated GPUs the read looked up and
+/// sorted every GPU's job row (40 ms a pass; `queue_depth` bench). Each
+/// job is looked up by key (`OFFSET 0` keeps it a lookup): `IS NOT
+/// DISTINCT FROM` is estimated at one row, and as a join the planner
+/// scanned every job for each allocated one (seconds at 50,000 queued).
+const RUNNING_SQL: &str = "
+    WITH a AS (
+        SELECT job_id, min(allocated_at) AS started,
+               array_agg(node_id ORDER BY node_id, gpu_index) AS nodes,
+               array_agg(gpu_index ORDER BY node_id, gpu_index) AS gpus
+        FROM allocations
+        WHERE released_at IS NULL AND ($1::text IS NULL OR gpu_type = $1)
+        GROUP BY job_id)
+    SELECT a.job_id, j.tenant, j.gpu_type, j.priority,
+           (extract(epoch FROM a.started)::bigint
+            + j.estimated_duration_s) AS expected_end,
+           extract(epoch FROM a.started)::bigint AS started,
+           extract(epoch FROM j.checkpointed_at)::bigint AS checkpointed,
+           j.preemptions,
+           CASE WHEN j.state = 'preempting' THEN coalesce(j.preempted_for, '')
+           END AS preempted_for,
+           CASE WHEN j.state = 'preempting' THEN
+               (SELECT extract(epoch FROM max(e.at))::bigint FROM job_events e
+                WHERE e.job_id = j.job_id AND e.kind = 'preempted')
+           END AS preempted_at,
+           a.nodes, a.gpus,
+           j.preemptions - j.grows - j.node_moves AS capped_preemptions,
+           CASE WHEN j.mode = 'gang' AND j.min_workers < j.workers
+                THEN j.run_workers END AS elastic_workers,
+           j.workers, j.gpus_per_worker, j.required_level::text AS required,
+           j.reservation_id
+    FROM a
+    CROSS JOIN LATERAL (SELECT * FROM jobs j
+                        WHERE j.job_id = a.job_id OFFSET 0) j
+    WHERE j.cluster_id IS NOT DISTINCT FROM $2
+    ORDER BY a.job_id";
+
+/// Capacity reservations not deleted nor over, the earliest first.
+const RESERVED_SQL: &str = "
+    SELECT reservation_id, tenant, gpu_type, gpus, level::text AS level, path,
+           extract(epoch FROM start_at)::bigint AS start_s,
+           extract(epoch FROM end_at)::bigint AS end_s
+    FROM capacity_reservations
+    WHERE state = 'active' AND (end_at IS NULL OR end_at > now())
+      AND ($1::text IS NULL OR gpu_type = $1) AND $2::uuid IS NULL
+    ORDER BY start_at, reservation_id";
+
+/// GPUs held per tenant and type. Counted per job first (grouped by id
+/// alone: sorting the GPUs by tenant and type text took half the read),
+/// each job looked up once by key for its tenant and type (what its
+/// allocations copy), not once per allocated GPU. As a join, with `IS NOT
+/// DISTINCT FROM` estimated at one row, the planner re-counted the
+/// allocations for every job: 60 s a pass at 50,000 queued (`queue_depth`
+/// bench).
+const USAGE_SQL: &str = "
+    SELECT j.tenant, j.gpu_type, sum(a.n)::bigint
+    FROM (SELECT job_id, count(*) AS n FROM allocations
+          WHERE released_at IS NULL GROUP BY job_id) a
+    CROSS JOIN LATERAL (SELECT j.tenant, j.gpu_type, j.cluster_id FROM jobs j
+                        WHERE j.job_id = a.job_id OFFSET 0) j
+    WHERE j.cluster_id IS NOT DISTINCT FROM $1
+    GROUP BY j.tenant, j.gpu_type";
+
+/// Jobs with the first claim on what their victims free (V32).
+const CLAIMS_SQL: &str = "
+    SELECT job_id, extract(epoch FROM claim_until)::bigint AS until FROM jobs
+    WHERE claim_until > now() AND ($1::text IS NULL OR gpu_type = $1)
+      AND cluster_id IS NOT DISTINCT FROM $2";
+
+/// Every covered pool's partition version.
+const PARTITIONS_SQL: &str = "
+    SELECT pool, version FROM sched_partitions
+    WHERE ($1::text IS NULL AND pool NOT LIKE 'cluster:%') OR pool = $1";
+
+/// `fut`'s result, and how long after `start` it came (a read of a batch
+/// sent together, timed from the batch's start).
+async fn timed<T>(
+    start: Instant,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<(T, Duration)> {
+    let out = fut.await?;
+    Ok((out, start.elapsed()))
+}
+
+/// Times a snapshot's phases one after the other, and the reads sent
+/// together ([`Laps::record`]) (`gangway_snapshot_read_seconds`, by read),
+/// and keeps the times for [`SnapshotData::reads`].
 struct Laps(Instant, Vec<(&'static str, Duration)>);
 
 impl Laps {
+    /// The phase `read` ended now.
     fn lap(&mut self, read: &'static str) {
         let now = Instant::now();
-        let took = now.duration_since(self.0);
+        self.record(read, now.duration_since(self.0));
+        self.0 = now;
+    }
+
+    /// `read` took `took` (of a phase already lapped).
+    fn record(&mut self, read: &'static str, took: Duration) {
         metrics::histogram!("gangway_snapshot_read_seconds", "read" => read)
             .record(took.as_secs_f64());
         self.1.push((read, took));
-        self.0 = now;
     }
 }
 
@@ -173,13 +322,7 @@ impl Store {
         let tx = read_only_snapshot(&mut conn).await?;
         laps.lap("conn");
         let head = tx
-            .query_one(
-                "SELECT generation, extract(epoch FROM now())::bigint, fleet_version,
-                        pg_snapshot_xmin(pg_current_snapshot())::text::bigint, queue_epoch,
-                        pg_snapshot_xmax(pg_current_snapshot())::text::bigint
-                 FROM sched_state WHERE id = 1",
-                &[],
-            )
+            .query_one(&super::cached(&tx, HEAD_SQL).await?, &[])
             .await?;
         let generation: i64 = head.get(0);
         // The database's clock, so every replica plans on the same time.
@@ -203,50 +346,111 @@ impl Store {
             None => None,
         };
         let only: Option<&str> = cluster_type.as_deref().or(only);
-        // A rack reporting thermal throttling: none of its nodes takes new
-        // work (running work stays).
-        let node_rows = tx
-            .query(
-                "SELECT n.node_id, n.spine, n.leaf, n.nvlink_domain, n.gpu_type,
-                        (NOT n.spare
-                         AND a.last_sync_at > now() - make_interval(secs => $1)
-                         AND NOT EXISTS (SELECT 1 FROM nodes r
-                                         WHERE r.leaf = n.leaf AND r.rack_throttled)
-                         -- A cluster's node being given back, or of a
-                         -- cluster being deleted, takes no new work.
-                         AND NOT n.cluster_release
-                         AND (n.cluster_id IS NULL OR c.state = 'active'))
-                            AS schedulable,
-                        n.operator_state, n.admin_reason, n.drain_wait,
-                        extract(epoch FROM n.drain_deadline)::bigint AS drain_deadline_s,
-                        n.health
-                 FROM nodes n
-                 JOIN agents a ON a.agent_id = n.agent_id
-                 LEFT JOIN clusters c ON c.cluster_id = n.cluster_id
-                 WHERE ($2::text IS NULL OR n.gpu_type = $2)
-                   AND n.cluster_id IS NOT DISTINCT FROM $3
-                 ORDER BY n.node_id",
-                &[&timeout_s, &only, &cluster],
-            )
-            .await?;
-        laps.lap("fleet");
-        let live = tx
-            .query(
-                // Live allocations, and GPUs held for a gang moving onto a
-                // spare (`spares.rs`) while it is being preempted.
-                // (`UNION ALL`: a GPU both allocated and held is taken
-                // either way; nothing to deduplicate.)
-                "SELECT node_id, array_agg(gpu_index) FROM (
-                     SELECT node_id, gpu_index FROM allocations
-                     WHERE released_at IS NULL AND ($1::text IS NULL OR gpu_type = $1)
-                     UNION ALL
-                     SELECT h.node_id, h.gpu_index FROM gpu_holds h
-                     JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'
-                 ) x GROUP BY node_id",
-                &[&only],
-            )
-            .await?;
-        laps.lap("live");
+        let label = self.scale.label(&tx, super::scale::Reads::Snapshot).await?;
+        laps.lap("head");
+
+        // The rest is sent at once and answered in order on the one
+        // connection (tokio-postgres pipelines concurrent calls): under
+        // load each round trip waited for both processes to be scheduled
+        // again, and a snapshot of a dozen reads one after the other took
+        // 0.5 s a pass on a busy 10,240-GPU region where its reads' own
+        // work is tens of milliseconds (docs/benchmarks-history.md,
+        // "Session 31"). Each is prepared per connection and table scale
+        // (`scale.rs`), so it is planned once, not at every pass. The
+        // reads' times below are each from the start of the batch.
+        let sent = Instant::now();
+        let read = |sql: &'static str| {
+            let (tx, label) = (&tx, &label);
+            async move { super::scale::prepare_as(tx, label, sql).await }
+        };
+        let (
+            (node_rows, fleet_t),
+            (live, live_t),
+            (how, queue_t),
+            (terms, terms_t),
+            (history, history_t),
+            (running_rows, running_t),
+            (reserved_rows, reserved_t),
+            (usage_rows, usage_t),
+            (power_rows, power_t),
+            (claim_rows, claims_t),
+            (partition_rows, partitions_t),
+        ) = tokio::try_join!(
+            timed(sent, async {
+                Ok(tx
+                    .query(&read(NODES_SQL).await?, &[&timeout_s, &only, &cluster])
+                    .await?)
+            }),
+            timed(sent, async {
+                Ok(tx.query(&read(LIVE_SQL).await?, &[&only]).await?)
+            }),
+            timed(sent, async {
+                super::queue::bring_up_to_date(
+                    &tx,
+                    &mut held_queue,
+                    only,
+                    cluster,
+                    (head.get(3), head.get(5)),
+                    head.get(4),
+                )
+                .await
+            }),
+            timed(sent, async {
+                // A cluster's nodes are its tenant's: no terms, no history.
+                if cluster.is_some() {
+                    return Ok(Vec::new());
+                }
+                Ok(tx.query(&read(TERMS_SQL).await?, &[]).await?)
+            }),
+            timed(sent, async {
+                if cluster.is_some() {
+                    return Ok(History::new());
+                }
+                self.history(&tx, history_options).await
+            }),
+            timed(sent, async {
+                Ok(tx
+                    .query(&read(RUNNING_SQL).await?, &[&only, &cluster])
+                    .await?)
+            }),
+            timed(sent, async {
+                Ok(tx
+                    .query(&read(RESERVED_SQL).await?, &[&only, &cluster])
+                    .await?)
+            }),
+            timed(sent, async {
+                Ok(tx.query(&read(USAGE_SQL).await?, &[&cluster]).await?)
+            }),
+            timed(sent, async {
+                Ok(tx.query(&read(RACK_POWER_SQL).await?, &[]).await?)
+            }),
+            timed(sent, async {
+                Ok(tx
+                    .query(&read(CLAIMS_SQL).await?, &[&only, &cluster])
+                    .await?)
+            }),
+            timed(sent, async {
+                Ok(tx.query(&read(PARTITIONS_SQL).await?, &[&key]).await?)
+            }),
+        )?;
+        tx.commit().await?;
+        laps.lap("reads");
+        for (read, took) in [
+            ("fleet", fleet_t),
+            ("live", live_t),
+            ("queue", queue_t),
+            ("terms", terms_t),
+            ("history", history_t),
+            ("running", running_t),
+            ("reserved", reserved_t),
+            ("usage", usage_t),
+            ("power", power_t),
+            ("claims", claims_t),
+            ("partitions", partitions_t),
+        ] {
+            laps.record(read, took);
+        }
+
         let mut used: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         for row in &live {
             used.insert(row.get(0), row.get(1));
@@ -280,16 +484,6 @@ impl Store {
             })
             .collect();
 
-        let how = super::queue::bring_up_to_date(
-            &tx,
-            &mut held_queue,
-            only,
-            cluster,
-            (head.get(3), head.get(5)),
-            head.get(4),
-        )
-        .await?;
-        laps.lap("queue");
         let held = held_queue.as_ref().expect("brought up to date");
         let mut queue = super::queue::requests(held, self.queues.window());
         let queued_units = held.units.clone();
@@ -302,19 +496,8 @@ impl Store {
 
         // Quotas: the cap is the core's hard limit; guarantee and weight
         // feed fair sharing together with the decayed history.
-        // A cluster's nodes are its tenant's: no terms, no history.
         let mut quotas = BTreeMap::new();
         let mut shares: BTreeMap<(String, String), Share> = BTreeMap::new();
-        let terms = if cluster.is_some() {
-            Vec::new()
-        } else {
-            tx.query(
-                "SELECT tenant, gpu_type, guaranteed_gpus, max_gpus, weight FROM quotas",
-                &[],
-            )
-            .await?
-        };
-        laps.lap("terms");
         for row in terms {
             let key: (String, String) = (row.get(0), row.get(1));
             if let Some(max) = row.get::<_, Option<i32>>(3) {
@@ -329,85 +512,23 @@ impl Store {
                 },
             );
         }
-        if cluster.is_none() {
-            for (key, history) in self.history(&tx, history_options).await? {
-                shares.entry(key).or_default().history = history;
-            }
+        for (key, history) in history {
+            shares.entry(key).or_default().history = history;
         }
-        laps.lap("history");
-        // What holds GPUs now, and when each is expected to let go (start
-        // plus estimate), for reservations; when it started and last
-        // checkpointed, how often it was preempted and whether a preemption
-        // is in flight, for preemption.
-        let running_rows = tx
-            .query(
-                // The allocations grouped by job first, each job then
-                // looked up once: joined row by row, at 10,240 allocated
-                // GPUs the read looked up and sorted every GPU's job row
-                // (40 ms a pass; `queue_depth` bench).
-                "WITH a AS (
-                     SELECT job_id, min(allocated_at) AS started,
-                            array_agg(node_id ORDER BY node_id, gpu_index) AS nodes,
-                            array_agg(gpu_index ORDER BY node_id, gpu_index) AS gpus
-                     FROM allocations
-                     WHERE released_at IS NULL AND ($1::text IS NULL OR gpu_type = $1)
-                     GROUP BY job_id)
-                 SELECT a.job_id, j.tenant, j.gpu_type, j.priority,
-                        (extract(epoch FROM a.started)::bigint
-                         + j.estimated_duration_s) AS expected_end,
-                        extract(epoch FROM a.started)::bigint AS started,
-                        extract(epoch FROM j.checkpointed_at)::bigint AS checkpointed,
-                        j.preemptions,
-                        CASE WHEN j.state = 'preempting' THEN coalesce(j.preempted_for, '')
-                        END AS preempted_for,
-                        CASE WHEN j.state = 'preempting' THEN
-                            (SELECT extract(epoch FROM max(e.at))::bigint FROM job_events e
-                             WHERE e.job_id = j.job_id AND e.kind = 'preempted')
-                        END AS preempted_at,
-                        a.nodes, a.gpus,
-                        j.preemptions - j.grows - j.node_moves AS capped_preemptions,
-                        CASE WHEN j.mode = 'gang' AND j.min_workers < j.workers
-                             THEN j.run_workers END AS elastic_workers,
-                        j.workers, j.gpus_per_worker, j.required_level::text AS required,
-                        j.reservation_id
-                 FROM a
-                 -- Each job looked up by key (`OFFSET 0` keeps it a
-                 -- lookup): `IS NOT DISTINCT FROM` is estimated at one
-                 -- row, and as a join the planner scanned every job for
-                 -- each allocated one (seconds at 50,000 queued).
-                 CROSS JOIN LATERAL (SELECT * FROM jobs j
-                                     WHERE j.job_id = a.job_id OFFSET 0) j
-                 WHERE j.cluster_id IS NOT DISTINCT FROM $2
-                 ORDER BY a.job_id",
-                &[&only, &cluster],
-            )
-            .await?;
-        laps.lap("running");
         // Capacity reservations not deleted nor over, the earliest first.
-        let reserved: Vec<ReservedCapacity> = (tx.query(
-            "SELECT reservation_id, tenant, gpu_type, gpus, level::text AS level, path,
-                    extract(epoch FROM start_at)::bigint AS start_s,
-                    extract(epoch FROM end_at)::bigint AS end_s
-             FROM capacity_reservations
-             WHERE state = 'active' AND (end_at IS NULL OR end_at > now())
-               AND ($1::text IS NULL OR gpu_type = $1) AND $2::uuid IS NULL
-             ORDER BY start_at, reservation_id",
-            &[&only, &cluster],
-        ))
-        .await?
-        .iter()
-        .map(|r| ReservedCapacity {
-            id: r.get::<_, Uuid>("reservation_id").to_string(),
-            tenant: r.get("tenant"),
-            gpu_type: r.get("gpu_type"),
-            gpus: r.get::<_, i32>("gpus").max(0) as u32,
-            level: level_from_db(r.get("level")),
-            path: r.get("path"),
-            start: r.get::<_, i64>("start_s").max(0) as u64,
-            end: r.get::<_, Option<i64>>("end_s").map(|e| e.max(0) as u64),
-        })
-        .collect();
-        laps.lap("reserved");
+        let reserved: Vec<ReservedCapacity> = reserved_rows
+            .iter()
+            .map(|r| ReservedCapacity {
+                id: r.get::<_, Uuid>("reservation_id").to_string(),
+                tenant: r.get("tenant"),
+                gpu_type: r.get("gpu_type"),
+                gpus: r.get::<_, i32>("gpus").max(0) as u32,
+                level: level_from_db(r.get("level")),
+                path: r.get("path"),
+                start: r.get::<_, i64>("start_s").max(0) as u64,
+                end: r.get::<_, Option<i64>>("end_s").map(|e| e.max(0) as u64),
+            })
+            .collect();
         let live: BTreeSet<&str> = reserved.iter().map(|r| r.id.as_str()).collect();
         let running: Vec<Running> = running_rows
             .iter()
@@ -458,29 +579,9 @@ impl Store {
             })
             .collect();
         let mut usage = BTreeMap::new();
-        for row in tx
-            .query(
-                // Counted per job first (grouped by id alone: sorting the
-                // GPUs by tenant and type text took half the read), each
-                // job looked up once by key for its tenant and type (what
-                // its allocations copy), not once per allocated GPU. As a
-                // join, with `IS NOT DISTINCT FROM` estimated at one row,
-                // the planner re-counted the allocations for every job:
-                // 60 s a pass at 50,000 queued (`queue_depth` bench).
-                "SELECT j.tenant, j.gpu_type, sum(a.n)::bigint
-                 FROM (SELECT job_id, count(*) AS n FROM allocations
-                       WHERE released_at IS NULL GROUP BY job_id) a
-                 CROSS JOIN LATERAL (SELECT j.tenant, j.gpu_type, j.cluster_id FROM jobs j
-                                     WHERE j.job_id = a.job_id OFFSET 0) j
-                 WHERE j.cluster_id IS NOT DISTINCT FROM $1
-                 GROUP BY j.tenant, j.gpu_type",
-                &[&cluster],
-            )
-            .await?
-        {
+        for row in usage_rows {
             usage.insert((row.get(0), row.get(1)), row.get::<_, i64>(2) as u32);
         }
-        laps.lap("usage");
         // A partition sees the region's capacity of every type (dominant
         // shares); a whole snapshot counts it from its nodes.
         let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
@@ -489,13 +590,11 @@ impl Store {
                 *capacity.entry(n.gpu_type.clone()).or_default() += n.gpus.len() as u64;
             }
         }
-        laps.lap("capacity");
         // Rack power: computed over every partition of every budgeted
         // rack, then narrowed to this one's (the shared pools', without a
         // key), so a rack's figures are the same whichever partition reads
         // them.
-        let power_rows = rack_power_rows(&*tx).await?;
-        laps.lap("power");
+        let power_rows = rack_power_of(&power_rows);
         let (mut racks, headroom) = rack_power(&power_rows);
         let pool_type: BTreeMap<&str, &str> = (power_rows.iter())
             .map(|r| (r.pool.as_str(), r.gpu_type.as_str()))
@@ -527,20 +626,13 @@ impl Store {
         }
 
         // Jobs with the first claim on what their victims free (V32).
-        let claims: BTreeMap<String, u64> = (tx.query(
-            "SELECT job_id, extract(epoch FROM claim_until)::bigint AS until FROM jobs
-             WHERE claim_until > now() AND ($1::text IS NULL OR gpu_type = $1)
-               AND cluster_id IS NOT DISTINCT FROM $2",
-            &[&only, &cluster],
-        ))
-        .await?
-        .iter()
-        .map(|r| {
-            let job: Uuid = r.get("job_id");
-            (job.to_string(), r.get::<_, i64>("until").max(0) as u64)
-        })
-        .collect();
-        laps.lap("claims");
+        let claims: BTreeMap<String, u64> = claim_rows
+            .iter()
+            .map(|r| {
+                let job: Uuid = r.get("job_id");
+                (job.to_string(), r.get::<_, i64>("until").max(0) as u64)
+            })
+            .collect();
         // Jobs owed what their victims free come first in the core's
         // order: shown whatever the window, so that no claim goes to
         // another for want of its owner.
@@ -562,18 +654,10 @@ impl Store {
                 .map(|t| (t, 0))
                 .collect(),
         };
-        for row in tx
-            .query(
-                "SELECT pool, version FROM sched_partitions
-                 WHERE ($1::text IS NULL AND pool NOT LIKE 'cluster:%') OR pool = $1",
-                &[&key],
-            )
-            .await?
-        {
+        for row in partition_rows {
             partitions.insert(row.get(0), row.get(1));
         }
-        tx.commit().await?;
-        laps.lap("partitions");
+        laps.lap("decode");
         Ok(SnapshotData {
             snapshot: Snapshot {
                 generation,

@@ -34,7 +34,7 @@ impl RackPower {
 /// a spare while it is being preempted, as the snapshot's `live` read),
 /// and the type's draw (the most any of its nodes reports). Only types
 /// with a known draw count.
-const RACK_POWER_SQL: &str = "
+pub(super) const RACK_POWER_SQL: &str = "
     WITH draw AS (
         SELECT gpu_type, max(gpu_power_w)::bigint AS draw_w FROM nodes
         WHERE gpu_power_w IS NOT NULL GROUP BY gpu_type
@@ -62,9 +62,13 @@ const RACK_POWER_SQL: &str = "
 pub(super) async fn rack_power_rows<C: tokio_postgres::GenericClient + Sync>(
     client: &C,
 ) -> Result<Vec<RackTypePower>> {
+    Ok(rack_power_of(&client.query(RACK_POWER_SQL, &[]).await?))
+}
+
+/// [`RACK_POWER_SQL`]'s rows, as read (the snapshot prepares it).
+pub(super) fn rack_power_of(rows: &[tokio_postgres::Row]) -> Vec<RackTypePower> {
     let n = |r: &tokio_postgres::Row, c: &str| r.get::<_, i64>(c).max(0) as u64;
-    Ok((client.query(RACK_POWER_SQL, &[]).await?)
-        .iter()
+    rows.iter()
         .map(|r| RackTypePower {
             leaf: r.get("leaf"),
             gpu_type: r.get("gpu_type"),
@@ -74,7 +78,7 @@ pub(super) async fn rack_power_rows<C: tokio_postgres::GenericClient + Sync>(
             gpus: n(r, "gpus"),
             taken: n(r, "taken"),
         })
-        .collect())
+        .collect()
 }
 
 /// Per (rack, partition), how many more GPUs of its type its headroom
