@@ -380,7 +380,6 @@ impl Store {
         let heard = (self.scale)
             .prepare(
                 &tx,
-                super::scale::Reads::Agents,
                 "UPDATE agents a SET last_sync_at = now()
                  FROM (SELECT agent_id, last_sync_at FROM agents WHERE agent_id = $1::text
                        FOR UPDATE) p
@@ -1083,7 +1082,6 @@ async fn load_assignments(
     let read = scale
         .prepare(
             tx,
-            super::scale::Reads::Agents,
             "SELECT w.job_id, w.rank, w.attempt, w.state::text AS state, w.node_id, w.gpus,
                     w.local_rank, coalesce(j.run_workers, j.workers) AS world_size,
                     j.mode::text AS mode, j.spec, j.restore_from, j.epoch, j.tenant,

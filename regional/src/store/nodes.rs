@@ -868,7 +868,6 @@ pub(super) async fn observe_sync(
     let lock = scale
         .prepare(
             tx,
-            super::scale::Reads::Agents,
             &format!(
                 "SELECT {NODE_COLUMNS} FROM nodes n JOIN agents a ON a.agent_id = n.agent_id
                  WHERE n.node_id = ANY($1::text[]) ORDER BY n.node_id FOR UPDATE OF n"

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use gangway_sched::{Level, Node, Request, ReservedCapacity, Running, Share, Snapshot};
 use gangway_shared::api::GpuTypeCapacity;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::IsolationLevel;
 use uuid::Uuid;
 
@@ -346,7 +347,6 @@ impl Store {
             None => None,
         };
         let only: Option<&str> = cluster_type.as_deref().or(only);
-        let label = self.scale.label(&tx, super::scale::Reads::Snapshot).await?;
         laps.lap("head");
 
         // The rest is sent at once and answered in order on the one
@@ -355,14 +355,15 @@ impl Store {
         // again, and a snapshot of a dozen reads one after the other took
         // 0.5 s a pass on a busy 10,240-GPU region where its reads' own
         // work is tens of milliseconds (docs/benchmarks-history.md,
-        // "Session 31"). Each is prepared per connection and table scale
-        // (`scale.rs`), so it is planned once, not at every pass. The
-        // reads' times below are each from the start of the batch.
+        // "Session 31"). Each is sent with its parameters' types
+        // (`query_typed`): parsed, bound and run in one round trip, and
+        // planned for the values at hand at every pass, as when each was
+        // sent as text. (Prepared per table scale, PostgreSQL's generic
+        // plans for their optional pool and cluster made a pass 1.5–3×
+        // slower in the `queue_depth` bench.) The reads' times below are
+        // each from the start of the batch.
         let sent = Instant::now();
-        let read = |sql: &'static str| {
-            let (tx, label) = (&tx, &label);
-            async move { super::scale::prepare_as(tx, label, sql).await }
-        };
+        let text = Type::TEXT;
         let (
             (node_rows, fleet_t),
             (live, live_t),
@@ -377,12 +378,15 @@ impl Store {
             (partition_rows, partitions_t),
         ) = tokio::try_join!(
             timed(sent, async {
-                Ok(tx
-                    .query(&read(NODES_SQL).await?, &[&timeout_s, &only, &cluster])
-                    .await?)
+                let params: [(&(dyn ToSql + Sync), Type); 3] = [
+                    (&timeout_s, Type::FLOAT8),
+                    (&only, text.clone()),
+                    (&cluster, Type::UUID),
+                ];
+                Ok(tx.query_typed(NODES_SQL, &params).await?)
             }),
             timed(sent, async {
-                Ok(tx.query(&read(LIVE_SQL).await?, &[&only]).await?)
+                Ok(tx.query_typed(LIVE_SQL, &[(&only, text.clone())]).await?)
             }),
             timed(sent, async {
                 super::queue::bring_up_to_date(
@@ -400,7 +404,7 @@ impl Store {
                 if cluster.is_some() {
                     return Ok(Vec::new());
                 }
-                Ok(tx.query(&read(TERMS_SQL).await?, &[]).await?)
+                Ok(tx.query_typed(TERMS_SQL, &[]).await?)
             }),
             timed(sent, async {
                 if cluster.is_some() {
@@ -409,28 +413,30 @@ impl Store {
                 self.history(&tx, history_options).await
             }),
             timed(sent, async {
-                Ok(tx
-                    .query(&read(RUNNING_SQL).await?, &[&only, &cluster])
-                    .await?)
+                let params: [(&(dyn ToSql + Sync), Type); 2] =
+                    [(&only, text.clone()), (&cluster, Type::UUID)];
+                Ok(tx.query_typed(RUNNING_SQL, &params).await?)
+            }),
+            timed(sent, async {
+                let params: [(&(dyn ToSql + Sync), Type); 2] =
+                    [(&only, text.clone()), (&cluster, Type::UUID)];
+                Ok(tx.query_typed(RESERVED_SQL, &params).await?)
+            }),
+            timed(sent, async {
+                Ok(tx.query_typed(USAGE_SQL, &[(&cluster, Type::UUID)]).await?)
+            }),
+            timed(sent, async {
+                Ok(tx.query_typed(RACK_POWER_SQL, &[]).await?)
+            }),
+            timed(sent, async {
+                let params: [(&(dyn ToSql + Sync), Type); 2] =
+                    [(&only, text.clone()), (&cluster, Type::UUID)];
+                Ok(tx.query_typed(CLAIMS_SQL, &params).await?)
             }),
             timed(sent, async {
                 Ok(tx
-                    .query(&read(RESERVED_SQL).await?, &[&only, &cluster])
+                    .query_typed(PARTITIONS_SQL, &[(&key, text.clone())])
                     .await?)
-            }),
-            timed(sent, async {
-                Ok(tx.query(&read(USAGE_SQL).await?, &[&cluster]).await?)
-            }),
-            timed(sent, async {
-                Ok(tx.query(&read(RACK_POWER_SQL).await?, &[]).await?)
-            }),
-            timed(sent, async {
-                Ok(tx
-                    .query(&read(CLAIMS_SQL).await?, &[&only, &cluster])
-                    .await?)
-            }),
-            timed(sent, async {
-                Ok(tx.query(&read(PARTITIONS_SQL).await?, &[&key]).await?)
             }),
         )?;
         tx.commit().await?;

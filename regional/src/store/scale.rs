@@ -13,7 +13,7 @@
 //!
 //! So such a statement is prepared per connection *and per table scale*:
 //! its text starts with a comment naming the power of two of the pages of
-//! the tables the reads join ([`TableScale::label`]), read again every few
+//! the tables the agents' reads join ([`TableScale::label`]), read again every few
 //! seconds. A table grown (or shrunk) past a power of two gives a new text,
 //! hence a new statement, planned on the table's size then; in between,
 //! each use is one round trip with no planning (for a statement with
@@ -23,10 +23,6 @@
 //! statement is planned at every call however it is sent). The planner
 //! scales a table's row estimate by its current pages, so a plan is used
 //! only on tables within a factor of two of those it was made for.
-//!
-//! The scheduling pass's snapshot reads (`plans.rs`) are prepared the same
-//! way: they read `allocations` (which keeps every released GPU as
-//! history) and `job_events` too, so those count in the label.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -37,94 +33,44 @@ use super::{cached, Result};
 const REFRESH: Duration = Duration::from_secs(2);
 
 /// The tables whose size a scaled statement's plan depends on: those the
-/// agents' reads and the scheduling pass's snapshot join that grow (the
-/// others — quotas, reservations, the GPUs — change only with the fleet or
-/// an operator's edit, and hold a few rows per node or tenant). The
-/// agents' statements name the first four ([`Reads::Agents`]), the
-/// snapshot's all six ([`Reads::Snapshot`]).
+/// agents' reads join.
 const SIZES_SQL: &str = "SELECT pg_relation_size('workers'), pg_relation_size('jobs'),
-                                pg_relation_size('nodes'), pg_relation_size('agents'),
-                                pg_relation_size('allocations'),
-                                pg_relation_size('job_events')";
+                                pg_relation_size('nodes'), pg_relation_size('agents')";
 
-/// Which tables' sizes a statement's label names: those its plan joins.
-/// (Naming more than it reads would only plan it again more often: the
-/// agents' reads, made many times a second, do not read `allocations` or
-/// `job_events`, which grow with every placement.)
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Reads {
-    /// `workers`, `jobs`, `nodes`, `agents`.
-    Agents,
-    /// Those and `allocations`, `job_events`.
-    Snapshot,
-}
-
-impl Reads {
-    fn tables(self) -> usize {
-        match self {
-            Reads::Agents => 4,
-            Reads::Snapshot => 6,
-        }
-    }
-}
-
-/// The tables' sizes, and when they were read. One per region process
+/// The current scale's label, and when it was read. One per region process
 /// (`super::Store`, shared by its clones).
 #[derive(Debug, Default)]
 pub struct TableScale {
-    last: Mutex<Option<(Instant, Vec<i64>)>>,
+    last: Mutex<Option<(Instant, String)>>,
 }
 
 impl TableScale {
-    /// The comment that starts a scaled statement's text, for a statement
-    /// that `reads` those tables: of sizes at most [`REFRESH`] old, read in
-    /// `tx` when older.
-    pub(super) async fn label(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        reads: Reads,
-    ) -> Result<String> {
-        let sizes = match &*self.last.lock().expect("table scale lock") {
-            Some((at, sizes)) if at.elapsed() < REFRESH => Some(sizes.clone()),
-            _ => None,
-        };
-        let sizes = match sizes {
-            Some(sizes) => sizes,
-            None => {
-                let row = tx.query_one(&cached(tx, SIZES_SQL).await?, &[]).await?;
-                let sizes: Vec<i64> = (0..row.len()).map(|i| row.get(i)).collect();
-                *self.last.lock().expect("table scale lock") =
-                    Some((Instant::now(), sizes.clone()));
-                sizes
+    /// The comment that starts a scaled statement's text: at most
+    /// [`REFRESH`] old, read in `tx` when older.
+    async fn label(&self, tx: &deadpool_postgres::Transaction<'_>) -> Result<String> {
+        if let Some((at, label)) = &*self.last.lock().expect("table scale lock") {
+            if at.elapsed() < REFRESH {
+                return Ok(label.clone());
             }
-        };
-        Ok(label_of(&sizes[..reads.tables()]))
+        }
+        let row = tx.query_one(&cached(tx, SIZES_SQL).await?, &[]).await?;
+        let label = label_of(&[row.get(0), row.get(1), row.get(2), row.get(3)]);
+        *self.last.lock().expect("table scale lock") = Some((Instant::now(), label.clone()));
+        Ok(label)
     }
 
-    /// `sql`, which `reads` those tables, prepared once per connection and
-    /// table scale.
+    /// `sql` prepared once per connection and table scale.
     pub(super) async fn prepare(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
-        reads: Reads,
         sql: &str,
     ) -> Result<tokio_postgres::Statement> {
-        let label = self.label(tx, reads).await?;
-        prepare_as(tx, &label, sql).await
+        let label = self.label(tx).await?;
+        cached(tx, &format!("{label}\n{sql}")).await
     }
 }
 
-/// `sql` prepared once per connection under `label` (a
-/// [`TableScale::label`] read once for several statements sent together).
-pub(super) async fn prepare_as(
-    tx: &deadpool_postgres::Transaction<'_>,
-    label: &str,
-    sql: &str,
-) -> Result<tokio_postgres::Statement> {
-    cached(tx, &format!("{label}\n{sql}")).await
-}
-
-/// `/* scale a b c … */`: for each table's size in bytes, the power of two of
+/// `/* scale a b c */`: for each table's size in bytes, the power of two of
 /// its 8 KiB pages (0 for none, 1 for one page, 2 for two or three…).
 fn label_of(bytes: &[i64]) -> String {
     let exps: Vec<String> = (bytes.iter())
