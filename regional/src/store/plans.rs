@@ -358,10 +358,11 @@ impl Store {
         // "Session 31"). Each is sent with its parameters' types
         // (`query_typed`): parsed, bound and run in one round trip, and
         // planned for the values at hand at every pass, as when each was
-        // sent as text. (Prepared per table scale, PostgreSQL's generic
-        // plans for their optional pool and cluster made a pass 1.5–3×
-        // slower in the `queue_depth` bench.) The reads' times below are
-        // each from the start of the batch.
+        // sent as text. (Prepared per table scale, they were no faster in
+        // the `queue_depth` bench — slower at its first depth — and would
+        // run on PostgreSQL's generic plans for an optional pool and
+        // cluster, the kind of estimate that once made a read take 60 s.)
+        // The reads' times below are each from the start of the batch.
         let sent = Instant::now();
         let text = Type::TEXT;
         let (
