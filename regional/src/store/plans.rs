@@ -364,7 +364,6 @@ impl Store {
         // cluster, the kind of estimate that once made a read take 60 s.)
         // The reads' times below are each from the start of the batch.
         let sent = Instant::now();
-        let text = Type::TEXT;
         let (
             (node_rows, fleet_t),
             (live, live_t),
@@ -381,13 +380,13 @@ impl Store {
             timed(sent, async {
                 let params: [(&(dyn ToSql + Sync), Type); 3] = [
                     (&timeout_s, Type::FLOAT8),
-                    (&only, text.clone()),
+                    (&only, Type::TEXT),
                     (&cluster, Type::UUID),
                 ];
                 Ok(tx.query_typed(NODES_SQL, &params).await?)
             }),
             timed(sent, async {
-                Ok(tx.query_typed(LIVE_SQL, &[(&only, text.clone())]).await?)
+                Ok(tx.query_typed(LIVE_SQL, &[(&only, Type::TEXT)]).await?)
             }),
             timed(sent, async {
                 super::queue::bring_up_to_date(
@@ -415,12 +414,12 @@ impl Store {
             }),
             timed(sent, async {
                 let params: [(&(dyn ToSql + Sync), Type); 2] =
-                    [(&only, text.clone()), (&cluster, Type::UUID)];
+                    [(&only, Type::TEXT), (&cluster, Type::UUID)];
                 Ok(tx.query_typed(RUNNING_SQL, &params).await?)
             }),
             timed(sent, async {
                 let params: [(&(dyn ToSql + Sync), Type); 2] =
-                    [(&only, text.clone()), (&cluster, Type::UUID)];
+                    [(&only, Type::TEXT), (&cluster, Type::UUID)];
                 Ok(tx.query_typed(RESERVED_SQL, &params).await?)
             }),
             timed(sent, async {
@@ -431,12 +430,12 @@ impl Store {
             }),
             timed(sent, async {
                 let params: [(&(dyn ToSql + Sync), Type); 2] =
-                    [(&only, text.clone()), (&cluster, Type::UUID)];
+                    [(&only, Type::TEXT), (&cluster, Type::UUID)];
                 Ok(tx.query_typed(CLAIMS_SQL, &params).await?)
             }),
             timed(sent, async {
                 Ok(tx
-                    .query_typed(PARTITIONS_SQL, &[(&key, text.clone())])
+                    .query_typed(PARTITIONS_SQL, &[(&key, Type::TEXT)])
                     .await?)
             }),
         )?;
