@@ -580,7 +580,7 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
             unasked: false,
         })
         .collect();
-    store
+    let after = store
         .sync_agent(
             "agent-0",
             &SyncRequest {
@@ -593,7 +593,17 @@ async fn agent_sync(store: &Store, boot: Uuid, checkpoint: Option<&str>) -> Vec<
             TIMING,
         )
         .await
-        .unwrap();
+        .unwrap()
+        .assignments;
+    // A worker heard running is listed started: the agent need not report
+    // it again while it runs on.
+    for a in &after {
+        let ran = (wanted.iter()).any(|w| {
+            (w.job_id, w.rank, w.attempt) == (a.job_id, a.rank, a.attempt)
+                && w.desired == Desired::Run
+        });
+        assert_eq!(a.started, ran, "{a:?}");
+    }
     wanted
 }
 

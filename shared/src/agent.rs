@@ -320,6 +320,12 @@ pub struct Assignment {
     /// stale owner's uploads are refused. 1 from regions before epochs.
     #[serde(default = "first_epoch")]
     pub epoch: i32,
+    /// The region has recorded the worker running (it is past `assigned`):
+    /// the agent need not report it running again, only what changes — its
+    /// exit, a newer checkpoint. False from regions before it, which hear
+    /// every running worker at every sync.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub started: bool,
 }
 
 /// The epoch every job starts in.

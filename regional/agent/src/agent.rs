@@ -245,7 +245,10 @@ impl Agent {
             let signals = self.signals.pending();
             let uploaded = self.checkpoints.as_ref().map(|c| c.pending());
             let reports = workers.reports();
+            // Output is followed for every worker; the region is told only
+            // what it has not heard (a steady agent's sync carries no worker).
             let logs = (self.logs.as_mut()).map_or_else(Vec::new, |l| l.pending(&reports));
+            let reports = workers.unheard(reports);
             let req = SyncRequest {
                 logs,
                 boot_id: self.boot_id,
@@ -291,6 +294,9 @@ impl Agent {
                     }
                     if let (Some(logs), true) = (self.logs.as_mut(), resp.logs_kept) {
                         logs.kept(&req.logs);
+                    }
+                    if !resp.report_again {
+                        workers.delivered(&req.workers);
                     }
                     let news = workers.reconcile(&resp.assignments);
                     // Sync early when a worker exits or the region says our

@@ -71,12 +71,9 @@ impl LogShipper {
     pub fn pending(&mut self, reports: &[WorkerReport]) -> Vec<LogChunk> {
         for r in reports {
             for stream in [LogStream::Stdout, LogStream::Stderr] {
-                let key = WorkerKey {
-                    job_id: r.job_id,
-                    rank: r.rank,
-                    attempt: r.attempt,
-                };
-                self.kept.entry((key, stream)).or_insert(0);
+                self.kept
+                    .entry((WorkerKey::reported(r), stream))
+                    .or_insert(0);
             }
         }
         let reported = |k: &WorkerKey| {

@@ -5,7 +5,10 @@
 //! every sync until the region stops listing the worker; then it is
 //! *retired*: no longer reported, but remembered, so that a region that
 //! lists it again (after a restore, say) hears the same exit instead of
-//! getting a second run.
+//! getting a second run. A running worker is reported until the region has
+//! heard it running ([`Workers::unheard`]), and again when its checkpoint
+//! moves: a sync from an agent whose workers run on as recorded carries
+//! none, and costs the region no read of them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,6 +27,11 @@ enum State {
         /// The agent stopped it itself: it lost the region for longer
         /// than its lease.
         fenced: bool,
+        /// The region lists it started: it has recorded it running.
+        started: bool,
+        /// The checkpoint its last running report carried, once a sync
+        /// delivered it ([`Workers::delivered`]).
+        delivered: Option<Option<String>>,
     },
     Exited {
         exit: Exit,
@@ -60,6 +68,7 @@ impl Workers {
                 handle,
                 fenced,
                 stopping,
+                ..
             } = state
             else {
                 continue;
@@ -99,6 +108,7 @@ impl Workers {
                 handle,
                 stopping: stopping @ false,
                 fenced,
+                ..
             } = state
             {
                 if handle.task.is_finished() {
@@ -162,6 +172,35 @@ impl Workers {
             .collect()
     }
 
+    /// Of `reports` (from [`Workers::reports`]), those the region has not
+    /// heard: every exit, and a running worker until the region lists it
+    /// started after a sync delivered its report, or when its checkpoint
+    /// is not the one delivered. What is left out changes nothing there
+    /// (a running worker recorded running); sending it again would cost
+    /// the region a read of each worker at each sync.
+    pub fn unheard(&self, mut reports: Vec<WorkerReport>) -> Vec<WorkerReport> {
+        reports.retain(|r| match self.table.get(&WorkerKey::reported(r)) {
+            Some(State::Running {
+                started: true,
+                delivered: Some(checkpoint),
+                ..
+            }) if r.status == WorkerStatus::Running => *checkpoint != r.checkpoint,
+            _ => true,
+        });
+        reports
+    }
+
+    /// A sync delivered `sent`, and the region kept every report of it
+    /// (it asked for none again).
+    pub fn delivered(&mut self, sent: &[WorkerReport]) {
+        for r in sent.iter().filter(|r| r.status == WorkerStatus::Running) {
+            let key = WorkerKey::reported(r);
+            if let Some(State::Running { delivered, .. }) = self.table.get_mut(&key) {
+                *delivered = Some(r.checkpoint.clone());
+            }
+        }
+    }
+
     /// Acts on the difference between the region's full list of wanted
     /// workers and ours. Idempotent: the same list twice changes nothing.
     /// Returns whether it has news for the region at once: workers it
@@ -179,6 +218,9 @@ impl Workers {
         }
 
         for (key, a) in &wanted {
+            if let Some(State::Running { started, .. }) = self.table.get_mut(key) {
+                *started = a.started;
+            }
             match (a.desired, self.table.get_mut(key)) {
                 (Desired::Run, None) => {
                     if !self.nodes.contains(&a.node_id) {
@@ -197,6 +239,8 @@ impl Workers {
                             handle,
                             stopping: false,
                             fenced: false,
+                            started: false,
+                            delivered: None,
                         },
                     );
                 }
@@ -370,6 +414,7 @@ mod tests {
             checkpoint_deadline_s: 5,
             restore_from: None,
             epoch: 1,
+            started: false,
         }
     }
 
@@ -423,6 +468,53 @@ mod tests {
         // Listed again by mistake: the same exit, not a second run.
         let _ = w.reconcile(&run);
         assert_eq!(statuses(&w), vec![(job, finished())]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_running_worker_is_reported_until_the_region_has_heard_it_and_its_exit_always() {
+        let mut w = sim_workers();
+        let job = Uuid::new_v4();
+        let mut run = vec![assignment(job, Desired::Run, 10)];
+        let _ = w.reconcile(&run);
+        let unheard = |w: &Workers| -> Vec<(Uuid, WorkerStatus)> {
+            (w.unheard(w.reports()).into_iter())
+                .map(|r| (r.job_id, r.status))
+                .collect()
+        };
+        assert_eq!(unheard(&w), vec![(job, WorkerStatus::Running)]);
+
+        // Listed started before any sync delivered the report (it timed
+        // out after the region recorded it): still reported.
+        run[0].started = true;
+        let _ = w.reconcile(&run);
+        assert_eq!(unheard(&w), vec![(job, WorkerStatus::Running)]);
+
+        // Delivered, and listed started: nothing to tell.
+        w.delivered(&w.reports());
+        let _ = w.reconcile(&run);
+        assert_eq!(unheard(&w), vec![]);
+
+        // A newer checkpoint than the one delivered is news.
+        let mut moved = w.reports();
+        moved[0].checkpoint = Some("sim:step-40".into());
+        assert_eq!(w.unheard(moved.clone()).len(), 1);
+        w.delivered(&moved);
+        assert_eq!(w.unheard(moved).len(), 0);
+
+        // A region that lists it not started (restored from a backup, say)
+        // hears it again.
+        run[0].started = false;
+        let _ = w.reconcile(&run);
+        assert_eq!(unheard(&w), vec![(job, WorkerStatus::Running)]);
+
+        // An exit is reported until unlisted, started or not.
+        run[0].started = true;
+        let _ = w.reconcile(&run);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        settle().await;
+        w.collect_exits().await;
+        w.delivered(&w.reports());
+        assert_eq!(unheard(&w), vec![(job, finished())]);
     }
 
     #[tokio::test(start_paused = true)]

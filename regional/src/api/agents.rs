@@ -163,8 +163,12 @@ pub async fn changes(
 
 /// A fenced region starts no worker: its jobs may have moved to another
 /// region meanwhile (it learns which before it unfences). So only the
-/// workers the agent runs now stay wanted; the ones it would launch — say,
-/// after the machine rebooted with the region down — wait.
+/// workers the agent runs now stay wanted — those it reports running, and
+/// those recorded running (`started`), which an agent stops reporting once
+/// heard: recorded for this agent's boot, they are in its table (a new
+/// boot registers, and registering loses the old boot's workers). The ones
+/// it would launch — say, after the machine rebooted with the region
+/// down — wait.
 fn withhold_starts(
     assignments: &mut Vec<gangway_shared::agent::Assignment>,
     reports: &[gangway_shared::agent::WorkerReport],
@@ -172,6 +176,7 @@ fn withhold_starts(
     use gangway_shared::agent::{Desired, WorkerStatus};
     assignments.retain(|a| {
         a.desired != Desired::Run
+            || a.started
             || reports.iter().any(|r| {
                 (r.job_id, r.rank, r.attempt) == (a.job_id, a.rank, a.attempt)
                     && r.status == WorkerStatus::Running
@@ -206,4 +211,67 @@ async fn verify_checkpoints(
         }
     }
     *reported = kept;
+}
+
+#[cfg(test)]
+mod tests {
+    use gangway_shared::agent::{Assignment, Desired, WorkerReport, WorkerStatus};
+    use uuid::Uuid;
+
+    fn wanted(desired: Desired, started: bool) -> Assignment {
+        Assignment {
+            job_id: Uuid::new_v4(),
+            tenant: "acme".into(),
+            rank: 0,
+            attempt: 1,
+            desired,
+            node_id: "n0".into(),
+            gpus: vec![0],
+            world_size: 1,
+            local_rank: 0,
+            master_addr: "10.0.0.1".into(),
+            master_port: 29500,
+            command: vec!["train".into()],
+            env: Default::default(),
+            estimated_duration_s: 60,
+            max_duration_s: None,
+            grace_period_s: 30,
+            checkpoint_deadline_s: 30,
+            restore_from: None,
+            epoch: 1,
+            started,
+        }
+    }
+
+    fn running(a: &Assignment) -> WorkerReport {
+        WorkerReport {
+            job_id: a.job_id,
+            rank: a.rank,
+            attempt: a.attempt,
+            status: WorkerStatus::Running,
+            checkpoint: None,
+            fenced: false,
+            unasked: false,
+        }
+    }
+
+    /// A fenced region starts nothing, and does not unlist a worker the
+    /// agent runs — whether it reports it running or, heard before, does
+    /// not report it at all (unlisted, the agent would stop it).
+    #[test]
+    fn a_fenced_region_withholds_only_workers_not_yet_running() {
+        let new = wanted(Desired::Run, false);
+        let reported = wanted(Desired::Run, false);
+        let heard = wanted(Desired::Run, true);
+        let checkpoint = wanted(Desired::Checkpoint, false);
+        let mut assignments = vec![
+            new.clone(),
+            reported.clone(),
+            heard.clone(),
+            checkpoint.clone(),
+        ];
+        super::withhold_starts(&mut assignments, &[running(&reported)]);
+        let kept: Vec<Uuid> = assignments.iter().map(|a| a.job_id).collect();
+        assert_eq!(kept, vec![reported.job_id, heard.job_id, checkpoint.job_id]);
+    }
 }

@@ -406,8 +406,8 @@ impl Store {
         // workers' reports change are locked only if no one else holds
         // them (a plan being committed, another agent's sync for the same
         // gang): a report that would wait is left for the next sync, as
-        // the agent reports each worker until the region stops listing it
-        // — so a sync never queues behind the other agents' syncs for a
+        // the agent sends every report again after a sync answered with
+        // `report_again` — so a sync never queues behind the other agents' syncs for a
         // 2,048-GPU gang that ended at once (one per leaf it spans),
         // holding a connection the quiet syncs need. Taking those without
         // waiting cannot deadlock.
@@ -545,8 +545,11 @@ impl Store {
 /// or another agent's node, a checkpoint already the job's restore point —
 /// need no lock and no write. What a look classes as changing is looked at
 /// again under the locks ([`apply_reports`]); one it classes as not
-/// changing cannot turn into a change for the same attempt, and the agent
-/// reports every worker again on its next sync.
+/// changing cannot turn into a change for the same attempt. An agent sends
+/// a running worker's report until the region lists the worker started
+/// ([`Assignment::started`]) and again when its checkpoint moves, an exit
+/// until the worker is no longer listed: a steady agent's sync names no
+/// worker and costs no read here.
 async fn look_at_reports(
     tx: &deadpool_postgres::Transaction<'_>,
     agent_id: &str,
@@ -1151,6 +1154,7 @@ async fn load_assignments(
                 }),
             restore_from: row.get("restore_from"),
             epoch: row.get("epoch"),
+            started: state != "assigned",
         });
     }
     Ok(out)

@@ -41,6 +41,9 @@ struct Fake {
     report_again: usize,
     /// When each answered sync arrived.
     sync_times: Vec<Instant>,
+    /// List a worker started once a sync reports it running, as the
+    /// region does.
+    hears_starts: bool,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -92,12 +95,19 @@ async fn sync(
         fake.refused += 1;
         return error(StatusCode::SERVICE_UNAVAILABLE, codes::UNAVAILABLE);
     }
-    // Like the region: once a worker's exit is recorded, stop listing it.
+    // Like the region: once a worker's exit is recorded, stop listing it;
+    // one heard running is listed started.
     for report in &req.workers {
+        let of = |a: &Assignment| {
+            (a.job_id, a.rank, a.attempt) == (report.job_id, report.rank, report.attempt)
+        };
         if matches!(report.status, WorkerStatus::Exited { .. }) {
-            fake.assignments.retain(|a| {
-                (a.job_id, a.rank, a.attempt) != (report.job_id, report.rank, report.attempt)
-            });
+            fake.assignments.retain(|a| !of(a));
+        } else if fake.hears_starts {
+            fake.assignments
+                .iter_mut()
+                .filter(|a| of(a))
+                .for_each(|a| a.started = true);
         }
     }
     fake.syncs.push(req);
@@ -180,6 +190,7 @@ fn run_assignment(script: &str) -> Assignment {
         checkpoint_deadline_s: 5,
         restore_from: None,
         epoch: 1,
+        started: false,
     }
 }
 
@@ -425,6 +436,82 @@ async fn a_sim_agent_runs_for_the_scaled_duration() {
     assert_eq!(fake.lock().unwrap().registrations[0].executor, "sim");
     shutdown.cancel();
     within(Duration::from_secs(1), agent)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_worker_the_region_heard_running_is_reported_again_only_when_its_checkpoint_moves() {
+    let fake = Shared::default();
+    fake.lock().unwrap().hears_starts = true;
+    let work = tempfile::tempdir().unwrap();
+    // A checkpoint at once, another when the test says so.
+    let assignment = run_assignment(
+        "mkdir -p \"$GANGWAY_CHECKPOINT_DIR/.tmp\" && \
+         mv \"$GANGWAY_CHECKPOINT_DIR/.tmp\" \"$GANGWAY_CHECKPOINT_DIR/step-1\"; \
+         while [ ! -e go ]; do sleep 0.02; done; sleep 0.05; \
+         mkdir -p \"$GANGWAY_CHECKPOINT_DIR/.tmp\" && \
+         mv \"$GANGWAY_CHECKPOINT_DIR/.tmp\" \"$GANGWAY_CHECKPOINT_DIR/step-2\"; \
+         sleep 60",
+    );
+    let job_id = assignment.job_id;
+    fake.lock().unwrap().assignments.push(assignment);
+    let addr = fake_region(fake.clone()).await;
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(super::run(
+        config(addr, ExecutorKind::Real, work.path()),
+        shutdown.clone(),
+    ));
+    let reported = |f: &Fake, step: &str| {
+        f.syncs.iter().any(|s| {
+            s.workers.iter().any(|w| {
+                w.status == WorkerStatus::Running
+                    && w.checkpoint.as_deref().is_some_and(|c| c.ends_with(step))
+            })
+        })
+    };
+    // Heard running (with its checkpoint), then syncs that carry no
+    // worker while it runs on as recorded.
+    let quiet_after = |f: &Fake, n: usize| {
+        f.syncs.len() >= n
+            && f.syncs[f.syncs.len() - n..]
+                .iter()
+                .all(|s| s.workers.is_empty())
+    };
+    until(&fake, "the running report with step-1", |f| {
+        reported(f, "step-1")
+    })
+    .await;
+    until(&fake, "syncs with nothing to report", |f| quiet_after(f, 3)).await;
+    // A new checkpoint: reported once more, then quiet again.
+    let dir = work.path().join(format!("jobs/{job_id}/rank-0-attempt-1"));
+    std::fs::write(dir.join("go"), "").unwrap();
+    until(&fake, "the running report with step-2", |f| {
+        reported(f, "step-2")
+    })
+    .await;
+    until(&fake, "syncs with nothing to report", |f| quiet_after(f, 3)).await;
+    {
+        let f = fake.lock().unwrap();
+        let carried = f.syncs.iter().filter(|s| !s.workers.is_empty()).count();
+        assert!(
+            carried <= 4,
+            "{carried} of {} syncs carried the worker",
+            f.syncs.len()
+        );
+    }
+    // A region that no longer has it recorded running hears it again.
+    fake.lock().unwrap().assignments[0].started = false;
+    let before = fake.lock().unwrap().syncs.len();
+    until(&fake, "the worker reported again", |f| {
+        f.syncs[before..]
+            .iter()
+            .any(|s| s.workers.iter().any(|w| w.job_id == job_id))
+    })
+    .await;
+    shutdown.cancel();
+    within(Duration::from_secs(5), agent)
         .await
         .unwrap()
         .unwrap();

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gangway_shared::agent::{Assignment, WorkerStatus};
+use gangway_shared::agent::{Assignment, WorkerReport, WorkerStatus};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +41,15 @@ impl WorkerKey {
             job_id: a.job_id,
             rank: a.rank,
             attempt: a.attempt,
+        }
+    }
+
+    /// The worker a report is about.
+    pub fn reported(r: &WorkerReport) -> Self {
+        WorkerKey {
+            job_id: r.job_id,
+            rank: r.rank,
+            attempt: r.attempt,
         }
     }
 }

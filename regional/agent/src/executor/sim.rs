@@ -96,6 +96,7 @@ mod tests {
             checkpoint_deadline_s: 5,
             restore_from: None,
             epoch: 1,
+            started: false,
         };
         WorkerSpec::from_assignment(&a, crate::ExecutorKind::Sim, time_factor)
     }
