@@ -33,6 +33,8 @@ struct Cloud {
     dir: tempfile::TempDir,
     db: String,
     port: u16,
+    /// Where the region serves its Prometheus metrics.
+    metrics: u16,
     region: Option<Proc>,
     /// The agents' sync interval the region hands out.
     sync_ms: u64,
@@ -58,7 +60,8 @@ impl Cloud {
         // (role service) and their agents' (role agent, naming the region).
         let key = SigningKey::generate("e2e-service");
         std::fs::write(dir.path().join("service.pub.pem"), key.public_pem()).unwrap();
-        let region = spawn_region(dir.path(), &db, port, sync_ms);
+        let metrics = gangway_devkit::free_port();
+        let region = spawn_region(dir.path(), &db, (port, metrics), sync_ms);
         let agent = Proc(
             Command::new(BIN)
                 .env(
@@ -94,6 +97,7 @@ impl Cloud {
             dir,
             db,
             port,
+            metrics,
             region: Some(region),
             sync_ms,
             _agent: agent,
@@ -137,7 +141,7 @@ impl Cloud {
         self.region = Some(spawn_region(
             self.dir.path(),
             &self.db,
-            self.port,
+            (self.port, self.metrics),
             self.sync_ms,
         ));
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -145,6 +149,22 @@ impl Cloud {
             assert!(Instant::now() < deadline, "region did not come back");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The region's scheduling passes so far with this outcome
+    /// (`gangway_schedule_passes_total`, every partition).
+    async fn passes(&self, outcome: &str) -> u64 {
+        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let label = format!("outcome=\"{outcome}\"");
+        text.lines()
+            .filter(|l| l.starts_with("gangway_schedule_passes_total{") && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
     }
 
     async fn allocated_gpus(&self) -> u32 {
@@ -174,7 +194,8 @@ impl Cloud {
 /// The region of a test cloud, with the checkpoint store its agents share
 /// (`DIR/store`) and its inventory `DIR/fleet.toml` (the simulated nodes
 /// served by agent `test-agent`, machines by name by their own).
-fn spawn_region(dir: &Path, db: &str, port: u16, sync_ms: u64) -> Proc {
+/// A region on `port`, its metrics on `metrics`.
+fn spawn_region(dir: &Path, db: &str, (port, metrics): (u16, u16), sync_ms: u64) -> Proc {
     let mut region = Command::new(BIN);
     region.args(["region", "--name", "test", "--database-url", db]);
     if sync_ms >= 10_000 {
@@ -205,6 +226,7 @@ fn spawn_region(dir: &Path, db: &str, port: u16, sync_ms: u64) -> Proc {
                 dir.join("service.pub.pem").display()
             ))
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
             // Plain HTTP on loopback: this test is about the region, not its links.
             .arg("--insecure-http")
             .args(["--schedule-interval-ms", "100"])
@@ -387,6 +409,26 @@ async fn a_cancelled_job_frees_its_gpus_for_the_next() {
     assert_eq!(
         cloud.client.get(next.id).await.unwrap().state,
         JobState::Queued
+    );
+    // While nothing that waits fits in the free GPUs, the timed rounds
+    // (every 100 ms here) do not plan: the pass that placed nothing is
+    // not run again and again.
+    let before = (
+        cloud.passes("idle").await,
+        cloud.passes("nothing_fits").await,
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = (
+        cloud.passes("idle").await,
+        cloud.passes("nothing_fits").await,
+    );
+    assert!(
+        after.1 > before.1,
+        "no round found that nothing fits: {before:?} → {after:?}"
+    );
+    assert!(
+        after.0 - before.0 <= 1,
+        "passes placed nothing while nothing could fit: {before:?} → {after:?}"
     );
 
     cloud.client.cancel(big.id).await.unwrap();
@@ -1561,7 +1603,7 @@ async fn a_drained_trainer_resumes_on_another_machine_from_the_checkpoint_store(
     std::fs::write(dir.path().join("service.pub.pem"), key.public_pem()).unwrap();
     std::fs::write(dir.path().join("fleet.toml"), MACHINES).unwrap();
     let port = gangway_devkit::free_port();
-    let _region = spawn_region(dir.path(), &db, port, 200);
+    let _region = spawn_region(dir.path(), &db, (port, gangway_devkit::free_port()), 200);
     let _a = spawn_agent(dir.path(), &key, port, "machine-a");
     let client = Client::new(format!("http://127.0.0.1:{port}"), "acme").with_token(token(
         &key,

@@ -5,8 +5,9 @@
 //! transaction still open when the previous snapshot was taken, and
 //! creates racing the passes — the held queue is exactly what a whole read
 //! of the queue finds, while reading only what changed; and a pool has
-//! work (`Store::partition_has_work`) exactly while its held queue holds a
-//! job.
+//! work exactly while its held queue holds a
+//! job, and could place something exactly while the least that waiting
+//! work needs fits in its free GPUs (`Store::partition_outlook`).
 
 use std::time::Duration;
 
@@ -257,44 +258,73 @@ async fn creates_racing_the_passes_are_all_in_the_held_queue() {
 }
 
 #[tokio::test]
-async fn a_pool_has_work_exactly_while_its_held_queue_holds_a_job() {
+async fn a_pool_has_work_exactly_while_its_held_queue_holds_a_job_and_could_place_what_fits() {
     let (held, _client, url) = fresh().await;
-    // One 8-GPU node of each type.
-    Fleet::register_nodes(
+    // One 8-GPU node of each type, and an h100 spare (which takes no work:
+    // its GPUs are not free for the pool).
+    let mut spare = node("n2", "s0", "s0-l0", "h100");
+    spare.spare = true;
+    let fleet = Fleet::register_nodes(
         &held,
         vec![
             node("n0", "s0", "s0-l0", "h100"),
             node("n1", "s0", "s0-l1", "a100"),
+            spare,
         ],
     )
     .await;
-    let has_work = |ty: &'static str| {
+    let outlook = |ty: &'static str| {
         let store = held.clone();
-        async move { store.partition_has_work(ty).await.unwrap() }
+        async move {
+            let o = store.partition_outlook(ty).await.unwrap();
+            (o.least_needed, o.free_at_most, o.could_place())
+        }
     };
-    assert!(!has_work("h100").await && !has_work("a100").await);
+    assert_eq!(outlook("h100").await, (None, 8, false));
+    assert_eq!(outlook("a100").await, (None, 8, false));
 
     // Two gangs of the node's size: the first is placed, the second waits.
     let first = submit(&held, &common::job("acme", "h100", 8, 8)).await;
     let second = submit(&held, &common::job("acme", "h100", 8, 8)).await;
-    assert!(has_work("h100").await);
-    assert!(!has_work("a100").await, "h100's queue is not a100's work");
+    assert_eq!(outlook("h100").await, (Some(8), 8, true));
+    assert_eq!(
+        outlook("a100").await,
+        (None, 8, false),
+        "h100's queue is not a100's work"
+    );
     run_partition_pass(&held, &planning(), "h100")
         .await
         .unwrap();
-    assert!(has_work("h100").await, "the second gang still waits");
+    // The second gang still waits, and cannot fit: no pass is needed
+    // until GPUs are freed.
+    assert_eq!(outlook("h100").await, (Some(8), 0, false));
     // The check brought the pass's held queue up to date: it still agrees
     // with a whole read, and holds only the second gang.
     let (q, how) = agrees(&held, &url).await;
     assert!(matches!(how, QueueRead::Changes { .. }));
     assert_eq!(jobs_of(&q), vec![second.to_string().as_str()]);
 
+    // A smaller job counts with the least needed; two 4-GPU workers of an
+    // array job, each its own unit, need 4.
+    let mut array = common::job("acme", "h100", 8, 4);
+    array.mode = JobMode::Array;
+    let third = submit(&held, &array).await;
+    assert_eq!(outlook("h100").await, (Some(4), 0, false));
+
     // Cancelled, nothing waits; the first runs and has nothing to grow.
     held.cancel_job("acme", second).await.unwrap();
-    assert!(!has_work("h100").await);
-    assert!(!has_work("a100").await);
+    held.cancel_job("acme", third).await.unwrap();
+    assert_eq!(outlook("h100").await, (None, 0, false));
+    assert_eq!(outlook("a100").await, (None, 8, false));
     let (q, _) = agrees(&held, &url).await;
     assert!(q.is_empty(), "{first} runs, {second} is cancelled: {q:?}");
+
+    // The first ends: its GPUs count as free again.
+    let wanted = fleet.sync(&held, 0, "boot-1", vec![], vec![]).await;
+    let ended = wanted.iter().map(common::succeeded).collect();
+    fleet.sync(&held, 0, "boot-1", vec![], ended).await;
+    let again = submit(&held, &common::job("acme", "h100", 8, 8)).await;
+    assert_eq!(outlook("h100").await, (Some(8), 8, true), "{again} fits");
 }
 
 #[tokio::test]

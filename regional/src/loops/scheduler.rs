@@ -168,10 +168,21 @@ const MIN_PASS_GAP: Duration = Duration::from_millis(20);
 /// to place nothing; now at most 5.
 const FUTILE_PASS_GAP: Duration = Duration::from_millis(200);
 
+/// How long after a pass that placed and preempted nothing the pool is
+/// planned again only when some of the work that waits could fit in its
+/// free GPUs ([`gangway_regional::store::Outlook`]; a count, not a read of
+/// the fleet). Its GPUs freed one node at a time while gangs larger than
+/// the free ones wait — the shape of a busy pool — woke a pass each, and
+/// each read the whole fleet to place nothing: seven passes in ten during
+/// a burst on three 10,240-GPU regions. What no freed GPU brings about
+/// (a preemption that became allowed, say) waits at most this long.
+const NOTHING_FITS_RECHECK: Duration = Duration::from_secs(2);
+
 /// One GPU type's passes: again while they place work or lose a race,
 /// else on a wake-up (new job, freed GPUs) or every `schedule_interval`,
 /// at most one per [`MIN_PASS_GAP`] (per [`FUTILE_PASS_GAP`] for new jobs
-/// after a pass that did nothing), until `stop`.
+/// after a pass that did nothing; after one, none while nothing that waits
+/// fits in the free GPUs, for up to [`NOTHING_FITS_RECHECK`]), until `stop`.
 async fn partition_loop(
     state: AppState,
     planning: Planning,
@@ -233,19 +244,28 @@ async fn partition_loop(
                 continue;
             }
             // A partition with nothing to place and nothing to grow is
-            // not planned: its snapshot reads the whole fleet (at 10,000
+            // not planned on a timed round, nor, after a pass that could
+            // do nothing, while fewer of its GPUs are free than any waiting
+            // work needs: its snapshot reads the whole fleet (at 10,000
             // GPUs, the region's largest read) for an empty plan.
-            let idle = !woken
-                && planned_at.is_some_and(|t| t.elapsed() < IDLE_PASS_EVERY)
-                && match state.store.partition_has_work(&gpu_type).await {
-                    Ok(work) => !work,
+            let since = planned_at.map(|t| t.elapsed());
+            let skip = if since.is_some_and(|t| t < IDLE_PASS_EVERY) && (!woken || futile) {
+                match state.store.partition_outlook(&gpu_type).await {
+                    Ok(o) if !o.has_work() => (!woken).then_some("skipped"),
+                    Ok(o) => (futile
+                        && !o.could_place()
+                        && since.is_some_and(|t| t < NOTHING_FITS_RECHECK))
+                    .then_some("nothing_fits"),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot tell whether work waits: planning");
-                        false
+                        None
                     }
-                };
-            if idle {
-                metrics::counter!("gangway_schedule_passes_total", "outcome" => "skipped", "partition" => gpu_type.clone()).increment(1);
+                }
+            } else {
+                None
+            };
+            if let Some(outcome) = skip {
+                metrics::counter!("gangway_schedule_passes_total", "outcome" => outcome, "partition" => gpu_type.clone()).increment(1);
             } else {
                 planned_at = Some(Instant::now());
                 // A pass under way finishes (its commit is checked anyway).

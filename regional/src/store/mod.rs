@@ -260,7 +260,7 @@ pub use jobs::{ListFilter, NewJob, SubmitOutcome};
 pub use maintenance::MaintenanceRefusal;
 pub use nodes::{AdminChange, HealthContext, NodeRefusal, NodesOutcome};
 pub use pg_tls::PgTarget;
-pub use plans::{FleetShape, QueuePlace, QueueRead, SnapshotData};
+pub use plans::{FleetShape, Outlook, QueuePlace, QueueRead, SnapshotData};
 pub use power::RackPower;
 pub use reservations::{NewReservation, ReservationOutcome};
 pub(crate) use rows::level_of;

@@ -148,9 +148,14 @@ pub(super) struct QueueState {
 }
 
 impl QueueState {
-    /// Whether any job may be placed.
-    pub(super) fn any_waiting(&self) -> bool {
-        !self.jobs.is_empty()
+    /// The fewest GPUs a waiting unit needs to start (its smallest start:
+    /// all its workers', or an elastic gang's fewest); `None`: nothing
+    /// waits.
+    pub(super) fn smallest_start(&self) -> Option<u64> {
+        (self.jobs.values())
+            .flat_map(|q| &q.requests)
+            .map(Request::min_gpus)
+            .min()
     }
 
     /// When each of `jobs` (ids as the core names them) was submitted, if
