@@ -173,7 +173,7 @@ const FUTILE_PASS_GAP: Duration = Duration::from_millis(200);
 /// free GPUs ([`gangway_regional::store::Outlook`]; a count, not a read of
 /// the fleet). Its GPUs freed one node at a time while gangs larger than
 /// the free ones wait — the shape of a busy pool — woke a pass each, and
-/// each read the whole fleet to place nothing: seven passes in ten during
+/// each read the whole fleet to place nothing: two passes in three during
 /// a burst on three 10,240-GPU regions. What no freed GPU brings about
 /// (a preemption that became allowed, say) waits at most this long.
 const NOTHING_FITS_RECHECK: Duration = Duration::from_secs(2);
