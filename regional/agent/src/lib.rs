@@ -1,9 +1,11 @@
 //! The node agent: registers its nodes with a region, syncs with it on a
 //! fixed interval, and starts and stops the workers the region assigns.
 //!
-//! The agent pulls. Each sync reports every worker it runs or saw exit and
-//! gets back the full list of workers the region wants on its nodes; the
-//! agent acts on the difference. Nothing is persisted: a new process gets a
+//! The agent pulls. Each sync reports what the region has not heard — a
+//! worker it runs until the region lists it started (and again when its
+//! checkpoint moves), an exit until the region stops listing the worker —
+//! and gets back the full list of workers the region wants on its nodes;
+//! the agent acts on the difference. Nothing is persisted: a new process gets a
 //! new boot id, which tells the region that the workers of the previous boot
 //! are gone.
 //!
