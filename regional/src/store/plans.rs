@@ -1007,8 +1007,8 @@ impl Store {
                                 coalesce(sum(cardinality(n.usable)) FILTER (WHERE o.open), 0)::bigint
                                     AS schedulable,
                                 coalesce(sum(l.taken), 0)::bigint AS allocated,
-                                coalesce(sum(cardinality(n.usable) - cardinality(array(
-                                        SELECT unnest(l.held) INTERSECT SELECT unnest(n.usable))))
+                                coalesce(sum((SELECT count(*) FROM unnest(n.usable) AS u(g)
+                                              WHERE g <> ALL (coalesce(l.held, '{}'))))
                                     FILTER (WHERE o.open), 0)::bigint AS free,
                                 coalesce(sum((SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id))
                                     FILTER (WHERE n.spare), 0)::bigint AS spare
