@@ -175,7 +175,9 @@ const FUTILE_PASS_GAP: Duration = Duration::from_millis(200);
 /// the free ones wait — the shape of a busy pool — woke a pass each, and
 /// each read the whole fleet to place nothing: two passes in three during
 /// a burst on three 10,240-GPU regions. What no freed GPU brings about
-/// (a preemption that became allowed, say) waits at most this long.
+/// waits at most this long: a preemption that became allowed, or one that
+/// a new job of a higher priority than running work asks for (the pass
+/// that makes it is followed by the victims' checkpoints, tens of seconds).
 const NOTHING_FITS_RECHECK: Duration = Duration::from_secs(2);
 
 /// One GPU type's passes: again while they place work or lose a race,
