@@ -929,10 +929,10 @@ impl Store {
             *count += n.gpus.len() as u64;
         }
         Ok(Outlook {
-            least_needed: match (waiting, grow) {
-                (Some(w), Some(g)) => Some(w.min(g.max(0) as u64)),
-                (w, g) => w.or(g.map(|g| g.max(0) as u64)),
-            },
+            least_needed: waiting
+                .into_iter()
+                .chain(grow.map(|g| g.max(0) as u64))
+                .min(),
             free_at_most: ours.saturating_sub(live.saturating_sub(elsewhere)),
         })
     }
