@@ -186,6 +186,51 @@ async fn a_job_cancelled_before_a_buddy_held_it_is_told_to_that_buddy() {
     assert!(owed, "the buddy is never told of the cancellation");
 }
 
+#[tokio::test]
+async fn a_batch_marks_each_job_held_and_owes_its_buddy_only_the_cancelled_one() {
+    let (store, client) = store("replicas_mark_batch").await;
+    let store = store.with_replication(true);
+    register(&store, vec![common::node("n0", "s0", "l0", "h100")]).await;
+    let kept = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    let gone = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    let other = submit(&store, &common::job("acme", "h100", 8, 8)).await;
+    store.cancel_job("acme", gone).await.unwrap();
+    // Two held by r2 in one mark (the form for a batch), one by r3 alone.
+    (store.replicated_many(&[(kept, "r2"), (gone, "r2")]).await).unwrap();
+    store.replicated(other, "r3").await.unwrap();
+    let row = |id: Uuid| {
+        let client = &client;
+        async move {
+            let r = client
+                .query_one(
+                    "SELECT buddy, buddy_told_state, buddy_dirty_since IS NOT NULL
+                     FROM jobs WHERE job_id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            (
+                r.get::<_, String>(0),
+                r.get::<_, String>(1),
+                r.get::<_, bool>(2),
+            )
+        }
+    };
+    for id in [kept, gone, other] {
+        assert!(
+            !store.awaits_buddy(id).await.unwrap(),
+            "{id} still awaits a buddy"
+        );
+    }
+    assert_eq!(row(kept).await, ("r2".into(), "queued".into(), false));
+    assert_eq!(
+        row(gone).await,
+        ("r2".into(), "queued".into(), true),
+        "r2 holds it queued: the cancellation is owed to it"
+    );
+    assert_eq!(row(other).await, ("r3".into(), "queued".into(), false));
+}
+
 /// A region's state for tests: `name`, its store, its checkpoint store at
 /// `ckpt`, and its peers (name, URL).
 fn region_state(

@@ -472,7 +472,6 @@ impl Store {
     /// [`Store::replicated`] for a batch of jobs (each with the buddy that
     /// holds it), in one statement: one commit for a group of creates.
     pub async fn replicated_many(&self, held: &[(Uuid, &str)]) -> Result<()> {
-        let (jobs, buddies): (Vec<Uuid>, Vec<&str>) = held.iter().copied().unzip();
         let conn = self.conn().await?;
         // The intent told the buddy the job is queued: one cancelled while
         // it awaited is dirty at once (`jobs_buddy_dirty`), so the buddy
@@ -486,19 +485,19 @@ impl Store {
         // mark lost with a crash of this database leaves the job awaiting a
         // buddy, so its intent is handed over again (the buddy keeps one)
         // and marked then. Any later durable commit here flushes it too.
-        let mark = conn
-            .prepare_cached(
-                "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS b(job_id, buddy)
-                            WHERE (SELECT set_config('synchronous_commit', 'off', true)) = 'off'),
-                 held AS (
-                     DELETE FROM jobs_awaiting_buddy a USING b WHERE a.job_id = b.job_id
-                     RETURNING a.job_id)
-                 UPDATE jobs j SET buddy = b.buddy,
-                        buddy_told_state = CASE WHEN j.job_id IN (SELECT job_id FROM held)
-                                                THEN 'queued' ELSE j.state::text END
-                 FROM b WHERE j.job_id = b.job_id",
-            )
-            .await?;
+        if let [(job, buddy)] = held {
+            // One job, the usual batch unless creates come faster than a
+            // buddy answers: keyed by scalars, so its prepared statement
+            // runs on a generic plan. PostgreSQL plans the array form
+            // afresh on every call (its estimate for `unnest` of a bound
+            // array is the array's length, always below the generic
+            // plan's), which cost as much as running it.
+            let mark = conn.prepare_cached(MARK_ONE).await?;
+            conn.execute(&mark, &[job, buddy]).await?;
+            return Ok(());
+        }
+        let (jobs, buddies): (Vec<Uuid>, Vec<&str>) = held.iter().copied().unzip();
+        let mark = conn.prepare_cached(MARK_MANY).await?;
         conn.execute(&mark, &[&jobs, &buddies]).await?;
         Ok(())
     }
@@ -791,3 +790,26 @@ pub(super) async fn record_move_in_tx(
     .await?;
     Ok(true)
 }
+
+/// [`Store::replicated_many`] for one job: `$1` job, `$2` its buddy.
+const MARK_ONE: &str = "WITH held AS (
+         DELETE FROM jobs_awaiting_buddy
+         WHERE job_id = $1
+           AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+         RETURNING job_id)
+     UPDATE jobs j SET buddy = $2,
+            buddy_told_state = CASE WHEN EXISTS (SELECT 1 FROM held)
+                                    THEN 'queued' ELSE j.state::text END
+     WHERE j.job_id = $1";
+
+/// [`Store::replicated_many`] for a batch: `$1` jobs, `$2` their buddies.
+const MARK_MANY: &str =
+    "WITH b AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS b(job_id, buddy)
+                 WHERE (SELECT set_config('synchronous_commit', 'off', true)) = 'off'),
+     held AS (
+         DELETE FROM jobs_awaiting_buddy a USING b WHERE a.job_id = b.job_id
+         RETURNING a.job_id)
+     UPDATE jobs j SET buddy = b.buddy,
+            buddy_told_state = CASE WHEN j.job_id IN (SELECT job_id FROM held)
+                                    THEN 'queued' ELSE j.state::text END
+     FROM b WHERE j.job_id = b.job_id";
