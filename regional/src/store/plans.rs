@@ -139,42 +139,44 @@ const NODES_SQL: &str = "
       AND n.cluster_id IS NOT DISTINCT FROM $3
     ORDER BY n.node_id";
 
-/// Live allocations, and GPUs held for a gang moving onto a spare
-/// (`spares.rs`) while it is being preempted. (`UNION ALL`: a GPU both
-/// allocated and held is taken either way; nothing to deduplicate.)
-const LIVE_SQL: &str = "
-    SELECT node_id, array_agg(gpu_index) FROM (
-        SELECT node_id, gpu_index FROM allocations
-        WHERE released_at IS NULL AND ($1::text IS NULL OR gpu_type = $1)
-        UNION ALL
-        SELECT h.node_id, h.gpu_index FROM gpu_holds h
-        JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'
-    ) x GROUP BY node_id";
+/// GPUs held for a gang moving onto a spare (`spares.rs`) while it is
+/// being preempted: taken, like allocated ones (a GPU both allocated and
+/// held is taken either way).
+const HOLDS_SQL: &str = "
+    SELECT h.node_id, h.gpu_index FROM gpu_holds h
+    JOIN jobs j ON j.job_id = h.job_id AND j.state = 'preempting'";
 
 /// Quotas: the cap is the core's hard limit; guarantee and weight feed
 /// fair sharing together with the decayed history.
 const TERMS_SQL: &str = "SELECT tenant, gpu_type, guaranteed_gpus, max_gpus, weight FROM quotas";
 
-/// What holds GPUs now, and when each is expected to let go (start plus
-/// estimate), for reservations; when it started and last checkpointed,
-/// how often it was preempted and whether a preemption is in flight, for
-/// preemption.
+/// Every live allocation of the region, grouped by job, with what the
+/// pass needs of the job: one read for three things ([`LiveJobs`]). What
+/// holds GPUs now, and when each is expected to let go (start plus
+/// estimate), for reservations; when it started and last checkpointed, how
+/// often it was preempted and whether a preemption is in flight, for
+/// preemption; which GPUs of each node are taken, whatever job or pool
+/// holds them; and what each tenant holds of each type, for fair sharing
+/// (across types: dominant shares). Three reads of the live allocations
+/// before (per job of the pool, per node of the type, per tenant of the
+/// pool): under a burst on a 10,240-GPU region, 42, 23 and 9 ms a pass.
 ///
 /// The allocations grouped by job first, each job then looked up once:
 /// joined row by row, at 10,240 allocated GPUs the read looked up and
 /// sorted every GPU's job row (40 ms a pass; `queue_depth` bench). Each
-/// job is looked up by key (`OFFSET 0` keeps it a lookup): `IS NOT
-/// DISTINCT FROM` is estimated at one row, and as a join the planner
+/// job is looked up by key (`OFFSET 0` keeps it a lookup): as a join, with
+/// a filter on the pool's cluster estimated at one row, the planner
 /// scanned every job for each allocated one (seconds at 50,000 queued).
-const RUNNING_SQL: &str = "
+/// A job's nodes and GPUs come in the same (any) order; they are sorted
+/// here, not by a sort per job in the database.
+const LIVE_JOBS_SQL: &str = "
     WITH a AS (
-        SELECT job_id, min(allocated_at) AS started,
-               array_agg(node_id ORDER BY node_id, gpu_index) AS nodes,
-               array_agg(gpu_index ORDER BY node_id, gpu_index) AS gpus
+        SELECT job_id, min(allocated_at) AS started, min(gpu_type) AS held_type,
+               count(*) AS held, array_agg(node_id) AS nodes, array_agg(gpu_index) AS gpus
         FROM allocations
-        WHERE released_at IS NULL AND ($1::text IS NULL OR gpu_type = $1)
+        WHERE released_at IS NULL
         GROUP BY job_id)
-    SELECT a.job_id, j.tenant, j.gpu_type, j.priority,
+    SELECT a.job_id, a.held_type, a.held, j.cluster_id, j.tenant, j.gpu_type, j.priority,
            (extract(epoch FROM a.started)::bigint
             + j.estimated_duration_s) AS expected_end,
            extract(epoch FROM a.started)::bigint AS started,
@@ -195,8 +197,64 @@ const RUNNING_SQL: &str = "
     FROM a
     CROSS JOIN LATERAL (SELECT * FROM jobs j
                         WHERE j.job_id = a.job_id OFFSET 0) j
-    WHERE j.cluster_id IS NOT DISTINCT FROM $2
     ORDER BY a.job_id";
+
+/// A running job's GPUs: each node's, in node and GPU order.
+type HeldGpus = Vec<(String, Vec<u32>)>;
+
+/// [`LIVE_JOBS_SQL`]'s rows, as one pool sees them.
+struct LiveJobs<'r> {
+    /// The pool's running jobs (of its GPU type, or any without one; of
+    /// its cluster, or of none for the shared pools), each with its GPUs
+    /// per node, in node and GPU order.
+    running: Vec<(&'r tokio_postgres::Row, HeldGpus)>,
+    /// The GPUs taken on each node of the pool's type, whatever job holds
+    /// them (a node moved out of a cluster still runs that cluster's work).
+    taken: BTreeMap<String, Vec<i32>>,
+    /// What each tenant holds of each type in the pool's cluster (or
+    /// outside every cluster), whatever the pool's type.
+    usage: BTreeMap<(String, String), u32>,
+}
+
+impl<'r> LiveJobs<'r> {
+    fn of(rows: &'r [tokio_postgres::Row], only: Option<&str>, cluster: Option<Uuid>) -> Self {
+        let mut out = LiveJobs {
+            running: Vec::new(),
+            taken: BTreeMap::new(),
+            usage: BTreeMap::new(),
+        };
+        for row in rows {
+            let in_pool = row.get::<_, Option<Uuid>>("cluster_id") == cluster;
+            if in_pool {
+                let key = (row.get("tenant"), row.get("gpu_type"));
+                let held = u32::try_from(row.get::<_, i64>("held")).unwrap_or(u32::MAX);
+                *out.usage.entry(key).or_default() += held;
+            }
+            if only.is_some_and(|t| t != row.get::<_, &str>("held_type")) {
+                continue;
+            }
+            let nodes: Vec<String> = row.get("nodes");
+            let gpus: Vec<i32> = row.get("gpus");
+            let mut pairs: Vec<(String, i32)> = nodes.into_iter().zip(gpus).collect();
+            pairs.sort_unstable();
+            for (n, g) in &pairs {
+                out.taken.entry(n.clone()).or_default().push(*g);
+            }
+            if !in_pool {
+                continue;
+            }
+            let mut held = HeldGpus::new();
+            for (n, g) in pairs {
+                match held.last_mut() {
+                    Some((last, list)) if *last == n => list.push(g as u32),
+                    _ => held.push((n, vec![g as u32])),
+                }
+            }
+            out.running.push((row, held));
+        }
+        out
+    }
+}
 
 /// Capacity reservations not deleted nor over, the earliest first.
 const RESERVED_SQL: &str = "
@@ -207,22 +265,6 @@ const RESERVED_SQL: &str = "
     WHERE state = 'active' AND (end_at IS NULL OR end_at > now())
       AND ($1::text IS NULL OR gpu_type = $1) AND $2::uuid IS NULL
     ORDER BY start_at, reservation_id";
-
-/// GPUs held per tenant and type. Counted per job first (grouped by id
-/// alone: sorting the GPUs by tenant and type text took half the read),
-/// each job looked up once by key for its tenant and type (what its
-/// allocations copy), not once per allocated GPU. As a join, with `IS NOT
-/// DISTINCT FROM` estimated at one row, the planner re-counted the
-/// allocations for every job: 60 s a pass at 50,000 queued (`queue_depth`
-/// bench).
-const USAGE_SQL: &str = "
-    SELECT j.tenant, j.gpu_type, sum(a.n)::bigint
-    FROM (SELECT job_id, count(*) AS n FROM allocations
-          WHERE released_at IS NULL GROUP BY job_id) a
-    CROSS JOIN LATERAL (SELECT j.tenant, j.gpu_type, j.cluster_id FROM jobs j
-                        WHERE j.job_id = a.job_id OFFSET 0) j
-    WHERE j.cluster_id IS NOT DISTINCT FROM $1
-    GROUP BY j.tenant, j.gpu_type";
 
 /// Jobs with the first claim on what their victims free (V32).
 const CLAIMS_SQL: &str = "
@@ -368,13 +410,12 @@ impl Store {
         let sent = Instant::now();
         let (
             (node_rows, fleet_t),
-            (live, live_t),
+            (hold_rows, holds_t),
             (how, queue_t),
             (terms, terms_t),
             (history, history_t),
-            (running_rows, running_t),
+            (live_rows, live_t),
             (reserved_rows, reserved_t),
-            (usage_rows, usage_t),
             (power_rows, power_t),
             (claim_rows, claims_t),
             (partition_rows, partitions_t),
@@ -387,9 +428,7 @@ impl Store {
                 ];
                 Ok(tx.query_typed(NODES_SQL, &params).await?)
             }),
-            timed(sent, async {
-                Ok(tx.query_typed(LIVE_SQL, &[(&only, Type::TEXT)]).await?)
-            }),
+            timed(sent, async { Ok(tx.query_typed(HOLDS_SQL, &[]).await?) }),
             timed(sent, async {
                 super::queue::bring_up_to_date(
                     &tx,
@@ -415,17 +454,12 @@ impl Store {
                 self.history(&tx, history_options).await
             }),
             timed(sent, async {
-                let params: [(&(dyn ToSql + Sync), Type); 2] =
-                    [(&only, Type::TEXT), (&cluster, Type::UUID)];
-                Ok(tx.query_typed(RUNNING_SQL, &params).await?)
+                Ok(tx.query_typed(LIVE_JOBS_SQL, &[]).await?)
             }),
             timed(sent, async {
                 let params: [(&(dyn ToSql + Sync), Type); 2] =
                     [(&only, Type::TEXT), (&cluster, Type::UUID)];
                 Ok(tx.query_typed(RESERVED_SQL, &params).await?)
-            }),
-            timed(sent, async {
-                Ok(tx.query_typed(USAGE_SQL, &[(&cluster, Type::UUID)]).await?)
             }),
             timed(sent, async {
                 Ok(tx.query_typed(RACK_POWER_SQL, &[]).await?)
@@ -445,13 +479,12 @@ impl Store {
         laps.lap("reads");
         for (read, took) in [
             ("fleet", fleet_t),
-            ("live", live_t),
+            ("holds", holds_t),
             ("queue", queue_t),
             ("terms", terms_t),
             ("history", history_t),
-            ("running", running_t),
+            ("live", live_t),
             ("reserved", reserved_t),
-            ("usage", usage_t),
             ("power", power_t),
             ("claims", claims_t),
             ("partitions", partitions_t),
@@ -459,9 +492,10 @@ impl Store {
             laps.record(read, took);
         }
 
-        let mut used: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-        for row in &live {
-            used.insert(row.get(0), row.get(1));
+        let live_jobs = LiveJobs::of(&live_rows, only, cluster);
+        let mut used: BTreeMap<String, Vec<i32>> = live_jobs.taken;
+        for row in &hold_rows {
+            used.entry(row.get(0)).or_default().push(row.get(1));
         }
         let nodes: Vec<Node> = node_rows
             .iter()
@@ -538,18 +572,8 @@ impl Store {
             })
             .collect();
         let live: BTreeSet<&str> = reserved.iter().map(|r| r.id.as_str()).collect();
-        let running: Vec<Running> = running_rows
-            .iter()
-            .map(|row| {
-                let nodes: Vec<String> = row.get("nodes");
-                let gpus: Vec<i32> = row.get("gpus");
-                let mut held: Vec<(String, Vec<u32>)> = Vec::new();
-                for (n, g) in nodes.into_iter().zip(gpus) {
-                    match held.last_mut() {
-                        Some((last, list)) if *last == n => list.push(g as u32),
-                        _ => held.push((n, vec![g as u32])),
-                    }
-                }
+        let running: Vec<Running> = (live_jobs.running.into_iter())
+            .map(|(row, held)| {
                 let job: Uuid = row.get("job_id");
                 Running {
                     job: job.to_string(),
@@ -586,10 +610,7 @@ impl Store {
                 }
             })
             .collect();
-        let mut usage = BTreeMap::new();
-        for row in usage_rows {
-            usage.insert((row.get(0), row.get(1)), row.get::<_, i64>(2) as u32);
-        }
+        let usage = live_jobs.usage;
         // A partition sees the region's capacity of every type (dominant
         // shares); a whole snapshot counts it from its nodes.
         let mut capacity: BTreeMap<String, u64> = BTreeMap::new();
