@@ -211,6 +211,26 @@ async fn within<T>(limit: Duration, f: impl Future<Output = T>) -> T {
     tokio::time::timeout(limit, f).await.expect("took too long")
 }
 
+/// An agent running on its own task until [`Started::stop`].
+struct Started {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Started {
+    fn agent(config: AgentConfig) -> Started {
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(super::run(config, shutdown.clone()));
+        Started { shutdown, task }
+    }
+
+    /// Shuts it down; it must return cleanly within `limit`.
+    async fn stop(self, limit: Duration) {
+        self.shutdown.cancel();
+        within(limit, self.task).await.unwrap().unwrap();
+    }
+}
+
 #[tokio::test]
 async fn runs_an_assignment_reports_it_and_registers_again_when_forgotten() {
     let fake = Shared::default();
@@ -221,11 +241,7 @@ async fn runs_an_assignment_reports_it_and_registers_again_when_forgotten() {
     fake.lock().unwrap().failing_registrations = 2;
     let addr = fake_region(fake.clone()).await;
 
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(super::run(
-        config(addr, ExecutorKind::Real, work.path()),
-        shutdown.clone(),
-    ));
+    let agent = Started::agent(config(addr, ExecutorKind::Real, work.path()));
 
     until(&fake, "Running report", |f| {
         f.syncs.iter().any(|s| {
@@ -296,11 +312,7 @@ async fn runs_an_assignment_reports_it_and_registers_again_when_forgotten() {
             .all(|s| s.boot_id == f.registrations[0].boot_id));
     }
 
-    shutdown.cancel();
-    within(Duration::from_secs(2), agent)
-        .await
-        .unwrap()
-        .unwrap();
+    agent.stop(Duration::from_secs(2)).await;
 }
 
 /// Whether `pid` runs; a zombie (an orphan not yet reaped by init) does
@@ -339,11 +351,7 @@ async fn a_region_outage_leaves_workers_running_and_shutdown_stops_them() {
     fake.lock().unwrap().assignments.push(assignment);
     let addr = fake_region(fake.clone()).await;
 
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(super::run(
-        config(addr, ExecutorKind::Real, work.path()),
-        shutdown.clone(),
-    ));
+    let agent = Started::agent(config(addr, ExecutorKind::Real, work.path()));
     until(&fake, "Running report", |f| {
         f.syncs.iter().any(|s| !s.workers.is_empty())
     })
@@ -388,11 +396,7 @@ async fn a_region_outage_leaves_workers_running_and_shutdown_stops_them() {
     assert!(process_alive(pid));
 
     // Shutdown stops the real worker (SIGTERM ends `sh` and `sleep`).
-    shutdown.cancel();
-    within(Duration::from_secs(3), agent)
-        .await
-        .unwrap()
-        .unwrap();
+    agent.stop(Duration::from_secs(3)).await;
     // The shell is reaped before `run` returns; `sleep`, signalled with it
     // but not the agent's child, may take a moment longer on a busy machine.
     within(Duration::from_secs(5), async {
@@ -415,9 +419,8 @@ async fn a_sim_agent_runs_for_the_scaled_duration() {
 
     let mut config = config(addr, ExecutorKind::Sim, work.path());
     config.time_factor = 0.002; // 100 s → 0.2 s
-    let shutdown = CancellationToken::new();
     let started = Instant::now();
-    let agent = tokio::spawn(super::run(config, shutdown.clone()));
+    let agent = Started::agent(config);
     until(&fake, "simulated exit", |f| {
         f.syncs.iter().any(|s| {
             s.workers.iter().any(|w| {
@@ -434,11 +437,7 @@ async fn a_sim_agent_runs_for_the_scaled_duration() {
     .await;
     assert!(started.elapsed() >= Duration::from_millis(200));
     assert_eq!(fake.lock().unwrap().registrations[0].executor, "sim");
-    shutdown.cancel();
-    within(Duration::from_secs(1), agent)
-        .await
-        .unwrap()
-        .unwrap();
+    agent.stop(Duration::from_secs(1)).await;
 }
 
 #[tokio::test]
@@ -458,11 +457,7 @@ async fn a_worker_the_region_heard_running_is_reported_again_only_when_its_check
     let job_id = assignment.job_id;
     fake.lock().unwrap().assignments.push(assignment);
     let addr = fake_region(fake.clone()).await;
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(super::run(
-        config(addr, ExecutorKind::Real, work.path()),
-        shutdown.clone(),
-    ));
+    let agent = Started::agent(config(addr, ExecutorKind::Real, work.path()));
     let reported = |f: &Fake, step: &str| {
         f.syncs.iter().any(|s| {
             s.workers.iter().any(|w| {
@@ -510,11 +505,7 @@ async fn a_worker_the_region_heard_running_is_reported_again_only_when_its_check
             .any(|s| s.workers.iter().any(|w| w.job_id == job_id))
     })
     .await;
-    shutdown.cancel();
-    within(Duration::from_secs(5), agent)
-        .await
-        .unwrap()
-        .unwrap();
+    agent.stop(Duration::from_secs(5)).await;
 }
 
 #[tokio::test]
@@ -533,11 +524,7 @@ async fn reports_the_machine_boot_and_running_checkpoints_and_takes_the_deadline
     let job_id = assignment.job_id;
     fake.lock().unwrap().assignments.push(assignment.clone());
     let addr = fake_region(fake.clone()).await;
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(super::run(
-        config(addr, ExecutorKind::Real, work.path()),
-        shutdown.clone(),
-    ));
+    let agent = Started::agent(config(addr, ExecutorKind::Real, work.path()));
     // The running worker's report carries its newest complete checkpoint.
     until(&fake, "a running report with the checkpoint", |f| {
         f.syncs.iter().any(|s| {
@@ -578,11 +565,7 @@ async fn reports_the_machine_boot_and_running_checkpoints_and_takes_the_deadline
     .await;
     let took = asked.elapsed();
     assert!(took < Duration::from_secs(4), "{took:?}");
-    shutdown.cancel();
-    within(Duration::from_secs(5), agent)
-        .await
-        .unwrap()
-        .unwrap();
+    agent.stop(Duration::from_secs(5)).await;
 }
 
 /// A store in `dir`, and an agent config that uses it.
@@ -618,11 +601,7 @@ async fn rank_zeros_checkpoints_are_uploaded_committed_and_reported_until_accept
     let job_id = assignment.job_id;
     fake.lock().unwrap().assignments.push(assignment);
     let addr = fake_region(fake.clone()).await;
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(super::run(
-        store_config(addr, work.path(), &store_dir),
-        shutdown.clone(),
-    ));
+    let agent = Started::agent(store_config(addr, work.path(), &store_dir));
     until(&fake, "both checkpoints reported", |f| {
         uploaded(f).iter().any(|r| r.name == "step-2")
     })
@@ -660,11 +639,7 @@ async fn rank_zeros_checkpoints_are_uploaded_committed_and_reported_until_accept
     let newest = store.newest(job_id).await.unwrap().expect("committed");
     assert_eq!(newest.name, "step-2");
     assert_eq!(newest.agent_id, "agent-1");
-    shutdown.cancel();
-    within(Duration::from_secs(5), agent)
-        .await
-        .unwrap()
-        .unwrap();
+    agent.stop(Duration::from_secs(5)).await;
 }
 
 #[tokio::test]
@@ -687,11 +662,7 @@ async fn a_checkpoint_request_commits_the_final_checkpoint_before_the_exit_is_re
         .join(format!("jobs/{job_id}/rank-0-attempt-1/ready"));
     fake.lock().unwrap().assignments.push(assignment.clone());
     let addr = fake_region(fake.clone()).await;
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(super::run(
-        store_config(addr, work.path(), &store_dir),
-        shutdown.clone(),
-    ));
+    let agent = Started::agent(store_config(addr, work.path(), &store_dir));
     while !ready.exists() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -732,11 +703,7 @@ async fn a_checkpoint_request_commits_the_final_checkpoint_before_the_exit_is_re
             "{before:?}"
         );
     }
-    shutdown.cancel();
-    within(Duration::from_secs(5), agent)
-        .await
-        .unwrap()
-        .unwrap();
+    agent.stop(Duration::from_secs(5)).await;
 }
 
 /// Runs `assignment` on a real agent with the store in `store_dir` until
@@ -750,11 +717,7 @@ async fn run_to_exit(
     let job_id = assignment.job_id;
     fake.lock().unwrap().assignments.push(assignment);
     let addr = fake_region(fake.clone()).await;
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(super::run(
-        store_config(addr, work, store_dir),
-        shutdown.clone(),
-    ));
+    let agent = Started::agent(store_config(addr, work, store_dir));
     until(&fake, "the exit", |f| {
         f.syncs.iter().any(|s| {
             s.workers
@@ -772,11 +735,7 @@ async fn run_to_exit(
         .find(|w| matches!(w.status, WorkerStatus::Exited { .. }))
         .unwrap()
         .status;
-    shutdown.cancel();
-    within(Duration::from_secs(5), agent)
-        .await
-        .unwrap()
-        .unwrap();
+    agent.stop(Duration::from_secs(5)).await;
     let out = std::fs::read_to_string(work.join(format!("jobs/{job_id}/rank-0-attempt-1/out")))
         .unwrap_or_default();
     (status, out)
@@ -894,11 +853,7 @@ async fn syncs_again_soon_when_the_region_left_reports_for_later() {
         f.report_again = 2;
     }
     let addr = fake_region(fake.clone()).await;
-    let shutdown = CancellationToken::new();
-    let agent = tokio::spawn(super::run(
-        config(addr, ExecutorKind::Sim, work.path()),
-        shutdown.clone(),
-    ));
+    let agent = Started::agent(config(addr, ExecutorKind::Sim, work.path()));
     // Two answers ask again: three syncs, each soon after the one before
     // (a fifth of the interval at most), though the interval is 10 s.
     until(&fake, "three syncs", |f| f.syncs.len() >= 3).await;
@@ -917,11 +872,7 @@ async fn syncs_again_soon_when_the_region_left_reports_for_later() {
         3,
         "the interval holds again"
     );
-    shutdown.cancel();
-    within(Duration::from_secs(10), agent)
-        .await
-        .unwrap()
-        .unwrap();
+    agent.stop(Duration::from_secs(10)).await;
 }
 
 #[test]
